@@ -1,0 +1,36 @@
+#pragma once
+// Training checkpoints: a directory per step holding
+//   model.safetensors      parameters under PyTorch-style names (readable by other tools)
+//   optimizer.safetensors  AdamW moments as exp_avg.<name> / exp_avg_sq.<name>
+//   state.json             step, the iteration the data sampler resumes at, the run's config, and
+//                          the size and CRC-32 of each file above
+// Directories are written under a temporary name and renamed, so a crash never leaves a
+// half-written checkpoint where a resume would find it; `latest` names the newest one.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "model/param_layout.h"
+
+namespace longhaul {
+
+struct CheckpointData {
+  int64_t step = 0;  // optimizer steps taken; training resumes at iteration `step`
+  nlohmann::json run_config;
+};
+
+// Saves into root/step_<step>/ and points root/latest at it. m and v may be null (inference-only).
+absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data, const ParamLayout& layout,
+                            const float* params, const float* m, const float* v);
+
+// Path of the newest checkpoint under root, or NotFound.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
+
+// Loads a checkpoint directory into buffers laid out by `layout`, verifying sizes, checksums,
+// tensor names and shapes; errors name the file and the fix.
+absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
+                                              float* m, float* v);
+
+}  // namespace longhaul

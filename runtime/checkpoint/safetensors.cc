@@ -1,0 +1,105 @@
+#include "checkpoint/safetensors.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+
+uint32_t Crc32(const std::string& bytes) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const TensorView& t : tensors) {
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * n}}};
+    offset += 4 * n;
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the format recommends
+  std::string out;
+  out.reserve(8 + json.size() + offset);
+  const uint64_t len = json.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  out += json;
+  for (const TensorView& t : tensors) {
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    out.append(reinterpret_cast<const char*>(t.data), 4 * n);
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  f.flush();
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path, " (disk full or no permission?)"));
+  return Crc32(out);
+}
+
+absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std::string& bytes) {
+  auto corrupt = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("safetensors file ", path, " is truncated or corrupt: ", why));
+  };
+  if (bytes.size() < 8) return corrupt(absl::StrFormat("only %d bytes", bytes.size()));
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  if (len > bytes.size() - 8) return corrupt(absl::StrFormat("header of %d bytes in a %d-byte file", len, bytes.size()));
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(len), nullptr,
+                                                /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) return corrupt("header is not valid JSON");
+  const size_t data_start = 8 + len, data_size = bytes.size() - data_start;
+  Safetensors st;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      for (auto& [k, v] : entry.items())
+        if (v.is_string()) st.metadata[k] = v.get<std::string>();
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
+      return corrupt(absl::StrCat("entry ", name, " lacks dtype, shape or data_offsets"));
+    }
+    if (entry["dtype"] != "F32") {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors file ", path, ": tensor ", name, " has dtype ",
+                                                     entry["dtype"].dump(), "; longhaul reads F32 only"));
+    }
+    LoadedTensor t;
+    size_t n = 1;
+    for (auto& d : entry["shape"]) {
+      t.shape.push_back(d.get<int64_t>());
+      n *= static_cast<size_t>(t.shape.back());
+    }
+    const size_t begin = entry["data_offsets"][0].get<size_t>(), end = entry["data_offsets"][1].get<size_t>();
+    if (end < begin || end > data_size || end - begin != 4 * n) {
+      return corrupt(absl::StrFormat("tensor %s spans bytes [%d, %d) of a %d-byte data section", name, begin, end,
+                                     data_size));
+    }
+    t.data.resize(n);
+    std::memcpy(t.data.data(), bytes.data() + data_start + begin, 4 * n);
+    st.tensors.emplace(name, std::move(t));
+  }
+  return st;
+}
+
+absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
+  LH_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  return ParseSafetensors(path, bytes);
+}
+
+}  // namespace longhaul

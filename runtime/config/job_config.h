@@ -1,0 +1,66 @@
+#pragma once
+// A training job's configuration, read from TOML. Every key is optional (defaults below); unknown
+// keys and wrong types are errors that name the key and the fix.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "data/markov_source.h"
+#include "model/model_config.h"
+#include "optim/adamw.h"
+
+namespace longhaul {
+
+enum class DataSource { kBuiltin, kBytes, kLlmc };
+
+struct DataConfig {
+  DataSource source = DataSource::kBuiltin;
+  std::string path, val_path;  // globs, for bytes and llmc
+  double val_fraction = 0.05;  // held out of `path` when val_path is empty
+  MarkovSpec markov;           // built-in corpus shape (markov.seed = data.seed)
+  int64_t train_tokens = 2'000'000;
+  int64_t val_tokens = 100'000;
+};
+
+struct TrainConfig {
+  int64_t steps = 200;
+  int seq_len = 64;
+  int micro_batch_size = 8;  // sequences per micro-batch
+  int micro_batches = 1;     // gradient accumulation: micro-batches per optimizer step
+  float lr = 1e-3f, min_lr = 1e-4f;
+  int64_t warmup_steps = 20;
+  AdamWConfig adamw;
+  float grad_clip = 1.0f;  // global norm; 0 disables
+  uint64_t seed = 1;
+  int threads = 0;  // 0: all cores
+  bool recompute = false;
+  int log_every = 10;
+  int eval_every = 50;  // 0 disables
+  int eval_batches = 4;
+  int checkpoint_every = 0;  // 0: only at the end
+  std::string out_dir = "runs/latest";
+  bool resume = false;  // continue from out_dir/checkpoints/latest
+};
+
+struct JobConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  std::string source_path;  // where it was read from, for messages
+  nlohmann::json as_json;   // the merged configuration, recorded in checkpoints
+
+  int64_t tokens_per_step() const {
+    return static_cast<int64_t>(train.micro_batch_size) * train.micro_batches * train.seq_len;
+  }
+};
+
+// Parses TOML text; `overrides` are "section.key=value" (value in TOML syntax, bare strings
+// allowed) applied on top. Validation covers everything that can be checked without the data.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source_path,
+                                         const std::vector<std::string>& overrides = {});
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace longhaul

@@ -1,0 +1,94 @@
+#pragma once
+// One pipeline stage of a GPT model on the CPU: a contiguous range of pre-LayerNorm blocks, plus
+// the embeddings if it is the first stage and the final LayerNorm, LM head and loss if it is the
+// last. A stage holding everything is the whole model.
+//
+// Parameters and gradients live in two flat buffers laid out by ParamLayout. Activations of each
+// in-flight micro-batch live in an Activations object the caller owns, so a pipeline schedule can
+// keep several micro-batches between their forward and backward.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/micro_batch.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+
+namespace longhaul {
+
+class GptStage {
+ public:
+  struct Activations;
+  struct ActivationsDeleter {
+    void operator()(Activations* a) const;
+  };
+  using ActivationsPtr = std::unique_ptr<Activations, ActivationsDeleter>;
+
+  // B = micro-batch size, T = sequence length. recompute keeps only block inputs between forward
+  // and backward and recomputes each block inside backward.
+  static absl::StatusOr<std::unique_ptr<GptStage>> Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
+                                                          bool recompute);
+  ~GptStage();
+
+  const ModelConfig& config() const { return cfg_; }
+  const StageSpec& spec() const { return spec_; }
+  const ParamLayout& layout() const { return layout_; }
+  int B() const { return B_; }
+  int T() const { return T_; }
+
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+  size_t num_params() const { return params_.size(); }
+
+  // GPT-2 initialisation: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2·n_layer),
+  // zero biases, unit LayerNorm gains. Each tensor draws from a stream keyed by (seed, its name),
+  // so any split of the model into stages starts from the same weights.
+  void InitParams(uint64_t seed);
+  void ZeroGrads();
+
+  ActivationsPtr NewActivations() const;
+
+  // Runs the stage on one micro-batch. The first stage reads mb.tokens; the others read input
+  // (B, T, C). Returns the micro-batch's weighted mean loss on the last stage, else 0.
+  float Forward(Activations& act, const MicroBatch& mb, const float* input);
+  // (B, T, C) output of a non-last stage, valid until the next Forward on act.
+  const float* Output(const Activations& act) const;
+  // (B, T, V) softmax probabilities of the last stage, valid until Backward on act.
+  const float* Probs(const Activations& act) const;
+
+  // Accumulates parameter gradients of one micro-batch. The last stage starts from
+  // loss_scale · its loss (grad_out unused); the others from grad_out (B, T, C). Returns the
+  // gradient of the stage input (B, T, C), valid until the next Backward, or null for the first
+  // stage.
+  const float* Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale);
+
+ private:
+  struct BlockActs;
+  GptStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, bool recompute);
+
+  void BlockForward(int layer, const float* x, BlockActs& a, const int* prefix);
+  // g_resid (N, C): ∂L/∂block output on entry, ∂L/∂block input on exit.
+  void BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix);
+  const float* BlockInput(const Activations& act, int layer) const;
+
+  const float* P(int tensor) const { return params_.data() + layout_.tensors()[tensor].offset; }
+  float* G(int tensor) { return grads_.data() + layout_.tensors()[tensor].offset; }
+  const float* HeadWeight() const { return P(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+  float* HeadGrad() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+
+  ModelConfig cfg_;
+  StageSpec spec_;
+  ParamLayout layout_;
+  int B_, T_;
+  bool recompute_;
+  std::vector<float> params_, grads_;
+
+  // Backward scratch shared by all micro-batches (one backward runs at a time).
+  std::unique_ptr<BlockActs> recompute_acts_;
+  std::vector<float> g_resid_, g_ln_, g_atty_, g_qkv_, g_fch_, attn_scratch_;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,49 @@
+#include "model/model_config.h"
+
+#include "absl/strings/str_format.h"
+
+namespace longhaul {
+
+const char* AttentionMaskName(AttentionMask m) {
+  return m == AttentionMask::kCausal ? "causal" : "prefix_lm";
+}
+
+absl::Status ModelConfig::Validate() const {
+  auto positive = [](const char* key, int v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat("model.%s = %d: must be a positive integer", key, v));
+  };
+  for (auto [k, v] : {std::pair{"vocab_size", vocab_size}, {"max_seq_len", max_seq_len},
+                      {"n_layer", n_layer}, {"n_head", n_head}, {"d_model", d_model}}) {
+    if (auto s = positive(k, v); !s.ok()) return s;
+  }
+  if (d_model % n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model.d_model = %d is not divisible by model.n_head = %d: choose n_head among the divisors of d_model "
+        "(for example %d)",
+        d_model, n_head, d_model % 64 == 0 ? d_model / 64 : 1));
+  }
+  return absl::OkStatus();
+}
+
+StageSpec StageSpec::Even(const ModelConfig& cfg, int index, int num_stages) {
+  int base = cfg.n_layer / num_stages, extra = cfg.n_layer % num_stages;
+  int first = index * base + std::min(index, extra);
+  int count = base + (index < extra ? 1 : 0);
+  return {first, first + count, index == 0, index == num_stages - 1};
+}
+
+absl::Status StageSpec::Validate(const ModelConfig& cfg) const {
+  if (first_block < 0 || end_block < first_block || end_block > cfg.n_layer) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stage blocks [%d, %d) do not fit a model of %d layers", first_block, end_block, cfg.n_layer));
+  }
+  if (cfg.tied_head && has_head != has_embedding) {
+    return absl::InvalidArgumentError(
+        "model.tied_head = true needs the embedding and the head in the same stage; set tied_head = false "
+        "for a multi-stage pipeline");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul

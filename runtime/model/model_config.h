@@ -1,0 +1,46 @@
+#pragma once
+// Shape of a GPT model and of the stage one process runs.
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace longhaul {
+
+enum class AttentionMask {
+  kCausal,    // position i attends to keys 0..i
+  kPrefixLm,  // positions in a sample's prefix attend to the whole prefix, the rest causally
+};
+
+struct ModelConfig {
+  int vocab_size = 256;
+  int max_seq_len = 256;  // rows of the learned position table
+  int n_layer = 4;
+  int n_head = 4;
+  int d_model = 256;
+  bool tied_head = false;  // LM head reuses the token embedding
+  AttentionMask attention = AttentionMask::kCausal;
+
+  int head_dim() const { return d_model / n_head; }
+  // Checks the shape on its own; the error names the key and how to fix it.
+  absl::Status Validate() const;
+};
+
+// Which part of the model one process runs: blocks [first_block, end_block), plus the embeddings
+// if it is the first stage and the final LayerNorm, head and loss if it is the last.
+struct StageSpec {
+  int first_block = 0;
+  int end_block = 0;
+  bool has_embedding = true;
+  bool has_head = true;
+
+  static StageSpec Whole(const ModelConfig& cfg) { return {0, cfg.n_layer, true, true}; }
+  // Stage `index` of `num_stages` with blocks split as evenly as possible (earlier stages get the
+  // remainder).
+  static StageSpec Even(const ModelConfig& cfg, int index, int num_stages);
+  absl::Status Validate(const ModelConfig& cfg) const;
+};
+
+const char* AttentionMaskName(AttentionMask m);
+
+}  // namespace longhaul

@@ -1,0 +1,51 @@
+#include "model/param_layout.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace longhaul {
+
+ParamLayout::ParamLayout(const ModelConfig& cfg, const StageSpec& spec) : first_block_(spec.first_block) {
+  const int64_t C = cfg.d_model, V = cfg.vocab_size;
+  if (spec.has_embedding) {
+    wte_ = Add("wte.weight", {V, C}, true);
+    wpe_ = Add("wpe.weight", {cfg.max_seq_len, C}, true);
+  }
+  for (int b = spec.first_block; b < spec.end_block; ++b) {
+    const std::string p = absl::StrCat("h.", b, ".");
+    BlockTensors t;
+    t.ln1_w = Add(p + "ln_1.weight", {C}, false);
+    t.ln1_b = Add(p + "ln_1.bias", {C}, false);
+    t.qkv_w = Add(p + "attn.c_attn.weight", {3 * C, C}, true);
+    t.qkv_b = Add(p + "attn.c_attn.bias", {3 * C}, false);
+    t.attn_proj_w = Add(p + "attn.c_proj.weight", {C, C}, true);
+    t.attn_proj_b = Add(p + "attn.c_proj.bias", {C}, false);
+    t.ln2_w = Add(p + "ln_2.weight", {C}, false);
+    t.ln2_b = Add(p + "ln_2.bias", {C}, false);
+    t.fc_w = Add(p + "mlp.c_fc.weight", {4 * C, C}, true);
+    t.fc_b = Add(p + "mlp.c_fc.bias", {4 * C}, false);
+    t.fc_proj_w = Add(p + "mlp.c_proj.weight", {C, 4 * C}, true);
+    t.fc_proj_b = Add(p + "mlp.c_proj.bias", {C}, false);
+    blocks_.push_back(t);
+  }
+  if (spec.has_head) {
+    lnf_w_ = Add("ln_f.weight", {C}, false);
+    lnf_b_ = Add("ln_f.bias", {C}, false);
+    if (!cfg.tied_head) lm_head_ = Add("lm_head.weight", {V, C}, true);
+  }
+}
+
+int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  tensors_.push_back({std::move(name), std::move(shape), total_, n, decay});
+  total_ += n;
+  return static_cast<int>(tensors_.size()) - 1;
+}
+
+int ParamLayout::Find(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace longhaul

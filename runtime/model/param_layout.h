@@ -1,0 +1,57 @@
+#pragma once
+// The offset table of the flat, layer-major parameter buffer.
+//
+// Order: [embedding: wte, wpe] [block 0] [block 1] ... [final: ln_f, lm_head]. A stage's
+// parameters are therefore one contiguous range, which a parameter server can shard by offsets.
+// Parameters, gradients and AdamW moments all use this same table.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace longhaul {
+
+struct ParamTensor {
+  std::string name;          // PyTorch-style name, used in safetensors checkpoints
+  std::vector<int64_t> shape;
+  size_t offset = 0;         // in floats, from the start of the buffer the layout describes
+  size_t size = 0;
+  bool decay = false;        // AdamW weight decay applies (matrices and embeddings, not biases/norms)
+};
+
+// Indices of one block's tensors inside ParamLayout::tensors().
+struct BlockTensors {
+  int ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+};
+
+class ParamLayout {
+ public:
+  // Layout of the parameters one stage owns; offsets start at 0 for the stage's first tensor.
+  ParamLayout(const ModelConfig& cfg, const StageSpec& spec);
+
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  size_t total() const { return total_; }
+  // Index of a tensor by name, or -1.
+  int Find(const std::string& name) const;
+
+  int wte() const { return wte_; }
+  int wpe() const { return wpe_; }
+  int lnf_w() const { return lnf_w_; }
+  int lnf_b() const { return lnf_b_; }
+  // -1 when the head is tied to wte.
+  int lm_head() const { return lm_head_; }
+  // Tensors of block `b` of the model (must belong to this stage).
+  const BlockTensors& block(int b) const { return blocks_[b - first_block_]; }
+
+ private:
+  int Add(std::string name, std::vector<int64_t> shape, bool decay);
+
+  std::vector<ParamTensor> tensors_;
+  std::vector<BlockTensors> blocks_;
+  size_t total_ = 0;
+  int first_block_ = 0;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,31 @@
+#include "optim/train_step.h"
+
+#include <cmath>
+
+#include "optim/grad_clip.h"
+
+namespace longhaul {
+
+double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches) {
+  stage.ZeroGrads();
+  const float scale = 1.0f / static_cast<float>(micro_batches.size());
+  double loss = 0;
+  for (const MicroBatch& mb : micro_batches) {
+    loss += stage.Forward(act, mb, nullptr) * scale;
+    stage.Backward(act, mb, nullptr, scale);
+  }
+  return loss;
+}
+
+OptimizerStepResult ApplyOptimizerStep(float* params, float* grads, size_t n, AdamW& adamw, const LrSchedule& schedule,
+                                       float grad_clip, int64_t step) {
+  OptimizerStepResult r;
+  r.grad_norm = std::sqrt(SquaredNorm(grads, n));
+  if (!std::isfinite(r.grad_norm)) return r;
+  Scale(grads, n, ClipFactor(r.grad_norm, grad_clip));
+  r.lr = schedule.At(step);
+  adamw.Step(params, grads, r.lr, step + 1);
+  return r;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,223 @@
+#include "worker/local_trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint.h"
+#include "metrics/flops.h"
+#include "optim/train_step.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+namespace fs = std::filesystem;
+
+namespace {
+
+absl::StatusOr<TokenDataset> LoadData(const DataConfig& d) {
+  switch (d.source) {
+    case DataSource::kBuiltin:
+      return TokenDataset::BuiltIn(d.markov, d.train_tokens, d.val_tokens);
+    case DataSource::kBytes:
+      return TokenDataset::Bytes(d.path, d.val_path, d.val_fraction);
+    case DataSource::kLlmc:
+      return TokenDataset::LlmcShards(d.path, d.val_path, d.val_fraction);
+  }
+  return absl::InternalError("unknown data source");
+}
+
+std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "checkpoints").string(); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConfig& cfg) {
+  std::unique_ptr<LocalTrainer> t(new LocalTrainer(cfg));
+  if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  LH_ASSIGN_OR_RETURN(TokenDataset data, LoadData(cfg.data));
+  if (data.max_token() >= cfg.model.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the data holds token id %d but model.vocab_size = %d: raise model.vocab_size to at least %d",
+        data.max_token(), cfg.model.vocab_size, data.max_token() + 1));
+  }
+  t->data_ = std::move(data);
+  LH_ASSIGN_OR_RETURN(t->stage_, GptStage::Create(cfg.model, StageSpec::Whole(cfg.model), cfg.train.micro_batch_size,
+                                                  cfg.train.seq_len, cfg.train.recompute));
+  t->stage_->InitParams(cfg.train.seed);
+  t->act_ = t->stage_->NewActivations();
+  t->adamw_ = std::make_unique<AdamW>(cfg.train.adamw, t->stage_->layout());
+  SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention};
+  t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
+  t->val_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->val());
+  LH_RETURN_IF_ERROR(t->train_sampler_->Check("training"));
+  if (cfg.train.eval_every > 0) LH_RETURN_IF_ERROR(t->val_sampler_->Check("validation"));
+  t->schedule_ = {cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps};
+  if (cfg.train.resume) LH_RETURN_IF_ERROR(t->Resume());
+  return t;
+}
+
+absl::Status LocalTrainer::Resume() {
+  LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
+  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, stage_->layout(), stage_->params(), adamw_->m().data(),
+                                                        adamw_->v().data()));
+  // Sampling and the model must be those that wrote the checkpoint, or the run would silently fork.
+  for (const char* section : {"model", "data"}) {
+    if (ck.run_config.contains(section) && ck.run_config[section] != cfg_.as_json[section]) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with [", section, "] ",
+                                                        ck.run_config[section].dump(), " but the config has ",
+                                                        cfg_.as_json[section].dump(), ": resume with the same config"));
+    }
+  }
+  for (const char* key : {"seq_len", "micro_batch_size", "micro_batches", "seed"}) {
+    if (ck.run_config.contains("train") && ck.run_config["train"][key] != cfg_.as_json["train"][key]) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with train.", key, " = ",
+                                                        ck.run_config["train"][key].dump(), " but the config has ",
+                                                        cfg_.as_json["train"][key].dump(),
+                                                        ": resume with the same value"));
+    }
+  }
+  step_ = ck.step;
+  // Keep the records of the steps the checkpoint covers; later ones belong to the interrupted run.
+  std::ifstream f(fs::path(cfg_.train.out_dir) / "metrics.csv");
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::vector<std::string> c = absl::StrSplit(line, ',');
+    if (c.size() < 7) continue;
+    StepRecord r{std::stoll(c[0]), std::stod(c[1]), std::stod(c[2]), std::stod(c[3]),
+                 std::stod(c[4]), std::stod(c[5]), std::stod(c[6])};
+    if (r.step <= step_) history_.push_back(r);
+  }
+  return absl::OkStatus();
+}
+
+double LocalTrainer::Floor(const MicroBatch& mb) const {
+  if (!data_->source()) return -1;
+  double num = 0, den = 0;
+  for (int b = 0; b < mb.B; ++b)
+    for (int t = 0; t < mb.T; ++t) {
+      const float w = mb.loss_weight[b * mb.T + t];
+      num += w * data_->source()->PositionFloor(t);
+      den += w;
+    }
+  return den > 0 ? num / den : 0;
+}
+
+double LocalTrainer::EvalLoss() {
+  double sum = 0;
+  for (int i = 0; i < cfg_.train.eval_batches; ++i) {
+    MicroBatch mb = val_sampler_->Sample(0, 0, i);
+    sum += stage_->Forward(*act_, mb, nullptr);
+  }
+  return sum / cfg_.train.eval_batches;
+}
+
+absl::Status LocalTrainer::SaveCheckpointNow() const {
+  CheckpointData ck{step_, cfg_.as_json};
+  return SaveCheckpoint(CheckpointRoot(cfg_), ck, stage_->layout(), stage_->params(), adamw_->m().data(),
+                        adamw_->v().data());
+}
+
+absl::Status LocalTrainer::WriteRecords() const {
+  const fs::path dir(cfg_.train.out_dir);
+  std::ofstream csv(dir / "metrics.csv", std::ios::trunc);
+  csv << "step,loss,floor,val_loss,lr,grad_norm,seconds\n";
+  std::vector<LossPoint> train, val;
+  double floor = -1;
+  for (const StepRecord& r : history_) {
+    csv << absl::StrFormat("%d,%.6f,%.6f,%.6f,%.6g,%.6f,%.6f\n", r.step, r.loss, r.floor, r.val_loss, r.lr, r.grad_norm,
+                           r.seconds);
+    train.push_back({static_cast<double>(r.step), r.loss});
+    if (r.val_loss >= 0) val.push_back({static_cast<double>(r.step), r.val_loss});
+    floor = r.floor;
+  }
+  if (!csv) return absl::InternalError(absl::StrCat("cannot write ", (dir / "metrics.csv").string()));
+  return WriteLossCurveSvg((dir / "loss.svg").string(), train, val, floor);
+}
+
+absl::Status LocalTrainer::Run(std::ostream& out) {
+  const TrainConfig& tc = cfg_.train;
+  std::error_code ec;
+  fs::create_directories(tc.out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", tc.out_dir, ": ", ec.message()));
+  const int M = tc.micro_batches;
+  const double flops = ModelFlopsPerIteration(cfg_.model, static_cast<int64_t>(tc.micro_batch_size) * M, tc.seq_len,
+                                              tc.recompute);
+  out << absl::StrFormat("longhaul train: %s, %d parameters, %d threads\n", data_->description(),
+                         stage_->num_params(), omp_get_max_threads());
+  out << absl::StrFormat("  %d layers, d_model %d, %d heads, seq %d, %d x %d sequences per step (%d tokens), %s mask\n",
+                         cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, tc.seq_len, M, tc.micro_batch_size,
+                         cfg_.tokens_per_step(), AttentionMaskName(cfg_.model.attention));
+  out << absl::StrFormat("  TFLOPs = %s / iteration time / 1 worker; floor = entropy of the source (nats/token)\n",
+                         FlopsFormulaName(tc.recompute));
+  if (step_ > 0) out << absl::StrFormat("  resumed from step %d\n", step_);
+  out.flush();
+
+  double timed_seconds = 0;
+  int64_t timed_steps = 0;
+  const int64_t first_step = step_;
+  while (step_ < tc.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<MicroBatch> batch;
+    StepRecord rec;
+    double floor_sum = 0;
+    for (int m = 0; m < M; ++m) {
+      batch.push_back(train_sampler_->Sample(step_, 0, m));
+      floor_sum += Floor(batch.back());
+    }
+    rec.floor = data_->source() ? floor_sum / M : -1;
+    rec.loss = AccumulateGradients(*stage_, *act_, batch);
+    OptimizerStepResult opt = ApplyOptimizerStep(stage_->params(), stage_->grads(), stage_->num_params(), *adamw_,
+                                                 schedule_, tc.grad_clip, step_);
+    rec.grad_norm = opt.grad_norm;
+    rec.lr = opt.lr;
+    if (!std::isfinite(rec.grad_norm) || !std::isfinite(rec.loss)) {
+      return absl::InternalError(absl::StrFormat(
+          "step %d: loss %g, gradient norm %g is not finite: lower train.lr or set train.grad_clip", step_ + 1, rec.loss,
+          rec.grad_norm));
+    }
+    ++step_;
+    rec.step = step_;
+    rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step_ > first_step + 1) timed_seconds += rec.seconds, ++timed_steps;
+
+    const bool last = step_ == tc.steps;
+    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) rec.val_loss = EvalLoss();
+    history_.push_back(rec);
+    if (step_ % tc.log_every == 0 || last || step_ == first_step + 1) {
+      const double sec = timed_steps > 0 ? timed_seconds / timed_steps : rec.seconds;
+      std::string line = absl::StrFormat("step %*d/%d | loss %.4f", static_cast<int>(std::to_string(tc.steps).size()),
+                                         step_, tc.steps, rec.loss);
+      if (rec.floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", rec.floor));
+      if (rec.val_loss >= 0) absl::StrAppend(&line, absl::StrFormat(" | val %.4f", rec.val_loss));
+      absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.0f tok/s | %.3f s/it | %.3f TFLOPs | ETA %s",
+                                             rec.lr, rec.grad_norm, cfg_.tokens_per_step() / sec, sec,
+                                             flops / sec / 1e12, FormatDuration(sec * (tc.steps - step_))));
+      out << line << "\n";
+      out.flush();
+      LH_RETURN_IF_ERROR(WriteRecords());
+    }
+    if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last) LH_RETURN_IF_ERROR(SaveCheckpointNow());
+  }
+  LH_RETURN_IF_ERROR(WriteRecords());
+  if (timed_steps > 0) {
+    const double sec = timed_seconds / timed_steps, tps = cfg_.tokens_per_step() / sec;
+    out << absl::StrFormat(
+        "done: %d steps | final loss %.4f | iteration time %.3f s (mean after the first) | %.0f tokens/s | %.3f TFLOPs "
+        "per worker [%s] | %.1f days per 100B tokens\n",
+        step_, history_.back().loss, sec, tps, flops / sec / 1e12, FlopsFormulaName(tc.recompute),
+        DaysFor100BTokens(tps));
+  }
+  out << absl::StrFormat("records: %s/metrics.csv, loss curve %s/loss.svg, checkpoint %s\n", tc.out_dir, tc.out_dir,
+                         CheckpointRoot(cfg_));
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul

@@ -1,0 +1,64 @@
+#pragma once
+// Training in one process: one stage holding the whole model, gradient accumulation over
+// micro-batches, AdamW, progress lines, evaluation, checkpoints and a loss curve. This is the
+// 1 stage × 1 replica case of the distributed runtime and its reference for equivalence.
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/job_config.h"
+#include "data/batch_sampler.h"
+#include "data/token_dataset.h"
+#include "metrics/loss_curve.h"
+#include "model/gpt_stage.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+
+namespace longhaul {
+
+struct StepRecord {
+  int64_t step = 0;         // 1-based optimizer step
+  double loss = 0;          // mean micro-batch loss, nats/token
+  double floor = -1;        // entropy floor of the same positions, -1 when the data has none
+  double val_loss = -1;     // -1 when not evaluated at this step
+  double lr = 0;
+  double grad_norm = 0;     // before clipping
+  double seconds = 0;
+};
+
+class LocalTrainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const JobConfig& cfg);
+
+  // Trains from the current step to train.steps, printing progress to `out`.
+  absl::Status Run(std::ostream& out);
+  // Mean loss over train.eval_batches fixed validation micro-batches.
+  double EvalLoss();
+
+  const std::vector<StepRecord>& history() const { return history_; }
+  int64_t step() const { return step_; }
+  GptStage& stage() { return *stage_; }
+  const AdamW& optimizer() const { return *adamw_; }
+
+ private:
+  explicit LocalTrainer(const JobConfig& cfg) : cfg_(cfg) {}
+  absl::Status Resume();
+  double Floor(const MicroBatch& mb) const;  // -1 without a known source
+  absl::Status SaveCheckpointNow() const;
+  absl::Status WriteRecords() const;
+
+  JobConfig cfg_;
+  std::optional<TokenDataset> data_;
+  std::unique_ptr<GptStage> stage_;
+  GptStage::ActivationsPtr act_;
+  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  LrSchedule schedule_;
+  int64_t step_ = 0;
+  std::vector<StepRecord> history_;
+};
+
+}  // namespace longhaul
