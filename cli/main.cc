@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train a model in this process, as one stage and one replica");
   train->add_option("-c,--config", config_path, "job config (TOML)")->required();
   train->add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
+  int64_t stop_at = 0;
+  train->add_option("--stop-at", stop_at,
+                    "stop and checkpoint after this step; resume later with --set train.resume=true");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -34,7 +37,7 @@ int main(int argc, char** argv) {
     if (!cfg.ok()) return Fail(cfg.status(), 2);
     auto trainer = longhaul::LocalTrainer::Create(*cfg);
     if (!trainer.ok()) return Fail(trainer.status(), 2);
-    if (absl::Status s = (*trainer)->Run(std::cout); !s.ok()) return Fail(s, 1);
+    if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
   }
   return 0;
 }

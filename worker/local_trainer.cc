@@ -142,7 +142,7 @@ absl::Status LocalTrainer::WriteRecords() const {
   return WriteLossCurveSvg((dir / "loss.svg").string(), train, val, floor);
 }
 
-absl::Status LocalTrainer::Run(std::ostream& out) {
+absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   const TrainConfig& tc = cfg_.train;
   std::error_code ec;
   fs::create_directories(tc.out_dir, ec);
@@ -163,7 +163,8 @@ absl::Status LocalTrainer::Run(std::ostream& out) {
   double timed_seconds = 0;
   int64_t timed_steps = 0;
   const int64_t first_step = step_;
-  while (step_ < tc.steps) {
+  const int64_t end = stop_at > 0 ? std::min(stop_at, tc.steps) : tc.steps;
+  while (step_ < end) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<MicroBatch> batch;
     StepRecord rec;
@@ -188,7 +189,7 @@ absl::Status LocalTrainer::Run(std::ostream& out) {
     rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step_ > first_step + 1) timed_seconds += rec.seconds, ++timed_steps;
 
-    const bool last = step_ == tc.steps;
+    const bool last = step_ == end;
     if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) rec.val_loss = EvalLoss();
     history_.push_back(rec);
     if (step_ % tc.log_every == 0 || last || step_ == first_step + 1) {
@@ -199,7 +200,7 @@ absl::Status LocalTrainer::Run(std::ostream& out) {
       if (rec.val_loss >= 0) absl::StrAppend(&line, absl::StrFormat(" | val %.4f", rec.val_loss));
       absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.0f tok/s | %.3f s/it | %.3f TFLOPs | ETA %s",
                                              rec.lr, rec.grad_norm, cfg_.tokens_per_step() / sec, sec,
-                                             flops / sec / 1e12, FormatDuration(sec * (tc.steps - step_))));
+                                             flops / sec / 1e12, FormatDuration(sec * (end - step_))));
       out << line << "\n";
       out.flush();
       LH_RETURN_IF_ERROR(WriteRecords());

@@ -33,8 +33,10 @@ class LocalTrainer {
  public:
   static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const JobConfig& cfg);
 
-  // Trains from the current step to train.steps, printing progress to `out`.
-  absl::Status Run(std::ostream& out);
+  // Trains from the current step to train.steps, or to step `stop_at` when it is positive (the
+  // schedule still spans train.steps, so a later resume continues the same run), printing
+  // progress to `out` and checkpointing where it stops.
+  absl::Status Run(std::ostream& out, int64_t stop_at = 0);
   // Mean loss over train.eval_batches fixed validation micro-batches.
   double EvalLoss();
 

@@ -1,0 +1,111 @@
+#include "checkpoint/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/safetensors.h"
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.vocab_size = 16, cfg_.max_seq_len = 8, cfg_.n_layer = 2, cfg_.n_head = 2, cfg_.d_model = 8;
+    root_ = fs::path(::testing::TempDir()) / ("ckpt_" + std::to_string(::getpid()) + "_" +
+                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    layout_ = std::make_unique<ParamLayout>(cfg_, StageSpec::Whole(cfg_));
+    const size_t n = layout_->total();
+    p_.resize(n), m_.resize(n), v_.resize(n);
+    for (size_t i = 0; i < n; ++i) p_[i] = 0.5f * i, m_[i] = -1.0f * i, v_[i] = 2.0f * i;
+  }
+  std::string Saved() {
+    EXPECT_TRUE(SaveCheckpoint(root_.string(), {42, {{"k", 1}}}, *layout_, p_.data(), m_.data(), v_.data()).ok());
+    auto dir = LatestCheckpoint(root_.string());
+    EXPECT_TRUE(dir.ok());
+    return *dir;
+  }
+  absl::Status Load(const std::string& dir) {
+    std::vector<float> p(layout_->total()), m(layout_->total()), v(layout_->total());
+    return LoadCheckpoint(dir, *layout_, p.data(), m.data(), v.data()).status();
+  }
+
+  ModelConfig cfg_;
+  fs::path root_;
+  std::unique_ptr<ParamLayout> layout_;
+  std::vector<float> p_, m_, v_;
+};
+
+TEST_F(CheckpointTest, RoundTripsEverything) {
+  const std::string dir = Saved();
+  EXPECT_EQ(fs::path(dir).filename(), "step_00000042");
+  std::vector<float> p(layout_->total()), m(layout_->total()), v(layout_->total());
+  auto data = LoadCheckpoint(dir, *layout_, p.data(), m.data(), v.data());
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->step, 42);
+  EXPECT_EQ(data->run_config["k"], 1);
+  EXPECT_EQ(p, p_);
+  EXPECT_EQ(m, m_);
+  EXPECT_EQ(v, v_);
+  // The model file is plain safetensors with PyTorch-style names and shapes.
+  auto st = ReadSafetensors(dir + "/model.safetensors");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->tensors.at("h.1.mlp.c_fc.weight").shape, (std::vector<int64_t>{32, 8}));
+  EXPECT_FALSE(fs::exists(dir + ".tmp"));
+}
+
+TEST_F(CheckpointTest, TruncatedFileIsNamed) {
+  const std::string dir = Saved();
+  const fs::path f = fs::path(dir) / "optimizer.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 10);
+  absl::Status s = Load(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("optimizer.safetensors is truncated"), std::string::npos) << s;
+}
+
+TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
+  const std::string dir = Saved();
+  const fs::path f = fs::path(dir) / "model.safetensors";
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 5));
+    io.put('\x7f');
+  }
+  absl::Status s = Load(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("model.safetensors is corrupt"), std::string::npos) << s;
+}
+
+TEST_F(CheckpointTest, GarbageStateFileAndMissingCheckpoint) {
+  const std::string dir = Saved();
+  std::ofstream(fs::path(dir) / "state.json", std::ios::trunc) << "{not json";
+  absl::Status s = Load(dir);
+  EXPECT_NE(s.message().find("state.json is corrupt"), std::string::npos) << s;
+  EXPECT_EQ(LatestCheckpoint((root_ / "nothing").string()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, DifferentModelIsRefusedWithTheTensorNamed) {
+  const std::string dir = Saved();
+  ModelConfig other = cfg_;
+  other.d_model = 16;
+  ParamLayout l(other, StageSpec::Whole(other));
+  std::vector<float> p(l.total());
+  absl::Status s = LoadCheckpoint(dir, l, p.data(), nullptr, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("wte.weight has shape [16, 8] but the model expects [16, 16]"), std::string::npos) << s;
+}
+
+TEST(Safetensors, RejectsGarbage) {
+  EXPECT_EQ(ParseSafetensors("x", "abc").status().code(), absl::StatusCode::kDataLoss);
+  std::string huge_header("\xff\xff\xff\xff\x00\x00\x00\x00{}", 10);
+  EXPECT_EQ(ParseSafetensors("x", huge_header).status().code(), absl::StatusCode::kDataLoss);
+  std::string bad_json("\x02\x00\x00\x00\x00\x00\x00\x00{[", 10);
+  EXPECT_EQ(ParseSafetensors("x", bad_json).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace longhaul

@@ -1,0 +1,65 @@
+#include "model/param_layout.h"
+
+#include <gtest/gtest.h>
+
+namespace longhaul {
+namespace {
+
+ModelConfig Cfg(bool tied) {
+  ModelConfig c;
+  c.vocab_size = 50, c.max_seq_len = 16, c.n_layer = 5, c.n_head = 2, c.d_model = 8, c.tied_head = tied;
+  return c;
+}
+
+TEST(ParamLayout, LayerMajorAndContiguous) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout whole(c, StageSpec::Whole(c));
+  size_t expect = 0;
+  for (const ParamTensor& t : whole.tensors()) {
+    EXPECT_EQ(t.offset, expect) << t.name;
+    expect += t.size;
+  }
+  EXPECT_EQ(whole.total(), expect);
+  EXPECT_EQ(whole.tensors().front().name, "wte.weight");
+  EXPECT_EQ(whole.tensors().back().name, "lm_head.weight");
+  EXPECT_EQ(whole.tensors()[whole.block(3).qkv_w].name, "h.3.attn.c_attn.weight");
+  // Per block: 12·C² + 13·C parameters, as in GPT-2.
+  const size_t per_block = 12 * 64 + 13 * 8;
+  EXPECT_EQ(whole.total(), 50 * 8 + 16 * 8 + 5 * per_block + 2 * 8 + 50 * 8);
+}
+
+TEST(ParamLayout, StagesConcatenateToTheWholeModel) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout whole(c, StageSpec::Whole(c));
+  std::vector<std::string> names;
+  size_t total = 0;
+  for (int s = 0; s < 3; ++s) {
+    StageSpec spec = StageSpec::Even(c, s, 3);
+    ParamLayout l(c, spec);
+    for (const ParamTensor& t : l.tensors()) names.push_back(t.name);
+    total += l.total();
+  }
+  EXPECT_EQ(total, whole.total());
+  ASSERT_EQ(names.size(), whole.tensors().size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(names[i], whole.tensors()[i].name);
+  // 5 layers over 3 stages: 2, 2, 1
+  EXPECT_EQ(StageSpec::Even(c, 0, 3).end_block, 2);
+  EXPECT_EQ(StageSpec::Even(c, 2, 3).first_block, 4);
+}
+
+TEST(ParamLayout, TiedHeadHasNoSeparateMatrix) {
+  const ModelConfig c = Cfg(true);
+  ParamLayout l(c, StageSpec::Whole(c));
+  EXPECT_EQ(l.lm_head(), -1);
+  EXPECT_EQ(l.Find("lm_head.weight"), -1);
+  EXPECT_FALSE(StageSpec::Even(c, 0, 2).Validate(c).ok());  // embedding and head would be apart
+}
+
+TEST(ParamLayout, DecayOnlyOnMatricesAndEmbeddings) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout l(c, StageSpec::Whole(c));
+  for (const ParamTensor& t : l.tensors()) EXPECT_EQ(t.decay, t.shape.size() == 2) << t.name;
+}
+
+}  // namespace
+}  // namespace longhaul
