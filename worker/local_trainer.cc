@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint.h"
+#include "cpu/blas.h"
 #include "metrics/flops.h"
 #include "optim/train_step.h"
 #include "util/status_macros.h"
@@ -150,8 +151,8 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   const int M = tc.micro_batches;
   const double flops = ModelFlopsPerIteration(cfg_.model, static_cast<int64_t>(tc.micro_batch_size) * M, tc.seq_len,
                                               tc.recompute);
-  out << absl::StrFormat("longhaul train: %s, %d parameters, %d threads\n", data_->description(),
-                         stage_->num_params(), omp_get_max_threads());
+  out << absl::StrFormat("longhaul train: %s, %d parameters, %d threads, BLAS kernels %s\n", data_->description(),
+                         stage_->num_params(), omp_get_max_threads(), cpu::BlasCoreName());
   out << absl::StrFormat("  %d layers, d_model %d, %d heads, seq %d, %d x %d sequences per step (%d tokens), %s mask\n",
                          cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, tc.seq_len, M, tc.micro_batch_size,
                          cfg_.tokens_per_step(), AttentionMaskName(cfg_.model.attention));

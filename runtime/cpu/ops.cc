@@ -1,12 +1,15 @@
 #include "cpu/ops.h"
 
-#include <cblas.h>
+#include "cpu/blas.h"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include "cpu/blas.h"
 
 namespace longhaul::cpu {
 namespace {
@@ -42,17 +45,17 @@ void LinearForward(float* out, const float* inp, const float* w, const float* bi
     }
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+  Sgemm(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
 }
 
 void LinearBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int N,
                     int IC, int OC) {
   if (dinp != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
+    Sgemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  Sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   if (dbias != nullptr) {
-    cblas_sgemv(CblasRowMajor, CblasTrans, N, OC, 1.0f, dout, OC, Ones(N), 1, 1.0f, dbias, 1);
+    SgemvTrans(N, OC, 1.0f, dout, OC, Ones(N), 1.0f, dbias);
   }
 }
 
@@ -204,8 +207,7 @@ void AttentionForward(float* out, float* att, const float* qkv, const int* prefi
       const int i1 = std::min(T, i0 + kAttnRowBlock), rows = i1 - i0, cols = BlockCols(i1, p, T);
       float* ab = a + static_cast<long>(i0) * T;
       // scores (rows, cols) = scale · q[i0:i1] · k[0:cols]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale, q + static_cast<long>(i0) * C3, C3,
-                  k, C3, 0.0f, ab, T);
+      Sgemm(false, true, rows, cols, hs, scale, q + static_cast<long>(i0) * C3, C3, k, C3, 0.0f, ab, T);
       for (int i = i0; i < i1; ++i) {
         float* row = a + static_cast<long>(i) * T;
         const int last = LastVisible(i, p);
@@ -221,8 +223,7 @@ void AttentionForward(float* out, float* att, const float* qkv, const int* prefi
         for (int j = last + 1; j < cols; ++j) row[j] = 0.0f;
       }
       // y[i0:i1] (rows, hs) = probs (rows, cols) · v[0:cols]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f, ab, T, v, C3, 0.0f,
-                  y + static_cast<long>(i0) * C, C);
+      Sgemm(false, false, rows, hs, cols, 1.0f, ab, T, v, C3, 0.0f, y + static_cast<long>(i0) * C, C);
     }
   }
 }
@@ -255,9 +256,9 @@ void AttentionBackward(float* dqkv, float* scratch, const float* dout, const flo
       const float* dyb = dy + static_cast<long>(i0) * C;
       float* dsb = ds + static_cast<long>(i0) * T;
       // dprobs (rows, cols) = dy[i0:i1] · v[0:cols]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0f, dyb, C, v, C3, 0.0f, dsb, T);
+      Sgemm(false, true, rows, cols, hs, 1.0f, dyb, C, v, C3, 0.0f, dsb, T);
       // dv[0:cols] += probs^T (cols, rows) · dy[i0:i1]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, ab, T, dyb, C, 1.0f, dv, C3);
+      Sgemm(true, false, cols, hs, rows, 1.0f, ab, T, dyb, C, 1.0f, dv, C3);
       // softmax backward, with the score scale folded in
       for (int i = i0; i < i1; ++i) {
         const float* pr = a + static_cast<long>(i) * T;
@@ -269,11 +270,9 @@ void AttentionBackward(float* dqkv, float* scratch, const float* dout, const flo
         for (int j = last + 1; j < cols; ++j) d[j] = 0.0f;
       }
       // dq[i0:i1] (rows, hs) = dscores (rows, cols) · k[0:cols]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f, dsb, T, k, C3, 0.0f,
-                  dq + static_cast<long>(i0) * C3, C3);
+      Sgemm(false, false, rows, hs, cols, 1.0f, dsb, T, k, C3, 0.0f, dq + static_cast<long>(i0) * C3, C3);
       // dk[0:cols] += dscores^T (cols, rows) · q[i0:i1]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, dsb, T,
-                  q + static_cast<long>(i0) * C3, C3, 1.0f, dk, C3);
+      Sgemm(true, false, cols, hs, rows, 1.0f, dsb, T, q + static_cast<long>(i0) * C3, C3, 1.0f, dk, C3);
     }
   }
 }
