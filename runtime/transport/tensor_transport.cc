@@ -1,0 +1,311 @@
+#include "transport/tensor_transport.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "transport/crc32c.h"
+
+namespace longhaul {
+namespace {
+
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 34;
+
+grpc::ByteBuffer SerializeToBuffer(const google::protobuf::Message& m) {
+  const std::string bytes = m.SerializeAsString();
+  grpc::Slice slice(bytes.data(), bytes.size());  // small: copied
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+bool ParseFromBuffer(const grpc::ByteBuffer& buf, google::protobuf::Message& m) {
+  std::vector<grpc::Slice> slices;
+  if (!buf.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return m.ParseFromString(bytes);
+}
+
+std::string MetadataValue(const std::multimap<grpc::string_ref, grpc::string_ref>& md, const char* key) {
+  auto it = md.find(key);
+  return it == md.end() ? std::string("<none>") : std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+// ---- receiving --------------------------------------------------------------------------------
+
+class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
+ public:
+  Receiver(grpc::GenericCallbackServerContext* ctx, TensorServer* server) : server_(server) {
+    if (ctx->method() != kTensorMethod) {
+      Fail(grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", ctx->method(), ": not a longhaul peer"));
+      return;
+    }
+    const std::string job = MetadataValue(ctx->client_metadata(), "lh-job");
+    const std::string proto = MetadataValue(ctx->client_metadata(), "lh-protocol");
+    if (job != server_->job_id_ || proto != std::to_string(kProtocolVersion)) {
+      Fail(grpc::StatusCode::FAILED_PRECONDITION,
+           absl::StrFormat("refused: the peer runs job '%s' with protocol version %s, this worker runs job '%s' with "
+                           "protocol version %d; start every process of a job from the same config and build",
+                           job, proto, server_->job_id_, kProtocolVersion));
+      return;
+    }
+    StartRead(&buf_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();  // the sender half-closed: the part is complete, or the call broke
+    if (!have_header_) {
+      if (!ParseFromBuffer(buf_, header_)) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "unparseable tensor header");
+      const size_t bpe = header_.dtype() == proto::F32 ? 4 : 2;
+      if (header_.dtype() < proto::F32 || header_.dtype() > proto::BF16 || header_.total_elements() > kMaxTensorElements ||
+          header_.part_offset() + header_.part_elements() > header_.total_elements() || header_.job_id() != server_->job_id_) {
+        return Fail(grpc::StatusCode::INVALID_ARGUMENT,
+                    absl::StrFormat("bad tensor header (dtype %d, part [%d, +%d) of %d elements, job '%s')",
+                                    header_.dtype(), header_.part_offset(), header_.part_elements(),
+                                    header_.total_elements(), header_.job_id()));
+      }
+      wire_.resize(header_.part_elements() * bpe);
+      have_header_ = true;
+    } else {
+      std::vector<grpc::Slice> slices;
+      if (!buf_.Dump(&slices).ok()) return Fail(grpc::StatusCode::INTERNAL, "cannot read chunk");
+      for (const grpc::Slice& s : slices) {
+        if (received_ + s.size() > wire_.size()) {
+          return Fail(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrFormat("more bytes than the header announced (%d)", wire_.size()));
+        }
+        std::memcpy(wire_.data() + received_, s.begin(), s.size());
+        received_ += s.size();
+      }
+    }
+    StartRead(&buf_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete() {
+    if (!have_header_ || received_ != wire_.size()) {
+      return Fail(grpc::StatusCode::DATA_LOSS,
+                  absl::StrFormat("tensor part ended after %d of %d bytes", received_, wire_.size()));
+    }
+    const uint32_t crc = Crc32c(0, wire_.data(), wire_.size());
+    if (crc != header_.crc32c()) {
+      return Fail(grpc::StatusCode::DATA_LOSS,
+                  absl::StrFormat("tensor part checksum %08x, header says %08x: corrupted in transit", crc,
+                                  header_.crc32c()));
+    }
+    const TensorKey key{header_.kind(), header_.iteration(), header_.micro_batch(), header_.from_stage(),
+                        header_.from_replica(), header_.shard()};
+    std::vector<float> values(header_.part_elements());
+    DecodeWire(wire_.data(), values.size(), static_cast<WireDtype>(header_.dtype()), values.data());
+    wire_.clear();
+    wire_.shrink_to_fit();
+    bool fits = true;
+    if (header_.part_offset() == 0 && header_.part_elements() == header_.total_elements()) {
+      server_->mailbox_->Put(key, std::move(values));
+    } else {
+      fits = server_->mailbox_->PutPart(key, header_.total_elements(), header_.part_offset(), values.data(),
+                                        values.size());
+    }
+    if (!fits) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "tensor part overlaps one already received");
+    proto::TensorAck ack;
+    ack.set_ok(true);
+    ack_ = SerializeToBuffer(ack);
+    StartWriteAndFinish(&ack_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  void Fail(grpc::StatusCode code, const std::string& why) {
+    server_->Refuse(why);
+    Finish(grpc::Status(code, why));
+  }
+
+  TensorServer* server_;
+  grpc::ByteBuffer buf_, ack_;
+  proto::TensorHeader header_;
+  bool have_header_ = false;
+  std::vector<uint8_t> wire_;
+  size_t received_ = 0;
+};
+
+class TensorServer::Generic : public grpc::CallbackGenericService {
+ public:
+  explicit Generic(TensorServer* server) : server_(server) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    return new Receiver(ctx, server_);
+  }
+
+ private:
+  TensorServer* server_;
+};
+
+TensorServer::TensorServer(std::string job_id, Mailbox* mailbox) : job_id_(std::move(job_id)), mailbox_(mailbox) {}
+
+TensorServer::~TensorServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
+                                                                  Mailbox* mailbox, std::vector<grpc::Service*> extra) {
+  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox));
+  s->generic_ = std::make_unique<Generic>(s.get());
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(64 << 20);
+  b.RegisterCallbackGenericService(s->generic_.get());
+  for (grpc::Service* svc : extra) b.RegisterService(svc);
+  s->server_ = b.BuildAndStart();
+  if (s->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (in use, or not an address of this host?)"));
+  }
+  s->address_ = address.substr(0, address.rfind(':')) + ":" + std::to_string(port);
+  return s;
+}
+
+void TensorServer::Refuse(const std::string& why) {
+  ++refused_;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_refusal_ = why;
+}
+
+std::string TensorServer::last_refusal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_refusal_;
+}
+
+void TensorServer::Shutdown() {
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+}
+
+// ---- sending ----------------------------------------------------------------------------------
+
+class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PartCall(grpc::GenericStub* stub, const TransportOptions& opt, std::shared_ptr<SendOp> op,
+           const proto::TensorHeader& header, const uint8_t* data, size_t bytes)
+      : op_(std::move(op)), data_(data), bytes_(bytes), chunk_(opt.chunk_bytes) {
+    ctx_.AddMetadata("lh-job", opt.job_id);
+    ctx_.AddMetadata("lh-protocol", std::to_string(kProtocolVersion));
+    ctx_.set_wait_for_ready(true);  // a peer still starting up is waited for, up to the deadline
+    ctx_.set_deadline(std::chrono::system_clock::now() + opt.timeout);
+    header_ = SerializeToBuffer(header);
+    stub->PrepareBidiStreamingCall(&ctx_, kTensorMethod, grpc::StubOptions(), this);
+    StartRead(&ack_buf_);
+    StartWrite(&header_);
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the call failed; OnDone says why
+    if (sent_ < bytes_) {
+      const size_t n = std::min(chunk_, bytes_ - sent_);
+      grpc::Slice s(data_ + sent_, n, grpc::Slice::STATIC_SLICE);  // SendOp keeps the bytes alive
+      chunk_buf_ = grpc::ByteBuffer(&s, 1);
+      sent_ += n;
+      StartWrite(&chunk_buf_);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  void OnReadDone(bool ok) override { got_ack_ = ok && ParseFromBuffer(ack_buf_, ack_); }
+
+  void OnDone(const grpc::Status& s) override {
+    absl::Status st;
+    if (!s.ok()) {
+      st = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    } else if (!got_ack_ || !ack_.ok()) {
+      st = absl::DataLossError(got_ack_ ? ack_.error() : "no acknowledgement");
+    }
+    op_->PartDone(st);
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<SendOp> op_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer header_, chunk_buf_, ack_buf_;
+  proto::TensorAck ack_;
+  bool got_ack_ = false;
+  const uint8_t* data_;
+  size_t bytes_, sent_ = 0, chunk_;
+};
+
+void SendOp::PartDone(const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s.ok() && status_.ok()) {
+    status_ = absl::Status(s.code(), absl::StrCat("sending ", what_, ": ", s.message()));
+  }
+  if (--pending_ == 0) {
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    cv_.notify_all();
+  }
+}
+
+absl::Status SendOp::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_ == 0; });
+  return status_;
+}
+
+bool SendOp::Done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_ == 0;
+}
+
+TensorClient::TensorClient(const std::string& address, const TransportOptions& options)
+    : address_(address), options_(options) {
+  for (int i = 0; i < std::max(1, options.connections); ++i) {
+    grpc::ChannelArguments args;
+    // A private subchannel pool and a distinct argument per channel: one TCP connection each.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("longhaul.connection_index", i);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channels_.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
+  }
+}
+
+TensorClient::~TensorClient() = default;
+
+std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
+  auto op = std::make_shared<SendOp>();
+  const size_t bpe = WireBytesPerElement(options_.dtype);
+  op->wire_.resize(n * bpe);
+  EncodeWire(data, n, options_.dtype, op->wire_.data());
+  op->start_ = std::chrono::steady_clock::now();
+  op->what_ = absl::StrFormat("%s to %s", TensorKey{header.kind(), header.iteration(), header.micro_batch(),
+                                                    header.from_stage(), header.from_replica(), header.shard()}
+                                              .DebugString(),
+                              address_);
+  header.set_job_id(options_.job_id);
+  header.set_protocol_version(kProtocolVersion);
+  header.set_dtype(static_cast<proto::WireDtype>(options_.dtype));
+  header.set_total_elements(n);
+  // Split into equal parts, one per connection; tiny tensors go on one.
+  const size_t parts = std::max<size_t>(1, std::min<size_t>(stubs_.size(), n * bpe / (1u << 20)));
+  op->pending_ = static_cast<int>(parts);
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (size_t p = 0; p < parts; ++p) ranges.emplace_back(n * p / parts, n * (p + 1) / parts);
+  for (size_t p = 0; p < parts; ++p) {
+    auto [lo, hi] = ranges[p];
+    proto::TensorHeader h = header;
+    h.set_part_offset(lo);
+    h.set_part_elements(hi - lo);
+    h.set_crc32c(Crc32c(0, op->wire_.data() + lo * bpe, (hi - lo) * bpe));
+    new PartCall(stubs_[p].get(), options_, op, h, op->wire_.data() + lo * bpe, (hi - lo) * bpe);
+  }
+  return op;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,111 @@
+#pragma once
+// Worker-to-worker tensor transport over gRPC.
+//
+// A tensor is sent as one or more parts (one per connection, so a fat, long link can be filled by
+// several TCP connections); each part is a bidi-streaming call on "/longhaul.Tensors/Send": a
+// serialized proto::TensorHeader, then the part's bytes as raw chunks of transport.chunk_mib,
+// each a grpc::Slice over the sender's buffer (no protobuf, no copy), then one proto::TensorAck
+// back. The receiver checks the caller's job id and protocol version before reading anything and
+// refuses a stranger with a message naming both; a bad header, size or checksum fails that call
+// only. Bytes that are not HTTP/2 close their own connection inside gRPC and touch nothing else.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "longhaul.pb.h"
+#include "transport/mailbox.h"
+#include "transport/wire_dtype.h"
+
+namespace longhaul {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr char kTensorMethod[] = "/longhaul.Tensors/Send";
+
+struct TransportOptions {
+  std::string job_id = "longhaul";
+  WireDtype dtype = WireDtype::kF32;
+  size_t chunk_bytes = 4u << 20;
+  int connections = 1;  // TCP connections per peer; a tensor is split evenly over them
+  std::chrono::milliseconds timeout{120000};
+};
+
+// Receives tensors into a Mailbox.
+class TensorServer {
+ public:
+  // Listens on `address` (port 0 picks a free one) and serves `extra` typed services beside the
+  // tensor method.
+  static absl::StatusOr<std::unique_ptr<TensorServer>> Start(const std::string& address, const std::string& job_id,
+                                                             Mailbox* mailbox, std::vector<grpc::Service*> extra = {});
+  ~TensorServer();
+  // host:port actually bound.
+  const std::string& address() const { return address_; }
+  // Calls refused so far (stranger, bad header, checksum), and the last reason.
+  int refused() const { return refused_.load(); }
+  std::string last_refusal() const;
+  void Shutdown();
+
+ private:
+  class Generic;
+  class Receiver;
+  TensorServer(std::string job_id, Mailbox* mailbox);
+  void Refuse(const std::string& why);
+
+  std::string job_id_, address_;
+  Mailbox* mailbox_;
+  std::unique_ptr<Generic> generic_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<int> refused_{0};
+  mutable std::mutex mu_;
+  std::string last_refusal_;
+};
+
+// One send in flight; Wait() returns when every part was acknowledged or failed.
+class SendOp {
+ public:
+  absl::Status Wait();
+  bool Done();
+  double seconds() const { return seconds_; }  // from start to the last acknowledgement
+
+ private:
+  friend class TensorClient;
+  friend class PartCall;
+  void PartDone(const absl::Status& s);
+
+  std::vector<uint8_t> wire_;  // the encoded tensor; slices point into it until every part is done
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  absl::Status status_;
+  std::chrono::steady_clock::time_point start_;
+  double seconds_ = 0;
+  std::string what_;
+};
+
+// Sends tensors to one peer over transport.connections connections.
+class TensorClient {
+ public:
+  TensorClient(const std::string& address, const TransportOptions& options);
+  ~TensorClient();
+  const std::string& address() const { return address_; }
+
+  // Encodes n floats in the wire dtype and sends them; job id, protocol version, dtype, sizes and
+  // checksum are filled in here, the rest of `header` (kind, iteration, ...) by the caller.
+  std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);
+
+ private:
+  std::string address_;
+  TransportOptions options_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+};
+
+}  // namespace longhaul
