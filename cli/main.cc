@@ -1,12 +1,23 @@
-// longhaul: the command-line entry point. `longhaul train` runs a job in this process.
+// longhaul: the command-line entry point.
+//   train        one process, one stage, one replica
+//   coordinator  the control plane of a multi-worker job
+//   worker       one worker of a multi-worker job
+//   local        a coordinator and its workers as processes on this machine
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "cli/local_cluster.h"
 #include "config/job_config.h"
+#include "coordinator/coordinator.h"
 #include "worker/local_trainer.h"
+#include "worker/worker.h"
 
 namespace {
 
@@ -14,6 +25,13 @@ int Fail(const absl::Status& s, int code) {
   std::cerr << "longhaul: error: " << s.message() << "\n";
   return code;
 }
+
+// Config errors (bad input) exit 2, everything else 1.
+int CodeFor(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
+}
+
+void StopCoordinator(int) { longhaul::RequestCoordinatorStop(); }
 
 }  // namespace
 
@@ -23,12 +41,35 @@ int main(int argc, char** argv) {
 
   std::string config_path;
   std::vector<std::string> overrides;
+  auto add_config = [&](CLI::App* cmd) {
+    cmd->add_option("-c,--config", config_path, "job config (TOML)")->required();
+    cmd->add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
+  };
+
   CLI::App* train = app.add_subcommand("train", "train a model in this process, as one stage and one replica");
-  train->add_option("-c,--config", config_path, "job config (TOML)")->required();
-  train->add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
+  add_config(train);
   int64_t stop_at = 0;
   train->add_option("--stop-at", stop_at,
                     "stop and checkpoint after this step; resume later with --set train.resume=true");
+
+  CLI::App* local = app.add_subcommand("local", "run a coordinator and its workers as processes on this machine");
+  add_config(local);
+
+  longhaul::CoordinatorOptions copt;
+  CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
+  add_config(coord);
+  coord->add_option("--listen", copt.listen, "address to listen on")->capture_default_str();
+  coord->add_option("--port-file", copt.port_file, "write the bound port to this file");
+
+  longhaul::WorkerOptions wopt;
+  CLI::App* worker = app.add_subcommand("worker", "run one worker of a multi-worker job");
+  worker->add_option("--coordinator", wopt.coordinator, "the coordinator's host:port")->required();
+  worker->add_option("--listen", wopt.listen, "address peers reach this worker at (port 0 picks one)")
+      ->capture_default_str();
+  worker->add_option("--job-id", wopt.job_id, "refuse to join a job with another cluster.job_id");
+  worker->add_option("--threads", wopt.threads, "CPU threads (default: train.threads of the job)");
+  worker->add_option("--connect-timeout", wopt.connect_timeout_s, "seconds to keep trying the coordinator")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
 
@@ -38,6 +79,16 @@ int main(int argc, char** argv) {
     auto trainer = longhaul::LocalTrainer::Create(*cfg);
     if (!trainer.ok()) return Fail(trainer.status(), 2);
     if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
+  } else if (local->parsed()) {
+    return longhaul::RunLocalCluster(std::filesystem::canonical("/proc/self/exe").string(), config_path, overrides);
+  } else if (coord->parsed()) {
+    copt.config_path = config_path;
+    copt.overrides = overrides;
+    signal(SIGINT, StopCoordinator);
+    signal(SIGTERM, StopCoordinator);
+    if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
+  } else if (worker->parsed()) {
+    if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
   }
   return 0;
 }

@@ -16,24 +16,13 @@
 #include "cpu/blas.h"
 #include "metrics/flops.h"
 #include "optim/train_step.h"
+#include "worker/job_setup.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
 
 namespace {
-
-absl::StatusOr<TokenDataset> LoadData(const DataConfig& d) {
-  switch (d.source) {
-    case DataSource::kBuiltin:
-      return TokenDataset::BuiltIn(d.markov, d.train_tokens, d.val_tokens);
-    case DataSource::kBytes:
-      return TokenDataset::Bytes(d.path, d.val_path, d.val_fraction);
-    case DataSource::kLlmc:
-      return TokenDataset::LlmcShards(d.path, d.val_path, d.val_fraction);
-  }
-  return absl::InternalError("unknown data source");
-}
 
 std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "checkpoints").string(); }
 
@@ -42,19 +31,15 @@ std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.ou
 absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConfig& cfg) {
   std::unique_ptr<LocalTrainer> t(new LocalTrainer(cfg));
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
-  LH_ASSIGN_OR_RETURN(TokenDataset data, LoadData(cfg.data));
-  if (data.max_token() >= cfg.model.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the data holds token id %d but model.vocab_size = %d: raise model.vocab_size to at least %d",
-        data.max_token(), cfg.model.vocab_size, data.max_token() + 1));
-  }
+  LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
   t->data_ = std::move(data);
   LH_ASSIGN_OR_RETURN(t->stage_, GptStage::Create(cfg.model, StageSpec::Whole(cfg.model), cfg.train.micro_batch_size,
                                                   cfg.train.seq_len, cfg.train.recompute));
   t->stage_->InitParams(cfg.train.seed);
   t->act_ = t->stage_->NewActivations();
   t->adamw_ = std::make_unique<AdamW>(cfg.train.adamw, t->stage_->layout());
-  SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention};
+  SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
+                   cfg.train.micro_batches};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
   t->val_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->val());
   LH_RETURN_IF_ERROR(t->train_sampler_->Check("training"));
@@ -68,22 +53,7 @@ absl::Status LocalTrainer::Resume() {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
   LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, stage_->layout(), stage_->params(), adamw_->m().data(),
                                                         adamw_->v().data()));
-  // Sampling and the model must be those that wrote the checkpoint, or the run would silently fork.
-  for (const char* section : {"model", "data"}) {
-    if (ck.run_config.contains(section) && ck.run_config[section] != cfg_.as_json[section]) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with [", section, "] ",
-                                                        ck.run_config[section].dump(), " but the config has ",
-                                                        cfg_.as_json[section].dump(), ": resume with the same config"));
-    }
-  }
-  for (const char* key : {"seq_len", "micro_batch_size", "micro_batches", "seed"}) {
-    if (ck.run_config.contains("train") && ck.run_config["train"][key] != cfg_.as_json["train"][key]) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with train.", key, " = ",
-                                                        ck.run_config["train"][key].dump(), " but the config has ",
-                                                        cfg_.as_json["train"][key].dump(),
-                                                        ": resume with the same value"));
-    }
-  }
+  LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
   step_ = ck.step;
   // Keep the records of the steps the checkpoint covers; later ones belong to the interrupted run.
   std::ifstream f(fs::path(cfg_.train.out_dir) / "metrics.csv");
@@ -97,18 +67,6 @@ absl::Status LocalTrainer::Resume() {
     if (r.step <= step_) history_.push_back(r);
   }
   return absl::OkStatus();
-}
-
-double LocalTrainer::Floor(const MicroBatch& mb) const {
-  if (!data_->source()) return -1;
-  double num = 0, den = 0;
-  for (int b = 0; b < mb.B; ++b)
-    for (int t = 0; t < mb.T; ++t) {
-      const float w = mb.loss_weight[b * mb.T + t];
-      num += w * data_->source()->PositionFloor(t);
-      den += w;
-    }
-  return den > 0 ? num / den : 0;
 }
 
 double LocalTrainer::EvalLoss() {
@@ -172,7 +130,7 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     double floor_sum = 0;
     for (int m = 0; m < M; ++m) {
       batch.push_back(train_sampler_->Sample(step_, 0, m));
-      floor_sum += Floor(batch.back());
+      floor_sum += EntropyFloor(*data_, batch.back());
     }
     rec.floor = data_->source() ? floor_sum / M : -1;
     rec.loss = AccumulateGradients(*stage_, *act_, batch);

@@ -48,7 +48,6 @@ class LocalTrainer {
  private:
   explicit LocalTrainer(const JobConfig& cfg) : cfg_(cfg) {}
   absl::Status Resume();
-  double Floor(const MicroBatch& mb) const;  // -1 without a known source
   absl::Status SaveCheckpointNow() const;
   absl::Status WriteRecords() const;
 

@@ -25,6 +25,9 @@ const std::map<std::string, std::set<std::string>>& KnownKeys() {
        {"steps", "seq_len", "micro_batch_size", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1",
         "beta2", "eps", "grad_clip", "seed", "threads", "recompute", "log_every", "eval_every", "eval_batches",
         "checkpoint_every", "out_dir", "resume"}},
+      {"cluster",
+       {"job_id", "stages", "replicas", "schedule", "ps", "stage_layers", "heartbeat_s", "dead_after_s"}},
+      {"transport", {"wire_dtype", "chunk_mib", "connections", "timeout_s"}},
   };
   return *keys;
 }
@@ -38,7 +41,8 @@ class Reader {
       const std::string s(section.str());
       auto it = KnownKeys().find(s);
       if (it == KnownKeys().end()) {
-        return absl::InvalidArgumentError(absl::StrCat(file_, ": unknown section [", s, "] (known: [model], [data], [train])"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            file_, ": unknown section [", s, "] (known: [model], [data], [train], [cluster], [transport])"));
       }
       if (!node.is_table()) return absl::InvalidArgumentError(absl::StrCat(file_, ": ", s, " must be a table [", s, "]"));
       for (auto&& [key, _] : *node.as_table()) {
@@ -65,6 +69,15 @@ class Reader {
       if (auto v = node.template value<double>(); v && (node.is_floating_point() || node.is_integer()))
         return out = static_cast<T>(*v), absl::OkStatus();
       return TypeError(section, key, "a number");
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      const toml::array* arr = node.as_array();
+      if (arr == nullptr) return TypeError(section, key, "an array of integers");
+      out.clear();
+      for (const toml::node& e : *arr) {
+        if (!e.is_integer()) return TypeError(section, key, "an array of integers");
+        out.push_back(static_cast<int>(*e.value<int64_t>()));
+      }
+      return absl::OkStatus();
     } else {
       if (auto v = node.template value<std::string>(); v && node.is_string()) return out = *v, absl::OkStatus();
       return TypeError(section, key, "a string");
@@ -127,6 +140,36 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
     return bad("data.path is required when data.source is \"bytes\" or \"llmc\"");
   }
   if (c.data.val_fraction < 0 || c.data.val_fraction >= 1) return bad("data.val_fraction must be in [0, 1)");
+  const ClusterConfig& k = c.cluster;
+  if (k.stages <= 0 || k.replicas <= 0) return bad("cluster.stages and cluster.replicas must be positive");
+  if (k.job_id.empty()) return bad("cluster.job_id must not be empty");
+  if (!k.stage_layers.empty()) {
+    if (static_cast<int>(k.stage_layers.size()) != k.stages) {
+      return bad(absl::StrFormat("cluster.stage_layers has %d entries for cluster.stages = %d", k.stage_layers.size(),
+                                 k.stages));
+    }
+    int sum = 0;
+    for (int l : k.stage_layers) {
+      if (l < 0) return bad("cluster.stage_layers entries must be >= 0");
+      sum += l;
+    }
+    if (sum != c.model.n_layer) {
+      return bad(absl::StrFormat("cluster.stage_layers adds up to %d blocks but model.n_layer = %d", sum,
+                                 c.model.n_layer));
+    }
+  } else if (k.stages > c.model.n_layer) {
+    return bad(absl::StrFormat("cluster.stages = %d is more than model.n_layer = %d blocks", k.stages, c.model.n_layer));
+  }
+  if (c.model.tied_head && k.stages > 1) {
+    return bad("model.tied_head = true needs the embedding and the head in one stage: set model.tied_head = false "
+               "or cluster.stages = 1");
+  }
+  if (k.heartbeat_s <= 0 || k.dead_after_s <= k.heartbeat_s) {
+    return bad("need cluster.heartbeat_s > 0 and cluster.dead_after_s > cluster.heartbeat_s");
+  }
+  if (c.transport.chunk_mib < 1 || c.transport.chunk_mib > 16) return bad("transport.chunk_mib must be in [1, 16]");
+  if (c.transport.connections < 1 || c.transport.connections > 64) return bad("transport.connections must be in [1, 64]");
+  if (c.transport.timeout_s <= 0) return bad("transport.timeout_s must be positive");
   if (c.data.source != DataSource::kLlmc && c.model.vocab_size < 256) {
     return bad(absl::StrFormat("model.vocab_size = %d: byte-level data needs at least 256", c.model.vocab_size));
   }
@@ -212,6 +255,28 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   LH_RETURN_IF_ERROR(r.Get("train", "checkpoint_every", t.checkpoint_every));
   LH_RETURN_IF_ERROR(r.Get("train", "out_dir", t.out_dir));
   LH_RETURN_IF_ERROR(r.Get("train", "resume", t.resume));
+  std::string schedule = "gpipe", ps = "sharded", wire = "fp32";
+  LH_RETURN_IF_ERROR(r.Get("cluster", "job_id", c.cluster.job_id));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "stages", c.cluster.stages));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "replicas", c.cluster.replicas));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "schedule", schedule));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "ps", ps));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "stage_layers", c.cluster.stage_layers));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "heartbeat_s", c.cluster.heartbeat_s));
+  LH_RETURN_IF_ERROR(r.Get("cluster", "dead_after_s", c.cluster.dead_after_s));
+  LH_RETURN_IF_ERROR(r.Get("transport", "wire_dtype", wire));
+  LH_RETURN_IF_ERROR(r.Get("transport", "chunk_mib", c.transport.chunk_mib));
+  LH_RETURN_IF_ERROR(r.Get("transport", "connections", c.transport.connections));
+  LH_RETURN_IF_ERROR(r.Get("transport", "timeout_s", c.transport.timeout_s));
+  auto with_file = [&](absl::Status s) {
+    return absl::InvalidArgumentError(absl::StrCat(source_path, ": ", s.message()));
+  };
+  if (auto k = ParseSchedule(schedule); k.ok()) c.cluster.schedule = *k; else return with_file(k.status());
+  if (auto d = ParseWireDtype(wire); d.ok()) c.transport.wire_dtype = *d; else return with_file(d.status());
+  if (ps != "sharded" && ps != "central") {
+    return absl::InvalidArgumentError(absl::StrCat(source_path, ": cluster.ps = \"", ps, "\": use \"sharded\" or \"central\""));
+  }
+  c.cluster.central_ps = ps == "central";
   if (c.data.source == DataSource::kLlmc && !root["model"]["vocab_size"]) c.model.vocab_size = 50257;
   LH_RETURN_IF_ERROR(Validate(c, source_path));
 
@@ -223,8 +288,19 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
                {"data", {{"source", source}, {"path", c.data.path}, {"seed", c.data.markov.seed}}},
                {"train",
                 {{"seq_len", t.seq_len}, {"micro_batch_size", t.micro_batch_size}, {"micro_batches", t.micro_batches},
-                 {"seed", t.seed}, {"steps", t.steps}}}};
+                 {"seed", t.seed}, {"steps", t.steps}}},
+               {"cluster", {{"stages", c.cluster.stages}, {"replicas", c.cluster.replicas}, {"ps", ps}}}};
+  std::ostringstream text;
+  text << root;
+  c.toml_text = text.str();
   return c;
+}
+
+StageSpec JobConfig::Stage(int stage) const {
+  if (cluster.stage_layers.empty()) return StageSpec::Even(model, stage, cluster.stages);
+  int first = 0;
+  for (int s = 0; s < stage; ++s) first += cluster.stage_layers[s];
+  return {first, first + cluster.stage_layers[stage], stage == 0, stage == cluster.stages - 1};
 }
 
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {

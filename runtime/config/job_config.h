@@ -11,6 +11,8 @@
 #include "data/markov_source.h"
 #include "model/model_config.h"
 #include "optim/adamw.h"
+#include "schedule/schedule.h"
+#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
@@ -45,16 +47,40 @@ struct TrainConfig {
   bool resume = false;  // continue from out_dir/checkpoints/latest
 };
 
+struct ClusterConfig {
+  std::string job_id = "longhaul";  // every process of a job must agree; strangers are refused
+  int stages = 1;                   // pipeline stages
+  int replicas = 1;                 // data-parallel replicas of the pipeline
+  ScheduleKind schedule = ScheduleKind::kGpipe;
+  bool central_ps = false;          // one parameter server per stage instead of sharding it over replicas
+  std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
+  double heartbeat_s = 1.0;
+  double dead_after_s = 20.0;       // a worker silent this long is declared dead and the job stops
+};
+
+struct TransportConfig {
+  WireDtype wire_dtype = WireDtype::kF32;
+  int chunk_mib = 4;
+  int connections = 1;       // TCP connections per peer pair
+  double timeout_s = 120.0;  // longest wait for a peer's tensor or acknowledgement
+};
+
 struct JobConfig {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
+  ClusterConfig cluster;
+  TransportConfig transport;
+  std::string toml_text;  // the configuration with overrides applied, as workers receive it
   std::string source_path;  // where it was read from, for messages
   nlohmann::json as_json;   // the merged configuration, recorded in checkpoints
 
+  // Tokens of one optimizer step over every replica.
   int64_t tokens_per_step() const {
-    return static_cast<int64_t>(train.micro_batch_size) * train.micro_batches * train.seq_len;
+    return static_cast<int64_t>(train.micro_batch_size) * train.micro_batches * train.seq_len * cluster.replicas;
   }
+  // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
+  StageSpec Stage(int stage) const;
 };
 
 // Parses TOML text; `overrides` are "section.key=value" (value in TOML syntax, bare strings

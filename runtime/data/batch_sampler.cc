@@ -25,8 +25,8 @@ MicroBatch BatchSampler::Sample(int64_t iteration, int replica, int micro) const
   mb.prefix_len.assign(B, 0);
   const uint64_t windows = tokens_.size() - T;  // start offsets with T + 1 tokens after them
   for (int b = 0; b < B; ++b) {
-    const uint64_t h = HashCoords({cfg_.seed, static_cast<uint64_t>(iteration), static_cast<uint64_t>(replica),
-                                   static_cast<uint64_t>(micro), static_cast<uint64_t>(b)});
+    const uint64_t global_micro = static_cast<uint64_t>(replica) * cfg_.micro_batches + micro;
+    const uint64_t h = HashCoords({cfg_.seed, static_cast<uint64_t>(iteration), global_micro, static_cast<uint64_t>(b)});
     const size_t start = h % windows;
     for (int t = 0; t < T; ++t) {
       mb.tokens[b * T + t] = tokens_[start + t];

@@ -1,7 +1,9 @@
 #pragma once
 // Deterministic sampling of micro-batches: sample b of micro-batch m of replica r at iteration i
-// is a window of the token stream at an offset hashed from (seed, i, r, m, b), so every stage and
-// replica can rebuild any micro-batch independently, and a resumed run sees the same data.
+// is a window of the token stream at an offset hashed from (seed, i, r·M + m, b), M being the
+// micro-batches per replica. Every stage and replica can rebuild any micro-batch independently, a
+// resumed run sees the same data, and D replicas of M micro-batches draw exactly the samples one
+// process draws with D·M micro-batches.
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +20,7 @@ struct SamplerConfig {
   // Prefix-LM draws a prefix length in [1, T-1] per sample and drops the loss on targets that the
   // prefix makes visible (positions before prefix - 1).
   AttentionMask mask = AttentionMask::kCausal;
+  int micro_batches = 1;  // M, per replica
 };
 
 class BatchSampler {

@@ -42,6 +42,27 @@ int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay) {
   return static_cast<int>(tensors_.size()) - 1;
 }
 
+ParamLayout ParamLayout::Slice(int first, int end) const {
+  ParamLayout l;
+  for (int i = first; i < end; ++i) l.Add(tensors_[i].name, tensors_[i].shape, tensors_[i].decay);
+  return l;
+}
+
+std::vector<std::pair<int, int>> ParamLayout::SplitIntoShards(int shards) const {
+  std::vector<std::pair<int, int>> out;
+  int t = 0;
+  const int n = static_cast<int>(tensors_.size());
+  for (int k = 0; k < shards; ++k) {
+    const int first = t;
+    // Take tensors while the shard's end stays at or below its share of the total, at least one.
+    const double target = static_cast<double>(total_) * (k + 1) / shards;
+    while (t < n && (t == first || static_cast<double>(tensors_[t].offset + tensors_[t].size) <= target)) ++t;
+    if (k == shards - 1) t = n;
+    out.emplace_back(first, t);
+  }
+  return out;
+}
+
 int ParamLayout::Find(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i)
     if (tensors_[i].name == name) return static_cast<int>(i);

@@ -35,6 +35,13 @@ class ParamLayout {
   // Index of a tensor by name, or -1.
   int Find(const std::string& name) const;
 
+  // Tensors [first, end) re-based to offset 0: the layout of a parameter-server shard.
+  ParamLayout Slice(int first, int end) const;
+  // Cuts the tensors into `shards` contiguous groups of about equal size, at tensor boundaries
+  // (so each shard checkpoints whole, named tensors). Returns [first, end) tensor index pairs; a
+  // shard may be empty when there are fewer tensors than shards.
+  std::vector<std::pair<int, int>> SplitIntoShards(int shards) const;
+
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
   int lnf_w() const { return lnf_w_; }
@@ -45,6 +52,7 @@ class ParamLayout {
   const BlockTensors& block(int b) const { return blocks_[b - first_block_]; }
 
  private:
+  ParamLayout() = default;
   int Add(std::string name, std::vector<int64_t> shape, bool decay);
 
   std::vector<ParamTensor> tensors_;

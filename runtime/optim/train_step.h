@@ -23,5 +23,10 @@ struct OptimizerStepResult {
 // optimizer step `step` (0-based).
 OptimizerStepResult ApplyOptimizerStep(float* params, float* grads, size_t n, AdamW& adamw, const LrSchedule& schedule,
                                        float grad_clip, int64_t step);
+// The same with the global norm given: a parameter-server shard holds only part of the gradient,
+// and the norm is reduced over every shard of every stage first.
+OptimizerStepResult ApplyOptimizerStepWithNorm(float* params, float* grads, size_t n, AdamW& adamw,
+                                               const LrSchedule& schedule, float grad_clip, int64_t step,
+                                               double global_norm);
 
 }  // namespace longhaul

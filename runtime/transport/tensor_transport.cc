@@ -46,11 +46,11 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
     }
     const std::string job = MetadataValue(ctx->client_metadata(), "lh-job");
     const std::string proto = MetadataValue(ctx->client_metadata(), "lh-protocol");
-    if (job != server_->job_id_ || proto != std::to_string(kProtocolVersion)) {
+    if (job != server_->job_id() || proto != std::to_string(kProtocolVersion)) {
       Fail(grpc::StatusCode::FAILED_PRECONDITION,
            absl::StrFormat("refused: the peer runs job '%s' with protocol version %s, this worker runs job '%s' with "
                            "protocol version %d; start every process of a job from the same config and build",
-                           job, proto, server_->job_id_, kProtocolVersion));
+                           job, proto, server_->job_id(), kProtocolVersion));
       return;
     }
     StartRead(&buf_);
@@ -62,7 +62,7 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
       if (!ParseFromBuffer(buf_, header_)) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "unparseable tensor header");
       const size_t bpe = header_.dtype() == proto::F32 ? 4 : 2;
       if (header_.dtype() < proto::F32 || header_.dtype() > proto::BF16 || header_.total_elements() > kMaxTensorElements ||
-          header_.part_offset() + header_.part_elements() > header_.total_elements() || header_.job_id() != server_->job_id_) {
+          header_.part_offset() + header_.part_elements() > header_.total_elements() || header_.job_id() != server_->job_id()) {
         return Fail(grpc::StatusCode::INVALID_ARGUMENT,
                     absl::StrFormat("bad tensor header (dtype %d, part [%d, +%d) of %d elements, job '%s')",
                                     header_.dtype(), header_.part_offset(), header_.part_elements(),
@@ -163,6 +163,16 @@ absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::str
   }
   s->address_ = address.substr(0, address.rfind(':')) + ":" + std::to_string(port);
   return s;
+}
+
+void TensorServer::SetJobId(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_id_ = job_id;
+}
+
+std::string TensorServer::job_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return job_id_;
 }
 
 void TensorServer::Refuse(const std::string& why) {

@@ -48,6 +48,9 @@ class TensorServer {
   ~TensorServer();
   // host:port actually bound.
   const std::string& address() const { return address_; }
+  // The job whose peers are accepted; a worker learns it from the plan after it started listening.
+  void SetJobId(const std::string& job_id);
+  std::string job_id() const;
   // Calls refused so far (stranger, bad header, checksum), and the last reason.
   int refused() const { return refused_.load(); }
   std::string last_refusal() const;

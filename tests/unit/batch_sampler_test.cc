@@ -13,13 +13,16 @@ std::vector<uint16_t> Ramp(size_t n) {
 
 TEST(BatchSampler, DeterministicAndKeyedByEveryCoordinate) {
   const auto tokens = Ramp(10000);
-  BatchSampler s({4, 32, 7, AttentionMask::kCausal}, tokens);
+  BatchSampler s({4, 32, 7, AttentionMask::kCausal, 3}, tokens);
   const MicroBatch a = s.Sample(3, 1, 2);
+  // Replica 1's micro-batch 2 of 3 is global micro-batch 5: what one process with 6 draws.
+  BatchSampler one_process({4, 32, 7, AttentionMask::kCausal, 6}, tokens);
+  EXPECT_EQ(a.tokens, one_process.Sample(3, 0, 5).tokens);
   EXPECT_EQ(a.tokens, s.Sample(3, 1, 2).tokens);
   EXPECT_NE(a.tokens, s.Sample(4, 1, 2).tokens);
   EXPECT_NE(a.tokens, s.Sample(3, 0, 2).tokens);
   EXPECT_NE(a.tokens, s.Sample(3, 1, 1).tokens);
-  BatchSampler other_seed({4, 32, 8, AttentionMask::kCausal}, tokens);
+  BatchSampler other_seed({4, 32, 8, AttentionMask::kCausal, 3}, tokens);
   EXPECT_NE(a.tokens, other_seed.Sample(3, 1, 2).tokens);
   // Targets are the inputs shifted by one; the ramp makes that checkable.
   for (size_t i = 0; i < a.tokens.size(); ++i) EXPECT_EQ(a.targets[i], a.tokens[i] + 1);

@@ -63,3 +63,31 @@ TEST(ParamLayout, DecayOnlyOnMatricesAndEmbeddings) {
 
 }  // namespace
 }  // namespace longhaul
+
+namespace longhaul {
+namespace {
+
+TEST(ParamLayout, ShardsCoverEveryTensorOnceAndSliceRebases) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout l(c, StageSpec::Whole(c));
+  for (int shards = 1; shards <= 5; ++shards) {
+    auto cuts = l.SplitIntoShards(shards);
+    ASSERT_EQ(static_cast<int>(cuts.size()), shards);
+    int next = 0;
+    size_t biggest = 0;
+    for (auto [a, b] : cuts) {
+      EXPECT_EQ(a, next);
+      next = b;
+      biggest = std::max(biggest, l.Slice(a, b).total());
+    }
+    EXPECT_EQ(next, static_cast<int>(l.tensors().size()));
+    EXPECT_LE(biggest, l.total() / shards + 50 * 8) << shards << " shards";  // within one embedding of even
+  }
+  auto [a, b] = l.SplitIntoShards(3)[1];
+  ParamLayout s = l.Slice(a, b);
+  EXPECT_EQ(s.tensors().front().offset, 0u);
+  EXPECT_EQ(s.tensors().front().name, l.tensors()[a].name);
+}
+
+}  // namespace
+}  // namespace longhaul

@@ -1,0 +1,144 @@
+#include "cli/local_cluster.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "config/job_config.h"
+
+namespace longhaul {
+namespace fs = std::filesystem;
+
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnSignal(int) { g_interrupted = 1; }
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::perror("longhaul local: exec");
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
+  return "unknown status";
+}
+
+}  // namespace
+
+int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
+                    const std::vector<std::string>& overrides) {
+  auto cfg = LoadJobConfig(config_path, overrides);
+  if (!cfg.ok()) {
+    std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
+    return 2;
+  }
+  const int workers = cfg->cluster.stages * cfg->cluster.replicas;
+  std::error_code ec;
+  fs::create_directories(cfg->train.out_dir, ec);
+  const std::string port_file = (fs::path(cfg->train.out_dir) / ".coordinator_port").string();
+  fs::remove(port_file, ec);
+  // Several processes share the cores: split them, and let idle OpenMP threads sleep instead of
+  // spinning, or the processes starve each other.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / workers);
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<std::string> coord = {self_exe, "coordinator", "-c", config_path, "--listen", "127.0.0.1:0",
+                                    "--port-file", port_file};
+  for (const std::string& o : overrides) coord.insert(coord.end(), {"--set", o});
+  std::vector<pid_t> children = {Spawn(coord)};
+  std::cout << absl::StrFormat("longhaul local: coordinator (pid %d) and %d workers of %d threads each; Ctrl-C stops "
+                               "them all\n",
+                               children[0], workers, threads)
+            << std::flush;
+
+  int port = 0;
+  for (int i = 0; i < 300 && port == 0 && !g_interrupted; ++i) {
+    std::ifstream f(port_file);
+    if (!(f >> port)) {
+      int status;
+      if (waitpid(children[0], &status, WNOHANG) == children[0]) {
+        std::cerr << "longhaul local: the coordinator exited (" << Describe(status) << ") before listening\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  if (port == 0) {
+    kill(children[0], SIGTERM);
+    std::cerr << "longhaul local: the coordinator did not start listening within 30 s\n";
+    return 1;
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  for (int w = 0; w < workers; ++w) {
+    children.push_back(Spawn({self_exe, "worker", "--coordinator", address, "--listen", "127.0.0.1:0", "--threads",
+                              std::to_string(threads), "--job-id", cfg->cluster.job_id}));
+  }
+
+  // The coordinator's exit ends the run; a worker that dies makes the coordinator stop the job.
+  int result = 1;
+  std::vector<bool> running(children.size(), true);
+  auto stop_all = [&](int sig) {
+    for (size_t i = 0; i < children.size(); ++i)
+      if (running[i]) kill(children[i], sig);
+  };
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (std::count(running.begin(), running.end(), true) > 0) {
+    if (g_interrupted) {
+      std::cout << "\nlonghaul local: interrupted, stopping every process\n" << std::flush;
+      stop_all(SIGTERM);
+      g_interrupted = 0;
+      result = 130;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      stop_all(SIGKILL);
+      deadline = std::chrono::steady_clock::time_point::max();
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i] != pid) continue;
+      running[i] = false;
+      if (i == 0) {
+        if (result != 130) result = WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+        // Workers finish on their own right after the coordinator; give them a moment.
+        if (deadline == std::chrono::steady_clock::time_point::max())
+          deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && result != 130) {
+        std::cerr << absl::StrFormat("longhaul local: worker process %d ended with %s\n", pid, Describe(status));
+      }
+    }
+  }
+  fs::remove(port_file, ec);
+  return result;
+}
+
+}  // namespace longhaul

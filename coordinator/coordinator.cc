@@ -1,0 +1,397 @@
+#include "coordinator/coordinator.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "config/job_config.h"
+#include "longhaul.grpc.pb.h"
+#include "metrics/flops.h"
+#include "metrics/loss_curve.h"
+#include "metrics/timeline.h"
+#include "model/param_layout.h"
+#include "transport/tensor_transport.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+using Clock = std::chrono::steady_clock;
+
+struct WorkerInfo {
+  proto::RegisterRequest reg;
+  Clock::time_point last_seen;
+  bool done = false;
+  std::string timeline;
+};
+
+// Per-iteration reports of every worker.
+struct IterationRecord {
+  std::map<int, proto::IterationReport> reports;  // by worker id
+};
+
+class Service final : public proto::Coordinator::Service {
+ public:
+  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name)
+      : cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
+        resume_name_(std::move(resume_name)) {
+    for (int s = 0; s < cfg.cluster.stages; ++s) {
+      ParamLayout layout(cfg.model, cfg.Stage(s));
+      auto cuts = cfg.cluster.central_ps ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
+                                         : layout.SplitIntoShards(cfg.cluster.replicas);
+      for (size_t k = 0; k < cuts.size(); ++k) {
+        proto::ShardPlacement sp;
+        sp.set_stage(s);
+        sp.set_shard(static_cast<int>(k));
+        sp.set_owner_replica(cfg.cluster.central_ps ? 0 : static_cast<int>(k));
+        sp.set_first_tensor(cuts[k].first);
+        sp.set_end_tensor(cuts[k].second);
+        shards_.push_back(sp);
+      }
+    }
+    flops_ = ModelFlopsPerIteration(cfg.model,
+                                    static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.train.micro_batches *
+                                        cfg.cluster.replicas,
+                                    cfg.train.seq_len, cfg.train.recompute);
+  }
+
+  grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->protocol_version() != kProtocolVersion) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker speaks protocol version %d, this coordinator %d: run the same longhaul "
+                                          "build everywhere",
+                                          req->protocol_version(), kProtocolVersion));
+    }
+    if (!req->job_id().empty() && req->job_id() != cfg_.cluster.job_id) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req->job_id(),
+                                          cfg_.cluster.job_id));
+    }
+    if (static_cast<int>(workers_.size()) >= expected_) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrFormat("job '%s' already has its %d workers", cfg_.cluster.job_id, expected_));
+    }
+    const int id = static_cast<int>(workers_.size());
+    workers_[id] = {*req, Clock::now()};
+    std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s), %d/%d\n", id, req->address(),
+                                 req->host(), id + 1, expected_)
+              << std::flush;
+    reply->set_worker_id(id);
+    if (static_cast<int>(workers_.size()) == expected_) MakePlan();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest*, proto::Plan* plan) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return plan_.version() > 0; })) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet: waiting for workers");
+    }
+    *plan = plan_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+                         proto::HeartbeatReply* reply) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workers_.find(req->worker_id());
+    if (it != workers_.end()) it->second.last_seen = Clock::now();
+    reply->set_abort(!abort_.empty());
+    reply->set_reason(abort_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportIteration(grpc::ServerContext*, const proto::IterationReport* req, proto::Empty*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    IterationRecord& rec = iterations_[req->iteration()];
+    rec.reports[req->worker_id()] = *req;
+    if (static_cast<int>(rec.reports.size()) == expected_) PrintIteration(req->iteration());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReduceNorm(grpc::ServerContext*, const proto::NormReport* req, proto::NormReply* reply) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& got = norms_[req->iteration()];
+    for (const proto::ShardNorm& n : req->shards()) got[{n.stage(), n.shard()}] = n.sum_squares();
+    cv_.notify_all();
+    const bool ready = cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)),
+                                    [&] { return got.size() == shards_.size() || !abort_.empty(); });
+    if (!abort_.empty()) {
+      reply->set_abort(true);
+      reply->set_reason(abort_);
+      return grpc::Status::OK;
+    }
+    if (!ready) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrFormat("only %d of %d parameter-server shards reported iteration %d", got.size(),
+                                          shards_.size(), req->iteration() + 1));
+    }
+    double sum = 0;
+    for (auto& [key, v] : got) sum += v;  // (stage, shard) order
+    reply->set_global_norm(std::sqrt(sum));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportCheckpoint(grpc::ServerContext*, const proto::CheckpointReport* req, proto::Empty*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++checkpoint_reports_[req->step()] == static_cast<int>(shards_.size())) {
+      // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
+      const std::string name = absl::StrFormat("step_%08d", req->step());
+      const fs::path root = fs::path(cfg_.train.out_dir) / "checkpoints";
+      std::ofstream(root / "latest.tmp", std::ios::trunc) << name << "\n";
+      std::error_code ec;
+      fs::rename(root / "latest.tmp", root / "latest", ec);
+      std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n", name, shards_.size(),
+                                   root.string())
+                << std::flush;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportDone(grpc::ServerContext*, const proto::DoneReport* req, proto::Empty*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    WorkerInfo& w = workers_[req->worker_id()];
+    w.done = true;
+    w.timeline = req->timeline_file();
+    if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  // Runs until every worker is done, or the job fails; then writes the run's records.
+  absl::Status Supervise() {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto last_wait_note = Clock::now();
+    while (true) {
+      cv_.wait_for(lock, std::chrono::milliseconds(250));
+      if (g_stop_requested && abort_.empty()) Abort("interrupted (resume later with --set train.resume=true)");
+      const int done = static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w.second.done; }));
+      if (done == expected_) break;
+      if (!abort_.empty() && (done == static_cast<int>(workers_.size()) ||
+                              Clock::now() - abort_time_ > std::chrono::seconds(5))) {
+        break;  // the workers heard it through their heartbeats; don't wait for a dead one
+      }
+      if (plan_.version() == 0) {
+        if (Clock::now() - last_wait_note > std::chrono::seconds(10)) {
+          std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered\n", workers_.size(),
+                                       expected_)
+                    << std::flush;
+          last_wait_note = Clock::now();
+        }
+        continue;
+      }
+      for (auto& [id, w] : workers_) {
+        const double silent = std::chrono::duration<double>(Clock::now() - w.last_seen).count();
+        if (!w.done && abort_.empty() && silent > cfg_.cluster.dead_after_s) {
+          const proto::Assignment& a = plan_.assignments(id);
+          Abort(absl::StrFormat("worker %d (stage %d, replica %d at %s) sent no heartbeat for %.0f s: it died or is "
+                                "unreachable; restart it and resume from the last checkpoint with --set "
+                                "train.resume=true",
+                                id, a.stage(), a.replica(), a.address(), silent));
+        }
+      }
+    }
+    WriteRecords();
+    if (!abort_.empty()) return absl::AbortedError(abort_);
+    PrintSummary();
+    return absl::OkStatus();
+  }
+
+ private:
+  void Abort(const std::string& why) {
+    abort_ = why;
+    abort_time_ = Clock::now();
+    std::cout << "coordinator: stopping the job: " << why << "\n" << std::flush;
+    cv_.notify_all();
+  }
+
+  void MakePlan() {
+    plan_.set_version(1);
+    plan_.set_job_id(cfg_.cluster.job_id);
+    plan_.set_config_toml(cfg_.toml_text);
+    plan_.set_stages(cfg_.cluster.stages);
+    plan_.set_replicas(cfg_.cluster.replicas);
+    plan_.set_start_iteration(start_);
+    plan_.set_resume_checkpoint(resume_name_);
+    nlohmann::json cluster = nlohmann::json::array();
+    for (auto& [id, w] : workers_) {
+      // Replica-major: the workers of one pipeline registered next to each other.
+      proto::Assignment* a = plan_.add_assignments();
+      a->set_worker_id(id);
+      a->set_stage(id % cfg_.cluster.stages);
+      a->set_replica(id / cfg_.cluster.stages);
+      a->set_address(w.reg.address());
+      const StageSpec spec = cfg_.Stage(a->stage());
+      a->set_first_block(spec.first_block);
+      a->set_end_block(spec.end_block);
+      cluster.push_back({{"worker", id}, {"stage", a->stage()}, {"replica", a->replica()}, {"address", a->address()},
+                         {"host", w.reg.host()}, {"blocks", {spec.first_block, spec.end_block}}});
+    }
+    for (const proto::ShardPlacement& sp : shards_) *plan_.add_shards() = sp;
+    std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
+        << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"workers", cluster}}.dump(2) << "\n";
+    std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
+                                 "(%d shards), wire %s\n",
+                                 cfg_.cluster.stages, cfg_.cluster.replicas, ScheduleName(cfg_.cluster.schedule),
+                                 cfg_.cluster.central_ps ? "central" : "sharded", shards_.size(),
+                                 WireDtypeName(cfg_.transport.wire_dtype))
+              << std::flush;
+    start_time_ = Clock::now();
+    cv_.notify_all();
+  }
+
+  // Iteration time is stage 0 of replica 0's, as in the source experiment.
+  double IterationSeconds(int64_t it) const {
+    for (auto& [id, r] : iterations_.at(it).reports)
+      if (r.stage() == 0 && r.replica() == 0) return r.seconds();
+    return 0;
+  }
+
+  void PrintIteration(int64_t it) {
+    const IterationRecord& rec = iterations_.at(it);
+    double loss = 0, floor = 0, norm = 0, lr = 0;
+    int last_stages = 0;
+    for (auto& [id, r] : rec.reports) {
+      if (r.stage() == cfg_.cluster.stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
+      if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
+    }
+    loss /= last_stages, floor /= last_stages;
+    const double sec = IterationSeconds(it);
+    if (it > start_) timed_seconds_ += sec, ++timed_;
+    const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
+    const int64_t step = it + 1, steps = cfg_.train.steps;
+    history_.push_back({static_cast<double>(step), loss});
+    floor_ = floor;
+    std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
+                                       steps, loss);
+    if (floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", floor));
+    absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.3f s/it | %.0f tok/s | %.4f TFLOPs/worker | "
+                                           "%.1f days/100B tok | ETA %s",
+                                           lr, norm, sec, cfg_.tokens_per_step() / mean,
+                                           flops_ / mean / 1e12 / expected_, DaysFor100BTokens(cfg_.tokens_per_step() / mean),
+                                           FormatDuration(mean * (steps - step))));
+    if (step % cfg_.train.log_every == 0 || step == steps || it == start_) std::cout << line << "\n" << std::flush;
+    csv_ << absl::StrFormat("%d,%.6f,%.6f,%.6f,%.6g,%.6f\n", step, loss, floor, sec, lr, norm);
+  }
+
+  void WriteRecords() {
+    const fs::path dir(cfg_.train.out_dir);
+    std::ofstream(dir / "metrics.csv", std::ios::trunc) << "step,loss,floor,seconds,lr,grad_norm\n" << csv_.str();
+    WriteLossCurveSvg((dir / "loss.svg").string(), history_, {}, floor_).IgnoreError();
+    std::vector<std::string> traces;
+    for (auto& [id, w] : workers_)
+      if (!w.timeline.empty() && fs::exists(w.timeline)) traces.push_back(w.timeline);
+    if (!traces.empty() && MergeTraces(traces, (dir / "timeline.json").string()).ok()) {
+      std::cout << "coordinator: timeline of " << traces.size() << " workers in " << (dir / "timeline.json").string()
+                << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+    }
+  }
+
+  void PrintSummary() {
+    if (timed_ == 0) return;
+    const double sec = timed_seconds_ / timed_, tps = cfg_.tokens_per_step() / sec;
+    std::cout << absl::StrFormat(
+        "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
+        "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
+        cfg_.train.steps - start_, history_.back().loss, sec, tps, flops_ / sec / 1e12 / expected_,
+        FlopsFormulaName(cfg_.train.recompute), expected_, DaysFor100BTokens(tps));
+    // Where the time went, per worker, averaged over iterations after the first.
+    std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
+                 "activations, gradients and parameters, other = the rest (sampling, PS step, sends)\n";
+    for (auto& [id, w] : workers_) {
+      double total = 0, compute = 0, wait = 0;
+      int n = 0;
+      for (auto& [it, rec] : iterations_) {
+        if (it == start_ || !rec.reports.count(id)) continue;
+        const proto::IterationReport& r = rec.reports.at(id);
+        total += r.seconds(), compute += r.compute_seconds(), wait += r.wait_seconds(), ++n;
+      }
+      if (n == 0) continue;
+      const proto::Assignment& a = plan_.assignments(id);
+      std::cout << absl::StrFormat("  worker %d (stage %d, replica %d): %.3f s = compute %.3f + wait %.3f + other %.3f\n",
+                                   id, a.stage(), a.replica(), total / n, compute / n, wait / n,
+                                   (total - compute - wait) / n);
+    }
+    std::cout << std::flush;
+  }
+
+  JobConfig cfg_;
+  const int expected_;
+  const int64_t start_;
+  const std::string resume_name_;
+  std::vector<proto::ShardPlacement> shards_;
+  double flops_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, WorkerInfo> workers_;
+  proto::Plan plan_;
+  std::map<int64_t, IterationRecord> iterations_;
+  std::map<int64_t, std::map<std::pair<int, int>, double>> norms_;
+  std::map<int64_t, int> checkpoint_reports_;
+  std::string abort_;
+  Clock::time_point abort_time_, start_time_;
+  std::vector<LossPoint> history_;
+  double floor_ = -1, timed_seconds_ = 0;
+  int64_t timed_ = 0;
+  std::ostringstream csv_;
+};
+
+}  // namespace
+
+void RequestCoordinatorStop() { g_stop_requested = true; }
+
+absl::Status RunCoordinator(const CoordinatorOptions& opt) {
+  LH_ASSIGN_OR_RETURN(JobConfig cfg, LoadJobConfig(opt.config_path, opt.overrides));
+  std::error_code ec;
+  fs::create_directories(fs::path(cfg.train.out_dir) / "checkpoints", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", cfg.train.out_dir, ": ", ec.message()));
+  int64_t start = 0;
+  std::string resume_name;
+  if (cfg.train.resume) {
+    std::ifstream f(fs::path(cfg.train.out_dir) / "checkpoints" / "latest");
+    if (!(f >> resume_name)) {
+      return absl::NotFoundError(absl::StrCat("train.resume = true but ", cfg.train.out_dir,
+                                              "/checkpoints/latest is missing: no complete checkpoint to resume from"));
+    }
+    start = std::stoll(resume_name.substr(resume_name.find('_') + 1));
+  }
+  Service service(cfg, start, resume_name);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  if (!server || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", opt.listen, " (port in use? choose --listen)"));
+  }
+  if (!opt.port_file.empty()) {
+    std::ofstream(opt.port_file + ".tmp") << port << "\n";
+    fs::rename(opt.port_file + ".tmp", opt.port_file, ec);
+  }
+  std::cout << absl::StrFormat("coordinator: job '%s' listening on port %d, waiting for %d workers (%d stages x %d "
+                               "replicas)%s\n",
+                               cfg.cluster.job_id, port, cfg.cluster.stages * cfg.cluster.replicas, cfg.cluster.stages,
+                               cfg.cluster.replicas, start > 0 ? absl::StrCat(", resuming at step ", start) : "")
+            << std::flush;
+  absl::Status st = service.Supervise();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return st;
+}
+
+}  // namespace longhaul

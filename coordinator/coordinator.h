@@ -1,0 +1,25 @@
+#pragma once
+// The coordinator role: one per job, control plane only (no tensor passes through it). It admits
+// workers, publishes the plan (stage and replica of each worker, parameter-server shard
+// placement), reduces the global gradient norm, prints one progress line per iteration, keeps the
+// checkpoint index, watches heartbeats, and at the end merges the workers' timelines.
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace longhaul {
+
+struct CoordinatorOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  // section.key=value
+  std::string listen = "0.0.0.0:7070";
+  std::string port_file;  // if set, the bound port is written here once listening
+};
+
+absl::Status RunCoordinator(const CoordinatorOptions& opt);
+
+// Set from a signal handler: the coordinator stops the job and exits.
+void RequestCoordinatorStop();
+
+}  // namespace longhaul

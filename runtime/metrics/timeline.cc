@@ -1,0 +1,62 @@
+#include "metrics/timeline.h"
+
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace longhaul {
+
+int64_t Timeline::NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Timeline::Add(const std::string& name, Track track, int64_t start_us, int64_t end_us, int64_t iteration,
+                   int micro) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back({name, track, start_us, end_us, iteration, micro});
+}
+
+nlohmann::json Timeline::Events(int pid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json out = nlohmann::json::array();
+  for (const Event& e : events_) {
+    nlohmann::json args = {{"iteration", e.iteration}};
+    if (e.micro >= 0) args["micro_batch"] = e.micro;
+    out.push_back({{"name", e.name}, {"ph", "X"}, {"ts", e.start_us}, {"dur", e.end_us - e.start_us},
+                   {"pid", pid}, {"tid", static_cast<int>(e.track)}, {"args", args}});
+  }
+  return out;
+}
+
+absl::Status Timeline::Write(const std::string& path, int pid, const std::string& process_name) const {
+  nlohmann::json events = Events(pid);
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process_name}}}});
+  const char* tracks[] = {"compute", "send", "parameters"};
+  for (int t = 0; t < 3; ++t) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
+  }
+  std::ofstream f(path, std::ios::trunc);
+  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status MergeTraces(const std::vector<std::string>& files, const std::string& out) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const std::string& path : files) {
+    std::ifstream f(path);
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents")) {
+      return absl::DataLossError(absl::StrCat("trace file ", path, " is not valid JSON"));
+    }
+    for (auto& e : j["traceEvents"]) all.push_back(e);
+  }
+  std::ofstream f(out, std::ios::trunc);
+  f << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump();
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", out));
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul

@@ -1,0 +1,23 @@
+#pragma once
+// The worker role: registers with the coordinator, receives the plan (which stage of which
+// replica it runs, where each parameter-server shard lives), then runs the stage's schedule every
+// iteration: receive activations, forward, send; receive gradients, backward, send; push the
+// stage's gradients to their PS shards, serve the shards it owns, pull the new parameters.
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace longhaul {
+
+struct WorkerOptions {
+  std::string coordinator;              // host:port
+  std::string listen = "127.0.0.1:0";   // where peers reach this worker's tensor server
+  std::string job_id;                   // if set, refuse to join any other job
+  int threads = 0;                      // CPU threads; 0: train.threads from the job config
+  double connect_timeout_s = 60;        // how long to keep trying the coordinator
+};
+
+// Runs until the job finishes (OK) or fails; errors name the peer or step involved.
+absl::Status RunWorker(const WorkerOptions& opt);
+
+}  // namespace longhaul
