@@ -45,7 +45,7 @@ std::string Describe(int status) {
 }  // namespace
 
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, int64_t stop_at) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
@@ -69,6 +69,7 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   std::vector<std::string> coord = {self_exe, "coordinator", "-c", config_path, "--listen", "127.0.0.1:0",
                                     "--port-file", port_file};
   for (const std::string& o : overrides) coord.insert(coord.end(), {"--set", o});
+  if (stop_at > 0) coord.insert(coord.end(), {"--stop-at", std::to_string(stop_at)});
   std::vector<pid_t> children = {Spawn(coord)};
   std::cout << absl::StrFormat("longhaul local: coordinator (pid %d) and %d workers of %d threads each; Ctrl-C stops "
                                "them all\n",

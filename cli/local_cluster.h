@@ -1,6 +1,7 @@
 #pragma once
 // `longhaul local`: a coordinator and stages × replicas workers as separate processes on this
 // machine, talking gRPC over loopback, their output in this terminal. Ctrl-C stops them all.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,6 @@ namespace longhaul {
 
 // Returns the process exit status: 0 when the job finished, else non-zero.
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides);
+                    const std::vector<std::string>& overrides, int64_t stop_at);
 
 }  // namespace longhaul

@@ -46,18 +46,23 @@ int main(int argc, char** argv) {
     cmd->add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
   };
 
+  int64_t stop_at = 0;
+  auto add_stop_at = [&](CLI::App* cmd) {
+    cmd->add_option("--stop-at", stop_at, "stop and checkpoint after this step; resume later with --set train.resume=true");
+  };
+
   CLI::App* train = app.add_subcommand("train", "train a model in this process, as one stage and one replica");
   add_config(train);
-  int64_t stop_at = 0;
-  train->add_option("--stop-at", stop_at,
-                    "stop and checkpoint after this step; resume later with --set train.resume=true");
+  add_stop_at(train);
 
   CLI::App* local = app.add_subcommand("local", "run a coordinator and its workers as processes on this machine");
   add_config(local);
+  add_stop_at(local);
 
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
   add_config(coord);
+  add_stop_at(coord);
   coord->add_option("--listen", copt.listen, "address to listen on")->capture_default_str();
   coord->add_option("--port-file", copt.port_file, "write the bound port to this file");
 
@@ -80,10 +85,12 @@ int main(int argc, char** argv) {
     if (!trainer.ok()) return Fail(trainer.status(), 2);
     if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
   } else if (local->parsed()) {
-    return longhaul::RunLocalCluster(std::filesystem::canonical("/proc/self/exe").string(), config_path, overrides);
+    return longhaul::RunLocalCluster(std::filesystem::canonical("/proc/self/exe").string(), config_path, overrides,
+                                     stop_at);
   } else if (coord->parsed()) {
     copt.config_path = config_path;
     copt.overrides = overrides;
+    copt.stop_at = stop_at;
     signal(SIGINT, StopCoordinator);
     signal(SIGTERM, StopCoordinator);
     if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));

@@ -47,9 +47,9 @@ struct IterationRecord {
 
 class Service final : public proto::Coordinator::Service {
  public:
-  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name)
+  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at)
       : cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
-        resume_name_(std::move(resume_name)) {
+        end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)) {
     for (int s = 0; s < cfg.cluster.stages; ++s) {
       ParamLayout layout(cfg.model, cfg.Stage(s));
       auto cuts = cfg.cluster.central_ps ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
@@ -228,6 +228,7 @@ class Service final : public proto::Coordinator::Service {
     plan_.set_replicas(cfg_.cluster.replicas);
     plan_.set_start_iteration(start_);
     plan_.set_resume_checkpoint(resume_name_);
+    plan_.set_stop_iteration(end_);
     nlohmann::json cluster = nlohmann::json::array();
     for (auto& [id, w] : workers_) {
       // Replica-major: the workers of one pipeline registered next to each other.
@@ -274,7 +275,7 @@ class Service final : public proto::Coordinator::Service {
     const double sec = IterationSeconds(it);
     if (it > start_) timed_seconds_ += sec, ++timed_;
     const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
-    const int64_t step = it + 1, steps = cfg_.train.steps;
+    const int64_t step = it + 1, steps = cfg_.train.steps, end = end_;
     history_.push_back({static_cast<double>(step), loss});
     floor_ = floor;
     std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
@@ -284,8 +285,8 @@ class Service final : public proto::Coordinator::Service {
                                            "%.1f days/100B tok | ETA %s",
                                            lr, norm, sec, cfg_.tokens_per_step() / mean,
                                            flops_ / mean / 1e12 / expected_, DaysFor100BTokens(cfg_.tokens_per_step() / mean),
-                                           FormatDuration(mean * (steps - step))));
-    if (step % cfg_.train.log_every == 0 || step == steps || it == start_) std::cout << line << "\n" << std::flush;
+                                           FormatDuration(mean * (end - step))));
+    if (step % cfg_.train.log_every == 0 || step == end || it == start_) std::cout << line << "\n" << std::flush;
     csv_ << absl::StrFormat("%d,%.6f,%.6f,%.6f,%.6g,%.6f\n", step, loss, floor, sec, lr, norm);
   }
 
@@ -308,7 +309,7 @@ class Service final : public proto::Coordinator::Service {
     std::cout << absl::StrFormat(
         "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
         "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
-        cfg_.train.steps - start_, history_.back().loss, sec, tps, flops_ / sec / 1e12 / expected_,
+        end_ - start_, history_.back().loss, sec, tps, flops_ / sec / 1e12 / expected_,
         FlopsFormulaName(cfg_.train.recompute), expected_, DaysFor100BTokens(tps));
     // Where the time went, per worker, averaged over iterations after the first.
     std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
@@ -332,7 +333,7 @@ class Service final : public proto::Coordinator::Service {
 
   JobConfig cfg_;
   const int expected_;
-  const int64_t start_;
+  const int64_t start_, end_;
   const std::string resume_name_;
   std::vector<proto::ShardPlacement> shards_;
   double flops_ = 0;
@@ -371,7 +372,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     }
     start = std::stoll(resume_name.substr(resume_name.find('_') + 1));
   }
-  Service service(cfg, start, resume_name);
+  Service service(cfg, start, resume_name, opt.stop_at);
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);

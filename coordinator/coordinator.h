@@ -3,6 +3,7 @@
 // workers, publishes the plan (stage and replica of each worker, parameter-server shard
 // placement), reduces the global gradient norm, prints one progress line per iteration, keeps the
 // checkpoint index, watches heartbeats, and at the end merges the workers' timelines.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@ struct CoordinatorOptions {
   std::vector<std::string> overrides;  // section.key=value
   std::string listen = "0.0.0.0:7070";
   std::string port_file;  // if set, the bound port is written here once listening
+  int64_t stop_at = 0;    // stop and checkpoint after this step (the schedule still spans train.steps)
 };
 
 absl::Status RunCoordinator(const CoordinatorOptions& opt);

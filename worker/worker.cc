@@ -454,12 +454,12 @@ absl::Status Worker::Run() {
     if (status.ok()) status = PullParams(start - 1);
     if (status.ok()) status = FinishSends(start - 1);
   }
-  for (int64_t it = start; status.ok() && it < cfg_.train.steps; ++it) {
+  const int64_t end = plan_.stop_iteration() > 0 ? plan_.stop_iteration() : cfg_.train.steps;
+  for (int64_t it = start; status.ok() && it < end; ++it) {
     iteration_ = it;
     status = RunIteration(it);
     const int64_t step = it + 1;
-    const bool due = (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) ||
-                     step == cfg_.train.steps;
+    const bool due = (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end;
     if (status.ok() && due) status = Checkpoint(step);
   }
   std::string trace;
