@@ -28,7 +28,12 @@ std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.ou
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConfig& cfg) {
+absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConfig& job) {
+  // One process is one stage and one replica, whatever [cluster] says (that is for `local`).
+  JobConfig cfg = job;
+  cfg.cluster.stages = cfg.cluster.replicas = 1;
+  cfg.cluster.stage_layers.clear();
+  cfg.as_json["cluster"] = {{"stages", 1}, {"replicas", 1}, {"ps", "sharded"}};
   std::unique_ptr<LocalTrainer> t(new LocalTrainer(cfg));
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));

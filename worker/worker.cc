@@ -289,6 +289,7 @@ absl::Status Worker::PullParams(int64_t it) {
     LH_ASSIGN_OR_RETURN(std::vector<float> p, Take(proto::PARAMS, it, 0, s_, sp.owner_replica(), sp.shard()));
     const size_t begin = sp.first_tensor() < sp.end_tensor() ? stage_->layout().tensors()[sp.first_tensor()].offset : 0;
     std::copy(p.begin(), p.end(), stage_->params() + begin);
+    mailbox_.Recycle(std::move(p));
   }
   timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
   return absl::OkStatus();
@@ -304,6 +305,7 @@ absl::Status Worker::ServeShards(int64_t it, double* grad_norm, float* lr) {
     for (int rep = 0; rep < D_; ++rep) {
       LH_ASSIGN_OR_RETURN(std::vector<float> g, Take(proto::GRAD_PUSH, it, 0, s_, rep, shard->shard()));
       shard->AddReplicaGradient(rep, g);
+      mailbox_.Recycle(std::move(g));
     }
     proto::ShardNorm* n = report.add_shards();
     n->set_stage(s_);
@@ -336,7 +338,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   wait_seconds_ = compute_seconds_ = 0;
   std::vector<MicroBatch> mbs;
   for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, r_, m));
-  std::vector<std::vector<float>> inputs(M_), grads_in(M_);
+  std::vector<std::vector<float>> inputs(M_), grads_in(M_), grads_out(M_);
   const size_t boundary = static_cast<size_t>(cfg_.train.micro_batch_size) * cfg_.train.seq_len * cfg_.model.d_model;
   const bool first = s_ == 0, last = s_ == P_ - 1;
   const int slots = static_cast<int>(acts_.size());
@@ -354,7 +356,7 @@ absl::Status Worker::RunIteration(int64_t it) {
       case Op::kForward: {
         const int64_t t0 = Timeline::NowMicros();
         const float l = stage_->Forward(*acts_[m % slots], mbs[m], first ? nullptr : inputs[m].data());
-        inputs[m] = {};
+        mailbox_.Recycle(std::move(inputs[m]));
         if (last) loss += l / M_, floor += EntropyFloor(*data_, mbs[m]) / M_;
         const int64_t t1 = Timeline::NowMicros();
         compute_seconds_ += (t1 - t0) * 1e-6;
@@ -373,14 +375,18 @@ absl::Status Worker::RunIteration(int64_t it) {
         // Valid until the next backward; the schedule sends it before that.
         input_grad = stage_->Backward(*acts_[m % slots], mbs[m], last ? nullptr : grads_in[m].data(),
                                       1.0f / static_cast<float>(M_));
-        grads_in[m] = {};
+        mailbox_.Recycle(std::move(grads_in[m]));
         const int64_t t1 = Timeline::NowMicros();
         compute_seconds_ += (t1 - t0) * 1e-6;
         timeline_.Add(absl::StrCat("B", m), Track::kCompute, t0, t1, it, m);
         break;
       }
       case Op::kSendGrad:
-        Send(proto::GRADIENT, it, m, 0, AddressOf(s_ - 1, r_), input_grad, boundary);
+        // fp32 sends read the buffer in place until acknowledged, and the next backward reuses
+        // the stage's: give this gradient its own until the iteration's sends are done.
+        grads_out[m] = mailbox_.Acquire(boundary);
+        std::copy(input_grad, input_grad + boundary, grads_out[m].begin());
+        Send(proto::GRADIENT, it, m, 0, AddressOf(s_ - 1, r_), grads_out[m].data(), boundary);
         break;
       case Op::kPushGrads:
         for (const proto::ShardPlacement& sp : my_stage_shards_) {
@@ -404,6 +410,7 @@ absl::Status Worker::RunIteration(int64_t it) {
     }
   }
   LH_RETURN_IF_ERROR(FinishSends(it));
+  for (std::vector<float>& g : grads_out) mailbox_.Recycle(std::move(g));
   proto::IterationReport rep;
   rep.set_worker_id(id_);
   rep.set_stage(s_);

@@ -60,7 +60,7 @@ struct ClusterConfig {
 
 struct TransportConfig {
   WireDtype wire_dtype = WireDtype::kF32;
-  int chunk_mib = 4;
+  int chunk_mib = 2;
   int connections = 1;       // TCP connections per peer pair
   double timeout_s = 120.0;  // longest wait for a peer's tensor or acknowledgement
 };

@@ -15,10 +15,35 @@ std::string TensorKey::DebugString() const {
                          shard);
 }
 
+namespace {
+constexpr size_t kMaxPooledFloats = size_t{1} << 30;  // 4 GiB of idle buffers at most
+}  // namespace
+
+std::vector<float> Mailbox::Acquire(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AcquireLocked(n);
+}
+
+std::vector<float> Mailbox::AcquireLocked(size_t n) {
+  auto it = pool_.find(n);
+  if (it == pool_.end()) return std::vector<float>(n);
+  std::vector<float> v = std::move(it->second);
+  pool_.erase(it);
+  pooled_floats_ -= n;
+  return v;
+}
+
+void Mailbox::Recycle(std::vector<float> buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (buffer.empty() || pooled_floats_ + buffer.size() > kMaxPooledFloats) return;
+  pooled_floats_ += buffer.size();
+  pool_.emplace(buffer.size(), std::move(buffer));
+}
+
 bool Mailbox::PutPart(const TensorKey& key, size_t total, size_t offset, const float* data, size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[key];
-  if (e.data.empty()) e.data.resize(total);
+  if (e.data.empty()) e.data = AcquireLocked(total);
   if (e.data.size() != total || offset + n > total || e.received + n > total) return false;
   std::memcpy(e.data.data() + offset, data, n * sizeof(float));
   e.received += n;

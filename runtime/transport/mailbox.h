@@ -40,7 +40,15 @@ class Mailbox {
   // Wakes every Take with an error carrying `reason`.
   void Close(const std::string& reason);
 
+  // A buffer of n floats, reused from tensors handed back with Recycle when one of that size is
+  // free (contents unspecified). Reuse keeps steady-state transfers off fresh pages, which the
+  // kernel would fault in and zero at a cost comparable to the transfer itself.
+  std::vector<float> Acquire(size_t n);
+  void Recycle(std::vector<float> buffer);
+
  private:
+  std::vector<float> AcquireLocked(size_t n);
+
   struct Entry {
     std::vector<float> data;
     size_t received = 0;
@@ -49,6 +57,8 @@ class Mailbox {
   std::condition_variable cv_;
   std::map<TensorKey, Entry> entries_;
   std::string closed_;
+  std::multimap<size_t, std::vector<float>> pool_;  // by size
+  size_t pooled_floats_ = 0;
 };
 
 }  // namespace longhaul

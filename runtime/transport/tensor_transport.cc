@@ -3,6 +3,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,17 @@ namespace longhaul {
 namespace {
 
 constexpr uint64_t kMaxTensorElements = uint64_t{1} << 34;
+
+// HTTP/2 settings for bulk tensors, on both ends of a connection. Measured on loopback
+// (bench/transport_bench): gRPC's defaults (16 KiB frames, 64 KiB stream lookahead, 8 KiB reads)
+// cap a stream at a fraction of what the socket carries.
+std::vector<std::pair<const char*, int>> BulkTransferArgs() {
+  auto env = [](const char* k, int d) { return getenv(k) ? atoi(getenv(k)) : d; };
+  return {{GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, env("LH_LOOKAHEAD", 8 << 20)},
+          {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, env("LH_FRAME", 1 << 20)},
+          {GRPC_ARG_TCP_READ_CHUNK_SIZE, env("LH_READ", 1 << 20)},
+          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, env("LH_READMAX", 4 << 20)}};
+}
 
 grpc::ByteBuffer SerializeToBuffer(const google::protobuf::Message& m) {
   const std::string bytes = m.SerializeAsString();
@@ -68,17 +80,27 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
                                     header_.dtype(), header_.part_offset(), header_.part_elements(),
                                     header_.total_elements(), header_.job_id()));
       }
-      wire_.resize(header_.part_elements() * bpe);
+      expected_ = header_.part_elements() * bpe;
+      // fp32 lands straight in the tensor; half types are staged and widened at the end.
+      values_ = server_->mailbox_->Acquire(header_.part_elements());
+      if (header_.dtype() != proto::F32) wire_.resize(expected_);
       have_header_ = true;
+    } else if (received_ == expected_ && !have_trailer_) {
+      if (!ParseFromBuffer(buf_, trailer_)) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "unparseable trailer");
+      have_trailer_ = true;
     } else {
       std::vector<grpc::Slice> slices;
-      if (!buf_.Dump(&slices).ok()) return Fail(grpc::StatusCode::INTERNAL, "cannot read chunk");
+      if (have_trailer_ || !buf_.Dump(&slices).ok()) {
+        return Fail(grpc::StatusCode::INVALID_ARGUMENT, "message after the trailer");
+      }
+      uint8_t* dst = header_.dtype() == proto::F32 ? reinterpret_cast<uint8_t*>(values_.data()) : wire_.data();
       for (const grpc::Slice& s : slices) {
-        if (received_ + s.size() > wire_.size()) {
+        if (received_ + s.size() > expected_) {
           return Fail(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrFormat("more bytes than the header announced (%d)", wire_.size()));
+                      absl::StrFormat("more bytes than the header announced (%d)", expected_));
         }
-        std::memcpy(wire_.data() + received_, s.begin(), s.size());
+        std::memcpy(dst + received_, s.begin(), s.size());
+        crc_ = Crc32c(crc_, dst + received_, s.size());  // the bytes are still in cache
         received_ += s.size();
       }
     }
@@ -89,28 +111,28 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
 
  private:
   void Complete() {
-    if (!have_header_ || received_ != wire_.size()) {
+    if (!have_header_ || received_ != expected_ || !have_trailer_) {
       return Fail(grpc::StatusCode::DATA_LOSS,
-                  absl::StrFormat("tensor part ended after %d of %d bytes", received_, wire_.size()));
+                  absl::StrFormat("tensor part ended after %d of %d bytes", received_, expected_));
     }
-    const uint32_t crc = Crc32c(0, wire_.data(), wire_.size());
-    if (crc != header_.crc32c()) {
+    if (crc_ != trailer_.crc32c()) {
       return Fail(grpc::StatusCode::DATA_LOSS,
-                  absl::StrFormat("tensor part checksum %08x, header says %08x: corrupted in transit", crc,
-                                  header_.crc32c()));
+                  absl::StrFormat("tensor part checksum %08x, sender says %08x: corrupted in transit", crc_,
+                                  trailer_.crc32c()));
     }
     const TensorKey key{header_.kind(), header_.iteration(), header_.micro_batch(), header_.from_stage(),
                         header_.from_replica(), header_.shard()};
-    std::vector<float> values(header_.part_elements());
-    DecodeWire(wire_.data(), values.size(), static_cast<WireDtype>(header_.dtype()), values.data());
-    wire_.clear();
-    wire_.shrink_to_fit();
+    if (header_.dtype() != proto::F32) {
+      DecodeWire(wire_.data(), values_.size(), static_cast<WireDtype>(header_.dtype()), values_.data());
+      wire_ = {};
+    }
     bool fits = true;
     if (header_.part_offset() == 0 && header_.part_elements() == header_.total_elements()) {
-      server_->mailbox_->Put(key, std::move(values));
+      server_->mailbox_->Put(key, std::move(values_));
     } else {
-      fits = server_->mailbox_->PutPart(key, header_.total_elements(), header_.part_offset(), values.data(),
-                                        values.size());
+      fits = server_->mailbox_->PutPart(key, header_.total_elements(), header_.part_offset(), values_.data(),
+                                        values_.size());
+      server_->mailbox_->Recycle(std::move(values_));
     }
     if (!fits) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "tensor part overlaps one already received");
     proto::TensorAck ack;
@@ -127,9 +149,12 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
   TensorServer* server_;
   grpc::ByteBuffer buf_, ack_;
   proto::TensorHeader header_;
-  bool have_header_ = false;
+  proto::TensorTrailer trailer_;
+  bool have_header_ = false, have_trailer_ = false;
+  std::vector<float> values_;
   std::vector<uint8_t> wire_;
-  size_t received_ = 0;
+  size_t received_ = 0, expected_ = 0;
+  uint32_t crc_ = 0;
 };
 
 class TensorServer::Generic : public grpc::CallbackGenericService {
@@ -155,6 +180,7 @@ absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::str
   int port = 0;
   b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   b.SetMaxReceiveMessageSize(64 << 20);
+  for (auto [k, v] : BulkTransferArgs()) b.AddChannelArgument(k, v);
   b.RegisterCallbackGenericService(s->generic_.get());
   for (grpc::Service* svc : extra) b.RegisterService(svc);
   s->server_ = b.BuildAndStart();
@@ -215,9 +241,17 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
     if (!ok) return;  // the call failed; OnDone says why
     if (sent_ < bytes_) {
       const size_t n = std::min(chunk_, bytes_ - sent_);
-      grpc::Slice s(data_ + sent_, n, grpc::Slice::STATIC_SLICE);  // SendOp keeps the bytes alive
+      // Checksummed while gRPC still writes the previous chunk.
+      crc_ = Crc32c(crc_, data_ + sent_, n);
+      grpc::Slice s(data_ + sent_, n, grpc::Slice::STATIC_SLICE);  // the caller keeps the bytes alive
       chunk_buf_ = grpc::ByteBuffer(&s, 1);
       sent_ += n;
+      StartWrite(&chunk_buf_);
+    } else if (!trailer_sent_) {
+      proto::TensorTrailer trailer;
+      trailer.set_crc32c(crc_);
+      chunk_buf_ = SerializeToBuffer(trailer);
+      trailer_sent_ = true;
       StartWrite(&chunk_buf_);
     } else {
       StartWritesDone();
@@ -233,8 +267,10 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
     } else if (!got_ack_ || !ack_.ok()) {
       st = absl::DataLossError(got_ack_ ? ack_.error() : "no acknowledgement");
     }
-    op_->PartDone(st);
+    // Release the call before waking the waiter, who may destroy the channel right away.
+    std::shared_ptr<SendOp> op = std::move(op_);
     delete this;
+    op->PartDone(st);
   }
 
  private:
@@ -245,6 +281,8 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   bool got_ack_ = false;
   const uint8_t* data_;
   size_t bytes_, sent_ = 0, chunk_;
+  uint32_t crc_ = 0;
+  bool trailer_sent_ = false;
 };
 
 void SendOp::PartDone(const absl::Status& s) {
@@ -281,6 +319,7 @@ TensorClient::TensorClient(const std::string& address, const TransportOptions& o
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetMaxSendMessageSize(-1);
     args.SetMaxReceiveMessageSize(64 << 20);
+    for (auto [k, v] : BulkTransferArgs()) args.SetInt(k, v);
     channels_.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
   }
@@ -291,8 +330,12 @@ TensorClient::~TensorClient() = default;
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
   auto op = std::make_shared<SendOp>();
   const size_t bpe = WireBytesPerElement(options_.dtype);
-  op->wire_.resize(n * bpe);
-  EncodeWire(data, n, options_.dtype, op->wire_.data());
+  const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
+  if (options_.dtype != WireDtype::kF32) {
+    op->wire_.resize(n * bpe);
+    EncodeWire(data, n, options_.dtype, op->wire_.data());
+    wire = op->wire_.data();
+  }
   op->start_ = std::chrono::steady_clock::now();
   op->what_ = absl::StrFormat("%s to %s", TensorKey{header.kind(), header.iteration(), header.micro_batch(),
                                                     header.from_stage(), header.from_replica(), header.shard()}
@@ -312,8 +355,7 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     proto::TensorHeader h = header;
     h.set_part_offset(lo);
     h.set_part_elements(hi - lo);
-    h.set_crc32c(Crc32c(0, op->wire_.data() + lo * bpe, (hi - lo) * bpe));
-    new PartCall(stubs_[p].get(), options_, op, h, op->wire_.data() + lo * bpe, (hi - lo) * bpe);
+    new PartCall(stubs_[p].get(), options_, op, h, wire + lo * bpe, (hi - lo) * bpe);
   }
   return op;
 }

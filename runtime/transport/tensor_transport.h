@@ -33,7 +33,7 @@ inline constexpr char kTensorMethod[] = "/longhaul.Tensors/Send";
 struct TransportOptions {
   std::string job_id = "longhaul";
   WireDtype dtype = WireDtype::kF32;
-  size_t chunk_bytes = 4u << 20;
+  size_t chunk_bytes = 2u << 20;
   int connections = 1;  // TCP connections per peer; a tensor is split evenly over them
   std::chrono::milliseconds timeout{120000};
 };
@@ -93,15 +93,18 @@ class SendOp {
   std::string what_;
 };
 
-// Sends tensors to one peer over transport.connections connections.
+// Sends tensors to one peer over transport.connections connections. Wait for every SendOp before
+// destroying the client.
 class TensorClient {
  public:
   TensorClient(const std::string& address, const TransportOptions& options);
   ~TensorClient();
   const std::string& address() const { return address_; }
 
-  // Encodes n floats in the wire dtype and sends them; job id, protocol version, dtype, sizes and
-  // checksum are filled in here, the rest of `header` (kind, iteration, ...) by the caller.
+  // Sends n floats in the wire dtype; job id, protocol version, dtype, sizes and checksum are
+  // filled in here, the rest of `header` (kind, iteration, ...) by the caller. With the fp32 wire
+  // dtype the chunks are slices over `data` itself, which must stay unchanged until the SendOp is
+  // done; fp16 and bf16 encode into the op's own buffer first.
   std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);
 
  private:

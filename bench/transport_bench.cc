@@ -1,0 +1,173 @@
+// Tensor transfer throughput on loopback: longhaul's transport (gRPC, chunked zero-copy slices,
+// checksums) against a plain TCP socket pair moving the same bytes, in the same run; iperf3 and
+// torch.distributed (gloo) send/recv too where installed.
+//
+//   build/bench/transport_bench [--sizes-mb 1,16,256] [--connections 1] [--chunk-mib 2]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_format.h"
+#include "transport/tensor_transport.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Repeats(size_t bytes) { return bytes >= (256u << 20) ? 5 : (bytes >= (16u << 20) ? 15 : 50); }
+
+// Seconds per transfer (median), longhaul: send until acknowledged and taken from the mailbox.
+double Longhaul(size_t bytes, int connections, int chunk_mib) {
+  longhaul::Mailbox box;
+  auto server = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box);
+  longhaul::TransportOptions opt;
+  opt.job_id = "bench";
+  opt.connections = connections;
+  opt.chunk_bytes = static_cast<size_t>(chunk_mib) << 20;
+  longhaul::TensorClient client((*server)->address(), opt);
+  std::vector<float> x(bytes / 4, 1.5f);
+  std::vector<double> times;
+  for (int i = -1; i < Repeats(bytes); ++i) {  // i = -1 warms the connection up
+    const auto t0 = Clock::now();
+    longhaul::proto::TensorHeader h;
+    h.set_kind(longhaul::proto::ACTIVATION);
+    h.set_iteration(i + 1);
+    absl::Status s = client.Send(h, x.data(), x.size())->Wait();
+    auto got = box.Take({longhaul::proto::ACTIVATION, i + 1, 0, 0, 0, 0}, std::chrono::seconds(60));
+    if (!s.ok() || !got.ok()) {
+      std::cerr << "transport error: " << s << " " << got.status() << "\n";
+      std::exit(1);
+    }
+    if (i >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    box.Recycle(std::move(*got));  // as the worker does with consumed tensors
+  }
+  return Median(times);
+}
+
+// Seconds per transfer (median), plain TCP: write all bytes, the receiver reads them all into a
+// buffer and answers one byte.
+double PlainSocket(size_t bytes) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, 1);
+  const int reps = Repeats(bytes) + 1;
+  std::thread receiver([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    std::vector<char> buf(bytes);
+    for (int i = 0; i < reps; ++i) {
+      size_t got = 0;
+      while (got < bytes) {
+        ssize_t r = read(fd, buf.data() + got, bytes - got);
+        if (r <= 0) return;
+        got += static_cast<size_t>(r);
+      }
+      char ack = 1;
+      if (write(fd, &ack, 1) != 1) return;
+    }
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<char> data(bytes, 7);
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    size_t sent = 0;
+    while (sent < bytes) {
+      ssize_t w = write(fd, data.data() + sent, bytes - sent);
+      if (w <= 0) break;
+      sent += static_cast<size_t>(w);
+    }
+    char ack;
+    if (read(fd, &ack, 1) != 1) break;
+    if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  close(fd);
+  receiver.join();
+  close(listener);
+  return Median(times);
+}
+
+// Output of a shell command, or "" when it fails.
+std::string Run(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  return pclose(p) == 0 ? out : "";
+}
+
+// iperf3's receiver-side rate for `bytes` over loopback, in GB/s; < 0 when iperf3 is absent.
+double Iperf3(size_t bytes) {
+  if (Run("command -v iperf3").empty()) return -1;
+  const std::string port = "5299";
+  const std::string out = Run("iperf3 -s -1 -p " + port + " >/dev/null 2>&1 & sleep 0.3; iperf3 -c 127.0.0.1 -p " +
+                              port + " -n " + std::to_string(bytes) + " -f m 2>/dev/null | grep receiver");
+  const size_t mbits = out.find(" Mbits/sec");
+  if (mbits == std::string::npos) return -1;
+  const size_t start = out.rfind(' ', mbits - 1);
+  return std::stod(out.substr(start, mbits - start)) / 8e3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tensor transfer: longhaul transport vs a plain TCP socket pair"};
+  std::vector<int> sizes_mb = {1, 16, 256};
+  int connections = 1, chunk_mib = 2;
+  app.add_option("--sizes-mb", sizes_mb)->delimiter(',');
+  app.add_option("--connections", connections);
+  app.add_option("--chunk-mib", chunk_mib);
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string gloo = Run(absl::StrFormat("/usr/bin/python3 %s/bench/torch_gloo_sendrecv.py --sizes-mb %d,%d,%d "
+                                               "2>/dev/null",
+                                               LONGHAUL_SOURCE_DIR, sizes_mb[0], sizes_mb.size() > 1 ? sizes_mb[1] : 0,
+                                               sizes_mb.size() > 2 ? sizes_mb[2] : 0));
+  std::cout << absl::StrFormat(
+      "tensor transfer over loopback, fp32, median of 5-50 transfers after a warm-up (time from send to the whole "
+      "tensor received and acknowledged); longhaul with %d connection(s), %d MiB chunks, CRC-32C\n",
+      connections, chunk_mib);
+  std::cout << absl::StrFormat("%8s %14s %14s %8s %12s %12s\n", "size", "longhaul GB/s", "socket GB/s", "ratio",
+                               "iperf3 GB/s", "gloo GB/s");
+  for (int mb : sizes_mb) {
+    const size_t bytes = static_cast<size_t>(mb) << 20;
+    const double ours = bytes / Longhaul(bytes, connections, chunk_mib) / 1e9;
+    const double plain = bytes / PlainSocket(bytes) / 1e9;
+    const double iperf = Iperf3(bytes);
+    std::string gloo_rate = "-";
+    const std::string key = absl::StrFormat("size_mb=%d gbps=", mb);
+    if (size_t at = gloo.find(key); at != std::string::npos) {
+      gloo_rate = gloo.substr(at + key.size(), gloo.find('\n', at) - at - key.size());
+    }
+    std::cout << absl::StrFormat("%6d MB %14.2f %14.2f %7.2fx %12s %12s\n", mb, ours, plain, ours / plain,
+                                 iperf < 0 ? "-" : absl::StrFormat("%.2f", iperf), gloo_rate);
+  }
+  if (gloo.empty()) std::cout << "gloo: skipped (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)\n";
+  if (Run("command -v iperf3").empty()) std::cout << "iperf3: skipped (not installed: apt-get install iperf3)\n";
+  return 0;
+}
