@@ -179,7 +179,7 @@ class Service final : public proto::Coordinator::Service {
     auto last_wait_note = Clock::now();
     while (true) {
       cv_.wait_for(lock, std::chrono::milliseconds(250));
-      if (g_stop_requested && abort_.empty()) Abort("interrupted (resume later with --set train.resume=true)");
+      if (g_stop_requested && abort_.empty()) Abort("interrupted; resume from the last checkpoint with --set train.resume=true (train.checkpoint_every sets how often one is written)");
       const int done = static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w.second.done; }));
       if (done == expected_) break;
       if (!abort_.empty() && (done == static_cast<int>(workers_.size()) ||
@@ -247,10 +247,13 @@ class Service final : public proto::Coordinator::Service {
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
         << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"workers", cluster}}.dump(2) << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
-                                 "(%d shards), wire %s\n",
+                                 "(%d shards), wire %s\n"
+                                 "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
+                                 "workers; floor = entropy of the data (nats/token)\n",
                                  cfg_.cluster.stages, cfg_.cluster.replicas, ScheduleName(cfg_.cluster.schedule),
                                  cfg_.cluster.central_ps ? "central" : "sharded", shards_.size(),
-                                 WireDtypeName(cfg_.transport.wire_dtype))
+                                 WireDtypeName(cfg_.transport.wire_dtype), FlopsFormulaName(cfg_.train.recompute),
+                                 expected_)
               << std::flush;
     start_time_ = Clock::now();
     cv_.notify_all();

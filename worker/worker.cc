@@ -110,10 +110,14 @@ TensorClient& Worker::Peer(const std::string& address) {
 
 absl::StatusOr<std::vector<float>> Worker::Take(int kind, int64_t it, int micro, int from_stage, int from_replica,
                                                 int shard) {
-  const auto t0 = Clock::now();
+  const int64_t t0 = Timeline::NowMicros();
   auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard},
                            std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)));
-  wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  const int64_t t1 = Timeline::NowMicros();
+  wait_seconds_ += (t1 - t0) * 1e-6;
+  static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params"};
+  if (t1 - t0 > 20) timeline_.Add(names[kind], kind >= proto::GRAD_PUSH ? Track::kParams : Track::kCompute, t0, t1, it,
+                                  kind <= proto::GRADIENT ? micro : -1);
   if (!got.ok()) {
     return absl::Status(got.status().code(), absl::StrCat(got.status().message(), " [peer ",
                                                           AddressOf(from_stage, from_replica), "]"));
