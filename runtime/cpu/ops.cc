@@ -187,6 +187,18 @@ inline int LastVisible(int i, int prefix) { return std::max(i, prefix - 1); }
 // Keys a block of query rows [i0, i1) needs: every row's visible range ends at or before this.
 inline int BlockCols(int i1, int prefix, int T) { return std::min(T, std::max(i1, prefix)); }
 
+// Where head h of sample b lives: its q, k, v columns in (B, T, 3C) and its output columns in
+// (B, T, C), both with row strides of the full width.
+struct HeadSlice {
+  long qkv_offset;  // of q; k and v follow at +C and +2C
+  long out_offset;
+  int prefix;
+  HeadSlice(int bh, int NH, int T, int C, const int* prefix_len)
+      : qkv_offset(static_cast<long>(bh / NH) * T * 3 * C + (bh % NH) * (C / NH)),
+        out_offset(static_cast<long>(bh / NH) * T * C + (bh % NH) * (C / NH)),
+        prefix(prefix_len != nullptr ? prefix_len[bh / NH] : 0) {}
+};
+
 }  // namespace
 
 long AttentionScratchFloats(int T) { return static_cast<long>(omp_get_max_threads()) * T * T; }
@@ -196,13 +208,13 @@ void AttentionForward(float* out, float* att, const float* qkv, const int* prefi
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const int p = prefix != nullptr ? prefix[b] : 0;
-    const float* q = qkv + static_cast<long>(b) * T * C3 + h * hs;
+    const HeadSlice head(bh, NH, T, C, prefix);
+    const int p = head.prefix;
+    const float* q = qkv + head.qkv_offset;
     const float* k = q + C;
     const float* v = q + 2 * C;
     float* a = att + static_cast<long>(bh) * T * T;
-    float* y = out + static_cast<long>(b) * T * C + h * hs;
+    float* y = out + head.out_offset;
     for (int i0 = 0; i0 < T; i0 += kAttnRowBlock) {
       const int i1 = std::min(T, i0 + kAttnRowBlock), rows = i1 - i0, cols = BlockCols(i1, p, T);
       float* ab = a + static_cast<long>(i0) * T;
@@ -234,17 +246,16 @@ void AttentionBackward(float* dqkv, float* scratch, const float* dout, const flo
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const int p = prefix != nullptr ? prefix[b] : 0;
-    const long base = static_cast<long>(b) * T * C3 + h * hs;
-    const float* q = qkv + base;
+    const HeadSlice head(bh, NH, T, C, prefix);
+    const int p = head.prefix;
+    const float* q = qkv + head.qkv_offset;
     const float* k = q + C;
     const float* v = q + 2 * C;
-    float* dq = dqkv + base;
+    float* dq = dqkv + head.qkv_offset;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
     const float* a = att + static_cast<long>(bh) * T * T;
-    const float* dy = dout + static_cast<long>(b) * T * C + h * hs;
+    const float* dy = dout + head.out_offset;
     float* ds = scratch + static_cast<long>(omp_get_thread_num()) * T * T;  // dprobs, then dscores
     for (int t = 0; t < T; ++t) {
       std::memset(dk + static_cast<long>(t) * C3, 0, sizeof(float) * hs);

@@ -1,9 +1,6 @@
 // Multi-worker runs as real processes (`longhaul local`: coordinator + workers talking gRPC over
 // loopback) against the single-process trainer on the same samples.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -16,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "tests/support/garbage_socket.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -210,22 +208,7 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
 
   // Bytes that are not HTTP/2: the worker closes that connection.
   const std::string other = cluster["workers"][0]["address"];
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(other.substr(other.rfind(':') + 1))));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string garbage(4096, '\x17');
-  ASSERT_GT(write(fd, garbage.data(), garbage.size()), 0);
-  char buf[64];
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ssize_t r;
-  while ((r = read(fd, buf, sizeof(buf))) > 0) {
-  }
-  EXPECT_EQ(r, 0);
-  close(fd);
+  EXPECT_TRUE(testing::GarbageConnectionIsClosed(other));
 
   ASSERT_EQ(run.get(), 0) << Log(out);
   EXPECT_EQ(Losses(out).size(), 60u) << "the run went on to the end";

@@ -3,13 +3,11 @@
 // their own connection.
 #include "transport/tensor_transport.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
+
+#include "tests/support/garbage_socket.h"
 
 namespace longhaul {
 namespace {
@@ -85,23 +83,7 @@ TEST(TensorTransport, GarbageOnThePortClosesOnlyThatConnection) {
   const std::vector<float> x = Ramp(5000);
   ASSERT_TRUE(client.Send(Header(proto::PARAMS, 0), x.data(), x.size())->Wait().ok());
 
-  const int port = std::stoi((*server)->address().substr((*server)->address().rfind(':') + 1));
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string garbage = "GET / HTTP/1.1\r\nHost: x\r\n\r\n\x01\x02\x03 not a longhaul peer";
-  ASSERT_GT(write(fd, garbage.data(), garbage.size()), 0);
-  char buf[256];
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ssize_t r;
-  while ((r = read(fd, buf, sizeof(buf))) > 0) {
-  }
-  EXPECT_EQ(r, 0) << "the server should close the garbage connection";
-  close(fd);
+  EXPECT_TRUE(testing::GarbageConnectionIsClosed((*server)->address())) << "the server should close it";
 
   ASSERT_TRUE(client.Send(Header(proto::PARAMS, 1), x.data(), x.size())->Wait().ok());
   auto a = box.Take(Key(proto::PARAMS, 0), std::chrono::seconds(5));
