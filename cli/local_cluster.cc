@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "config/job_config.h"
+#include "netem/emulated_network.h"
+#include "netem/scenario.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -29,7 +31,7 @@ pid_t Spawn(const std::vector<std::string>& args) {
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(argv[0], argv.data());
+    execvp(argv[0], argv.data());
     std::perror("longhaul local: exec");
     _exit(127);
   }
@@ -45,7 +47,7 @@ std::string Describe(int status) {
 }  // namespace
 
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides, int64_t stop_at) {
+                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario_path) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
@@ -66,8 +68,32 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  std::vector<std::string> coord = {self_exe, "coordinator", "-c", config_path, "--listen", "127.0.0.1:0",
-                                    "--port-file", port_file};
+  std::unique_ptr<netem::EmulatedNetwork> net;
+  if (!scenario_path.empty()) {
+    auto scenario = netem::LoadScenario(scenario_path);
+    if (!scenario.ok()) {
+      std::cerr << "longhaul: error: " << scenario.status().message() << "\n";
+      return 2;
+    }
+    auto n = netem::EmulatedNetwork::Create(*scenario, workers, {self_exe});
+    if (!n.ok()) {
+      std::cerr << "longhaul: error: " << n.status().message() << "\n";
+      return 1;
+    }
+    net = std::move(*n);
+    const netem::Link l = scenario->Between(0, workers > 1 ? 1 : 0);
+    std::cout << absl::StrFormat("longhaul local: %d emulated hosts, scenario %s (%s); host 0 -> 1: %g ms one-way, %g "
+                                 "Mbit/s\n",
+                                 workers, scenario->name, scenario->description, l.delay_ms, l.rate_mbit);
+  }
+  auto in_host = [&](int w, std::vector<std::string> args) {
+    if (!net) return args;
+    std::vector<std::string> full = w < 0 ? net->ExecInRouter() : net->Exec(w);
+    full.insert(full.end(), args.begin(), args.end());
+    return full;
+  };
+  std::vector<std::string> coord = in_host(-1, {self_exe, "coordinator", "-c", config_path, "--listen",
+                                                net ? "0.0.0.0:0" : "127.0.0.1:0", "--port-file", port_file});
   for (const std::string& o : overrides) coord.insert(coord.end(), {"--set", o});
   if (stop_at > 0) coord.insert(coord.end(), {"--stop-at", std::to_string(stop_at)});
   std::vector<pid_t> children = {Spawn(coord)};
@@ -93,10 +119,11 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
     std::cerr << "longhaul local: the coordinator did not start listening within 30 s\n";
     return 1;
   }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
   for (int w = 0; w < workers; ++w) {
-    children.push_back(Spawn({self_exe, "worker", "--coordinator", address, "--listen", "127.0.0.1:0", "--threads",
-                              std::to_string(threads), "--job-id", cfg->cluster.job_id}));
+    const std::string coordinator = absl::StrCat(net ? netem::EmulatedNetwork::GatewayOf(w) : "127.0.0.1", ":", port);
+    const std::string listen = net ? netem::EmulatedNetwork::Address(w) + ":0" : "127.0.0.1:0";
+    children.push_back(Spawn(in_host(w, {self_exe, "worker", "--coordinator", coordinator, "--listen", listen,
+                                         "--threads", std::to_string(threads), "--job-id", cfg->cluster.job_id})));
   }
 
   // The coordinator's exit ends the run; a worker that dies makes the coordinator stop the job.
@@ -114,6 +141,14 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
       g_interrupted = 0;
       result = 130;
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    if (net && result != 130 && deadline == std::chrono::steady_clock::time_point::max()) {
+      if (absl::Status d = net->CheckDaemon(); !d.ok()) {
+        std::cerr << "longhaul local: error: " << d.message() << "\n";
+        stop_all(SIGTERM);
+        result = 1;
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      }
     }
     if (std::chrono::steady_clock::now() > deadline) {
       stop_all(SIGKILL);

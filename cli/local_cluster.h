@@ -1,6 +1,9 @@
 #pragma once
 // `longhaul local`: a coordinator and stages × replicas workers as separate processes on this
 // machine, talking gRPC over loopback, their output in this terminal. Ctrl-C stops them all.
+// With a scenario, each worker runs in its own emulated host (netem/emulated_network.h) and the
+// coordinator in the router namespace, so data-plane traffic crosses the emulated links and the
+// control plane does not.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,6 +12,6 @@ namespace longhaul {
 
 // Returns the process exit status: 0 when the job finished, else non-zero.
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides, int64_t stop_at);
+                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario = "");
 
 }  // namespace longhaul

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/local_cluster.h"
+#include "cli/netem_command.h"
 #include "config/job_config.h"
 #include "coordinator/coordinator.h"
 #include "worker/local_trainer.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
   CLI::App* local = app.add_subcommand("local", "run a coordinator and its workers as processes on this machine");
   add_config(local);
   add_stop_at(local);
+  std::string scenario;
+  local->add_option("--scenario", scenario,
+                    "run each worker in its own emulated host with this scenario's links (netem/scenarios/*.toml)");
 
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
@@ -76,7 +80,10 @@ int main(int argc, char** argv) {
   worker->add_option("--connect-timeout", wopt.connect_timeout_s, "seconds to keep trying the coordinator")
       ->capture_default_str();
 
+  longhaul::AddNetemCommands(app);
+
   CLI11_PARSE(app, argc, argv);
+  const std::string self_exe = std::filesystem::canonical("/proc/self/exe").string();
 
   if (train->parsed()) {
     auto cfg = longhaul::LoadJobConfig(config_path, overrides);
@@ -85,8 +92,7 @@ int main(int argc, char** argv) {
     if (!trainer.ok()) return Fail(trainer.status(), 2);
     if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
   } else if (local->parsed()) {
-    return longhaul::RunLocalCluster(std::filesystem::canonical("/proc/self/exe").string(), config_path, overrides,
-                                     stop_at);
+    return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario);
   } else if (coord->parsed()) {
     copt.config_path = config_path;
     copt.overrides = overrides;
@@ -96,6 +102,8 @@ int main(int argc, char** argv) {
     if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
   } else if (worker->parsed()) {
     if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
+  } else {
+    return longhaul::RunNetemCommand(self_exe);
   }
   return 0;
 }

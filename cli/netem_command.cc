@@ -1,0 +1,105 @@
+#include "cli/netem_command.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "netem/delay_daemon.h"
+#include "netem/emulated_network.h"
+#include "netem/scenario.h"
+#include "netem/tc_commands.h"
+
+namespace longhaul {
+namespace {
+
+struct NetemArgs {
+  CLI::App *delayd = nullptr, *tc = nullptr, *clean = nullptr, *check = nullptr;
+  int queue = 7;
+  std::string links, scenario, hosts, dev = "eth0";
+  uint64_t seed = 1;
+  int self = 0, host_count = 2;
+  bool apply = false, clear = false;
+} g;
+
+int Error(const absl::Status& s, int code) {
+  std::cerr << "longhaul netem: error: " << s.message() << "\n";
+  return code;
+}
+
+}  // namespace
+
+void AddNetemCommands(CLI::App& app) {
+  CLI::App* netem = app.add_subcommand("netem", "link emulation: delay daemon, tc for real hosts, checks, cleanup");
+  netem->require_subcommand(1);
+  g.delayd = netem->add_subcommand("delayd", "the NFQUEUE delay daemon (started by `local --scenario`)");
+  g.delayd->add_option("--queue", g.queue)->capture_default_str();
+  g.delayd->add_option("--links", g.links, "links file: src dst delay_ns jitter_ns loss per line")->required();
+  g.delayd->add_option("--seed", g.seed)->capture_default_str();
+
+  g.tc = netem->add_subcommand("tc", "print (or --apply) the tc commands that emulate a scenario on a real host");
+  g.tc->add_option("--scenario", g.scenario, "scenario file (netem/scenarios/*.toml)")->required();
+  g.tc->add_option("--hosts", g.hosts, "every host's address, comma-separated, in placement order")->required();
+  g.tc->add_option("--self", g.self, "this host's index in --hosts")->required();
+  g.tc->add_option("--dev", g.dev, "network device")->capture_default_str();
+  g.tc->add_flag("--apply", g.apply, "run the commands instead of printing them");
+  g.tc->add_flag("--clear", g.clear, "remove what --apply installed");
+
+  g.check = netem->add_subcommand("check", "build an emulated network, measure its round trips, remove it");
+  g.check->add_option("--scenario", g.scenario, "scenario file")->required();
+  g.check->add_option("--hosts", g.host_count, "emulated hosts")->capture_default_str();
+
+  g.clean = netem->add_subcommand("clean", "remove namespaces left by longhaul processes that died");
+}
+
+int RunNetemCommand(const std::string& self_exe) {
+  if (g.delayd->parsed()) {
+    absl::Status s = netem::RunDelayDaemon(g.queue, g.links, g.seed);
+    return s.ok() ? 0 : Error(s, 1);
+  }
+  if (g.tc->parsed()) {
+    const std::vector<std::string> hosts = absl::StrSplit(g.hosts, ',', absl::SkipEmpty());
+    std::vector<std::string> cmds;
+    if (g.clear) {
+      cmds = netem::TcClearCommands(g.dev);
+    } else {
+      auto s = netem::LoadScenario(g.scenario);
+      if (!s.ok()) return Error(s.status(), 2);
+      if (g.self < 0 || g.self >= static_cast<int>(hosts.size())) {
+        return Error(absl::InvalidArgumentError("--self must index --hosts"), 2);
+      }
+      cmds = netem::TcCommandsForHost(*s, hosts, g.self, g.dev);
+    }
+    for (const std::string& c : cmds) {
+      if (!g.apply) {
+        std::cout << c << "\n";
+      } else if (std::system(c.c_str()) != 0) {
+        return Error(absl::InternalError("`" + c + "` failed (does this kernel have sch_netem and sch_htb?)"), 1);
+      }
+    }
+    return 0;
+  }
+  if (g.check->parsed()) {
+    auto s = netem::LoadScenario(g.scenario);
+    if (!s.ok()) return Error(s.status(), 2);
+    auto net = netem::EmulatedNetwork::Create(*s, g.host_count, {self_exe});
+    if (!net.ok()) return Error(net.status(), 1);
+    std::cout << absl::StrFormat("%s: %d hosts; round trips (ms), measured / set:\n", s->name, g.host_count);
+    for (int a = 0; a < g.host_count; ++a)
+      for (int b = 0; b < g.host_count; ++b) {
+        if (a == b) continue;
+        auto rtt = (*net)->MeasureRoundTripMs(a, b);
+        if (!rtt.ok()) return Error(rtt.status(), 1);
+        std::cout << absl::StrFormat("  host %d -> %d: %7.2f / %7.2f   rate %g Mbit/s\n", a, b, *rtt,
+                                     s->Between(a, b).delay_ms + s->Between(b, a).delay_ms, s->Between(a, b).rate_mbit);
+      }
+    return 0;
+  }
+  if (g.clean->parsed()) {
+    std::cout << "removed " << netem::EmulatedNetwork::CleanupStale() << " stale namespaces\n";
+    return 0;
+  }
+  return -1;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,207 @@
+#include "netem/delay_daemon.h"
+
+#include <arpa/inet.h>
+#include <linux/netfilter.h>
+#include <signal.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <queue>
+#include <sstream>
+
+extern "C" {
+#include <libnetfilter_queue/libnetfilter_queue.h>
+}
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "util/hash.h"
+
+namespace longhaul::netem {
+namespace {
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+struct Held {
+  int64_t release_ns;
+  uint64_t seq;  // arrival order breaks ties, so equal release times keep their order
+  uint32_t id;
+  bool operator>(const Held& o) const { return release_ns != o.release_ns ? release_ns > o.release_ns : seq > o.seq; }
+};
+
+struct PairState {
+  PairDelay link;
+  int64_t last_release_ns = 0;
+};
+
+struct Daemon {
+  nfq_handle* h = nullptr;
+  nfq_q_handle* qh = nullptr;
+  int timer_fd = -1;
+  uv_loop_t* loop = nullptr;
+  uv_poll_t nfq_poll, timer_poll;
+  uv_signal_t sigterm, sigint;
+  std::map<std::pair<uint32_t, uint32_t>, PairState> pairs;
+  std::priority_queue<Held, std::vector<Held>, std::greater<Held>> held;
+  uint64_t seq = 0;
+  Rng rng{1};
+  int64_t armed_for = 0;
+
+  void Arm() {
+    if (held.empty()) return;
+    const int64_t t = held.top().release_ns;
+    if (armed_for == t) return;
+    itimerspec its{};
+    its.it_value.tv_sec = t / 1'000'000'000;
+    its.it_value.tv_nsec = t % 1'000'000'000;
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+    timerfd_settime(timer_fd, TFD_TIMER_ABSTIME, &its, nullptr);
+    armed_for = t;
+  }
+
+  void ReleaseDue() {
+    const int64_t now = NowNs();
+    while (!held.empty() && held.top().release_ns <= now) {
+      nfq_set_verdict(qh, held.top().id, NF_ACCEPT, 0, nullptr);
+      held.pop();
+    }
+    armed_for = 0;
+    Arm();
+  }
+
+  int OnPacket(nfq_data* nfa) {
+    nfqnl_msg_packet_hdr* ph = nfq_get_msg_packet_hdr(nfa);
+    if (ph == nullptr) return 0;
+    const uint32_t id = ntohl(ph->packet_id);
+    unsigned char* data = nullptr;
+    const int len = nfq_get_payload(nfa, &data);
+    if (len < 20 || (data[0] >> 4) != 4) return nfq_set_verdict(qh, id, NF_ACCEPT, 0, nullptr);
+    uint32_t src, dst;
+    std::memcpy(&src, data + 12, 4);
+    std::memcpy(&dst, data + 16, 4);
+    auto it = pairs.find({ntohl(src), ntohl(dst)});
+    if (it == pairs.end()) return nfq_set_verdict(qh, id, NF_ACCEPT, 0, nullptr);
+    PairState& p = it->second;
+    if (p.link.loss > 0 && rng.Uniform() < p.link.loss) return nfq_set_verdict(qh, id, NF_DROP, 0, nullptr);
+    int64_t delay = p.link.delay_ns;
+    if (p.link.jitter_ns > 0) delay += static_cast<int64_t>((2 * rng.Uniform() - 1) * p.link.jitter_ns);
+    const int64_t release = std::max(p.last_release_ns, NowNs() + std::max<int64_t>(0, delay));
+    p.last_release_ns = release;
+    held.push({release, seq++, id});
+    Arm();
+    return 0;
+  }
+};
+
+int Callback(nfq_q_handle*, nfgenmsg*, nfq_data* nfa, void* data) { return static_cast<Daemon*>(data)->OnPacket(nfa); }
+
+absl::StatusOr<std::vector<PairDelay>> ReadLinks(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open links file ", path));
+  std::vector<PairDelay> links;
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string src, dst;
+    PairDelay p;
+    if (!(in >> src >> dst >> p.delay_ns >> p.jitter_ns >> p.loss)) continue;
+    in_addr a{}, b{};
+    if (inet_pton(AF_INET, src.c_str(), &a) != 1 || inet_pton(AF_INET, dst.c_str(), &b) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("links file ", path, ": bad address in '", line, "'"));
+    }
+    p.src = ntohl(a.s_addr), p.dst = ntohl(b.s_addr);
+    links.push_back(p);
+  }
+  return links;
+}
+
+}  // namespace
+
+absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay>& links) {
+  std::ofstream f(path, std::ios::trunc);
+  for (const PairDelay& p : links) {
+    in_addr a{htonl(p.src)}, b{htonl(p.dst)};
+    char sa[INET_ADDRSTRLEN], sb[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a, sa, sizeof(sa));
+    inet_ntop(AF_INET, &b, sb, sizeof(sb));
+    f << sa << " " << sb << " " << p.delay_ns << " " << p.jitter_ns << " " << p.loss << "\n";
+  }
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t seed) {
+  auto links = ReadLinks(links_file);
+  if (!links.ok()) return links.status();
+  Daemon d;
+  d.rng = Rng(seed);
+  for (const PairDelay& p : *links) d.pairs[{p.src, p.dst}] = {p, 0};
+
+  d.h = nfq_open();
+  if (d.h == nullptr) return absl::PermissionDeniedError("nfq_open failed: needs root (CAP_NET_ADMIN)");
+  d.qh = nfq_create_queue(d.h, static_cast<uint16_t>(queue), &Callback, &d);
+  if (d.qh == nullptr) {
+    nfq_close(d.h);
+    return absl::UnavailableError(absl::StrFormat("cannot bind NFQUEUE %d (is another daemon on it?)", queue));
+  }
+  nfq_set_mode(d.qh, NFQNL_COPY_PACKET, 20);  // the IPv4 header is all it reads
+  nfq_set_queue_flags(d.qh, NFQA_CFG_F_GSO, NFQA_CFG_F_GSO);
+  nfq_set_queue_maxlen(d.qh, 1 << 16);
+  nfnl_rcvbufsiz(nfq_nfnlh(d.h), 64 << 20);
+  d.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+
+  d.loop = uv_default_loop();
+  uv_poll_init(d.loop, &d.nfq_poll, nfq_fd(d.h));
+  d.nfq_poll.data = &d;
+  uv_poll_start(&d.nfq_poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+    auto* dm = static_cast<Daemon*>(p->data);
+    alignas(8) char buf[65536];
+    for (;;) {
+      const ssize_t n = recv(nfq_fd(dm->h), buf, sizeof(buf), MSG_DONTWAIT);
+      if (n <= 0) break;
+      nfq_handle_packet(dm->h, buf, static_cast<int>(n));
+    }
+  });
+  uv_poll_init(d.loop, &d.timer_poll, d.timer_fd);
+  d.timer_poll.data = &d;
+  uv_poll_start(&d.timer_poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+    auto* dm = static_cast<Daemon*>(p->data);
+    uint64_t expirations;
+    while (read(dm->timer_fd, &expirations, sizeof(expirations)) > 0) {
+    }
+    dm->ReleaseDue();
+  });
+  for (uv_signal_t* s : {&d.sigterm, &d.sigint}) {
+    uv_signal_init(d.loop, s);
+    s->data = &d;
+  }
+  auto stop = [](uv_signal_t* s, int) { uv_stop(static_cast<Daemon*>(s->data)->loop); };
+  uv_signal_start(&d.sigterm, stop, SIGTERM);
+  uv_signal_start(&d.sigint, stop, SIGINT);
+
+  std::printf("ready\n");
+  std::fflush(stdout);
+  uv_run(d.loop, UV_RUN_DEFAULT);
+
+  while (!d.held.empty()) {  // let what was in flight go rather than strand it
+    nfq_set_verdict(d.qh, d.held.top().id, NF_ACCEPT, 0, nullptr);
+    d.held.pop();
+  }
+  nfq_destroy_queue(d.qh);
+  nfq_close(d.h);
+  close(d.timer_fd);
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::netem

@@ -1,0 +1,43 @@
+#include "netem/tc_commands.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace longhaul::netem {
+
+int QueueLimitPackets(double rate_mbit, double delay_ms) {
+  const double bytes = rate_mbit * 1e6 / 8 * (2 * delay_ms) / 1e3;  // a round trip's worth in flight
+  return std::max(1000, static_cast<int>(std::ceil(bytes / 1500)));
+}
+
+std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<std::string>& hosts, int self,
+                                           const std::string& dev) {
+  std::vector<std::string> cmds;
+  cmds.push_back(absl::StrFormat("tc qdisc replace dev %s root handle 1: htb default 1", dev));
+  cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:1 htb rate 100gbit", dev));
+  for (int to = 0; to < static_cast<int>(hosts.size()); ++to) {
+    if (to == self) continue;
+    const Link l = s.Between(self, to);
+    const int cls = 10 + to;
+    const double rate = l.rate_mbit > 0 ? l.rate_mbit : 100000;
+    cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:%d htb rate %gmbit ceil %gmbit", dev,
+                                   cls, rate, rate));
+    std::string netem = absl::StrFormat("tc qdisc replace dev %s parent 1:%d handle %d: netem limit %d delay %gms", dev,
+                                        cls, cls, QueueLimitPackets(rate, l.delay_ms), l.delay_ms);
+    if (l.jitter_ms > 0) netem += absl::StrFormat(" %gms", l.jitter_ms);
+    if (l.loss > 0) netem += absl::StrFormat(" loss %g%%", 100 * l.loss);
+    cmds.push_back(netem);
+    cmds.push_back(absl::StrFormat("tc filter replace dev %s parent 1: protocol ip prio 1 u32 match ip dst %s/32 "
+                                   "flowid 1:%d",
+                                   dev, hosts[to], cls));
+  }
+  return cmds;
+}
+
+std::vector<std::string> TcClearCommands(const std::string& dev) {
+  return {absl::StrFormat("tc qdisc del dev %s root", dev)};
+}
+
+}  // namespace longhaul::netem
