@@ -9,18 +9,26 @@
 #include "netem/emulated_network.h"
 #include "netem/scenario.h"
 #include "netem/tc_commands.h"
+#include "transport/tensor_transport.h"
 
 namespace longhaul {
 namespace {
 
 struct NetemArgs {
-  CLI::App *delayd = nullptr, *tc = nullptr, *clean = nullptr, *check = nullptr;
+  CLI::App *delayd = nullptr, *tc = nullptr, *clean = nullptr, *check = nullptr, *sink = nullptr, *send = nullptr;
+  std::string listen = "0.0.0.0:7099", to;
+  int megabytes = 64, repeat = 4;
   int queue = 7;
   std::string links, scenario, hosts, dev = "eth0";
   uint64_t seed = 1;
   int self = 0, host_count = 2;
   bool apply = false, clear = false;
 } g;
+
+int64_t MonotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 int Error(const absl::Status& s, int code) {
   std::cerr << "longhaul netem: error: " << s.message() << "\n";
@@ -50,6 +58,13 @@ void AddNetemCommands(CLI::App& app) {
   g.check->add_option("--hosts", g.host_count, "emulated hosts")->capture_default_str();
 
   g.clean = netem->add_subcommand("clean", "remove namespaces left by longhaul processes that died");
+
+  g.sink = netem->add_subcommand("probe-sink", "receive tensors with longhaul's transport (pair with probe-send)");
+  g.sink->add_option("--listen", g.listen)->capture_default_str();
+  g.send = netem->add_subcommand("probe-send", "time tensors sent with longhaul's transport to a probe-sink");
+  g.send->add_option("--to", g.to, "the sink's host:port")->required();
+  g.send->add_option("--mb", g.megabytes)->capture_default_str();
+  g.send->add_option("--repeat", g.repeat, "transfers; the first warms the connection up")->capture_default_str();
 }
 
 int RunNetemCommand(const std::string& self_exe) {
@@ -93,6 +108,41 @@ int RunNetemCommand(const std::string& self_exe) {
         std::cout << absl::StrFormat("  host %d -> %d: %7.2f / %7.2f   rate %g Mbit/s\n", a, b, *rtt,
                                      s->Between(a, b).delay_ms + s->Between(b, a).delay_ms, s->Between(a, b).rate_mbit);
       }
+    return 0;
+  }
+  if (g.sink->parsed()) {
+    // Takes every tensor that arrives and hands its buffer back, until killed.
+    Mailbox box;
+    auto server = TensorServer::Start(g.listen, "probe", &box);
+    if (!server.ok()) return Error(server.status(), 1);
+    std::cout << "listening " << (*server)->address() << std::endl;
+    for (int64_t i = 0;; ++i) {
+      auto t = box.Take({proto::ACTIVATION, i, 0, 0, 0, 0}, std::chrono::hours(24));
+      if (!t.ok()) return Error(t.status(), 1);
+      // Monotonic time, shared by every process of the host: the sender's start minus this is the
+      // tensor's one-way latency.
+      std::cout << absl::StrFormat("received %d at %d ns\n", i, MonotonicNs()) << std::flush;
+      box.Recycle(std::move(*t));
+    }
+  }
+  if (g.send->parsed()) {
+    TransportOptions opt;
+    opt.job_id = "probe";
+    opt.timeout = std::chrono::seconds(60);
+    TensorClient client(g.to, opt);
+    std::vector<float> x(static_cast<size_t>(g.megabytes) << 18, 1.0f);
+    for (int i = 0; i < g.repeat; ++i) {
+      proto::TensorHeader h;
+      h.set_kind(proto::ACTIVATION);
+      h.set_iteration(i);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::cout << absl::StrFormat("sending %d at %d ns\n", i, MonotonicNs()) << std::flush;
+      absl::Status s = client.Send(h, x.data(), x.size())->Wait();
+      if (!s.ok()) return Error(s, 1);
+      std::cout << absl::StrFormat("transfer %d acknowledged after %.4f s\n", i,
+                                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
+                << std::flush;
+    }
     return 0;
   }
   if (g.clean->parsed()) {

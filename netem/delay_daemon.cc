@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <linux/netfilter.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,9 +59,15 @@ struct Daemon {
   Rng rng{1};
   int64_t armed_for = 0;
 
+  // An idle virtual CPU wakes a few hundred microseconds late, more the longer it slept. Long sleeps
+  // therefore end kEarlyNs early and spin up to the release time; under load wakes are frequent
+  // and short and nothing spins.
+  static constexpr int64_t kLongSleepNs = 1'000'000, kEarlyNs = 300'000;
+
   void Arm() {
     if (held.empty()) return;
-    const int64_t t = held.top().release_ns;
+    int64_t t = held.top().release_ns;
+    if (t - NowNs() > kLongSleepNs) t -= kEarlyNs;
     if (armed_for == t) return;
     itimerspec its{};
     its.it_value.tv_sec = t / 1'000'000'000;
@@ -71,6 +78,13 @@ struct Daemon {
   }
 
   void ReleaseDue() {
+    if (!held.empty()) {
+      const int64_t due = held.top().release_ns;
+      if (due - NowNs() <= kEarlyNs) {
+        while (NowNs() < due) {
+        }
+      }
+    }
     const int64_t now = NowNs();
     while (!held.empty() && held.top().release_ns <= now) {
       nfq_set_verdict(qh, held.top().id, NF_ACCEPT, 0, nullptr);
@@ -78,6 +92,20 @@ struct Daemon {
     }
     armed_for = 0;
     Arm();
+  }
+
+  // When the packet entered the queue, on the monotonic clock: the kernel's timestamp where it
+  // has one (the daemon itself may have woken late from idle), else now.
+  static int64_t ArrivalNs(nfq_data* nfa) {
+    timeval tv{};
+    const int64_t now = NowNs();
+    if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
+    timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    const int64_t real_ns = static_cast<int64_t>(real.tv_sec) * 1'000'000'000 + real.tv_nsec;
+    const int64_t stamp_ns = static_cast<int64_t>(tv.tv_sec) * 1'000'000'000 + static_cast<int64_t>(tv.tv_usec) * 1000;
+    const int64_t age = real_ns - stamp_ns;
+    return age >= 0 && age < 100'000'000 ? now - age : now;  // ignore a stamp that makes no sense
   }
 
   int OnPacket(nfq_data* nfa) {
@@ -96,7 +124,7 @@ struct Daemon {
     if (p.link.loss > 0 && rng.Uniform() < p.link.loss) return nfq_set_verdict(qh, id, NF_DROP, 0, nullptr);
     int64_t delay = p.link.delay_ns;
     if (p.link.jitter_ns > 0) delay += static_cast<int64_t>((2 * rng.Uniform() - 1) * p.link.jitter_ns);
-    const int64_t release = std::max(p.last_release_ns, NowNs() + std::max<int64_t>(0, delay));
+    const int64_t release = std::max(p.last_release_ns, ArrivalNs(nfa) + std::max<int64_t>(0, delay));
     p.last_release_ns = release;
     held.push({release, seq++, id});
     Arm();
@@ -144,6 +172,8 @@ absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay
 absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t seed) {
   auto links = ReadLinks(links_file);
   if (!links.ok()) return links.status();
+  // Timers fire up to the thread's slack late (50 us by default): that would add to every delay.
+  prctl(PR_SET_TIMERSLACK, 1UL);
   Daemon d;
   d.rng = Rng(seed);
   for (const PairDelay& p : *links) d.pairs[{p.src, p.dst}] = {p, 0};
@@ -160,6 +190,10 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
   nfq_set_queue_maxlen(d.qh, 1 << 16);
   nfnl_rcvbufsiz(nfq_nfnlh(d.h), 64 << 20);
   d.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  // The kernel stamps packets on arrival only while some socket asks for timestamps: this one does.
+  const int stamp_keeper = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(stamp_keeper, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
 
   d.loop = uv_default_loop();
   uv_poll_init(d.loop, &d.nfq_poll, nfq_fd(d.h));
@@ -201,6 +235,7 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
   nfq_destroy_queue(d.qh);
   nfq_close(d.h);
   close(d.timer_fd);
+  close(stamp_keeper);
   return absl::OkStatus();
 }
 

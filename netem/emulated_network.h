@@ -44,6 +44,7 @@ class EmulatedNetwork {
 
   // OK while the delay daemon runs; else says that the experiment is no longer emulating.
   absl::Status CheckDaemon();
+  pid_t daemon_pid() const { return daemon_; }
   // Connect time (one round trip) from host a to host b, in milliseconds.
   absl::StatusOr<double> MeasureRoundTripMs(int a, int b);
 

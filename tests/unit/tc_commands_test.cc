@@ -1,0 +1,48 @@
+#include "netem/tc_commands.h"
+
+#include <gtest/gtest.h>
+
+namespace longhaul::netem {
+namespace {
+
+TEST(TcCommands, ThreeHostMatrix) {
+  auto s = ParseScenario(R"(
+delays_are = "one-way"
+sites = ["a", "b", "c"]
+delay_ms = [[0.1, 10, 40], [10, 0.1, 25], [40, 25, 0.1]]
+rate_mbit = [[10000, 1000, 200], [1000, 10000, 500], [200, 500, 10000]]
+jitter_ms = [[0, 1, 0], [1, 0, 0], [0, 0, 0]]
+loss = 0.001
+)",
+                         "three");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<std::string> hosts = {"192.0.2.1", "192.0.2.2", "192.0.2.3"};
+  // Host 0: to host 1 at 10 ms ± 1 ms / 1 Gbit/s, to host 2 at 40 ms / 200 Mbit/s; queues hold a
+  // round trip at the rate (1 Gbit/s x 20 ms = 1667 packets; 200 Mbit/s x 80 ms = 1334).
+  const std::vector<std::string> want = {
+      "tc qdisc replace dev ens5 root handle 1: htb default 1",
+      "tc class replace dev ens5 parent 1: classid 1:1 htb rate 100gbit",
+      "tc class replace dev ens5 parent 1: classid 1:11 htb rate 1000mbit ceil 1000mbit",
+      "tc qdisc replace dev ens5 parent 1:11 handle 11: netem limit 1667 delay 10ms 1ms loss 0.1%",
+      "tc filter replace dev ens5 parent 1: protocol ip prio 1 u32 match ip dst 192.0.2.2/32 flowid 1:11",
+      "tc class replace dev ens5 parent 1: classid 1:12 htb rate 200mbit ceil 200mbit",
+      "tc qdisc replace dev ens5 parent 1:12 handle 12: netem limit 1334 delay 40ms loss 0.1%",
+      "tc filter replace dev ens5 parent 1: protocol ip prio 1 u32 match ip dst 192.0.2.3/32 flowid 1:12",
+  };
+  EXPECT_EQ(TcCommandsForHost(*s, hosts, 0, "ens5"), want);
+  // Host 2 has its own view: classes for hosts 0 and 1.
+  const auto host2 = TcCommandsForHost(*s, hosts, 2, "eth0");
+  ASSERT_EQ(host2.size(), 8u);
+  EXPECT_EQ(host2[2], "tc class replace dev eth0 parent 1: classid 1:10 htb rate 200mbit ceil 200mbit");
+  // 500 Mbit/s x 50 ms round trip = 3.1 MB = 2084 packets.
+  EXPECT_EQ(host2[6], "tc qdisc replace dev eth0 parent 1:11 handle 11: netem limit 2084 delay 25ms loss 0.1%");
+  EXPECT_EQ(TcClearCommands("eth0"), std::vector<std::string>{"tc qdisc del dev eth0 root"});
+}
+
+TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
+  EXPECT_EQ(QueueLimitPackets(10000, 50), 83334);
+  EXPECT_EQ(QueueLimitPackets(100, 1), 1000);  // never below 1000 packets
+}
+
+}  // namespace
+}  // namespace longhaul::netem
