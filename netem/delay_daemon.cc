@@ -13,7 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <queue>
+#include <memory>
 #include <sstream>
 
 extern "C" {
@@ -23,23 +23,11 @@ extern "C" {
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "netem/timer_queue.h"
 #include "util/hash.h"
 
 namespace longhaul::netem {
 namespace {
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-struct Held {
-  int64_t release_ns;
-  uint64_t seq;  // arrival order breaks ties, so equal release times keep their order
-  uint32_t id;
-  bool operator>(const Held& o) const { return release_ns != o.release_ns ? release_ns > o.release_ns : seq > o.seq; }
-};
 
 struct PairState {
   PairDelay link;
@@ -49,56 +37,18 @@ struct PairState {
 struct Daemon {
   nfq_handle* h = nullptr;
   nfq_q_handle* qh = nullptr;
-  int timer_fd = -1;
   uv_loop_t* loop = nullptr;
-  uv_poll_t nfq_poll, timer_poll;
+  uv_poll_t nfq_poll;
   uv_signal_t sigterm, sigint;
   std::map<std::pair<uint32_t, uint32_t>, PairState> pairs;
-  std::priority_queue<Held, std::vector<Held>, std::greater<Held>> held;
-  uint64_t seq = 0;
+  std::unique_ptr<TimerQueue<uint32_t>> held;  // packet ids
   Rng rng{1};
-  int64_t armed_for = 0;
-
-  // An idle virtual CPU wakes a few hundred microseconds late, more the longer it slept. Long sleeps
-  // therefore end kEarlyNs early and spin up to the release time; under load wakes are frequent
-  // and short and nothing spins.
-  static constexpr int64_t kLongSleepNs = 1'000'000, kEarlyNs = 300'000;
-
-  void Arm() {
-    if (held.empty()) return;
-    int64_t t = held.top().release_ns;
-    if (t - NowNs() > kLongSleepNs) t -= kEarlyNs;
-    if (armed_for == t) return;
-    itimerspec its{};
-    its.it_value.tv_sec = t / 1'000'000'000;
-    its.it_value.tv_nsec = t % 1'000'000'000;
-    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-    timerfd_settime(timer_fd, TFD_TIMER_ABSTIME, &its, nullptr);
-    armed_for = t;
-  }
-
-  void ReleaseDue() {
-    if (!held.empty()) {
-      const int64_t due = held.top().release_ns;
-      if (due - NowNs() <= kEarlyNs) {
-        while (NowNs() < due) {
-        }
-      }
-    }
-    const int64_t now = NowNs();
-    while (!held.empty() && held.top().release_ns <= now) {
-      nfq_set_verdict(qh, held.top().id, NF_ACCEPT, 0, nullptr);
-      held.pop();
-    }
-    armed_for = 0;
-    Arm();
-  }
 
   // When the packet entered the queue, on the monotonic clock: the kernel's timestamp where it
   // has one (the daemon itself may have woken late from idle), else now.
   static int64_t ArrivalNs(nfq_data* nfa) {
     timeval tv{};
-    const int64_t now = NowNs();
+    const int64_t now = MonotonicNs();
     if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
     timespec real;
     clock_gettime(CLOCK_REALTIME, &real);
@@ -126,8 +76,7 @@ struct Daemon {
     if (p.link.jitter_ns > 0) delay += static_cast<int64_t>((2 * rng.Uniform() - 1) * p.link.jitter_ns);
     const int64_t release = std::max(p.last_release_ns, ArrivalNs(nfa) + std::max<int64_t>(0, delay));
     p.last_release_ns = release;
-    held.push({release, seq++, id});
-    Arm();
+    held->Push(release, id);
     return 0;
   }
 };
@@ -189,13 +138,14 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
   nfq_set_queue_flags(d.qh, NFQA_CFG_F_GSO, NFQA_CFG_F_GSO);
   nfq_set_queue_maxlen(d.qh, 1 << 16);
   nfnl_rcvbufsiz(nfq_nfnlh(d.h), 64 << 20);
-  d.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   // The kernel stamps packets on arrival only while some socket asks for timestamps: this one does.
   const int stamp_keeper = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(stamp_keeper, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
 
   d.loop = uv_default_loop();
+  d.held = std::make_unique<TimerQueue<uint32_t>>(
+      d.loop, [&d](uint32_t& id) { nfq_set_verdict(d.qh, id, NF_ACCEPT, 0, nullptr); });
   uv_poll_init(d.loop, &d.nfq_poll, nfq_fd(d.h));
   d.nfq_poll.data = &d;
   uv_poll_start(&d.nfq_poll, UV_READABLE, [](uv_poll_t* p, int, int) {
@@ -206,15 +156,6 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
       if (n <= 0) break;
       nfq_handle_packet(dm->h, buf, static_cast<int>(n));
     }
-  });
-  uv_poll_init(d.loop, &d.timer_poll, d.timer_fd);
-  d.timer_poll.data = &d;
-  uv_poll_start(&d.timer_poll, UV_READABLE, [](uv_poll_t* p, int, int) {
-    auto* dm = static_cast<Daemon*>(p->data);
-    uint64_t expirations;
-    while (read(dm->timer_fd, &expirations, sizeof(expirations)) > 0) {
-    }
-    dm->ReleaseDue();
   });
   for (uv_signal_t* s : {&d.sigterm, &d.sigint}) {
     uv_signal_init(d.loop, s);
@@ -228,13 +169,10 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
   std::fflush(stdout);
   uv_run(d.loop, UV_RUN_DEFAULT);
 
-  while (!d.held.empty()) {  // let what was in flight go rather than strand it
-    nfq_set_verdict(d.qh, d.held.top().id, NF_ACCEPT, 0, nullptr);
-    d.held.pop();
-  }
+  d.held->Flush();  // let what was in flight go rather than strand it
+  d.held.reset();
   nfq_destroy_queue(d.qh);
   nfq_close(d.h);
-  close(d.timer_fd);
   close(stamp_keeper);
   return absl::OkStatus();
 }
