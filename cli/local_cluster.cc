@@ -1,6 +1,9 @@
 #include "cli/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +18,9 @@
 #include "absl/strings/str_format.h"
 #include "config/job_config.h"
 #include "netem/emulated_network.h"
+#include "netem/netns.h"
 #include "netem/scenario.h"
+#include "netem/tcp_proxy.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -38,6 +43,39 @@ pid_t Spawn(const std::vector<std::string>& args) {
   return pid;
 }
 
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Proxy mode: worker j listens on a fixed loopback port; worker i dials j through route (i, j) of
+// one proxy process, which carries that pair's delay and rate. Returns the proxy's pid.
+absl::StatusOr<pid_t> StartProxies(const std::string& self_exe, const netem::Scenario& s, int workers,
+                                   const std::string& dir, std::vector<int>& worker_ports) {
+  for (int w = 0; w < workers; ++w) worker_ports.push_back(FreePort());
+  std::vector<netem::ProxyRoute> routes;
+  for (int i = 0; i < workers; ++i) {
+    std::ofstream map(fs::path(dir) / absl::StrCat(".dial_map_", i), std::ios::trunc);
+    for (int j = 0; j < workers; ++j) {
+      if (i == j) continue;
+      const std::string target = absl::StrCat("127.0.0.1:", worker_ports[j]);
+      const std::string via = absl::StrCat("127.0.0.1:", FreePort());
+      routes.push_back({via, target, s.Between(i, j)});
+      map << target << " " << via << "\n";
+    }
+  }
+  const std::string file = (fs::path(dir) / ".proxy_routes").string();
+  if (absl::Status st = netem::WriteRoutesFile(file, routes); !st.ok()) return st;
+  return Spawn({self_exe, "netem", "proxy", "--routes", file});
+}
+
 std::string Describe(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
@@ -47,7 +85,8 @@ std::string Describe(int status) {
 }  // namespace
 
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario_path) {
+                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario_path,
+                    const std::string& emulation) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
@@ -69,22 +108,37 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   sigaction(SIGTERM, &sa, nullptr);
 
   std::unique_ptr<netem::EmulatedNetwork> net;
+  std::vector<int> worker_ports;  // proxy mode: fixed, so the proxy's routes can name them
+  std::vector<pid_t> helpers;     // the proxy
   if (!scenario_path.empty()) {
     auto scenario = netem::LoadScenario(scenario_path);
     if (!scenario.ok()) {
       std::cerr << "longhaul: error: " << scenario.status().message() << "\n";
       return 2;
     }
-    auto n = netem::EmulatedNetwork::Create(*scenario, workers, {self_exe});
+    std::string why;
+    const bool kernel = emulation == "kernel" || (emulation == "auto" && netem::CanCreateNamespaces(&why));
+    if (!kernel) {
+      if (emulation == "auto") std::cout << "longhaul local: no kernel-level emulation (" << why << "): using the proxy\n";
+      auto setup = StartProxies(self_exe, *scenario, workers, cfg->train.out_dir, worker_ports);
+      if (!setup.ok()) {
+        std::cerr << "longhaul: error: " << setup.status().message() << "\n";
+        return 1;
+      }
+      helpers.push_back(*setup);
+    }
+    auto n = kernel ? netem::EmulatedNetwork::Create(*scenario, workers, {self_exe})
+                    : absl::StatusOr<std::unique_ptr<netem::EmulatedNetwork>>(nullptr);
     if (!n.ok()) {
       std::cerr << "longhaul: error: " << n.status().message() << "\n";
       return 1;
     }
     net = std::move(*n);
     const netem::Link l = scenario->Between(0, workers > 1 ? 1 : 0);
-    std::cout << absl::StrFormat("longhaul local: %d emulated hosts, scenario %s (%s); host 0 -> 1: %g ms one-way, %g "
-                                 "Mbit/s\n",
-                                 workers, scenario->name, scenario->description, l.delay_ms, l.rate_mbit);
+    std::cout << absl::StrFormat("longhaul local: %d emulated hosts (%s), scenario %s (%s); host 0 -> 1: %g ms one-way, "
+                                 "%g Mbit/s\n",
+                                 workers, net ? "network namespaces" : "userspace proxy", scenario->name,
+                                 scenario->description, l.delay_ms, l.rate_mbit);
   }
   auto in_host = [&](int w, std::vector<std::string> args) {
     if (!net) return args;
@@ -121,9 +175,17 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   }
   for (int w = 0; w < workers; ++w) {
     const std::string coordinator = absl::StrCat(net ? netem::EmulatedNetwork::GatewayOf(w) : "127.0.0.1", ":", port);
-    const std::string listen = net ? netem::EmulatedNetwork::Address(w) + ":0" : "127.0.0.1:0";
-    children.push_back(Spawn(in_host(w, {self_exe, "worker", "--coordinator", coordinator, "--listen", listen,
-                                         "--threads", std::to_string(threads), "--job-id", cfg->cluster.job_id})));
+    std::vector<std::string> args = {self_exe, "worker", "--coordinator", coordinator, "--threads",
+                                     std::to_string(threads), "--job-id", cfg->cluster.job_id, "--listen"};
+    if (net) {
+      args.push_back(netem::EmulatedNetwork::Address(w) + ":0");
+    } else if (!worker_ports.empty()) {
+      args.insert(args.end(), {absl::StrCat("127.0.0.1:", worker_ports[w]), "--dial-map",
+                               (fs::path(cfg->train.out_dir) / absl::StrCat(".dial_map_", w)).string()});
+    } else {
+      args.push_back("127.0.0.1:0");
+    }
+    children.push_back(Spawn(in_host(w, args)));
   }
 
   // The coordinator's exit ends the run; a worker that dies makes the coordinator stop the job.
@@ -172,6 +234,10 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
         std::cerr << absl::StrFormat("longhaul local: worker process %d ended with %s\n", pid, Describe(status));
       }
     }
+  }
+  for (pid_t h : helpers) {
+    kill(h, SIGTERM);
+    waitpid(h, nullptr, 0);
   }
   fs::remove(port_file, ec);
   return result;

@@ -3,7 +3,8 @@
 // machine, talking gRPC over loopback, their output in this terminal. Ctrl-C stops them all.
 // With a scenario, each worker runs in its own emulated host (netem/emulated_network.h) and the
 // coordinator in the router namespace, so data-plane traffic crosses the emulated links and the
-// control plane does not.
+// control plane does not. Where namespaces are not allowed (or with emulation "proxy"), workers
+// stay on loopback and reach each other through a userspace proxy, one route per ordered pair.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@ namespace longhaul {
 
 // Returns the process exit status: 0 when the job finished, else non-zero.
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
-                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario = "");
+                    const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario = "",
+                    const std::string& emulation = "auto");
 
 }  // namespace longhaul

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   std::string scenario;
   local->add_option("--scenario", scenario,
                     "run each worker in its own emulated host with this scenario's links (netem/scenarios/*.toml)");
+  std::string emulation = "auto";
+  local->add_option("--emulation", emulation,
+                    "kernel (namespaces, needs root), proxy (userspace, splits TCP), or auto: kernel where allowed")
+      ->check(CLI::IsMember({"auto", "kernel", "proxy"}))
+      ->capture_default_str();
 
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
@@ -79,6 +84,7 @@ int main(int argc, char** argv) {
   worker->add_option("--threads", wopt.threads, "CPU threads (default: train.threads of the job)");
   worker->add_option("--connect-timeout", wopt.connect_timeout_s, "seconds to keep trying the coordinator")
       ->capture_default_str();
+  worker->add_option("--dial-map", wopt.dial_map, "file of 'peer_address dial_instead' lines (proxied links)");
 
   longhaul::AddNetemCommands(app);
 
@@ -92,7 +98,7 @@ int main(int argc, char** argv) {
     if (!trainer.ok()) return Fail(trainer.status(), 2);
     if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
   } else if (local->parsed()) {
-    return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario);
+    return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
   } else if (coord->parsed()) {
     copt.config_path = config_path;
     copt.overrides = overrides;

@@ -9,13 +9,17 @@
 #include "netem/emulated_network.h"
 #include "netem/scenario.h"
 #include "netem/tc_commands.h"
+#include "netem/tcp_proxy.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
 namespace {
 
 struct NetemArgs {
-  CLI::App *delayd = nullptr, *tc = nullptr, *clean = nullptr, *check = nullptr, *sink = nullptr, *send = nullptr;
+  CLI::App *delayd = nullptr, *tc = nullptr, *clean = nullptr, *check = nullptr, *sink = nullptr, *send = nullptr,
+           *proxy = nullptr;
+  std::string routes, proxy_to;
+  double delay_ms = 0, rate_mbit = 0;
   std::string listen = "0.0.0.0:7099", to;
   int megabytes = 64, repeat = 4;
   int queue = 7;
@@ -58,6 +62,13 @@ void AddNetemCommands(CLI::App& app) {
   g.check->add_option("--hosts", g.host_count, "emulated hosts")->capture_default_str();
 
   g.clean = netem->add_subcommand("clean", "remove namespaces left by longhaul processes that died");
+
+  g.proxy = netem->add_subcommand("proxy", "userspace TCP proxy with delay and rate (no root needed; splits TCP)");
+  g.proxy->add_option("--routes", g.routes, "routes file: listen target delay_ms rate_mbit per line");
+  g.proxy->add_option("--listen", g.listen, "one route: listen here");
+  g.proxy->add_option("--to", g.proxy_to, "one route: forward to here");
+  g.proxy->add_option("--delay-ms", g.delay_ms, "one route: one-way delay, applied in both directions");
+  g.proxy->add_option("--rate-mbit", g.rate_mbit, "one route: rate of each direction, shared by its connections");
 
   g.sink = netem->add_subcommand("probe-sink", "receive tensors with longhaul's transport (pair with probe-send)");
   g.sink->add_option("--listen", g.listen)->capture_default_str();
@@ -144,6 +155,20 @@ int RunNetemCommand(const std::string& self_exe) {
                 << std::flush;
     }
     return 0;
+  }
+  if (g.proxy->parsed()) {
+    std::vector<netem::ProxyRoute> routes;
+    if (!g.routes.empty()) {
+      auto r = netem::ReadRoutesFile(g.routes);
+      if (!r.ok()) return Error(r.status(), 2);
+      routes = *r;
+    } else if (!g.proxy_to.empty()) {
+      routes.push_back({g.listen, g.proxy_to, {g.delay_ms, 0, g.rate_mbit, 0}});
+    } else {
+      return Error(absl::InvalidArgumentError("give --routes FILE, or --listen, --to, --delay-ms and --rate-mbit"), 2);
+    }
+    absl::Status s = netem::RunProxy(routes);
+    return s.ok() ? 0 : Error(s, 1);
   }
   if (g.clean->parsed()) {
     std::cout << "removed " << netem::EmulatedNetwork::CleanupStale() << " stale namespaces\n";

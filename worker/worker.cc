@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -86,6 +87,7 @@ class Worker {
   LrSchedule lr_;
   TransportOptions transport_;
   std::map<std::string, std::unique_ptr<TensorClient>> peers_;
+  std::map<std::string, std::string> dial_map_;  // peer address -> address to dial instead
   std::vector<std::shared_ptr<SendOp>> in_flight_;
   std::vector<std::pair<std::string, int>> in_flight_names_;
   Timeline timeline_;
@@ -104,7 +106,10 @@ std::string Worker::AddressOf(int stage, int replica) const {
 
 TensorClient& Worker::Peer(const std::string& address) {
   auto& c = peers_[address];
-  if (!c) c = std::make_unique<TensorClient>(address, transport_);
+  if (!c) {
+    auto via = dial_map_.find(address);
+    c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport_);
+  }
   return *c;
 }
 
@@ -154,6 +159,12 @@ absl::Status Worker::FinishSends(int64_t it) {
 }
 
 absl::Status Worker::Join() {
+  if (!opt_.dial_map.empty()) {
+    std::ifstream f(opt_.dial_map);
+    if (!f) return absl::NotFoundError(absl::StrCat("cannot open --dial-map ", opt_.dial_map));
+    std::string from, to;
+    while (f >> from >> to) dial_map_[from] = to;
+  }
   LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_));
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);

@@ -15,6 +15,7 @@ struct WorkerOptions {
   std::string job_id;                   // if set, refuse to join any other job
   int threads = 0;                      // CPU threads; 0: train.threads from the job config
   double connect_timeout_s = 60;        // how long to keep trying the coordinator
+  std::string dial_map;                 // file of "address dial_instead" lines: reach peers through a proxy
 };
 
 // Runs until the job finishes (OK) or fails; errors name the peer or step involved.

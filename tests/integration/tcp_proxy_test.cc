@@ -1,0 +1,138 @@
+// The userspace proxy (tier 3), as a real process on loopback: both directions delayed, one rate
+// per direction, and the warning that it splits TCP. Needs no root.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int ListenOnLoopback(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  listen(fd, 4);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < 100; ++i) {  // the proxy may still be starting
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  void Start(double delay_ms, double rate_mbit) {
+    server_ = ListenOnLoopback(&target_port_);
+    int probe;
+    close(ListenOnLoopback(&probe));
+    proxy_port_ = probe;
+    log_ = ::testing::TempDir() + "/proxy_" + std::to_string(getpid()) + ".log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (freopen(log_.c_str(), "w", stderr) == nullptr) _exit(127);
+      execl(LONGHAUL_BINARY, LONGHAUL_BINARY, "netem", "proxy", "--listen",
+            ("127.0.0.1:" + std::to_string(proxy_port_)).c_str(), "--to",
+            ("127.0.0.1:" + std::to_string(target_port_)).c_str(), "--delay-ms", std::to_string(delay_ms).c_str(),
+            "--rate-mbit", std::to_string(rate_mbit).c_str(), nullptr);
+      _exit(127);
+    }
+    client_ = ConnectLoopback(proxy_port_);
+    ASSERT_GE(client_, 0);
+    accepted_ = accept(server_, nullptr, nullptr);
+    int one = 1;
+    setsockopt(accepted_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  void TearDown() override {
+    if (pid_ > 0) kill(pid_, SIGTERM), waitpid(pid_, nullptr, 0);
+    for (int fd : {client_, accepted_, server_})
+      if (fd >= 0) close(fd);
+  }
+  int server_ = -1, client_ = -1, accepted_ = -1, target_port_ = 0, proxy_port_ = 0;
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+TEST_F(ProxyTest, DelaysBothDirectionsAndSaysItSplitsTcp) {
+  Start(5, 1000);
+  std::thread echo([&] {
+    char c;
+    for (int i = 0; i < 20; ++i)
+      if (read(accepted_, &c, 1) != 1 || write(accepted_, &c, 1) != 1) return;
+  });
+  std::vector<double> ms;
+  char c = 'x';
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = Clock::now();
+    ASSERT_EQ(write(client_, &c, 1), 1);
+    ASSERT_EQ(read(client_, &c, 1), 1);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  echo.join();
+  std::sort(ms.begin(), ms.end());
+  std::cout << "proxy at 5 ms one-way: round trip " << ms[10] << " ms\n";
+  EXPECT_NEAR(ms[10], 10.0, 0.5);
+  std::ifstream f(log_);
+  std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("splits TCP"), std::string::npos) << log;
+}
+
+TEST_F(ProxyTest, BulkFlowGetsTheRate) {
+  Start(2, 200);
+  const size_t bytes = 200e6 / 8 * 1.5;  // 1.5 s at the rate
+  std::thread sender([&] {
+    std::vector<char> buf(1 << 16, 'a');
+    size_t sent = 0;
+    while (sent < bytes) {
+      const ssize_t w = write(client_, buf.data(), std::min(buf.size(), bytes - sent));
+      if (w <= 0) return;
+      sent += static_cast<size_t>(w);
+    }
+  });
+  std::vector<char> buf(1 << 16);
+  size_t got = 0;
+  Clock::time_point t_quarter;
+  while (got < bytes) {
+    const ssize_t r = read(accepted_, buf.data(), buf.size());
+    if (r <= 0) break;
+    if (got < bytes / 4 && got + r >= bytes / 4) t_quarter = Clock::now();
+    got += static_cast<size_t>(r);
+  }
+  sender.join();
+  const double mbit = (got - bytes / 4) * 8 / std::chrono::duration<double>(Clock::now() - t_quarter).count() / 1e6;
+  std::cout << "proxy at 200 Mbit/s: " << mbit << " Mbit/s of payload\n";
+  // The proxy meters payload bytes, so the payload gets the whole rate.
+  EXPECT_GT(mbit, 0.93 * 200);
+  EXPECT_LT(mbit, 1.03 * 200);
+}
+
+}  // namespace
