@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/experiment.h"
 #include "cli/local_cluster.h"
 #include "cli/netem_command.h"
 #include "config/job_config.h"
@@ -68,6 +69,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "kernel", "proxy"}))
       ->capture_default_str();
 
+  CLI::App* experiment = app.add_subcommand(
+      "experiment", "the source experiment scaled to this machine, under its five network settings");
+  add_config(experiment);
+  experiment->add_option("--emulation", emulation, "kernel, proxy or auto")
+      ->check(CLI::IsMember({"auto", "kernel", "proxy"}))
+      ->capture_default_str();
+
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
   add_config(coord);
@@ -99,6 +107,8 @@ int main(int argc, char** argv) {
     if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
   } else if (local->parsed()) {
     return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
+  } else if (experiment->parsed()) {
+    return longhaul::RunExperiment(self_exe, config_path, overrides, emulation);
   } else if (coord->parsed()) {
     copt.config_path = config_path;
     copt.overrides = overrides;

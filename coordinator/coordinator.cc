@@ -309,6 +309,8 @@ class Service final : public proto::Coordinator::Service {
   void PrintSummary() {
     if (timed_ == 0) return;
     const double sec = timed_seconds_ / timed_, tps = cfg_.tokens_per_step() / sec;
+    nlohmann::json summary = {{"iteration_seconds", sec}, {"tokens_per_second", tps},
+                              {"final_loss", history_.back().loss}, {"workers", nlohmann::json::array()}};
     std::cout << absl::StrFormat(
         "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
         "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
@@ -330,8 +332,11 @@ class Service final : public proto::Coordinator::Service {
       std::cout << absl::StrFormat("  worker %d (stage %d, replica %d): %.3f s = compute %.3f + wait %.3f + other %.3f\n",
                                    id, a.stage(), a.replica(), total / n, compute / n, wait / n,
                                    (total - compute - wait) / n);
+      summary["workers"].push_back({{"worker", id}, {"stage", a.stage()}, {"replica", a.replica()},
+                                    {"seconds", total / n}, {"compute_seconds", compute / n}, {"wait_seconds", wait / n}});
     }
     std::cout << std::flush;
+    std::ofstream(fs::path(cfg_.train.out_dir) / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
   }
 
   JobConfig cfg_;
