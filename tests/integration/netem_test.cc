@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_format.h"
 #include "netem/netns.h"
+#include "tests/support/tcp_measure.h"
 
 namespace longhaul::netem {
 namespace {
@@ -68,52 +69,8 @@ std::pair<int, int> Connect(EmulatedNetwork& net, int a, int b) {
   return {cli, conn};
 }
 
-// Median of `rounds` one-byte ping-pongs.
-double PingPongMs(int cli, int srv, int rounds) {
-  std::thread echo([&] {
-    char c;
-    for (int i = 0; i < rounds; ++i)
-      if (read(srv, &c, 1) != 1 || write(srv, &c, 1) != 1) return;
-  });
-  std::vector<double> ms;
-  char c = 'x';
-  for (int i = 0; i < rounds; ++i) {
-    const auto t0 = Clock::now();
-    if (write(cli, &c, 1) != 1 || read(cli, &c, 1) != 1) break;
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  echo.join();
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-// Sends `bytes` from cli to srv; returns the goodput in Mbit/s seen by the receiver after the
-// first quarter (slow start) has arrived.
-double GoodputMbit(int cli, int srv, size_t bytes) {
-  std::thread sender([&] {
-    std::vector<char> buf(1 << 20, 'a');
-    size_t sent = 0;
-    while (sent < bytes) {
-      const ssize_t w = write(cli, buf.data(), std::min(buf.size(), bytes - sent));
-      if (w <= 0) return;
-      sent += static_cast<size_t>(w);
-    }
-    shutdown(cli, SHUT_WR);
-  });
-  std::vector<char> buf(1 << 20);
-  size_t got = 0;
-  Clock::time_point t_quarter;
-  while (got < bytes) {
-    const ssize_t r = read(srv, buf.data(), buf.size());
-    if (r <= 0) break;
-    const size_t before = got;
-    got += static_cast<size_t>(r);
-    if (before < bytes / 4 && got >= bytes / 4) t_quarter = Clock::now();
-  }
-  const double s = std::chrono::duration<double>(Clock::now() - t_quarter).count();
-  sender.join();
-  return (got - bytes / 4) * 8 / s / 1e6;
-}
+using testing::GoodputMbit;
+using testing::PingPongMs;
 
 TEST_F(NetemTest, IdleRoundTripIsTwiceTheOneWayDelay) {
   for (double d : {1.0, 5.0, 25.0}) {

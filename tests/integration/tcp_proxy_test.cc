@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/tcp_measure.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -84,23 +86,9 @@ class ProxyTest : public ::testing::Test {
 
 TEST_F(ProxyTest, DelaysBothDirectionsAndSaysItSplitsTcp) {
   Start(5, 1000);
-  std::thread echo([&] {
-    char c;
-    for (int i = 0; i < 20; ++i)
-      if (read(accepted_, &c, 1) != 1 || write(accepted_, &c, 1) != 1) return;
-  });
-  std::vector<double> ms;
-  char c = 'x';
-  for (int i = 0; i < 20; ++i) {
-    const auto t0 = Clock::now();
-    ASSERT_EQ(write(client_, &c, 1), 1);
-    ASSERT_EQ(read(client_, &c, 1), 1);
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  echo.join();
-  std::sort(ms.begin(), ms.end());
-  std::cout << "proxy at 5 ms one-way: round trip " << ms[10] << " ms\n";
-  EXPECT_NEAR(ms[10], 10.0, 0.5);
+  const double rtt = longhaul::testing::PingPongMs(client_, accepted_, 20);
+  std::cout << "proxy at 5 ms one-way: round trip " << rtt << " ms\n";
+  EXPECT_NEAR(rtt, 10.0, 0.5);
   std::ifstream f(log_);
   std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_NE(log.find("splits TCP"), std::string::npos) << log;
@@ -108,27 +96,7 @@ TEST_F(ProxyTest, DelaysBothDirectionsAndSaysItSplitsTcp) {
 
 TEST_F(ProxyTest, BulkFlowGetsTheRate) {
   Start(2, 200);
-  const size_t bytes = 200e6 / 8 * 1.5;  // 1.5 s at the rate
-  std::thread sender([&] {
-    std::vector<char> buf(1 << 16, 'a');
-    size_t sent = 0;
-    while (sent < bytes) {
-      const ssize_t w = write(client_, buf.data(), std::min(buf.size(), bytes - sent));
-      if (w <= 0) return;
-      sent += static_cast<size_t>(w);
-    }
-  });
-  std::vector<char> buf(1 << 16);
-  size_t got = 0;
-  Clock::time_point t_quarter;
-  while (got < bytes) {
-    const ssize_t r = read(accepted_, buf.data(), buf.size());
-    if (r <= 0) break;
-    if (got < bytes / 4 && got + r >= bytes / 4) t_quarter = Clock::now();
-    got += static_cast<size_t>(r);
-  }
-  sender.join();
-  const double mbit = (got - bytes / 4) * 8 / std::chrono::duration<double>(Clock::now() - t_quarter).count() / 1e6;
+  const double mbit = longhaul::testing::GoodputMbit(client_, accepted_, 200e6 / 8 * 1.5);  // 1.5 s at the rate
   std::cout << "proxy at 200 Mbit/s: " << mbit << " Mbit/s of payload\n";
   // The proxy meters payload bytes, so the payload gets the whole rate.
   EXPECT_GT(mbit, 0.93 * 200);
