@@ -1,6 +1,7 @@
 #include "netem/emulated_network.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -81,8 +82,9 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
   work_dir_ = opt.work_dir;
   // The guardian outlives a crash of this process: when the pipe's write end closes, for whatever
   // reason, it deletes the namespaces (which takes the veths, rules and qdiscs with them).
+  // Close-on-exec: the processes this one starts later must not hold the write end open.
   int fds[2];
-  if (pipe(fds) != 0) return absl::InternalError("pipe");
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   guardian_ = fork();
   if (guardian_ == 0) {
     close(fds[1]);

@@ -200,5 +200,37 @@ TEST_F(NetemTest, NamespacesAreGoneAfterwards) {
   EXPECT_NE(std::system(("ip netns list | grep -q " + router).c_str()), 0);
 }
 
+TEST_F(NetemTest, KilledLauncherLeavesNothingBehind) {
+  const std::string dir = ::testing::TempDir() + "/killed_" + std::to_string(getpid());
+  const std::string cfg = std::string(LONGHAUL_SOURCE_DIR) + "/configs/demo.toml";
+  const std::string scenario = std::string(LONGHAUL_SOURCE_DIR) + "/netem/scenarios/source-10ms-1gbit.toml";
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    if (freopen("/dev/null", "w", stdout) == nullptr) _exit(127);
+    execl(LONGHAUL_BINARY, LONGHAUL_BINARY, "local", "-c", cfg.c_str(), "--scenario", scenario.c_str(), "--set",
+          ("train.out_dir=" + dir).c_str(), nullptr);
+    _exit(127);
+  }
+  const std::string prefix = "lh" + std::to_string(launcher) + "-";
+  auto namespaces = [&] {
+    return std::system(("ip netns list | grep -q " + prefix).c_str()) == 0;
+  };
+  bool started = false;
+  for (int i = 0; i < 200 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    started = namespaces() && access((dir + "/cluster.json").c_str(), F_OK) == 0;
+  }
+  ASSERT_TRUE(started) << "the cluster did not start";
+  kill(launcher, SIGKILL);  // no handler runs: only the guardian and the death signals clean up
+  waitpid(launcher, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // [l] keeps the pattern from matching the shell that runs pgrep.
+    gone = !namespaces() && std::system(("pgrep -f '[l]onghaul .*" + dir + "' >/dev/null").c_str()) != 0;
+  }
+  EXPECT_TRUE(gone) << "namespaces or processes of the killed launcher remain";
+}
+
 }  // namespace
 }  // namespace longhaul::netem
