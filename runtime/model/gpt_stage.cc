@@ -73,26 +73,7 @@ absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const ModelConfig& cf
   return s;
 }
 
-void GptStage::InitParams(uint64_t seed) {
-  const float residual_std = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
-  for (const ParamTensor& t : layout_.tensors()) {
-    float* p = params_.data() + t.offset;
-    const std::string& n = t.name;
-    auto ends_with = [&](const char* suffix) {
-      size_t k = std::strlen(suffix);
-      return n.size() >= k && n.compare(n.size() - k, k, suffix) == 0;
-    };
-    if (ends_with(".bias")) {
-      std::fill(p, p + t.size, 0.0f);
-    } else if (t.shape.size() == 1) {  // LayerNorm gain
-      std::fill(p, p + t.size, 1.0f);
-    } else {
-      const float stdev = ends_with("c_proj.weight") ? residual_std : 0.02f;
-      Rng rng(HashCoords({seed, std::hash<std::string>{}(n)}));
-      for (size_t i = 0; i < t.size; ++i) p[i] = static_cast<float>(rng.Normal()) * stdev;
-    }
-  }
-}
+void GptStage::InitParams(uint64_t seed) { InitGpt2Params(cfg_, layout_, seed, params_.data()); }
 
 void GptStage::ZeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 

@@ -43,9 +43,7 @@ class GptStage {
   const float* grads() const { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
 
-  // GPT-2 initialisation: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2·n_layer),
-  // zero biases, unit LayerNorm gains. Each tensor draws from a stream keyed by (seed, its name),
-  // so any split of the model into stages starts from the same weights.
+  // GPT-2 initialisation (InitGpt2Params).
   void InitParams(uint64_t seed);
   void ZeroGrads();
 

@@ -1,6 +1,11 @@
 #include "model/param_layout.h"
 
+#include <cmath>
+#include <cstring>
+#include <functional>
+
 #include "absl/strings/str_cat.h"
+#include "util/hash.h"
 
 namespace longhaul {
 
@@ -67,6 +72,27 @@ int ParamLayout::Find(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i)
     if (tensors_[i].name == name) return static_cast<int>(i);
   return -1;
+}
+
+void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed, float* params) {
+  const float residual_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
+  for (const ParamTensor& t : layout.tensors()) {
+    float* p = params + t.offset;
+    const std::string& n = t.name;
+    auto ends_with = [&](const char* suffix) {
+      const size_t k = std::strlen(suffix);
+      return n.size() >= k && n.compare(n.size() - k, k, suffix) == 0;
+    };
+    if (ends_with(".bias")) {
+      std::fill(p, p + t.size, 0.0f);
+    } else if (t.shape.size() == 1) {  // LayerNorm gain
+      std::fill(p, p + t.size, 1.0f);
+    } else {
+      const float stdev = ends_with("c_proj.weight") ? residual_std : 0.02f;
+      Rng rng(HashCoords({seed, std::hash<std::string>{}(n)}));
+      for (size_t i = 0; i < t.size; ++i) p[i] = static_cast<float>(rng.Normal()) * stdev;
+    }
+  }
 }
 
 }  // namespace longhaul

@@ -62,4 +62,10 @@ class ParamLayout {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };
 
+// GPT-2 initialisation of every tensor of `layout` into params: N(0, 0.02) weights, residual
+// projections scaled by 1/sqrt(2·n_layer), zero biases, unit LayerNorm gains. Each tensor draws
+// from a stream keyed by (seed, its name), so any split of the model starts from the same weights
+// on any backend.
+void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed, float* params);
+
 }  // namespace longhaul

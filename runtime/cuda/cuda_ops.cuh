@@ -1,0 +1,107 @@
+#pragma once
+// CUDA kernels of the GPT model, each forward beside its backward, templated on the compute type
+// T (float, __nv_bfloat16, __half). Arithmetic is fp32 inside every kernel; activations and the
+// compute copies of the weights are stored in T; master weights, parameter gradients, the
+// residual stream's gradient and the optimizer state are fp32. Shapes follow runtime/cpu/ops.h.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace longhaul::cuda {
+
+template <typename T>
+__device__ __forceinline__ float ToF(T x) { return static_cast<float>(x); }
+template <typename T>
+__device__ __forceinline__ T FromF(float x) { return static_cast<T>(x); }
+
+// cuBLAS data type of T.
+template <typename T> constexpr cudaDataType_t kDataType = CUDA_R_32F;
+template <> constexpr cudaDataType_t kDataType<__nv_bfloat16> = CUDA_R_16BF;
+template <> constexpr cudaDataType_t kDataType<__half> = CUDA_R_16F;
+
+// ---- Linear (cuBLAS, fp32 accumulation; row-major expressed through column-major calls) ----
+// out (N, OC) [T] = inp (N, IC) [T] · w (OC, IC)^T [T] (+ bias (OC) [fp32]); accumulate adds to out.
+template <typename T>
+void LinearForward(cublasHandle_t h, cudaStream_t s, T* out, const T* inp, const T* w, const float* bias, int N, int IC,
+                   int OC, bool accumulate);
+// dinp (N, IC) [T] = dout · w (skipped if null); dw (OC, IC) [fp32] += dout^T · inp;
+// dbias (OC) [fp32] += Σ_n dout (skipped if null).
+template <typename T>
+void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, const T* dout, const T* inp,
+                    const T* w, int N, int IC, int OC);
+// logits (N, V) [fp32] = inp (N, C) [T] · w (V, C)^T [T]: the head keeps full precision for the loss.
+template <typename T>
+void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V);
+
+// ---- LayerNorm ------------------------------------------------------------------------------
+template <typename T>
+void LayerNormForward(cudaStream_t s, T* out, float* mean, float* rstd, const T* inp, const float* w, const float* b,
+                      int N, int C);
+// dinp (N, C) [fp32] += ...; dw, db [fp32] += ...
+template <typename T>
+void LayerNormBackward(cudaStream_t s, float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
+                       const float* mean, const float* rstd, int N, int C);
+
+// ---- GELU (tanh) ----------------------------------------------------------------------------
+template <typename T>
+void GeluForward(cudaStream_t s, T* out, const T* inp, long n);
+template <typename T>
+void GeluBackward(cudaStream_t s, T* dinout, const T* inp, long n);
+
+// ---- Embedding ------------------------------------------------------------------------------
+template <typename T>
+void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C);
+// dwte, dwpe [fp32] += (atomics: the summation order of repeated tokens varies between runs)
+void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int Tn,
+                       int C);
+
+// ---- Attention ------------------------------------------------------------------------------
+// qkv (B, T, 3C) -> q, k, v (B, NH, T, hs) each; y (B, NH, T, hs) -> out (B, T, C).
+template <typename T>
+void SplitHeads(cudaStream_t s, T* q, T* k, T* v, const T* qkv, int B, int Tn, int C, int NH);
+template <typename T>
+void MergeHeads(cudaStream_t s, T* out, const T* y, int B, int Tn, int C, int NH);
+template <typename T>
+void SplitHeadsBackward(cudaStream_t s, T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int C, int NH);
+template <typename T>
+void MergeHeadsBackward(cudaStream_t s, T* dy, const T* dout, int B, int Tn, int C, int NH);
+// In place over scores (B·NH, T, T): scale, mask (key j visible to query i iff j <= max(i, prefix-1)),
+// softmax over visible keys, zeros elsewhere. prefix (B) may be null.
+template <typename T>
+void MaskedSoftmaxForward(cudaStream_t s, T* att, const int* prefix, float scale, int B, int NH, int Tn);
+// datt (B·NH, T, T) in place: d scores = scale · P ⊙ (dP - Σ P dP).
+template <typename T>
+void MaskedSoftmaxBackward(cudaStream_t s, T* datt, const T* att, const int* prefix, float scale, int B, int NH, int Tn);
+// Batched GEMMs of attention over B·NH heads (row-major, fp32 accumulation):
+// c[i] (M, N) = alpha · op(a[i]) · op(b[i]) + beta · c[i]
+template <typename T>
+void BatchedGemm(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* a,
+                 long stride_a, const T* b, long stride_b, float beta, T* c, long stride_c, int batch);
+
+// ---- Loss -----------------------------------------------------------------------------------
+// logits (N, V) [fp32] -> probabilities in place; losses (N) [fp32].
+void CrossEntropyForward(cudaStream_t s, float* logits, float* losses, const int* targets, int N, int V);
+// probs (N, V) [fp32] -> dlogits (N, V) [T] = (p - onehot) · weight · scale / Σ weights.
+template <typename T>
+void CrossEntropyBackward(cudaStream_t s, T* dlogits, const float* probs, const int* targets, const float* weights,
+                          float scale_over_weight_sum, int N, int V);
+
+// ---- Elementwise and optimizer ----------------------------------------------------------------
+template <typename T>
+void Cast(cudaStream_t s, T* out, const float* in, long n);
+template <typename T>
+void CastToFloat(cudaStream_t s, float* out, const T* in, long n);
+// out = a + b (n elements)
+template <typename T>
+void Add(cudaStream_t s, T* out, const T* a, const T* b, long n);
+// Σ x² into *out (fp32 partial sums per block, then one pass: deterministic for a given launch).
+void SquaredNorm(cudaStream_t s, float* partial, double* out, const float* x, long n);
+void Scale(cudaStream_t s, float* x, float factor, long n);
+// AdamW as torch.optim.AdamW; decay (n) flags elements that take weight decay.
+void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const uint8_t* decay, float lr, float beta1,
+           float beta2, float eps, float weight_decay, int64_t step, long n);
+
+}  // namespace longhaul::cuda
