@@ -3,6 +3,7 @@
 // logits, loss, gradients and the losses of 10 AdamW steps, for the CPU and CUDA parity tests.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,14 @@ struct Fixture {
   const std::vector<float>& T(const std::string& name) const { return st.tensors.at(name).data; }
 };
 
+// The fixtures' folder: $LONGHAUL_FIXTURES (set by deploy/pack.sh's runner), else the source tree's.
+inline std::string FixtureDir() {
+  const char* env = std::getenv("LONGHAUL_FIXTURES");
+  return env != nullptr ? env : LONGHAUL_FIXTURES;
+}
+
 inline Fixture LoadFixture(const std::string& name) {
-  auto st = ReadSafetensors(std::string(LONGHAUL_FIXTURES) + "/" + name + ".safetensors");
+  auto st = ReadSafetensors(FixtureDir() + "/" + name + ".safetensors");
   EXPECT_TRUE(st.ok()) << st.status();
   return Fixture{*st, nlohmann::json::parse(st->metadata.at("config"))};
 }

@@ -1,0 +1,131 @@
+// One training step on a GPU: longhaul's CUDA backend against PyTorch eager on the same GPU, same
+// shapes, measured in the same run. Shapes from the source experiment (seeds/001): a GPT-3 XL
+// stage (2 layers, d_model 2048, 16 heads, seq 2048; boundary activations cross to and from the
+// host as in a pipeline worker) at micro-batch 1 to 8, and the whole 24-layer GPT-3 XL.
+//
+//   build/bench/cuda_step_bench [--precisions bf16,fp32] [--steps 5] [--peak-tflops-bf16 989]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_stage.h"
+#include "data/batch_sampler.h"
+#include "metrics/flops.h"
+#include "util/hash.h"
+
+namespace {
+
+struct Case {
+  const char* name;
+  int layers;  // blocks in this stage
+  bool whole;  // embeddings and head too (the full model)
+  int B;
+};
+
+// PyTorch's tokens/s for the same case, or < 0 with `why`.
+double TorchTokensPerSecond(const std::string& args, std::string& why) {
+  // The script sits in bench/ of the source tree, or beside the binaries of a packed bundle.
+  const char* dir = std::getenv("LONGHAUL_BENCH_DIR");
+  const std::string script = std::string(dir != nullptr ? dir : LONGHAUL_SOURCE_DIR "/bench") + "/torch_cuda_step.py";
+  FILE* p = popen(("/usr/bin/python3 " + script + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int rc = p != nullptr ? pclose(p) : -1;
+  const size_t at = out.find("torch_tokens_per_s=");
+  if (rc != 0 || at == std::string::npos) {
+    why = out.empty() ? "cannot run /usr/bin/python3" : out.substr(0, 300);
+    return -1;
+  }
+  return std::stod(out.substr(at + 19));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GPU training step: longhaul CUDA backend vs PyTorch eager"};
+  std::vector<std::string> precisions = {"bf16", "fp32"};
+  int steps = 5;
+  double peak_bf16 = 989.4, peak_fp32 = 66.9;  // H100 SXM dense: bf16 tensor cores, fp32 without TF32
+  app.add_option("--precisions", precisions)->delimiter(',');
+  app.add_option("--steps", steps);
+  app.add_option("--peak-tflops-bf16", peak_bf16)->capture_default_str();
+  app.add_option("--peak-tflops-fp32", peak_fp32)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::string why;
+  if (longhaul::CudaDeviceCount(&why) == 0) {
+    std::cout << "cuda_step_bench: skipped: " << why << "\n";
+    return 0;
+  }
+  const std::vector<Case> cases = {{"stage 2 layers, mb 1", 2, false, 1}, {"stage 2 layers, mb 2", 2, false, 2},
+                                   {"stage 2 layers, mb 4", 2, false, 4}, {"stage 2 layers, mb 8", 2, false, 8},
+                                   {"GPT-3 XL 24 layers, mb 1", 24, true, 1}, {"GPT-3 XL 24 layers, mb 2", 24, true, 2}};
+  std::cout << "GPU training step (forward, backward, clip, AdamW), GPT-3 XL shapes: d_model 2048, 16 heads, seq 2048, "
+               "vocab 50257; median of "
+            << steps << " steps after 2 warm-up\nTFLOPs = " << longhaul::FlopsFormulaName(false)
+            << " / step time; MFU = TFLOPs / peak (bf16 " << peak_bf16 << ", fp32 " << peak_fp32 << ")\n";
+  std::cout << absl::StrFormat("%-26s %5s %12s %9s %7s %14s %8s\n", "case", "prec", "longhaul tok/s", "TFLOPs", "MFU",
+                               "PyTorch tok/s", "ratio");
+  for (const std::string& prec_name : precisions) {
+    auto precision = longhaul::ParsePrecision(prec_name);
+    if (!precision.ok()) return 2;
+    for (const Case& c : cases) {
+      longhaul::ModelConfig cfg;
+      cfg.vocab_size = 50257, cfg.max_seq_len = 2048, cfg.n_layer = c.layers, cfg.n_head = 16, cfg.d_model = 2048;
+      const int T = 2048;
+      const longhaul::StageSpec spec = c.whole ? longhaul::StageSpec::Whole(cfg) : longhaul::StageSpec{0, c.layers, false, false};
+      auto stage = longhaul::CudaStage::Create(cfg, spec, c.B, T, *precision, 0);
+      if (!stage.ok()) {
+        std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()));
+        continue;
+      }
+      longhaul::CudaStage& s = **stage;
+      if (!s.InitParams(1).ok()) return 1;
+      std::vector<uint16_t> tokens(1 << 20);
+      longhaul::Rng rng(2);
+      for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % 50257);
+      longhaul::BatchSampler sampler({c.B, T, 1, cfg.attention, 1}, tokens);
+      const longhaul::MicroBatch mb = sampler.Sample(0, 0, 0);
+      std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_in(boundary.size());
+      const longhaul::AdamWConfig adamw;
+      const longhaul::LrSchedule sched{1e-4f, 1e-5f, 0, 1000};
+      std::vector<double> times;
+      bool failed = false;
+      for (int i = 0; i < steps + 2 && !failed; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        failed |= !s.ZeroGrads().ok();
+        failed |= !s.Forward(mb, c.whole ? nullptr : boundary.data(), c.whole ? nullptr : grad_in.data()).ok();
+        failed |= !s.Backward(mb, c.whole ? nullptr : boundary.data(), 1.0f, c.whole ? nullptr : grad_in.data()).ok();
+        failed |= !s.Step(adamw, sched, 1.0f, i).ok();
+        if (i >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      if (failed) {
+        std::cout << absl::StrFormat("%-26s %5s  failed (out of memory?)\n", c.name, prec_name);
+        continue;
+      }
+      std::sort(times.begin(), times.end());
+      const double sec = times[times.size() / 2], tps = c.B * T / sec;
+      // The stage has no embedding or head: count only its blocks (V = 0).
+      longhaul::ModelConfig fc = cfg;
+      if (!c.whole) fc.vocab_size = 0;
+      const double tflops = longhaul::ModelFlopsPerIteration(fc, c.B, T, false) / sec / 1e12;
+      const double peak = *precision == longhaul::Precision::kFp32 ? peak_fp32 : peak_bf16;
+      const double torch_tps = TorchTokensPerSecond(
+          absl::StrFormat("--layers %d --batch %d --precision %s --steps %d %s", c.layers, c.B, prec_name, steps,
+                          c.whole ? "--whole" : ""),
+          why);
+      std::cout << absl::StrFormat("%-26s %5s %12.0f %9.1f %6.1f%% %14s %8s\n", c.name, prec_name, tps, tflops,
+                                   100 * tflops / peak, torch_tps > 0 ? absl::StrFormat("%.0f", torch_tps) : "-",
+                                   torch_tps > 0 ? absl::StrFormat("%.2fx", tps / torch_tps) : "-");
+      if (torch_tps <= 0) std::cout << "    PyTorch: skipped: " << why << "\n";
+    }
+  }
+  return 0;
+}
