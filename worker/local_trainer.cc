@@ -13,9 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint.h"
-#include "cpu/blas.h"
 #include "metrics/flops.h"
-#include "optim/train_step.h"
 #include "worker/job_setup.h"
 #include "util/status_macros.h"
 
@@ -38,27 +36,24 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
   t->data_ = std::move(data);
-  LH_ASSIGN_OR_RETURN(t->stage_, GptStage::Create(cfg.model, StageSpec::Whole(cfg.model), cfg.train.micro_batch_size,
-                                                  cfg.train.seq_len, cfg.train.recompute));
-  t->stage_->InitParams(cfg.train.seed);
-  t->act_ = t->stage_->NewActivations();
-  t->adamw_ = std::make_unique<AdamW>(cfg.train.adamw, t->stage_->layout());
+  LH_ASSIGN_OR_RETURN(t->runner_, MakeStepRunner(cfg));
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
                    cfg.train.micro_batches};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
   t->val_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->val());
   LH_RETURN_IF_ERROR(t->train_sampler_->Check("training"));
   if (cfg.train.eval_every > 0) LH_RETURN_IF_ERROR(t->val_sampler_->Check("validation"));
-  t->schedule_ = {cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps};
   if (cfg.train.resume) LH_RETURN_IF_ERROR(t->Resume());
   return t;
 }
 
 absl::Status LocalTrainer::Resume() {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
-  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, stage_->layout(), stage_->params(), adamw_->m().data(),
-                                                        adamw_->v().data()));
+  const size_t n = runner_->layout().total();
+  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, runner_->layout(), s.params.data(), s.m.data(), s.v.data()));
   LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
+  LH_RETURN_IF_ERROR(runner_->SetState(s.params.data(), s.m.data(), s.v.data()));
   step_ = ck.step;
   // Keep the records of the steps the checkpoint covers; later ones belong to the interrupted run.
   std::ifstream f(fs::path(cfg_.train.out_dir) / "metrics.csv");
@@ -74,19 +69,26 @@ absl::Status LocalTrainer::Resume() {
   return absl::OkStatus();
 }
 
-double LocalTrainer::EvalLoss() {
+absl::StatusOr<double> LocalTrainer::EvalLoss() {
   double sum = 0;
   for (int i = 0; i < cfg_.train.eval_batches; ++i) {
-    MicroBatch mb = val_sampler_->Sample(0, 0, i);
-    sum += stage_->Forward(*act_, mb, nullptr);
+    LH_ASSIGN_OR_RETURN(double loss, runner_->Loss(val_sampler_->Sample(0, 0, i)));
+    sum += loss;
   }
   return sum / cfg_.train.eval_batches;
 }
 
+absl::StatusOr<LocalTrainer::State> LocalTrainer::GetState() const {
+  const size_t n = runner_->layout().total();
+  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  LH_RETURN_IF_ERROR(runner_->GetState(s.params.data(), s.m.data(), s.v.data()));
+  return s;
+}
+
 absl::Status LocalTrainer::SaveCheckpointNow() const {
-  CheckpointData ck{step_, cfg_.as_json};
-  return SaveCheckpoint(CheckpointRoot(cfg_), ck, stage_->layout(), stage_->params(), adamw_->m().data(),
-                        adamw_->v().data());
+  LH_ASSIGN_OR_RETURN(State s, GetState());
+  return SaveCheckpoint(CheckpointRoot(cfg_), {step_, cfg_.as_json}, runner_->layout(), s.params.data(), s.m.data(),
+                        s.v.data());
 }
 
 absl::Status LocalTrainer::WriteRecords() const {
@@ -114,8 +116,8 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   const int M = tc.micro_batches;
   const double flops = ModelFlopsPerIteration(cfg_.model, static_cast<int64_t>(tc.micro_batch_size) * M, tc.seq_len,
                                               tc.recompute);
-  out << absl::StrFormat("longhaul train: %s, %d parameters, %d threads, BLAS kernels %s\n", data_->description(),
-                         stage_->num_params(), omp_get_max_threads(), cpu::BlasCoreName());
+  out << absl::StrFormat("longhaul train: %s, %d parameters, %s\n", data_->description(), runner_->layout().total(),
+                         runner_->Describe());
   out << absl::StrFormat("  %d layers, d_model %d, %d heads, seq %d, %d x %d sequences per step (%d tokens), %s mask\n",
                          cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, tc.seq_len, M, tc.micro_batch_size,
                          cfg_.tokens_per_step(), AttentionMaskName(cfg_.model.attention));
@@ -138,12 +140,12 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
       floor_sum += EntropyFloor(*data_, batch.back());
     }
     rec.floor = data_->source() ? floor_sum / M : -1;
-    rec.loss = AccumulateGradients(*stage_, *act_, batch);
-    OptimizerStepResult opt = ApplyOptimizerStep(stage_->params(), stage_->grads(), stage_->num_params(), *adamw_,
-                                                 schedule_, tc.grad_clip, step_);
+    LH_ASSIGN_OR_RETURN(StepOutcome opt, runner_->TrainStep(batch, step_));
+    rec.loss = opt.loss;
     rec.grad_norm = opt.grad_norm;
     rec.lr = opt.lr;
-    if (!std::isfinite(rec.grad_norm) || !std::isfinite(rec.loss)) {
+    rec.skipped = opt.skipped;
+    if (!rec.skipped && (!std::isfinite(rec.grad_norm) || !std::isfinite(rec.loss))) {
       return absl::InternalError(absl::StrFormat(
           "step %d: loss %g, gradient norm %g is not finite: lower train.lr or set train.grad_clip", step_ + 1, rec.loss,
           rec.grad_norm));
@@ -154,7 +156,9 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     if (step_ > first_step + 1) timed_seconds += rec.seconds, ++timed_steps;
 
     const bool last = step_ == end;
-    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) rec.val_loss = EvalLoss();
+    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) {
+      LH_ASSIGN_OR_RETURN(rec.val_loss, EvalLoss());
+    }
     history_.push_back(rec);
     if (step_ % tc.log_every == 0 || last || step_ == first_step + 1) {
       const double sec = timed_steps > 0 ? timed_seconds / timed_steps : rec.seconds;
@@ -162,6 +166,9 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
                                          step_, tc.steps, rec.loss);
       if (rec.floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", rec.floor));
       if (rec.val_loss >= 0) absl::StrAppend(&line, absl::StrFormat(" | val %.4f", rec.val_loss));
+      if (rec.skipped) {
+        absl::StrAppend(&line, absl::StrFormat(" | fp16 overflow: step skipped, loss scale now %g", opt.loss_scale));
+      }
       absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.0f tok/s | %.3f s/it | %.3f TFLOPs | ETA %s",
                                              rec.lr, rec.grad_norm, cfg_.tokens_per_step() / sec, sec,
                                              flops / sec / 1e12, FormatDuration(sec * (end - step_))));

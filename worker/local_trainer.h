@@ -13,9 +13,7 @@
 #include "data/batch_sampler.h"
 #include "data/token_dataset.h"
 #include "metrics/loss_curve.h"
-#include "model/gpt_stage.h"
-#include "optim/adamw.h"
-#include "optim/lr_schedule.h"
+#include "worker/step_runner.h"
 
 namespace longhaul {
 
@@ -24,6 +22,7 @@ struct StepRecord {
   double loss = 0;          // mean micro-batch loss, nats/token
   double floor = -1;        // entropy floor of the same positions, -1 when the data has none
   double val_loss = -1;     // -1 when not evaluated at this step
+  bool skipped = false;     // fp16 overflow: the update was skipped
   double lr = 0;
   double grad_norm = 0;     // before clipping
   double seconds = 0;
@@ -38,12 +37,15 @@ class LocalTrainer {
   // progress to `out` and checkpointing where it stops.
   absl::Status Run(std::ostream& out, int64_t stop_at = 0);
   // Mean loss over train.eval_batches fixed validation micro-batches.
-  double EvalLoss();
+  absl::StatusOr<double> EvalLoss();
 
   const std::vector<StepRecord>& history() const { return history_; }
   int64_t step() const { return step_; }
-  GptStage& stage() { return *stage_; }
-  const AdamW& optimizer() const { return *adamw_; }
+  // Parameters and AdamW moments, as a checkpoint would hold them.
+  struct State {
+    std::vector<float> params, m, v;
+  };
+  absl::StatusOr<State> GetState() const;
 
  private:
   explicit LocalTrainer(const JobConfig& cfg) : cfg_(cfg) {}
@@ -53,11 +55,8 @@ class LocalTrainer {
 
   JobConfig cfg_;
   std::optional<TokenDataset> data_;
-  std::unique_ptr<GptStage> stage_;
-  GptStage::ActivationsPtr act_;
-  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
-  LrSchedule schedule_;
   int64_t step_ = 0;
   std::vector<StepRecord> history_;
 };

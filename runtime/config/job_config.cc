@@ -24,7 +24,7 @@ const std::map<std::string, std::set<std::string>>& KnownKeys() {
       {"train",
        {"steps", "seq_len", "micro_batch_size", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1",
         "beta2", "eps", "grad_clip", "seed", "threads", "recompute", "log_every", "eval_every", "eval_batches",
-        "checkpoint_every", "out_dir", "resume"}},
+        "checkpoint_every", "out_dir", "resume", "backend", "precision"}},
       {"cluster",
        {"job_id", "stages", "replicas", "schedule", "ps", "stage_layers", "heartbeat_s", "dead_after_s"}},
       {"transport", {"wire_dtype", "chunk_mib", "connections", "timeout_s"}},
@@ -233,6 +233,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   LH_RETURN_IF_ERROR(r.Get("data", "train_tokens", c.data.train_tokens));
   LH_RETURN_IF_ERROR(r.Get("data", "val_tokens", c.data.val_tokens));
 
+  auto with_file = [&](absl::Status s) {
+    return absl::InvalidArgumentError(absl::StrCat(source_path, ": ", s.message()));
+  };
   TrainConfig& t = c.train;
   LH_RETURN_IF_ERROR(r.Get("train", "steps", t.steps));
   LH_RETURN_IF_ERROR(r.Get("train", "seq_len", t.seq_len));
@@ -255,6 +258,21 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   LH_RETURN_IF_ERROR(r.Get("train", "checkpoint_every", t.checkpoint_every));
   LH_RETURN_IF_ERROR(r.Get("train", "out_dir", t.out_dir));
   LH_RETURN_IF_ERROR(r.Get("train", "resume", t.resume));
+  std::string backend = "cpu", precision = "fp32";
+  LH_RETURN_IF_ERROR(r.Get("train", "backend", backend));
+  LH_RETURN_IF_ERROR(r.Get("train", "precision", precision));
+  if (backend.rfind("cuda:", 0) == 0 && backend.size() > 5 && backend.find_first_not_of("0123456789", 5) == std::string::npos) {
+    t.backend_device = std::stoi(backend.substr(5));
+  } else if (backend != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_path, ": train.backend = \"", backend, "\": use \"cpu\" or \"cuda:N\" (N = device index)"));
+  }
+  if (auto p = ParsePrecision(precision); p.ok()) t.precision = *p; else return with_file(p.status());
+  if (t.backend_device < 0 && t.precision != Precision::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat(source_path, ": train.precision = \"", precision,
+                                                   "\" needs train.backend = \"cuda:N\" (the CPU backend computes in "
+                                                   "fp32)"));
+  }
   std::string schedule = "gpipe", ps = "sharded", wire = "fp32";
   LH_RETURN_IF_ERROR(r.Get("cluster", "job_id", c.cluster.job_id));
   LH_RETURN_IF_ERROR(r.Get("cluster", "stages", c.cluster.stages));
@@ -268,9 +286,6 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   LH_RETURN_IF_ERROR(r.Get("transport", "chunk_mib", c.transport.chunk_mib));
   LH_RETURN_IF_ERROR(r.Get("transport", "connections", c.transport.connections));
   LH_RETURN_IF_ERROR(r.Get("transport", "timeout_s", c.transport.timeout_s));
-  auto with_file = [&](absl::Status s) {
-    return absl::InvalidArgumentError(absl::StrCat(source_path, ": ", s.message()));
-  };
   if (auto k = ParseSchedule(schedule); k.ok()) c.cluster.schedule = *k; else return with_file(k.status());
   if (auto d = ParseWireDtype(wire); d.ok()) c.transport.wire_dtype = *d; else return with_file(d.status());
   if (ps != "sharded" && ps != "central") {

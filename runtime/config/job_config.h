@@ -45,6 +45,8 @@ struct TrainConfig {
   int checkpoint_every = 0;  // 0: only at the end
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
+  int backend_device = -1;  // train.backend: -1 = "cpu", N = "cuda:N"
+  Precision precision = Precision::kFp32;
 };
 
 struct ClusterConfig {

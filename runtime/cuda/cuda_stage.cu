@@ -12,17 +12,6 @@
 
 namespace longhaul {
 
-absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "bf16") return Precision::kBf16;
-  if (name == "fp16") return Precision::kFp16;
-  return absl::InvalidArgumentError(absl::StrCat("precision \"", name, "\": use \"fp32\", \"bf16\" or \"fp16\""));
-}
-
-const char* PrecisionName(Precision p) {
-  return p == Precision::kFp32 ? "fp32" : (p == Precision::kBf16 ? "bf16" : "fp16");
-}
-
 int CudaDeviceCount(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -141,6 +130,14 @@ class Stage final : public CudaStage {
     return Check(cudaMemcpy(host, logits_.p, logits_.n * 4, cudaMemcpyDeviceToHost), "download probabilities");
   }
   absl::Status ZeroGrads() override { return Check(cudaMemset(grads_.p, 0, grads_.n * 4), "zero gradients"); }
+  absl::Status DownloadOptimizerState(float* m, float* v) override {
+    LH_CUDA(cudaMemcpy(m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost), "download moments");
+    return Check(cudaMemcpy(v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost), "download moments");
+  }
+  absl::Status UploadOptimizerState(const float* m, const float* v) override {
+    LH_CUDA(cudaMemcpy(m_.p, m, m_.n * 4, cudaMemcpyHostToDevice), "upload moments");
+    return Check(cudaMemcpy(v_.p, v, v_.n * 4, cudaMemcpyHostToDevice), "upload moments");
+  }
 
   absl::StatusOr<float> Forward(const MicroBatch& mb, const float* host_input, float* host_output) override {
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;

@@ -20,10 +20,6 @@
 
 namespace longhaul {
 
-enum class Precision { kFp32, kBf16, kFp16 };
-absl::StatusOr<Precision> ParsePrecision(const std::string& name);
-const char* PrecisionName(Precision p);
-
 // Number of CUDA devices (0 when there is no driver or no device); `why` says which.
 int CudaDeviceCount(std::string* why);
 
@@ -52,6 +48,9 @@ class CudaStage {
   virtual absl::Status DownloadGrads(float* host) = 0;  // unscaled (divided by the loss scale)
   virtual absl::Status DownloadProbs(float* host) = 0;  // (B, T, V) softmax of the last forward
   virtual absl::Status ZeroGrads() = 0;
+  // AdamW moments (for checkpoints), laid out by layout().
+  virtual absl::Status DownloadOptimizerState(float* m, float* v) = 0;
+  virtual absl::Status UploadOptimizerState(const float* m, const float* v) = 0;
 
   // Forward of one micro-batch; host_input (B, T, C) for a non-first stage. Returns the weighted
   // mean loss on the last stage, else 0; host_output (B, T, C) receives a non-last stage's output.

@@ -1,11 +1,23 @@
 #include "model/model_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace longhaul {
 
 const char* AttentionMaskName(AttentionMask m) {
   return m == AttentionMask::kCausal ? "causal" : "prefix_lm";
+}
+
+absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16") return Precision::kFp16;
+  return absl::InvalidArgumentError(absl::StrCat("train.precision = \"", name, "\": use \"fp32\", \"bf16\" or \"fp16\""));
+}
+
+const char* PrecisionName(Precision p) {
+  return p == Precision::kFp32 ? "fp32" : (p == Precision::kBf16 ? "bf16" : "fp16");
 }
 
 absl::Status ModelConfig::Validate() const {

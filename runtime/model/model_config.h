@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace longhaul {
 
@@ -42,5 +43,10 @@ struct StageSpec {
 };
 
 const char* AttentionMaskName(AttentionMask m);
+
+// Compute precision: fp32 everywhere, or bf16/fp16 compute with fp32 master weights (CUDA only).
+enum class Precision { kFp32, kBf16, kFp16 };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);
+const char* PrecisionName(Precision p);
 
 }  // namespace longhaul

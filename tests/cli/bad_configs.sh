@@ -33,6 +33,8 @@ expect_error missing_data "data.path = \"$dir/no_such_file.txt\": no such file" 
   $'[data]\nsource = "bytes"\npath = "'"$dir"$'/no_such_file.txt"'
 expect_error vocab "model.vocab_size = 100: byte-level data needs at least 256" $'[model]\nvocab_size = 100'
 expect_error syntax "TOML syntax error" $'[model\nn_layer = 2'
+expect_error precision "train.precision = \"bf16\" needs train.backend = \"cuda:N\"" $'[train]\nprecision = "bf16"'
+expect_error backend "train.backend = \"gpu\": use \"cpu\" or \"cuda:N\"" $'[train]\nbackend = "gpu"'
 
 "$bin" train -c "$dir/none.toml" >/dev/null 2>"$dir/err.txt"
 if [ $? = 2 ] && grep -q "cannot open config file" "$dir/err.txt"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL missing config file"; fi
