@@ -8,43 +8,38 @@ namespace {
 constexpr int kThreads = 256;
 inline int Blocks(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float WarpReduce(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffff, v, o));
   return v;
 }
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-  return v;
-}
-// Sum over a block of kThreads threads; every thread gets the result.
-__device__ float BlockSum(float v) {
+__device__ __forceinline__ float WarpSum(float v) { return WarpReduce(v, SumOp{}); }
+
+// Reduction over a block of kThreads threads; every thread gets the result.
+template <typename Op>
+__device__ float BlockReduce(float v, float identity, Op op) {
   __shared__ float part[kThreads / 32];
+  __shared__ float total;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = WarpSum(v);
-  __syncthreads();
+  v = WarpReduce(v, op);
+  __syncthreads();  // the shared slots may still be read by a previous reduction
   if (lane == 0) part[warp] = v;
   __syncthreads();
-  v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
-  if (warp == 0) v = WarpSum(v);
-  __shared__ float total;
+  v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : identity;
+  if (warp == 0) v = WarpReduce(v, op);
   if (threadIdx.x == 0) total = v;
   __syncthreads();
   return total;
 }
-__device__ float BlockMax(float v) {
-  __shared__ float part[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = WarpMax(v);
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : -FLT_MAX;
-  if (warp == 0) v = WarpMax(v);
-  __shared__ float total;
-  if (threadIdx.x == 0) total = v;
-  __syncthreads();
-  return total;
-}
+__device__ float BlockSum(float v) { return BlockReduce(v, 0.0f, SumOp{}); }
+__device__ float BlockMax(float v) { return BlockReduce(v, -FLT_MAX, MaxOp{}); }
 
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C through column-major cuBLAS (C^T = B^T A^T).
 void Gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const void* A, cudaDataType_t at,
