@@ -1,13 +1,9 @@
 #include "model/gpt_stage.h"
 
-#include <cmath>
 #include <cstring>
-#include <functional>
-#include <string>
 
 #include "absl/strings/str_format.h"
 #include "cpu/ops.h"
-#include "util/hash.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
