@@ -22,10 +22,10 @@ struct StepRecord {
   double loss = 0;          // mean micro-batch loss, nats/token
   double floor = -1;        // entropy floor of the same positions, -1 when the data has none
   double val_loss = -1;     // -1 when not evaluated at this step
-  bool skipped = false;     // fp16 overflow: the update was skipped
   double lr = 0;
   double grad_norm = 0;     // before clipping
   double seconds = 0;
+  bool skipped = false;     // fp16 overflow: the update was skipped
 };
 
 class LocalTrainer {

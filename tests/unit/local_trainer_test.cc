@@ -92,6 +92,13 @@ TEST(LocalTrainer, ResumeReproducesTheUninterruptedRunBitwise) {
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 4; i < 8; ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+  // Steps 1-4 come back from metrics.csv (6 significant digits) field by field.
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(b[i].loss, a[i].loss, 1e-5) << "step " << i + 1;
+    EXPECT_NEAR(b[i].lr, a[i].lr, 1e-5 * a[i].lr) << "step " << i + 1;
+    EXPECT_NEAR(b[i].grad_norm, a[i].grad_norm, 1e-5) << "step " << i + 1;
+    EXPECT_FALSE(b[i].skipped);
+  }
   auto sa = (*full)->GetState();
   auto sb = (*second)->GetState();
   ASSERT_TRUE(sa.ok() && sb.ok());
