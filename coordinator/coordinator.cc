@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
@@ -54,10 +55,13 @@ class Service final : public proto::Coordinator::Service {
       ParamLayout layout(cfg.model, cfg.Stage(s));
       auto cuts = cfg.cluster.central_ps ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
                                          : layout.SplitIntoShards(cfg.cluster.replicas);
+      int shard = 0;
       for (size_t k = 0; k < cuts.size(); ++k) {
+        // A stage with fewer tensors than replicas leaves some cuts empty: no shard, no PS duty.
+        if (cuts[k].first == cuts[k].second) continue;
         proto::ShardPlacement sp;
         sp.set_stage(s);
-        sp.set_shard(static_cast<int>(k));
+        sp.set_shard(shard++);
         sp.set_owner_replica(cfg.cluster.central_ps ? 0 : static_cast<int>(k));
         sp.set_first_tensor(cuts[k].first);
         sp.set_end_tensor(cuts[k].second);
@@ -88,7 +92,7 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("job '%s' already has its %d workers", cfg_.cluster.job_id, expected_));
     }
     const int id = static_cast<int>(workers_.size());
-    workers_[id] = {*req, Clock::now()};
+    workers_[id] = WorkerInfo{*req, Clock::now(), false, {}};
     std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s), %d/%d\n", id, req->address(),
                                  req->host(), id + 1, expected_)
               << std::flush;
@@ -151,13 +155,12 @@ class Service final : public proto::Coordinator::Service {
     std::lock_guard<std::mutex> lock(mu_);
     if (++checkpoint_reports_[req->step()] == static_cast<int>(shards_.size())) {
       // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
-      const std::string name = absl::StrFormat("step_%08d", req->step());
-      const fs::path root = fs::path(cfg_.train.out_dir) / "checkpoints";
-      std::ofstream(root / "latest.tmp", std::ios::trunc) << name << "\n";
-      std::error_code ec;
-      fs::rename(root / "latest.tmp", root / "latest", ec);
-      std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n", name, shards_.size(),
-                                   root.string())
+      const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+      if (absl::Status st = SetLatestCheckpoint(root, req->step()); !st.ok()) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
+      }
+      std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n",
+                                   CheckpointName(req->step()), shards_.size(), root)
                 << std::flush;
     }
     return grpc::Status::OK;
@@ -373,11 +376,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   int64_t start = 0;
   std::string resume_name;
   if (cfg.train.resume) {
-    std::ifstream f(fs::path(cfg.train.out_dir) / "checkpoints" / "latest");
-    if (!(f >> resume_name)) {
-      return absl::NotFoundError(absl::StrCat("train.resume = true but ", cfg.train.out_dir,
-                                              "/checkpoints/latest is missing: no complete checkpoint to resume from"));
-    }
+    LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));
+    resume_name = fs::path(dir).filename().string();
     start = std::stoll(resume_name.substr(resume_name.find('_') + 1));
   }
   Service service(cfg, start, resume_name, opt.stop_at);

@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
 
 absl::Status LocalTrainer::Resume() {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
-  const size_t n = runner_->layout().total();
-  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  State s = EmptyState();
   LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, runner_->layout(), s.params.data(), s.m.data(), s.v.data()));
   LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
   LH_RETURN_IF_ERROR(runner_->SetState(s.params.data(), s.m.data(), s.v.data()));
@@ -78,9 +77,13 @@ absl::StatusOr<double> LocalTrainer::EvalLoss() {
   return sum / cfg_.train.eval_batches;
 }
 
-absl::StatusOr<LocalTrainer::State> LocalTrainer::GetState() const {
+LocalTrainer::State LocalTrainer::EmptyState() const {
   const size_t n = runner_->layout().total();
-  State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  return {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+}
+
+absl::StatusOr<LocalTrainer::State> LocalTrainer::GetState() const {
+  State s = EmptyState();
   LH_RETURN_IF_ERROR(runner_->GetState(s.params.data(), s.m.data(), s.v.data()));
   return s;
 }

@@ -50,6 +50,7 @@ class LocalTrainer {
  private:
   explicit LocalTrainer(const JobConfig& cfg) : cfg_(cfg) {}
   absl::Status Resume();
+  State EmptyState() const;  // buffers sized for the model
   absl::Status SaveCheckpointNow() const;
   absl::Status WriteRecords() const;
 

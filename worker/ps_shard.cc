@@ -11,7 +11,7 @@ PsShard::PsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int st
     : stage_(stage),
       shard_(shard),
       replicas_(replicas),
-      begin_(first_tensor < end_tensor ? stage_layout.tensors()[first_tensor].offset : 0),
+      begin_(stage_layout.Range(first_tensor, end_tensor).first),
       layout_(stage_layout.Slice(first_tensor, end_tensor)),
       params_(layout_.total()),
       grads_(layout_.total()),

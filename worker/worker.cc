@@ -116,8 +116,7 @@ TensorClient& Worker::Peer(const std::string& address) {
 absl::StatusOr<std::vector<float>> Worker::Take(int kind, int64_t it, int micro, int from_stage, int from_replica,
                                                 int shard) {
   const int64_t t0 = Timeline::NowMicros();
-  auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard},
-                           std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)));
+  auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard}, transport_.timeout);
   const int64_t t1 = Timeline::NowMicros();
   wait_seconds_ += (t1 - t0) * 1e-6;
   static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params"};
@@ -302,8 +301,7 @@ absl::Status Worker::PullParams(int64_t it) {
   const int64_t t0 = Timeline::NowMicros();
   for (const proto::ShardPlacement& sp : my_stage_shards_) {
     LH_ASSIGN_OR_RETURN(std::vector<float> p, Take(proto::PARAMS, it, 0, s_, sp.owner_replica(), sp.shard()));
-    const size_t begin = sp.first_tensor() < sp.end_tensor() ? stage_->layout().tensors()[sp.first_tensor()].offset : 0;
-    std::copy(p.begin(), p.end(), stage_->params() + begin);
+    std::copy(p.begin(), p.end(), stage_->params() + stage_->layout().Range(sp.first_tensor(), sp.end_tensor()).first);
     mailbox_.Recycle(std::move(p));
   }
   timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
@@ -329,8 +327,7 @@ absl::Status Worker::ServeShards(int64_t it, double* grad_norm, float* lr) {
   }
   proto::NormReply reply;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)));
+  ctx.set_deadline(std::chrono::system_clock::now() + transport_.timeout);
   grpc::Status st = coord_->ReduceNorm(&ctx, report, &reply);
   if (!st.ok()) return FromGrpc(st, "reducing the gradient norm at the coordinator");
   if (reply.abort()) return absl::AbortedError(reply.reason());
@@ -405,10 +402,7 @@ absl::Status Worker::RunIteration(int64_t it) {
         break;
       case Op::kPushGrads:
         for (const proto::ShardPlacement& sp : my_stage_shards_) {
-          if (sp.first_tensor() >= sp.end_tensor()) continue;
-          const size_t begin = stage_->layout().tensors()[sp.first_tensor()].offset;
-          const size_t end = stage_->layout().tensors()[sp.end_tensor() - 1].offset +
-                             stage_->layout().tensors()[sp.end_tensor() - 1].size;
+          const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
           if (sp.owner_replica() == r_) {
             mailbox_.Put({proto::GRAD_PUSH, it, 0, s_, r_, sp.shard()},
                          std::vector<float>(stage_->grads() + begin, stage_->grads() + end));

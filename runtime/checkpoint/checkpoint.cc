@@ -59,7 +59,7 @@ absl::Status CopyInto(const Safetensors& st, const std::string& file, const Para
 
 absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data, const ParamLayout& layout,
                             const float* params, const float* m, const float* v) {
-  const std::string name = absl::StrFormat("step_%08d", data.step);
+  const std::string name = CheckpointName(data.step);
   const fs::path final_dir = fs::path(root) / name, tmp_dir = fs::path(root) / (name + ".tmp");
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
@@ -88,7 +88,13 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), ": ", ec.message()));
-  return WriteTextAtomically(fs::path(root) / "latest", name + "\n");
+  return SetLatestCheckpoint(root, data.step);
+}
+
+std::string CheckpointName(int64_t step) { return absl::StrFormat("step_%08d", step); }
+
+absl::Status SetLatestCheckpoint(const std::string& root, int64_t step) {
+  return WriteTextAtomically(fs::path(root) / "latest", CheckpointName(step) + "\n");
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {

@@ -25,6 +25,11 @@ struct CheckpointData {
 absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data, const ParamLayout& layout,
                             const float* params, const float* m, const float* v);
 
+// "step_00000042": the directory name of step 42's checkpoint.
+std::string CheckpointName(int64_t step);
+// Points root/latest at step's checkpoint, atomically (written under another name, then renamed).
+absl::Status SetLatestCheckpoint(const std::string& root, int64_t step);
+
 // Path of the newest checkpoint under root, or NotFound.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
 

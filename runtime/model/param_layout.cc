@@ -47,6 +47,11 @@ int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay) {
   return static_cast<int>(tensors_.size()) - 1;
 }
 
+std::pair<size_t, size_t> ParamLayout::Range(int first, int end) const {
+  if (first >= end) return {0, 0};
+  return {tensors_[first].offset, tensors_[end - 1].offset + tensors_[end - 1].size};
+}
+
 ParamLayout ParamLayout::Slice(int first, int end) const {
   ParamLayout l;
   for (int i = first; i < end; ++i) l.Add(tensors_[i].name, tensors_[i].shape, tensors_[i].decay);

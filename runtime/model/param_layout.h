@@ -35,6 +35,8 @@ class ParamLayout {
   // Index of a tensor by name, or -1.
   int Find(const std::string& name) const;
 
+  // Float offsets [begin, end) of tensors [first, end) in this layout's buffer.
+  std::pair<size_t, size_t> Range(int first, int end) const;
   // Tensors [first, end) re-based to offset 0: the layout of a parameter-server shard.
   ParamLayout Slice(int first, int end) const;
   // Cuts the tensors into `shards` contiguous groups of about equal size, at tensor boundaries

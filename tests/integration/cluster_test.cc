@@ -159,7 +159,10 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"3x1_uneven_1f1b",
                {"cluster.stages=3", "cluster.replicas=1", "train.micro_batches=4", "cluster.stage_layers=[2,1,1]",
                 "cluster.schedule=1f1b"}},
-        Layout{"2x2_central_ps", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "cluster.ps=central"}}),
+        Layout{"2x2_central_ps", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "cluster.ps=central"}},
+        // The head-only stage has 3 tensors for 4 replicas: one replica hosts no shard.
+        Layout{"2x4_head_only_stage",
+               {"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=1", "cluster.stage_layers=[4,0]"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {

@@ -22,7 +22,7 @@ TEST_P(ParityTest, MatchesPyTorch) {
   const auto& [name, recompute] = GetParam();
   Fixture f = LoadFixture(name);
   const ModelConfig cfg = ModelOf(f.cfg);
-  const int B = f.cfg["B"], T = f.cfg["T"], V = cfg.vocab_size;
+  const int B = f.cfg["B"], T = f.cfg["T"];
   auto stage = GptStage::Create(cfg, StageSpec::Whole(cfg), B, T, recompute);
   ASSERT_TRUE(stage.ok()) << stage.status();
   GptStage& s = **stage;
