@@ -42,7 +42,9 @@ TEST(Schedule, EveryMicroBatchForwardBeforeBackwardAndSlotsSuffice) {
           for (int m = 0; m < M; ++m) {
             ASSERT_GE(fwd[m], 0);
             ASSERT_GT(bwd[m], fwd[m]);
-            if (m > 0) ASSERT_GT(bwd[m], bwd[m - 1]);  // ascending backward order
+            if (m > 0) {
+              ASSERT_GT(bwd[m], bwd[m - 1]);  // ascending backward order
+            }
           }
           ASSERT_LE(max_live, ActivationSlots(k, P, s, M));
         }
