@@ -35,7 +35,8 @@ int Repeats(size_t bytes) { return bytes >= (256u << 20) ? 5 : (bytes >= (16u <<
 // Seconds per transfer (median), longhaul: send until acknowledged and taken from the mailbox.
 double Longhaul(size_t bytes, int connections, int chunk_mib) {
   longhaul::Mailbox box;
-  auto server = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box);
+  const longhaul::AnyTensorUpTo admission(bytes / 4);
+  auto server = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box, &admission);
   longhaul::TransportOptions opt;
   opt.job_id = "bench";
   opt.connections = connections;

@@ -21,7 +21,7 @@ struct NetemArgs {
   std::string routes, proxy_to;
   double delay_ms = 0, rate_mbit = 0;
   std::string listen = "0.0.0.0:7099", to;
-  int megabytes = 64, repeat = 4;
+  int megabytes = 64, repeat = 4;  // probe-send's tensor size, probe-sink's largest
   int queue = 7;
   std::string links, scenario, hosts, dev = "eth0";
   uint64_t seed = 1;
@@ -72,6 +72,7 @@ void AddNetemCommands(CLI::App& app) {
 
   g.sink = netem->add_subcommand("probe-sink", "receive tensors with longhaul's transport (pair with probe-send)");
   g.sink->add_option("--listen", g.listen)->capture_default_str();
+  g.sink->add_option("--max-mb", g.megabytes, "largest tensor accepted, MB")->capture_default_str();
   g.send = netem->add_subcommand("probe-send", "time tensors sent with longhaul's transport to a probe-sink");
   g.send->add_option("--to", g.to, "the sink's host:port")->required();
   g.send->add_option("--mb", g.megabytes)->capture_default_str();
@@ -124,7 +125,8 @@ int RunNetemCommand(const std::string& self_exe) {
   if (g.sink->parsed()) {
     // Takes every tensor that arrives and hands its buffer back, until killed.
     Mailbox box;
-    auto server = TensorServer::Start(g.listen, "probe", &box);
+    const AnyTensorUpTo admission(static_cast<uint64_t>(g.megabytes) << 18);
+    auto server = TensorServer::Start(g.listen, "probe", &box, &admission);
     if (!server.ok()) return Error(server.status(), 1);
     std::cout << "listening " << (*server)->address() << std::endl;
     for (int64_t i = 0;; ++i) {

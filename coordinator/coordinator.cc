@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "longhaul.grpc.pb.h"
@@ -93,19 +95,24 @@ class Service final : public proto::Coordinator::Service {
     }
     const int id = static_cast<int>(workers_.size());
     workers_[id] = WorkerInfo{*req, Clock::now(), false, {}};
-    std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s), %d/%d\n", id, req->address(),
-                                 req->host(), id + 1, expected_)
+    std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s, pid %d), %d/%d\n", id,
+                                 req->address(), req->host(), req->pid(), id + 1, expected_)
               << std::flush;
     reply->set_worker_id(id);
+    reply->set_heartbeat_s(cfg_.cluster.heartbeat_s);
+    reply->set_dead_after_s(cfg_.cluster.dead_after_s);
     if (static_cast<int>(workers_.size()) == expected_) MakePlan();
     return grpc::Status::OK;
   }
 
-  grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest*, proto::Plan* plan) override {
+  grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest* req, proto::Plan* plan) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return plan_.version() > 0; })) {
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    workers_[req->worker_id()].last_seen = Clock::now();
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return plan_.version() > 0 || !abort_.empty(); })) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet: waiting for workers");
     }
+    if (!abort_.empty()) return grpc::Status(grpc::StatusCode::ABORTED, abort_);
     *plan = plan_;
     return grpc::Status::OK;
   }
@@ -113,8 +120,8 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
                          proto::HeartbeatReply* reply) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = workers_.find(req->worker_id());
-    if (it != workers_.end()) it->second.last_seen = Clock::now();
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    workers_[req->worker_id()].last_seen = Clock::now();
     reply->set_abort(!abort_.empty());
     reply->set_reason(abort_);
     return grpc::Status::OK;
@@ -122,14 +129,35 @@ class Service final : public proto::Coordinator::Service {
 
   grpc::Status ReportIteration(grpc::ServerContext*, const proto::IterationReport* req, proto::Empty*) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
+    const proto::Assignment& a = plan_.assignments(req->worker_id());
+    if (req->stage() != a.stage() || req->replica() != a.replica()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("worker %d reports as stage %d replica %d; the plan has it at stage %d "
+                                          "replica %d",
+                                          req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
+    }
     IterationRecord& rec = iterations_[req->iteration()];
     rec.reports[req->worker_id()] = *req;
-    if (static_cast<int>(rec.reports.size()) == expected_) PrintIteration(req->iteration());
+    if (static_cast<int>(rec.reports.size()) == expected_) {
+      CheckReplicasAgree(req->iteration());
+      PrintIteration(req->iteration());
+    }
     return grpc::Status::OK;
   }
 
   grpc::Status ReduceNorm(grpc::ServerContext*, const proto::NormReport* req, proto::NormReply* reply) override {
     std::unique_lock<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
+    const proto::Assignment& a = plan_.assignments(req->worker_id());
+    for (const proto::ShardNorm& n : req->shards()) {
+      if (!HostsShard(a, n.stage(), n.shard())) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("worker %d reports a norm for shard %d of stage %d, which the plan does "
+                                            "not give it",
+                                            req->worker_id(), n.shard(), n.stage()));
+      }
+    }
     auto& got = norms_[req->iteration()];
     for (const proto::ShardNorm& n : req->shards()) got[{n.stage(), n.shard()}] = n.sum_squares();
     cv_.notify_all();
@@ -153,7 +181,15 @@ class Service final : public proto::Coordinator::Service {
 
   grpc::Status ReportCheckpoint(grpc::ServerContext*, const proto::CheckpointReport* req, proto::Empty*) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (++checkpoint_reports_[req->step()] == static_cast<int>(shards_.size())) {
+    if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1); !st.ok()) return st;
+    if (!HostsShard(plan_.assignments(req->worker_id()), req->stage(), req->shard()) ||
+        !checkpointed_[req->step()].insert({req->stage(), req->shard()}).second) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("worker %d reports a checkpoint of shard %d of stage %d at step %d, which "
+                                          "the plan does not give it or which was already reported",
+                                          req->worker_id(), req->shard(), req->stage(), req->step()));
+    }
+    if (checkpointed_[req->step()].size() == shards_.size()) {
       // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
       const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
       if (absl::Status st = SetLatestCheckpoint(root, req->step()); !st.ok()) {
@@ -168,6 +204,7 @@ class Service final : public proto::Coordinator::Service {
 
   grpc::Status ReportDone(grpc::ServerContext*, const proto::DoneReport* req, proto::Empty*) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     WorkerInfo& w = workers_[req->worker_id()];
     w.done = true;
     w.timeline = req->timeline_file();
@@ -182,30 +219,30 @@ class Service final : public proto::Coordinator::Service {
     auto last_wait_note = Clock::now();
     while (true) {
       cv_.wait_for(lock, std::chrono::milliseconds(250));
-      if (g_stop_requested && abort_.empty()) Abort("interrupted; resume from the last checkpoint with --set train.resume=true (train.checkpoint_every sets how often one is written)");
+      if (g_stop_requested && abort_.empty()) Abort(absl::StrCat("interrupted; ", ResumeAdvice()));
       const int done = static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w.second.done; }));
       if (done == expected_) break;
       if (!abort_.empty() && (done == static_cast<int>(workers_.size()) ||
                               Clock::now() - abort_time_ > std::chrono::seconds(5))) {
         break;  // the workers heard it through their heartbeats; don't wait for a dead one
       }
-      if (plan_.version() == 0) {
-        if (Clock::now() - last_wait_note > std::chrono::seconds(10)) {
-          std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered\n", workers_.size(),
-                                       expected_)
-                    << std::flush;
-          last_wait_note = Clock::now();
-        }
-        continue;
+      if (plan_.version() == 0 && Clock::now() - last_wait_note > std::chrono::seconds(10)) {
+        std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered; %s\n", workers_.size(),
+                                     expected_, UnfilledSlots())
+                  << std::flush;
+        last_wait_note = Clock::now();
       }
       for (auto& [id, w] : workers_) {
         const double silent = std::chrono::duration<double>(Clock::now() - w.last_seen).count();
         if (!w.done && abort_.empty() && silent > cfg_.cluster.dead_after_s) {
-          const proto::Assignment& a = plan_.assignments(id);
-          Abort(absl::StrFormat("worker %d (stage %d, replica %d at %s) sent no heartbeat for %.0f s: it died or is "
-                                "unreachable; restart it and resume from the last checkpoint with --set "
-                                "train.resume=true",
-                                id, a.stage(), a.replica(), a.address(), silent));
+          const std::string where =
+              plan_.version() == 0
+                  ? absl::StrFormat("registered from %s, waiting for its plan", w.reg.address())
+                  : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
+                                    plan_.assignments(id).replica(), w.reg.address());
+          Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it "
+                                "and %s",
+                                id, where, silent, ResumeAdvice()));
         }
       }
     }
@@ -216,11 +253,75 @@ class Service final : public proto::Coordinator::Service {
   }
 
  private:
+  // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
+  grpc::Status CheckWorker(int id) const {
+    if (!workers_.count(id)) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrFormat("no worker %d has registered with job '%s'", id, cfg_.cluster.job_id));
+    }
+    return grpc::Status::OK;
+  }
+
+  // REQUIRES: mu_ held. A registered worker of the plan, reporting an iteration of this run.
+  grpc::Status CheckAssigned(int id, int64_t iteration) const {
+    if (grpc::Status st = CheckWorker(id); !st.ok()) return st;
+    if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
+    if (iteration < start_ || iteration >= end_) {
+      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                          absl::StrFormat("iteration %d is outside this run's [%d, %d)", iteration, start_, end_));
+    }
+    return grpc::Status::OK;
+  }
+
+  // Whether the worker at assignment `a` hosts parameter-server shard `shard` of stage `stage`.
+  bool HostsShard(const proto::Assignment& a, int stage, int shard) const {
+    for (const proto::ShardPlacement& sp : shards_)
+      if (sp.stage() == stage && sp.shard() == shard) return sp.stage() == a.stage() && sp.owner_replica() == a.replica();
+    return false;
+  }
+
+  // REQUIRES: mu_ held. Every replica of a stage must hold the same parameters after a step; a
+  // difference means the replicas train different models, so the job stops.
+  void CheckReplicasAgree(int64_t it) {
+    std::map<int, const proto::IterationReport*> first_of_stage;
+    for (auto& [id, r] : iterations_.at(it).reports) {
+      auto [first, inserted] = first_of_stage.emplace(r.stage(), &r);
+      if (inserted || first->second->params_crc32c() == r.params_crc32c()) continue;
+      if (abort_.empty()) {
+        Abort(absl::StrFormat("after iteration %d, replica %d of stage %d holds parameters with CRC-32C %08x and "
+                              "replica %d %08x: the replicas no longer train the same model (a bug: please report it "
+                              "with the config)",
+                              it + 1, first->second->replica(), r.stage(), first->second->params_crc32c(), r.replica(),
+                              r.params_crc32c()));
+      }
+    }
+    replica_checks_ += cfg_.cluster.replicas > 1;
+  }
+
+  // What a person should do after the job stopped early.
+  std::string ResumeAdvice() const {
+    if (LatestCheckpoint((fs::path(cfg_.train.out_dir) / "checkpoints").string()).ok()) {
+      return "resume from the last checkpoint with --set train.resume=true";
+    }
+    return absl::StrFormat("no checkpoint was written yet, so start the job again from the beginning (set "
+                           "train.checkpoint_every, now %d, to keep progress)",
+                           cfg_.train.checkpoint_every);
+  }
+
   void Abort(const std::string& why) {
     abort_ = why;
     abort_time_ = Clock::now();
     std::cout << "coordinator: stopping the job: " << why << "\n" << std::flush;
     cv_.notify_all();
+  }
+
+  // REQUIRES: mu_ held. The (stage, replica) slots no worker has registered for yet.
+  std::string UnfilledSlots() const {
+    std::vector<std::string> slots;
+    for (int id = static_cast<int>(workers_.size()); id < expected_; ++id)
+      slots.push_back(absl::StrFormat("stage %d replica %d", id % cfg_.cluster.stages, id / cfg_.cluster.stages));
+    return absl::StrCat("no worker yet for ", absl::StrJoin(slots, ", "),
+                        ": start one with `longhaul worker --coordinator <this host>:<port>`");
   }
 
   void MakePlan() {
@@ -244,7 +345,7 @@ class Service final : public proto::Coordinator::Service {
       a->set_first_block(spec.first_block);
       a->set_end_block(spec.end_block);
       cluster.push_back({{"worker", id}, {"stage", a->stage()}, {"replica", a->replica()}, {"address", a->address()},
-                         {"host", w.reg.host()}, {"blocks", {spec.first_block, spec.end_block}}});
+                         {"host", w.reg.host()}, {"pid", w.reg.pid()}, {"blocks", {spec.first_block, spec.end_block}}});
     }
     for (const proto::ShardPlacement& sp : shards_) *plan_.add_shards() = sp;
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
@@ -338,6 +439,12 @@ class Service final : public proto::Coordinator::Service {
       summary["workers"].push_back({{"worker", id}, {"stage", a.stage()}, {"replica", a.replica()},
                                     {"seconds", total / n}, {"compute_seconds", compute / n}, {"wait_seconds", wait / n}});
     }
+    if (replica_checks_ > 0) {
+      std::cout << absl::StrFormat("  every stage's %d replicas held bitwise the same parameters after each of %d "
+                                   "iterations (CRC-32C compared by the coordinator)\n",
+                                   cfg_.cluster.replicas, replica_checks_);
+    }
+    summary["replica_checks"] = replica_checks_;
     std::cout << std::flush;
     std::ofstream(fs::path(cfg_.train.out_dir) / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
   }
@@ -355,7 +462,8 @@ class Service final : public proto::Coordinator::Service {
   proto::Plan plan_;
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::map<std::pair<int, int>, double>> norms_;
-  std::map<int64_t, int> checkpoint_reports_;
+  std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
+  int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
   std::string abort_;
   Clock::time_point abort_time_, start_time_;
   std::vector<LossPoint> history_;

@@ -25,10 +25,12 @@
 #include "metrics/timeline.h"
 #include "model/gpt_stage.h"
 #include "schedule/schedule.h"
+#include "transport/crc32c.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
 #include "worker/job_setup.h"
 #include "worker/ps_shard.h"
+#include "worker/tensor_admission.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -48,6 +50,7 @@ class Worker {
     stop_heartbeat_ = true;
     if (heartbeat_.joinable()) heartbeat_.join();
   }
+  Worker(const Worker&) = delete;
 
   absl::Status Run();
 
@@ -59,7 +62,9 @@ class Worker {
   absl::Status BroadcastParams(int64_t it);
   absl::Status PullParams(int64_t it);
   absl::Status Checkpoint(int64_t step);
-  void Heartbeat();
+  void Heartbeat(double period_s, double dead_after_s);
+  // Ends every receive and send at once, with `reason` as their error.
+  void Stop(const std::string& reason);
 
   TensorClient& Peer(const std::string& address);
   std::string AddressOf(int stage, int replica) const;
@@ -70,7 +75,10 @@ class Worker {
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", id_, s_, r_); }
 
   WorkerOptions opt_;
+  // The server, destroyed first, uses the mailbox and the admission.
   Mailbox mailbox_;
+  PlanAdmission admission_;
+  std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
   std::unique_ptr<TensorServer> server_;
   std::shared_ptr<grpc::Channel> coord_channel_;
   std::unique_ptr<proto::Coordinator::Stub> coord_;
@@ -164,7 +172,8 @@ absl::Status Worker::Join() {
     std::string from, to;
     while (f >> from >> to) dial_map_[from] = to;
   }
-  LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_));
+  LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_,
+                                                   &admission_));
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -179,6 +188,7 @@ absl::Status Worker::Join() {
   gethostname(host, sizeof(host) - 1);
   req.set_host(host);
   req.set_backend("cpu");
+  req.set_pid(getpid());
   proto::RegisterReply reply;
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);  // keep trying while the coordinator starts
@@ -192,6 +202,10 @@ absl::Status Worker::Join() {
   }
   if (!st.ok()) return FromGrpc(st, absl::StrCat("the coordinator at ", opt_.coordinator, " refused this worker"));
   id_ = reply.worker_id();
+  // A worker waiting for its plan is alive: it says so from now on.
+  heartbeat_ = std::thread([this, period = reply.heartbeat_s(), dead_after = reply.dead_after_s()] {
+    Heartbeat(period, dead_after);
+  });
 
   // The plan comes once every worker has registered.
   while (true) {
@@ -201,6 +215,7 @@ absl::Status Worker::Join() {
     preq.set_worker_id(id_);
     grpc::Status ps = coord_->GetPlan(&pctx, preq, &plan_);
     if (ps.ok()) break;
+    if (ps.error_code() == grpc::StatusCode::ABORTED) return absl::AbortedError(ps.error_message());
     if (ps.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && ps.error_code() != grpc::StatusCode::NOT_FOUND) {
       return FromGrpc(ps, absl::StrCat("waiting for the plan from ", opt_.coordinator));
     }
@@ -220,6 +235,11 @@ absl::Status Worker::Setup() {
   transport_.chunk_bytes = static_cast<size_t>(cfg_.transport.chunk_mib) << 20;
   transport_.connections = cfg_.transport.connections;
   transport_.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000));
+  transport_.canceller = canceller_;
+  // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
+  // what each peer may send.
+  mailbox_.SetWindow(plan_.start_iteration() - 1);
+  admission_.SetPlan(plan_, cfg_, s_, r_);
 
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg_));
   data_ = std::move(data);
@@ -252,7 +272,6 @@ absl::Status Worker::Setup() {
     }
     owned_.push_back(std::move(shard));
   }
-  heartbeat_ = std::thread([this] { Heartbeat(); });
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %d threads\n", Who(),
                                stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
                                stage_->num_params(), server_->address(), omp_get_max_threads())
@@ -260,7 +279,12 @@ absl::Status Worker::Setup() {
   return absl::OkStatus();
 }
 
-void Worker::Heartbeat() {
+void Worker::Stop(const std::string& reason) {
+  mailbox_.Close(reason);
+  canceller_->Cancel(reason);
+}
+
+void Worker::Heartbeat(double period_s, double dead_after_s) {
   auto last_ok = Clock::now();
   while (!stop_heartbeat_) {
     grpc::ClientContext ctx;
@@ -273,14 +297,15 @@ void Worker::Heartbeat() {
     if (st.ok()) {
       last_ok = Clock::now();
       if (reply.abort()) {
-        mailbox_.Close(absl::StrCat("the coordinator stopped the job: ", reply.reason()));
+        Stop(absl::StrCat("the coordinator stopped the job: ", reply.reason()));
         return;
       }
-    } else if (std::chrono::duration<double>(Clock::now() - last_ok).count() > cfg_.cluster.dead_after_s) {
-      mailbox_.Close(absl::StrCat("lost the coordinator at ", opt_.coordinator, ": ", st.error_message()));
+    } else if (std::chrono::duration<double>(Clock::now() - last_ok).count() > dead_after_s) {
+      Stop(absl::StrFormat("lost the coordinator at %s (no answer for %.0f s): %s", opt_.coordinator, dead_after_s,
+                           st.error_message()));
       return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(cfg_.cluster.heartbeat_s * 1000)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(period_s * 1000)));
   }
 }
 
@@ -288,7 +313,9 @@ absl::Status Worker::BroadcastParams(int64_t it) {
   for (auto& shard : owned_) {
     for (int rep = 0; rep < D_; ++rep) {
       if (rep == r_) {
-        mailbox_.Put({proto::PARAMS, it, 0, s_, r_, shard->shard()}, shard->params());
+        std::vector<float> own = shard->params();
+        RoundThroughWire(own.data(), own.size(), transport_.dtype);
+        mailbox_.Put({proto::PARAMS, it, 0, s_, r_, shard->shard()}, std::move(own));
       } else {
         Send(proto::PARAMS, it, 0, shard->shard(), AddressOf(s_, rep), shard->params().data(), shard->size());
       }
@@ -404,8 +431,9 @@ absl::Status Worker::RunIteration(int64_t it) {
         for (const proto::ShardPlacement& sp : my_stage_shards_) {
           const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
           if (sp.owner_replica() == r_) {
-            mailbox_.Put({proto::GRAD_PUSH, it, 0, s_, r_, sp.shard()},
-                         std::vector<float>(stage_->grads() + begin, stage_->grads() + end));
+            std::vector<float> own(stage_->grads() + begin, stage_->grads() + end);
+            RoundThroughWire(own.data(), own.size(), transport_.dtype);
+            mailbox_.Put({proto::GRAD_PUSH, it, 0, s_, r_, sp.shard()}, std::move(own));
           } else {
             Send(proto::GRAD_PUSH, it, 0, sp.shard(), AddressOf(s_, sp.owner_replica()), stage_->grads() + begin,
                  end - begin);
@@ -432,6 +460,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_wait_seconds(wait_seconds_);
   rep.set_lr(lr);
   rep.set_grad_norm(grad_norm);
+  rep.set_params_crc32c(Crc32c(0, stage_->params(), stage_->num_params() * sizeof(float)));
   proto::Empty empty;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -451,6 +480,7 @@ absl::Status Worker::Checkpoint(int64_t step) {
     rep.set_shard(shard->shard());
     rep.set_step(step);
     rep.set_directory(root);
+    rep.set_worker_id(id_);
     proto::Empty empty;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -473,6 +503,7 @@ absl::Status Worker::Run() {
   const int64_t end = plan_.stop_iteration() > 0 ? plan_.stop_iteration() : cfg_.train.steps;
   for (int64_t it = start; status.ok() && it < end; ++it) {
     iteration_ = it;
+    mailbox_.SetWindow(it);
     status = RunIteration(it);
     const int64_t step = it + 1;
     const bool due = (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end;

@@ -35,27 +35,98 @@ std::vector<float> Mailbox::AcquireLocked(size_t n) {
 
 void Mailbox::Recycle(std::vector<float> buffer) {
   std::lock_guard<std::mutex> lock(mu_);
+  RecycleLocked(std::move(buffer));
+}
+
+void Mailbox::RecycleLocked(std::vector<float> buffer) {
   if (buffer.empty() || pooled_floats_ + buffer.size() > kMaxPooledFloats) return;
   pooled_floats_ += buffer.size();
   pool_.emplace(buffer.size(), std::move(buffer));
 }
 
-bool Mailbox::PutPart(const TensorKey& key, size_t total, size_t offset, const float* data, size_t n) {
+void Mailbox::SetWindow(int64_t lo) {
   std::lock_guard<std::mutex> lock(mu_);
+  windowed_ = true;
+  window_lo_ = lo;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->first.iteration < lo) {
+      RecycleLocked(std::move(it->second.data));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t total, uint64_t offset, uint64_t n) {
+  if (n == 0 || offset >= total || n > total - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("part [%d, +%d) does not fit a tensor of %d elements", offset, n, total));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (windowed_ && (key.iteration < window_lo_ || key.iteration - window_lo_ >= kWindowIterations)) {
+    return absl::OutOfRangeError(absl::StrFormat("%s is outside the iterations this worker accepts now ([%d, %d])",
+                                                 key.DebugString(), window_lo_, window_lo_ + kWindowIterations - 1));
+  }
   Entry& e = entries_[key];
-  if (e.data.empty()) e.data = AcquireLocked(total);
-  if (e.data.size() != total || offset + n > total || e.received + n > total) return false;
-  std::memcpy(e.data.data() + offset, data, n * sizeof(float));
-  e.received += n;
-  if (e.received == total) cv_.notify_all();
-  return true;
+  if (e.total != 0 && e.total != total) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: a part announces %d elements, an earlier one %d",
+                                                      key.DebugString(), total, e.total));
+  }
+  for (const auto& [o, p] : e.parts) {
+    if (offset < o + p.elements && o < offset + n) {
+      return absl::AlreadyExistsError(absl::StrFormat("%s: part [%d, +%d) overlaps part [%d, +%d), already %s",
+                                                      key.DebugString(), offset, n, o, p.elements,
+                                                      p.arrived ? "received" : "arriving on another stream"));
+    }
+  }
+  e.total = total;
+  e.parts[offset] = {n, false};
+  return absl::OkStatus();
+}
+
+absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t offset, std::vector<float> data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.parts.count(offset) || it->second.parts[offset].arrived ||
+      it->second.parts[offset].elements != data.size()) {
+    RecycleLocked(std::move(data));
+    return absl::OutOfRangeError(absl::StrCat(key.DebugString(), " arrived after this worker moved past it"));
+  }
+  Entry& e = it->second;
+  if (offset == 0 && data.size() == e.total) {
+    e.data = std::move(data);
+  } else {
+    if (e.data.empty()) e.data = AcquireLocked(e.total);
+    std::memcpy(e.data.data() + offset, data.data(), data.size() * sizeof(float));
+    RecycleLocked(std::move(data));
+  }
+  e.parts[offset].arrived = true;
+  e.received += e.parts[offset].elements;
+  if (e.ready()) cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Mailbox::AbandonPart(const TensorKey& key, uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  auto part = e.parts.find(offset);
+  if (part == e.parts.end() || part->second.arrived) return;
+  e.parts.erase(part);
+  if (e.parts.empty()) {
+    RecycleLocked(std::move(e.data));
+    entries_.erase(it);
+  }
 }
 
 void Mailbox::Put(const TensorKey& key, std::vector<float> tensor) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[key];
-  e.received = tensor.size();
-  e.data = std::move(tensor);
+  RecycleLocked(std::move(e.data));
+  const uint64_t n = tensor.size();
+  e = Entry{n, std::move(tensor), {{0, {n, true}}}, n, false};
   cv_.notify_all();
 }
 
@@ -63,7 +134,7 @@ absl::StatusOr<std::vector<float>> Mailbox::Take(const TensorKey& key, std::chro
   std::unique_lock<std::mutex> lock(mu_);
   const auto ready = [&] {
     auto it = entries_.find(key);
-    return !closed_.empty() || (it != entries_.end() && it->second.received == it->second.data.size());
+    return !closed_.empty() || (it != entries_.end() && it->second.ready());
   };
   if (!cv_.wait_for(lock, timeout, ready)) {
     return absl::DeadlineExceededError(
@@ -71,18 +142,29 @@ absl::StatusOr<std::vector<float>> Mailbox::Take(const TensorKey& key, std::chro
                         key.DebugString(), timeout.count() / 1000));
   }
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.received != it->second.data.size()) {
+  if (it == entries_.end() || !it->second.ready()) {
     return absl::AbortedError(absl::StrCat("stopped while waiting for ", key.DebugString(), ": ", closed_));
   }
-  std::vector<float> out = std::move(it->second.data);
-  entries_.erase(it);
-  return out;
+  it->second.taken = true;
+  if (!windowed_) {
+    std::vector<float> out = std::move(it->second.data);
+    entries_.erase(it);  // nothing would ever drop the marker
+    return out;
+  }
+  return std::move(it->second.data);
 }
 
 void Mailbox::Close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = reason.empty() ? "closed" : reason;
   cv_.notify_all();
+}
+
+size_t Mailbox::HeldFloats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, e] : entries_) n += e.data.size();
+  return n;
 }
 
 }  // namespace longhaul

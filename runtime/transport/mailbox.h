@@ -1,7 +1,12 @@
 #pragma once
-// Where received tensors wait until the executor takes them. Parts of one tensor (sent over
-// several connections) are assembled here; Take blocks until the whole tensor has arrived, the
-// deadline passes, or the mailbox is closed.
+// Where received tensors wait until the executor takes them. A tensor may arrive in parts (one per
+// connection); each part's stream first reserves its range here, so a duplicate, an overlapping
+// part or a part of a tensor already taken is refused before the receiver allocates anything.
+// Take blocks until the whole tensor has arrived, the deadline passes, or the mailbox is closed.
+//
+// Only iterations inside the window [lo, lo + kWindowIterations) are accepted from the network:
+// while a worker finishes iteration lo, its peers can be at most one iteration ahead. Moving the
+// window drops whatever older tensors are still held, so a peer cannot park memory here.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -29,9 +34,24 @@ struct TensorKey {
 
 class Mailbox {
  public:
-  // Copies a part [offset, offset + n) of a tensor of `total` elements. Returns false if that key's
-  // tensor is already complete or the part does not fit (a duplicate or a confused peer).
-  bool PutPart(const TensorKey& key, size_t total, size_t offset, const float* data, size_t n);
+  static constexpr int64_t kWindowIterations = 2;
+
+  // Accepts network tensors of iterations [lo, lo + kWindowIterations) from now on and drops held
+  // tensors of earlier iterations. Until the first call every iteration is accepted.
+  void SetWindow(int64_t lo);
+
+  // Reserves part [offset, offset + n) of `key`'s tensor of `total` elements for one incoming
+  // stream. Refused (with the reason) when the iteration is outside the window, the part is empty
+  // or does not fit (overflow-safe), `total` disagrees with an earlier part's, or the range
+  // overlaps a part already reserved or received.
+  absl::Status BeginPart(const TensorKey& key, uint64_t total, uint64_t offset, uint64_t n);
+  // The reserved part's data (n floats). Refused when the window moved past the key meanwhile.
+  absl::Status CompletePart(const TensorKey& key, uint64_t offset, std::vector<float> data);
+  // The reserved part's stream failed or was abandoned: its reservation goes, and the tensor's
+  // entry too when nothing else of it is reserved or held.
+  void AbandonPart(const TensorKey& key, uint64_t offset);
+
+  // Delivers a whole tensor from this process itself (no window, no reservation).
   void Put(const TensorKey& key, std::vector<float> tensor);
 
   // Waits for the whole tensor; errors name the key and say why (deadline, closed).
@@ -46,16 +66,30 @@ class Mailbox {
   std::vector<float> Acquire(size_t n);
   void Recycle(std::vector<float> buffer);
 
+  // Floats held in tensors not yet taken, for tests and leak checks.
+  size_t HeldFloats();
+
  private:
   std::vector<float> AcquireLocked(size_t n);
+  void RecycleLocked(std::vector<float> buffer);
 
+  struct Part {
+    uint64_t elements = 0;
+    bool arrived = false;
+  };
   struct Entry {
-    std::vector<float> data;
-    size_t received = 0;
+    uint64_t total = 0;
+    std::vector<float> data;         // allocated when the first part lands
+    std::map<uint64_t, Part> parts;  // by offset, reserved or arrived
+    uint64_t received = 0;
+    bool taken = false;  // kept until the window moves, so a replayed tensor is refused
+    bool ready() const { return total > 0 && received == total && !taken; }
   };
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<TensorKey, Entry> entries_;
+  bool windowed_ = false;
+  int64_t window_lo_ = 0;
   std::string closed_;
   std::multimap<size_t, std::vector<float>> pool_;  // by size
   size_t pooled_floats_ = 0;

@@ -13,7 +13,9 @@
 namespace longhaul {
 namespace {
 
-constexpr uint64_t kMaxTensorElements = uint64_t{1} << 34;
+// The largest chunk (transport.chunk_mib <= 16) and some room: gRPC refuses bigger messages before
+// buffering them.
+constexpr int kMaxMessageBytes = (16 << 20) + 4096;
 
 // HTTP/2 settings for bulk tensors, on both ends of a connection. Measured on loopback
 // (bench/transport_bench): gRPC's defaults (16 KiB frames, 64 KiB stream lookahead, 8 KiB reads)
@@ -49,20 +51,28 @@ std::string MetadataValue(const std::multimap<grpc::string_ref, grpc::string_ref
 
 // ---- receiving --------------------------------------------------------------------------------
 
+absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) const {
+  if (h.total_elements() == 0 || h.total_elements() > max_) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("a tensor of %d elements; this receiver takes 1 to %d", h.total_elements(), max_));
+  }
+  return h.total_elements();
+}
+
 class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
  public:
   Receiver(grpc::GenericCallbackServerContext* ctx, TensorServer* server) : server_(server) {
     if (ctx->method() != kTensorMethod) {
-      Fail(grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", ctx->method(), ": not a longhaul peer"));
+      Fail(absl::UnimplementedError(absl::StrCat("unknown method ", ctx->method(), ": not a longhaul peer")));
       return;
     }
     const std::string job = MetadataValue(ctx->client_metadata(), "lh-job");
     const std::string proto = MetadataValue(ctx->client_metadata(), "lh-protocol");
     if (job != server_->job_id() || proto != std::to_string(kProtocolVersion)) {
-      Fail(grpc::StatusCode::FAILED_PRECONDITION,
-           absl::StrFormat("refused: the peer runs job '%s' with protocol version %s, this worker runs job '%s' with "
-                           "protocol version %d; start every process of a job from the same config and build",
-                           job, proto, server_->job_id(), kProtocolVersion));
+      Fail(absl::FailedPreconditionError(
+          absl::StrFormat("refused: the peer runs job '%s' with protocol version %s, this worker runs job '%s' with "
+                          "protocol version %d; start every process of a job from the same config and build",
+                          job, proto, server_->job_id(), kProtocolVersion)));
       return;
     }
     StartRead(&buf_);
@@ -70,34 +80,25 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
 
   void OnReadDone(bool ok) override {
     if (!ok) return Complete();  // the sender half-closed: the part is complete, or the call broke
-    if (!have_header_) {
-      if (!ParseFromBuffer(buf_, header_)) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "unparseable tensor header");
-      const size_t bpe = header_.dtype() == proto::F32 ? 4 : 2;
-      if (header_.dtype() < proto::F32 || header_.dtype() > proto::BF16 || header_.total_elements() > kMaxTensorElements ||
-          header_.part_offset() + header_.part_elements() > header_.total_elements() || header_.job_id() != server_->job_id()) {
-        return Fail(grpc::StatusCode::INVALID_ARGUMENT,
-                    absl::StrFormat("bad tensor header (dtype %d, part [%d, +%d) of %d elements, job '%s')",
-                                    header_.dtype(), header_.part_offset(), header_.part_elements(),
-                                    header_.total_elements(), header_.job_id()));
-      }
-      expected_ = header_.part_elements() * bpe;
-      // fp32 lands straight in the tensor; half types are staged and widened at the end.
-      values_ = server_->mailbox_->Acquire(header_.part_elements());
-      if (header_.dtype() != proto::F32) wire_.resize(expected_);
-      have_header_ = true;
+    if (!reserved_) {
+      if (absl::Status s = AcceptHeader(); !s.ok()) return Fail(s);
     } else if (received_ == expected_ && !have_trailer_) {
-      if (!ParseFromBuffer(buf_, trailer_)) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "unparseable trailer");
+      if (!ParseFromBuffer(buf_, trailer_)) return Fail(absl::InvalidArgumentError("unparseable trailer"));
       have_trailer_ = true;
     } else {
       std::vector<grpc::Slice> slices;
       if (have_trailer_ || !buf_.Dump(&slices).ok()) {
-        return Fail(grpc::StatusCode::INVALID_ARGUMENT, "message after the trailer");
+        return Fail(absl::InvalidArgumentError("message after the trailer"));
+      }
+      // Allocated on the first chunk, so a stream that stops after its header holds no memory.
+      if (values_.empty()) {
+        values_ = server_->mailbox_->Acquire(header_.part_elements());
+        if (header_.dtype() != proto::F32) wire_.resize(expected_);
       }
       uint8_t* dst = header_.dtype() == proto::F32 ? reinterpret_cast<uint8_t*>(values_.data()) : wire_.data();
       for (const grpc::Slice& s : slices) {
-        if (received_ + s.size() > expected_) {
-          return Fail(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrFormat("more bytes than the header announced (%d)", expected_));
+        if (s.size() > expected_ - received_) {
+          return Fail(absl::InvalidArgumentError(absl::StrFormat("more bytes than the header announced (%d)", expected_)));
         }
         std::memcpy(dst + received_, s.begin(), s.size());
         crc_ = Crc32c(crc_, dst + received_, s.size());  // the bytes are still in cache
@@ -107,50 +108,81 @@ class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
     StartRead(&buf_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (reserved_ && !delivered_) server_->mailbox_->AbandonPart(key_, header_.part_offset());
+    server_->mailbox_->Recycle(std::move(values_));
+    delete this;
+  }
 
  private:
+  // Every size in the header is checked against what the admission allows, overflow-safe, and the
+  // part is reserved in the mailbox before any buffer exists.
+  absl::Status AcceptHeader() {
+    if (buf_.Length() > kMaxHeaderBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat("a tensor header of %d bytes (at most %d)", buf_.Length(),
+                                                        kMaxHeaderBytes));
+    }
+    if (!ParseFromBuffer(buf_, header_)) return absl::InvalidArgumentError("unparseable tensor header");
+    if (header_.job_id() != server_->job_id() || header_.protocol_version() != kProtocolVersion) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d", header_.job_id(),
+          header_.protocol_version(), server_->job_id(), kProtocolVersion));
+    }
+    if (header_.dtype() < proto::F32 || header_.dtype() > proto::BF16) {
+      return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", header_.dtype()));
+    }
+    key_ = {header_.kind(), header_.iteration(), header_.micro_batch(), header_.from_stage(), header_.from_replica(),
+            header_.shard()};
+    absl::StatusOr<uint64_t> allowed = server_->admission_->Admit(header_);
+    if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
+    if (header_.total_elements() != *allowed) {
+      return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
+                                                        key_.DebugString(), header_.total_elements(), *allowed));
+    }
+    if (absl::Status s = server_->mailbox_->BeginPart(key_, header_.total_elements(), header_.part_offset(),
+                                                      header_.part_elements());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
+    }
+    reserved_ = true;
+    expected_ = header_.part_elements() * (header_.dtype() == proto::F32 ? 4 : 2);
+    return absl::OkStatus();
+  }
+
   void Complete() {
-    if (!have_header_ || received_ != expected_ || !have_trailer_) {
-      return Fail(grpc::StatusCode::DATA_LOSS,
-                  absl::StrFormat("tensor part ended after %d of %d bytes", received_, expected_));
+    if (!reserved_ || received_ != expected_ || !have_trailer_) {
+      return Fail(absl::DataLossError(absl::StrFormat("tensor part ended after %d of %d bytes", received_, expected_)));
     }
     if (crc_ != trailer_.crc32c()) {
-      return Fail(grpc::StatusCode::DATA_LOSS,
-                  absl::StrFormat("tensor part checksum %08x, sender says %08x: corrupted in transit", crc_,
-                                  trailer_.crc32c()));
+      return Fail(absl::DataLossError(absl::StrFormat(
+          "tensor part checksum %08x, sender says %08x: corrupted in transit", crc_, trailer_.crc32c())));
     }
-    const TensorKey key{header_.kind(), header_.iteration(), header_.micro_batch(), header_.from_stage(),
-                        header_.from_replica(), header_.shard()};
     if (header_.dtype() != proto::F32) {
       DecodeWire(wire_.data(), values_.size(), static_cast<WireDtype>(header_.dtype()), values_.data());
       wire_ = {};
     }
-    bool fits = true;
-    if (header_.part_offset() == 0 && header_.part_elements() == header_.total_elements()) {
-      server_->mailbox_->Put(key, std::move(values_));
-    } else {
-      fits = server_->mailbox_->PutPart(key, header_.total_elements(), header_.part_offset(), values_.data(),
-                                        values_.size());
-      server_->mailbox_->Recycle(std::move(values_));
+    if (absl::Status s = server_->mailbox_->CompletePart(key_, header_.part_offset(), std::move(values_)); !s.ok()) {
+      return Fail(s);
     }
-    if (!fits) return Fail(grpc::StatusCode::INVALID_ARGUMENT, "tensor part overlaps one already received");
+    delivered_ = true;
     proto::TensorAck ack;
     ack.set_ok(true);
     ack_ = SerializeToBuffer(ack);
     StartWriteAndFinish(&ack_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
-  void Fail(grpc::StatusCode code, const std::string& why) {
-    server_->Refuse(why);
-    Finish(grpc::Status(code, why));
+  void Fail(const absl::Status& why) {
+    server_->Refuse(std::string(why.message()));
+    Finish(grpc::Status(static_cast<grpc::StatusCode>(why.code()), std::string(why.message())));
   }
 
+  static constexpr size_t kMaxHeaderBytes = 4096;
   TensorServer* server_;
   grpc::ByteBuffer buf_, ack_;
   proto::TensorHeader header_;
   proto::TensorTrailer trailer_;
-  bool have_header_ = false, have_trailer_ = false;
+  TensorKey key_;
+  bool reserved_ = false, have_trailer_ = false, delivered_ = false;
   std::vector<float> values_;
   std::vector<uint8_t> wire_;
   size_t received_ = 0, expected_ = 0;
@@ -168,18 +200,20 @@ class TensorServer::Generic : public grpc::CallbackGenericService {
   TensorServer* server_;
 };
 
-TensorServer::TensorServer(std::string job_id, Mailbox* mailbox) : job_id_(std::move(job_id)), mailbox_(mailbox) {}
+TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission)
+    : job_id_(std::move(job_id)), mailbox_(mailbox), admission_(admission) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
-                                                                  Mailbox* mailbox, std::vector<grpc::Service*> extra) {
-  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox));
+                                                                  Mailbox* mailbox, const TensorAdmission* admission,
+                                                                  std::vector<grpc::Service*> extra) {
+  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission));
   s->generic_ = std::make_unique<Generic>(s.get());
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(64 << 20);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   for (auto [k, v] : BulkTransferArgs()) b.AddChannelArgument(k, v);
   b.RegisterCallbackGenericService(s->generic_.get());
   for (grpc::Service* svc : extra) b.RegisterService(svc);
@@ -225,7 +259,9 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
  public:
   PartCall(grpc::GenericStub* stub, const TransportOptions& opt, std::shared_ptr<SendOp> op,
            const proto::TensorHeader& header, const uint8_t* data, size_t bytes)
-      : op_(std::move(op)), data_(data), bytes_(bytes), chunk_(opt.chunk_bytes) {
+      : op_(std::move(op)), canceller_(opt.canceller), data_(data), bytes_(bytes), chunk_(opt.chunk_bytes) {
+    // A cancelled context cancels the call as soon as it starts.
+    if (canceller_ && !canceller_->Register(this)) ctx_.TryCancel();
     ctx_.AddMetadata("lh-job", opt.job_id);
     ctx_.AddMetadata("lh-protocol", std::to_string(kProtocolVersion));
     ctx_.set_wait_for_ready(true);  // a peer still starting up is waited for, up to the deadline
@@ -261,8 +297,15 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   void OnReadDone(bool ok) override { got_ack_ = ok && ParseFromBuffer(ack_buf_, ack_); }
 
   void OnDone(const grpc::Status& s) override {
+    std::string cancelled;
+    if (canceller_) {
+      canceller_->Unregister(this);
+      cancelled = canceller_->reason();
+    }
     absl::Status st;
-    if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled.empty()) {
+      st = absl::CancelledError(cancelled);
+    } else if (!s.ok()) {
       st = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     } else if (!got_ack_ || !ack_.ok()) {
       st = absl::DataLossError(got_ack_ ? ack_.error() : "no acknowledgement");
@@ -274,7 +317,9 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   }
 
  private:
+  friend class SendCanceller;
   std::shared_ptr<SendOp> op_;
+  std::shared_ptr<SendCanceller> canceller_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer header_, chunk_buf_, ack_buf_;
   proto::TensorAck ack_;
@@ -284,6 +329,34 @@ class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   uint32_t crc_ = 0;
   bool trailer_sent_ = false;
 };
+
+void SendCanceller::Cancel(const std::string& reason) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!reason_.empty()) return;
+  reason_ = reason.empty() ? "cancelled" : reason;
+  // A call's OnDone may run inside TryCancel and unregister (and delete) calls: cancel only those
+  // still registered.
+  const std::set<PartCall*> calls = calls_;
+  for (PartCall* c : calls)
+    if (calls_.count(c)) c->ctx_.TryCancel();
+}
+
+std::string SendCanceller::reason() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return reason_;
+}
+
+bool SendCanceller::Register(PartCall* call) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!reason_.empty()) return false;
+  calls_.insert(call);
+  return true;
+}
+
+void SendCanceller::Unregister(PartCall* call) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  calls_.erase(call);
+}
 
 void SendOp::PartDone(const absl::Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -318,7 +391,7 @@ TensorClient::TensorClient(const std::string& address, const TransportOptions& o
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     for (auto [k, v] : BulkTransferArgs()) args.SetInt(k, v);
     channels_.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));

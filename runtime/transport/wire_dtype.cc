@@ -1,5 +1,6 @@
 #include "transport/wire_dtype.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,16 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       }
       return;
     }
+  }
+}
+
+void RoundThroughWire(float* data, size_t n, WireDtype d) {
+  if (d == WireDtype::kF32) return;
+  uint16_t wire[4096];
+  for (size_t i = 0; i < n; i += 4096) {
+    const size_t k = std::min<size_t>(4096, n - i);
+    EncodeWire(data + i, k, d, wire);
+    DecodeWire(wire, k, d, data + i);
   }
 }
 

@@ -18,5 +18,8 @@ const char* WireDtypeName(WireDtype d);
 // out receives n · WireBytesPerElement(d) bytes.
 void EncodeWire(const float* in, size_t n, WireDtype d, void* out);
 void DecodeWire(const void* in, size_t n, WireDtype d, float* out);
+// In place, what n floats become after EncodeWire and DecodeWire: a tensor a process hands to
+// itself must be rounded as its peers receive it, or replicas drift apart.
+void RoundThroughWire(float* data, size_t n, WireDtype d);
 
 }  // namespace longhaul

@@ -1,16 +1,24 @@
 // Real gRPC on loopback: tensors round-trip in every wire dtype and over several connections; a
 // peer of another job is refused with both job ids named; garbage bytes on the port close only
-// their own connection.
+// their own connection; crafted headers (sizes that wrap, sizes beyond what the receiver admits,
+// streams that stop after their header, duplicates, replays, iterations outside the window) are
+// refused before anything is allocated and leave nothing behind; a cancelled send ends at once.
 #include "transport/tensor_transport.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <thread>
 
 #include "tests/support/garbage_socket.h"
+#include "tests/support/process_memory.h"
+#include "tests/support/raw_tensor_call.h"
 
 namespace longhaul {
 namespace {
+
+const AnyTensorUpTo kAnySize(uint64_t{1} << 23);
 
 std::vector<float> Ramp(size_t n) {
   std::vector<float> v(n);
@@ -32,7 +40,7 @@ TensorKey Key(int kind, int micro) { return {kind, 5, micro, 1, 0, 0}; }
 
 TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
   Mailbox box;
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<float> x = Ramp(3'000'001);  // 12 MB, odd length, several chunks per part
   int micro = 0;
@@ -55,7 +63,7 @@ TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
 
 TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   Mailbox box;
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
   ASSERT_TRUE(server.ok());
   TransportOptions stranger;
   stranger.job_id = "jobB";
@@ -75,7 +83,7 @@ TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
 
 TEST(TensorTransport, GarbageOnThePortClosesOnlyThatConnection) {
   Mailbox box;
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
   ASSERT_TRUE(server.ok());
   TransportOptions opt;
   opt.job_id = "jobA";
@@ -108,6 +116,176 @@ TEST(Mailbox, TakeTimesOutAndCloseWakesWaiters) {
   EXPECT_NE(r.status().message().find("activation of iteration 5, micro-batch 3"), std::string::npos);
   box.Close("job aborted");
   EXPECT_EQ(box.Take(Key(proto::ACTIVATION, 3), std::chrono::seconds(5)).status().code(), absl::StatusCode::kAborted);
+}
+
+// A header as a peer could craft it: every size as given, nothing checked.
+proto::TensorHeader Crafted(int64_t iteration, uint64_t total, uint64_t offset, uint64_t n) {
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_job_id("jobA");
+  h.set_protocol_version(kProtocolVersion);
+  h.set_dtype(proto::F32);
+  h.set_iteration(iteration);
+  h.set_total_elements(total);
+  h.set_part_offset(offset);
+  h.set_part_elements(n);
+  return h;
+}
+
+grpc::Status SendCrafted(const std::string& address, const proto::TensorHeader& h, const std::vector<float>& values) {
+  auto stub = testing::RawStub(address);
+  testing::RawTensorCall call(*stub, "jobA", testing::PartMessages(h, values), /*hold_open=*/false);
+  return call.Await();
+}
+
+class Hostile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = TensorServer::Start("127.0.0.1:0", "jobA", &box_, &kAnySize);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  // The server still receives a well-formed tensor.
+  void ExpectStillServes(int64_t iteration) {
+    TransportOptions opt;
+    opt.job_id = "jobA";
+    proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+    h.set_iteration(iteration);
+    const std::vector<float> x = Ramp(1000);
+    ASSERT_TRUE(TensorClient(server_->address(), opt).Send(h, x.data(), x.size())->Wait().ok());
+    auto got = box_.Take({proto::ACTIVATION, iteration, 0, 1, 0, 0}, std::chrono::seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, x);
+  }
+  Mailbox box_;
+  std::unique_ptr<TensorServer> server_;
+};
+
+TEST_F(Hostile, PartOffsetThatWrapsAroundIsRefused) {
+  // offset + elements wraps to 1 in uint64: a check written as offset + n > total lets it through
+  // and the receiver writes before its buffer.
+  const grpc::Status s =
+      SendCrafted(server_->address(), Crafted(5, 5, std::numeric_limits<uint64_t>::max(), 2), {1.0f, 2.0f});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("does not fit a tensor of 5 elements"), std::string::npos) << s.error_message();
+  EXPECT_EQ(box_.HeldFloats(), 0u);
+  ExpectStillServes(6);
+}
+
+TEST_F(Hostile, SizeBeyondWhatTheReceiverAdmitsIsRefusedBeforeAllocating) {
+  const int64_t rss = testing::ResidentBytes();
+  const uint64_t huge = uint64_t{1} << 34;  // 64 GiB of floats
+  const grpc::Status s = SendCrafted(server_->address(), Crafted(5, huge, 0, huge), {1.0f});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("17179869184"), std::string::npos) << s.error_message();
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "resident memory grew by " << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 16 << 20);
+  ExpectStillServes(6);
+}
+
+TEST_F(Hostile, StreamsThatStopAfterTheirHeaderHoldNoMemoryAndLeaveNothingBehind) {
+  const int64_t rss = testing::ResidentBytes();
+  const uint64_t n = uint64_t{1} << 23;  // the most the receiver admits: 32 MiB each
+  auto stub = testing::RawStub(server_->address());
+  std::vector<std::unique_ptr<testing::RawTensorCall>> calls;
+  for (int it = 0; it < 3; ++it) {
+    calls.push_back(std::make_unique<testing::RawTensorCall>(
+        *stub, "jobA", std::vector<std::string>{Crafted(it, n, 0, n).SerializeAsString()}, /*hold_open=*/true));
+  }
+  // A second stream for a part already reserved is refused: proof the first one's header is in.
+  const grpc::Status dup = SendCrafted(server_->address(), Crafted(0, n, 0, n), std::vector<float>(n, 1.0f));
+  EXPECT_EQ(dup.error_code(), grpc::StatusCode::ALREADY_EXISTS) << dup.error_message();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (auto& c : calls) EXPECT_FALSE(c->Done()) << "the header-only streams stay open";
+  EXPECT_EQ(box_.HeldFloats(), 0u);
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "3 header-only streams of " << n * 4 / (1 << 20) << " MiB each: resident memory grew by "
+            << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 64 << 20) << "the refused duplicate's message may be buffered, nothing more";
+  for (auto& c : calls) {
+    c->Cancel();
+    c->Await();
+  }
+  // Abandoned: the same parts can now arrive for real.
+  const std::vector<float> x = Ramp(n);
+  for (int it = 0; it < 3; ++it) {
+    const grpc::Status s = SendCrafted(server_->address(), Crafted(it, n, 0, n), x);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(box_.Take({proto::ACTIVATION, it, 0, 1, 0, 0}, std::chrono::seconds(5)).ok());
+  }
+}
+
+TEST_F(Hostile, DuplicateAndOverlappingPartsAreRefused) {
+  const std::vector<float> x = Ramp(100);
+  const std::vector<float> lo(x.begin(), x.begin() + 50), hi(x.begin() + 50, x.end());
+  EXPECT_TRUE(SendCrafted(server_->address(), Crafted(5, 100, 0, 50), lo).ok());
+  // Twice the first half would add up to 100 elements with the second half never written.
+  const grpc::Status again = SendCrafted(server_->address(), Crafted(5, 100, 0, 50), lo);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::ALREADY_EXISTS) << again.error_message();
+  const grpc::Status overlap =
+      SendCrafted(server_->address(), Crafted(5, 100, 25, 50), std::vector<float>(x.begin() + 25, x.begin() + 75));
+  EXPECT_EQ(overlap.error_code(), grpc::StatusCode::ALREADY_EXISTS) << overlap.error_message();
+  const grpc::Status other_total = SendCrafted(server_->address(), Crafted(5, 120, 50, 50), hi);
+  EXPECT_EQ(other_total.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << other_total.error_message();
+  EXPECT_TRUE(SendCrafted(server_->address(), Crafted(5, 100, 50, 50), hi).ok());
+  auto got = box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+}
+
+TEST_F(Hostile, ReplaysAndIterationsOutsideTheWindowAreRefused) {
+  box_.SetWindow(5);
+  const std::vector<float> x = Ramp(10);
+  ASSERT_TRUE(SendCrafted(server_->address(), Crafted(5, 10, 0, 10), x).ok());
+  ASSERT_TRUE(box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5)).ok());
+  EXPECT_EQ(SendCrafted(server_->address(), Crafted(5, 10, 0, 10), x).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  for (int64_t it : {int64_t{4}, int64_t{7}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    const grpc::Status s = SendCrafted(server_->address(), Crafted(it, 10, 0, 10), x);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << it << ": " << s.error_message();
+  }
+  ASSERT_TRUE(SendCrafted(server_->address(), Crafted(6, 10, 0, 10), x).ok());
+  box_.SetWindow(7);  // iteration 6 was never taken: moving on drops it
+  EXPECT_EQ(box_.HeldFloats(), 0u);
+  ExpectStillServes(7);
+}
+
+TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
+  proto::TensorHeader fat = Crafted(5, 10, 0, 10);
+  for (int i = 0; i < 5000; ++i) fat.add_shape(i);
+  EXPECT_EQ(SendCrafted(server_->address(), fat, Ramp(10)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  auto stub = testing::RawStub(server_->address());
+  testing::RawTensorCall more(*stub, "jobA", testing::PartMessages(Crafted(6, 10, 0, 10), Ramp(12)), false);
+  const grpc::Status s1 = more.Await();
+  EXPECT_EQ(s1.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s1.error_message();
+
+  std::vector<std::string> corrupt = testing::PartMessages(Crafted(7, 10, 0, 10), Ramp(10));
+  corrupt[1][7] ^= 0x40;
+  testing::RawTensorCall flipped(*stub, "jobA", corrupt, false);
+  const grpc::Status s2 = flipped.Await();
+  EXPECT_EQ(s2.error_code(), grpc::StatusCode::DATA_LOSS) << s2.error_message();
+  EXPECT_EQ(box_.HeldFloats(), 0u);
+  // Each refused part's reservation went with its stream.
+  for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
+}
+
+TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
+  TransportOptions opt;
+  opt.timeout = std::chrono::seconds(60);
+  opt.canceller = std::make_shared<SendCanceller>();
+  const std::vector<float> x = Ramp(10);
+  TensorClient client("127.0.0.1:1", opt);  // nobody listens: the send waits for the peer
+  auto op = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  opt.canceller->Cancel("the coordinator stopped the job");
+  const absl::Status s = op->Wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "cancelled send returned after " << waited << " s\n";
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("the coordinator stopped the job"), std::string::npos) << s;
+  const absl::Status later = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  EXPECT_EQ(later.code(), absl::StatusCode::kCancelled) << later;
 }
 
 }  // namespace

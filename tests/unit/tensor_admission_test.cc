@@ -1,0 +1,136 @@
+// What a worker admits under a plan: the boundary tensors of its neighbours in its replica, the
+// pushes of its stage's other replicas for the shards it hosts, and the parameters of the others;
+// each of the plan's size, dtype and version. Everything else is refused, naming what is wrong.
+#include "worker/tensor_admission.h"
+
+#include <gtest/gtest.h>
+
+#include "model/param_layout.h"
+
+namespace longhaul {
+namespace {
+
+JobConfig Config(const std::string& wire = "bf16") {
+  auto cfg = ParseJobConfig(R"(
+[model]
+n_layer = 4
+d_model = 32
+n_head = 2
+max_seq_len = 16
+[train]
+seq_len = 16
+micro_batch_size = 2
+micro_batches = 3
+[cluster]
+stages = 3
+replicas = 2
+stage_layers = [2, 1, 1]
+[transport]
+wire_dtype = ")" + wire + "\"\n",
+                            "test.toml");
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  return *cfg;
+}
+
+// Stage 1's tensors cut into one shard per replica, as the coordinator plans them.
+proto::Plan Plan(const JobConfig& cfg) {
+  proto::Plan plan;
+  plan.set_version(3);
+  plan.set_stages(3);
+  plan.set_replicas(2);
+  const ParamLayout layout(cfg.model, cfg.Stage(1));
+  const auto cuts = layout.SplitIntoShards(2);
+  for (int k = 0; k < 2; ++k) {
+    proto::ShardPlacement* sp = plan.add_shards();
+    sp->set_stage(1);
+    sp->set_shard(k);
+    sp->set_owner_replica(k);
+    sp->set_first_tensor(cuts[k].first);
+    sp->set_end_tensor(cuts[k].second);
+  }
+  return plan;
+}
+
+proto::TensorHeader From(int kind, int stage, int replica, int shard = 0, int micro = 0) {
+  proto::TensorHeader h;
+  h.set_plan_version(3);
+  h.set_kind(static_cast<proto::TensorKind>(kind));
+  h.set_from_stage(stage);
+  h.set_from_replica(replica);
+  h.set_shard(shard);
+  h.set_micro_batch(micro);
+  h.set_dtype(proto::BF16);
+  return h;
+}
+
+TEST(PlanAdmission, RefusesEverythingBeforeThePlan) {
+  PlanAdmission a;
+  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
+  const JobConfig cfg = Config();
+  const proto::Plan plan = Plan(cfg);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  const uint64_t boundary = 2 * 16 * 32;
+  const ParamLayout layout(cfg.model, cfg.Stage(1));
+  const auto [b0, e0] = layout.Range(plan.shards(0).first_tensor(), plan.shards(0).end_tensor());
+  const auto [b1, e1] = layout.Range(plan.shards(1).first_tensor(), plan.shards(1).end_tensor());
+  for (int m = 0; m < 3; ++m) {
+    EXPECT_EQ(*a.Admit(From(proto::ACTIVATION, 0, 0, 0, m)), boundary);
+    EXPECT_EQ(*a.Admit(From(proto::GRADIENT, 2, 0, 0, m)), boundary);
+  }
+  EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0)), e0 - b0);  // replica 1 pushes to the shard hosted here
+  EXPECT_EQ(*a.Admit(From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
+}
+
+TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {
+  const JobConfig cfg = Config();
+  PlanAdmission a;
+  a.SetPlan(Plan(cfg), cfg, 1, 0);
+  const std::vector<std::pair<const char*, proto::TensorHeader>> refused = {
+      {"activation from another replica", From(proto::ACTIVATION, 0, 1)},
+      {"activation from the next stage", From(proto::ACTIVATION, 2, 0)},
+      {"gradient from the previous stage", From(proto::GRADIENT, 0, 0)},
+      {"a push from this worker's own replica (it puts its own)", From(proto::GRAD_PUSH, 1, 0, 0)},
+      {"a push for a shard hosted elsewhere", From(proto::GRAD_PUSH, 1, 1, 1)},
+      {"parameters of this worker's own shard", From(proto::PARAMS, 1, 0, 0)},
+      {"a shard that does not exist", From(proto::PARAMS, 1, 1, 7)},
+      {"a stage of another worker", From(proto::PARAMS, 2, 1, 0)},
+      {"an unknown kind", From(9, 0, 0)},
+  };
+  for (const auto& [what, h] : refused) {
+    auto r = a.Admit(h);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << what;
+  }
+  proto::TensorHeader micro = From(proto::ACTIVATION, 0, 0, 0, 3);
+  EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
+  micro.set_micro_batch(-1);
+  EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
+  proto::TensorHeader version = From(proto::ACTIVATION, 0, 0);
+  version.set_plan_version(2);
+  EXPECT_EQ(a.Admit(version).status().code(), absl::StatusCode::kFailedPrecondition);
+  proto::TensorHeader dtype = From(proto::ACTIVATION, 0, 0);
+  dtype.set_dtype(proto::F32);
+  auto r = a.Admit(dtype);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("transport.wire_dtype"), std::string::npos) << r.status();
+}
+
+TEST(PlanAdmission, EndStagesHaveNoNeighbourOnTheOpenSide) {
+  const JobConfig cfg = Config("fp32");
+  PlanAdmission first, last;
+  first.SetPlan(Plan(cfg), cfg, 0, 1);
+  last.SetPlan(Plan(cfg), cfg, 2, 1);
+  proto::TensorHeader act = From(proto::ACTIVATION, 1, 1), grad = From(proto::GRADIENT, 1, 1);
+  act.set_dtype(proto::F32), grad.set_dtype(proto::F32);
+  EXPECT_TRUE(first.Admit(grad).ok());
+  EXPECT_TRUE(last.Admit(act).ok());
+  act.set_from_stage(-1), grad.set_from_stage(3);
+  EXPECT_FALSE(first.Admit(act).ok());
+  EXPECT_FALSE(last.Admit(grad).ok());
+}
+
+}  // namespace
+}  // namespace longhaul

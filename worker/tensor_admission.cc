@@ -1,0 +1,58 @@
+#include "worker/tensor_admission.h"
+
+#include "absl/strings/str_format.h"
+#include "model/param_layout.h"
+
+namespace longhaul {
+
+void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
+  std::map<Source, Expected> expected;
+  const int P = plan.stages(), M = cfg.train.micro_batches;
+  const uint64_t boundary = static_cast<uint64_t>(cfg.train.micro_batch_size) * cfg.train.seq_len * cfg.model.d_model;
+  if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M};
+  if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M};
+  const ParamLayout layout(cfg.model, cfg.Stage(stage));
+  for (const proto::ShardPlacement& sp : plan.shards()) {
+    if (sp.stage() != stage) continue;
+    const auto [begin, end] = layout.Range(sp.first_tensor(), sp.end_tensor());
+    if (sp.owner_replica() == replica) {
+      // This worker hosts the shard: every other replica of the stage pushes its gradient.
+      for (int r = 0; r < plan.replicas(); ++r)
+        if (r != replica) expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, 1};
+    } else {
+      expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1};
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  expected_ = std::move(expected);
+  plan_version_ = plan.version();
+  stage_ = stage, replica_ = replica;
+  dtype_ = static_cast<proto::WireDtype>(cfg.transport.wire_dtype);
+  have_plan_ = true;
+}
+
+absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!have_plan_) return absl::UnavailableError("this worker has no plan yet");
+  if (h.plan_version() != plan_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("a tensor of plan version %d; this worker runs plan version %d", h.plan_version(), plan_version_));
+  }
+  const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
+  auto it = expected_.find({h.kind(), h.from_stage(), h.from_replica(), h.shard()});
+  if (it == expected_.end()) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "plan v%d has no %s for the worker of stage %d replica %d", plan_version_, key.DebugString(), stage_, replica_));
+  }
+  if (h.micro_batch() < 0 || h.micro_batch() >= it->second.micro_batches) {
+    return absl::OutOfRangeError(absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(),
+                                                 it->second.micro_batches));
+  }
+  if (h.dtype() != dtype_) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s in wire dtype %d; the job's is %d (transport.wire_dtype)",
+                                                      key.DebugString(), h.dtype(), dtype_));
+  }
+  return it->second.elements;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,44 @@
+#pragma once
+// What the plan lets each peer send one worker (stage s, replica r): the boundary activations of
+// the previous stage of its replica, the boundary gradients of the next, its stage's other
+// replicas' gradient pushes for the shards it hosts, and the parameters of its stage's other
+// shards from their hosts; each of a size the plan fixes, in the plan's wire dtype, under the
+// plan's version. Which iterations are accepted is the Mailbox's window.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "config/job_config.h"
+#include "longhaul.pb.h"
+#include "transport/tensor_transport.h"
+
+namespace longhaul {
+
+class PlanAdmission : public TensorAdmission {
+ public:
+  // Refuses everything until SetPlan.
+  PlanAdmission() = default;
+
+  // The plan this worker runs, as stage `stage` of replica `replica`, under config `cfg`.
+  void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica);
+
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const override;
+
+ private:
+  struct Expected {
+    uint64_t elements = 0;
+    int micro_batches = 1;  // micro-batch indices [0, micro_batches)
+  };
+  using Source = std::tuple<int, int, int, int>;  // kind, from stage, from replica, shard
+
+  mutable std::mutex mu_;
+  bool have_plan_ = false;
+  uint64_t plan_version_ = 0;
+  int stage_ = 0, replica_ = 0;
+  proto::WireDtype dtype_ = proto::F32;
+  std::map<Source, Expected> expected_;
+};
+
+}  // namespace longhaul
