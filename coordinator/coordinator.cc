@@ -117,6 +117,25 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Ready(grpc::ServerContext*, const proto::ReadyRequest* req, proto::ReadyReply* reply) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    if (req->plan_version() != plan_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d is ready for plan version %d; the plan is version %d",
+                                          req->worker_id(), req->plan_version(), plan_.version()));
+    }
+    ready_.insert(req->worker_id());
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, std::chrono::seconds(5),
+                      [&] { return static_cast<int>(ready_.size()) == expected_ || !abort_.empty(); })) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "waiting for every worker to install the plan");
+    }
+    reply->set_abort(!abort_.empty());
+    reply->set_reason(abort_);
+    return grpc::Status::OK;
+  }
+
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
                          proto::HeartbeatReply* reply) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -226,7 +245,10 @@ class Service final : public proto::Coordinator::Service {
                               Clock::now() - abort_time_ > std::chrono::seconds(5))) {
         break;  // the workers heard it through their heartbeats; don't wait for a dead one
       }
-      if (plan_.version() == 0 && Clock::now() - last_wait_note > std::chrono::seconds(10)) {
+      // As often as a silent worker would be declared dead, at most every 10 s.
+      const double note_every_s = std::min(10.0, cfg_.cluster.dead_after_s);
+      if (plan_.version() == 0 &&
+          std::chrono::duration<double>(Clock::now() - last_wait_note).count() > note_every_s) {
         std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered; %s\n", workers_.size(),
                                      expected_, UnfilledSlots())
                   << std::flush;
@@ -240,8 +262,8 @@ class Service final : public proto::Coordinator::Service {
                   ? absl::StrFormat("registered from %s, waiting for its plan", w.reg.address())
                   : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
                                     plan_.assignments(id).replica(), w.reg.address());
-          Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it "
-                                "and %s",
+          Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it, "
+                                "then %s",
                                 id, where, silent, ResumeAdvice()));
         }
       }
@@ -303,7 +325,7 @@ class Service final : public proto::Coordinator::Service {
     if (LatestCheckpoint((fs::path(cfg_.train.out_dir) / "checkpoints").string()).ok()) {
       return "resume from the last checkpoint with --set train.resume=true";
     }
-    return absl::StrFormat("no checkpoint was written yet, so start the job again from the beginning (set "
+    return absl::StrFormat("start the job again from the beginning: no checkpoint was written yet (set "
                            "train.checkpoint_every, now %d, to keep progress)",
                            cfg_.train.checkpoint_every);
   }
@@ -460,6 +482,7 @@ class Service final : public proto::Coordinator::Service {
   std::condition_variable cv_;
   std::map<int, WorkerInfo> workers_;
   proto::Plan plan_;
+  std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::map<std::pair<int, int>, double>> norms_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk

@@ -49,8 +49,10 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
                                                  it->second.micro_batches));
   }
   if (h.dtype() != dtype_) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s in wire dtype %d; the job's is %d (transport.wire_dtype)",
-                                                      key.DebugString(), h.dtype(), dtype_));
+    const bool known = h.dtype() >= proto::F32 && h.dtype() <= proto::BF16;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s in wire dtype %s; the job's is %s (transport.wire_dtype)", key.DebugString(),
+        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(static_cast<WireDtype>(dtype_))));
   }
   return it->second.elements;
 }

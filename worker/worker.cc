@@ -57,6 +57,8 @@ class Worker {
  private:
   absl::Status Join();
   absl::Status Setup();
+  // Returns once every worker of the plan has set it up, so none is sent a tensor it would refuse.
+  absl::Status AwaitStart();
   absl::Status RunIteration(int64_t it);
   absl::Status ServeShards(int64_t it, double* grad_norm, float* lr);
   absl::Status BroadcastParams(int64_t it);
@@ -279,6 +281,22 @@ absl::Status Worker::Setup() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::AwaitStart() {
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::ReadyRequest req;
+    req.set_worker_id(id_);
+    req.set_plan_version(plan_.version());
+    proto::ReadyReply reply;
+    grpc::Status st = coord_->Ready(&ctx, req, &reply);
+    if (st.ok()) return reply.abort() ? absl::AbortedError(reply.reason()) : absl::OkStatus();
+    if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return FromGrpc(st, absl::StrCat("waiting at ", opt_.coordinator, " for every worker to start"));
+    }
+  }
+}
+
 void Worker::Stop(const std::string& reason) {
   mailbox_.Close(reason);
   canceller_->Cancel(reason);
@@ -493,6 +511,7 @@ absl::Status Worker::Checkpoint(int64_t step) {
 absl::Status Worker::Run() {
   LH_RETURN_IF_ERROR(Join());
   absl::Status status = Setup();
+  if (status.ok()) status = AwaitStart();
   const int64_t start = plan_.start_iteration();
   if (status.ok()) {
     // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
@@ -509,6 +528,9 @@ absl::Status Worker::Run() {
     const bool due = (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end;
     if (status.ok() && due) status = Checkpoint(step);
   }
+  // A failed iteration may leave sends in flight: end them before their clients go.
+  if (!status.ok()) Stop(std::string(status.message()));
+  FinishSends(iteration_).IgnoreError();
   std::string trace;
   if (!cfg_.train.out_dir.empty()) {
     std::error_code ec;

@@ -1,6 +1,7 @@
 // Multi-worker runs as real processes (`longhaul local`: coordinator + workers talking gRPC over
 // loopback) against the single-process trainer on the same samples.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -8,12 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
 #include "tests/support/garbage_socket.h"
+#include "tests/support/process_memory.h"
+#include "tests/support/raw_tensor_call.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -165,6 +169,37 @@ INSTANTIATE_TEST_SUITE_P(
                {"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=1", "cluster.stage_layers=[4,0]"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A worker hands its own shard's parameters and its own gradient push to itself; they must be
+// rounded as its peers receive them, or the replicas train different models. The coordinator
+// compares every replica's parameter checksum after every iteration and stops the job on a
+// difference; the losses stay near the fp32 run's.
+class WireDtypes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WireDtypes, ReplicasHoldBitwiseTheSameParametersAfterEveryIteration) {
+  const Reference& ref = SingleProcess();
+  const std::string dtype = GetParam();
+  const fs::path out = Dir("wire_" + dtype);
+  ASSERT_EQ(Longhaul("local", out,
+                     {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "transport.wire_dtype=" + dtype}),
+            0)
+      << Log(out);
+  std::ifstream f(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  EXPECT_EQ(summary["replica_checks"], 6) << "every iteration's replicas compared";
+  const std::vector<double> losses = Losses(out);
+  ASSERT_EQ(losses.size(), ref.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < losses.size(); ++i) worst = std::max(worst, std::abs(losses[i] - ref.losses[i]));
+  std::cout << dtype << " wire: replicas equal after every iteration; max |loss - fp32 one-process loss| = " << worst
+            << "\n";
+  // Rounding boundary tensors and parameters to 8 (bf16) or 11 (fp16) significant bits over 6
+  // steps moves the loss by far less than this.
+  EXPECT_LT(worst, 0.05);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16"));
+
 TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
   const std::vector<std::string> layout = {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"};
   const fs::path full = Dir("resume_full"), split = Dir("resume_split");
@@ -182,11 +217,8 @@ TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
   EXPECT_EQ(Params(full), Params(split));
 }
 
-TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
-  const fs::path out = Dir("intruders");
-  auto run = std::async(std::launch::async, [&] {
-    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=60"});
-  });
+// cluster.json of a run in progress, once the coordinator wrote it (null after 15 s).
+nlohmann::json WaitForCluster(const fs::path& out) {
   nlohmann::json cluster;
   for (int i = 0; i < 300 && cluster.is_null(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -194,6 +226,15 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
     cluster = nlohmann::json::parse(f, nullptr, false);
     if (cluster.is_discarded()) cluster = nullptr;
   }
+  return cluster;
+}
+
+TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
+  const fs::path out = Dir("intruders");
+  auto run = std::async(std::launch::async, [&] {
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=60"});
+  });
+  const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
   const std::string victim = cluster["workers"][1]["address"];
 
@@ -215,6 +256,138 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
 
   ASSERT_EQ(run.get(), 0) << Log(out);
   EXPECT_EQ(Losses(out).size(), 60u) << "the run went on to the end";
+}
+
+// What a crafted peer sends a live worker (stage 1 of replica 0 in a 2 x 2 run): each is refused
+// with the reason, the worker's memory stays flat, and the run trains to its end.
+TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
+  const fs::path out = Dir("crafted");
+  auto run = std::async(std::launch::async, [&] {
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=150"});
+  });
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  const std::string victim = cluster["workers"][1]["address"];
+  const int pid = cluster["workers"][1]["pid"];
+  ASSERT_EQ(cluster["workers"][1]["stage"], 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the run
+  const int64_t rss_before = testing::ResidentBytes(pid);
+  ASSERT_GT(rss_before, 0);
+
+  const uint64_t boundary = 2 * 16 * 32;  // micro_batch_size x seq_len x d_model
+  auto header = [&](uint64_t total, uint64_t offset, uint64_t n) {
+    proto::TensorHeader h;
+    h.set_job_id("equivalence");
+    h.set_protocol_version(kProtocolVersion);
+    h.set_plan_version(1);
+    h.set_kind(proto::ACTIVATION);
+    h.set_iteration(1);
+    h.set_from_stage(0);
+    h.set_from_replica(0);
+    h.set_dtype(proto::F32);
+    h.set_total_elements(total);
+    h.set_part_offset(offset);
+    h.set_part_elements(n);
+    return h;
+  };
+  struct Case {
+    const char* what;
+    proto::TensorHeader h;
+    grpc::StatusCode code;
+  };
+  std::vector<Case> cases = {
+      {"offset that wraps around", header(boundary, std::numeric_limits<uint64_t>::max(), 2),
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"2^34 elements", header(uint64_t{1} << 34, 0, uint64_t{1} << 34), grpc::StatusCode::INVALID_ARGUMENT},
+      {"more than the boundary", header(boundary + 1, 0, boundary + 1), grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  proto::TensorHeader h = header(boundary, 0, boundary);
+  h.set_from_stage(5);
+  cases.push_back({"a stage the plan does not have", h, grpc::StatusCode::PERMISSION_DENIED});
+  h = header(boundary, 0, boundary);
+  h.set_plan_version(7);
+  cases.push_back({"another plan version", h, grpc::StatusCode::FAILED_PRECONDITION});
+  h = header(boundary, 0, boundary);
+  h.set_dtype(proto::BF16);
+  cases.push_back({"another wire dtype", h, grpc::StatusCode::INVALID_ARGUMENT});
+  h = header(boundary, 0, boundary);
+  h.set_iteration(1'000'000'000);
+  cases.push_back({"an iteration far ahead", h, grpc::StatusCode::OUT_OF_RANGE});
+  h = header(boundary, 0, boundary);
+  h.set_micro_batch(2);
+  cases.push_back({"a micro-batch the plan does not have", h, grpc::StatusCode::OUT_OF_RANGE});
+
+  auto stub = testing::RawStub(victim);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::unique_ptr<testing::RawTensorCall>> calls;
+    for (const Case& c : cases) {
+      // Header only, held open, as the streams that took a worker to 3.4 GB did.
+      calls.push_back(std::make_unique<testing::RawTensorCall>(
+          *stub, "equivalence", std::vector<std::string>{c.h.SerializeAsString()}, /*hold_open=*/true));
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const grpc::Status s = calls[i]->Await(std::chrono::seconds(10));
+      EXPECT_EQ(s.error_code(), cases[i].code) << cases[i].what << ": " << s.error_message();
+      if (round == 0) std::cout << cases[i].what << ": " << s.error_message() << "\n";
+    }
+  }
+  const int64_t rss_after = testing::ResidentBytes(pid);
+  std::cout << "victim worker resident memory: " << rss_before / (1 << 20) << " MiB before, " << rss_after / (1 << 20)
+            << " MiB after " << 20 * cases.size() << " crafted streams\n";
+  EXPECT_LT(rss_after - rss_before, 32 << 20);
+  ASSERT_EQ(run.get(), 0) << Log(out);
+  EXPECT_EQ(Losses(out).size(), 150u) << "the run went on to the end";
+}
+
+// A stop reaches every worker within a heartbeat and cancels its sends: a worker whose peer died
+// does not wait out transport.timeout_s (120 s here) with a misleading deadline error.
+TEST(Cluster, AStoppedJobEndsEveryWorkerWithinAHeartbeatNotTheTransportTimeout) {
+  const fs::path out = Dir("stop");
+  auto run = std::async(std::launch::async, [&] {
+    return Longhaul("local", out,
+                    {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=100000",
+                     "cluster.heartbeat_s=0.5", "cluster.dead_after_s=3", "transport.timeout_s=120"});
+  });
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int victim = cluster["workers"][1]["pid"];
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  EXPECT_NE(run.get(), 0);
+  const double after_kill = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string log = Log(out);
+  std::cout << "the job ended " << after_kill << " s after its stage-1 worker was killed (dead_after_s = 3, "
+            << "transport.timeout_s = 120)\n";
+  EXPECT_LT(after_kill, 60) << log;
+  EXPECT_NE(log.find("worker 1 (stage 1, replica 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("sent no heartbeat"), std::string::npos) << log;
+  const size_t line = log.find("longhaul: error: [worker 0 s0 r0]");
+  ASSERT_NE(line, std::string::npos) << log;
+  EXPECT_NE(log.substr(line, log.find('\n', line) - line).find("the coordinator stopped the job"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("Deadline Exceeded"), std::string::npos) << log;
+  EXPECT_NE(log.find("no checkpoint was written yet"), std::string::npos) << "no checkpoint to resume from: " << log;
+}
+
+// A worker waiting for its plan is alive, however long the last worker takes to register; the
+// coordinator names the slots nobody has filled yet.
+TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
+  const fs::path out = Dir("late");
+  const std::string bin = LONGHAUL_BINARY, port = (out / "port").string();
+  const std::string sets = " -c " + ConfigFile() + " --set train.out_dir=" + out.string() +
+                           " --set cluster.stages=2 --set cluster.heartbeat_s=0.5 --set cluster.dead_after_s=2";
+  const std::string script =
+      bin + " coordinator" + sets + " --listen 127.0.0.1:0 --port-file " + port + " > " + (out / "log.txt").string() +
+      " 2>&1 & c=$!; while [ ! -s " + port + " ]; do sleep 0.1; done; a=127.0.0.1:$(cat " + port + "); " + bin +
+      " worker --coordinator $a > " + (out / "w0.txt").string() + " 2>&1 & sleep 6; " + bin +
+      " worker --coordinator $a > " + (out / "w1.txt").string() + " 2>&1; wait $c";
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0) << Log(out);
+  const std::string log = Log(out);
+  EXPECT_NE(log.find("waiting for workers, 1/2 registered; no worker yet for stage 1 replica 0"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("sent no heartbeat"), std::string::npos) << log;
+  EXPECT_EQ(Losses(out).size(), 6u) << log;
 }
 
 }  // namespace
