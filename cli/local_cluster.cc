@@ -28,13 +28,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
-volatile sig_atomic_t g_interrupted = 0;
-void OnSignal(int) { g_interrupted = 1; }
+// Ctrl-C and SIGTERM received so far: the first stops the job in order, the second kills it.
+volatile sig_atomic_t g_interrupts = 0;
+void OnSignal(int) { g_interrupts = g_interrupts + 1; }
+
+// After Ctrl-C, how long the coordinator has to stop the workers (they hear it through their next
+// heartbeat), wait for their timelines (5 s at most) and write the records before being killed.
+constexpr auto kStopGrace = std::chrono::seconds(20);
 
 pid_t Spawn(const std::vector<std::string>& args) {
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);  // a killed launcher takes its processes with it
+    // Out of the terminal's process group: a Ctrl-C reaches the launcher alone, which asks the
+    // coordinator to stop the job, instead of killing every worker before it reports.
+    setpgid(0, 0);
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -106,6 +114,9 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
 
   struct sigaction sa = {};
   sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
@@ -159,7 +170,7 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
             << std::flush;
 
   int port = 0;
-  for (int i = 0; i < 300 && port == 0 && !g_interrupted; ++i) {
+  for (int i = 0; i < 300 && port == 0 && g_interrupts == 0; ++i) {
     std::ifstream f(port_file);
     if (!(f >> port)) {
       int status;
@@ -172,6 +183,7 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   }
   if (port == 0) {
     kill(children[0], SIGTERM);
+    if (g_interrupts > 0) return 130;
     std::cerr << "longhaul local: the coordinator did not start listening within 30 s\n";
     return 1;
   }
@@ -198,13 +210,27 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
       if (running[i]) kill(children[i], sig);
   };
   auto deadline = std::chrono::steady_clock::time_point::max();
+  int interrupts_handled = 0;
   while (std::count(running.begin(), running.end(), true) > 0) {
-    if (g_interrupted) {
-      std::cout << "\nlonghaul local: interrupted, stopping every process\n" << std::flush;
-      stop_all(SIGTERM);
-      g_interrupted = 0;
-      result = 130;
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    if (g_interrupts > interrupts_handled) {
+      interrupts_handled = g_interrupts;
+      if (result != 130) {
+        // The coordinator stops the workers and writes metrics.csv, loss.svg, timeline.json and
+        // summary.json; without it, nobody is left to wait for.
+        std::cout << "\nlonghaul local: interrupted: the coordinator stops the workers and writes the records "
+                     "(Ctrl-C again kills every process at once)\n"
+                  << std::flush;
+        if (running[0]) {
+          kill(children[0], SIGTERM);
+        } else {
+          stop_all(SIGTERM);
+        }
+        result = 130;
+        deadline = std::min(deadline, std::chrono::steady_clock::now() + kStopGrace);
+      } else {
+        std::cout << "\nlonghaul local: interrupted again: killing every process\n" << std::flush;
+        stop_all(SIGKILL);
+      }
     }
     if (net && result != 130 && deadline == std::chrono::steady_clock::time_point::max()) {
       if (absl::Status d = net->CheckDaemon(); !d.ok()) {

@@ -22,7 +22,7 @@
 #include "config/job_config.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
-#include "metrics/loss_curve.h"
+#include "metrics/metrics_log.h"
 #include "metrics/timeline.h"
 #include "model/param_layout.h"
 #include "transport/tensor_transport.h"
@@ -50,9 +50,10 @@ struct IterationRecord {
 
 class Service final : public proto::Coordinator::Service {
  public:
-  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at)
+  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics)
       : cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
-        end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)) {
+        end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
+        metrics_(std::move(metrics)) {
     for (int s = 0; s < cfg.cluster.stages; ++s) {
       ParamLayout layout(cfg.model, cfg.Stage(s));
       auto cuts = cfg.cluster.central_ps ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
@@ -232,7 +233,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  // Runs until every worker is done, or the job fails; then writes the run's records.
+  // Runs until every worker is done, or the job fails or is interrupted; then writes the run's
+  // records, whatever ended it (metrics.csv is already complete: it grows with every iteration).
   absl::Status Supervise() {
     std::unique_lock<std::mutex> lock(mu_);
     auto last_wait_note = Clock::now();
@@ -268,9 +270,10 @@ class Service final : public proto::Coordinator::Service {
         }
       }
     }
-    WriteRecords();
+    const nlohmann::json summary = Summary();
+    WriteRecords(summary);
     if (!abort_.empty()) return absl::AbortedError(abort_);
-    PrintSummary();
+    PrintSummary(summary);
     return absl::OkStatus();
   }
 
@@ -405,8 +408,9 @@ class Service final : public proto::Coordinator::Service {
     if (it > start_) timed_seconds_ += sec, ++timed_;
     const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
     const int64_t step = it + 1, steps = cfg_.train.steps, end = end_;
-    history_.push_back({static_cast<double>(step), loss});
-    floor_ = floor;
+    const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .lr = lr, .grad_norm = norm, .seconds = sec,
+                            .tokens_per_s = cfg_.tokens_per_step() / sec};
+    if (absl::Status st = metrics_.Append(row); !st.ok() && abort_.empty()) Abort(std::string(st.message()));
     std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
                                        steps, loss);
     if (floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", floor));
@@ -415,36 +419,33 @@ class Service final : public proto::Coordinator::Service {
                                            lr, norm, sec, cfg_.tokens_per_step() / mean,
                                            flops_ / mean / 1e12 / expected_, DaysFor100BTokens(cfg_.tokens_per_step() / mean),
                                            FormatDuration(mean * (end - step))));
-    if (step % cfg_.train.log_every == 0 || step == end || it == start_) std::cout << line << "\n" << std::flush;
-    csv_ << absl::StrFormat("%d,%.6f,%.6f,%.6f,%.6g,%.6f\n", step, loss, floor, sec, lr, norm);
-  }
-
-  void WriteRecords() {
-    const fs::path dir(cfg_.train.out_dir);
-    std::ofstream(dir / "metrics.csv", std::ios::trunc) << "step,loss,floor,seconds,lr,grad_norm\n" << csv_.str();
-    WriteLossCurveSvg((dir / "loss.svg").string(), history_, {}, floor_).IgnoreError();
-    std::vector<std::string> traces;
-    for (auto& [id, w] : workers_)
-      if (!w.timeline.empty() && fs::exists(w.timeline)) traces.push_back(w.timeline);
-    if (!traces.empty() && MergeTraces(traces, (dir / "timeline.json").string()).ok()) {
-      std::cout << "coordinator: timeline of " << traces.size() << " workers in " << (dir / "timeline.json").string()
-                << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+    if (step % cfg_.train.log_every == 0 || step == end || it == start_) {
+      std::cout << line << "\n" << std::flush;
+      metrics_.DrawLossCurve(LossSvg()).IgnoreError();  // redrawn at the end, where a failure is reported
     }
   }
 
-  void PrintSummary() {
-    if (timed_ == 0) return;
-    const double sec = timed_seconds_ / timed_, tps = cfg_.tokens_per_step() / sec;
-    nlohmann::json summary = {{"iteration_seconds", sec}, {"tokens_per_second", tps},
-                              {"final_loss", history_.back().loss}, {"workers", nlohmann::json::array()}};
-    std::cout << absl::StrFormat(
-        "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
-        "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
-        end_ - start_, history_.back().loss, sec, tps, flops_ / sec / 1e12 / expected_,
-        FlopsFormulaName(cfg_.train.recompute), expected_, DaysFor100BTokens(tps));
-    // Where the time went, per worker, averaged over iterations after the first.
-    std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
-                 "activations, gradients and parameters, other = the rest (sampling, PS step, sends)\n";
+  std::string LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
+
+  // What is known of the run, finished or not: the mean iteration time and each worker's split of
+  // it are over the iterations after this process's first.
+  nlohmann::json Summary() const {
+    const std::vector<MetricsRow>& rows = metrics_.rows();
+    nlohmann::json s = {{"status", abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed"},
+                        {"steps", cfg_.train.steps},
+                        {"first_step", start_ + 1},
+                        {"last_step", rows.empty() ? start_ : rows.back().step},
+                        {"final_loss", rows.empty() ? nlohmann::json() : nlohmann::json(rows.back().loss)},
+                        {"iteration_seconds", nullptr},
+                        {"tokens_per_second", nullptr},
+                        {"replica_checks", replica_checks_},
+                        {"workers", nlohmann::json::array()}};
+    if (!abort_.empty()) s["reason"] = abort_;
+    if (timed_ > 0) {
+      const double sec = timed_seconds_ / timed_;
+      s["iteration_seconds"] = sec;
+      s["tokens_per_second"] = cfg_.tokens_per_step() / sec;
+    }
     for (auto& [id, w] : workers_) {
       double total = 0, compute = 0, wait = 0;
       int n = 0;
@@ -455,20 +456,71 @@ class Service final : public proto::Coordinator::Service {
       }
       if (n == 0) continue;
       const proto::Assignment& a = plan_.assignments(id);
+      s["workers"].push_back({{"worker", id}, {"stage", a.stage()}, {"replica", a.replica()}, {"seconds", total / n},
+                              {"compute_seconds", compute / n}, {"wait_seconds", wait / n}});
+    }
+    return s;
+  }
+
+  void WriteRecords(const nlohmann::json& summary) {
+    const fs::path dir(cfg_.train.out_dir);
+    std::vector<std::string> written = {absl::StrFormat("metrics.csv (%d steps)", metrics_.rows().size())};
+    auto note = [&](const std::string& what, const absl::Status& st) {
+      if (st.ok()) {
+        written.push_back(what);
+      } else {
+        std::cout << "coordinator: " << st.message() << "\n";
+      }
+    };
+    note("loss.svg", metrics_.DrawLossCurve(LossSvg()));
+    std::vector<std::string> traces;
+    for (auto& [id, w] : workers_)
+      if (!w.timeline.empty() && fs::exists(w.timeline)) traces.push_back(w.timeline);
+    if (!traces.empty()) {
+      note(absl::StrFormat("timeline.json (%d of %d workers; open in https://ui.perfetto.dev or chrome://tracing)",
+                           traces.size(), expected_),
+           MergeTraces(traces, (dir / "timeline.json").string()));
+    }
+    note("summary.json", WriteJson((dir / "summary.json").string(), summary));
+    std::cout << "coordinator: records in " << dir.string() << ": " << absl::StrJoin(written, ", ") << "\n"
+              << std::flush;
+  }
+
+  // Written aside and renamed, so a reader never finds half a file.
+  static absl::Status WriteJson(const std::string& path, const nlohmann::json& j) {
+    const std::string tmp = path + ".tmp";
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+    return absl::OkStatus();
+  }
+
+  void PrintSummary(const nlohmann::json& s) const {
+    if (timed_ == 0) return;
+    const double sec = s["iteration_seconds"], tps = s["tokens_per_second"];
+    std::cout << absl::StrFormat(
+        "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
+        "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
+        end_ - start_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / expected_,
+        FlopsFormulaName(cfg_.train.recompute), expected_, DaysFor100BTokens(tps));
+    // Where the time went, per worker, averaged over iterations after the first.
+    std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
+                 "activations, gradients and parameters, other = the rest (sampling, PS step, sends)\n";
+    for (const nlohmann::json& w : s["workers"]) {
+      const double total = w["seconds"], compute = w["compute_seconds"], wait = w["wait_seconds"];
       std::cout << absl::StrFormat("  worker %d (stage %d, replica %d): %.3f s = compute %.3f + wait %.3f + other %.3f\n",
-                                   id, a.stage(), a.replica(), total / n, compute / n, wait / n,
-                                   (total - compute - wait) / n);
-      summary["workers"].push_back({{"worker", id}, {"stage", a.stage()}, {"replica", a.replica()},
-                                    {"seconds", total / n}, {"compute_seconds", compute / n}, {"wait_seconds", wait / n}});
+                                   w["worker"].get<int>(), w["stage"].get<int>(), w["replica"].get<int>(), total, compute,
+                                   wait, total - compute - wait);
     }
     if (replica_checks_ > 0) {
       std::cout << absl::StrFormat("  every stage's %d replicas held bitwise the same parameters after each of %d "
                                    "iterations (CRC-32C compared by the coordinator)\n",
                                    cfg_.cluster.replicas, replica_checks_);
     }
-    summary["replica_checks"] = replica_checks_;
     std::cout << std::flush;
-    std::ofstream(fs::path(cfg_.train.out_dir) / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
   }
 
   JobConfig cfg_;
@@ -489,10 +541,9 @@ class Service final : public proto::Coordinator::Service {
   int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
   std::string abort_;
   Clock::time_point abort_time_, start_time_;
-  std::vector<LossPoint> history_;
-  double floor_ = -1, timed_seconds_ = 0;
+  MetricsLog metrics_;
+  double timed_seconds_ = 0;
   int64_t timed_ = 0;
-  std::ostringstream csv_;
 };
 
 }  // namespace
@@ -511,7 +562,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     resume_name = fs::path(dir).filename().string();
     start = std::stoll(resume_name.substr(resume_name.find('_') + 1));
   }
-  Service service(cfg, start, resume_name, opt.stop_at);
+  const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
+  LH_ASSIGN_OR_RETURN(MetricsLog metrics, cfg.train.resume ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
+  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics));
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);

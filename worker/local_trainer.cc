@@ -5,13 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint.h"
 #include "metrics/flops.h"
 #include "worker/job_setup.h"
@@ -44,6 +41,11 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   LH_RETURN_IF_ERROR(t->train_sampler_->Check("training"));
   if (cfg.train.eval_every > 0) LH_RETURN_IF_ERROR(t->val_sampler_->Check("validation"));
   if (cfg.train.resume) LH_RETURN_IF_ERROR(t->Resume());
+  std::error_code ec;
+  fs::create_directories(cfg.train.out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", cfg.train.out_dir, ": ", ec.message()));
+  const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
+  LH_ASSIGN_OR_RETURN(t->metrics_, cfg.train.resume ? MetricsLog::Resume(csv, t->step_) : MetricsLog::Create(csv));
   return t;
 }
 
@@ -54,17 +56,6 @@ absl::Status LocalTrainer::Resume() {
   LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
   LH_RETURN_IF_ERROR(runner_->SetState(s.params.data(), s.m.data(), s.v.data()));
   step_ = ck.step;
-  // Keep the records of the steps the checkpoint covers; later ones belong to the interrupted run.
-  std::ifstream f(fs::path(cfg_.train.out_dir) / "metrics.csv");
-  std::string line;
-  std::getline(f, line);
-  while (std::getline(f, line)) {
-    std::vector<std::string> c = absl::StrSplit(line, ',');
-    if (c.size() < 7) continue;
-    StepRecord r{std::stoll(c[0]), std::stod(c[1]), std::stod(c[2]), std::stod(c[3]),
-                 std::stod(c[4]), std::stod(c[5]), std::stod(c[6])};
-    if (r.step <= step_) history_.push_back(r);
-  }
   return absl::OkStatus();
 }
 
@@ -94,28 +85,9 @@ absl::Status LocalTrainer::SaveCheckpointNow() const {
                         s.v.data());
 }
 
-absl::Status LocalTrainer::WriteRecords() const {
-  const fs::path dir(cfg_.train.out_dir);
-  std::ofstream csv(dir / "metrics.csv", std::ios::trunc);
-  csv << "step,loss,floor,val_loss,lr,grad_norm,seconds\n";
-  std::vector<LossPoint> train, val;
-  double floor = -1;
-  for (const StepRecord& r : history_) {
-    csv << absl::StrFormat("%d,%.6f,%.6f,%.6f,%.6g,%.6f,%.6f\n", r.step, r.loss, r.floor, r.val_loss, r.lr, r.grad_norm,
-                           r.seconds);
-    train.push_back({static_cast<double>(r.step), r.loss});
-    if (r.val_loss >= 0) val.push_back({static_cast<double>(r.step), r.val_loss});
-    floor = r.floor;
-  }
-  if (!csv) return absl::InternalError(absl::StrCat("cannot write ", (dir / "metrics.csv").string()));
-  return WriteLossCurveSvg((dir / "loss.svg").string(), train, val, floor);
-}
-
 absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   const TrainConfig& tc = cfg_.train;
-  std::error_code ec;
-  fs::create_directories(tc.out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", tc.out_dir, ": ", ec.message()));
+  const std::string svg = (fs::path(tc.out_dir) / "loss.svg").string();
   const int M = tc.micro_batches;
   const double flops = ModelFlopsPerIteration(cfg_.model, static_cast<int64_t>(tc.micro_batch_size) * M, tc.seq_len,
                                               tc.recompute);
@@ -136,7 +108,7 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   while (step_ < end) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<MicroBatch> batch;
-    StepRecord rec;
+    MetricsRow rec;
     double floor_sum = 0;
     for (int m = 0; m < M; ++m) {
       batch.push_back(train_sampler_->Sample(step_, 0, m));
@@ -156,13 +128,14 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     ++step_;
     rec.step = step_;
     rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rec.tokens_per_s = cfg_.tokens_per_step() / rec.seconds;
     if (step_ > first_step + 1) timed_seconds += rec.seconds, ++timed_steps;
 
     const bool last = step_ == end;
     if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) {
       LH_ASSIGN_OR_RETURN(rec.val_loss, EvalLoss());
     }
-    history_.push_back(rec);
+    LH_RETURN_IF_ERROR(metrics_->Append(rec));
     if (step_ % tc.log_every == 0 || last || step_ == first_step + 1) {
       const double sec = timed_steps > 0 ? timed_seconds / timed_steps : rec.seconds;
       std::string line = absl::StrFormat("step %*d/%d | loss %.4f", static_cast<int>(std::to_string(tc.steps).size()),
@@ -177,17 +150,17 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
                                              flops / sec / 1e12, FormatDuration(sec * (end - step_))));
       out << line << "\n";
       out.flush();
-      LH_RETURN_IF_ERROR(WriteRecords());
+      LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
     }
     if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last) LH_RETURN_IF_ERROR(SaveCheckpointNow());
   }
-  LH_RETURN_IF_ERROR(WriteRecords());
+  LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
   if (timed_steps > 0) {
     const double sec = timed_seconds / timed_steps, tps = cfg_.tokens_per_step() / sec;
     out << absl::StrFormat(
         "done: %d steps | final loss %.4f | iteration time %.3f s (mean after the first) | %.0f tokens/s | %.3f TFLOPs "
         "per worker [%s] | %.1f days per 100B tokens\n",
-        step_, history_.back().loss, sec, tps, flops / sec / 1e12, FlopsFormulaName(tc.recompute),
+        step_, history().back().loss, sec, tps, flops / sec / 1e12, FlopsFormulaName(tc.recompute),
         DaysFor100BTokens(tps));
   }
   out << absl::StrFormat("records: %s/metrics.csv, loss curve %s/loss.svg, checkpoint %s\n", tc.out_dir, tc.out_dir,

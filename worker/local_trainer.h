@@ -12,21 +12,10 @@
 #include "config/job_config.h"
 #include "data/batch_sampler.h"
 #include "data/token_dataset.h"
-#include "metrics/loss_curve.h"
+#include "metrics/metrics_log.h"
 #include "worker/step_runner.h"
 
 namespace longhaul {
-
-struct StepRecord {
-  int64_t step = 0;         // 1-based optimizer step
-  double loss = 0;          // mean micro-batch loss, nats/token
-  double floor = -1;        // entropy floor of the same positions, -1 when the data has none
-  double val_loss = -1;     // -1 when not evaluated at this step
-  double lr = 0;
-  double grad_norm = 0;     // before clipping
-  double seconds = 0;
-  bool skipped = false;     // fp16 overflow: the update was skipped
-};
 
 class LocalTrainer {
  public:
@@ -39,7 +28,8 @@ class LocalTrainer {
   // Mean loss over train.eval_batches fixed validation micro-batches.
   absl::StatusOr<double> EvalLoss();
 
-  const std::vector<StepRecord>& history() const { return history_; }
+  // Every step of the run: those before a resume as read back from metrics.csv, then this process's.
+  const std::vector<MetricsRow>& history() const { return metrics_->rows(); }
   int64_t step() const { return step_; }
   // Parameters and AdamW moments, as a checkpoint would hold them.
   struct State {
@@ -52,14 +42,13 @@ class LocalTrainer {
   absl::Status Resume();
   State EmptyState() const;  // buffers sized for the model
   absl::Status SaveCheckpointNow() const;
-  absl::Status WriteRecords() const;
 
   JobConfig cfg_;
   std::optional<TokenDataset> data_;
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;
-  std::vector<StepRecord> history_;
+  std::optional<MetricsLog> metrics_;
 };
 
 }  // namespace longhaul

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -24,9 +25,28 @@ absl::Status WriteLossCurveSvg(const std::string& path, const std::vector<LossPo
   ymin -= pad, ymax += pad;
   auto X = [&](double s) { return L + (W - L - R) * s / xmax; };
   auto Y = [&](double v) { return T + (H - T - Bm) * (ymax - v) / (ymax - ymin); };
+  // The curve is redrawn at every progress line of runs of any length: past a few points per pixel
+  // column, keep each column's lowest and highest point (in step order), which draws the same
+  // picture at a bounded size.
+  auto thin = [&](const std::vector<LossPoint>& pts) {
+    if (pts.size() <= 2 * (W - L - R)) return pts;
+    std::vector<LossPoint> kept;
+    for (size_t i = 0; i < pts.size();) {
+      const int column = static_cast<int>(X(pts[i].step));
+      LossPoint lo = pts[i], hi = pts[i];
+      for (++i; i < pts.size() && static_cast<int>(X(pts[i].step)) == column; ++i) {
+        if (pts[i].loss < lo.loss) lo = pts[i];
+        if (pts[i].loss > hi.loss) hi = pts[i];
+      }
+      if (lo.step > hi.step) std::swap(lo, hi);
+      kept.push_back(lo);
+      if (hi.step != lo.step) kept.push_back(hi);
+    }
+    return kept;
+  };
   auto polyline = [&](const std::vector<LossPoint>& pts, const char* color) {
     std::string d;
-    for (const LossPoint& p : pts) absl::StrAppend(&d, absl::StrFormat("%.1f,%.1f ", X(p.step), Y(p.loss)));
+    for (const LossPoint& p : thin(pts)) absl::StrAppend(&d, absl::StrFormat("%.1f,%.1f ", X(p.step), Y(p.loss)));
     return absl::StrFormat("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", color, d);
   };
   std::string svg = absl::StrFormat(
@@ -52,9 +72,14 @@ absl::Status WriteLossCurveSvg(const std::string& path, const std::vector<LossPo
                                           L, Y(floor), W - R, Y(floor)));
   }
   absl::StrAppend(&svg, polyline(train, "#1f77b4"), polyline(val, "#ff7f0e"), "</svg>\n");
-  std::ofstream f(path, std::ios::trunc);
+  // Written aside and renamed: a browser reloading the file mid-run never sees half of it.
+  const std::string tmp = path + ".tmp";
+  std::ofstream f(tmp, std::ios::trunc);
   f << svg;
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
   return absl::OkStatus();
 }
 

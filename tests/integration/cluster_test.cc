@@ -1,20 +1,28 @@
 // Multi-worker runs as real processes (`longhaul local`: coordinator + workers talking gRPC over
 // loopback) against the single-process trainer on the same samples.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "metrics/metrics_log.h"
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
 #include "tests/support/raw_tensor_call.h"
@@ -63,14 +71,51 @@ std::string ConfigFile() {
   return path;
 }
 
-// Runs longhaul with the given subcommand and overrides; returns the exit status.
+// Starts longhaul with the given subcommand, overrides and further arguments, its output in
+// out/log.txt, in a process group of its own as a shell starts a job; returns its pid.
+pid_t Start(const std::string& sub, const fs::path& out, const std::vector<std::string>& sets,
+            const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {LONGHAUL_BINARY, sub, "-c", ConfigFile(), "--set", "train.out_dir=" + out.string()};
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log = (out / "log.txt").string();
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&files);
+  EXPECT_EQ(rc, 0) << "cannot start " << LONGHAUL_BINARY << ": " << std::strerror(rc);
+  return rc == 0 ? pid : -1;
+}
+
+// The wait status of `pid` once it exits, or -1 if it still runs after `limit`.
+int WaitFor(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+// Runs longhaul to its end; returns the wait status (0: exit status 0).
 int Longhaul(const std::string& sub, const fs::path& out, const std::vector<std::string>& sets,
-             const std::string& extra = "") {
-  std::string cmd = std::string(LONGHAUL_BINARY) + " " + sub + " -c " + ConfigFile() + " --set train.out_dir=" +
-                    out.string();
-  for (const std::string& s : sets) cmd += " --set " + s;
-  cmd += " " + extra + " > " + (out / "log.txt").string() + " 2>&1";
-  return std::system(cmd.c_str());
+             const std::vector<std::string>& extra = {}) {
+  const pid_t pid = Start(sub, out, sets, extra);
+  int status = -1;
+  if (pid > 0) waitpid(pid, &status, 0);
+  return status;
 }
 
 std::string Log(const fs::path& out) {
@@ -78,12 +123,15 @@ std::string Log(const fs::path& out) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+std::vector<MetricsRow> Metrics(const fs::path& out) {
+  auto rows = ReadMetrics((out / "metrics.csv").string());
+  EXPECT_TRUE(rows.ok()) << rows.status();
+  return rows.ok() ? *rows : std::vector<MetricsRow>{};
+}
+
 std::vector<double> Losses(const fs::path& out) {
-  std::ifstream f(out / "metrics.csv");
-  std::string line;
-  std::getline(f, line);
   std::vector<double> losses;
-  while (std::getline(f, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  for (const MetricsRow& r : Metrics(out)) losses.push_back(r.loss);
   return losses;
 }
 
@@ -204,17 +252,82 @@ TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
   const std::vector<std::string> layout = {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"};
   const fs::path full = Dir("resume_full"), split = Dir("resume_split");
   ASSERT_EQ(Longhaul("local", full, layout), 0) << Log(full);
-  ASSERT_EQ(Longhaul("local", split, layout, "--stop-at 3"), 0) << Log(split);
+  ASSERT_EQ(Longhaul("local", split, layout, {"--stop-at", "3"}), 0) << Log(split);
+  const std::vector<MetricsRow> first = Metrics(split);
+  ASSERT_EQ(first.size(), 3u);
   std::vector<std::string> resume = layout;
   resume.push_back("train.resume=true");
-  fs::rename(split / "metrics.csv", split / "metrics_first.csv");
   ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
   EXPECT_NE(Log(split).find("resuming at step 3"), std::string::npos) << Log(split);
-  const auto a = Losses(full), b = Losses(split);
+  // metrics.csv holds the whole run: the first run's 3 rows as it wrote them, then the resumed run's.
+  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
   ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(a[3 + i], b[i]) << "step " << 4 + i;
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(b[i], first[i]) << "step " << i + 1;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(b[i].step, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+  }
   EXPECT_EQ(Params(full), Params(split));
+}
+
+TEST(Cluster, InterruptedRunWritesEveryRecord) {
+  const fs::path out = Dir("interrupted");
+  const pid_t launcher = Start(
+      "local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=100000"});
+  ASSERT_GT(launcher, 0);
+  struct Reaper {  // whatever fails below, nothing keeps running
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0 && kill(-pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+    }
+  } reaper{launcher};
+  size_t reported = 0;
+  for (int i = 0; i < 600 && reported < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto rows = ReadMetrics((out / "metrics.csv").string());
+    reported = rows.ok() ? rows->size() : 0;
+  }
+  ASSERT_GE(reported, 5u) << Log(out);
+
+  // What a terminal's Ctrl-C does: SIGINT to the whole foreground process group.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(-launcher, SIGINT), 0);
+  const int status = WaitFor(launcher, std::chrono::seconds(60));
+  ASSERT_NE(status, -1) << "still running 60 s after Ctrl-C\n" << Log(out);
+  reaper.pid = 0;
+  std::cout << "Ctrl-C to exit: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+            << " s\n";
+  const std::string log = Log(out);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "status " << status << "\n" << log;
+
+  // Every iteration the coordinator printed is in metrics.csv, in order.
+  int64_t last_printed = 0;
+  const std::regex progress(R"(iter +(\d+)/)");
+  for (auto m = std::sregex_iterator(log.begin(), log.end(), progress); m != std::sregex_iterator(); ++m) {
+    last_printed = std::max<int64_t>(last_printed, std::stoll((*m)[1]));
+  }
+  const std::vector<MetricsRow> rows = Metrics(out);
+  ASSERT_GE(last_printed, 5) << log;
+  ASSERT_GE(static_cast<int64_t>(rows.size()), last_printed) << log;
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i + 1));
+  EXPECT_TRUE(fs::exists(out / "loss.svg")) << log;
+
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "interrupted") << summary.dump(2);
+  EXPECT_EQ(summary["last_step"], rows.back().step) << summary.dump(2);
+  EXPECT_NEAR(summary["final_loss"].get<double>(), rows.back().loss, 1e-6) << summary.dump(2);
+  EXPECT_EQ(summary["workers"].size(), 4u) << summary.dump(2);
+
+  std::ifstream tf(out / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
+  ASSERT_FALSE(timeline.is_discarded()) << log;
+  std::set<int> workers;
+  for (const nlohmann::json& e : timeline["traceEvents"])
+    if (e["ph"] == "X") workers.insert(e["pid"].get<int>());
+  EXPECT_EQ(workers, (std::set<int>{0, 1, 2, 3})) << "the merged timeline has events of every worker\n" << log;
 }
 
 // cluster.json of a run in progress, once the coordinator wrote it (null after 15 s).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 namespace longhaul {
@@ -54,7 +55,7 @@ TEST(LocalTrainer, LossReachesTheEntropyFloor) {
   ASSERT_TRUE(t.ok()) << t.status();
   std::ostringstream log;
   ASSERT_TRUE((*t)->Run(log).ok()) << log.str();
-  const StepRecord& last = (*t)->history().back();
+  const MetricsRow& last = (*t)->history().back();
   ASSERT_GT(last.floor, 0);
   // Starting from ln(256) = 5.5 nats, the validation loss (16 micro-batches, 8192 targets) must end
   // within 0.08 nats of what a perfect model of the source scores.
@@ -81,6 +82,10 @@ TEST(LocalTrainer, ResumeReproducesTheUninterruptedRunBitwise) {
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE((*first)->Run(log, 4).ok());
   EXPECT_EQ((*first)->step(), 4);
+  const std::string csv = (fs::path(split_dir) / "metrics.csv").string();
+  auto first_rows = ReadMetrics(csv);
+  ASSERT_TRUE(first_rows.ok()) << first_rows.status();
+  ASSERT_EQ(first_rows->size(), 4u);
 
   auto second = LocalTrainer::Create(with({"train.out_dir=" + split_dir, "train.resume=true"}));
   ASSERT_TRUE(second.ok()) << second.status();
@@ -99,6 +104,17 @@ TEST(LocalTrainer, ResumeReproducesTheUninterruptedRunBitwise) {
     EXPECT_NEAR(b[i].grad_norm, a[i].grad_norm, 1e-5) << "step " << i + 1;
     EXPECT_FALSE(b[i].skipped);
   }
+  // metrics.csv holds the whole history: the first run's rows as it wrote them, then the resumed
+  // run's, each with the columns of one schema.
+  auto rows = ReadMetrics(csv);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ((*rows)[i].step, static_cast<int64_t>(i + 1));
+    EXPECT_GT((*rows)[i].tokens_per_s, 0) << "step " << i + 1;
+    EXPECT_NEAR((*rows)[i].loss, a[i].loss, 1e-6) << "step " << i + 1;
+  }
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ((*rows)[i], (*first_rows)[i]) << "step " << i + 1;
   auto sa = (*full)->GetState();
   auto sb = (*second)->GetState();
   ASSERT_TRUE(sa.ok() && sb.ok());
@@ -116,6 +132,21 @@ TEST(LocalTrainer, ResumeRefusesADifferentConfig) {
   auto other = LocalTrainer::Create(
       Config(kSmall, {"train.steps=4", "train.out_dir=" + dir, "train.resume=true", "train.seed=9"}));
   EXPECT_NE(other.status().message().find("train.seed"), std::string::npos) << other.status();
+}
+
+TEST(LocalTrainer, ResumeOverAMalformedMetricsFileIsAClearError) {
+  const std::string dir = OutDir("malformed_metrics");
+  std::ostringstream log;
+  auto t = LocalTrainer::Create(Config(kSmall, {"train.steps=3", "train.out_dir=" + dir}));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Run(log).ok());
+  const std::string csv = (fs::path(dir) / "metrics.csv").string();
+  std::ofstream(csv, std::ios::app) << "4,not a loss,,,,,,,0\n";
+  auto resumed = LocalTrainer::Create(Config(kSmall, {"train.steps=6", "train.out_dir=" + dir, "train.resume=true"}));
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_NE(resumed.status().message().find(csv + " line 5: 'not a loss' is not a value of column loss"),
+            std::string::npos)
+      << resumed.status();
 }
 
 TEST(LocalTrainer, FileThatIsNotATokenShardIsRefused) {
