@@ -1,10 +1,7 @@
 #include "cli/local_cluster.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +19,7 @@
 #include "netem/netns.h"
 #include "netem/scenario.h"
 #include "netem/tcp_proxy.h"
+#include "util/ports.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -53,30 +51,18 @@ pid_t Spawn(const std::vector<std::string>& args) {
   return pid;
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Proxy mode: worker j listens on a fixed loopback port; worker i dials j through route (i, j) of
 // one proxy process, which carries that pair's delay and rate. Returns the proxy's pid.
 absl::StatusOr<pid_t> StartProxies(const std::string& self_exe, const netem::Scenario& s, int workers,
                                    const std::string& dir, std::vector<int>& worker_ports) {
-  for (int w = 0; w < workers; ++w) worker_ports.push_back(FreePort());
+  for (int w = 0; w < workers; ++w) worker_ports.push_back(FreeLoopbackPort());
   std::vector<netem::ProxyRoute> routes;
   for (int i = 0; i < workers; ++i) {
     std::ofstream map(fs::path(dir) / absl::StrCat(".dial_map_", i), std::ios::trunc);
     for (int j = 0; j < workers; ++j) {
       if (i == j) continue;
       const std::string target = absl::StrCat("127.0.0.1:", worker_ports[j]);
-      const std::string via = absl::StrCat("127.0.0.1:", FreePort());
+      const std::string via = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
       routes.push_back({via, target, s.Between(i, j)});
       map << target << " " << via << "\n";
     }

@@ -1,12 +1,9 @@
 // Multi-worker runs as real processes (`longhaul local`: coordinator + workers talking gRPC over
 // loopback) against the single-process trainer on the same samples.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +27,7 @@
 #include "tests/support/process_memory.h"
 #include "tests/support/raw_tensor_call.h"
 #include "transport/tensor_transport.h"
+#include "util/ports.h"
 
 namespace longhaul {
 namespace {
@@ -347,19 +345,6 @@ TEST(Cluster, InterruptedRunWritesEveryRecord) {
   EXPECT_EQ(workers, (std::set<int>{0, 1, 2, 3})) << "the merged timeline has events of every worker\n" << log;
 }
 
-// A loopback port nobody listens on (at the moment it is returned).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // cluster.json of a run in progress, once the coordinator wrote it (null after 15 s).
 nlohmann::json WaitForCluster(const fs::path& out) {
   nlohmann::json cluster;
@@ -510,7 +495,7 @@ TEST(Cluster, ADeadWorkerIsNamedAndTheAdviceFitsTheCheckpoints) {
 // listens, so its first parameter broadcast waits for the peer; then the coordinator is stopped.
 TEST(Cluster, AStopEndsAWorkerBlockedOnSendsWithinAHeartbeat) {
   const fs::path out = Dir("stop");
-  const int replica1_port = FreePort(), nowhere = FreePort();
+  const int replica1_port = FreeLoopbackPort(), nowhere = FreeLoopbackPort();
   std::ofstream(out / "dial_map") << "127.0.0.1:" << replica1_port << " 127.0.0.1:" << nowhere << "\n";
   const std::string port_file = (out / "port").string();
   const pid_t coordinator = Start("coordinator", out,
