@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <linux/netfilter.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -121,8 +120,7 @@ absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay
 absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t seed) {
   auto links = ReadLinks(links_file);
   if (!links.ok()) return links.status();
-  // Timers fire up to the thread's slack late (50 us by default): that would add to every delay.
-  prctl(PR_SET_TIMERSLACK, 1UL);
+  PrepareDelayLineThread("delay daemon");
   Daemon d;
   d.rng = Rng(seed);
   for (const PairDelay& p : *links) d.pairs[{p.src, p.dst}] = {p, 0};

@@ -229,6 +229,7 @@ absl::Status RunProxy(const std::vector<ProxyRoute>& routes) {
   std::fprintf(stderr,
                "longhaul netem proxy: userspace emulation; it splits TCP, so window limits and slow start of the "
                "emulated link are NOT reproduced (use kernel-level emulation, as root, to validate transport tuning)\n");
+  PrepareDelayLineThread("longhaul netem proxy");
   Proxy proxy;
   proxy.loop = uv_default_loop();
   proxy.line = std::make_unique<TimerQueue<Chunk>>(proxy.loop, Release);

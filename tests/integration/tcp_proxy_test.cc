@@ -86,7 +86,7 @@ class ProxyTest : public ::testing::Test {
 
 TEST_F(ProxyTest, DelaysBothDirectionsAndSaysItSplitsTcp) {
   Start(5, 1000);
-  const double rtt = longhaul::testing::PingPongMs(client_, accepted_, 20);
+  const double rtt = longhaul::testing::PingPongMs(client_, accepted_, 41);
   std::cout << "proxy at 5 ms one-way: round trip " << rtt << " ms\n";
   EXPECT_NEAR(rtt, 10.0, 0.5);
   std::ifstream f(log_);
