@@ -158,6 +158,9 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
   daemon_ = fork();
   if (daemon_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // Out of the terminal's process group: a Ctrl-C reaches the launcher, which stops the run
+    // while packets still flow, and only then the daemon.
+    setpgid(0, 0);
     if (freopen(ready.c_str(), "w", stdout) == nullptr) _exit(127);
     execl("/usr/sbin/ip", "ip", "netns", "exec", router_.c_str(), opt.self_exe.c_str(), "netem", "delayd", "--queue",
           std::to_string(kQueue).c_str(), "--links", links.c_str(), nullptr);
