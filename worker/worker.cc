@@ -73,6 +73,9 @@ class Worker {
   absl::StatusOr<std::vector<float>> Take(int kind, int64_t it, int micro, int from_stage, int from_replica,
                                           int shard);
   void Send(int kind, int64_t it, int micro, int shard, const std::string& to, const float* data, size_t n);
+  // Delivers a tensor this worker sends itself, rounded through the wire dtype as a peer receives
+  // it: otherwise the replicas' parameters drift apart whenever the wire is not fp32.
+  void SendToSelf(int kind, int64_t it, int shard, const float* data, size_t n);
   absl::Status FinishSends(int64_t it);
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", id_, s_, r_); }
 
@@ -151,6 +154,13 @@ void Worker::Send(int kind, int64_t it, int micro, int shard, const std::string&
   static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
   in_flight_.push_back(Peer(to).Send(h, data, n));
   in_flight_names_.emplace_back(names[kind], micro);
+}
+
+void Worker::SendToSelf(int kind, int64_t it, int shard, const float* data, size_t n) {
+  std::vector<float> own = mailbox_.Acquire(n);
+  std::copy(data, data + n, own.begin());
+  RoundThroughWire(own.data(), n, transport_.dtype);
+  mailbox_.Put({kind, it, 0, s_, r_, shard}, std::move(own));
 }
 
 absl::Status Worker::FinishSends(int64_t it) {
@@ -331,9 +341,7 @@ absl::Status Worker::BroadcastParams(int64_t it) {
   for (auto& shard : owned_) {
     for (int rep = 0; rep < D_; ++rep) {
       if (rep == r_) {
-        std::vector<float> own = shard->params();
-        RoundThroughWire(own.data(), own.size(), transport_.dtype);
-        mailbox_.Put({proto::PARAMS, it, 0, s_, r_, shard->shard()}, std::move(own));
+        SendToSelf(proto::PARAMS, it, shard->shard(), shard->params().data(), shard->size());
       } else {
         Send(proto::PARAMS, it, 0, shard->shard(), AddressOf(s_, rep), shard->params().data(), shard->size());
       }
@@ -449,9 +457,7 @@ absl::Status Worker::RunIteration(int64_t it) {
         for (const proto::ShardPlacement& sp : my_stage_shards_) {
           const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
           if (sp.owner_replica() == r_) {
-            std::vector<float> own(stage_->grads() + begin, stage_->grads() + end);
-            RoundThroughWire(own.data(), own.size(), transport_.dtype);
-            mailbox_.Put({proto::GRAD_PUSH, it, 0, s_, r_, sp.shard()}, std::move(own));
+            SendToSelf(proto::GRAD_PUSH, it, sp.shard(), stage_->grads() + begin, end - begin);
           } else {
             Send(proto::GRAD_PUSH, it, 0, sp.shard(), AddressOf(s_, sp.owner_replica()), stage_->grads() + begin,
                  end - begin);
