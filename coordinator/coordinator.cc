@@ -158,7 +158,11 @@ class Service final : public proto::Coordinator::Service {
                                           req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
     }
     IterationRecord& rec = iterations_[req->iteration()];
-    rec.reports[req->worker_id()] = *req;
+    if (!rec.reports.emplace(req->worker_id(), *req).second) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrFormat("worker %d already reported iteration %d", req->worker_id(),
+                                          req->iteration() + 1));
+    }
     if (static_cast<int>(rec.reports.size()) == expected_) {
       CheckReplicasAgree(req->iteration());
       PrintIteration(req->iteration());
