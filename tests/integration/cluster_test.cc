@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "longhaul.grpc.pb.h"
 #include "metrics/metrics_log.h"
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
@@ -465,6 +466,87 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   EXPECT_LT(rss_after - rss_before, 32 << 20);
   ASSERT_EQ(run.get(), 0) << Log(out);
   EXPECT_EQ(Losses(out).size(), 150u) << "the run went on to the end";
+}
+
+// What a crafted peer tells a live coordinator: worker ids nobody registered, iterations outside
+// the run, norms and checkpoints of shards the worker does not host, a repeated report. Each is
+// refused with the reason, and the run trains to its end with every step recorded once.
+TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
+  const fs::path out = Dir("crafted_control");
+  auto run = std::async(std::launch::async, [&] {
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=150"});
+  });
+  ASSERT_FALSE(WaitForCluster(out).is_null()) << Log(out);
+  int port = 0;
+  std::ifstream(out / ".coordinator_port") >> port;
+  ASSERT_GT(port, 0) << Log(out);
+  auto coordinator = proto::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto expect_refused = [](const char* what, const grpc::Status& s, grpc::StatusCode code) {
+    EXPECT_EQ(s.error_code(), code) << what << ": " << s.error_message();
+    std::cout << what << ": " << s.error_message() << "\n";
+  };
+  proto::Empty empty;
+  {
+    grpc::ClientContext ctx;
+    proto::DoneReport done;
+    done.set_worker_id(1000);
+    done.set_ok(false);
+    expect_refused("done report of worker 1000", coordinator->ReportDone(&ctx, done, &empty),
+                   grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::HeartbeatRequest hb;
+    hb.set_worker_id(-5);
+    proto::HeartbeatReply reply;
+    expect_refused("heartbeat of worker -5", coordinator->Heartbeat(&ctx, hb, &reply), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_iteration(1'000'000);
+    expect_refused("report of iteration 1000001", coordinator->ReportIteration(&ctx, rep, &empty),
+                   grpc::StatusCode::OUT_OF_RANGE);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_iteration(140);
+    rep.set_stage(1);
+    expect_refused("report under another stage", coordinator->ReportIteration(&ctx, rep, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::NormReport norm;
+    norm.set_worker_id(0);
+    norm.set_iteration(140);
+    proto::ShardNorm* n = norm.add_shards();
+    n->set_stage(1);  // worker 0 runs stage 0
+    n->set_shard(0);
+    n->set_sum_squares(1e30);
+    proto::NormReply reply;
+    expect_refused("a norm for another stage's shard", coordinator->ReduceNorm(&ctx, norm, &reply),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::CheckpointReport ck;
+    ck.set_worker_id(0);
+    ck.set_stage(0);
+    ck.set_shard(1);  // hosted by replica 1
+    ck.set_step(150);
+    expect_refused("a checkpoint of another worker's shard", coordinator->ReportCheckpoint(&ctx, ck, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  ASSERT_EQ(run.get(), 0) << Log(out);
+  const std::vector<MetricsRow> rows = Metrics(out);
+  ASSERT_EQ(rows.size(), 150u) << Log(out);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i + 1));
 }
 
 // A worker that dies is named, and the job's message does not promise a checkpoint that was
