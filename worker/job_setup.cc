@@ -29,28 +29,6 @@ absl::StatusOr<TokenDataset> LoadDataset(const JobConfig& cfg) {
   return data;
 }
 
-absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig& cfg, const std::string& dir) {
-  for (const char* section : {"model", "data"}) {
-    if (written_with.contains(section) && written_with[section] != cfg.as_json[section]) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with [", section, "] ",
-                                                        written_with[section].dump(), " but the config has ",
-                                                        cfg.as_json[section].dump(), ": resume with the same config"));
-    }
-  }
-  const std::vector<std::pair<const char*, const char*>> keys = {
-      {"train", "seq_len"}, {"train", "micro_batch_size"}, {"train", "micro_batches"}, {"train", "seed"},
-      {"cluster", "stages"}, {"cluster", "replicas"}, {"cluster", "ps"}};
-  for (auto [section, key] : keys) {
-    if (written_with.contains(section) && written_with[section][key] != cfg.as_json[section][key]) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " was written with ", section, ".", key,
-                                                        " = ", written_with[section][key].dump(),
-                                                        " but the config has ", cfg.as_json[section][key].dump(),
-                                                        ": resume with the same value"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 double EntropyFloor(const TokenDataset& data, const MicroBatch& mb) {
   if (!data.source()) return -1;
   double num = 0, den = 0;

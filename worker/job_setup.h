@@ -15,10 +15,6 @@ namespace longhaul {
 // Loads config.data and checks every token fits model.vocab_size.
 absl::StatusOr<TokenDataset> LoadDataset(const JobConfig& cfg);
 
-// A checkpoint written under `written_with` (its run_config) may continue this job only if the
-// model, the data and the sampling match; the error names the first key that differs.
-absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig& cfg, const std::string& dir);
-
 // Entropy floor (nats/token) of the positions the loss counts, or -1 when the data has no known
 // source.
 double EntropyFloor(const TokenDataset& data, const MicroBatch& mb);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
+#include "config/resume_check.h"
 #include "data/batch_sampler.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/timeline.h"
@@ -246,9 +247,10 @@ absl::Status Worker::Setup() {
       const std::string dir = (fs::path(cfg_.train.out_dir) / "checkpoints" /
                                absl::StrFormat("stage_%d_shard_%d", s_, sp.shard()) / plan_.resume_checkpoint())
                                   .string();
-      LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, shard->layout(), shard->params().data(),
-                                                            shard->adamw().m().data(), shard->adamw().v().data()));
-      LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
+      LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
+      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, shard->layout(), shard->params().data(), shard->adamw().m().data(),
+                                        shard->adamw().v().data())
+                             .status());
     }
     owned_.push_back(std::move(shard));
   }

@@ -182,6 +182,22 @@ TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
   EXPECT_EQ(Params(full), Params(split));
 }
 
+TEST(Cluster, ResumeWithAnotherReplicaCountIsRefusedAsALayoutChange) {
+  const fs::path out = Dir("resume_layout");
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"}, "--stop-at 2"),
+            0)
+      << Log(out);
+  EXPECT_NE(Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=2",
+                                    "train.resume=true"}),
+            0);
+  const std::string log = Log(out);
+  EXPECT_NE(log.find("for another layout (cluster.replicas = 2, the config has 1): a layout change"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("--set cluster.replicas=2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("has no tensor"), std::string::npos) << log;
+  EXPECT_EQ(log.find("registered"), std::string::npos) << "refused before any worker joined:\n" << log;
+}
+
 TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   const fs::path out = Dir("intruders");
   auto run = std::async(std::launch::async, [&] {
