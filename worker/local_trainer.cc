@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   cfg.cluster.stage_layers.clear();
   cfg.cluster.central_ps = false;
   cfg.as_json = EffectiveConfigJson(cfg);
+  LH_RETURN_IF_ERROR(CheckTrainerMemory(cfg));
   std::unique_ptr<LocalTrainer> t(new LocalTrainer(cfg));
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));

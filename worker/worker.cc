@@ -216,6 +216,7 @@ absl::Status Worker::Setup() {
     if (a.worker_id() == id_) s_ = a.stage(), r_ = a.replica();
   P_ = plan_.stages(), D_ = plan_.replicas(), M_ = cfg_.train.micro_batches;
   omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg_.train.threads > 0 ? cfg_.train.threads : omp_get_num_procs()));
+  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads()));
   transport_.job_id = plan_.job_id();
   transport_.dtype = cfg_.transport.wire_dtype;
   transport_.chunk_bytes = static_cast<size_t>(cfg_.transport.chunk_mib) << 20;

@@ -255,8 +255,8 @@ const std::vector<KeyDef>& Table() {
       Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
-      Value("cluster", "stages", R::kLayout, LH_FIELD(cluster.stages), AtLeast(1)),
-      Value("cluster", "replicas", R::kLayout, LH_FIELD(cluster.replicas), AtLeast(1)),
+      Value("cluster", "stages", R::kLayout, LH_FIELD(cluster.stages), Within(1, 65536)),
+      Value("cluster", "replicas", R::kLayout, LH_FIELD(cluster.replicas), Within(1, 65536)),
       Choice("cluster", "schedule", R::kFree, LH_FIELD(cluster.schedule), ParseSchedule, ScheduleName),
       Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
       {{"cluster", "stage_layers", R::kLayout},
@@ -354,6 +354,10 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
   }
   const ClusterConfig& k = c.cluster;
   if (k.job_id.empty()) return bad("cluster.job_id must not be empty");
+  if (static_cast<int64_t>(k.stages) * k.replicas > 65536) {
+    return bad(absl::StrFormat("cluster.stages x cluster.replicas = %d x %d workers: at most 65536", k.stages,
+                               k.replicas));
+  }
   if (!k.stage_layers.empty()) {
     if (static_cast<int>(k.stage_layers.size()) != k.stages) {
       return bad(absl::StrFormat("cluster.stage_layers has %d entries for cluster.stages = %d", k.stage_layers.size(),

@@ -93,8 +93,8 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"data.train_tokens=0", "data.train_tokens = 0: must be >= 1"},
       {"data.val_tokens=-1", "data.val_tokens = -1: must be >= 0"},
       {"data.val_fraction=1", "data.val_fraction = 1: must be in [0, 1)"},
-      {"cluster.stages=0", "cluster.stages = 0: must be >= 1"},
-      {"cluster.replicas=-1", "cluster.replicas = -1: must be >= 1"},
+      {"cluster.stages=0", "cluster.stages = 0: must be in [1, 65536]"},
+      {"cluster.replicas=100000", "cluster.replicas = 100000: must be in [1, 65536]"},
       {"cluster.heartbeat_s=0", "cluster.heartbeat_s = 0: must be > 0"},
       {"cluster.dead_after_s=0.5", "cluster.dead_after_s = 0.5 must be longer than cluster.heartbeat_s = 1"},
       {"cluster.stage_layers=[5000000000]", "cluster.stage_layers = 5000000000: must be in"},
@@ -107,6 +107,12 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
     EXPECT_NE(e.find("job.toml: "), std::string::npos) << set << ": " << e;
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
   }
+}
+
+TEST(JobConfig, WorkersAreBounded) {
+  EXPECT_NE(Error("", {"cluster.stages=2", "cluster.replicas=40000"})
+                .find("cluster.stages x cluster.replicas = 2 x 40000 workers: at most 65536"),
+            std::string::npos);
 }
 
 TEST(JobConfig, EffectiveConfigHoldsEveryKeyWithItsResolvedDefault) {
