@@ -127,7 +127,9 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     return UsageError(app, argc, argv, e);
   }
-  const std::string self_exe = std::filesystem::canonical("/proc/self/exe").string();
+  std::error_code ec;
+  const std::string self_exe = std::filesystem::canonical("/proc/self/exe", ec).string();
+  if (ec) return Fail(absl::InternalError(absl::StrCat("cannot resolve /proc/self/exe: ", ec.message())), 1);
 
   // --stop-at must name a step of the run, which only the config knows.
   for (const CLI::Option* o : stop_at_options) {

@@ -320,13 +320,14 @@ absl::Status Worker::ServeShards(int64_t it, double* grad_norm, float* lr) {
   for (auto& shard : owned_) {
     for (int rep = 0; rep < D_; ++rep) {
       LH_ASSIGN_OR_RETURN(std::vector<float> g, Take(proto::GRAD_PUSH, it, 0, s_, rep, shard->shard()));
-      shard->AddReplicaGradient(rep, g);
+      LH_RETURN_IF_ERROR(shard->AddReplicaGradient(rep, g));
       mailbox_.Recycle(std::move(g));
     }
     proto::ShardNorm* n = report.add_shards();
     n->set_stage(s_);
     n->set_shard(shard->shard());
-    n->set_sum_squares(shard->AveragedSquaredNorm());
+    LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
+    n->set_sum_squares(sum_squares);
   }
   proto::NormReply reply;
   grpc::ClientContext ctx;

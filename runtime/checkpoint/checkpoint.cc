@@ -122,7 +122,10 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
   auto write = [&](const std::string& file, const std::vector<TensorView>& views) -> absl::Status {
     const fs::path p = tmp_dir / file;
     LH_ASSIGN_OR_RETURN(uint32_t crc, WriteSafetensors(p.string(), views, {{"format", "pt"}}));
-    files[file] = {{"bytes", fs::file_size(p)}, {"crc32", crc}};
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(p, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot read back the size of ", p.string(), ": ", ec.message()));
+    files[file] = {{"bytes", bytes}, {"crc32", crc}};
     return absl::OkStatus();
   };
   LH_RETURN_IF_ERROR(write("model.safetensors", Views(layout, params, "")));
@@ -178,7 +181,8 @@ absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
 
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {
   const fs::path own = fs::path(root) / name, shard = fs::path(root) / "stage_0_shard_0" / name;
-  return (fs::exists(own / "state.json") || !fs::exists(shard) ? own : shard).string();
+  std::error_code ec;
+  return (fs::exists(own / "state.json", ec) || !fs::exists(shard, ec) ? own : shard).string();
 }
 
 absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir) {

@@ -331,6 +331,10 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
         "lower train.seq_len",
         t.seq_len, c.model.max_seq_len));
   }
+  if (static_cast<int64_t>(t.micro_batch_size) * t.seq_len > std::numeric_limits<int>::max()) {
+    return bad(absl::StrFormat("train.micro_batch_size x train.seq_len = %d x %d tokens per micro-batch: at most %d",
+                               t.micro_batch_size, t.seq_len, std::numeric_limits<int>::max()));
+  }
   if (t.min_lr > t.lr) {
     return bad(absl::StrFormat("train.min_lr = %g is above train.lr = %g: the schedule decays from lr to min_lr, so "
                                "lower train.min_lr",

@@ -76,6 +76,8 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"train.micro_batch_size=0", "train.micro_batch_size = 0: must be >= 1"},
       {"train.micro_batches=-2", "train.micro_batches = -2: must be >= 1"},
       {"train.seq_len=0", "train.seq_len = 0: must be >= 1"},
+      {"train.micro_batch_size=100000000", "train.micro_batch_size x train.seq_len = 100000000 x 64 tokens per "
+                                           "micro-batch: at most 2147483647"},
       {"train.seed=-1", "train.seed = -1: must be >= 0"},
       {"train.threads=-1", "train.threads = -1: must be in [0, 1024] (0 uses every core)"},
       {"train.log_every=0", "train.log_every = 0: must be >= 1"},
