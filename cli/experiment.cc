@@ -56,6 +56,18 @@ nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config
     std::cerr << "longhaul experiment: the run in " << out_dir << " failed; see " << out_dir << "/log.txt\n";
     return nullptr;
   }
+  // The fields read below, checked: the file is read back from disk.
+  bool complete = j.is_object() && j.contains("iteration_seconds") && j["iteration_seconds"].is_number() &&
+                  j.contains("workers") && j["workers"].is_array();
+  for (size_t i = 0; complete && i < j["workers"].size(); ++i) {
+    const nlohmann::json& w = j["workers"][i];
+    complete = w.is_object() && w.contains("compute_seconds") && w["compute_seconds"].is_number();
+  }
+  if (!complete) {
+    std::cerr << "longhaul experiment: " << out_dir << "/summary.json lacks iteration_seconds or the workers' "
+              << "compute_seconds; run the experiment again\n";
+    return nullptr;
+  }
   return j;
 }
 

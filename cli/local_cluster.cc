@@ -20,6 +20,7 @@
 #include "netem/scenario.h"
 #include "netem/tcp_proxy.h"
 #include "util/ports.h"
+#include "worker/job_setup.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -86,6 +87,10 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = CheckLocalClusterMemory(*cfg); !s.ok()) {
+    std::cerr << "longhaul: error: " << s.message() << "\n";
     return 2;
   }
   const int workers = cfg->cluster.stages * cfg->cluster.replicas;

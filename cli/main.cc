@@ -8,10 +8,16 @@
 
 #include <filesystem>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 #include "cli/experiment.h"
 #include "cli/local_cluster.h"
@@ -35,6 +41,21 @@ int CodeFor(const absl::Status& s) {
 
 void StopCoordinator(int) { longhaul::RequestCoordinatorStop(); }
 
+// A command line CLI11 cannot parse: one line naming the problem and the subcommands, status 2.
+int UsageError(CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+  std::string problem = absl::StrReplaceAll(e.what(), {{"\n", " "}});
+  if (argc > 1 && argv[1][0] != '-' && std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+    problem = absl::StrCat("unknown subcommand '", argv[1], "'");
+  } else if (argc > 1 && argv[1][0] != '-') {
+    problem = absl::StrCat(argv[1], ": ", problem);
+  }
+  std::cerr << "longhaul: error: " << problem << " (subcommands: " << absl::StrJoin(names, ", ")
+            << "; longhaul SUBCOMMAND --help lists its options)\n";
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,8 +70,10 @@ int main(int argc, char** argv) {
   };
 
   int64_t stop_at = 0;
+  std::vector<CLI::Option*> stop_at_options;
   auto add_stop_at = [&](CLI::App* cmd) {
-    cmd->add_option("--stop-at", stop_at, "stop and checkpoint after this step; resume later with --set train.resume=true");
+    stop_at_options.push_back(cmd->add_option(
+        "--stop-at", stop_at, "stop and checkpoint after this step; resume later with --set train.resume=true"));
   };
 
   CLI::App* train = app.add_subcommand("train", "train a model in this process, as one stage and one replica");
@@ -89,37 +112,68 @@ int main(int argc, char** argv) {
   worker->add_option("--listen", wopt.listen, "address peers reach this worker at (port 0 picks one)")
       ->capture_default_str();
   worker->add_option("--job-id", wopt.job_id, "refuse to join a job with another cluster.job_id");
-  worker->add_option("--threads", wopt.threads, "CPU threads (default: train.threads of the job)");
+  worker->add_option("--threads", wopt.threads, "CPU threads (default: train.threads of the job)")
+      ->check(CLI::Range(0, 1024));
   worker->add_option("--connect-timeout", wopt.connect_timeout_s, "seconds to keep trying the coordinator")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   worker->add_option("--dial-map", wopt.dial_map, "file of 'peer_address dial_instead' lines (proxied links)");
 
   longhaul::AddNetemCommands(app);
 
-  CLI11_PARSE(app, argc, argv);
-  const std::string self_exe = std::filesystem::canonical("/proc/self/exe").string();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return UsageError(app, argc, argv, e);
+  }
+  std::error_code ec;
+  const std::string self_exe = std::filesystem::canonical("/proc/self/exe", ec).string();
+  if (ec) return Fail(absl::InternalError(absl::StrCat("cannot resolve /proc/self/exe: ", ec.message())), 1);
 
-  if (train->parsed()) {
+  // --stop-at must name a step of the run, which only the config knows.
+  for (const CLI::Option* o : stop_at_options) {
+    if (o->count() == 0) continue;
     auto cfg = longhaul::LoadJobConfig(config_path, overrides);
     if (!cfg.ok()) return Fail(cfg.status(), 2);
-    auto trainer = longhaul::LocalTrainer::Create(*cfg);
-    if (!trainer.ok()) return Fail(trainer.status(), 2);
-    if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
-  } else if (local->parsed()) {
-    return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
-  } else if (experiment->parsed()) {
-    return longhaul::RunExperiment(self_exe, config_path, overrides, emulation);
-  } else if (coord->parsed()) {
-    copt.config_path = config_path;
-    copt.overrides = overrides;
-    copt.stop_at = stop_at;
-    signal(SIGINT, StopCoordinator);
-    signal(SIGTERM, StopCoordinator);
-    if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
-  } else if (worker->parsed()) {
-    if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
-  } else {
-    return longhaul::RunNetemCommand(self_exe);
+    if (absl::Status s = longhaul::CheckStopAt(stop_at, *cfg); !s.ok()) return Fail(s, 2);
+  }
+
+  // Buffers are sized from the config and checked against the memory first; should an allocation
+  // still fail, the process says so and exits instead of aborting.
+  try {
+    if (train->parsed()) {
+      auto cfg = longhaul::LoadJobConfig(config_path, overrides);
+      if (!cfg.ok()) return Fail(cfg.status(), 2);
+      auto trainer = longhaul::LocalTrainer::Create(*cfg);
+      if (!trainer.ok()) return Fail(trainer.status(), 2);
+      if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
+    } else if (local->parsed()) {
+      return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
+    } else if (experiment->parsed()) {
+      return longhaul::RunExperiment(self_exe, config_path, overrides, emulation);
+    } else if (coord->parsed()) {
+      copt.config_path = config_path;
+      copt.overrides = overrides;
+      copt.stop_at = stop_at;
+      signal(SIGINT, StopCoordinator);
+      signal(SIGTERM, StopCoordinator);
+      if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
+    } else if (worker->parsed()) {
+      if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
+    } else {
+      return longhaul::RunNetemCommand(self_exe);
+    }
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError(
+                    "out of memory: a buffer the job needs could not be allocated; lower train.micro_batch_size or "
+                    "train.seq_len, set train.recompute = true, or use a smaller model"),
+                1);
+  } catch (const std::length_error& e) {
+    return Fail(absl::ResourceExhaustedError(absl::StrCat(
+                    "a buffer the job needs is larger than this machine can address (", e.what(),
+                    "): lower train.micro_batch_size or train.seq_len, or use a smaller model")),
+                1);
   }
   return 0;
 }

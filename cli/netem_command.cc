@@ -45,21 +45,21 @@ void AddNetemCommands(CLI::App& app) {
   CLI::App* netem = app.add_subcommand("netem", "link emulation: delay daemon, tc for real hosts, checks, cleanup");
   netem->require_subcommand(1);
   g.delayd = netem->add_subcommand("delayd", "the NFQUEUE delay daemon (started by `local --scenario`)");
-  g.delayd->add_option("--queue", g.queue)->capture_default_str();
+  g.delayd->add_option("--queue", g.queue)->check(CLI::Range(0, 65535))->capture_default_str();
   g.delayd->add_option("--links", g.links, "links file: src dst delay_ns jitter_ns loss per line")->required();
   g.delayd->add_option("--seed", g.seed)->capture_default_str();
 
   g.tc = netem->add_subcommand("tc", "print (or --apply) the tc commands that emulate a scenario on a real host");
   g.tc->add_option("--scenario", g.scenario, "scenario file (netem/scenarios/*.toml)")->required();
   g.tc->add_option("--hosts", g.hosts, "every host's address, comma-separated, in placement order")->required();
-  g.tc->add_option("--self", g.self, "this host's index in --hosts")->required();
+  g.tc->add_option("--self", g.self, "this host's index in --hosts")->required()->check(CLI::NonNegativeNumber);
   g.tc->add_option("--dev", g.dev, "network device")->capture_default_str();
   g.tc->add_flag("--apply", g.apply, "run the commands instead of printing them");
   g.tc->add_flag("--clear", g.clear, "remove what --apply installed");
 
   g.check = netem->add_subcommand("check", "build an emulated network, measure its round trips, remove it");
   g.check->add_option("--scenario", g.scenario, "scenario file")->required();
-  g.check->add_option("--hosts", g.host_count, "emulated hosts")->capture_default_str();
+  g.check->add_option("--hosts", g.host_count, "emulated hosts")->check(CLI::Range(1, 254))->capture_default_str();
 
   g.clean = netem->add_subcommand("clean", "remove namespaces left by longhaul processes that died");
 
@@ -67,16 +67,22 @@ void AddNetemCommands(CLI::App& app) {
   g.proxy->add_option("--routes", g.routes, "routes file: listen target delay_ms rate_mbit per line");
   g.proxy->add_option("--listen", g.listen, "one route: listen here");
   g.proxy->add_option("--to", g.proxy_to, "one route: forward to here");
-  g.proxy->add_option("--delay-ms", g.delay_ms, "one route: one-way delay, applied in both directions");
-  g.proxy->add_option("--rate-mbit", g.rate_mbit, "one route: rate of each direction, shared by its connections");
+  g.proxy->add_option("--delay-ms", g.delay_ms, "one route: one-way delay, applied in both directions")
+      ->check(CLI::NonNegativeNumber);
+  g.proxy
+      ->add_option("--rate-mbit", g.rate_mbit,
+                   "one route: rate of each direction, shared by its connections (0: unlimited)")
+      ->check(CLI::NonNegativeNumber);
 
   g.sink = netem->add_subcommand("probe-sink", "receive tensors with longhaul's transport (pair with probe-send)");
   g.sink->add_option("--listen", g.listen)->capture_default_str();
   g.sink->add_option("--max-mb", g.megabytes, "largest tensor accepted, MB")->capture_default_str();
   g.send = netem->add_subcommand("probe-send", "time tensors sent with longhaul's transport to a probe-sink");
   g.send->add_option("--to", g.to, "the sink's host:port")->required();
-  g.send->add_option("--mb", g.megabytes)->capture_default_str();
-  g.send->add_option("--repeat", g.repeat, "transfers; the first warms the connection up")->capture_default_str();
+  g.send->add_option("--mb", g.megabytes)->check(CLI::Range(1, 65536))->capture_default_str();
+  g.send->add_option("--repeat", g.repeat, "transfers; the first warms the connection up")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 int RunNetemCommand(const std::string& self_exe) {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
+#include "config/resume_check.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
@@ -564,7 +565,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   if (cfg.train.resume) {
     LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));
     resume_name = fs::path(dir).filename().string();
-    start = std::stoll(resume_name.substr(resume_name.find('_') + 1));
+    LH_ASSIGN_OR_RETURN(start, CheckpointStep(dir));
+    const std::string state_dir = CheckpointStateDir(fs::path(dir).parent_path().string(), resume_name);
+    LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg));
   }
   const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
   LH_ASSIGN_OR_RETURN(MetricsLog metrics, cfg.train.resume ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));

@@ -1,23 +1,37 @@
 #pragma once
-// What every training process does the same way, one process or many: load the data, check a
-// checkpoint belongs to this job, and know the entropy floor of a micro-batch.
-#include <string>
-
-#include <nlohmann/json.hpp>
-
+// What every training process does the same way, one process or many: check the job fits in
+// memory, load the data, and know the entropy floor of a micro-batch.
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
 #include "data/micro_batch.h"
 #include "data/token_dataset.h"
+#include "model/memory_estimate.h"
 
 namespace longhaul {
 
+// Host memory of `longhaul train`: the whole model as one stage on the CPU (on CUDA the stage is on
+// the device: CudaStage checks it there), AdamW, the checkpoint's staging copies, the built-in
+// corpus, and the process itself.
+MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads);
+// Host memory of a worker of pipeline stage `stage` hosting `ps_floats` floats of parameter-server
+// shards: its stage with the schedule's activation slots, the shards with their AdamW state, the
+// transport's buffers, checkpoint staging, the built-in corpus and the process.
+MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads);
+// Every process of `longhaul local` together: the workers (with `threads` threads each) and the
+// coordinator.
+MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);
+// Floats of the parameter-server shards replica `replica` of `stage` hosts (the coordinator's cuts).
+double HostedPsFloats(const JobConfig& cfg, int stage, int replica);
+
+// ResourceExhausted, with the estimate, the memory available and the fix, when the job does not
+// fit: `longhaul train`; one worker; every process of `longhaul local` on this machine together.
+absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
+absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads,
+                               const MemoryLimit& available = HostMemoryAvailable());
+absl::Status CheckLocalClusterMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
+
 // Loads config.data and checks every token fits model.vocab_size.
 absl::StatusOr<TokenDataset> LoadDataset(const JobConfig& cfg);
-
-// A checkpoint written under `written_with` (its run_config) may continue this job only if the
-// model, the data and the sampling match; the error names the first key that differs.
-absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig& cfg, const std::string& dir);
 
 // Entropy floor (nats/token) of the positions the loss counts, or -1 when the data has no known
 // source.

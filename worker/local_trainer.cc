@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "config/resume_check.h"
 #include "metrics/flops.h"
 #include "worker/job_setup.h"
 #include "util/status_macros.h"
@@ -28,7 +29,9 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   JobConfig cfg = job;
   cfg.cluster.stages = cfg.cluster.replicas = 1;
   cfg.cluster.stage_layers.clear();
-  cfg.as_json["cluster"] = {{"stages", 1}, {"replicas", 1}, {"ps", "sharded"}};
+  cfg.cluster.central_ps = false;
+  cfg.as_json = EffectiveConfigJson(cfg);
+  LH_RETURN_IF_ERROR(CheckTrainerMemory(cfg));
   std::unique_ptr<LocalTrainer> t(new LocalTrainer(cfg));
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
@@ -51,9 +54,10 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
 
 absl::Status LocalTrainer::Resume() {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
+  const std::string state_dir = CheckpointStateDir(CheckpointRoot(cfg_), fs::path(dir).filename().string());
+  LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg_));
   State s = EmptyState();
   LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, runner_->layout(), s.params.data(), s.m.data(), s.v.data()));
-  LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
   LH_RETURN_IF_ERROR(runner_->SetState(s.params.data(), s.m.data(), s.v.data()));
   step_ = ck.step;
   return absl::OkStatus();

@@ -1,7 +1,6 @@
 #include "worker/ps_shard.h"
 
-#include <cassert>
-
+#include "absl/strings/str_format.h"
 #include "optim/grad_clip.h"
 
 namespace longhaul {
@@ -17,18 +16,34 @@ PsShard::PsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int st
       grads_(layout_.total()),
       adamw_(cfg, layout_) {}
 
-void PsShard::AddReplicaGradient(int replica, const std::vector<float>& grad) {
-  assert(replica == next_replica_ && grad.size() == grads_.size());
+absl::Status PsShard::AddReplicaGradient(int replica, const std::vector<float>& grad) {
+  if (replica != next_replica_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "parameter server of stage %d shard %d: replica %d's gradient came where replica %d's was due (they are "
+        "summed in replica order)",
+        stage_, shard_, replica, next_replica_));
+  }
+  if (grad.size() != grads_.size()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "parameter server of stage %d shard %d: replica %d pushed %d gradient values, the shard holds %d: every "
+        "process of the job must run the same config and longhaul build",
+        stage_, shard_, replica, grad.size(), grads_.size()));
+  }
   if (replica == 0) {
     grads_ = grad;
   } else {
     for (size_t i = 0; i < grads_.size(); ++i) grads_[i] += grad[i];
   }
   next_replica_ = replica + 1;
+  return absl::OkStatus();
 }
 
-double PsShard::AveragedSquaredNorm() {
-  assert(next_replica_ == replicas_);
+absl::StatusOr<double> PsShard::AveragedSquaredNorm() {
+  if (next_replica_ != replicas_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "parameter server of stage %d shard %d: the norm needs all %d replicas' gradients, %d are in", stage_, shard_,
+        replicas_, next_replica_));
+  }
   Scale(grads_.data(), grads_.size(), 1.0f / static_cast<float>(replicas_));
   return SquaredNorm(grads_.data(), grads_.size());
 }

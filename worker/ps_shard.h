@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "model/param_layout.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -25,10 +26,11 @@ class PsShard {
   std::vector<float>& params() { return params_; }
   AdamW& adamw() { return adamw_; }
 
-  // Gradient of replica `replica`'s copy of the shard; replicas must come in order 0, 1, ...
-  void AddReplicaGradient(int replica, const std::vector<float>& grad);
-  // Σ g² of the replica-averaged gradient, once every replica is in.
-  double AveragedSquaredNorm();
+  // Gradient of replica `replica`'s copy of the shard; replicas must come in order 0, 1, ... and
+  // each gradient must have the shard's size (it came over the network: FailedPrecondition if not).
+  absl::Status AddReplicaGradient(int replica, const std::vector<float>& grad);
+  // Σ g² of the replica-averaged gradient; FailedPrecondition until every replica is in.
+  absl::StatusOr<double> AveragedSquaredNorm();
   OptimizerStepResult Step(const LrSchedule& schedule, float grad_clip, int64_t step, double global_norm);
 
  private:

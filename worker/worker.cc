@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
+#include "config/resume_check.h"
 #include "data/batch_sampler.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/timeline.h"
@@ -242,6 +243,7 @@ absl::Status Worker::Setup() {
     if (a.worker_id() == id_) s_ = a.stage(), r_ = a.replica();
   P_ = plan_.stages(), D_ = plan_.replicas(), M_ = cfg_.train.micro_batches;
   omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg_.train.threads > 0 ? cfg_.train.threads : omp_get_num_procs()));
+  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads()));
   transport_.job_id = plan_.job_id();
   transport_.dtype = cfg_.transport.wire_dtype;
   transport_.chunk_bytes = static_cast<size_t>(cfg_.transport.chunk_mib) << 20;
@@ -278,9 +280,10 @@ absl::Status Worker::Setup() {
       const std::string dir = (fs::path(cfg_.train.out_dir) / "checkpoints" /
                                absl::StrFormat("stage_%d_shard_%d", s_, sp.shard()) / plan_.resume_checkpoint())
                                   .string();
-      LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, shard->layout(), shard->params().data(),
-                                                            shard->adamw().m().data(), shard->adamw().v().data()));
-      LH_RETURN_IF_ERROR(CheckResumable(ck.run_config, cfg_, dir));
+      LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
+      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, shard->layout(), shard->params().data(), shard->adamw().m().data(),
+                                        shard->adamw().v().data())
+                             .status());
     }
     owned_.push_back(std::move(shard));
   }
@@ -370,13 +373,14 @@ absl::Status Worker::ServeShards(int64_t it, double* grad_norm, float* lr) {
   for (auto& shard : owned_) {
     for (int rep = 0; rep < D_; ++rep) {
       LH_ASSIGN_OR_RETURN(std::vector<float> g, Take(proto::GRAD_PUSH, it, 0, s_, rep, shard->shard()));
-      shard->AddReplicaGradient(rep, g);
+      LH_RETURN_IF_ERROR(shard->AddReplicaGradient(rep, g));
       mailbox_.Recycle(std::move(g));
     }
     proto::ShardNorm* n = report.add_shards();
     n->set_stage(s_);
     n->set_shard(shard->shard());
-    n->set_sum_squares(shard->AveragedSquaredNorm());
+    LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
+    n->set_sum_squares(sum_squares);
   }
   proto::NormReply reply;
   grpc::ClientContext ctx;

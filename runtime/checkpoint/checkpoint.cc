@@ -1,9 +1,13 @@
 #include "checkpoint/checkpoint.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +38,54 @@ absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) 
   fs::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
   return absl::OkStatus();
+}
+
+// state.json, checked field by field: it is read from disk, so nothing in it is trusted.
+struct State {
+  CheckpointData data;
+  struct File {
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+  };
+  std::map<std::string, File> files;
+};
+
+absl::StatusOr<State> ReadState(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "state.json").string();
+  LH_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt (", what,
+                                            "; not the JSON longhaul writes): restore it or resume from an earlier "
+                                            "step"));
+  };
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return corrupt("not valid JSON");
+  if (!j.is_object()) return corrupt("not a JSON object");
+  auto field = [&](const char* key) -> const nlohmann::json* { return j.contains(key) ? &j.at(key) : nullptr; };
+  const nlohmann::json* version = field("format_version");
+  if (version == nullptr || !version->is_number_integer()) return corrupt("no integer format_version");
+  if (version->get<int64_t>() != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat("checkpoint %s has format version %d; this build reads %d",
+                                                         dir, version->get<int64_t>(), kFormatVersion));
+  }
+  State st;
+  const nlohmann::json* step = field("step");
+  if (step == nullptr || !step->is_number_unsigned()) return corrupt("no step >= 0");
+  st.data.step = static_cast<int64_t>(std::min<uint64_t>(step->get<uint64_t>(), INT64_MAX));
+  const nlohmann::json* config = field("run_config");
+  if (config != nullptr && !config->is_object()) return corrupt("run_config is not an object");
+  st.data.run_config = config != nullptr ? *config : nlohmann::json::object();
+  const nlohmann::json* files = field("files");
+  if (files == nullptr || !files->is_object()) return corrupt("no files object");
+  for (const auto& [name, entry] : files->items()) {
+    if (!entry.is_object() || !entry.contains("bytes") || !entry.at("bytes").is_number_unsigned() ||
+        !entry.contains("crc32") || !entry.at("crc32").is_number_unsigned() ||
+        entry.at("crc32").get<uint64_t>() > UINT32_MAX) {
+      return corrupt(absl::StrCat("files.", name, " lacks its size or CRC-32"));
+    }
+    st.files[name] = {entry.at("bytes").get<uint64_t>(), static_cast<uint32_t>(entry.at("crc32").get<uint64_t>())};
+  }
+  return st;
 }
 
 absl::Status CopyInto(const Safetensors& st, const std::string& file, const ParamLayout& layout,
@@ -70,7 +122,10 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
   auto write = [&](const std::string& file, const std::vector<TensorView>& views) -> absl::Status {
     const fs::path p = tmp_dir / file;
     LH_ASSIGN_OR_RETURN(uint32_t crc, WriteSafetensors(p.string(), views, {{"format", "pt"}}));
-    files[file] = {{"bytes", fs::file_size(p)}, {"crc32", crc}};
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(p, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot read back the size of ", p.string(), ": ", ec.message()));
+    files[file] = {{"bytes", bytes}, {"crc32", crc}};
     return absl::OkStatus();
   };
   LH_RETURN_IF_ERROR(write("model.safetensors", Views(layout, params, "")));
@@ -98,41 +153,60 @@ absl::Status SetLatestCheckpoint(const std::string& root, int64_t step) {
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
-  std::ifstream f(fs::path(root) / "latest");
+  const fs::path latest = fs::path(root) / "latest";
+  std::ifstream f(latest);
   std::string name;
   if (!f || !(f >> name)) {
-    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root, " (", root,
-                                            "/latest is missing): train without resume first"));
+    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root, " (", latest.string(),
+                                            " is missing): train without resume first"));
+  }
+  if (!CheckpointStep(name).ok()) {
+    return absl::DataLossError(absl::StrCat(latest.string(), " names \"", name,
+                                            "\", not a checkpoint directory (step_NNNNNNNN): write the name of the "
+                                            "newest complete step_* directory into it"));
   }
   return (fs::path(root) / name).string();
 }
 
+absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
+  const std::string name = fs::path(dir).filename().string();
+  int64_t step = 0;
+  if (name.rfind("step_", 0) != 0 || name.size() > 5 + 18 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
+      !absl::SimpleAtoi(name.substr(5), &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint directory ", dir, ": its name is not step_ and a step number"));
+  }
+  return step;
+}
+
+std::string CheckpointStateDir(const std::string& root, const std::string& name) {
+  const fs::path own = fs::path(root) / name, shard = fs::path(root) / "stage_0_shard_0" / name;
+  std::error_code ec;
+  return (fs::exists(own / "state.json", ec) || !fs::exists(shard, ec) ? own : shard).string();
+}
+
+absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir) {
+  LH_ASSIGN_OR_RETURN(State st, ReadState(dir));
+  return st.data;
+}
+
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
                                               float* m, float* v) {
+  LH_ASSIGN_OR_RETURN(State state, ReadState(dir));
   const std::string state_path = (fs::path(dir) / "state.json").string();
-  LH_ASSIGN_OR_RETURN(std::string state_text, ReadWholeFile(state_path));
-  nlohmann::json state = nlohmann::json::parse(state_text, nullptr, false);
-  if (state.is_discarded() || !state.contains("files") || !state.contains("step")) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", state_path, " is corrupt (not the JSON longhaul writes)"));
-  }
-  if (state.value("format_version", 0) != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrFormat("checkpoint %s has format version %d; this build reads %d",
-                                                         dir, state.value("format_version", 0), kFormatVersion));
-  }
   auto load = [&](const std::string& file) -> absl::StatusOr<Safetensors> {
     const std::string path = (fs::path(dir) / file).string();
-    if (!state["files"].contains(file)) return absl::DataLossError(absl::StrCat(state_path, " does not list ", file));
+    auto listed = state.files.find(file);
+    if (listed == state.files.end()) return absl::DataLossError(absl::StrCat(state_path, " does not list ", file));
     LH_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
-    const size_t want = state["files"][file]["bytes"].get<size_t>();
-    if (bytes.size() != want) {
+    if (bytes.size() != listed->second.bytes) {
       return absl::DataLossError(absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d", path,
-                                                 bytes.size(), want));
+                                                 bytes.size(), listed->second.bytes));
     }
-    const uint32_t crc = state["files"][file]["crc32"].get<uint32_t>();
-    if (Crc32(bytes) != crc) {
+    if (Crc32(bytes) != listed->second.crc) {
       return absl::DataLossError(absl::StrFormat(
           "checkpoint file %s is corrupt: CRC-32 %08x, expected %08x (restore it or resume from an earlier step)",
-          path, Crc32(bytes), crc));
+          path, Crc32(bytes), listed->second.crc));
     }
     return ParseSafetensors(path, bytes);
   };
@@ -144,10 +218,7 @@ absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const Para
     LH_RETURN_IF_ERROR(CopyInto(opt, opt_path, layout, "exp_avg.", m));
     LH_RETURN_IF_ERROR(CopyInto(opt, opt_path, layout, "exp_avg_sq.", v));
   }
-  CheckpointData data;
-  data.step = state["step"].get<int64_t>();
-  data.run_config = state.value("run_config", nlohmann::json::object());
-  return data;
+  return state.data;
 }
 
 }  // namespace longhaul

@@ -30,8 +30,20 @@ std::string CheckpointName(int64_t step);
 // Points root/latest at step's checkpoint, atomically (written under another name, then renamed).
 absl::Status SetLatestCheckpoint(const std::string& root, int64_t step);
 
-// Path of the newest checkpoint under root, or NotFound.
+// Path of the newest checkpoint under root, or NotFound; DataLoss when root/latest does not name a
+// step directory.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
+// The step of a checkpoint directory from its name (".../step_00000042" -> 42).
+absl::StatusOr<int64_t> CheckpointStep(const std::string& dir);
+
+// The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
+// records the run's config: root/name for a one-process run, else the first parameter-server
+// shard's, root/stage_0_shard_0/name (every shard of a step records the same config).
+std::string CheckpointStateDir(const std::string& root, const std::string& name);
+
+// Reads dir/state.json alone (no tensors): the step and the config the checkpoint was written
+// with. A state.json that is not what longhaul writes is DataLoss, naming the file.
+absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir);
 
 // Loads a checkpoint directory into buffers laid out by `layout`, verifying sizes, checksums,
 // tensor names and shapes; errors name the file and the fix.

@@ -79,13 +79,22 @@ absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std:
       return absl::InvalidArgumentError(absl::StrCat("safetensors file ", path, ": tensor ", name, " has dtype ",
                                                      entry["dtype"].dump(), "; longhaul reads F32 only"));
     }
+    const nlohmann::json &shape = entry["shape"], &offsets = entry["data_offsets"];
+    if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      return corrupt(absl::StrCat("entry ", name, ": shape or data_offsets is not an array of sizes"));
+    }
     LoadedTensor t;
+    // Sizes are bounded by the data section before they are multiplied, so n cannot overflow.
     size_t n = 1;
-    for (auto& d : entry["shape"]) {
-      t.shape.push_back(d.get<int64_t>());
+    for (const nlohmann::json& d : shape) {
+      if (!d.is_number_unsigned() || (d.get<uint64_t>() > 0 && n > data_size / d.get<uint64_t>())) {
+        return corrupt(absl::StrCat("entry ", name, " has shape ", shape.dump(), ", not sizes that fit the file"));
+      }
+      t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
       n *= static_cast<size_t>(t.shape.back());
     }
-    const size_t begin = entry["data_offsets"][0].get<size_t>(), end = entry["data_offsets"][1].get<size_t>();
+    const size_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     if (end < begin || end > data_size || end - begin != 4 * n) {
       return corrupt(absl::StrFormat("tensor %s spans bytes [%d, %d) of a %d-byte data section", name, begin, end,
                                      data_size));

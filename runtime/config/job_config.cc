@@ -1,11 +1,18 @@
 #include "config/job_config.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
-#include <set>
+#include <optional>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -14,47 +21,31 @@
 namespace longhaul {
 namespace {
 
-// The keys each section accepts; anything else is a typo worth reporting.
-const std::map<std::string, std::set<std::string>>& KnownKeys() {
-  static const auto* keys = new std::map<std::string, std::set<std::string>>{
-      {"model", {"vocab_size", "max_seq_len", "n_layer", "n_head", "d_model", "tied_head", "attention"}},
-      {"data",
-       {"source", "path", "val_path", "val_fraction", "seed", "alphabet", "order", "branching", "train_tokens",
-        "val_tokens"}},
-      {"train",
-       {"steps", "seq_len", "micro_batch_size", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1",
-        "beta2", "eps", "grad_clip", "seed", "threads", "recompute", "log_every", "eval_every", "eval_batches",
-        "checkpoint_every", "out_dir", "resume", "backend", "precision"}},
-      {"cluster",
-       {"job_id", "stages", "replicas", "schedule", "ps", "stage_layers", "heartbeat_s", "dead_after_s"}},
-      {"transport", {"wire_dtype", "chunk_mib", "connections", "timeout_s"}},
-  };
-  return *keys;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The valid range of a numeric key, and what its edge means.
+struct Range {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+  const char* note = "";
+};
+Range AtLeast(double lo, const char* note = "") { return {lo, kInf, false, false, note}; }
+Range Above(double lo, const char* note = "") { return {lo, kInf, true, false, note}; }
+Range Within(double lo, double hi, const char* note = "") { return {lo, hi, false, false, note}; }
+Range Fraction() { return {0, 1, false, true, ""}; }  // [0, 1)
+
+std::string Requirement(const Range& r) {
+  std::string req = r.hi == kInf ? absl::StrCat(r.lo_open ? "> " : ">= ", r.lo)
+                                 : absl::StrCat("in ", r.lo_open ? "(" : "[", r.lo, ", ", r.hi, r.hi_open ? ")" : "]");
+  return absl::StrCat("must be ", req, *r.note ? absl::StrCat(" (", r.note, ")") : "");
 }
 
 class Reader {
  public:
   Reader(const toml::table& root, std::string file) : root_(root), file_(std::move(file)) {}
 
-  absl::Status CheckKeys() const {
-    for (auto&& [section, node] : root_) {
-      const std::string s(section.str());
-      auto it = KnownKeys().find(s);
-      if (it == KnownKeys().end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            file_, ": unknown section [", s, "] (known: [model], [data], [train], [cluster], [transport])"));
-      }
-      if (!node.is_table()) return absl::InvalidArgumentError(absl::StrCat(file_, ": ", s, " must be a table [", s, "]"));
-      for (auto&& [key, _] : *node.as_table()) {
-        if (!it->second.count(std::string(key.str()))) {
-          return absl::InvalidArgumentError(absl::StrCat(file_, ": unknown key ", s, ".", std::string(key.str()), " (known keys of [",
-                                                         s, "]: ", absl::StrJoin(it->second, ", "), ")"));
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-
+  // Reads section.key into out when present (out keeps its default otherwise). Integers must fit
+  // the field, numbers must be finite.
   template <typename T>
   absl::Status Get(const char* section, const char* key, T& out) const {
     auto node = root_[section][key];
@@ -63,18 +54,22 @@ class Reader {
       if (auto v = node.template value<bool>(); v && node.is_boolean()) return out = *v, absl::OkStatus();
       return TypeError(section, key, "true or false");
     } else if constexpr (std::is_integral_v<T>) {
-      if (auto v = node.template value<int64_t>(); v && node.is_integer()) return out = static_cast<T>(*v), absl::OkStatus();
-      return TypeError(section, key, "an integer");
+      auto v = node.template value<int64_t>();
+      if (!v || !node.is_integer()) return TypeError(section, key, "an integer");
+      LH_RETURN_IF_ERROR(FitsIn<T>(section, key, *v));
+      return out = static_cast<T>(*v), absl::OkStatus();
     } else if constexpr (std::is_floating_point_v<T>) {
-      if (auto v = node.template value<double>(); v && (node.is_floating_point() || node.is_integer()))
-        return out = static_cast<T>(*v), absl::OkStatus();
-      return TypeError(section, key, "a number");
+      auto v = node.template value<double>();
+      if (!v || !(node.is_floating_point() || node.is_integer())) return TypeError(section, key, "a number");
+      if (!std::isfinite(*v)) return Bad(section, key, absl::StrCat(*v), "must be a finite number");
+      return out = static_cast<T>(*v), absl::OkStatus();
     } else if constexpr (std::is_same_v<T, std::vector<int>>) {
       const toml::array* arr = node.as_array();
       if (arr == nullptr) return TypeError(section, key, "an array of integers");
       out.clear();
       for (const toml::node& e : *arr) {
         if (!e.is_integer()) return TypeError(section, key, "an array of integers");
+        LH_RETURN_IF_ERROR(FitsIn<int>(section, key, *e.value<int64_t>()));
         out.push_back(static_cast<int>(*e.value<int64_t>()));
       }
       return absl::OkStatus();
@@ -84,13 +79,225 @@ class Reader {
     }
   }
 
+  absl::Status CheckRange(const char* section, const char* key, double v, const Range& r) const {
+    const bool ok = (r.lo_open ? v > r.lo : v >= r.lo) && (r.hi_open ? v < r.hi : v <= r.hi);
+    return ok ? absl::OkStatus() : Bad(section, key, absl::StrCat(v), Requirement(r));
+  }
+
+  // "file: section.key = value: why".
+  absl::Status Bad(const char* section, const char* key, const std::string& value, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(file_, ": ", section, ".", key, " = ", value, ": ", why));
+  }
+  // A parse function's own message (which names the key), prefixed with the file.
+  absl::Status InFile(const absl::Status& s) const {
+    return absl::InvalidArgumentError(absl::StrCat(file_, ": ", s.message()));
+  }
+
  private:
+  template <typename T>
+  absl::Status FitsIn(const char* section, const char* key, int64_t v) const {
+    if constexpr (std::is_unsigned_v<T>) {
+      if (v < 0) return Bad(section, key, absl::StrCat(v), "must be >= 0");
+    } else if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) {
+      return Bad(section, key, absl::StrCat(v),
+                 absl::StrCat("must be in [", std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]"));
+    }
+    return absl::OkStatus();
+  }
   absl::Status TypeError(const char* section, const char* key, const char* want) const {
     return absl::InvalidArgumentError(absl::StrCat(file_, ": ", section, ".", key, " must be ", want));
   }
   const toml::table& root_;
   std::string file_;
 };
+
+// A float field as JSON: the double nearest its shortest decimal form (0.9f is recorded as 0.9, not
+// 0.8999999761581421), which reads back as the same float.
+template <typename T>
+nlohmann::json AsJson(const T& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof(buf), v).ptr;
+    return std::strtod(std::string(buf, end).c_str(), nullptr);
+  } else {
+    return nlohmann::json(v);
+  }
+}
+
+// One row of the key table.
+struct KeyDef {
+  ConfigKey info;
+  std::function<absl::Status(const Reader&, JobConfig&)> read;  // leaves the default when the key is absent
+  std::function<nlohmann::json(const JobConfig&)> value;        // the effective value
+};
+
+// A key read straight into a JobConfig field. `field` is a generic lambda returning the field of
+// a (const or not) JobConfig; numeric keys with a range are checked against it.
+template <typename Field>
+KeyDef Value(const char* section, const char* key, ResumeRule rule, Field field,
+             std::optional<Range> range = std::nullopt) {
+  return {{section, key, rule},
+          [=](const Reader& r, JobConfig& c) -> absl::Status {
+            auto& f = field(c);
+            LH_RETURN_IF_ERROR(r.Get(section, key, f));
+            if constexpr (std::is_arithmetic_v<std::remove_reference_t<decltype(f)>>) {
+              if (range) return r.CheckRange(section, key, static_cast<double>(f), *range);
+            }
+            return absl::OkStatus();
+          },
+          [=](const JobConfig& c) { return AsJson(field(c)); }};
+}
+
+// A key naming one of a few choices: parse turns the name into the field's value (its error names
+// the key and the choices), name turns it back.
+template <typename Field, typename Parse, typename Name>
+KeyDef Choice(const char* section, const char* key, ResumeRule rule, Field field, Parse parse, Name name) {
+  return {{section, key, rule},
+          [=](const Reader& r, JobConfig& c) -> absl::Status {
+            std::string text = name(field(c));
+            LH_RETURN_IF_ERROR(r.Get(section, key, text));
+            auto v = parse(text);
+            if (!v.ok()) return r.InFile(v.status());
+            field(c) = *v;
+            return absl::OkStatus();
+          },
+          [=](const JobConfig& c) { return nlohmann::json(name(field(c))); }};
+}
+
+const char* DataSourceName(DataSource s) {
+  return s == DataSource::kBuiltin ? "builtin" : (s == DataSource::kBytes ? "bytes" : "llmc");
+}
+absl::StatusOr<DataSource> ParseDataSource(const std::string& name) {
+  for (DataSource s : {DataSource::kBuiltin, DataSource::kBytes, DataSource::kLlmc})
+    if (name == DataSourceName(s)) return s;
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.source = \"", name, "\": use \"builtin\", \"bytes\" or \"llmc\""));
+}
+
+const char* PsName(bool central) { return central ? "central" : "sharded"; }
+absl::StatusOr<bool> ParsePs(const std::string& name) {
+  if (name == "sharded" || name == "central") return name == "central";
+  return absl::InvalidArgumentError(absl::StrCat("cluster.ps = \"", name, "\": use \"sharded\" or \"central\""));
+}
+
+std::string BackendName(int device) { return device < 0 ? "cpu" : absl::StrCat("cuda:", device); }
+absl::StatusOr<int> ParseBackend(const std::string& name) {
+  int device = -1;
+  if (name == "cpu") return -1;
+  if (name.rfind("cuda:", 0) == 0 && name.size() <= 9 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
+      absl::SimpleAtoi(name.substr(5), &device)) {
+    return device;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("train.backend = \"", name, "\": use \"cpu\" or \"cuda:N\" (N = device index)"));
+}
+
+// Blocks of each pipeline stage: cluster.stage_layers with its default (an even split) resolved.
+std::vector<int> BlocksPerStage(const JobConfig& c) {
+  std::vector<int> blocks;
+  for (int s = 0; s < c.cluster.stages; ++s) blocks.push_back(c.Stage(s).end_block - c.Stage(s).first_block);
+  return blocks;
+}
+
+#define LH_FIELD(path) [](auto& c) -> auto& { return c.path; }
+
+// Every key. Resume rules: anything that changes the math or the samples must match (the model,
+// the data, the optimizer and its schedule — train.steps sets the cosine decay —, the seeds, the
+// batch shape, the compute precision and the wire precision); how the model is split over workers
+// is a layout; the rest (threads, recompute, the pipeline schedule, logging, evaluation,
+// checkpoint frequency, paths, the backend device, timeouts, transport tuning) may change.
+const std::vector<KeyDef>& Table() {
+  using R = ResumeRule;
+  static const auto* table = new std::vector<KeyDef>{
+      // Ranges of the model's shape are ModelConfig::Validate's.
+      Value("model", "vocab_size", R::kMustMatch, LH_FIELD(model.vocab_size)),
+      Value("model", "max_seq_len", R::kMustMatch, LH_FIELD(model.max_seq_len)),
+      Value("model", "n_layer", R::kMustMatch, LH_FIELD(model.n_layer)),
+      Value("model", "n_head", R::kMustMatch, LH_FIELD(model.n_head)),
+      Value("model", "d_model", R::kMustMatch, LH_FIELD(model.d_model)),
+      Value("model", "tied_head", R::kMustMatch, LH_FIELD(model.tied_head)),
+      Choice("model", "attention", R::kMustMatch, LH_FIELD(model.attention), ParseAttentionMask, AttentionMaskName),
+
+      Choice("data", "source", R::kMustMatch, LH_FIELD(data.source), ParseDataSource, DataSourceName),
+      Value("data", "path", R::kMustMatch, LH_FIELD(data.path)),
+      Value("data", "val_path", R::kMustMatch, LH_FIELD(data.val_path)),
+      Value("data", "val_fraction", R::kMustMatch, LH_FIELD(data.val_fraction), Fraction()),
+      Value("data", "seed", R::kMustMatch, LH_FIELD(data.markov.seed)),
+      // Ranges of the built-in corpus's shape are ValidateMarkovSpec's.
+      Value("data", "alphabet", R::kMustMatch, LH_FIELD(data.markov.alphabet)),
+      Value("data", "order", R::kMustMatch, LH_FIELD(data.markov.order)),
+      Value("data", "branching", R::kMustMatch, LH_FIELD(data.markov.branching)),
+      Value("data", "train_tokens", R::kMustMatch, LH_FIELD(data.train_tokens), AtLeast(1)),
+      Value("data", "val_tokens", R::kMustMatch, LH_FIELD(data.val_tokens), AtLeast(0)),
+
+      Value("train", "steps", R::kMustMatch, LH_FIELD(train.steps), AtLeast(1)),
+      Value("train", "seq_len", R::kMustMatch, LH_FIELD(train.seq_len), AtLeast(1)),
+      Value("train", "micro_batch_size", R::kMustMatch, LH_FIELD(train.micro_batch_size), AtLeast(1)),
+      Value("train", "micro_batches", R::kMustMatch, LH_FIELD(train.micro_batches), AtLeast(1)),
+      Value("train", "lr", R::kMustMatch, LH_FIELD(train.lr), Above(0)),
+      Value("train", "min_lr", R::kMustMatch, LH_FIELD(train.min_lr), AtLeast(0)),
+      Value("train", "warmup_steps", R::kMustMatch, LH_FIELD(train.warmup_steps), AtLeast(0)),
+      Value("train", "weight_decay", R::kMustMatch, LH_FIELD(train.adamw.weight_decay), AtLeast(0, "0 disables decay")),
+      Value("train", "beta1", R::kMustMatch, LH_FIELD(train.adamw.beta1), Fraction()),
+      Value("train", "beta2", R::kMustMatch, LH_FIELD(train.adamw.beta2), Fraction()),
+      Value("train", "eps", R::kMustMatch, LH_FIELD(train.adamw.eps), Above(0, "for example 1e-8")),
+      Value("train", "grad_clip", R::kMustMatch, LH_FIELD(train.grad_clip), AtLeast(0, "0 disables clipping")),
+      Value("train", "seed", R::kMustMatch, LH_FIELD(train.seed)),
+      Value("train", "threads", R::kFree, LH_FIELD(train.threads), Within(0, 1024, "0 uses every core")),
+      Value("train", "recompute", R::kFree, LH_FIELD(train.recompute)),
+      Value("train", "log_every", R::kFree, LH_FIELD(train.log_every), AtLeast(1)),
+      Value("train", "eval_every", R::kFree, LH_FIELD(train.eval_every), AtLeast(0, "0 disables evaluation")),
+      Value("train", "eval_batches", R::kFree, LH_FIELD(train.eval_batches), AtLeast(1)),
+      Value("train", "checkpoint_every", R::kFree, LH_FIELD(train.checkpoint_every), AtLeast(0, "0: only at the end")),
+      Value("train", "out_dir", R::kFree, LH_FIELD(train.out_dir)),
+      Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
+      Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), ParseBackend, BackendName),
+      Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
+
+      Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
+      Value("cluster", "stages", R::kLayout, LH_FIELD(cluster.stages), Within(1, 65536)),
+      Value("cluster", "replicas", R::kLayout, LH_FIELD(cluster.replicas), Within(1, 65536)),
+      Choice("cluster", "schedule", R::kFree, LH_FIELD(cluster.schedule), ParseSchedule, ScheduleName),
+      Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
+      {{"cluster", "stage_layers", R::kLayout},
+       [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
+       [](const JobConfig& c) { return nlohmann::json(BlocksPerStage(c)); }},
+      Value("cluster", "heartbeat_s", R::kFree, LH_FIELD(cluster.heartbeat_s), Above(0)),
+      Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), Above(0)),
+
+      Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype), ParseWireDtype, WireDtypeName),
+      Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
+      Value("transport", "connections", R::kFree, LH_FIELD(transport.connections), Within(1, 64)),
+      Value("transport", "timeout_s", R::kFree, LH_FIELD(transport.timeout_s), Above(0)),
+  };
+  return *table;
+}
+
+#undef LH_FIELD
+
+absl::Status CheckKeys(const toml::table& root, const std::string& file) {
+  std::map<std::string, std::vector<std::string>> known;  // by section, in table order
+  for (const KeyDef& k : Table()) known[k.info.section].push_back(k.info.key);
+  for (auto&& [section, node] : root) {
+    const std::string s(section.str());
+    auto it = known.find(s);
+    if (it == known.end()) {
+      std::vector<std::string> names;
+      for (const char* n : {"model", "data", "train", "cluster", "transport"}) names.push_back(absl::StrCat("[", n, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": unknown section [", s, "] (known: ", absl::StrJoin(names, ", "), ")"));
+    }
+    if (!node.is_table()) return absl::InvalidArgumentError(absl::StrCat(file, ": ", s, " must be a table [", s, "]"));
+    for (auto&& [key, _] : *node.as_table()) {
+      if (std::find(it->second.begin(), it->second.end(), std::string(key.str())) == it->second.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(file, ": unknown key ", s, ".", std::string(key.str()),
+                                                       " (known keys of [", s, "]: ", absl::StrJoin(it->second, ", "),
+                                                       ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ApplyOverride(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('='), dot = assignment.find('.');
@@ -113,42 +320,54 @@ absl::Status ApplyOverride(toml::table& root, const std::string& assignment) {
   return absl::OkStatus();
 }
 
+// Checks between keys; each key's own range was checked as it was read.
 absl::Status Validate(const JobConfig& c, const std::string& file) {
   auto bad = [&](const std::string& msg) { return absl::InvalidArgumentError(absl::StrCat(file, ": ", msg)); };
   if (auto s = c.model.Validate(); !s.ok()) return bad(std::string(s.message()));
   const TrainConfig& t = c.train;
-  if (t.seq_len <= 0) return bad(absl::StrFormat("train.seq_len = %d: must be positive", t.seq_len));
   if (t.seq_len > c.model.max_seq_len) {
     return bad(absl::StrFormat(
         "train.seq_len = %d is longer than the position table (model.max_seq_len = %d): raise model.max_seq_len or "
         "lower train.seq_len",
         t.seq_len, c.model.max_seq_len));
   }
-  if (t.steps <= 0) return bad("train.steps must be positive");
-  if (t.micro_batch_size <= 0) return bad("train.micro_batch_size must be positive");
-  if (t.micro_batches <= 0) return bad("train.micro_batches must be positive");
-  if (!(t.lr > 0) || t.min_lr < 0 || t.min_lr > t.lr) return bad("need 0 <= train.min_lr <= train.lr and train.lr > 0");
-  if (t.warmup_steps < 0) return bad("train.warmup_steps must be >= 0");
-  if (t.threads < 0) return bad("train.threads must be >= 0 (0 uses every core)");
-  if (t.log_every <= 0) return bad("train.log_every must be positive");
-  if (t.eval_every < 0 || t.eval_batches <= 0) return bad("train.eval_every must be >= 0 and train.eval_batches > 0");
-  if (t.checkpoint_every < 0) return bad("train.checkpoint_every must be >= 0 (0: only at the end)");
-  if (!(t.adamw.beta1 >= 0 && t.adamw.beta1 < 1 && t.adamw.beta2 >= 0 && t.adamw.beta2 < 1)) {
-    return bad("train.beta1 and train.beta2 must be in [0, 1)");
+  if (static_cast<int64_t>(t.micro_batch_size) * t.seq_len > std::numeric_limits<int>::max()) {
+    return bad(absl::StrFormat("train.micro_batch_size x train.seq_len = %d x %d tokens per micro-batch: at most %d",
+                               t.micro_batch_size, t.seq_len, std::numeric_limits<int>::max()));
+  }
+  if (t.min_lr > t.lr) {
+    return bad(absl::StrFormat("train.min_lr = %g is above train.lr = %g: the schedule decays from lr to min_lr, so "
+                               "lower train.min_lr",
+                               t.min_lr, t.lr));
+  }
+  if (static_cast<double>(t.lr) * t.adamw.weight_decay >= 1) {
+    return bad(absl::StrFormat("train.lr x train.weight_decay = %g x %g >= 1 would flip the sign of every decayed "
+                               "weight: lower train.weight_decay",
+                               t.lr, t.adamw.weight_decay));
+  }
+  if (t.out_dir.empty()) return bad("train.out_dir must not be empty (default \"runs/latest\")");
+  if (t.backend_device < 0 && t.precision != Precision::kFp32) {
+    return bad(absl::StrCat("train.precision = \"", PrecisionName(t.precision),
+                            "\" needs train.backend = \"cuda:N\" (the CPU backend computes in fp32)"));
   }
   if (c.data.source != DataSource::kBuiltin && c.data.path.empty()) {
     return bad("data.path is required when data.source is \"bytes\" or \"llmc\"");
   }
-  if (c.data.val_fraction < 0 || c.data.val_fraction >= 1) return bad("data.val_fraction must be in [0, 1)");
+  if (c.data.source == DataSource::kBuiltin) {
+    if (auto s = ValidateMarkovSpec(c.data.markov); !s.ok()) return bad(std::string(s.message()));
+  }
   const ClusterConfig& k = c.cluster;
-  if (k.stages <= 0 || k.replicas <= 0) return bad("cluster.stages and cluster.replicas must be positive");
   if (k.job_id.empty()) return bad("cluster.job_id must not be empty");
+  if (static_cast<int64_t>(k.stages) * k.replicas > 65536) {
+    return bad(absl::StrFormat("cluster.stages x cluster.replicas = %d x %d workers: at most 65536", k.stages,
+                               k.replicas));
+  }
   if (!k.stage_layers.empty()) {
     if (static_cast<int>(k.stage_layers.size()) != k.stages) {
       return bad(absl::StrFormat("cluster.stage_layers has %d entries for cluster.stages = %d", k.stage_layers.size(),
                                  k.stages));
     }
-    int sum = 0;
+    int64_t sum = 0;
     for (int l : k.stage_layers) {
       if (l < 0) return bad("cluster.stage_layers entries must be >= 0");
       sum += l;
@@ -164,12 +383,10 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
     return bad("model.tied_head = true needs the embedding and the head in one stage: set model.tied_head = false "
                "or cluster.stages = 1");
   }
-  if (k.heartbeat_s <= 0 || k.dead_after_s <= k.heartbeat_s) {
-    return bad("need cluster.heartbeat_s > 0 and cluster.dead_after_s > cluster.heartbeat_s");
+  if (k.dead_after_s <= k.heartbeat_s) {
+    return bad(absl::StrFormat("cluster.dead_after_s = %g must be longer than cluster.heartbeat_s = %g", k.dead_after_s,
+                               k.heartbeat_s));
   }
-  if (c.transport.chunk_mib < 1 || c.transport.chunk_mib > 16) return bad("transport.chunk_mib must be in [1, 16]");
-  if (c.transport.connections < 1 || c.transport.connections > 64) return bad("transport.connections must be in [1, 64]");
-  if (c.transport.timeout_s <= 0) return bad("transport.timeout_s must be positive");
   if (c.data.source != DataSource::kLlmc && c.model.vocab_size < 256) {
     return bad(absl::StrFormat("model.vocab_size = %d: byte-level data needs at least 256", c.model.vocab_size));
   }
@@ -177,6 +394,31 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
 }
 
 }  // namespace
+
+const char* ResumeRuleName(ResumeRule r) {
+  return r == ResumeRule::kMustMatch ? "must match" : (r == ResumeRule::kLayout ? "layout" : "free");
+}
+
+const std::vector<ConfigKey>& ConfigKeys() {
+  static const auto* keys = [] {
+    auto* v = new std::vector<ConfigKey>;
+    for (const KeyDef& k : Table()) v->push_back(k.info);
+    return v;
+  }();
+  return *keys;
+}
+
+nlohmann::json EffectiveConfigJson(const JobConfig& cfg) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const KeyDef& k : Table()) j[k.info.section][k.info.key] = k.value(cfg);
+  return j;
+}
+
+absl::Status CheckStopAt(int64_t stop_at, const JobConfig& cfg) {
+  if (stop_at >= 1 && stop_at <= cfg.train.steps) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--stop-at %d: must be a step of the run, between 1 and train.steps = %d", stop_at, cfg.train.steps));
+}
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source_path,
                                          const std::vector<std::string>& overrides) {
@@ -190,121 +432,15 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
         absl::StrCat(source_path, ": TOML syntax error at ", where.str(), ": ", std::string(e.description())));
   }
   for (const std::string& o : overrides) LH_RETURN_IF_ERROR(ApplyOverride(root, o));
-  Reader r(root, source_path);
-  LH_RETURN_IF_ERROR(r.CheckKeys());
+  LH_RETURN_IF_ERROR(CheckKeys(root, source_path));
 
   JobConfig c;
   c.source_path = source_path;
-  std::string attention = "causal", source = "builtin";
-  LH_RETURN_IF_ERROR(r.Get("model", "vocab_size", c.model.vocab_size));
-  LH_RETURN_IF_ERROR(r.Get("model", "max_seq_len", c.model.max_seq_len));
-  LH_RETURN_IF_ERROR(r.Get("model", "n_layer", c.model.n_layer));
-  LH_RETURN_IF_ERROR(r.Get("model", "n_head", c.model.n_head));
-  LH_RETURN_IF_ERROR(r.Get("model", "d_model", c.model.d_model));
-  LH_RETURN_IF_ERROR(r.Get("model", "tied_head", c.model.tied_head));
-  LH_RETURN_IF_ERROR(r.Get("model", "attention", attention));
-  if (attention == "causal") {
-    c.model.attention = AttentionMask::kCausal;
-  } else if (attention == "prefix_lm") {
-    c.model.attention = AttentionMask::kPrefixLm;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_path, ": model.attention = \"", attention, "\": use \"causal\" or \"prefix_lm\""));
-  }
-
-  LH_RETURN_IF_ERROR(r.Get("data", "source", source));
-  if (source == "builtin") {
-    c.data.source = DataSource::kBuiltin;
-  } else if (source == "bytes") {
-    c.data.source = DataSource::kBytes;
-  } else if (source == "llmc") {
-    c.data.source = DataSource::kLlmc;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_path, ": data.source = \"", source, "\": use \"builtin\", \"bytes\" or \"llmc\""));
-  }
-  LH_RETURN_IF_ERROR(r.Get("data", "path", c.data.path));
-  LH_RETURN_IF_ERROR(r.Get("data", "val_path", c.data.val_path));
-  LH_RETURN_IF_ERROR(r.Get("data", "val_fraction", c.data.val_fraction));
-  LH_RETURN_IF_ERROR(r.Get("data", "seed", c.data.markov.seed));
-  LH_RETURN_IF_ERROR(r.Get("data", "alphabet", c.data.markov.alphabet));
-  LH_RETURN_IF_ERROR(r.Get("data", "order", c.data.markov.order));
-  LH_RETURN_IF_ERROR(r.Get("data", "branching", c.data.markov.branching));
-  LH_RETURN_IF_ERROR(r.Get("data", "train_tokens", c.data.train_tokens));
-  LH_RETURN_IF_ERROR(r.Get("data", "val_tokens", c.data.val_tokens));
-
-  auto with_file = [&](absl::Status s) {
-    return absl::InvalidArgumentError(absl::StrCat(source_path, ": ", s.message()));
-  };
-  TrainConfig& t = c.train;
-  LH_RETURN_IF_ERROR(r.Get("train", "steps", t.steps));
-  LH_RETURN_IF_ERROR(r.Get("train", "seq_len", t.seq_len));
-  LH_RETURN_IF_ERROR(r.Get("train", "micro_batch_size", t.micro_batch_size));
-  LH_RETURN_IF_ERROR(r.Get("train", "micro_batches", t.micro_batches));
-  LH_RETURN_IF_ERROR(r.Get("train", "lr", t.lr));
-  LH_RETURN_IF_ERROR(r.Get("train", "min_lr", t.min_lr));
-  LH_RETURN_IF_ERROR(r.Get("train", "warmup_steps", t.warmup_steps));
-  LH_RETURN_IF_ERROR(r.Get("train", "weight_decay", t.adamw.weight_decay));
-  LH_RETURN_IF_ERROR(r.Get("train", "beta1", t.adamw.beta1));
-  LH_RETURN_IF_ERROR(r.Get("train", "beta2", t.adamw.beta2));
-  LH_RETURN_IF_ERROR(r.Get("train", "eps", t.adamw.eps));
-  LH_RETURN_IF_ERROR(r.Get("train", "grad_clip", t.grad_clip));
-  LH_RETURN_IF_ERROR(r.Get("train", "seed", t.seed));
-  LH_RETURN_IF_ERROR(r.Get("train", "threads", t.threads));
-  LH_RETURN_IF_ERROR(r.Get("train", "recompute", t.recompute));
-  LH_RETURN_IF_ERROR(r.Get("train", "log_every", t.log_every));
-  LH_RETURN_IF_ERROR(r.Get("train", "eval_every", t.eval_every));
-  LH_RETURN_IF_ERROR(r.Get("train", "eval_batches", t.eval_batches));
-  LH_RETURN_IF_ERROR(r.Get("train", "checkpoint_every", t.checkpoint_every));
-  LH_RETURN_IF_ERROR(r.Get("train", "out_dir", t.out_dir));
-  LH_RETURN_IF_ERROR(r.Get("train", "resume", t.resume));
-  std::string backend = "cpu", precision = "fp32";
-  LH_RETURN_IF_ERROR(r.Get("train", "backend", backend));
-  LH_RETURN_IF_ERROR(r.Get("train", "precision", precision));
-  if (backend.rfind("cuda:", 0) == 0 && backend.size() > 5 && backend.find_first_not_of("0123456789", 5) == std::string::npos) {
-    t.backend_device = std::stoi(backend.substr(5));
-  } else if (backend != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_path, ": train.backend = \"", backend, "\": use \"cpu\" or \"cuda:N\" (N = device index)"));
-  }
-  if (auto p = ParsePrecision(precision); p.ok()) t.precision = *p; else return with_file(p.status());
-  if (t.backend_device < 0 && t.precision != Precision::kFp32) {
-    return absl::InvalidArgumentError(absl::StrCat(source_path, ": train.precision = \"", precision,
-                                                   "\" needs train.backend = \"cuda:N\" (the CPU backend computes in "
-                                                   "fp32)"));
-  }
-  std::string schedule = "gpipe", ps = "sharded", wire = "fp32";
-  LH_RETURN_IF_ERROR(r.Get("cluster", "job_id", c.cluster.job_id));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "stages", c.cluster.stages));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "replicas", c.cluster.replicas));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "schedule", schedule));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "ps", ps));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "stage_layers", c.cluster.stage_layers));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "heartbeat_s", c.cluster.heartbeat_s));
-  LH_RETURN_IF_ERROR(r.Get("cluster", "dead_after_s", c.cluster.dead_after_s));
-  LH_RETURN_IF_ERROR(r.Get("transport", "wire_dtype", wire));
-  LH_RETURN_IF_ERROR(r.Get("transport", "chunk_mib", c.transport.chunk_mib));
-  LH_RETURN_IF_ERROR(r.Get("transport", "connections", c.transport.connections));
-  LH_RETURN_IF_ERROR(r.Get("transport", "timeout_s", c.transport.timeout_s));
-  if (auto k = ParseSchedule(schedule); k.ok()) c.cluster.schedule = *k; else return with_file(k.status());
-  if (auto d = ParseWireDtype(wire); d.ok()) c.transport.wire_dtype = *d; else return with_file(d.status());
-  if (ps != "sharded" && ps != "central") {
-    return absl::InvalidArgumentError(absl::StrCat(source_path, ": cluster.ps = \"", ps, "\": use \"sharded\" or \"central\""));
-  }
-  c.cluster.central_ps = ps == "central";
+  const Reader r(root, source_path);
+  for (const KeyDef& k : Table()) LH_RETURN_IF_ERROR(k.read(r, c));
   if (c.data.source == DataSource::kLlmc && !root["model"]["vocab_size"]) c.model.vocab_size = 50257;
   LH_RETURN_IF_ERROR(Validate(c, source_path));
-
-  // The effective configuration, with defaults filled in, is what checkpoints record.
-  c.as_json = {{"model",
-                {{"vocab_size", c.model.vocab_size}, {"max_seq_len", c.model.max_seq_len}, {"n_layer", c.model.n_layer},
-                 {"n_head", c.model.n_head}, {"d_model", c.model.d_model}, {"tied_head", c.model.tied_head},
-                 {"attention", attention}}},
-               {"data", {{"source", source}, {"path", c.data.path}, {"seed", c.data.markov.seed}}},
-               {"train",
-                {{"seq_len", t.seq_len}, {"micro_batch_size", t.micro_batch_size}, {"micro_batches", t.micro_batches},
-                 {"seed", t.seed}, {"steps", t.steps}}},
-               {"cluster", {{"stages", c.cluster.stages}, {"replicas", c.cluster.replicas}, {"ps", ps}}}};
+  c.as_json = EffectiveConfigJson(c);
   std::ostringstream text;
   text << root;
   c.toml_text = text.str();

@@ -1,6 +1,10 @@
 #pragma once
 // A training job's configuration, read from TOML. Every key is optional (defaults below); unknown
-// keys and wrong types are errors that name the key and the fix.
+// keys, wrong types and values out of range are errors that name the key and the fix.
+//
+// One table in job_config.cc lists every key: how it is read into JobConfig, its valid range, and
+// what changing it means for a resume. The accepted keys, the effective configuration recorded in
+// checkpoints and the resume comparison all derive from it, so a new key cannot be left out of any.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,7 +79,7 @@ struct JobConfig {
   TransportConfig transport;
   std::string toml_text;  // the configuration with overrides applied, as workers receive it
   std::string source_path;  // where it was read from, for messages
-  nlohmann::json as_json;   // the merged configuration, recorded in checkpoints
+  nlohmann::json as_json;   // EffectiveConfigJson(*this) when parsed: what checkpoints record
 
   // Tokens of one optimizer step over every replica.
   int64_t tokens_per_step() const {
@@ -84,6 +88,29 @@ struct JobConfig {
   // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
   StageSpec Stage(int stage) const;
 };
+
+// What changing a key between a run and its resume means.
+enum class ResumeRule {
+  kMustMatch,  // it changes the math or the samples: the checkpoint cannot continue under another value
+  kLayout,     // it changes how the model is split over workers: must match too, reported as a layout change
+  kFree,       // logging, timeouts, threads, where files go, ...: may change
+};
+const char* ResumeRuleName(ResumeRule r);  // "must match", "layout", "free"
+
+struct ConfigKey {
+  std::string section, key;
+  ResumeRule resume;
+  std::string name() const { return section + "." + key; }
+};
+// Every key the config accepts, in table order.
+const std::vector<ConfigKey>& ConfigKeys();
+
+// Every key of ConfigKeys() with its effective value (defaults resolved, e.g. the blocks of each
+// stage for an empty cluster.stage_layers), by section: {"model": {"d_model": 256, ...}, ...}.
+nlohmann::json EffectiveConfigJson(const JobConfig& cfg);
+
+// --stop-at N must name a step of the run: 1 <= N <= train.steps.
+absl::Status CheckStopAt(int64_t stop_at, const JobConfig& cfg);
 
 // Parses TOML text; `overrides` are "section.key=value" (value in TOML syntax, bare strings
 // allowed) applied on top. Validation covers everything that can be checked without the data.

@@ -3,8 +3,11 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
-#include <cstdio>
 #include <cstdlib>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace longhaul::cpu {
 namespace {
@@ -24,45 +27,54 @@ const char* CoreTypeForThisCpu() {
   return nullptr;  // let OpenBLAS decide
 }
 
-const Blas& Load() {
-  static const Blas blas = [] {
-    if (const char* core = CoreTypeForThisCpu(); core != nullptr) setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/0);
-    // The library CMake found, then whatever the loader finds (a bundle carried with its libraries).
-    void* h = dlopen(LONGHAUL_OPENBLAS_PATH, RTLD_NOW | RTLD_GLOBAL);
-    if (h == nullptr) h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_GLOBAL);
+// The first of `libraries` that loads and has the functions. dlopen keeps a library it loaded
+// either way, which is harmless: only the returned table is used.
+absl::StatusOr<Blas> Open(const std::vector<std::string>& libraries) {
+  if (const char* core = CoreTypeForThisCpu(); core != nullptr) setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/0);
+  std::vector<std::string> tried;
+  for (const std::string& lib : libraries) {
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) {
+      tried.push_back(absl::StrCat(lib, " (", dlerror(), ")"));
+      continue;
+    }
     Blas b;
-    if (h != nullptr) {
-      b.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(h, "cblas_sgemm"));
-      b.sgemv = reinterpret_cast<decltype(&cblas_sgemv)>(dlsym(h, "cblas_sgemv"));
-      b.corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
-    }
-    if (b.sgemm == nullptr || b.sgemv == nullptr) {
-      std::fprintf(stderr,
-                   "longhaul: error: cannot load OpenBLAS (%s, libopenblas.so.0): %s; install libopenblas-openmp-dev "
-                   "(bash deploy/setup.sh does)\n",
-                   LONGHAUL_OPENBLAS_PATH, dlerror());
-      std::exit(1);
-    }
-    return b;
-  }();
-  return blas;
+    b.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(h, "cblas_sgemm"));
+    b.sgemv = reinterpret_cast<decltype(&cblas_sgemv)>(dlsym(h, "cblas_sgemv"));
+    b.corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
+    if (b.sgemm != nullptr && b.sgemv != nullptr) return b;
+    tried.push_back(absl::StrCat(lib, " (loads, but has no cblas_sgemm/cblas_sgemv)"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot load OpenBLAS: tried ", absl::StrJoin(tried, ", "),
+      "; install libopenblas0-openmp (or libopenblas-openmp-dev to build; bash deploy/setup.sh does)"));
+}
+
+// The library CMake found, then whatever the loader finds (a bundle carried with its libraries).
+const absl::StatusOr<Blas>& Loaded() {
+  static const auto* blas = new absl::StatusOr<Blas>(Open({LONGHAUL_OPENBLAS_PATH, "libopenblas.so.0"}));
+  return *blas;
 }
 
 }  // namespace
 
+absl::Status LoadBlas() { return Loaded().status(); }
+
+absl::Status CheckBlasLibraries(const std::vector<std::string>& libraries) { return Open(libraries).status(); }
+
 void Sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
            int ldb, float beta, float* C, int ldc) {
-  Load().sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+  Loaded()->sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
                A, lda, B, ldb, beta, C, ldc);
 }
 
 void SgemvTrans(int M, int N, float alpha, const float* A, int lda, const float* x, float beta, float* y) {
-  Load().sgemv(CblasRowMajor, CblasTrans, M, N, alpha, A, lda, x, 1, beta, y, 1);
+  Loaded()->sgemv(CblasRowMajor, CblasTrans, M, N, alpha, A, lda, x, 1, beta, y, 1);
 }
 
 const char* BlasCoreName() {
-  const Blas& b = Load();
-  return b.corename != nullptr ? b.corename() : "unknown";
+  if (!Loaded().ok()) return "unavailable";
+  return Loaded()->corename != nullptr ? Loaded()->corename() : "unknown";
 }
 
 }  // namespace longhaul::cpu

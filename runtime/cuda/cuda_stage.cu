@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_ops.cuh"
+#include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
 
 namespace longhaul {
@@ -62,6 +63,7 @@ class Stage final : public CudaStage {
 
   absl::Status Init(int device) {
     LH_CUDA(cudaSetDevice(device), "cudaSetDevice");
+    LH_RETURN_IF(CheckDeviceMemory(device));
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
     const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
     const size_t nb = spec_.end_block - spec_.first_block, NH = cfg_.n_head;
@@ -101,6 +103,26 @@ class Stage final : public CudaStage {
     LH_RETURN_IF(norm_partial_.Alloc(1024));
     LH_RETURN_IF(norm_.Alloc(1));
     return ZeroGrads();
+  }
+
+  // Refuses before allocating when the device's free memory cannot hold the stage.
+  absl::Status CheckDeviceMemory(int device) const {
+    size_t free_bytes = 0, total_bytes = 0;
+    LH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    StageMemoryRequest req;
+    req.model = cfg_;
+    req.spec = spec_;
+    req.B = B_;
+    req.T = T_;
+    req.backend = Backend::kCuda;
+    req.precision = precision_;
+    const MemoryEstimate need = EstimateStage(req);
+    if (need.total() <= static_cast<double>(free_bytes)) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the stage needs about ", need.ToString(), " of device memory but cuda:", device, " has ",
+        FormatBytes(static_cast<double>(free_bytes)), " free of ", FormatBytes(static_cast<double>(total_bytes)),
+        ": lower train.micro_batch_size or train.seq_len, compute in train.precision = \"bf16\", or use a smaller "
+        "model"));
   }
 
   const ParamLayout& layout() const override { return layout_; }

@@ -21,7 +21,7 @@ double EntropyOf(const std::vector<double>& p) {
 
 }  // namespace
 
-absl::StatusOr<MarkovSource> MarkovSource::Create(const MarkovSpec& spec) {
+absl::Status ValidateMarkovSpec(const MarkovSpec& spec) {
   if (spec.alphabet < 2 || spec.alphabet > 64) {
     return absl::InvalidArgumentError(absl::StrFormat("data.alphabet = %d: must be in [2, 64]", spec.alphabet));
   }
@@ -29,11 +29,17 @@ absl::StatusOr<MarkovSource> MarkovSource::Create(const MarkovSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrFormat("data.branching = %d: must be in [1, data.alphabet = %d]", spec.branching, spec.alphabet));
   }
-  double contexts = std::pow(static_cast<double>(spec.alphabet), spec.order);
+  const double contexts = std::pow(static_cast<double>(spec.alphabet), spec.order);
   if (spec.order < 1 || contexts > (1 << 22)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "data.order = %d: must be at least 1 with data.alphabet^order at most 4194304 contexts", spec.order));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MarkovSource> MarkovSource::Create(const MarkovSpec& spec) {
+  if (absl::Status st = ValidateMarkovSpec(spec); !st.ok()) return st;
+  const double contexts = std::pow(static_cast<double>(spec.alphabet), spec.order);
   MarkovSource s;
   s.spec_ = spec;
   s.num_contexts_ = static_cast<int>(contexts);

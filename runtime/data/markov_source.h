@@ -20,6 +20,9 @@ struct MarkovSpec {
   int branching = 4;   // successors allowed per context
 };
 
+// The spec's ranges, checked on their own (a config can be checked before the source is built).
+absl::Status ValidateMarkovSpec(const MarkovSpec& spec);
+
 class MarkovSource {
  public:
   static absl::StatusOr<MarkovSource> Create(const MarkovSpec& spec);

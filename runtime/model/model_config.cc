@@ -9,6 +9,12 @@ const char* AttentionMaskName(AttentionMask m) {
   return m == AttentionMask::kCausal ? "causal" : "prefix_lm";
 }
 
+absl::StatusOr<AttentionMask> ParseAttentionMask(const std::string& name) {
+  if (name == "causal") return AttentionMask::kCausal;
+  if (name == "prefix_lm") return AttentionMask::kPrefixLm;
+  return absl::InvalidArgumentError(absl::StrCat("model.attention = \"", name, "\": use \"causal\" or \"prefix_lm\""));
+}
+
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "bf16") return Precision::kBf16;

@@ -43,6 +43,7 @@ struct StageSpec {
 };
 
 const char* AttentionMaskName(AttentionMask m);
+absl::StatusOr<AttentionMask> ParseAttentionMask(const std::string& name);
 
 // Compute precision: fp32 everywhere, or bf16/fp16 compute with fp32 master weights (CUDA only).
 enum class Precision { kFp32, kBf16, kFp16 };

@@ -346,6 +346,22 @@ TEST(Cluster, InterruptedRunWritesEveryRecord) {
   EXPECT_EQ(workers, (std::set<int>{0, 1, 2, 3})) << "the merged timeline has events of every worker\n" << log;
 }
 
+TEST(Cluster, ResumeWithAnotherReplicaCountIsRefusedAsALayoutChange) {
+  const fs::path out = Dir("resume_layout");
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"}, {"--stop-at", "2"}),
+            0)
+      << Log(out);
+  EXPECT_NE(Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=2",
+                                    "train.resume=true"}),
+            0);
+  const std::string log = Log(out);
+  EXPECT_NE(log.find("for another layout (cluster.replicas = 2, the config has 1): a layout change"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("--set cluster.replicas=2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("has no tensor"), std::string::npos) << log;
+  EXPECT_EQ(log.find("registered"), std::string::npos) << "refused before any worker joined:\n" << log;
+}
+
 // cluster.json of a run in progress, once the coordinator wrote it (null after 15 s).
 nlohmann::json WaitForCluster(const fs::path& out) {
   nlohmann::json cluster;

@@ -88,6 +88,42 @@ TEST_F(CheckpointTest, GarbageStateFileAndMissingCheckpoint) {
   EXPECT_EQ(LatestCheckpoint((root_ / "nothing").string()).status().code(), absl::StatusCode::kNotFound);
 }
 
+// JSON that parses but is not what longhaul writes: DataLoss naming the file, never a throw.
+TEST_F(CheckpointTest, StateFileWithWrongFieldsIsDataLoss) {
+  const std::string dir = Saved();
+  const fs::path state = fs::path(dir) / "state.json";
+  const std::string files = R"("files": {"model.safetensors": {"bytes": 10, "crc32": 1}})";
+  for (const std::string& text :
+       {std::string(R"([1, 2])"), std::string(R"({"format_version": "1", "step": 1, )") + files + "}",
+        std::string(R"({"format_version": 1, "step": "42", )") + files + "}",
+        std::string(R"({"format_version": 1, "step": -1, )") + files + "}",
+        std::string(R"({"format_version": 1, "step": 42, "files": [1]})"),
+        std::string(R"({"format_version": 1, "step": 42, "files": {"model.safetensors": {"bytes": "10"}}})"),
+        std::string(R"({"format_version": 1, "step": 42, "files": {"model.safetensors": {"bytes": 1, "crc32": 99999999999}}})"),
+        std::string(R"({"format_version": 1, "step": 42, "run_config": 3, )") + files + "}"}) {
+    std::ofstream(state, std::ios::trunc) << text;
+    absl::Status s = Load(dir);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << text << ": " << s;
+    EXPECT_NE(s.message().find(state.string() + " is corrupt"), std::string::npos) << s;
+    EXPECT_EQ(ReadCheckpointState(dir).status().code(), absl::StatusCode::kDataLoss) << text;
+  }
+  std::ofstream(state, std::ios::trunc) << R"({"format_version": 7, "step": 1, "files": {}})";
+  EXPECT_EQ(Load(dir).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CheckpointTest, StepComesFromTheDirectoryNameChecked) {
+  const std::string dir = Saved();
+  EXPECT_EQ(*CheckpointStep(dir), 42);
+  EXPECT_EQ(ReadCheckpointState(dir)->step, 42);
+  for (const char* bad : {"step_", "step_12x", "latest", "step_-4", "step_99999999999999999999999"}) {
+    EXPECT_FALSE(CheckpointStep(bad).ok()) << bad;
+  }
+  std::ofstream(root_ / "latest", std::ios::trunc) << "garbage\n";
+  absl::Status s = LatestCheckpoint(root_.string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("names \"garbage\", not a checkpoint directory"), std::string::npos) << s;
+}
+
 TEST_F(CheckpointTest, DifferentModelIsRefusedWithTheTensorNamed) {
   const std::string dir = Saved();
   ModelConfig other = cfg_;
@@ -105,6 +141,19 @@ TEST(Safetensors, RejectsGarbage) {
   EXPECT_EQ(ParseSafetensors("x", huge_header).status().code(), absl::StatusCode::kDataLoss);
   std::string bad_json("\x02\x00\x00\x00\x00\x00\x00\x00{[", 10);
   EXPECT_EQ(ParseSafetensors("x", bad_json).status().code(), absl::StatusCode::kDataLoss);
+  // Headers that parse as JSON but whose shapes and offsets are not sizes: DataLoss, never a throw.
+  for (const std::string header :
+       {R"({"t": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
+        R"({"t": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}})",
+        R"({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
+        R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": {"a": 0}}})",
+        R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
+        R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296, 4], "data_offsets": [0, 0]}})"}) {
+    std::string bytes(8, '\0');
+    bytes[0] = static_cast<char>(header.size());
+    bytes += header + std::string(8, '\0');
+    EXPECT_EQ(ParseSafetensors("x", bytes).status().code(), absl::StatusCode::kDataLoss) << header;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
 namespace longhaul {
 namespace {
 
@@ -50,6 +56,114 @@ TEST(JobConfig, EachMistakeGetsOneClearMessage) {
   EXPECT_NE(Error("[data]\nsource = \"bytes\"\n").find("data.path is required"), std::string::npos);
   EXPECT_NE(Error("[train\n").find("TOML syntax error"), std::string::npos);
   EXPECT_EQ(LoadJobConfig("/nonexistent/job.toml").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Each value a key must not take is refused naming the key, the value and what it must be.
+TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train.grad_clip=-1", "train.grad_clip = -1: must be >= 0 (0 disables clipping)"},
+      {"train.weight_decay=-0.1", "train.weight_decay = -0.1: must be >= 0"},
+      {"train.eps=0", "train.eps = 0: must be > 0"},
+      {"train.beta1=1", "train.beta1 = 1: must be in [0, 1)"},
+      {"train.beta2=-0.5", "train.beta2 = -0.5: must be in [0, 1)"},
+      {"train.lr=0", "train.lr = 0: must be > 0"},
+      {"train.lr=nan", "train.lr = nan: must be a finite number"},
+      {"train.min_lr=-1e-4", "train.min_lr = -0.0001: must be >= 0"},
+      {"train.min_lr=0.1", "train.min_lr = 0.1 is above train.lr = 0.001"},
+      {"train.weight_decay=2000", "would flip the sign of every decayed weight"},
+      {"train.warmup_steps=-1", "train.warmup_steps = -1: must be >= 0"},
+      {"train.steps=0", "train.steps = 0: must be >= 1"},
+      {"train.micro_batch_size=0", "train.micro_batch_size = 0: must be >= 1"},
+      {"train.micro_batches=-2", "train.micro_batches = -2: must be >= 1"},
+      {"train.seq_len=0", "train.seq_len = 0: must be >= 1"},
+      {"train.micro_batch_size=100000000", "train.micro_batch_size x train.seq_len = 100000000 x 64 tokens per "
+                                           "micro-batch: at most 2147483647"},
+      {"train.seed=-1", "train.seed = -1: must be >= 0"},
+      {"train.threads=-1", "train.threads = -1: must be in [0, 1024] (0 uses every core)"},
+      {"train.log_every=0", "train.log_every = 0: must be >= 1"},
+      {"train.eval_every=-1", "train.eval_every = -1: must be >= 0 (0 disables evaluation)"},
+      {"train.eval_batches=0", "train.eval_batches = 0: must be >= 1"},
+      {"train.checkpoint_every=-5", "train.checkpoint_every = -5: must be >= 0 (0: only at the end)"},
+      {"train.out_dir=\"\"", "train.out_dir must not be empty"},
+      {"train.backend=cuda:99999999999", "train.backend = \"cuda:99999999999\": use \"cpu\" or \"cuda:N\""},
+      {"model.d_model=1099511627776", "model.d_model = 1099511627776: must be in [-2147483648, 2147483647]"},
+      {"model.vocab_size=0", "model.vocab_size = 0: must be a positive integer"},
+      {"data.seed=-3", "data.seed = -3: must be >= 0"},
+      {"data.alphabet=65", "data.alphabet = 65: must be in [2, 64]"},
+      {"data.order=0", "data.order = 0: must be at least 1"},
+      {"data.branching=0", "data.branching = 0: must be in [1, data.alphabet = 24]"},
+      {"data.train_tokens=0", "data.train_tokens = 0: must be >= 1"},
+      {"data.val_tokens=-1", "data.val_tokens = -1: must be >= 0"},
+      {"data.val_fraction=1", "data.val_fraction = 1: must be in [0, 1)"},
+      {"cluster.stages=0", "cluster.stages = 0: must be in [1, 65536]"},
+      {"cluster.replicas=100000", "cluster.replicas = 100000: must be in [1, 65536]"},
+      {"cluster.heartbeat_s=0", "cluster.heartbeat_s = 0: must be > 0"},
+      {"cluster.dead_after_s=0.5", "cluster.dead_after_s = 0.5 must be longer than cluster.heartbeat_s = 1"},
+      {"cluster.stage_layers=[5000000000]", "cluster.stage_layers = 5000000000: must be in"},
+      {"transport.chunk_mib=0", "transport.chunk_mib = 0: must be in [1, 16]"},
+      {"transport.connections=65", "transport.connections = 65: must be in [1, 64]"},
+      {"transport.timeout_s=-1", "transport.timeout_s = -1: must be > 0"},
+  };
+  for (const auto& [set, want] : cases) {
+    const std::string e = Error("", {set});
+    EXPECT_NE(e.find("job.toml: "), std::string::npos) << set << ": " << e;
+    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
+  }
+}
+
+TEST(JobConfig, WorkersAreBounded) {
+  EXPECT_NE(Error("", {"cluster.stages=2", "cluster.replicas=40000"})
+                .find("cluster.stages x cluster.replicas = 2 x 40000 workers: at most 65536"),
+            std::string::npos);
+}
+
+TEST(JobConfig, EffectiveConfigHoldsEveryKeyWithItsResolvedDefault) {
+  auto c = ParseJobConfig("[cluster]\nstages = 2\n", "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  size_t keys = 0;
+  for (auto& [section, values] : c->as_json.items()) keys += values.size();
+  EXPECT_EQ(keys, ConfigKeys().size());
+  for (const ConfigKey& k : ConfigKeys()) EXPECT_TRUE(c->as_json[k.section].contains(k.key)) << k.name();
+  EXPECT_EQ(c->as_json["cluster"]["stage_layers"], nlohmann::json({2, 2}));
+  EXPECT_EQ(c->as_json["train"]["lr"], 0.001);  // a float field is recorded by its shortest decimal
+  EXPECT_EQ(c->as_json["train"]["backend"], "cpu");
+}
+
+// The README's table of config keys lists every key with its resume rule.
+TEST(JobConfig, ReadmeListsEveryKeyWithItsResumeRule) {
+  std::ifstream f(std::string(LONGHAUL_SOURCE_DIR) + "/README.md");
+  std::stringstream readme;
+  readme << f.rdbuf();
+  std::map<std::string, std::string> rows;  // key -> its row of the table
+  std::string line;
+  while (std::getline(readme, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    for (size_t at = line.find('`'); at != std::string::npos && at < line.find(" | "); at = line.find('`', at + 1)) {
+      const size_t end = line.find('`', at + 1);
+      rows[line.substr(at + 1, end - at - 1)] = line;
+      at = end;
+    }
+  }
+  for (const ConfigKey& k : ConfigKeys()) {
+    ASSERT_TRUE(rows.count(k.name())) << k.name() << " is missing from README.md's config keys";
+    EXPECT_NE(rows[k.name()].find(absl::StrCat("| ", ResumeRuleName(k.resume), " |")), std::string::npos)
+        << k.name() << " should be marked \"" << ResumeRuleName(k.resume) << "\" in README.md: " << rows[k.name()];
+  }
+}
+
+TEST(JobConfig, StopAtMustBeAStepOfTheRun) {
+  auto c = ParseJobConfig("[train]\nsteps = 50\n", "job.toml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(CheckStopAt(1, *c).ok());
+  EXPECT_TRUE(CheckStopAt(50, *c).ok());
+  for (int64_t bad : {-3, 0, 51}) {
+    absl::Status s = CheckStopAt(bad, *c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(absl::StrCat("--stop-at ", bad, ": must be a step of the run, between 1 and "
+                                            "train.steps = 50")),
+              std::string::npos)
+        << s;
+  }
 }
 
 }  // namespace

@@ -137,9 +137,9 @@ TEST(LocalTrainer, ResumeRefusesADifferentConfig) {
 TEST(LocalTrainer, ResumeOverAMalformedMetricsFileIsAClearError) {
   const std::string dir = OutDir("malformed_metrics");
   std::ostringstream log;
-  auto t = LocalTrainer::Create(Config(kSmall, {"train.steps=3", "train.out_dir=" + dir}));
+  auto t = LocalTrainer::Create(Config(kSmall, {"train.steps=6", "train.out_dir=" + dir}));
   ASSERT_TRUE(t.ok());
-  ASSERT_TRUE((*t)->Run(log).ok());
+  ASSERT_TRUE((*t)->Run(log, /*stop_at=*/3).ok());
   const std::string csv = (fs::path(dir) / "metrics.csv").string();
   std::ofstream(csv, std::ios::app) << "4,not a loss,,,,,,,0\n";
   auto resumed = LocalTrainer::Create(Config(kSmall, {"train.steps=6", "train.out_dir=" + dir, "train.resume=true"}));

@@ -1,0 +1,27 @@
+#pragma once
+// Whether a checkpoint may continue this job: the configuration it was written with against this
+// one, key by key, by each key's ResumeRule (config/job_config.h). Callers check before reading
+// any tensor, so a mismatch is one clear error instead of a shape error or a silently different run.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "config/job_config.h"
+
+namespace longhaul {
+
+// written_with is the run_config of a checkpoint's state.json. The error names every key that
+// differs with both values, says whether it is a layout change, and gives the fix.
+//
+// A key the checkpoint lacks (written before longhaul recorded that key) counts as its default in
+// this build, the value such a run had unless its config set another; defaults that depend on
+// other keys (the even split of cluster.stage_layers) resolve with the checkpoint's own values of
+// those keys. The error marks such a key as not recorded.
+absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig& cfg,
+                            const std::string& checkpoint_dir);
+
+// Reads checkpoint_dir/state.json (no tensors) and checks it as above.
+absl::Status CheckCheckpointResumable(const std::string& checkpoint_dir, const JobConfig& cfg);
+
+}  // namespace longhaul
