@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -264,9 +265,9 @@ int EmulatedNetwork::CleanupStale() {
     if (name.rfind("lh", 0) != 0) continue;
     const size_t dash = name.find('-');
     if (dash == std::string::npos) continue;
-    const std::string pid = name.substr(2, dash - 2);
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (kill(std::stoi(pid), 0) == 0) continue;  // its owner still runs
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(2, dash - 2), &pid) || pid <= 0) continue;
+    if (kill(pid, 0) == 0) continue;  // its owner still runs
     std::system(("ip netns del " + name + " >/dev/null 2>&1").c_str());
     ++removed;
   }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "netem/timer_queue.h"
@@ -195,9 +196,10 @@ void OnAccept(uv_stream_t* listener, int status) {
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& hostport) {
   const size_t colon = hostport.rfind(':');
   sockaddr_storage ss{};
-  if (colon == std::string::npos ||
-      uv_ip4_addr(hostport.substr(0, colon).c_str(), std::stoi(hostport.substr(colon + 1)),
-                  reinterpret_cast<sockaddr_in*>(&ss)) != 0) {
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(hostport.substr(colon + 1), &port) || port < 0 ||
+      port > 65535 ||
+      uv_ip4_addr(hostport.substr(0, colon).c_str(), port, reinterpret_cast<sockaddr_in*>(&ss)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("not an IPv4 host:port: ", hostport));
   }
   return ss;

@@ -3,7 +3,6 @@
 #include <grpcpp/generic/async_generic_service.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -21,11 +20,10 @@ constexpr int kMaxMessageBytes = (16 << 20) + 4096;
 // (bench/transport_bench): gRPC's defaults (16 KiB frames, 64 KiB stream lookahead, 8 KiB reads)
 // cap a stream at a fraction of what the socket carries.
 std::vector<std::pair<const char*, int>> BulkTransferArgs() {
-  auto env = [](const char* k, int d) { return getenv(k) ? atoi(getenv(k)) : d; };
-  return {{GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, env("LH_LOOKAHEAD", 8 << 20)},
-          {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, env("LH_FRAME", 1 << 20)},
-          {GRPC_ARG_TCP_READ_CHUNK_SIZE, env("LH_READ", 1 << 20)},
-          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, env("LH_READMAX", 4 << 20)}};
+  return {{GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
+          {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20},
+          {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},
+          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20}};
 }
 
 grpc::ByteBuffer SerializeToBuffer(const google::protobuf::Message& m) {
