@@ -40,6 +40,7 @@ int CodeFor(const absl::Status& s) {
 }
 
 void StopCoordinator(int) { longhaul::RequestCoordinatorStop(); }
+void StopTrainer(int) { longhaul::LocalTrainer::RequestStop(); }
 
 // A command line CLI11 cannot parse: one line naming the problem and the subcommands, status 2.
 int UsageError(CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
@@ -145,9 +146,20 @@ int main(int argc, char** argv) {
     if (train->parsed()) {
       auto cfg = longhaul::LoadJobConfig(config_path, overrides);
       if (!cfg.ok()) return Fail(cfg.status(), 2);
+      // Ctrl-C or SIGTERM ends the step under way, checkpoints and exits 130; a second one kills.
+      struct sigaction sa = {};
+      sa.sa_handler = StopTrainer;
+      sa.sa_flags = SA_RESETHAND;
+      sigemptyset(&sa.sa_mask);
+      sigaction(SIGINT, &sa, nullptr);
+      sigaction(SIGTERM, &sa, nullptr);
       auto trainer = longhaul::LocalTrainer::Create(*cfg);
       if (!trainer.ok()) return Fail(trainer.status(), 2);
-      if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) return Fail(s, 1);
+      if (absl::Status s = (*trainer)->Run(std::cout, stop_at); !s.ok()) {
+        if (s.code() != absl::StatusCode::kCancelled) return Fail(s, 1);
+        std::cerr << "longhaul train: " << s.message() << "\n";
+        return 130;
+      }
     } else if (local->parsed()) {
       return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
     } else if (experiment->parsed()) {

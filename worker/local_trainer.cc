@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -20,9 +21,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Set from a signal handler: lock-free, and read once per step.
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
 std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "checkpoints").string(); }
 
 }  // namespace
+
+void LocalTrainer::RequestStop() { g_stop_requested = true; }
 
 absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConfig& job) {
   // One process is one stage and one replica, whatever [cluster] says (that is for `local`).
@@ -156,7 +163,17 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
       out.flush();
       LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
     }
-    if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last) LH_RETURN_IF_ERROR(SaveCheckpointNow());
+    const bool stop = g_stop_requested.exchange(false) && !last;
+    if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last || stop) {
+      LH_RETURN_IF_ERROR(SaveCheckpointNow());
+    }
+    if (stop) {
+      LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
+      return absl::CancelledError(absl::StrFormat(
+          "interrupted after step %d of %d: checkpoint %s/%s and the records in %s are written; resume with --set "
+          "train.resume=true",
+          step_, tc.steps, CheckpointRoot(cfg_), CheckpointName(step_), tc.out_dir));
+    }
   }
   LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
   if (timed_steps > 0) {

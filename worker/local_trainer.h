@@ -23,8 +23,11 @@ class LocalTrainer {
 
   // Trains from the current step to train.steps, or to step `stop_at` when it is positive (the
   // schedule still spans train.steps, so a later resume continues the same run), printing
-  // progress to `out` and checkpointing where it stops.
+  // progress to `out` and checkpointing where it stops. After RequestStop it stops at the end of
+  // the step under way, checkpointed and recorded, and returns Cancelled saying how to resume.
   absl::Status Run(std::ostream& out, int64_t stop_at = 0);
+  // Async-signal-safe: what SIGINT and SIGTERM call.
+  static void RequestStop();
   // Mean loss over train.eval_batches fixed validation micro-batches.
   absl::StatusOr<double> EvalLoss();
 
