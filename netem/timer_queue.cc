@@ -1,6 +1,12 @@
 #include "netem/timer_queue.h"
 
+#include <sched.h>
 #include <time.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 namespace longhaul::netem {
 
@@ -8,6 +14,17 @@ int64_t MonotonicNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+absl::Status RaiseToRealTime() {
+  // The lowest real-time priority is enough to run before every ordinary process.
+  sched_param p{};
+  p.sched_priority = sched_get_priority_min(SCHED_FIFO);
+  if (sched_setscheduler(0, SCHED_FIFO, &p) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot take a real-time priority (", std::strerror(errno),
+                                                    "): run as root or grant CAP_SYS_NICE"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::netem
