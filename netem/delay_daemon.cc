@@ -123,6 +123,12 @@ absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t s
   if (!links.ok()) return links.status();
   // Timers fire up to the thread's slack late (50 us by default): that would add to every delay.
   prctl(PR_SET_TIMERSLACK, 1UL);
+  // The workers' compute keeps the cores busy: an ordinary process would wait a scheduler slice
+  // (milliseconds) for each wake-up, and every packet with it.
+  if (const absl::Status rt = RaiseToRealTime(); !rt.ok()) {
+    std::fprintf(stderr, "longhaul netem delayd: %s; delays grow by up to milliseconds while the machine is busy\n",
+                 std::string(rt.message()).c_str());
+  }
   Daemon d;
   d.rng = Rng(seed);
   for (const PairDelay& p : *links) d.pairs[{p.src, p.dst}] = {p, 0};

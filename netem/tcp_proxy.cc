@@ -229,6 +229,11 @@ absl::Status RunProxy(const std::vector<ProxyRoute>& routes) {
   std::fprintf(stderr,
                "longhaul netem proxy: userspace emulation; it splits TCP, so window limits and slow start of the "
                "emulated link are NOT reproduced (use kernel-level emulation, as root, to validate transport tuning)\n");
+  // As the delay daemon: on a busy machine an ordinary process waits milliseconds for its wake-ups.
+  if (const absl::Status rt = RaiseToRealTime(); !rt.ok()) {
+    std::fprintf(stderr, "longhaul netem proxy: %s; delays grow by up to milliseconds while the machine is busy\n",
+                 std::string(rt.message()).c_str());
+  }
   Proxy proxy;
   proxy.loop = uv_default_loop();
   proxy.line = std::make_unique<TimerQueue<Chunk>>(proxy.loop, Release);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,6 +83,14 @@ TEST_F(NetemTest, IdleRoundTripIsTwiceTheOneWayDelay) {
     EXPECT_NEAR(rtt, 2 * d, 0.3) << "one-way delay " << d << " ms";
     close(cli), close(srv);
   }
+}
+
+// While the workers compute, every core is busy, and an ordinary process waits a scheduler slice
+// (milliseconds) for each wake-up; TimerQueueTest.ReleasesOnTimeAfterSleepsOfAnyLength measures it.
+TEST_F(NetemTest, DelayDaemonRunsAtARealTimePriority) {
+  auto net = Make(1, 1000);
+  ASSERT_NE(net, nullptr);
+  EXPECT_EQ(sched_getscheduler(net->daemon_pid()), SCHED_FIFO);
 }
 
 TEST_F(NetemTest, BulkFlowReachesTheSetRate) {
