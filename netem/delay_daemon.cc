@@ -48,14 +48,9 @@ struct Daemon {
   // has one (the daemon itself may have woken late from idle), else now.
   static int64_t ArrivalNs(nfq_data* nfa) {
     timeval tv{};
-    const int64_t now = MonotonicNs();
-    if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
-    timespec real;
-    clock_gettime(CLOCK_REALTIME, &real);
-    const int64_t real_ns = static_cast<int64_t>(real.tv_sec) * 1'000'000'000 + real.tv_nsec;
-    const int64_t stamp_ns = static_cast<int64_t>(tv.tv_sec) * 1'000'000'000 + static_cast<int64_t>(tv.tv_usec) * 1000;
-    const int64_t age = real_ns - stamp_ns;
-    return age >= 0 && age < 100'000'000 ? now - age : now;  // ignore a stamp that makes no sense
+    if (nfq_get_timestamp(nfa, &tv) != 0) return MonotonicNs();
+    return MonotonicOfRealtime(static_cast<int64_t>(tv.tv_sec) * 1'000'000'000 +
+                               static_cast<int64_t>(tv.tv_usec) * 1000);
   }
 
   int OnPacket(nfq_data* nfa) {

@@ -16,6 +16,14 @@ int64_t MonotonicNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+int64_t MonotonicOfRealtime(int64_t realtime_ns) {
+  timespec real;
+  clock_gettime(CLOCK_REALTIME, &real);
+  const int64_t now = MonotonicNs();
+  const int64_t age = static_cast<int64_t>(real.tv_sec) * 1'000'000'000 + real.tv_nsec - realtime_ns;
+  return age >= 0 && age < 100'000'000 ? now - age : now;
+}
+
 absl::Status RaiseToRealTime() {
   // The lowest real-time priority is enough to run before every ordinary process.
   sched_param p{};

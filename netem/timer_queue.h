@@ -23,6 +23,10 @@ namespace longhaul::netem {
 
 int64_t MonotonicNs();
 
+// The CLOCK_MONOTONIC time of a CLOCK_REALTIME timestamp the kernel put on a packet when it arrived;
+// now for a stamp that is not a time of the last 100 ms (0: none).
+int64_t MonotonicOfRealtime(int64_t realtime_ns);
+
 // Gives the calling process a real-time scheduling priority, so that a busy machine does not delay
 // its wake-ups by a scheduler slice (milliseconds). Needs root or CAP_SYS_NICE; the error says so.
 absl::Status RaiseToRealTime();

@@ -108,6 +108,23 @@ RoundTrips NetemTest::RoundTripsAt(double delay_ms, int rounds, bool plain) {
   return rt;
 }
 
+// The hold counts from the packet's arrival at the router (the kernel's timestamp, which the queue
+// passes on), not from when the daemon gets round to it: here the daemon is stopped for 3 ms after
+// each send.
+TEST_F(NetemTest, DelayCountsFromTheKernelsArrivalStamp) {
+  auto net = Make(5, 1000, 2, "reno");
+  ASSERT_NE(net, nullptr);
+  auto [cli, srv] = Connect(*net, 0, 1);
+  const double ms = testing::MeasureOneWayMs(cli, srv, 10, [&] {
+    kill(net->daemon_pid(), SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    kill(net->daemon_pid(), SIGCONT);
+  });
+  std::cout << absl::StrFormat("one-way 5 ms, daemon stopped 3 ms after each send: median one-way %.4f ms\n", ms);
+  EXPECT_NEAR(ms, 5, 0.1 + 0.005 * 5);
+  close(cli), close(srv);
+}
+
 // While the workers compute, every core is busy, and an ordinary process waits a scheduler slice
 // (milliseconds) for each wake-up; TimerQueueTest.ReleasesOnTimeAfterSleepsOfAnyLength measures it.
 TEST_F(NetemTest, DelayDaemonRunsAtARealTimePriority) {

@@ -114,6 +114,19 @@ TEST_F(ProxyTest, DelaysBothDirectionsAndSaysItSplitsTcp) {
   EXPECT_NE(log.find("splits TCP"), std::string::npos) << log;
 }
 
+// The delay counts from the data's arrival at the proxy (the kernel's receive timestamp), not from
+// when the proxy gets round to reading it: here the proxy is stopped for 3 ms after each send.
+TEST_F(ProxyTest, DelayCountsFromArrivalNotFromTheRead) {
+  Start(5, 1000);
+  const double ms = longhaul::testing::MeasureOneWayMs(client_, accepted_, 10, [&] {
+    kill(pid_, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    kill(pid_, SIGCONT);
+  });
+  std::cout << absl::StrFormat("proxy at 5 ms one-way, stopped 3 ms after each send: median one-way %.4f ms\n", ms);
+  EXPECT_NEAR(ms, 5, 0.1 + 0.005 * 5);
+}
+
 TEST_F(ProxyTest, BulkFlowGetsTheRate) {
   Start(2, 200);
   const double mbit = longhaul::testing::GoodputMbit(client_, accepted_, 200e6 / 8 * 1.5);  // 1.5 s at the rate

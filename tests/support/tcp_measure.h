@@ -1,6 +1,6 @@
 #pragma once
-// Test helpers that measure a connected TCP pair: round trips of one-byte messages, and the
-// goodput of a bulk transfer after slow start.
+// Test helpers that measure a connected TCP pair: one-way times and round trips of one-byte
+// messages, and the goodput of a bulk transfer after slow start.
 #include <linux/net_tstamp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -110,6 +111,22 @@ inline RoundTrips MeasureRoundTrips(int cli, int srv, int rounds) {
     }
   }
   return {Median(user), Median(network)};
+}
+
+// Median one-way time in ms, by kernel timestamps, of `rounds` one-byte messages from `from` to
+// `to`, with `after_send` run after each send. Negative where there are no timestamps.
+inline double MeasureOneWayMs(int from, int to, int rounds, const std::function<void()>& after_send) {
+  EnableKernelTimestamps(from);
+  EnableKernelTimestamps(to);
+  std::vector<double> ms;
+  for (int i = 0; i < rounds; ++i) {
+    const int64_t sent = WriteStamped(from, 'x');
+    after_send();
+    const int64_t got = sent < 0 ? -1 : ReadStamped(to);
+    if (got < 0) break;
+    if (sent > 0 && got > 0) ms.push_back((got - sent) / 1e6);
+  }
+  return Median(ms);
 }
 
 // Sends `bytes` from cli to srv; returns the payload rate in Mbit/s seen by the receiver after the
