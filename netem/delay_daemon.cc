@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <linux/netfilter.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,14 +48,9 @@ struct Daemon {
   // has one (the daemon itself may have woken late from idle), else now.
   static int64_t ArrivalNs(nfq_data* nfa) {
     timeval tv{};
-    const int64_t now = MonotonicNs();
-    if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
-    timespec real;
-    clock_gettime(CLOCK_REALTIME, &real);
-    const int64_t real_ns = static_cast<int64_t>(real.tv_sec) * 1'000'000'000 + real.tv_nsec;
-    const int64_t stamp_ns = static_cast<int64_t>(tv.tv_sec) * 1'000'000'000 + static_cast<int64_t>(tv.tv_usec) * 1000;
-    const int64_t age = real_ns - stamp_ns;
-    return age >= 0 && age < 100'000'000 ? now - age : now;  // ignore a stamp that makes no sense
+    if (nfq_get_timestamp(nfa, &tv) != 0) return MonotonicNs();
+    return MonotonicOfRealtime(static_cast<int64_t>(tv.tv_sec) * 1'000'000'000 +
+                               static_cast<int64_t>(tv.tv_usec) * 1000);
   }
 
   int OnPacket(nfq_data* nfa) {
@@ -120,7 +116,14 @@ absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay
 absl::Status RunDelayDaemon(int queue, const std::string& links_file, uint64_t seed) {
   auto links = ReadLinks(links_file);
   if (!links.ok()) return links.status();
-  PrepareDelayLineThread("delay daemon");
+  // Timers fire up to the thread's slack late (50 us by default): that would add to every delay.
+  prctl(PR_SET_TIMERSLACK, 1UL);
+  // The workers' compute keeps the cores busy: an ordinary process would wait a scheduler slice
+  // (milliseconds) for each wake-up, and every packet with it.
+  if (const absl::Status rt = RaiseToRealTime(); !rt.ok()) {
+    std::fprintf(stderr, "longhaul netem delayd: %s; delays grow by up to milliseconds while the machine is busy\n",
+                 std::string(rt.message()).c_str());
+  }
   Daemon d;
   d.rng = Rng(seed);
   for (const PairDelay& p : *links) d.pairs[{p.src, p.dst}] = {p, 0};

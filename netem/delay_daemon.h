@@ -3,7 +3,9 @@
 // the router's FORWARD chain feeds every forwarded packet into. Each packet's verdict is held for
 // the one-way delay of its (source, destination) pair, plus jitter kept monotone per pair so a pair
 // never reorders, and a packet is dropped with the pair's loss probability. Rates are not its job:
-// htb classes on the router's egress do that after the verdict.
+// htb classes on the router's egress do that after the verdict. The hold counts from the kernel's
+// arrival timestamp and ends on a TimerQueue; the daemon runs at a real-time priority, so the
+// workers' compute does not delay its wake-ups.
 //
 // It asks the kernel for whole GSO packets and only their first 20 bytes (the IPv4 header), so a
 // 10 Gbit/s flow costs it a few thousand packets a second. The chain has no --queue-bypass: if the

@@ -156,6 +156,7 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
   const std::string links = (fs::path(opt.work_dir) / (prefix_ + "links.txt")).string();
   LH_RETURN_IF_ERROR(WriteLinksFile(links, delays));
   const std::string ready = (fs::path(opt.work_dir) / (prefix_ + "delayd.log")).string();
+  std::fflush(nullptr);  // the child's freopen would write out a copy of what stdout still buffers
   daemon_ = fork();
   if (daemon_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);

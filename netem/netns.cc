@@ -13,7 +13,7 @@
 
 namespace longhaul::netem {
 
-absl::StatusOr<int> SocketIn(const std::string& netns, int domain, int type, int protocol) {
+absl::StatusOr<int> SocketIn(const std::string& netns, int domain, int type) {
   const int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
   const int target = open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
   if (self < 0 || target < 0) {
@@ -26,7 +26,7 @@ absl::StatusOr<int> SocketIn(const std::string& netns, int domain, int type, int
     close(self), close(target);
     return absl::PermissionDeniedError(absl::StrCat("cannot enter namespace ", netns, ": ", std::strerror(err)));
   }
-  const int fd = socket(domain, type | SOCK_CLOEXEC, protocol);
+  const int fd = socket(domain, type | SOCK_CLOEXEC, 0);
   const int err = errno;
   setns(self, CLONE_NEWNET);
   close(self), close(target);

@@ -8,7 +8,7 @@
 
 namespace longhaul::netem {
 
-absl::StatusOr<int> SocketIn(const std::string& netns, int domain, int type, int protocol = 0);
+absl::StatusOr<int> SocketIn(const std::string& netns, int domain, int type);
 
 // Whether this process may create network namespaces (root, and a kernel that allows it).
 bool CanCreateNamespaces(std::string* why);

@@ -1,7 +1,12 @@
 #include "netem/tcp_proxy.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <uv.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdio>
@@ -21,8 +26,20 @@ namespace longhaul::netem {
 namespace {
 
 constexpr size_t kQueueBytes = 1 << 20;  // held beyond rate x delay before reading stops
+constexpr size_t kReadBytes = 64 << 10;
 
 struct Connection;
+
+// Reads one side of a connection with recvmsg, for the kernel's timestamp of the data's arrival:
+// the delay counts from there, not from when the proxy woke up to read it. libuv's reads return
+// no control data, so a poll handle on a duplicate of the socket's descriptor reads, and libuv
+// keeps the original for writing.
+struct Reader {
+  uv_poll_t poll;
+  int fd = -1;
+  Connection* conn = nullptr;
+  bool upstream = false;  // reads the client, for the target
+};
 
 // One direction of one route, shared by every connection on it.
 struct Shaper {
@@ -30,7 +47,7 @@ struct Shaper {
   int64_t delay_ns = 0;
   int64_t serializer_free_ns = 0;
   size_t held = 0, cap = 0;
-  std::list<uv_stream_t*> paused;  // sources whose reading stopped at the cap
+  std::list<Reader*> paused;  // sources whose reading stopped at the cap
 };
 
 struct Chunk {
@@ -57,7 +74,8 @@ struct Connection {
   Proxy* proxy;
   Route* route;
   uv_tcp_t client, server;
-  int open_handles = 2;
+  Reader from_client, from_server;
+  int open_handles = 2;  // and one more for each reader started
   int in_flight = 0;  // chunks in the delay line, writes and shutdowns not yet completed
   int finished_directions = 0;
   bool closing = false;
@@ -65,7 +83,7 @@ struct Connection {
 
 Proxy* g_proxy = nullptr;
 
-// A connection is freed once both handles are closed and nothing refers to it any more.
+// A connection is freed once its handles are closed and nothing refers to it any more.
 void MaybeDelete(Connection* c) {
   if (c->closing && c->open_handles == 0 && c->in_flight == 0) delete c;
 }
@@ -79,20 +97,24 @@ void Close(Connection* c) {
     MaybeDelete(conn);
   };
   for (uv_tcp_t* t : {&c->client, &c->server}) {
-    for (Shaper* s : {&c->route->up, &c->route->down}) s->paused.remove(reinterpret_cast<uv_stream_t*>(t));
     if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(t))) uv_close(reinterpret_cast<uv_handle_t*>(t), done);
+  }
+  for (Reader* r : {&c->from_client, &c->from_server}) {
+    for (Shaper* s : {&c->route->up, &c->route->down}) s->paused.remove(r);
+    if (r->fd < 0) continue;
+    r->poll.data = c;  // for `done`; the poll handle calls nothing else once closing
+    uv_close(reinterpret_cast<uv_handle_t*>(&r->poll), done);
+    close(r->fd);
   }
 }
 
-void OnRead(uv_stream_t* source, ssize_t n, const uv_buf_t* buf);
+void OnReadable(uv_poll_t* p, int status, int events);
 
 void Resume(Shaper& s) {
   while (s.held < s.cap && !s.paused.empty()) {
-    uv_stream_t* src = s.paused.front();
+    Reader* r = s.paused.front();
     s.paused.pop_front();
-    uv_read_start(
-        src, [](uv_handle_t*, size_t suggested, uv_buf_t* b) { *b = uv_buf_init(new char[suggested], suggested); },
-        OnRead);
+    uv_poll_start(&r->poll, UV_READABLE, OnReadable);
   }
 }
 
@@ -140,42 +162,71 @@ void Release(Chunk& chunk) {
   });
 }
 
-void OnRead(uv_stream_t* source, ssize_t n, const uv_buf_t* buf) {
-  auto* c = static_cast<Connection*>(source->data);
-  const bool upstream = source == reinterpret_cast<uv_stream_t*>(&c->client);
-  Shaper& s = upstream ? c->route->up : c->route->down;
-  std::unique_ptr<char[]> data(buf->base);
-  if (n == UV_EOF) {
-    uv_read_stop(source);
+// The kernel's receive timestamp in a message's control data, as a monotonic time; now without one.
+int64_t ArrivalNs(msghdr& m) {
+  for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+    if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_TIMESTAMPNS) {
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(h), sizeof(ts));
+      return MonotonicOfRealtime(static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec);
+    }
+  }
+  return MonotonicNs();
+}
+
+void OnReadable(uv_poll_t* p, int status, int) {
+  auto* r = static_cast<Reader*>(p->data);
+  Connection* c = r->conn;
+  if (status < 0) return Close(c);
+  Shaper& s = r->upstream ? c->route->up : c->route->down;
+  std::unique_ptr<char[]> data(new char[kReadBytes]);
+  char control[128];
+  iovec iov{data.get(), kReadBytes};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(r->fd, &m, MSG_DONTWAIT);
+  if (n < 0) return errno == EAGAIN || errno == EINTR ? void() : Close(c);
+  if (n == 0) {
+    uv_poll_stop(p);
     // The end of the stream queues behind the data, so the far side sees everything first.
     ++c->in_flight;
-    c->proxy->line->Push(std::max(MonotonicNs(), s.serializer_free_ns) + s.delay_ns, Chunk{c, upstream, nullptr, 0});
+    c->proxy->line->Push(std::max(MonotonicNs(), s.serializer_free_ns) + s.delay_ns, Chunk{c, r->upstream, nullptr, 0});
     return;
   }
-  if (n < 0) return Close(c);
-  if (n == 0) return;
-  const int64_t now = MonotonicNs();
   const int64_t wire = s.bytes_per_ns > 0 ? static_cast<int64_t>(n / s.bytes_per_ns) : 0;
-  s.serializer_free_ns = std::max(s.serializer_free_ns, now) + wire;
+  s.serializer_free_ns = std::max(s.serializer_free_ns, ArrivalNs(m)) + wire;
   s.held += static_cast<size_t>(n);
   ++c->in_flight;
-  c->proxy->line->Push(s.serializer_free_ns + s.delay_ns, Chunk{c, upstream, std::move(data), static_cast<size_t>(n)});
+  c->proxy->line->Push(s.serializer_free_ns + s.delay_ns,
+                       Chunk{c, r->upstream, std::move(data), static_cast<size_t>(n)});
   if (s.held >= s.cap) {
-    uv_read_stop(source);
-    s.paused.push_back(source);
+    uv_poll_stop(p);
+    s.paused.push_back(r);
   }
 }
 
-void StartReading(uv_tcp_t* t) {
-  uv_read_start(
-      reinterpret_cast<uv_stream_t*>(t),
-      [](uv_handle_t*, size_t suggested, uv_buf_t* b) { *b = uv_buf_init(new char[suggested], suggested); }, OnRead);
+void StartReading(Connection* c, uv_tcp_t* t, Reader* r, bool upstream) {
+  uv_os_fd_t fd;
+  uv_fileno(reinterpret_cast<uv_handle_t*>(t), &fd);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
+  r->conn = c;
+  r->upstream = upstream;
+  r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (r->fd < 0) return Close(c);
+  uv_poll_init(c->proxy->loop, &r->poll, r->fd);
+  r->poll.data = r;
+  ++c->open_handles;
+  uv_poll_start(&r->poll, UV_READABLE, OnReadable);
 }
 
 void OnAccept(uv_stream_t* listener, int status) {
   if (status < 0) return;
   auto* route = static_cast<Route*>(listener->data);
-  auto* c = new Connection{g_proxy, route, {}, {}};
+  auto* c = new Connection{g_proxy, route, {}, {}, {}, {}};
   uv_tcp_init(g_proxy->loop, &c->client);
   uv_tcp_init(g_proxy->loop, &c->server);
   c->client.data = c->server.data = c;
@@ -188,8 +239,8 @@ void OnAccept(uv_stream_t* listener, int status) {
     auto* conn = static_cast<Connection*>(r->data);
     delete r;
     if (st < 0) return Close(conn);
-    StartReading(&conn->client);
-    StartReading(&conn->server);
+    StartReading(conn, &conn->client, &conn->from_client, true);
+    StartReading(conn, &conn->server, &conn->from_server, false);
   });
 }
 
@@ -231,7 +282,11 @@ absl::Status RunProxy(const std::vector<ProxyRoute>& routes) {
   std::fprintf(stderr,
                "longhaul netem proxy: userspace emulation; it splits TCP, so window limits and slow start of the "
                "emulated link are NOT reproduced (use kernel-level emulation, as root, to validate transport tuning)\n");
-  PrepareDelayLineThread("longhaul netem proxy");
+  // As the delay daemon: on a busy machine an ordinary process waits milliseconds for its wake-ups.
+  if (const absl::Status rt = RaiseToRealTime(); !rt.ok()) {
+    std::fprintf(stderr, "longhaul netem proxy: %s; delays grow by up to milliseconds while the machine is busy\n",
+                 std::string(rt.message()).c_str());
+  }
   Proxy proxy;
   proxy.loop = uv_default_loop();
   proxy.line = std::make_unique<TimerQueue<Chunk>>(proxy.loop, Release);

@@ -1,48 +1,51 @@
 #pragma once
-// A delay line on a libuv loop with nanosecond precision: items are released in order of their
+// A delay line on a libuv loop with microsecond accuracy: items are released in order of their
 // release time (ties in arrival order). libuv's own timers have millisecond resolution, so this
-// watches a CLOCK_MONOTONIC timerfd. A virtual CPU that idles wakes late, by tens of microseconds
-// after a short sleep and by hundreds after a long one, and by how much differs from machine to
-// machine. So the queue measures its own wake-ups: for each range of sleep lengths (powers of two)
-// it keeps a running estimate of how late the timer fires, wakes that much early (twice it, plus a
-// margin) and spins the rest of the way. A fixed early wake was either too short on some machines
-// (the release came late, more so the longer the delay) or wasted a core spinning on others.
+// watches a CLOCK_MONOTONIC timerfd. Timers fire late, and how late depends on the machine and on
+// how long the CPU slept: on these virtual machines 20-50 us after sleeps under a millisecond and
+// 60-120 us after 5-100 ms, as an idle virtual CPU is woken through the hypervisor. So the queue
+// learns, per octave of sleep length, how late its timer fires, arms it that much (and a margin)
+// before the release time, and spins the rest. The spin is the margin plus the variation of
+// lateness, some tens of microseconds per wake.
 #include <sys/timerfd.h>
 #include <uv.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
-#include <iterator>
 #include <queue>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace longhaul::netem {
 
 int64_t MonotonicNs();
 
-// Readies the calling thread to run a TimerQueue: no timer slack (50 us by default, which would
-// add to every delay) and real-time priority where allowed. Beside busy processes a woken
-// ordinary thread waits for the scheduler, milliseconds at a time, and every packet's delay grows
-// by that; a real-time one runs at once, as the kernel's own netem runs in softirq context. It
-// sleeps between releases and spins at most the early-wake distance, so it cannot starve the
-// machine (and the kernel's real-time throttling would stop it if it did). Without the privilege
-// it says on stderr that delays will grow on a busy machine.
-void PrepareDelayLineThread(const char* who);
+// The CLOCK_MONOTONIC time of a CLOCK_REALTIME timestamp the kernel put on a packet when it arrived;
+// now for a stamp that is not a time of the last 100 ms (0: none).
+int64_t MonotonicOfRealtime(int64_t realtime_ns);
+
+// Gives the calling process a real-time scheduling priority, so that a busy machine does not delay
+// its wake-ups by a scheduler slice (milliseconds). Needs root or CAP_SYS_NICE; the error says so.
+absl::Status RaiseToRealTime();
 
 template <typename T>
 class TimerQueue {
  public:
   TimerQueue(uv_loop_t* loop, std::function<void(T&)> release) : release_(std::move(release)) {
-    std::fill(std::begin(late_ns_), std::end(late_ns_), kInitialLateNs);
+    late_ns_.fill(kInitialLateNs);
     fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    uv_poll_init(loop, &poll_, fd_);
-    poll_.data = this;
-    uv_poll_start(&poll_, UV_READABLE, [](uv_poll_t* p, int, int) { static_cast<TimerQueue*>(p->data)->OnTimer(); });
+    poll_ = new uv_poll_t;
+    uv_poll_init(loop, poll_, fd_);
+    poll_->data = this;
+    uv_poll_start(poll_, UV_READABLE, [](uv_poll_t* p, int, int) { static_cast<TimerQueue*>(p->data)->OnTimer(); });
   }
   TimerQueue(const TimerQueue&) = delete;
+  // The poll handle outlives the queue until the loop runs its close callback.
   ~TimerQueue() {
-    uv_poll_stop(&poll_);
+    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
     close(fd_);
   }
 
@@ -57,9 +60,11 @@ class TimerQueue {
   }
 
  private:
-  // Early wake = 2 x estimated lateness + kMarginNs, within [kMarginNs, kMaxEarlyNs].
-  static constexpr int64_t kMarginNs = 20'000, kMaxEarlyNs = 2'000'000, kInitialLateNs = 100'000;
-  static constexpr int kBuckets = 40;
+  // Lateness is learned per octave of sleep length, from 64 us up; a sleep's early start is capped
+  // at half the sleep (so dense traffic does not turn into a busy loop) and at 1 ms.
+  static constexpr int kOctaves = 12;
+  static constexpr int64_t kFirstOctaveNs = 64'000, kMaxEarlyNs = 1'000'000, kMarginNs = 10'000;
+  static constexpr int64_t kInitialLateNs = 200'000;  // until the first wake of an octave says better
   struct Entry {
     int64_t release_ns;
     uint64_t seq;
@@ -67,12 +72,11 @@ class TimerQueue {
     bool operator>(const Entry& o) const { return release_ns != o.release_ns ? release_ns > o.release_ns : seq > o.seq; }
   };
 
-  static int Bucket(int64_t sleep_ns) {
-    int b = 0;
-    while (sleep_ns > 1 && b < kBuckets - 1) sleep_ns >>= 1, ++b;
-    return b;
+  static int Octave(int64_t sleep_ns) {
+    int o = 0;
+    while (o + 1 < kOctaves && sleep_ns >= (kFirstOctaveNs << o)) ++o;
+    return o;
   }
-  int64_t EarlyNs(int bucket) const { return std::clamp(2 * late_ns_[bucket] + kMarginNs, kMarginNs, kMaxEarlyNs); }
 
   void Pop() {
     T item = std::move(heap_.top().item);
@@ -82,41 +86,44 @@ class TimerQueue {
 
   void Arm() {
     if (heap_.empty()) return;
-    const int64_t due = heap_.top().release_ns, now = MonotonicNs();
-    if (armed_for_ != 0 && armed_due_ == due) return;  // armed for this release already
-    const int bucket = Bucket(due - now);
-    // Already within the early-wake distance: fire at once and spin.
-    const int64_t wake = std::max(now, due - EarlyNs(bucket));
+    const int64_t due = heap_.top().release_ns;
+    if (armed_due_ == due) return;
+    const int64_t now = MonotonicNs();
+    int64_t t = due;
+    armed_gap_ = 0;
+    if (due > now) {
+      // The estimate is a decaying maximum, so the margin covers most of the spread of lateness.
+      const int64_t late = late_ns_[Octave(due - now)];
+      armed_gap_ = due - now;
+      t -= std::min({late + late / 4 + kMarginNs, (due - now) / 2, kMaxEarlyNs});
+    }
     itimerspec its{};
-    its.it_value.tv_sec = wake / 1'000'000'000;
-    its.it_value.tv_nsec = wake % 1'000'000'000;
+    its.it_value.tv_sec = t / 1'000'000'000;
+    its.it_value.tv_nsec = t % 1'000'000'000;
     if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
     timerfd_settime(fd_, TFD_TIMER_ABSTIME, &its, nullptr);
-    armed_for_ = wake;
     armed_due_ = due;
-    armed_bucket_ = wake > now ? bucket : -1;  // only a real sleep says how late a wake-up is
+    armed_for_ = t;
   }
 
   void OnTimer() {
-    uint64_t expirations;
-    while (read(fd_, &expirations, sizeof(expirations)) > 0) {
-    }
-    int64_t now = MonotonicNs();
-    if (armed_bucket_ >= 0 && now >= armed_for_) {
-      // A wake-up delayed by a busy neighbour counts too, capped so one outlier cannot make every
-      // later wait a long spin.
-      const int64_t late = std::min(now - armed_for_, kMaxEarlyNs);
-      late_ns_[armed_bucket_] += (late - late_ns_[armed_bucket_]) / 8;
+    uint64_t expirations = 0, n;
+    while (read(fd_, &n, sizeof(n)) > 0) expirations += n;
+    const int64_t woke = MonotonicNs();
+    if (expirations > 0 && armed_gap_ > 0) {
+      int64_t& late = late_ns_[Octave(armed_gap_)];
+      late = std::max(woke - armed_for_, late - late / 16);
     }
     if (!heap_.empty()) {
       const int64_t due = heap_.top().release_ns;
-      if (due - now <= kMaxEarlyNs) {
-        while ((now = MonotonicNs()) < due) {
+      if (due - woke <= kMaxEarlyNs) {
+        while (MonotonicNs() < due) {
         }
       }
     }
+    const int64_t now = MonotonicNs();
     while (!heap_.empty() && heap_.top().release_ns <= now) Pop();
-    armed_for_ = 0;
+    armed_due_ = -1;
     Arm();
   }
 
@@ -124,11 +131,10 @@ class TimerQueue {
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap_;
   uint64_t seq_ = 0;
   int fd_ = -1;
-  int64_t armed_for_ = 0;  // the timerfd's absolute expiry, 0 when not armed
-  int64_t armed_due_ = 0;  // the release it is armed for
-  int armed_bucket_ = -1;  // sleep-length bucket of the wait armed, -1 when it fires at once
-  int64_t late_ns_[kBuckets];  // estimated wake-up lateness per sleep-length bucket
-  uv_poll_t poll_;
+  // The head's release time, the timer's expiry, and how far ahead the head was when it was armed.
+  int64_t armed_due_ = -1, armed_for_ = 0, armed_gap_ = 0;
+  std::array<int64_t, kOctaves> late_ns_;  // how late the timer fires after a sleep of each octave
+  uv_poll_t* poll_;
 };
 
 }  // namespace longhaul::netem
