@@ -179,8 +179,12 @@ absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
   return step;
 }
 
+std::string ShardCheckpointRoot(const std::string& root, int stage, int shard) {
+  return (fs::path(root) / absl::StrFormat("stage_%d_shard_%d", stage, shard)).string();
+}
+
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {
-  const fs::path own = fs::path(root) / name, shard = fs::path(root) / "stage_0_shard_0" / name;
+  const fs::path own = fs::path(root) / name, shard = fs::path(ShardCheckpointRoot(root, 0, 0)) / name;
   std::error_code ec;
   return (fs::exists(own / "state.json", ec) || !fs::exists(shard, ec) ? own : shard).string();
 }

@@ -36,6 +36,9 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
 // The step of a checkpoint directory from its name (".../step_00000042" -> 42).
 absl::StatusOr<int64_t> CheckpointStep(const std::string& dir);
 
+// Where parameter-server shard `shard` of stage `stage` keeps its checkpoints under `root`.
+std::string ShardCheckpointRoot(const std::string& root, int stage, int shard);
+
 // The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
 // records the run's config: root/name for a one-process run, else the first parameter-server
 // shard's, root/stage_0_shard_0/name (every shard of a step records the same config).

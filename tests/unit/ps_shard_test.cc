@@ -1,6 +1,6 @@
 // A parameter-server shard sums replicas' gradients in replica order; gradients that come out of
 // order or with the wrong size (they arrive over the network) are errors, in Release builds too.
-#include "worker/ps_shard.h"
+#include "ps/ps_shard.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "worker/ps_shard.h"
+#include "ps/ps_shard.h"
 
 #include "absl/strings/str_format.h"
 #include "optim/grad_clip.h"

@@ -1,0 +1,63 @@
+#include "cpu/cpu_stage.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "cpu/blas.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+
+absl::StatusOr<std::unique_ptr<CpuStage>> CpuStage::Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
+                                                           bool recompute, int slots, uint64_t seed) {
+  if (slots < 1) return absl::InvalidArgumentError(absl::StrFormat("a stage needs at least one slot, not %d", slots));
+  std::unique_ptr<CpuStage> s(new CpuStage());
+  LH_ASSIGN_OR_RETURN(s->stage_, GptStage::Create(cfg, spec, B, T, recompute));
+  s->stage_->InitParams(seed);
+  for (int i = 0; i < slots; ++i) s->acts_.push_back(s->stage_->NewActivations());
+  return s;
+}
+
+std::string CpuStage::Describe() const {
+  return absl::StrFormat("cpu, %d threads, BLAS kernels %s, fp32", omp_get_max_threads(), cpu::BlasCoreName());
+}
+
+absl::Status CpuStage::CheckSlot(int slot) const {
+  if (slot < 0 || slot >= slots()) {
+    return absl::OutOfRangeError(absl::StrFormat("activation slot %d of a stage with %d", slot, slots()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuStage::ZeroGrads() {
+  stage_->ZeroGrads();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> CpuStage::Forward(int slot, const MicroBatch& mb, const float* input) {
+  LH_RETURN_IF_ERROR(CheckSlot(slot));
+  return stage_->Forward(*acts_[slot], mb, input);
+}
+
+absl::StatusOr<const float*> CpuStage::Output(int slot) {
+  LH_RETURN_IF_ERROR(CheckSlot(slot));
+  return stage_->Output(*acts_[slot]);
+}
+
+absl::StatusOr<const float*> CpuStage::Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) {
+  LH_RETURN_IF_ERROR(CheckSlot(slot));
+  return stage_->Backward(*acts_[slot], mb, grad_out, scale);
+}
+
+absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
+  if (begin > num_params() || n > num_params() - begin) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, num_params()));
+  }
+  std::copy(values, values + n, stage_->params() + begin);
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul

@@ -1,0 +1,40 @@
+#pragma once
+// The Stage interface on the CPU: a GptStage with one Activations object per slot. Its buffers
+// already are the flat host buffers, so nothing is copied to hand them over.
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/gpt_stage.h"
+#include "model/stage.h"
+
+namespace longhaul {
+
+class CpuStage final : public Stage {
+ public:
+  // B = micro-batch size, T = sequence length; initialised from `seed` (InitGpt2Params).
+  static absl::StatusOr<std::unique_ptr<CpuStage>> Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
+                                                          bool recompute, int slots, uint64_t seed);
+
+  const ParamLayout& layout() const override { return stage_->layout(); }
+  const StageSpec& spec() const override { return stage_->spec(); }
+  std::string Describe() const override;
+  int slots() const override { return static_cast<int>(acts_.size()); }
+
+  absl::Status ZeroGrads() override;
+  absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override;
+  absl::StatusOr<const float*> Output(int slot) override;
+  absl::StatusOr<const float*> Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override;
+  absl::StatusOr<const float*> Params() override { return stage_->params(); }
+  absl::StatusOr<const float*> Grads() override { return stage_->grads(); }
+  absl::Status SetParams(size_t begin, const float* values, size_t n) override;
+
+ private:
+  CpuStage() = default;
+  absl::Status CheckSlot(int slot) const;
+
+  std::unique_ptr<GptStage> stage_;
+  std::vector<GptStage::ActivationsPtr> acts_;
+};
+
+}  // namespace longhaul

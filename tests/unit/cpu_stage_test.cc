@@ -1,0 +1,58 @@
+// The CPU backend of the Stage interface: slots keep micro-batches apart between forward and
+// backward (two in flight give what one after the other gives), and out-of-range slots and
+// parameter ranges are errors, not writes.
+#include "cpu/cpu_stage.h"
+
+#include <gtest/gtest.h>
+
+#include "data/batch_sampler.h"
+
+namespace longhaul {
+namespace {
+
+ModelConfig Cfg() {
+  ModelConfig c;
+  c.vocab_size = 30, c.max_seq_len = 10, c.n_layer = 2, c.n_head = 2, c.d_model = 8;
+  return c;
+}
+
+TEST(CpuStage, TwoMicroBatchesInFlightGiveWhatOneAfterTheOtherGives) {
+  std::vector<uint16_t> tokens(800);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 2}, tokens);
+  const MicroBatch a = sampler.Sample(0, 0, 0), b = sampler.Sample(0, 0, 1);
+  auto one = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 1, 5);
+  auto two = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 2, 5);
+  ASSERT_TRUE(one.ok() && two.ok());
+  ASSERT_TRUE((*one)->ZeroGrads().ok() && (*two)->ZeroGrads().ok());
+  const float la = *(*one)->Forward(0, a, nullptr);
+  ASSERT_TRUE((*one)->Backward(0, a, nullptr, 0.5f).ok());
+  const float lb = *(*one)->Forward(0, b, nullptr);
+  ASSERT_TRUE((*one)->Backward(0, b, nullptr, 0.5f).ok());
+  EXPECT_EQ(*(*two)->Forward(0, a, nullptr), la);
+  EXPECT_EQ(*(*two)->Forward(1, b, nullptr), lb);
+  ASSERT_TRUE((*two)->Backward(0, a, nullptr, 0.5f).ok());
+  ASSERT_TRUE((*two)->Backward(1, b, nullptr, 0.5f).ok());
+  const size_t n = (*one)->num_params();
+  EXPECT_TRUE(std::equal(*(*one)->Grads(), *(*one)->Grads() + n, *(*two)->Grads()));
+}
+
+TEST(CpuStage, OutOfRangeSlotsAndParameterRangesAreErrors) {
+  auto s = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 2, 5);
+  ASSERT_TRUE(s.ok());
+  MicroBatch mb;
+  EXPECT_EQ((*s)->Forward(2, mb, nullptr).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*s)->Output(-1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*s)->Backward(5, mb, nullptr, 1).status().code(), absl::StatusCode::kOutOfRange);
+  const size_t n = (*s)->num_params();
+  const std::vector<float> x(4, 1.0f);
+  EXPECT_EQ((*s)->SetParams(n - 2, x.data(), 4).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*s)->SetParams(SIZE_MAX - 1, x.data(), 4).code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE((*s)->SetParams(n - 4, x.data(), 4).ok());
+  EXPECT_EQ((*(*s)->Params())[n - 1], 1.0f);
+  EXPECT_EQ(CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 0, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace longhaul

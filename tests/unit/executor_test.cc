@@ -1,0 +1,167 @@
+// The executor runs a schedule against a Stage and a Channel. Two stages, each in its own thread
+// and joined by an in-memory channel, give bitwise the whole model's loss and gradients under
+// GPipe and 1F1B; a channel's error ends the iteration with that error.
+#include "worker/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "cpu/cpu_stage.h"
+#include "data/batch_sampler.h"
+
+namespace longhaul {
+namespace {
+
+ModelConfig Cfg() {
+  ModelConfig c;
+  c.vocab_size = 40, c.max_seq_len = 20, c.n_layer = 4, c.n_head = 2, c.d_model = 16;
+  return c;
+}
+
+constexpr int B = 2, T = 12, M = 3;
+
+// Boundary tensors between the stages of one replica, in memory.
+class Wires {
+ public:
+  using Key = std::tuple<int, int64_t, int, int>;  // kind, iteration, micro-batch, receiving stage
+  void Put(Key key, std::vector<float> t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[key] = std::move(t);
+    cv_.notify_all();
+  }
+  std::vector<float> Take(Key key) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_.count(key) > 0; });
+    std::vector<float> t = std::move(held_[key]);
+    held_.erase(key);
+    return t;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Key, std::vector<float>> held_;
+};
+
+// One stage's channel: tensors go through the wires; pushed gradients are kept for the test and
+// the parameters stay as they are.
+class MemoryChannel final : public Channel {
+ public:
+  MemoryChannel(Wires& wires, int stage, size_t params) : wires_(wires), stage_(stage), params_(params) {}
+  absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double*) override {
+    return wires_.Take({kind, it, micro, stage_});
+  }
+  void Recycle(std::vector<float>) override {}
+  void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override {
+    wires_.Put({kind, it, micro, kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1}, std::vector<float>(data, data + n));
+  }
+  absl::Status PushGradients(int64_t, const float* grads) override {
+    pushed.assign(grads, grads + params_);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t, Stage&, double*) override { return OptimizerStepResult{}; }
+  absl::Status Flush(int64_t) override { return absl::OkStatus(); }
+
+  std::vector<float> pushed;
+
+ private:
+  Wires& wires_;
+  const int stage_;
+  const size_t params_;
+};
+
+class ExecutorTest : public ::testing::TestWithParam<ScheduleKind> {};
+
+TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+
+  // The reference: the whole model, micro-batches one after another, backwards ascending.
+  auto whole = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, 1, 11);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE((*whole)->ZeroGrads().ok());
+  double loss = 0;
+  for (const MicroBatch& mb : mbs) {
+    loss += *(*whole)->Forward(0, mb, nullptr) / M;
+    ASSERT_TRUE((*whole)->Backward(0, mb, nullptr, 1.0f / M).ok());
+  }
+  const float* whole_grads = *(*whole)->Grads();
+
+  Wires wires;
+  Timeline timeline;
+  std::vector<std::unique_ptr<Stage>> stages;
+  std::vector<std::unique_ptr<MemoryChannel>> channels;
+  std::vector<absl::StatusOr<IterationResult>> results(2, absl::UnknownError("not run"));
+  for (int s = 0; s < 2; ++s) {
+    auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, s, 2), B, T, s == 1, ActivationSlots(GetParam(), 2, s, M), 11);
+    ASSERT_TRUE(st.ok()) << st.status();
+    channels.push_back(std::make_unique<MemoryChannel>(wires, s, (*st)->num_params()));
+    stages.push_back(std::move(*st));
+  }
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(GetParam(), 2, s, M), s, 2, M,
+                  static_cast<size_t>(B) * T * cfg.d_model);
+      results[s] = ex.Run(0, mbs);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[1]->loss, loss);
+  EXPECT_EQ(results[0]->loss, 0);
+  EXPECT_GT(results[0]->compute_seconds, 0);
+  size_t offset = 0;
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(channels[s]->pushed.size(), stages[s]->num_params());
+    EXPECT_TRUE(std::equal(channels[s]->pushed.begin(), channels[s]->pushed.end(), whole_grads + offset))
+        << "stage " << s << "'s gradients differ from the whole model's";
+    offset += stages[s]->num_params();
+  }
+  EXPECT_EQ(offset, (*whole)->num_params());
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest, ::testing::Values(ScheduleKind::kGpipe, ScheduleKind::k1F1B),
+                         [](const auto& info) { return std::string(ScheduleName(info.param)); });
+
+// A channel whose receives fail, as a stopped job's do.
+class ClosedChannel final : public Channel {
+ public:
+  absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
+    return absl::AbortedError("stopped: the coordinator stopped the job");
+  }
+  void Recycle(std::vector<float>) override {}
+  void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
+  absl::Status PushGradients(int64_t, const float*) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t, Stage&, double*) override { return OptimizerStepResult{}; }
+  absl::Status Flush(int64_t) override { return absl::OkStatus(); }
+};
+
+TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
+  const ModelConfig cfg = Cfg();
+  auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 1, 2), B, T, false, 1, 11);
+  ASSERT_TRUE(st.ok());
+  ClosedChannel channel;
+  Timeline timeline;
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1), 1, 2, 1,
+              static_cast<size_t>(B) * T * cfg.d_model);
+  std::vector<uint16_t> tokens(500, 3);
+  BatchSampler sampler({B, T, 5, cfg.attention, 1}, tokens);
+  auto r = ex.Run(0, {sampler.Sample(0, 0, 0)});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("the coordinator stopped the job"), std::string::npos);
+  EXPECT_EQ(ex.Run(0, {}).status().code(), absl::StatusCode::kInvalidArgument) << "no micro-batches";
+}
+
+}  // namespace
+}  // namespace longhaul

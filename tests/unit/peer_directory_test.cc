@@ -1,0 +1,76 @@
+// The peer directory: addresses from the plan, dialling through the dial map, sends that reach a
+// real tensor server and are timed in the timeline, and a send to a worker the plan does not have
+// reported at Flush.
+#include "worker/peer_directory.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace longhaul {
+namespace {
+
+proto::Plan Plan() {
+  proto::Plan plan;
+  plan.set_version(1);
+  for (int s = 0; s < 2; ++s) {
+    proto::Assignment* a = plan.add_assignments();
+    a->set_worker_id(s);
+    a->set_stage(s);
+    a->set_replica(0);
+    a->set_address(s == 0 ? "stage-zero:7071" : "stage-one:7071");
+  }
+  return plan;
+}
+
+TEST(PeerDirectory, SendsReachThePeerThroughTheDialMapAndAreTimed) {
+  Mailbox box;
+  const AnyTensorUpTo admission(1 << 20);
+  auto server = TensorServer::Start("127.0.0.1:0", "job", &box, &admission);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TransportOptions transport;
+  transport.job_id = "job";
+  transport.timeout = std::chrono::seconds(10);
+  // stage-one:7071 names no host: only the dial map leads to the server.
+  PeerDirectory peers(Plan(), 0, 0, transport, {{"stage-one:7071", (*server)->address()}});
+  EXPECT_EQ(peers.AddressOf(1, 0), "stage-one:7071");
+  EXPECT_EQ(peers.AddressOf(0, 0), "stage-zero:7071");
+  EXPECT_EQ(peers.AddressOf(2, 0), "");
+
+  const std::vector<float> x(1000, 2.5f);
+  peers.Send(1, 0, proto::ACTIVATION, 4, 1, 0, x.data(), x.size());
+  Timeline timeline;
+  ASSERT_TRUE(peers.Flush(4, timeline).ok());
+  auto got = box.Take({proto::ACTIVATION, 4, 1, 0, 0, 0}, std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+  const nlohmann::json events = timeline.Events(0);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["name"], "send act");
+}
+
+TEST(PeerDirectory, ASendToAWorkerThePlanDoesNotHaveFailsAtFlush) {
+  PeerDirectory peers(Plan(), 0, 0, TransportOptions{}, {});
+  const std::vector<float> x(10, 1.0f);
+  peers.Send(5, 0, proto::GRADIENT, 0, 0, 0, x.data(), x.size());
+  Timeline timeline;
+  const absl::Status s = peers.Flush(0, timeline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("plan v1 has no worker for stage 5 replica 0"), std::string::npos) << s;
+  EXPECT_TRUE(peers.Flush(1, timeline).ok()) << "reported once";
+}
+
+TEST(PeerDirectory, ReadsADialMapAndNamesAMissingOne) {
+  const std::string path = ::testing::TempDir() + "/dial_map_" + std::to_string(getpid());
+  std::ofstream(path) << "10.0.0.1:7071 127.0.0.1:40001\n10.0.0.2:7071 127.0.0.1:40002\n";
+  auto map = PeerDirectory::ReadDialMap(path);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->at("10.0.0.2:7071"), "127.0.0.1:40002");
+  EXPECT_EQ(map->size(), 2u);
+  std::filesystem::remove(path);
+  EXPECT_EQ(PeerDirectory::ReadDialMap(path).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace longhaul

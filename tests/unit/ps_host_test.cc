@@ -1,0 +1,133 @@
+// The parameter-server host: it sums its replicas' pushes in replica order, reports Σ g² of the
+// averaged gradient, steps with the global norm it is given, sends the parameters to every
+// replica, refuses a push of the wrong size and a norm that is not finite, and checkpoints its
+// shards.
+#include "worker/ps_host.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "checkpoint/checkpoint.h"
+#include "optim/grad_clip.h"
+
+namespace longhaul {
+namespace {
+
+ModelConfig Cfg() {
+  ModelConfig c;
+  c.vocab_size = 30, c.max_seq_len = 8, c.n_layer = 2, c.n_head = 2, c.d_model = 8;
+  return c;
+}
+
+struct Fixture {
+  ParamLayout layout{Cfg(), StageSpec::Even(Cfg(), 0, 2)};
+  std::map<int, std::vector<float>> pushes;  // by replica
+  std::vector<proto::NormReport> reports;
+  std::vector<std::pair<int, size_t>> sent;  // (replica, floats)
+  std::optional<double> norm;                 // what the reduction answers instead of the real one
+
+  PsLinks Links() {
+    return {[this](int64_t, int replica, int) -> absl::StatusOr<std::vector<float>> { return pushes.at(replica); },
+            [](std::vector<float>) {},
+            [this](const proto::NormReport& r) -> absl::StatusOr<double> {
+              reports.push_back(r);
+              return norm ? *norm : std::sqrt(r.shards(0).sum_squares());
+            },
+            [this](int64_t, int replica, int, const float*, size_t n) { sent.emplace_back(replica, n); }};
+  }
+  std::unique_ptr<PsShard> Shard() {
+    auto shard = std::make_unique<PsShard>(AdamWConfig{}, layout, 0, 0, 0, static_cast<int>(layout.tensors().size()), 2);
+    for (size_t i = 0; i < shard->size(); ++i) shard->params()[i] = 0.01f * static_cast<float>(i % 17);
+    return shard;
+  }
+};
+
+const LrSchedule kSchedule{1e-2f, 1e-3f, 0, 10};
+
+TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
+  Fixture f;
+  const size_t n = f.layout.total();
+  for (int r = 0; r < 2; ++r) {
+    f.pushes[r].resize(n);
+    for (size_t i = 0; i < n; ++i) f.pushes[r][i] = std::sin(0.1f * static_cast<float>(i) + r);
+  }
+  PsHost host(7, 0, 2, kSchedule, 1.0f, f.Links());
+  host.Add(f.Shard());
+  // What the host must compute, done by hand in the same order.
+  auto want = f.Shard();
+  std::vector<float> g = f.pushes[0];
+  for (size_t i = 0; i < n; ++i) g[i] += f.pushes[1][i];
+  Scale(g.data(), n, 0.5f);
+  const double sum_squares = SquaredNorm(g.data(), n);
+  AdamW adamw(AdamWConfig{}, want->layout());
+  ApplyOptimizerStepWithNorm(want->params().data(), g.data(), n, adamw, kSchedule, 1.0f, 0, std::sqrt(sum_squares));
+
+  auto step = host.Serve(0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_EQ(f.reports.size(), 1u);
+  EXPECT_EQ(f.reports[0].worker_id(), 7);
+  EXPECT_EQ(f.reports[0].shards(0).sum_squares(), sum_squares);
+  EXPECT_EQ(host.shards()[0]->params(), want->params());
+  EXPECT_NEAR(step->grad_norm, std::sqrt(sum_squares), 1e-9);
+  EXPECT_GT(step->lr, 0);
+  EXPECT_EQ(f.sent, (std::vector<std::pair<int, size_t>>{{0, n}, {1, n}}));
+}
+
+TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
+  Fixture f;
+  f.pushes[0].assign(f.layout.total(), 1.0f);
+  f.pushes[1].assign(3, 1.0f);
+  PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
+  host.Add(f.Shard());
+  EXPECT_EQ(host.Serve(0).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  Fixture g;
+  g.pushes[0].assign(g.layout.total(), 1.0f);
+  g.pushes[1].assign(g.layout.total(), 1.0f);
+  g.norm = std::nan("");
+  PsHost nan_host(0, 0, 2, kSchedule, 1.0f, g.Links());
+  nan_host.Add(g.Shard());
+  const absl::Status s = nan_host.Serve(3).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("iteration 4: gradient norm nan is not finite"), std::string::npos) << s;
+  EXPECT_TRUE(g.sent.empty()) << "nothing broadcast after a failed step";
+}
+
+TEST(PsHost, HostingNoShardStepsNothing) {
+  Fixture f;
+  PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
+  auto step = host.Serve(0);
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step->lr, 0);
+  EXPECT_TRUE(f.reports.empty());
+}
+
+TEST(PsHost, CheckpointsEveryShardAndReportsIt) {
+  Fixture f;
+  PsHost host(2, 0, 2, kSchedule, 1.0f, f.Links());
+  host.Add(f.Shard());
+  const std::string root = ::testing::TempDir() + "/ps_host_" + std::to_string(getpid());
+  std::vector<proto::CheckpointReport> reports;
+  ASSERT_TRUE(host.Checkpoint(5, root, nlohmann::json::object(), [&](const proto::CheckpointReport& r) {
+                    reports.push_back(r);
+                    return absl::OkStatus();
+                  }).ok());
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].worker_id(), 2);
+  EXPECT_EQ(reports[0].step(), 5);
+  EXPECT_EQ(reports[0].directory(), ShardCheckpointRoot(root, 0, 0));
+  const PsShard& shard = *host.shards()[0];
+  std::vector<float> params(shard.size()), m(shard.size()), v(shard.size());
+  auto loaded = LoadCheckpoint(reports[0].directory() + "/" + CheckpointName(5), shard.layout(), params.data(),
+                               m.data(), v.data());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(params, f.Shard()->params());
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace longhaul

@@ -1,0 +1,156 @@
+#include "worker/coordinator_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace longhaul {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Long polls (the plan, the start barrier) ask again after this; the coordinator answers sooner
+// when it has news.
+constexpr auto kPollDeadline = std::chrono::seconds(10);
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
+
+CoordinatorClient::CoordinatorClient(std::string address, double connect_timeout_s,
+                                     std::function<void(const std::string&)> on_stop)
+    : address_(std::move(address)), connect_timeout_s_(connect_timeout_s), on_stop_(std::move(on_stop)) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  stub_ = proto::Coordinator::NewStub(channel_);
+}
+
+CoordinatorClient::~CoordinatorClient() {
+  stop_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
+}
+
+absl::Status CoordinatorClient::Register(proto::RegisterRequest req) {
+  proto::RegisterReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);  // keep trying while the coordinator starts
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s_ * 1000)));
+  grpc::Status st = stub_->Register(&ctx, req, &reply);
+  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot reach the coordinator at %s after %.0f s: is it running, and is --coordinator right?", address_,
+        connect_timeout_s_));
+  }
+  if (!st.ok()) return FromGrpc(st, absl::StrCat("the coordinator at ", address_, " refused this worker"));
+  id_ = reply.worker_id();
+  dead_after_s_ = reply.dead_after_s();
+  heartbeat_ = std::thread([this, period = reply.heartbeat_s(), dead_after = reply.dead_after_s()] {
+    Heartbeat(period, dead_after);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
+    proto::PlanRequest req;
+    req.set_worker_id(id_);
+    proto::Plan plan;
+    grpc::Status st = stub_->GetPlan(&ctx, req, &plan);
+    if (st.ok()) return plan;
+    if (st.error_code() == grpc::StatusCode::ABORTED) return absl::AbortedError(st.error_message());
+    if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && st.error_code() != grpc::StatusCode::NOT_FOUND) {
+      return FromGrpc(st, absl::StrCat("waiting for the plan from ", address_));
+    }
+  }
+}
+
+absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
+    proto::ReadyRequest req;
+    req.set_worker_id(id_);
+    req.set_plan_version(version);
+    proto::ReadyReply reply;
+    grpc::Status st = stub_->Ready(&ctx, req, &reply);
+    if (st.ok()) return reply.abort() ? absl::AbortedError(reply.reason()) : absl::OkStatus();
+    if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return FromGrpc(st, absl::StrCat("waiting at ", address_, " for every worker to start"));
+    }
+  }
+}
+
+void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
+  auto last_ok = Clock::now();
+  const auto period = std::chrono::milliseconds(static_cast<int64_t>(period_s * 1000));
+  while (!stop_) {
+    grpc::ClientContext ctx;
+    // One period of patience per call, so silence is noticed within dead_after_s.
+    ctx.set_deadline(std::chrono::system_clock::now() + std::max(period, std::chrono::milliseconds(100)));
+    proto::HeartbeatRequest req;
+    req.set_worker_id(id_);
+    req.set_iteration(iteration_);
+    proto::HeartbeatReply reply;
+    grpc::Status st = stub_->Heartbeat(&ctx, req, &reply);
+    if (st.ok()) {
+      last_ok = Clock::now();
+      if (reply.abort()) return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()));
+    } else if (std::chrono::duration<double>(Clock::now() - last_ok).count() > dead_after_s) {
+      return on_stop_(absl::StrFormat("lost the coordinator at %s (no answer for %.0f s): %s", address_, dead_after_s,
+                                      st.error_message()));
+    }
+    for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(50)) {
+      std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), period - slept));
+    }
+  }
+}
+
+absl::StatusOr<double> CoordinatorClient::ReduceNorm(const proto::NormReport& report) {
+  proto::NormReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->ReduceNorm(&ctx, report, &reply);
+  if (!st.ok()) return FromGrpc(st, "reducing the gradient norm at the coordinator");
+  if (reply.abort()) return absl::AbortedError(reply.reason());
+  return reply.global_norm();
+}
+
+absl::Status CoordinatorClient::ReportIteration(const proto::IterationReport& report) {
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->ReportIteration(&ctx, report, &empty);
+  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting to the coordinator");
+}
+
+absl::Status CoordinatorClient::ReportCheckpoint(const proto::CheckpointReport& report) {
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->ReportCheckpoint(&ctx, report, &empty);
+  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting a checkpoint to the coordinator");
+}
+
+void CoordinatorClient::ReportDone(const proto::DoneReport& report) {
+  if (id_ < 0) return;
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  // No longer than the coordinator would wait for this worker's heartbeat.
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(dead_after_s_ * 1000)));
+  stub_->ReportDone(&ctx, report, &empty);
+}
+
+}  // namespace longhaul

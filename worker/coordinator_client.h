@@ -1,0 +1,67 @@
+#pragma once
+// A worker's side of the control plane: registration, the plan, the start barrier, heartbeats
+// (on a thread of their own from registration on: a worker waiting for its plan is alive), the
+// global gradient norm, and iteration, checkpoint and done reports. Every deadline derives from
+// what the coordinator sends at registration (the job's heartbeat period and dead_after_s) or from
+// transport.timeout_s; none is hard-coded.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "longhaul.grpc.pb.h"
+
+namespace longhaul {
+
+class CoordinatorClient {
+ public:
+  // `on_stop` is called once, from the heartbeat thread, with the reason when the coordinator
+  // stops the job or has not answered for the job's dead_after_s.
+  CoordinatorClient(std::string address, double connect_timeout_s, std::function<void(const std::string&)> on_stop);
+  ~CoordinatorClient();  // ends the heartbeats
+  CoordinatorClient(const CoordinatorClient&) = delete;
+
+  const std::string& address() const { return address_; }
+  int worker_id() const { return id_; }
+
+  // Registers (retrying for the connect timeout while the coordinator starts) and starts the
+  // heartbeats; the reply carries the worker id.
+  absl::Status Register(proto::RegisterRequest req);
+  // Waits as long as it takes for every worker to register; the plan.
+  absl::StatusOr<proto::Plan> AwaitPlan();
+  // Says this worker installed plan `version` and waits until every worker has.
+  absl::Status AwaitStart(uint64_t version);
+  // What the heartbeats report as the iteration under way.
+  void SetIteration(int64_t it) { iteration_ = it; }
+  // Deadlines of the calls below: transport.timeout_s, once the plan is known.
+  void SetTimeout(double seconds) { timeout_s_ = seconds; }
+
+  // Σ g² of every shard this worker hosts for iteration `it`; returns the global norm over every
+  // shard of every stage, once all are in.
+  absl::StatusOr<double> ReduceNorm(const proto::NormReport& report);
+  absl::Status ReportIteration(const proto::IterationReport& report);
+  absl::Status ReportCheckpoint(const proto::CheckpointReport& report);
+  // Best effort: the coordinator may be gone already.
+  void ReportDone(const proto::DoneReport& report);
+
+ private:
+  void Heartbeat(double period_s, double dead_after_s);
+  std::chrono::system_clock::time_point Deadline() const;
+
+  std::string address_;
+  double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;
+  std::function<void(const std::string&)> on_stop_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Coordinator::Stub> stub_;
+  int id_ = -1;
+  std::atomic<int64_t> iteration_{0};
+  std::atomic<bool> stop_{false};
+  std::thread heartbeat_;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,74 @@
+#pragma once
+// Runs one stage's schedule (runtime/schedule: the same instruction list a cost model runs to
+// predict the iteration) for one iteration, against a Stage and a Channel: receive, forward, send;
+// receive, backward, send; push the gradients; pull the new parameters. It times compute and waits
+// and puts both in the timeline.
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/micro_batch.h"
+#include "longhaul.pb.h"
+#include "metrics/timeline.h"
+#include "model/stage.h"
+#include "optim/train_step.h"
+#include "schedule/schedule.h"
+
+namespace longhaul {
+
+// Where a stage's tensors come from and go to: boundary tensors to and from the neighbouring
+// stages of its replica, and its gradients to and parameters from the parameter servers. A
+// worker's channel is the network (NetworkChannel); a test's can be memory.
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // The previous stage's activation (ACTIVATION) or the next stage's gradient (GRADIENT) of
+  // micro-batch `micro`, waiting for it; the seconds waited go into `*waited`.
+  virtual absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro,
+                                                     double* waited) = 0;
+  // Hands a received buffer back for reuse.
+  virtual void Recycle(std::vector<float> buffer) = 0;
+  // To the next stage (ACTIVATION) or the previous (GRADIENT); `data` stays unchanged until Flush.
+  virtual void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) = 0;
+  // The stage's gradients (its whole flat buffer) to the parameter servers; `grads` stays
+  // unchanged until Flush.
+  virtual absl::Status PushGradients(int64_t it, const float* grads) = 0;
+  // The parameter servers' step (this process serves the shards it hosts) and the stage's new
+  // parameters written into it. The norm and learning rate of the step this process took (lr 0
+  // when it hosts no shard); the seconds waited go into `*waited`.
+  virtual absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) = 0;
+  // Waits until every send of iteration `it` is done.
+  virtual absl::Status Flush(int64_t it) = 0;
+};
+
+struct IterationResult {
+  double loss = 0;  // last stage: the mean micro-batch loss; else 0
+  double compute_seconds = 0, wait_seconds = 0;
+  OptimizerStepResult step;
+};
+
+class Executor {
+ public:
+  // `stage` is stage `stage_index` of `stages`; `schedule` its instructions for `micro_batches`
+  // micro-batches, whose activations must fit in the stage's slots. Boundary tensors hold
+  // `boundary` floats. The references must outlive the executor.
+  Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
+           int stages, int micro_batches, size_t boundary);
+
+  // One iteration over `mbs`, which holds the stage's micro-batches in order.
+  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs);
+
+ private:
+  Stage& stage_;
+  Channel& channel_;
+  Timeline& timeline_;
+  const std::vector<Instr> schedule_;
+  const bool first_, last_;
+  const int micro_batches_;
+  const size_t boundary_;
+  // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
+  // and an fp32 send reads its buffer until the iteration's sends are done.
+  std::vector<std::vector<float>> grads_out_;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,92 @@
+#include "worker/network_channel.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "transport/wire_dtype.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+
+NetworkChannel::NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
+                               const ParamLayout& layout, Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline)
+    : stage_(stage), replica_(replica), stage_shards_(std::move(stage_shards)), layout_(layout), mailbox_(mailbox),
+      peers_(peers), timeline_(timeline) {}
+
+absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
+                                                        int from_replica, int shard, double* waited) {
+  const int64_t t0 = Timeline::NowMicros();
+  auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard}, peers_.transport().timeout);
+  const int64_t t1 = Timeline::NowMicros();
+  *waited += (t1 - t0) * 1e-6;
+  static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params"};
+  if (t1 - t0 > 20) {
+    timeline_.Add(names[kind], kind >= proto::GRAD_PUSH ? Track::kParams : Track::kCompute, t0, t1, it,
+                  kind <= proto::GRADIENT ? micro : -1);
+  }
+  if (!got.ok()) {
+    return absl::Status(got.status().code(), absl::StrCat(got.status().message(), " [peer ",
+                                                          peers_.AddressOf(from_stage, from_replica), "]"));
+  }
+  return got;
+}
+
+absl::StatusOr<std::vector<float>> NetworkChannel::Receive(proto::TensorKind kind, int64_t it, int micro,
+                                                           double* waited) {
+  return Take(kind, it, micro, kind == proto::ACTIVATION ? stage_ - 1 : stage_ + 1, replica_, 0, waited);
+}
+
+void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) {
+  peers_.Send(kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
+}
+
+void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {
+  std::vector<float> own = mailbox_.Acquire(n);
+  std::copy(data, data + n, own.begin());
+  RoundThroughWire(own.data(), n, peers_.transport().dtype);
+  mailbox_.Put({kind, it, 0, stage_, replica_, shard}, std::move(own));
+}
+
+void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float* data, size_t n) {
+  if (replica == replica_) return SendToSelf(proto::PARAMS, it, shard, data, n);
+  peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n);
+}
+
+absl::Status NetworkChannel::PushGradients(int64_t it, const float* grads) {
+  for (const proto::ShardPlacement& sp : stage_shards_) {
+    const auto [begin, end] = layout_.Range(sp.first_tensor(), sp.end_tensor());
+    if (sp.owner_replica() == replica_) {
+      SendToSelf(proto::GRAD_PUSH, it, sp.shard(), grads + begin, end - begin);
+    } else {
+      peers_.Send(stage_, sp.owner_replica(), proto::GRAD_PUSH, it, 0, sp.shard(), grads + begin, end - begin);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited) {
+  const int64_t t0 = Timeline::NowMicros();
+  for (const proto::ShardPlacement& sp : stage_shards_) {
+    LH_ASSIGN_OR_RETURN(std::vector<float> p,
+                        Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
+    LH_RETURN_IF_ERROR(stage.SetParams(layout_.Range(sp.first_tensor(), sp.end_tensor()).first, p.data(), p.size()));
+    mailbox_.Recycle(std::move(p));
+  }
+  timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerStepResult> NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited) {
+  OptimizerStepResult step;
+  if (ps_host_ != nullptr && !ps_host_->shards().empty()) {
+    const int64_t t0 = Timeline::NowMicros();
+    ps_waited_ = 0;
+    LH_ASSIGN_OR_RETURN(step, ps_host_->Serve(it));
+    *waited += ps_waited_;
+    timeline_.Add("ps step", Track::kParams, t0, Timeline::NowMicros(), it);
+  }
+  LH_RETURN_IF_ERROR(Pull(it, stage, waited));
+  return step;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,62 @@
+#pragma once
+// A worker's Channel: boundary tensors to and from the neighbouring stages of its replica over the
+// tensor transport, its stage's gradients to the parameter-server shards' hosts (itself for the
+// shards it hosts), and the new parameters back from them. Received tensors come out of the
+// worker's Mailbox; sends go through its PeerDirectory.
+#include <cstdint>
+#include <vector>
+
+#include "longhaul.pb.h"
+#include "metrics/timeline.h"
+#include "model/param_layout.h"
+#include "transport/mailbox.h"
+#include "worker/executor.h"
+#include "worker/peer_directory.h"
+#include "worker/ps_host.h"
+
+namespace longhaul {
+
+class NetworkChannel final : public Channel {
+ public:
+  // The worker runs (stage, replica); `stage_shards` are its stage's parameter-server shards, cut
+  // from `layout`. Receives wait at most the transport's timeout. The references must outlive it.
+  NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards, const ParamLayout& layout,
+                 Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline);
+  // The shards this worker hosts, served before each pull.
+  void SetPsHost(PsHost* host) { ps_host_ = host; }
+
+  absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
+  void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
+  void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
+  absl::Status PushGradients(int64_t it, const float* grads) override;
+  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) override;
+  absl::Status Flush(int64_t it) override { return peers_.Flush(it, timeline_); }
+
+  // Every shard's parameters of iteration `it` into the stage, as the shards' hosts sent them.
+  absl::Status Pull(int64_t it, Stage& stage, double* waited);
+  // A tensor a peer sends this worker, waiting for it; the seconds waited go into `*waited`.
+  absl::StatusOr<std::vector<float>> Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
+                                          int from_replica, int shard, double* waited);
+  // A replica's push of a hosted shard, for the PsHost (its wait counts as the pull's).
+  absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int shard) {
+    return Take(proto::GRAD_PUSH, it, 0, stage_, replica, shard, &ps_waited_);
+  }
+  // Parameters of a hosted shard to replica `replica` of this stage, this worker's own included.
+  void SendParams(int64_t it, int replica, int shard, const float* data, size_t n);
+
+ private:
+  // A tensor this worker sends itself, rounded through the wire dtype as a peer receives it:
+  // otherwise the replicas' parameters drift apart whenever the wire is not fp32.
+  void SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n);
+
+  const int stage_, replica_;
+  const std::vector<proto::ShardPlacement> stage_shards_;
+  const ParamLayout& layout_;
+  Mailbox& mailbox_;
+  PeerDirectory& peers_;
+  Timeline& timeline_;
+  PsHost* ps_host_ = nullptr;
+  double ps_waited_ = 0;  // while the PsHost takes pushes
+};
+
+}  // namespace longhaul

@@ -1,0 +1,72 @@
+#include "worker/peer_directory.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace longhaul {
+
+PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
+                             std::map<std::string, std::string> dial_map)
+    : plan_(plan), stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
+
+absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open --dial-map ", path));
+  std::map<std::string, std::string> map;
+  std::string from, to;
+  while (f >> from >> to) map[from] = to;
+  return map;
+}
+
+std::string PeerDirectory::AddressOf(int stage, int replica) const {
+  for (const proto::Assignment& a : plan_.assignments())
+    if (a.stage() == stage && a.replica() == replica) return a.address();
+  return "";
+}
+
+TensorClient& PeerDirectory::Client(const std::string& address) {
+  std::unique_ptr<TensorClient>& c = clients_[address];
+  if (!c) {
+    auto via = dial_map_.find(address);
+    c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport_);
+  }
+  return *c;
+}
+
+void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard,
+                         const float* data, size_t n) {
+  const std::string to = AddressOf(stage, replica);
+  if (to.empty()) {
+    if (unaddressed_.ok()) {
+      unaddressed_ = absl::InternalError(
+          absl::StrFormat("plan v%d has no worker for stage %d replica %d", plan_.version(), stage, replica));
+    }
+    return;
+  }
+  proto::TensorHeader h;
+  h.set_plan_version(plan_.version());
+  h.set_kind(kind);
+  h.set_iteration(it);
+  h.set_micro_batch(micro);
+  h.set_from_stage(stage_);
+  h.set_from_replica(replica_);
+  h.set_shard(shard);
+  static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
+  in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], micro});
+}
+
+absl::Status PeerDirectory::Flush(int64_t it, Timeline& timeline) {
+  absl::Status first = std::exchange(unaddressed_, absl::OkStatus());
+  for (InFlight& f : in_flight_) {
+    absl::Status s = f.op->Wait();
+    if (!s.ok() && first.ok()) first = s;
+    const int64_t end = Timeline::NowMicros();
+    timeline.Add(f.what, Track::kSend, end - static_cast<int64_t>(f.op->seconds() * 1e6), end, it, f.micro);
+  }
+  in_flight_.clear();
+  return first;
+}
+
+}  // namespace longhaul

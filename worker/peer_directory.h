@@ -1,0 +1,56 @@
+#pragma once
+// Where each worker of the plan listens, and the connections to them: one TensorClient per peer
+// address (dialled through the dial map where one is given: an emulated link's proxy), the sends
+// in flight, and when each finished (for the timeline).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "longhaul.pb.h"
+#include "metrics/timeline.h"
+#include "transport/tensor_transport.h"
+
+namespace longhaul {
+
+class PeerDirectory {
+ public:
+  // This worker runs (stage, replica) of `plan`; `dial_map` maps a peer's address to the address
+  // to dial instead.
+  PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
+                std::map<std::string, std::string> dial_map);
+  // Reads a dial map: "peer_address dial_instead" per line.
+  static absl::StatusOr<std::map<std::string, std::string>> ReadDialMap(const std::string& path);
+
+  const TransportOptions& transport() const { return transport_; }
+  // The address of the worker running (stage, replica), or empty when the plan has none.
+  std::string AddressOf(int stage, int replica) const;
+
+  // Sends n floats to the worker running (stage, replica) as a tensor of `kind`; with the fp32
+  // wire, `data` is read in place and must stay unchanged until Flush.
+  void Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
+            size_t n);
+  // Waits for every send, records each in `timeline` under iteration `it`, and returns the first
+  // error.
+  absl::Status Flush(int64_t it, Timeline& timeline);
+
+ private:
+  struct InFlight {
+    std::shared_ptr<SendOp> op;
+    const char* what;
+    int micro;
+  };
+  TensorClient& Client(const std::string& address);
+
+  const proto::Plan plan_;
+  const int stage_, replica_;
+  TransportOptions transport_;
+  std::map<std::string, std::string> dial_map_;
+  std::map<std::string, std::unique_ptr<TensorClient>> clients_;
+  std::vector<InFlight> in_flight_;
+  absl::Status unaddressed_;  // a send to a (stage, replica) the plan does not have
+};
+
+}  // namespace longhaul

@@ -1,0 +1,65 @@
+#include "worker/ps_host.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
+#include "util/status_macros.h"
+
+namespace longhaul {
+
+PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, PsLinks links)
+    : worker_id_(worker_id), stage_(stage), replicas_(replicas), schedule_(schedule), grad_clip_(grad_clip),
+      links_(std::move(links)) {}
+
+void PsHost::Broadcast(int64_t it) {
+  for (auto& shard : shards_)
+    for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard->shard(), shard->params().data(), shard->size());
+}
+
+absl::StatusOr<OptimizerStepResult> PsHost::Serve(int64_t it) {
+  OptimizerStepResult result;
+  if (shards_.empty()) return result;
+  proto::NormReport report;
+  report.set_worker_id(worker_id_);
+  report.set_iteration(it);
+  for (auto& shard : shards_) {
+    for (int r = 0; r < replicas_; ++r) {
+      LH_ASSIGN_OR_RETURN(std::vector<float> g, links_.take_push(it, r, shard->shard()));
+      LH_RETURN_IF_ERROR(shard->AddReplicaGradient(r, g));
+      links_.recycle(std::move(g));
+    }
+    proto::ShardNorm* n = report.add_shards();
+    n->set_stage(stage_);
+    n->set_shard(shard->shard());
+    LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
+    n->set_sum_squares(sum_squares);
+  }
+  LH_ASSIGN_OR_RETURN(const double global_norm, links_.reduce_norm(report));
+  if (!std::isfinite(global_norm)) {
+    return absl::InternalError(absl::StrFormat(
+        "iteration %d: gradient norm %g is not finite: lower train.lr or set train.grad_clip", it + 1, global_norm));
+  }
+  for (auto& shard : shards_) result = shard->Step(schedule_, grad_clip_, it, global_norm);
+  Broadcast(it);
+  return result;
+}
+
+absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
+                                const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
+  for (auto& shard : shards_) {
+    const std::string root = ShardCheckpointRoot(checkpoints_root, stage_, shard->shard());
+    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), shard->params().data(),
+                                      shard->adamw().m().data(), shard->adamw().v().data()));
+    proto::CheckpointReport rep;
+    rep.set_worker_id(worker_id_);
+    rep.set_stage(stage_);
+    rep.set_shard(shard->shard());
+    rep.set_step(step);
+    rep.set_directory(root);
+    LH_RETURN_IF_ERROR(report(rep));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul

@@ -1,0 +1,61 @@
+#pragma once
+// The parameter-server shards one worker hosts (runtime/ps/ps_shard.h). Each iteration it takes
+// every replica's push for each shard, sums them in replica order, has the global norm reduced
+// over every shard of every stage (by the coordinator), steps, and sends the new parameters to
+// every replica of its stage.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "longhaul.pb.h"
+#include "optim/lr_schedule.h"
+#include "optim/train_step.h"
+#include "ps/ps_shard.h"
+
+namespace longhaul {
+
+// How a PsHost meets the world: a worker's reach the network and the coordinator, a test's need not.
+struct PsLinks {
+  // Replica `replica`'s push of `shard` for iteration `it` (waits for it).
+  std::function<absl::StatusOr<std::vector<float>>(int64_t it, int replica, int shard)> take_push;
+  // Hands a taken push back for reuse.
+  std::function<void(std::vector<float>)> recycle;
+  // The global norm over every shard of every stage, from this host's Σ g² per shard.
+  std::function<absl::StatusOr<double>(const proto::NormReport&)> reduce_norm;
+  // The shard's parameters to replica `replica` (this worker's own included); `data` stays valid
+  // until the iteration's sends are done.
+  std::function<void(int64_t it, int replica, int shard, const float* data, size_t n)> send_params;
+};
+
+class PsHost {
+ public:
+  // The host of stage `stage` in a job of `replicas` replicas, run by worker `worker_id`.
+  PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, PsLinks links);
+
+  void Add(std::unique_ptr<PsShard> shard) { shards_.push_back(std::move(shard)); }
+  const std::vector<std::unique_ptr<PsShard>>& shards() const { return shards_; }
+
+  // Sends every hosted shard's parameters to every replica (how a run starts: the same init, or
+  // the checkpoint's, everywhere).
+  void Broadcast(int64_t it);
+  // Iteration `it`'s step of every hosted shard: takes the pushes, reduces the norm, steps,
+  // broadcasts. The norm and learning rate of the step (lr 0 when this worker hosts no shard).
+  absl::StatusOr<OptimizerStepResult> Serve(int64_t it);
+  // Writes every hosted shard's checkpoint of `step` under `checkpoints_root` and reports each.
+  absl::Status Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
+                          const std::function<absl::Status(const proto::CheckpointReport&)>& report);
+
+ private:
+  const int worker_id_, stage_, replicas_;
+  const LrSchedule schedule_;
+  const float grad_clip_;
+  PsLinks links_;
+  std::vector<std::unique_ptr<PsShard>> shards_;
+};
+
+}  // namespace longhaul
