@@ -634,11 +634,11 @@ TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
   const fs::path out = Dir("late");
   const std::string bin = LONGHAUL_BINARY, port = (out / "port").string();
   const std::string sets = " -c " + ConfigFile() + " --set train.out_dir=" + out.string() +
-                           " --set cluster.stages=2 --set cluster.heartbeat_s=0.5 --set cluster.dead_after_s=2";
+                           " --set cluster.stages=2 --set cluster.heartbeat_s=0.5 --set cluster.dead_after_s=3";
   const std::string script =
       bin + " coordinator" + sets + " --listen 127.0.0.1:0 --port-file " + port + " > " + (out / "log.txt").string() +
       " 2>&1 & c=$!; while [ ! -s " + port + " ]; do sleep 0.1; done; a=127.0.0.1:$(cat " + port + "); " + bin +
-      " worker --coordinator $a > " + (out / "w0.txt").string() + " 2>&1 & sleep 6; " + bin +
+      " worker --coordinator $a > " + (out / "w0.txt").string() + " 2>&1 & sleep 7; " + bin +
       " worker --coordinator $a > " + (out / "w1.txt").string() + " 2>&1; wait $c";
   ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0) << Log(out);
   const std::string log = Log(out);
