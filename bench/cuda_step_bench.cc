@@ -33,14 +33,17 @@ double TorchTokensPerSecond(const std::string& args, std::string& why) {
   // The script sits in bench/ of the source tree, or beside the binaries of a packed bundle.
   const char* dir = std::getenv("LONGHAUL_BENCH_DIR");
   const std::string script = std::string(dir != nullptr ? dir : LONGHAUL_SOURCE_DIR "/bench") + "/torch_cuda_step.py";
-  FILE* p = popen(("/usr/bin/python3 " + script + " " + args + " 2>&1").c_str(), "r");
+  // Debian's python3-torch here; a GPU machine's own PyTorch where LONGHAUL_PYTHON names it.
+  const char* python = std::getenv("LONGHAUL_PYTHON");
+  const std::string interpreter = python != nullptr ? python : "/usr/bin/python3";
+  FILE* p = popen((interpreter + " " + script + " " + args + " 2>&1").c_str(), "r");
   std::string out;
   char buf[512];
   while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
   const int rc = p != nullptr ? pclose(p) : -1;
   const size_t at = out.find("torch_tokens_per_s=");
   if (rc != 0 || at == std::string::npos) {
-    why = out.empty() ? "cannot run /usr/bin/python3" : out.substr(0, 300);
+    why = out.empty() ? "cannot run " + interpreter : out.substr(0, 300);
     return -1;
   }
   return std::stod(out.substr(at + 19));
@@ -81,29 +84,31 @@ int main(int argc, char** argv) {
       cfg.vocab_size = 50257, cfg.max_seq_len = 2048, cfg.n_layer = c.layers, cfg.n_head = 16, cfg.d_model = 2048;
       const int T = 2048;
       const longhaul::StageSpec spec = c.whole ? longhaul::StageSpec::Whole(cfg) : longhaul::StageSpec{0, c.layers, false, false};
-      auto stage = longhaul::CudaStage::Create(cfg, spec, c.B, T, *precision, 0);
+      longhaul::CudaStage::Options o;
+      o.B = c.B, o.T = T, o.precision = *precision, o.device = 0, o.seed = 1;
+      auto stage = longhaul::CudaStage::Create(cfg, spec, o);
       if (!stage.ok()) {
         std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()));
         continue;
       }
       longhaul::CudaStage& s = **stage;
-      if (!s.InitParams(1).ok()) return 1;
       std::vector<uint16_t> tokens(1 << 20);
       longhaul::Rng rng(2);
       for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % 50257);
       longhaul::BatchSampler sampler({c.B, T, 1, cfg.attention, 1}, tokens);
       const longhaul::MicroBatch mb = sampler.Sample(0, 0, 0);
-      std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_in(boundary.size());
-      const longhaul::AdamWConfig adamw;
-      const longhaul::LrSchedule sched{1e-4f, 1e-5f, 0, 1000};
+      std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_out(boundary.size(), 1e-4f);
+      if (!s.AttachOptimizer({longhaul::AdamWConfig{}, longhaul::LrSchedule{1e-4f, 1e-5f, 0, 1000}, 1.0f}).ok()) return 1;
       std::vector<double> times;
       bool failed = false;
       for (int i = 0; i < steps + 2 && !failed; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         failed |= !s.ZeroGrads().ok();
-        failed |= !s.Forward(mb, c.whole ? nullptr : boundary.data(), c.whole ? nullptr : grad_in.data()).ok();
-        failed |= !s.Backward(mb, c.whole ? nullptr : boundary.data(), 1.0f, c.whole ? nullptr : grad_in.data()).ok();
-        failed |= !s.Step(adamw, sched, 1.0f, i).ok();
+        failed |= !s.Forward(0, mb, c.whole ? nullptr : boundary.data()).ok();
+        if (!c.whole) failed |= !s.Output(0).ok();
+        failed |= !s.Backward(0, mb, c.whole ? nullptr : grad_out.data(), 1.0f).ok();
+        if (!c.whole) failed |= !s.InputGrad(0).ok();
+        failed |= !s.Step(i).ok();
         if (i >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       if (failed) {

@@ -13,7 +13,7 @@ shift || true
 bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
   for b in build/longhaul build/tests/cuda_stage_test build/tests/parity_test build/bench/cuda_step_bench \
-           build/bench/train_step_bench; do
+           build/bench/train_step_bench build/bench/gpu_profile; do
     [ -x "$b" ] && bins+=("$b")
   done
 fi
@@ -41,6 +41,8 @@ cat > "$stage/bundle/run" <<'RUN'
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export LONGHAUL_FIXTURES="$here/fixtures" LONGHAUL_BENCH_DIR="$here/bench"
+# A GPU machine's PyTorch is the python3 first on PATH.
+export LONGHAUL_PYTHON="${LONGHAUL_PYTHON:-python3}"
 name="$1"; shift
 exec "$here/bin/$name" "$@"
 RUN

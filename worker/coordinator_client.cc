@@ -10,10 +10,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Long polls (the plan, the start barrier) ask again after this; the coordinator answers sooner
-// when it has news.
-constexpr auto kPollDeadline = std::chrono::seconds(10);
-
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
@@ -60,10 +56,16 @@ absl::Status CoordinatorClient::Register(proto::RegisterRequest req) {
   return absl::OkStatus();
 }
 
+std::chrono::system_clock::time_point CoordinatorClient::PollDeadline() const {
+  // Long polls (the plan, the start barrier) ask again after half the job's silence limit; the
+  // coordinator answers sooner when it has news.
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(dead_after_s_ * 500));
+}
+
 absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
+    ctx.set_deadline(PollDeadline());
     proto::PlanRequest req;
     req.set_worker_id(id_);
     proto::Plan plan;
@@ -79,7 +81,7 @@ absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
 absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
+    ctx.set_deadline(PollDeadline());
     proto::ReadyRequest req;
     req.set_worker_id(id_);
     req.set_plan_version(version);

@@ -52,6 +52,7 @@ class CoordinatorClient {
  private:
   void Heartbeat(double period_s, double dead_after_s);
   std::chrono::system_clock::time_point Deadline() const;
+  std::chrono::system_clock::time_point PollDeadline() const;
 
   std::string address_;
   double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;

@@ -22,19 +22,43 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   IterationResult result;
   std::vector<std::vector<float>> inputs(micro_batches_), grads_in(micro_batches_);
   const int slots = stage_.slots();
-  const float* input_grad = nullptr;
-  // Times one compute instruction and puts it in the timeline.
+  // Times one compute instruction and puts it in the timeline. On a stage that queues its work
+  // this is the time to queue it; the waits for its results land in the sends.
   auto computed = [&](const char* op, int m, int64_t t0) {
     const int64_t t1 = Timeline::NowMicros();
     result.compute_seconds += (t1 - t0) * 1e-6;
     timeline_.Add(absl::StrCat(op, m), Track::kCompute, t0, t1, it, m);
   };
+  auto send = [&](const Instr& in) -> absl::Status {
+    const int m = in.micro;
+    if (in.op == Op::kSendAct) {
+      LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % slots));
+      channel_.Send(proto::ACTIVATION, it, m, out, boundary_);
+      return absl::OkStatus();
+    }
+    LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % slots));
+    grads_out_[m].assign(grad, grad + boundary_);
+    channel_.Send(proto::GRADIENT, it, m, grads_out_[m].data(), boundary_);
+    return absl::OkStatus();
+  };
+  // A stage that queues its work sends a micro-batch's result once the next compute is queued
+  // (its copy then overlaps that compute), and before anything that waits on a peer.
+  std::vector<Instr> deferred;
+  auto flush_sends = [&]() -> absl::Status {
+    for (const Instr& in : deferred) LH_RETURN_IF_ERROR(send(in));
+    deferred.clear();
+    return absl::OkStatus();
+  };
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   for (const Instr& in : schedule_) {
     const int m = in.micro;
     switch (in.op) {
-      case Op::kRecvAct: {
-        LH_ASSIGN_OR_RETURN(inputs[m], channel_.Receive(proto::ACTIVATION, it, m, &result.wait_seconds));
+      case Op::kRecvAct:
+      case Op::kRecvGrad: {
+        LH_RETURN_IF_ERROR(flush_sends());
+        const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
+        LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? inputs : grads_in)[m],
+                            channel_.Receive(kind, it, m, &result.wait_seconds));
         break;
       }
       case Op::kForward: {
@@ -43,41 +67,39 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         channel_.Recycle(std::move(inputs[m]));
         if (last_) result.loss += loss / micro_batches_;
         computed("F", m, t0);
-        break;
-      }
-      case Op::kSendAct: {
-        LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % slots));
-        channel_.Send(proto::ACTIVATION, it, m, out, boundary_);
-        break;
-      }
-      case Op::kRecvGrad: {
-        LH_ASSIGN_OR_RETURN(grads_in[m], channel_.Receive(proto::GRADIENT, it, m, &result.wait_seconds));
+        LH_RETURN_IF_ERROR(flush_sends());
         break;
       }
       case Op::kBackward: {
         const int64_t t0 = Timeline::NowMicros();
-        LH_ASSIGN_OR_RETURN(input_grad, stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
-                                                        1.0f / static_cast<float>(micro_batches_)));
+        LH_RETURN_IF_ERROR(stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
+                                           1.0f / static_cast<float>(micro_batches_)));
         channel_.Recycle(std::move(grads_in[m]));
         computed("B", m, t0);
+        LH_RETURN_IF_ERROR(flush_sends());
         break;
       }
+      case Op::kSendAct:
       case Op::kSendGrad:
-        grads_out_[m].resize(boundary_);
-        std::copy(input_grad, input_grad + boundary_, grads_out_[m].begin());
-        channel_.Send(proto::GRADIENT, it, m, grads_out_[m].data(), boundary_);
+        if (stage_.queues_work()) {
+          deferred.push_back(in);
+        } else {
+          LH_RETURN_IF_ERROR(send(in));
+        }
         break;
       case Op::kPushGrads: {
-        LH_ASSIGN_OR_RETURN(const float* grads, stage_.Grads());
-        LH_RETURN_IF_ERROR(channel_.PushGradients(it, grads));
+        LH_RETURN_IF_ERROR(flush_sends());
+        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_));
         break;
       }
       case Op::kPullParams: {
+        LH_RETURN_IF_ERROR(flush_sends());
         LH_ASSIGN_OR_RETURN(result.step, channel_.PullParameters(it, stage_, &result.wait_seconds));
         break;
       }
     }
   }
+  LH_RETURN_IF_ERROR(flush_sends());
   LH_RETURN_IF_ERROR(channel_.Flush(it));
   return result;
 }

@@ -30,9 +30,9 @@ class Channel {
   virtual void Recycle(std::vector<float> buffer) = 0;
   // To the next stage (ACTIVATION) or the previous (GRADIENT); `data` stays unchanged until Flush.
   virtual void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) = 0;
-  // The stage's gradients (its whole flat buffer) to the parameter servers; `grads` stays
-  // unchanged until Flush.
-  virtual absl::Status PushGradients(int64_t it, const float* grads) = 0;
+  // The stage's gradients (its whole flat buffer) to the parameter servers; the stage's gradients
+  // stay unchanged until Flush.
+  virtual absl::Status PushGradients(int64_t it, Stage& stage) = 0;
   // The parameter servers' step (this process serves the shards it hosts) and the stage's new
   // parameters written into it. The norm and learning rate of the step this process took (lr 0
   // when it hosts no shard); the seconds waited go into `*waited`.

@@ -68,10 +68,17 @@ MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads) {
   return e;
 }
 
-MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads) {
+MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device) {
   const StageSpec spec = cfg.Stage(stage);
   const int P = cfg.cluster.stages, M = cfg.train.micro_batches, D = cfg.cluster.replicas;
-  MemoryEstimate e = EstimateStage(Request(cfg, spec, ActivationSlots(cfg.cluster.schedule, P, stage, M), threads));
+  MemoryEstimate e;
+  if (device < 0) {
+    e = EstimateStage(Request(cfg, spec, ActivationSlots(cfg.cluster.schedule, P, stage, M), threads));
+  } else {
+    // The stage lives on the device (CudaStage checks that memory); the host holds the copies of
+    // its parameters and gradients that travel to and from the parameter servers.
+    e.Add("host copies of the stage's parameters and gradients", 8 * StageParamCount(cfg.model, spec));
+  }
   e.Add("parameter-server shards", 17 * ps_floats);  // parameters, summed gradients, AdamW m, v, decay flags
   // Received activations and gradients and the copies of sent gradients (M each, at most), the
   // pulled parameters of the whole stage, and every replica's pushed gradients for the shards hosted.
@@ -100,10 +107,10 @@ absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& availab
                    "with cluster.stages (longhaul coordinator and worker)");
 }
 
-absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads,
+absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads, int device,
                                const MemoryLimit& available) {
   return CheckFits(absl::StrFormat("stage %d replica %d", stage, replica),
-                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica), threads), available, cfg,
+                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica), threads, device), available, cfg,
                    "or split the model over more cluster.stages");
 }
 
@@ -113,8 +120,8 @@ MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads) {
   // the others none, with no layout to build.
   MemoryEstimate all;
   for (int s = 0; s < cfg.cluster.stages; ++s) {
-    all.Add(WorkerMemory(cfg, s, StageParamCount(cfg.model, cfg.Stage(s)), threads));
-    all.Add(WorkerMemory(cfg, s, 0, threads), cfg.cluster.replicas - 1);
+    all.Add(WorkerMemory(cfg, s, StageParamCount(cfg.model, cfg.Stage(s)), threads, -1));
+    all.Add(WorkerMemory(cfg, s, 0, threads, -1), cfg.cluster.replicas - 1);
   }
   all.Add("process", kProcessBytes);  // the coordinator
   return all;

@@ -15,8 +15,9 @@ namespace longhaul {
 MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads);
 // Host memory of a worker of pipeline stage `stage` hosting `ps_floats` floats of parameter-server
 // shards: its stage with the schedule's activation slots, the shards with their AdamW state, the
-// transport's buffers, checkpoint staging, the built-in corpus and the process.
-MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads);
+// transport's buffers, checkpoint staging, the built-in corpus and the process. A stage on cuda:N
+// (`device` N; -1 is the CPU) counts only its host copies.
+MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device = -1);
 // Every process of `longhaul local` together: the workers (with `threads` threads each) and the
 // coordinator.
 MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);
@@ -26,7 +27,8 @@ double HostedPsFloats(const JobConfig& cfg, int stage, int replica);
 // ResourceExhausted, with the estimate, the memory available and the fix, when the job does not
 // fit: `longhaul train`; one worker; every process of `longhaul local` on this machine together.
 absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
-absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads,
+// `device`: -1 for a CPU stage (held in host memory), N for one on cuda:N (only its host copies).
+absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads, int device,
                                const MemoryLimit& available = HostMemoryAvailable());
 absl::Status CheckLocalClusterMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
 

@@ -13,7 +13,9 @@
 #include "checkpoint/checkpoint.h"
 #include "config/resume_check.h"
 #include "metrics/flops.h"
+#include "schedule/schedule.h"
 #include "worker/job_setup.h"
+#include "worker/stage_factory.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -27,6 +29,21 @@ static_assert(std::atomic<bool>::is_always_lock_free);
 
 std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "checkpoints").string(); }
 
+// One stage and one replica: nothing crosses a network, and the stage steps its own parameters.
+class LocalChannel final : public Channel {
+ public:
+  absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
+    return absl::InternalError("a one-stage schedule receives nothing");
+  }
+  void Recycle(std::vector<float>) override {}
+  void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
+  absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double*) override {
+    return stage.Step(it);
+  }
+  absl::Status Flush(int64_t) override { return absl::OkStatus(); }
+};
+
 }  // namespace
 
 void LocalTrainer::RequestStop() { g_stop_requested = true; }
@@ -36,6 +53,9 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   JobConfig cfg = job;
   cfg.cluster.stages = cfg.cluster.replicas = 1;
   cfg.cluster.stage_layers.clear();
+  cfg.cluster.stage_backends.clear();
+  // One process computes on train.backend alone: without the stages' backends, ask again.
+  LH_RETURN_IF_ERROR(CheckPrecisionHasAGpu(cfg));
   cfg.cluster.central_ps = false;
   cfg.as_json = EffectiveConfigJson(cfg);
   LH_RETURN_IF_ERROR(CheckTrainerMemory(cfg));
@@ -43,7 +63,17 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
   t->data_ = std::move(data);
-  LH_ASSIGN_OR_RETURN(t->runner_, MakeStepRunner(cfg));
+  // 1F1B over one stage is gradient accumulation: each micro-batch's backward right after its
+  // forward, so one activation slot serves.
+  LH_ASSIGN_OR_RETURN(t->stage_, MakeStage(StageRequestFor(cfg, 0, cfg.train.backend_device, 1)));
+  const TrainConfig& tc = cfg.train;
+  LH_RETURN_IF_ERROR(t->stage_->AttachOptimizer(
+      {tc.adamw, LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps}, tc.grad_clip}));
+  t->channel_ = std::make_unique<LocalChannel>();
+  const size_t boundary = static_cast<size_t>(tc.micro_batch_size) * tc.seq_len * cfg.model.d_model;
+  t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
+                                            MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches), 0, 1,
+                                            tc.micro_batches, boundary);
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
                    cfg.train.micro_batches};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
@@ -64,8 +94,8 @@ absl::Status LocalTrainer::Resume() {
   const std::string state_dir = CheckpointStateDir(CheckpointRoot(cfg_), fs::path(dir).filename().string());
   LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg_));
   State s = EmptyState();
-  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, runner_->layout(), s.params.data(), s.m.data(), s.v.data()));
-  LH_RETURN_IF_ERROR(runner_->SetState(s.params.data(), s.m.data(), s.v.data()));
+  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, stage_->layout(), s.params.data(), s.m.data(), s.v.data()));
+  LH_RETURN_IF_ERROR(SetState(s));
   step_ = ck.step;
   return absl::OkStatus();
 }
@@ -73,37 +103,48 @@ absl::Status LocalTrainer::Resume() {
 absl::StatusOr<double> LocalTrainer::EvalLoss() {
   double sum = 0;
   for (int i = 0; i < cfg_.train.eval_batches; ++i) {
-    LH_ASSIGN_OR_RETURN(double loss, runner_->Loss(val_sampler_->Sample(0, 0, i)));
+    LH_ASSIGN_OR_RETURN(const float loss, stage_->Forward(0, val_sampler_->Sample(0, 0, i), nullptr));
     sum += loss;
   }
   return sum / cfg_.train.eval_batches;
 }
 
 LocalTrainer::State LocalTrainer::EmptyState() const {
-  const size_t n = runner_->layout().total();
+  const size_t n = stage_->num_params();
   return {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
 }
 
-absl::StatusOr<LocalTrainer::State> LocalTrainer::GetState() const {
+absl::StatusOr<LocalTrainer::State> LocalTrainer::GetState() {
   State s = EmptyState();
-  LH_RETURN_IF_ERROR(runner_->GetState(s.params.data(), s.m.data(), s.v.data()));
+  LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+  std::copy(params, params + s.params.size(), s.params.begin());
+  LH_RETURN_IF_ERROR(stage_->GetOptimizerState(s.m.data(), s.v.data()));
   return s;
 }
 
-absl::Status LocalTrainer::SaveCheckpointNow() const {
+absl::Status LocalTrainer::SetState(const State& s) {
+  LH_RETURN_IF_ERROR(stage_->SetParams(0, s.params.data(), s.params.size()));
+  return stage_->SetOptimizerState(s.m.data(), s.v.data());
+}
+
+absl::Status LocalTrainer::SaveCheckpointNow() {
   LH_ASSIGN_OR_RETURN(State s, GetState());
-  return SaveCheckpoint(CheckpointRoot(cfg_), {step_, cfg_.as_json}, runner_->layout(), s.params.data(), s.m.data(),
+  return SaveCheckpoint(CheckpointRoot(cfg_), {step_, cfg_.as_json}, stage_->layout(), s.params.data(), s.m.data(),
                         s.v.data());
+}
+
+absl::Status LocalTrainer::WriteFigures() const {
+  LH_RETURN_IF_ERROR(metrics_->DrawLossCurve((fs::path(cfg_.train.out_dir) / "loss.svg").string()));
+  return timeline_.Write((fs::path(cfg_.train.out_dir) / "timeline.json").string(), 0, "longhaul train");
 }
 
 absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
   const TrainConfig& tc = cfg_.train;
-  const std::string svg = (fs::path(tc.out_dir) / "loss.svg").string();
   const int M = tc.micro_batches;
   const double flops = ModelFlopsPerIteration(cfg_.model, static_cast<int64_t>(tc.micro_batch_size) * M, tc.seq_len,
                                               tc.recompute);
-  out << absl::StrFormat("longhaul train: %s, %d parameters, %s\n", data_->description(), runner_->layout().total(),
-                         runner_->Describe());
+  out << absl::StrFormat("longhaul train: %s, %d parameters, %s\n", data_->description(), stage_->num_params(),
+                         stage_->Describe());
   out << absl::StrFormat("  %d layers, d_model %d, %d heads, seq %d, %d x %d sequences per step (%d tokens), %s mask\n",
                          cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, tc.seq_len, M, tc.micro_batch_size,
                          cfg_.tokens_per_step(), AttentionMaskName(cfg_.model.attention));
@@ -126,8 +167,9 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
       floor_sum += EntropyFloor(*data_, batch.back());
     }
     rec.floor = data_->source() ? floor_sum / M : -1;
-    LH_ASSIGN_OR_RETURN(StepOutcome opt, runner_->TrainStep(batch, step_));
-    rec.loss = opt.loss;
+    LH_ASSIGN_OR_RETURN(const IterationResult r, executor_->Run(step_, batch));
+    const OptimizerStepResult& opt = r.step;
+    rec.loss = r.loss;
     rec.grad_norm = opt.grad_norm;
     rec.lr = opt.lr;
     rec.skipped = opt.skipped;
@@ -161,21 +203,21 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
                                              flops / sec / 1e12, FormatDuration(sec * (end - step_))));
       out << line << "\n";
       out.flush();
-      LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
+      LH_RETURN_IF_ERROR(metrics_->DrawLossCurve((fs::path(tc.out_dir) / "loss.svg").string()));
     }
     const bool stop = g_stop_requested.exchange(false) && !last;
     if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last || stop) {
       LH_RETURN_IF_ERROR(SaveCheckpointNow());
     }
     if (stop) {
-      LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
+      LH_RETURN_IF_ERROR(WriteFigures());
       return absl::CancelledError(absl::StrFormat(
           "interrupted after step %d of %d: checkpoint %s/%s and the records in %s are written; resume with --set "
           "train.resume=true",
           step_, tc.steps, CheckpointRoot(cfg_), CheckpointName(step_), tc.out_dir));
     }
   }
-  LH_RETURN_IF_ERROR(metrics_->DrawLossCurve(svg));
+  LH_RETURN_IF_ERROR(WriteFigures());
   if (timed_steps > 0) {
     const double sec = timed_seconds / timed_steps, tps = cfg_.tokens_per_step() / sec;
     out << absl::StrFormat(
@@ -184,8 +226,8 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
         step_, history().back().loss, sec, tps, flops / sec / 1e12, FlopsFormulaName(tc.recompute),
         DaysFor100BTokens(tps));
   }
-  out << absl::StrFormat("records: %s/metrics.csv, loss curve %s/loss.svg, checkpoint %s\n", tc.out_dir, tc.out_dir,
-                         CheckpointRoot(cfg_));
+  out << absl::StrFormat("records: %s/metrics.csv, loss curve %s/loss.svg, timeline %s/timeline.json, checkpoint %s\n",
+                         tc.out_dir, tc.out_dir, tc.out_dir, CheckpointRoot(cfg_));
   return absl::OkStatus();
 }
 

@@ -1,7 +1,9 @@
 #pragma once
-// Training in one process: one stage holding the whole model, gradient accumulation over
-// micro-batches, AdamW, progress lines, evaluation, checkpoints and a loss curve. This is the
-// 1 stage × 1 replica case of the distributed runtime and its reference for equivalence.
+// Training in one process: one stage holding the whole model on the backend train.backend names,
+// run by the same executor as a worker's (a one-stage schedule: forward and backward of each
+// micro-batch in turn, gradients accumulating), the stage stepping its own parameters; progress
+// lines, evaluation, checkpoints, a loss curve and a timeline. This is the 1 stage × 1 replica
+// case of the distributed runtime and its reference for equivalence.
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
@@ -13,7 +15,9 @@
 #include "data/batch_sampler.h"
 #include "data/token_dataset.h"
 #include "metrics/metrics_log.h"
-#include "worker/step_runner.h"
+#include "metrics/timeline.h"
+#include "model/stage.h"
+#include "worker/executor.h"
 
 namespace longhaul {
 
@@ -38,17 +42,22 @@ class LocalTrainer {
   struct State {
     std::vector<float> params, m, v;
   };
-  absl::StatusOr<State> GetState() const;
+  absl::StatusOr<State> GetState();
+  absl::Status SetState(const State& s);
 
  private:
   explicit LocalTrainer(const JobConfig& cfg) : cfg_(cfg) {}
   absl::Status Resume();
   State EmptyState() const;  // buffers sized for the model
-  absl::Status SaveCheckpointNow() const;
+  absl::Status SaveCheckpointNow();
+  absl::Status WriteFigures() const;  // loss curve and timeline
 
   JobConfig cfg_;
   std::optional<TokenDataset> data_;
-  std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<Channel> channel_;
+  Timeline timeline_;
+  std::unique_ptr<Executor> executor_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;
   std::optional<MetricsLog> metrics_;

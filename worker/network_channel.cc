@@ -52,7 +52,8 @@ void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float*
   peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n);
 }
 
-absl::Status NetworkChannel::PushGradients(int64_t it, const float* grads) {
+absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
+  LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
   for (const proto::ShardPlacement& sp : stage_shards_) {
     const auto [begin, end] = layout_.Range(sp.first_tensor(), sp.end_tensor());
     if (sp.owner_replica() == replica_) {

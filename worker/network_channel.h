@@ -28,7 +28,7 @@ class NetworkChannel final : public Channel {
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
-  absl::Status PushGradients(int64_t it, const float* grads) override;
+  absl::Status PushGradients(int64_t it, Stage& stage) override;
   absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) override;
   absl::Status Flush(int64_t it) override { return peers_.Flush(it, timeline_); }
 

@@ -12,9 +12,12 @@ PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, floa
     : worker_id_(worker_id), stage_(stage), replicas_(replicas), schedule_(schedule), grad_clip_(grad_clip),
       links_(std::move(links)) {}
 
-void PsHost::Broadcast(int64_t it) {
-  for (auto& shard : shards_)
-    for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard->shard(), shard->params().data(), shard->size());
+absl::Status PsHost::Broadcast(int64_t it) {
+  for (auto& shard : shards_) {
+    LH_ASSIGN_OR_RETURN(const float* params, shard->Params());
+    for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard->shard(), params, shard->size());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<OptimizerStepResult> PsHost::Serve(int64_t it) {
@@ -40,8 +43,10 @@ absl::StatusOr<OptimizerStepResult> PsHost::Serve(int64_t it) {
     return absl::InternalError(absl::StrFormat(
         "iteration %d: gradient norm %g is not finite: lower train.lr or set train.grad_clip", it + 1, global_norm));
   }
-  for (auto& shard : shards_) result = shard->Step(schedule_, grad_clip_, it, global_norm);
-  Broadcast(it);
+  for (auto& shard : shards_) {
+    LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm));
+  }
+  LH_RETURN_IF_ERROR(Broadcast(it));
   return result;
 }
 
@@ -49,8 +54,9 @@ absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_roo
                                 const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
   for (auto& shard : shards_) {
     const std::string root = ShardCheckpointRoot(checkpoints_root, stage_, shard->shard());
-    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), shard->params().data(),
-                                      shard->adamw().m().data(), shard->adamw().v().data()));
+    std::vector<float> params(shard->size()), m(shard->size()), v(shard->size());
+    LH_RETURN_IF_ERROR(shard->GetState(params.data(), m.data(), v.data()));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), params.data(), m.data(), v.data()));
     proto::CheckpointReport rep;
     rep.set_worker_id(worker_id_);
     rep.set_stage(stage_);

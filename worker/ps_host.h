@@ -42,7 +42,7 @@ class PsHost {
 
   // Sends every hosted shard's parameters to every replica (how a run starts: the same init, or
   // the checkpoint's, everywhere).
-  void Broadcast(int64_t it);
+  absl::Status Broadcast(int64_t it);
   // Iteration `it`'s step of every hosted shard: takes the pushes, reduces the norm, steps,
   // broadcasts. The norm and learning rate of the step (lr 0 when this worker hosts no shard).
   absl::StatusOr<OptimizerStepResult> Serve(int64_t it);

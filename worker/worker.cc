@@ -14,7 +14,6 @@
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
-#include "cpu/cpu_stage.h"
 #include "data/batch_sampler.h"
 #include "metrics/timeline.h"
 #include "schedule/schedule.h"
@@ -26,6 +25,7 @@
 #include "worker/job_setup.h"
 #include "worker/network_channel.h"
 #include "worker/peer_directory.h"
+#include "worker/stage_factory.h"
 #include "worker/ps_host.h"
 #include "worker/tensor_admission.h"
 
@@ -90,8 +90,9 @@ absl::Status Worker::Join() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   req.set_host(host);
-  req.set_backend("cpu");
+  req.set_backend(opt_.backend);
   req.set_pid(getpid());
+  if (opt_.slot >= 0) req.set_slot(opt_.slot);
   LH_RETURN_IF_ERROR(client_.Register(req));
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());
   return absl::OkStatus();
@@ -105,7 +106,11 @@ absl::Status Worker::Setup() {
   const int P = plan_.stages(), D = plan_.replicas();
   M_ = cfg_.train.micro_batches;
   omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg_.train.threads > 0 ? cfg_.train.threads : omp_get_num_procs()));
-  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads()));
+  int device = cfg_.DeviceOf(s_);
+  if (!opt_.backend.empty()) {
+    LH_ASSIGN_OR_RETURN(device, ParseBackend(opt_.backend, "--backend"));
+  }
+  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
   TransportOptions transport;
   transport.job_id = plan_.job_id();
@@ -125,9 +130,7 @@ absl::Status Worker::Setup() {
       SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
       data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
-  LH_ASSIGN_OR_RETURN(stage_, CpuStage::Create(cfg_.model, cfg_.Stage(s_), cfg_.train.micro_batch_size,
-                                               cfg_.train.seq_len, cfg_.train.recompute,
-                                               ActivationSlots(cfg_.cluster.schedule, P, s_, M_), cfg_.train.seed));
+  LH_ASSIGN_OR_RETURN(stage_, MakeStage(StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_))));
 
   std::map<std::string, std::string> dial_map;
   if (!opt_.dial_map.empty()) {
@@ -154,16 +157,18 @@ absl::Status Worker::Setup() {
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
   for (const proto::ShardPlacement& sp : stage_shards) {
     if (sp.owner_replica() != r_) continue;
-    auto shard = std::make_unique<PsShard>(cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
-                                           sp.end_tensor(), D);
-    std::copy(init + shard->begin(), init + shard->begin() + shard->size(), shard->params().begin());
-    if (!plan_.resume_checkpoint().empty()) {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
+                        MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
+                                    sp.end_tensor(), D));
+    if (plan_.resume_checkpoint().empty()) {
+      LH_RETURN_IF_ERROR(shard->SetState(init + shard->begin(), nullptr, nullptr));
+    } else {
       const std::string dir =
           (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
       LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
-      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, shard->layout(), shard->params().data(), shard->adamw().m().data(),
-                                        shard->adamw().v().data())
-                             .status());
+      std::vector<float> params(shard->size()), m(shard->size()), v(shard->size());
+      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, shard->layout(), params.data(), m.data(), v.data()).status());
+      LH_RETURN_IF_ERROR(shard->SetState(params.data(), m.data(), v.data()));
     }
     ps_host_->Add(std::move(shard));
   }
@@ -212,9 +217,9 @@ absl::Status Worker::Run() {
   const int64_t start = plan_.start_iteration();
   if (status.ok()) {
     // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
-    ps_host_->Broadcast(start - 1);
+    status = ps_host_->Broadcast(start - 1);
     double waited = 0;
-    status = channel_->Pull(start - 1, *stage_, &waited);
+    if (status.ok()) status = channel_->Pull(start - 1, *stage_, &waited);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   const int64_t end = plan_.stop_iteration() > 0 ? plan_.stop_iteration() : cfg_.train.steps;

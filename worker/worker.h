@@ -14,8 +14,10 @@ struct WorkerOptions {
   std::string listen = "127.0.0.1:0";   // where peers reach this worker's tensor server
   std::string job_id;                   // if set, refuse to join any other job
   int threads = 0;                      // CPU threads; 0: train.threads from the job config
+  std::string backend;                  // "cpu" or "cuda:N"; empty: the job's (cluster.stage_backends, train.backend)
   double connect_timeout_s = 60;        // how long to keep trying the coordinator
   std::string dial_map;                 // file of "address dial_instead" lines: reach peers through a proxy
+  int slot = -1;                        // the worker id (stage = id % stages, replica = id / stages) to ask for; -1: any
 };
 
 // Runs until the job finishes (OK) or fails; errors name the peer or step involved.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/safetensors.h"
+#include "util/atomic_file.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -25,19 +26,6 @@ std::vector<TensorView> Views(const ParamLayout& layout, const float* buf, const
   std::vector<TensorView> views;
   for (const ParamTensor& t : layout.tensors()) views.push_back({prefix + t.name, t.shape, buf + t.offset});
   return views;
-}
-
-absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 // state.json, checked field by field: it is read from disk, so nothing in it is trusted.
@@ -139,7 +127,7 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
                           {"resume_iteration", data.step},
                           {"run_config", data.run_config},
                           {"files", files}};
-  LH_RETURN_IF_ERROR(WriteTextAtomically(tmp_dir / "state.json", state.dump(2)));
+  LH_RETURN_IF_ERROR(WriteFileAtomically((tmp_dir / "state.json").string(), state.dump(2)));
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), ": ", ec.message()));
@@ -149,7 +137,7 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
 std::string CheckpointName(int64_t step) { return absl::StrFormat("step_%08d", step); }
 
 absl::Status SetLatestCheckpoint(const std::string& root, int64_t step) {
-  return WriteTextAtomically(fs::path(root) / "latest", CheckpointName(step) + "\n");
+  return WriteFileAtomically((fs::path(root) / "latest").string(), CheckpointName(step) + "\n");
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {

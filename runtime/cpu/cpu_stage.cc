@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cpu/blas.h"
+#include "optim/train_step.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -17,6 +18,9 @@ absl::StatusOr<std::unique_ptr<CpuStage>> CpuStage::Create(const ModelConfig& cf
   LH_ASSIGN_OR_RETURN(s->stage_, GptStage::Create(cfg, spec, B, T, recompute));
   s->stage_->InitParams(seed);
   for (int i = 0; i < slots; ++i) s->acts_.push_back(s->stage_->NewActivations());
+  if (!spec.has_embedding) {
+    s->input_grads_.assign(slots, std::vector<float>(static_cast<size_t>(B) * T * cfg.d_model));
+  }
   return s;
 }
 
@@ -46,9 +50,17 @@ absl::StatusOr<const float*> CpuStage::Output(int slot) {
   return stage_->Output(*acts_[slot]);
 }
 
-absl::StatusOr<const float*> CpuStage::Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) {
+absl::Status CpuStage::Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) {
   LH_RETURN_IF_ERROR(CheckSlot(slot));
-  return stage_->Backward(*acts_[slot], mb, grad_out, scale);
+  const float* g = stage_->Backward(*acts_[slot], mb, grad_out, scale);
+  if (g != nullptr) input_grads_[slot].assign(g, g + input_grads_[slot].size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> CpuStage::InputGrad(int slot) {
+  LH_RETURN_IF_ERROR(CheckSlot(slot));
+  if (spec().has_embedding) return absl::FailedPreconditionError("the first stage has no input gradient");
+  return input_grads_[slot].data();
 }
 
 absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
@@ -57,6 +69,37 @@ absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
         absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, num_params()));
   }
   std::copy(values, values + n, stage_->params() + begin);
+  return absl::OkStatus();
+}
+
+absl::Status CpuStage::AttachOptimizer(const OptimizerSettings& settings) {
+  optimizer_ = settings;
+  adamw_ = std::make_unique<AdamW>(settings.adamw, layout());
+  return absl::OkStatus();
+}
+
+absl::Status CpuStage::CheckOptimizer() const {
+  if (adamw_ == nullptr) return absl::FailedPreconditionError("the stage has no optimizer: call AttachOptimizer first");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerStepResult> CpuStage::Step(int64_t step) {
+  LH_RETURN_IF_ERROR(CheckOptimizer());
+  return ApplyOptimizerStep(stage_->params(), stage_->grads(), num_params(), *adamw_, optimizer_.schedule,
+                            optimizer_.grad_clip, step);
+}
+
+absl::Status CpuStage::GetOptimizerState(float* m, float* v) {
+  LH_RETURN_IF_ERROR(CheckOptimizer());
+  std::copy(adamw_->m().begin(), adamw_->m().end(), m);
+  std::copy(adamw_->v().begin(), adamw_->v().end(), v);
+  return absl::OkStatus();
+}
+
+absl::Status CpuStage::SetOptimizerState(const float* m, const float* v) {
+  LH_RETURN_IF_ERROR(CheckOptimizer());
+  std::copy(m, m + adamw_->m().size(), adamw_->m().begin());
+  std::copy(v, v + adamw_->v().size(), adamw_->v().begin());
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "model/gpt_stage.h"
 #include "model/stage.h"
+#include "optim/adamw.h"
 
 namespace longhaul {
 
@@ -24,17 +25,27 @@ class CpuStage final : public Stage {
   absl::Status ZeroGrads() override;
   absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override;
   absl::StatusOr<const float*> Output(int slot) override;
-  absl::StatusOr<const float*> Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override;
+  absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override;
+  absl::StatusOr<const float*> InputGrad(int slot) override;
   absl::StatusOr<const float*> Params() override { return stage_->params(); }
   absl::StatusOr<const float*> Grads() override { return stage_->grads(); }
   absl::Status SetParams(size_t begin, const float* values, size_t n) override;
+  absl::Status AttachOptimizer(const OptimizerSettings& settings) override;
+  absl::StatusOr<OptimizerStepResult> Step(int64_t step) override;
+  absl::Status GetOptimizerState(float* m, float* v) override;
+  absl::Status SetOptimizerState(const float* m, const float* v) override;
 
  private:
   CpuStage() = default;
   absl::Status CheckSlot(int slot) const;
+  absl::Status CheckOptimizer() const;
 
   std::unique_ptr<GptStage> stage_;
   std::vector<GptStage::ActivationsPtr> acts_;
+  // Per slot: GptStage's input gradient is overwritten by its next backward, a slot's is not.
+  std::vector<std::vector<float>> input_grads_;
+  OptimizerSettings optimizer_;
+  std::unique_ptr<AdamW> adamw_;  // once attached
 };
 
 }  // namespace longhaul

@@ -129,8 +129,8 @@ __global__ void LayerNormForwardKernel(T* out, float* mean, float* rstd, const T
 }
 
 template <typename T>
-__global__ void LayerNormBackwardKernel(float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
-                                        const float* mean, const float* rstd, int N, int C) {
+__global__ void LayerNormBackwardKernel(float* dinp, const T* dout, const T* inp, const float* w, const float* mean,
+                                        const float* rstd, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const T* x = inp + static_cast<long>(row) * C;
@@ -148,9 +148,40 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* dw, float* db, const
   for (int c = lane; c < C; c += 32) {
     const float xhat = (ToF(x[c]) - m) * r, g = ToF(dy[c]);
     dx[c] += (w[c] * g - dmean - xhat * dnorm_mean) * r;
-    atomicAdd(&dw[c], g * xhat);
-    atomicAdd(&db[c], g);
   }
+}
+
+// Partial Σ over one chunk of rows of dy·x̂ and dy per column: 32 columns per block, the chunk's
+// rows split over 8 thread rows and added in a fixed order, one writer per (chunk, column).
+template <typename T>
+__global__ void LayerNormParamPartialKernel(float* partial_w, float* partial_b, const T* dout, const T* inp,
+                                            const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x, chunk = blockIdx.y;
+  const int rows = (N + kLayerNormChunks - 1) / kLayerNormChunks, begin = chunk * rows, end = min(N, begin + rows);
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int n = begin + threadIdx.y; n < end; n += 8) {
+      const float g = ToF(dout[static_cast<long>(n) * C + c]);
+      aw += g * (ToF(inp[static_cast<long>(n) * C + c]) - mean[n]) * rstd[n];
+      ab += g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw, sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; ++y) aw += sw[y][threadIdx.x], ab += sb[y][threadIdx.x];
+    partial_w[static_cast<long>(chunk) * C + c] = aw;
+    partial_b[static_cast<long>(chunk) * C + c] = ab;
+  }
+}
+
+__global__ void LayerNormParamSumKernel(float* dw, float* db, const float* partial_w, const float* partial_b, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float aw = dw[c], ab = db[c];
+  for (int k = 0; k < kLayerNormChunks; ++k) aw += partial_w[static_cast<long>(k) * C + c], ab += partial_b[static_cast<long>(k) * C + c];
+  dw[c] = aw, db[c] = ab;
 }
 }  // namespace
 
@@ -162,8 +193,13 @@ void LayerNormForward(cudaStream_t s, T* out, float* mean, float* rstd, const T*
 
 template <typename T>
 void LayerNormBackward(cudaStream_t s, float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
-                       const float* mean, const float* rstd, int N, int C) {
-  LayerNormBackwardKernel<<<Blocks(N, kThreads / 32), kThreads, 0, s>>>(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+                       const float* mean, const float* rstd, float* scratch, int N, int C) {
+  LayerNormBackwardKernel<<<Blocks(N, kThreads / 32), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  float* partial_w = scratch;
+  float* partial_b = scratch + static_cast<long>(kLayerNormChunks) * C;
+  LayerNormParamPartialKernel<<<dim3((C + 31) / 32, kLayerNormChunks), dim3(32, 8), 0, s>>>(partial_w, partial_b, dout,
+                                                                                          inp, mean, rstd, N, C);
+  LayerNormParamSumKernel<<<Blocks(C), kThreads, 0, s>>>(dw, db, partial_w, partial_b, C);
 }
 
 // ---- GELU -------------------------------------------------------------------------------------
@@ -209,13 +245,24 @@ __global__ void EmbeddingForwardKernel(T* out, const int* tokens, const T* wte, 
   const int bt = static_cast<int>(i / C), c = static_cast<int>(i % C);
   out[i] = FromF<T>(ToF(wte[static_cast<long>(tokens[bt]) * C + c]) + ToF(wpe[static_cast<long>(bt % Tn) * C + c]));
 }
-__global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const float* dout, const int* tokens, int BT, int Tn,
-                                        int C) {
+// One block row per distinct token: its positions' gradients added in position order, as the
+// CPU backend adds them.
+__global__ void TokenEmbeddingBackwardKernel(float* dwte, const float* dout, const int* order, const int* starts,
+                                             const int* uniq, int C) {
+  const int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* dst = dwte + static_cast<long>(uniq[u]) * C + c;
+  float acc = *dst;
+  for (int k = starts[u]; k < starts[u + 1]; ++k) acc += dout[static_cast<long>(order[k]) * C + c];
+  *dst = acc;
+}
+
+__global__ void PositionEmbeddingBackwardKernel(float* dwpe, const float* dout, int B, int Tn, int C) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-  if (i >= static_cast<long>(BT) * C) return;
-  const int bt = static_cast<int>(i / C), c = static_cast<int>(i % C);
-  atomicAdd(&dwte[static_cast<long>(tokens[bt]) * C + c], dout[i]);
-  atomicAdd(&dwpe[static_cast<long>(bt % Tn) * C + c], dout[i]);
+  if (i >= static_cast<long>(Tn) * C) return;
+  float acc = dwpe[i];
+  for (int b = 0; b < B; ++b) acc += dout[static_cast<long>(b) * Tn * C + i];
+  dwpe[i] = acc;
 }
 }  // namespace
 
@@ -223,10 +270,13 @@ template <typename T>
 void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C) {
   EmbeddingForwardKernel<<<Blocks(static_cast<long>(B) * Tn * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B * Tn, Tn, C);
 }
-void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int Tn,
-                       int C) {
-  EmbeddingBackwardKernel<<<Blocks(static_cast<long>(B) * Tn * C), kThreads, 0, s>>>(dwte, dwpe, dout, tokens, B * Tn, Tn,
-                                                                                      C);
+void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const TokenGroups& groups, int B,
+                       int Tn, int C) {
+  if (groups.distinct > 0) {
+    TokenEmbeddingBackwardKernel<<<dim3(groups.distinct, Blocks(C)), kThreads, 0, s>>>(dwte, dout, groups.order,
+                                                                                       groups.starts, groups.tokens, C);
+  }
+  PositionEmbeddingBackwardKernel<<<Blocks(static_cast<long>(Tn) * C), kThreads, 0, s>>>(dwpe, dout, B, Tn, C);
 }
 
 // ---- Attention --------------------------------------------------------------------------------
@@ -459,7 +509,7 @@ void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const u
   template void HeadForward<T>(cublasHandle_t, float*, const T*, const T*, int, int, int);                           \
   template void LayerNormForward<T>(cudaStream_t, T*, float*, float*, const T*, const float*, const float*, int, int); \
   template void LayerNormBackward<T>(cudaStream_t, float*, float*, float*, const T*, const T*, const float*,         \
-                                     const float*, const float*, int, int);                                          \
+                                     const float*, const float*, float*, int, int);                                  \
   template void GeluForward<T>(cudaStream_t, T*, const T*, long);                                                    \
   template void GeluBackward<T>(cudaStream_t, T*, const T*, long);                                                   \
   template void EmbeddingForward<T>(cudaStream_t, T*, const int*, const T*, const T*, int, int, int);                \

@@ -40,10 +40,12 @@ void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int 
 template <typename T>
 void LayerNormForward(cudaStream_t s, T* out, float* mean, float* rstd, const T* inp, const float* w, const float* b,
                       int N, int C);
-// dinp (N, C) [fp32] += ...; dw, db [fp32] += ...
+// dinp (N, C) [fp32] += ...; dw, db [fp32] += ..., reduced over rows in a fixed order through
+// `scratch` (2 · kLayerNormChunks · C floats), so a run repeats bit for bit.
+constexpr int kLayerNormChunks = 32;
 template <typename T>
 void LayerNormBackward(cudaStream_t s, float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
-                       const float* mean, const float* rstd, int N, int C);
+                       const float* mean, const float* rstd, float* scratch, int N, int C);
 
 // ---- GELU (tanh) ----------------------------------------------------------------------------
 template <typename T>
@@ -54,9 +56,19 @@ void GeluBackward(cudaStream_t s, T* dinout, const T* inp, long n);
 // ---- Embedding ------------------------------------------------------------------------------
 template <typename T>
 void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C);
-// dwte, dwpe [fp32] += (atomics: the summation order of repeated tokens varies between runs)
-void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int Tn,
-                       int C);
+// A micro-batch's positions grouped by token, built on the host (the tokens are known there):
+// `order` (N) lists positions by (token, position); distinct token u is tokens[u] and owns
+// order[starts[u] .. starts[u+1]). Device pointers.
+struct TokenGroups {
+  const int* order = nullptr;
+  const int* starts = nullptr;
+  const int* tokens = nullptr;
+  int distinct = 0;
+};
+// dwte, dwpe [fp32] += ..., without atomics: each row adds its positions in position order, as
+// the CPU backend does, so a run repeats bit for bit.
+void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const TokenGroups& groups, int B,
+                       int Tn, int C);
 
 // ---- Attention ------------------------------------------------------------------------------
 // qkv (B, T, 3C) -> q, k, v (B, NH, T, hs) each; y (B, NH, T, hs) -> out (B, T, C).

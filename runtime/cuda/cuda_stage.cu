@@ -2,11 +2,14 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
@@ -26,87 +29,119 @@ int CudaDeviceCount(std::string* why) {
 
 namespace {
 
-absl::Status Check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e)));
-}
-#define LH_RETURN_IF(expr)                       \
-  do {                                           \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
-  } while (0)
-#define LH_CUDA(expr, what)                                \
-  do {                                                     \
-    if (absl::Status s_ = Check((expr), what); !s_.ok()) return s_; \
-  } while (0)
+using cuda::Check;
+using cuda::DeviceArray;
+using cuda::Event;
+using cuda::PinnedArray;
 
-template <typename U>
-struct DeviceArray {
-  U* p = nullptr;
-  size_t n = 0;
-  absl::Status Alloc(size_t count) {
-    n = count;
-    return count == 0 ? absl::OkStatus() : Check(cudaMalloc(&p, count * sizeof(U)), "cudaMalloc");
-  }
-  ~DeviceArray() {
-    if (p != nullptr) cudaFree(p);
+template <typename T>
+struct BlockActs {
+  DeviceArray<T> ln1, qkv, q, k, v, att, y, atty, res2, ln2, fch, fch_gelu, out;
+  DeviceArray<float> mean1, rstd1, mean2, rstd2;
+  absl::Status Alloc(size_t N, size_t C, size_t att_elems) {
+    for (auto* x : {&ln1, &atty, &res2, &ln2, &out, &q, &k, &v, &y}) LH_RETURN_IF(x->Alloc(N * C));
+    LH_RETURN_IF(qkv.Alloc(N * 3 * C));
+    LH_RETURN_IF(att.Alloc(att_elems));
+    for (auto* x : {&fch, &fch_gelu}) LH_RETURN_IF(x->Alloc(N * 4 * C));
+    for (auto* x : {&mean1, &rstd1, &mean2, &rstd2}) LH_RETURN_IF(x->Alloc(N));
+    return absl::OkStatus();
   }
 };
 
+// What one micro-batch keeps between its forward and its backward.
 template <typename T>
-class Stage final : public CudaStage {
+struct Slot {
+  std::vector<BlockActs<T>> blocks;    // without recompute
+  std::vector<DeviceArray<T>> inputs;  // with recompute: the input of blocks first+1 .. end (the last is the output)
+  DeviceArray<T> x0, lnf;
+  DeviceArray<float> meanf, rstdf, logits, weight;
+  DeviceArray<int> tokens, targets, prefix, order, starts, distinct_tokens;
+  int distinct = 0;
+  PinnedArray output, input_grad;  // (B, T, C) fp32 on their way to the host
+  Event output_copied, input_grad_copied;
+  bool has_input_grad = false;
+};
+
+template <typename T>
+class StageImpl final : public CudaStage {
  public:
-  Stage(const ModelConfig& cfg, const StageSpec& spec, int B, int Tn, Precision precision)
-      : cfg_(cfg), spec_(spec), layout_(cfg, spec), B_(B), T_(Tn), precision_(precision) {}
-  ~Stage() override {
+  StageImpl(const ModelConfig& cfg, const StageSpec& spec, const Options& o)
+      : cfg_(cfg), spec_(spec), layout_(cfg, spec), o_(o), B_(o.B), T_(o.T) {}
+  ~StageImpl() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     if (blas_ != nullptr) cublasDestroy(blas_);
+    for (cudaStream_t st : {stream_, copy_stream_})
+      if (st != nullptr) cudaStreamDestroy(st);
   }
 
-  absl::Status Init(int device) {
-    LH_CUDA(cudaSetDevice(device), "cudaSetDevice");
-    LH_RETURN_IF(CheckDeviceMemory(device));
+  absl::Status Init() {
+    LH_CUDA(cudaSetDevice(o_.device), "cudaSetDevice");
+    LH_RETURN_IF(CheckDeviceMemory());
+    cudaDeviceProp prop{};
+    LH_CUDA(cudaGetDeviceProperties(&prop, o_.device), "cudaGetDeviceProperties");
+    device_name_ = prop.name;
+    LH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    LH_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
+    if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSetStream failed");
     const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
-    const size_t nb = spec_.end_block - spec_.first_block, NH = cfg_.n_head;
-    for (auto* a : {&params_, &grads_, &m_, &v_}) LH_RETURN_IF(a->Alloc(P));
-    LH_RETURN_IF(decay_.Alloc(P));
-    std::vector<uint8_t> decay(P, 0);
-    for (const ParamTensor& t : layout_.tensors())
-      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
-    LH_CUDA(cudaMemcpy(decay_.p, decay.data(), P, cudaMemcpyHostToDevice), "upload decay flags");
-    LH_CUDA(cudaMemset(m_.p, 0, P * 4), "zero moments");
-    LH_CUDA(cudaMemset(v_.p, 0, P * 4), "zero moments");
+    const size_t nb = spec_.end_block - spec_.first_block, att = static_cast<size_t>(B_) * cfg_.n_head * T_ * T_;
+    LH_RETURN_IF(params_.Alloc(P));
+    LH_RETURN_IF(grads_.Alloc(P));
     if (!std::is_same_v<T, float>) LH_RETURN_IF(weights_.Alloc(P));
-    blocks_.resize(nb);
-    for (BlockActs& a : blocks_) {
-      for (auto* x : {&a.ln1, &a.atty, &a.res2, &a.ln2, &a.out}) LH_RETURN_IF(x->Alloc(N * C));
-      LH_RETURN_IF(a.qkv.Alloc(N * 3 * C));
-      for (auto* x : {&a.q, &a.k, &a.v, &a.y}) LH_RETURN_IF(x->Alloc(N * C));
-      LH_RETURN_IF(a.att.Alloc(static_cast<size_t>(B_) * NH * T_ * T_));
-      for (auto* x : {&a.fch, &a.fch_gelu}) LH_RETURN_IF(x->Alloc(N * 4 * C));
-      for (auto* x : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2}) LH_RETURN_IF(x->Alloc(N));
+    slots_.resize(o_.slots);
+    for (Slot<T>& s : slots_) {
+      if (o_.recompute) {
+        s.inputs.resize(nb);
+        for (DeviceArray<T>& x : s.inputs) LH_RETURN_IF(x.Alloc(N * C));
+      } else {
+        s.blocks.resize(nb);
+        for (BlockActs<T>& a : s.blocks) LH_RETURN_IF(a.Alloc(N, C, att));
+      }
+      LH_RETURN_IF(s.x0.Alloc(N * C));
+      for (auto* x : {&s.tokens, &s.targets, &s.order, &s.starts, &s.distinct_tokens}) LH_RETURN_IF(x->Alloc(N + 1));
+      LH_RETURN_IF(s.prefix.Alloc(B_));
+      LH_RETURN_IF(s.weight.Alloc(N));
+      if (spec_.has_head) {
+        LH_RETURN_IF(s.lnf.Alloc(N * C));
+        for (auto* x : {&s.meanf, &s.rstdf}) LH_RETURN_IF(x->Alloc(N));
+        LH_RETURN_IF(s.logits.Alloc(N * V));
+      } else {
+        LH_RETURN_IF(s.output.Alloc(N * C));
+        LH_RETURN_IF(s.output_copied.Create());
+      }
+      if (!spec_.has_embedding) {
+        LH_RETURN_IF(s.input_grad.Alloc(N * C));
+        LH_RETURN_IF(s.input_grad_copied.Create());
+      }
     }
-    LH_RETURN_IF(x0_.Alloc(N * C));
+    if (o_.recompute && nb > 0) LH_RETURN_IF(scratch_.Alloc(N, C, att));
+    LH_RETURN_IF(input_.Alloc(N * C));
     LH_RETURN_IF(boundary_.Alloc(N * C));
     LH_RETURN_IF(g_.Alloc(N * C));
     for (auto* x : {&gT_, &g_ln_, &g_atty_, &dq_, &dk_, &dv_, &dy_}) LH_RETURN_IF(x->Alloc(N * C));
     LH_RETURN_IF(g_qkv_.Alloc(N * 3 * C));
     LH_RETURN_IF(g_fch_.Alloc(N * 4 * C));
-    LH_RETURN_IF(datt_.Alloc(static_cast<size_t>(B_) * NH * T_ * T_));
-    for (auto* x : {&tokens_, &targets_, &prefix_}) LH_RETURN_IF(x->Alloc(N));
-    LH_RETURN_IF(weight_.Alloc(N));
+    LH_RETURN_IF(datt_.Alloc(att));
+    LH_RETURN_IF(ln_scratch_.Alloc(2 * cuda::kLayerNormChunks * C));
     if (spec_.has_head) {
-      LH_RETURN_IF(lnf_.Alloc(N * C));
-      for (auto* x : {&meanf_, &rstdf_, &losses_}) LH_RETURN_IF(x->Alloc(N));
-      LH_RETURN_IF(logits_.Alloc(N * V));
+      LH_RETURN_IF(losses_.Alloc(N));
+      LH_RETURN_IF(losses_host_.Alloc(N));
       LH_RETURN_IF(dlogits_.Alloc(N * V));
     }
     LH_RETURN_IF(norm_partial_.Alloc(1024));
     LH_RETURN_IF(norm_.Alloc(1));
+    LH_RETURN_IF(output_free_.Create());
+    LH_RETURN_IF(grad_free_.Create());
+    std::vector<float> init(P);
+    InitGpt2Params(cfg_, layout_, o_.seed, init.data());
+    LH_RETURN_IF(SetParams(0, init.data(), P));
     return ZeroGrads();
   }
 
   // Refuses before allocating when the device's free memory cannot hold the stage.
-  absl::Status CheckDeviceMemory(int device) const {
+  absl::Status CheckDeviceMemory() const {
     size_t free_bytes = 0, total_bytes = 0;
     LH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     StageMemoryRequest req;
@@ -114,121 +149,169 @@ class Stage final : public CudaStage {
     req.spec = spec_;
     req.B = B_;
     req.T = T_;
+    req.recompute = o_.recompute;
+    req.activation_slots = o_.slots;
     req.backend = Backend::kCuda;
-    req.precision = precision_;
+    req.precision = o_.precision;
     const MemoryEstimate need = EstimateStage(req);
     if (need.total() <= static_cast<double>(free_bytes)) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the stage needs about ", need.ToString(), " of device memory but cuda:", device, " has ",
+        "the stage needs about ", need.ToString(), " of device memory but cuda:", o_.device, " has ",
         FormatBytes(static_cast<double>(free_bytes)), " free of ", FormatBytes(static_cast<double>(total_bytes)),
-        ": lower train.micro_batch_size or train.seq_len, compute in train.precision = \"bf16\", or use a smaller "
-        "model"));
+        ": lower train.micro_batch_size or train.seq_len, set train.recompute = true, compute in train.precision = "
+        "\"bf16\", or use more stages"));
   }
 
   const ParamLayout& layout() const override { return layout_; }
-  size_t num_params() const override { return layout_.total(); }
-  Precision precision() const override { return precision_; }
+  const StageSpec& spec() const override { return spec_; }
+  std::string Describe() const override {
+    return absl::StrFormat("cuda:%d (%s), %s, %d slot%s%s", o_.device, device_name_, PrecisionName(o_.precision),
+                           o_.slots, o_.slots == 1 ? "" : "s", o_.recompute ? ", recompute" : "");
+  }
+  int slots() const override { return o_.slots; }
+  bool queues_work() const override { return true; }
+  Precision precision() const override { return o_.precision; }
 
-  absl::Status InitParams(uint64_t seed) override {
-    std::vector<float> host(layout_.total());
-    InitGpt2Params(cfg_, layout_, seed, host.data());
-    return UploadParams(host.data());
-  }
-  absl::Status UploadParams(const float* host) override {
-    LH_CUDA(cudaMemcpy(params_.p, host, params_.n * 4, cudaMemcpyHostToDevice), "upload parameters");
-    RefreshWeights();
-    return Check(cudaDeviceSynchronize(), "upload parameters");
-  }
-  absl::Status DownloadParams(float* host) override {
-    return Check(cudaMemcpy(host, params_.p, params_.n * 4, cudaMemcpyDeviceToHost), "download parameters");
-  }
-  absl::Status DownloadGrads(float* host) override {
-    LH_CUDA(cudaMemcpy(host, grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost), "download gradients");
-    if (loss_scale_ != 1.0f)
-      for (size_t i = 0; i < grads_.n; ++i) host[i] /= loss_scale_;
-    return absl::OkStatus();
-  }
-  absl::Status DownloadProbs(float* host) override {
-    return Check(cudaMemcpy(host, logits_.p, logits_.n * 4, cudaMemcpyDeviceToHost), "download probabilities");
-  }
-  absl::Status ZeroGrads() override { return Check(cudaMemset(grads_.p, 0, grads_.n * 4), "zero gradients"); }
-  absl::Status DownloadOptimizerState(float* m, float* v) override {
-    LH_CUDA(cudaMemcpy(m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost), "download moments");
-    return Check(cudaMemcpy(v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost), "download moments");
-  }
-  absl::Status UploadOptimizerState(const float* m, const float* v) override {
-    LH_CUDA(cudaMemcpy(m_.p, m, m_.n * 4, cudaMemcpyHostToDevice), "upload moments");
-    return Check(cudaMemcpy(v_.p, v, v_.n * 4, cudaMemcpyHostToDevice), "upload moments");
+  absl::Status ZeroGrads() override {
+    return Check(cudaMemsetAsync(grads_.p, 0, grads_.n * 4, stream_), "zero gradients");
   }
 
-  absl::StatusOr<float> Forward(const MicroBatch& mb, const float* host_input, float* host_output) override {
+  absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
+    LH_RETURN_IF(CheckSlot(slot));
+    Slot<T>& s = slots_[slot];
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
-    LH_RETURN_IF(UploadBatch(mb));
-    const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? prefix_.p : nullptr;
+    const long NC = static_cast<long>(N) * C;
+    LH_RETURN_IF(UploadBatch(s, mb));
     if (spec_.has_embedding) {
-      cuda::EmbeddingForward(0, x0_.p, tokens_.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
+      cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
     } else {
-      LH_CUDA(cudaMemcpy(boundary_.p, host_input, static_cast<size_t>(N) * C * 4, cudaMemcpyHostToDevice), "input");
-      cuda::Cast(0, x0_.p, boundary_.p, static_cast<long>(N) * C);
+      LH_CUDA(cudaMemcpyAsync(input_.p, input, NC * 4, cudaMemcpyHostToDevice, stream_), "input");
+      cuda::Cast(stream_, s.x0.p, input_.p, NC);
     }
-    for (int l = spec_.first_block; l < spec_.end_block; ++l) BlockForward(l, BlockInput(l), blocks_[l - spec_.first_block], prefix);
-    const T* x = BlockInput(spec_.end_block);
-    float loss = 0.0f;
-    if (spec_.has_head) {
-      cuda::LayerNormForward(0, lnf_.p, meanf_.p, rstdf_.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N, C);
-      cuda::HeadForward(blas_, logits_.p, lnf_.p, HeadW(), N, C, V);
-      cuda::CrossEntropyForward(0, logits_.p, losses_.p, targets_.p, N, V);
-      std::vector<float> losses(N);
-      LH_CUDA(cudaMemcpy(losses.data(), losses_.p, N * 4, cudaMemcpyDeviceToHost), "losses");
-      double num = 0, den = 0;
-      for (int n = 0; n < N; ++n) num += static_cast<double>(mb.loss_weight[n]) * losses[n], den += mb.loss_weight[n];
-      loss = den > 0 ? static_cast<float>(num / den) : 0.0f;
-    } else {
-      cuda::CastToFloat(0, boundary_.p, x, static_cast<long>(N) * C);
-      LH_CUDA(cudaMemcpy(host_output, boundary_.p, static_cast<size_t>(N) * C * 4, cudaMemcpyDeviceToHost), "output");
+    const int* prefix = Prefix(s);
+    for (int l = spec_.first_block; l < spec_.end_block; ++l) {
+      BlockActs<T>& a = Acts(s, l);
+      BlockForward(l, BlockInput(s, l), a, prefix, o_.recompute ? s.inputs[l - spec_.first_block].p : a.out.p);
     }
-    LH_CUDA(cudaGetLastError(), "forward");
-    return loss;
+    const T* x = BlockInput(s, spec_.end_block);
+    if (!spec_.has_head) {
+      // boundary_ is free once the last output's copy to the host is done.
+      LH_CUDA(cudaStreamWaitEvent(stream_, output_free_.e, 0), "wait for the output copy");
+      cuda::CastToFloat(stream_, boundary_.p, x, NC);
+      LH_RETURN_IF(CopyToHost(s.output.p, boundary_.p, NC, s.output_copied, output_free_));
+      return 0.0f;
+    }
+    cuda::LayerNormForward(stream_, s.lnf.p, s.meanf.p, s.rstdf.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N, C);
+    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadW(), N, C, V);
+    cuda::CrossEntropyForward(stream_, s.logits.p, losses_.p, s.targets.p, N, V);
+    LH_CUDA(cudaMemcpyAsync(losses_host_.p, losses_.p, N * 4, cudaMemcpyDeviceToHost, stream_), "losses");
+    LH_CUDA(cudaStreamSynchronize(stream_), "forward");
+    double num = 0, den = 0;
+    for (int n = 0; n < N; ++n) num += static_cast<double>(mb.loss_weight[n]) * losses_host_.p[n], den += mb.loss_weight[n];
+    return den > 0 ? static_cast<float>(num / den) : 0.0f;
   }
 
-  absl::Status Backward(const MicroBatch& mb, const float* host_grad_out, float loss_scale, float* host_grad_in) override {
+  absl::StatusOr<const float*> Output(int slot) override {
+    LH_RETURN_IF(CheckSlot(slot));
+    if (spec_.has_head) return absl::FailedPreconditionError("the last stage has no output to send");
+    LH_CUDA(cudaEventSynchronize(slots_[slot].output_copied.e), "output copy");
+    return slots_[slot].output.p;
+  }
+
+  absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
+    LH_RETURN_IF(CheckSlot(slot));
+    Slot<T>& s = slots_[slot];
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
-    const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? prefix_.p : nullptr;
+    const long NC = static_cast<long>(N) * C;
+    // g_ is free once the last input gradient's copy to the host is done.
+    LH_CUDA(cudaStreamWaitEvent(stream_, grad_free_.e, 0), "wait for the gradient copy");
     if (spec_.has_head) {
       double wsum = 0;
       for (float w : mb.loss_weight) wsum += w;
-      const float scale = wsum > 0 ? static_cast<float>(loss_scale * loss_scale_ / wsum) : 0.0f;
-      cuda::CrossEntropyBackward(0, dlogits_.p, logits_.p, targets_.p, weight_.p, scale, N, V);
-      cuda::LinearBackward(blas_, 0, g_ln_.p, HeadG(), static_cast<float*>(nullptr), dlogits_.p, lnf_.p, HeadW(), N, C, V);
-      LH_CUDA(cudaMemset(g_.p, 0, static_cast<size_t>(N) * C * 4), "zero residual gradient");
-      cuda::LayerNormBackward(0, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p, BlockInput(spec_.end_block),
-                              P(layout_.lnf_w()), meanf_.p, rstdf_.p, N, C);
+      const float ce_scale = wsum > 0 ? static_cast<float>(scale * loss_scale_ / wsum) : 0.0f;
+      cuda::CrossEntropyBackward(stream_, dlogits_.p, s.logits.p, s.targets.p, s.weight.p, ce_scale, N, V);
+      cuda::LinearBackward(blas_, stream_, g_ln_.p, HeadG(), static_cast<float*>(nullptr), dlogits_.p, s.lnf.p, HeadW(),
+                           N, C, V);
+      LH_CUDA(cudaMemsetAsync(g_.p, 0, NC * 4, stream_), "zero residual gradient");
+      cuda::LayerNormBackward(stream_, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
+                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, ln_scratch_.p,
+                              N, C);
     } else {
-      LH_CUDA(cudaMemcpy(g_.p, host_grad_out, static_cast<size_t>(N) * C * 4, cudaMemcpyHostToDevice), "grad out");
-      if (loss_scale_ != 1.0f) cuda::Scale(0, g_.p, loss_scale_, static_cast<long>(N) * C);
+      LH_CUDA(cudaMemcpyAsync(g_.p, grad_out, NC * 4, cudaMemcpyHostToDevice, stream_), "grad out");
+      if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, loss_scale_, NC);
     }
-    for (int l = spec_.end_block - 1; l >= spec_.first_block; --l)
-      BlockBackward(l, BlockInput(l), blocks_[l - spec_.first_block], prefix);
+    const int* prefix = Prefix(s);
+    for (int l = spec_.end_block - 1; l >= spec_.first_block; --l) {
+      BlockActs<T>& a = Acts(s, l);
+      if (o_.recompute) BlockForward(l, BlockInput(s, l), a, prefix, a.out.p);
+      BlockBackward(l, BlockInput(s, l), a, prefix);
+    }
     if (spec_.has_embedding) {
-      cuda::EmbeddingBackward(0, G(layout_.wte()), G(layout_.wpe()), g_.p, tokens_.p, B_, T_, C);
-    } else {
-      if (loss_scale_ != 1.0f) cuda::Scale(0, g_.p, 1.0f / loss_scale_, static_cast<long>(N) * C);
-      LH_CUDA(cudaMemcpy(host_grad_in, g_.p, static_cast<size_t>(N) * C * 4, cudaMemcpyDeviceToHost), "grad in");
+      const cuda::TokenGroups groups{s.order.p, s.starts.p, s.distinct_tokens.p, s.distinct};
+      cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_.p, groups, B_, T_, C);
+      return Check(cudaGetLastError(), "backward");
     }
-    return Check(cudaGetLastError(), "backward");
+    // The input gradient leaves unscaled: the previous stage applies its own loss scale.
+    if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, 1.0f / loss_scale_, NC);
+    s.has_input_grad = true;
+    return CopyToHost(s.input_grad.p, g_.p, NC, s.input_grad_copied, grad_free_);
   }
 
-  absl::StatusOr<CudaStepResult> Step(const AdamWConfig& adamw, const LrSchedule& schedule, float grad_clip,
-                                      int64_t step) override {
+  absl::StatusOr<const float*> InputGrad(int slot) override {
+    LH_RETURN_IF(CheckSlot(slot));
+    if (spec_.has_embedding || !slots_[slot].has_input_grad) {
+      return absl::FailedPreconditionError(absl::StrFormat("no input gradient in slot %d", slot));
+    }
+    LH_CUDA(cudaEventSynchronize(slots_[slot].input_grad_copied.e), "input gradient copy");
+    return slots_[slot].input_grad.p;
+  }
+
+  absl::StatusOr<const float*> Params() override {
+    params_host_.resize(params_.n);
+    LH_RETURN_IF(CopySync(params_host_.data(), params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
+    return params_host_.data();
+  }
+  absl::StatusOr<const float*> Grads() override {
+    grads_host_.resize(grads_.n);
+    LH_RETURN_IF(CopySync(grads_host_.data(), grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
+    if (loss_scale_ != 1.0f)
+      for (float& g : grads_host_) g /= loss_scale_;
+    return grads_host_.data();
+  }
+  absl::Status SetParams(size_t begin, const float* values, size_t n) override {
+    if (begin > params_.n || n > params_.n - begin) {
+      return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
+    }
+    LH_RETURN_IF(CopySync(params_.p + begin, values, n * 4, cudaMemcpyHostToDevice, "upload parameters"));
+    RefreshWeights(begin, n);
+    return Check(cudaGetLastError(), "upload parameters");
+  }
+
+  absl::Status AttachOptimizer(const OptimizerSettings& settings) override {
+    optimizer_ = settings;
+    const size_t P = params_.n;
+    for (auto* a : {&m_, &v_}) {
+      if (a->p == nullptr) LH_RETURN_IF(a->Alloc(P));
+      LH_CUDA(cudaMemsetAsync(a->p, 0, P * 4, stream_), "zero moments");
+    }
+    if (decay_.p == nullptr) LH_RETURN_IF(decay_.Alloc(P));
+    std::vector<uint8_t> decay(P, 0);
+    for (const ParamTensor& t : layout_.tensors())
+      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    return CopySync(decay_.p, decay.data(), P, cudaMemcpyHostToDevice, "upload decay flags");
+  }
+
+  absl::StatusOr<OptimizerStepResult> Step(int64_t step) override {
+    LH_RETURN_IF(CheckOptimizer());
     const long P = static_cast<long>(params_.n);
-    cuda::SquaredNorm(0, norm_partial_.p, norm_.p, grads_.p, P);
+    cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, P);
     double sumsq = 0;
-    LH_CUDA(cudaMemcpy(&sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost), "gradient norm");
-    CudaStepResult r;
+    LH_RETURN_IF(CopySync(&sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    OptimizerStepResult r;
     r.grad_norm = std::sqrt(sumsq) / loss_scale_;
-    r.lr = schedule.At(step);
+    r.lr = optimizer_.schedule.At(step);
     if (!std::isfinite(r.grad_norm)) {
-      if (precision_ != Precision::kFp16) {
+      if (o_.precision != Precision::kFp16) {
         return absl::InternalError(absl::StrFormat("step %d: gradient norm is not finite: lower train.lr", step + 1));
       }
       loss_scale_ = std::max(1.0f, loss_scale_ / 2);  // overflow: skip the update, lower the scale
@@ -237,22 +320,67 @@ class Stage final : public CudaStage {
       r.loss_scale = loss_scale_;
       return r;
     }
-    const float factor = ClipFactor(r.grad_norm, grad_clip) / loss_scale_;
-    if (factor != 1.0f) cuda::Scale(0, grads_.p, factor, P);
-    cuda::AdamW(0, params_.p, grads_.p, m_.p, v_.p, decay_.p, r.lr, adamw.beta1, adamw.beta2, adamw.eps,
-                adamw.weight_decay, step + 1, P);
-    RefreshWeights();
-    if (precision_ == Precision::kFp16 && ++good_steps_ % kGrowthInterval == 0) loss_scale_ *= 2;
+    const float factor = ClipFactor(r.grad_norm, optimizer_.grad_clip) / loss_scale_;
+    if (factor != 1.0f) cuda::Scale(stream_, grads_.p, factor, P);
+    const AdamWConfig& a = optimizer_.adamw;
+    cuda::AdamW(stream_, params_.p, grads_.p, m_.p, v_.p, decay_.p, r.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                step + 1, P);
+    RefreshWeights(0, params_.n);
+    if (o_.precision == Precision::kFp16 && ++good_steps_ % kGrowthInterval == 0) loss_scale_ *= 2;
     r.loss_scale = loss_scale_;
-    LH_CUDA(cudaDeviceSynchronize(), "optimizer step");
+    LH_CUDA(cudaStreamSynchronize(stream_), "optimizer step");
     return r;
   }
 
+  absl::Status GetOptimizerState(float* m, float* v) override {
+    LH_RETURN_IF(CheckOptimizer());
+    LH_RETURN_IF(CopySync(m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost, "download moments"));
+    return CopySync(v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost, "download moments");
+  }
+  absl::Status SetOptimizerState(const float* m, const float* v) override {
+    LH_RETURN_IF(CheckOptimizer());
+    LH_RETURN_IF(CopySync(m_.p, m, m_.n * 4, cudaMemcpyHostToDevice, "upload moments"));
+    return CopySync(v_.p, v, v_.n * 4, cudaMemcpyHostToDevice, "upload moments");
+  }
+
+  absl::Status DownloadProbs(int slot, float* host) override {
+    LH_RETURN_IF(CheckSlot(slot));
+    if (!spec_.has_head) return absl::FailedPreconditionError("only the last stage computes probabilities");
+    const DeviceArray<float>& l = slots_[slot].logits;
+    return CopySync(host, l.p, l.n * 4, cudaMemcpyDeviceToHost, "download probabilities");
+  }
+  absl::Status Synchronize() override {
+    LH_CUDA(cudaStreamSynchronize(copy_stream_), "synchronize");
+    return Check(cudaStreamSynchronize(stream_), "synchronize");
+  }
+
  private:
-  struct BlockActs {
-    DeviceArray<T> ln1, qkv, q, k, v, att, y, atty, res2, ln2, fch, fch_gelu, out;
-    DeviceArray<float> mean1, rstd1, mean2, rstd2;
-  };
+  absl::Status CheckSlot(int slot) const {
+    if (slot < 0 || slot >= o_.slots) {
+      return absl::OutOfRangeError(absl::StrFormat("activation slot %d of a stage with %d", slot, o_.slots));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status CheckOptimizer() const {
+    if (m_.p == nullptr) return absl::FailedPreconditionError("the stage has no optimizer: call AttachOptimizer first");
+    return absl::OkStatus();
+  }
+
+  // A copy ordered after everything queued on the compute stream, waited for.
+  absl::Status CopySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
+    LH_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
+    return Check(cudaStreamSynchronize(stream_), what);
+  }
+  // n floats from `src` (device) to pinned `dst` on the copy stream once the compute stream gets
+  // there; `done` marks the copy's end for the host, `src_free` for the compute stream.
+  absl::Status CopyToHost(float* dst, const float* src, long n, Event& done, Event& src_free) {
+    LH_CUDA(cudaEventRecord(src_free.e, stream_), "record");
+    LH_CUDA(cudaStreamWaitEvent(copy_stream_, src_free.e, 0), "wait");
+    LH_CUDA(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, copy_stream_), "copy to host");
+    LH_CUDA(cudaEventRecord(done.e, copy_stream_), "record");
+    LH_CUDA(cudaEventRecord(src_free.e, copy_stream_), "record");
+    return Check(cudaGetLastError(), "forward or backward");
+  }
 
   const float* P(int t) const { return params_.p + layout_.tensors()[t].offset; }
   float* G(int t) { return grads_.p + layout_.tensors()[t].offset; }
@@ -266,125 +394,168 @@ class Stage final : public CudaStage {
   }
   const T* HeadW() const { return W(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
   float* HeadG() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
-  const T* BlockInput(int l) const {
-    return l == spec_.first_block ? x0_.p : blocks_[l - 1 - spec_.first_block].out.p;
+  const int* Prefix(const Slot<T>& s) const {
+    return cfg_.attention == AttentionMask::kPrefixLm ? s.prefix.p : nullptr;
   }
-  void RefreshWeights() {
-    if constexpr (!std::is_same_v<T, float>) cuda::Cast(0, weights_.p, params_.p, static_cast<long>(params_.n));
+  // Block l's activations: the slot's own, or with recompute the one scratch set rebuilt per block.
+  BlockActs<T>& Acts(Slot<T>& s, int l) { return o_.recompute ? scratch_ : s.blocks[l - spec_.first_block]; }
+  // The input of block l (l = end_block: the stage's last block's output).
+  const T* BlockInput(const Slot<T>& s, int l) const {
+    if (l == spec_.first_block) return s.x0.p;
+    const int i = l - 1 - spec_.first_block;
+    return o_.recompute ? s.inputs[i].p : s.blocks[i].out.p;
+  }
+  void RefreshWeights(size_t begin, size_t n) {
+    if constexpr (!std::is_same_v<T, float>) cuda::Cast(stream_, weights_.p + begin, params_.p + begin, static_cast<long>(n));
   }
 
-  absl::Status UploadBatch(const MicroBatch& mb) {
+  absl::Status UploadBatch(Slot<T>& s, const MicroBatch& mb) {
     const size_t N = static_cast<size_t>(B_) * T_;
-    LH_CUDA(cudaMemcpy(tokens_.p, mb.tokens.data(), N * 4, cudaMemcpyHostToDevice), "tokens");
-    LH_CUDA(cudaMemcpy(targets_.p, mb.targets.data(), N * 4, cudaMemcpyHostToDevice), "targets");
-    LH_CUDA(cudaMemcpy(weight_.p, mb.loss_weight.data(), N * 4, cudaMemcpyHostToDevice), "loss weights");
-    return Check(cudaMemcpy(prefix_.p, mb.prefix_len.data(), B_ * 4, cudaMemcpyHostToDevice), "prefix lengths");
+    if (mb.tokens.size() != N || mb.targets.size() != N || mb.loss_weight.size() != N ||
+        mb.prefix_len.size() != static_cast<size_t>(B_)) {
+      return absl::InvalidArgumentError(absl::StrFormat("a micro-batch of %d tokens for a stage of %d x %d",
+                                                        mb.tokens.size(), B_, T_));
+    }
+    // Pageable sources: each call returns once its source is staged, so `mb` may go right after.
+    LH_CUDA(cudaMemcpyAsync(s.tokens.p, mb.tokens.data(), N * 4, cudaMemcpyHostToDevice, stream_), "tokens");
+    LH_CUDA(cudaMemcpyAsync(s.targets.p, mb.targets.data(), N * 4, cudaMemcpyHostToDevice, stream_), "targets");
+    LH_CUDA(cudaMemcpyAsync(s.weight.p, mb.loss_weight.data(), N * 4, cudaMemcpyHostToDevice, stream_), "weights");
+    LH_CUDA(cudaMemcpyAsync(s.prefix.p, mb.prefix_len.data(), B_ * 4, cudaMemcpyHostToDevice, stream_), "prefixes");
+    if (!spec_.has_embedding) return absl::OkStatus();
+    // Positions grouped by token, for the embedding's backward without atomics.
+    std::vector<int> order(N), starts, distinct;
+    for (size_t i = 0; i < N; ++i) order[i] = static_cast<int>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return mb.tokens[a] < mb.tokens[b]; });
+    for (size_t k = 0; k < N; ++k) {
+      if (k == 0 || mb.tokens[order[k]] != mb.tokens[order[k - 1]]) {
+        starts.push_back(static_cast<int>(k));
+        distinct.push_back(mb.tokens[order[k]]);
+      }
+    }
+    starts.push_back(static_cast<int>(N));
+    s.distinct = static_cast<int>(distinct.size());
+    LH_CUDA(cudaMemcpyAsync(s.order.p, order.data(), N * 4, cudaMemcpyHostToDevice, stream_), "token order");
+    LH_CUDA(cudaMemcpyAsync(s.starts.p, starts.data(), starts.size() * 4, cudaMemcpyHostToDevice, stream_), "tokens");
+    return Check(cudaMemcpyAsync(s.distinct_tokens.p, distinct.data(), distinct.size() * 4, cudaMemcpyHostToDevice,
+                                 stream_),
+                 "distinct tokens");
   }
 
-  void Attention(BlockActs& a, const int* prefix) {
+  void Attention(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
     const long sh = static_cast<long>(T_) * hs, st = static_cast<long>(T_) * T_;
-    cuda::SplitHeads(0, a.q.p, a.k.p, a.v.p, a.qkv.p, B_, T_, C, NH);
+    cuda::SplitHeads(stream_, a.q.p, a.k.p, a.v.p, a.qkv.p, B_, T_, C, NH);
     cuda::BatchedGemm(blas_, false, true, T_, T_, hs, 1.0f, a.q.p, sh, a.k.p, sh, 0.0f, a.att.p, st, BH);
-    cuda::MaskedSoftmaxForward(0, a.att.p, prefix, 1.0f / std::sqrt(static_cast<float>(hs)), B_, NH, T_);
+    cuda::MaskedSoftmaxForward(stream_, a.att.p, prefix, 1.0f / std::sqrt(static_cast<float>(hs)), B_, NH, T_);
     cuda::BatchedGemm(blas_, false, false, T_, hs, T_, 1.0f, a.att.p, st, a.v.p, sh, 0.0f, a.y.p, sh, BH);
-    cuda::MergeHeads(0, a.atty.p, a.y.p, B_, T_, C, NH);
+    cuda::MergeHeads(stream_, a.atty.p, a.y.p, B_, T_, C, NH);
   }
 
-  void AttentionBackward(BlockActs& a, const int* prefix) {
+  void AttentionBackward(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
     const long sh = static_cast<long>(T_) * hs, st = static_cast<long>(T_) * T_;
-    cuda::MergeHeadsBackward(0, dy_.p, g_atty_.p, B_, T_, C, NH);
+    cuda::MergeHeadsBackward(stream_, dy_.p, g_atty_.p, B_, T_, C, NH);
     cuda::BatchedGemm(blas_, false, true, T_, T_, hs, 1.0f, dy_.p, sh, a.v.p, sh, 0.0f, datt_.p, st, BH);
     cuda::BatchedGemm(blas_, true, false, T_, hs, T_, 1.0f, a.att.p, st, dy_.p, sh, 0.0f, dv_.p, sh, BH);
-    cuda::MaskedSoftmaxBackward(0, datt_.p, a.att.p, prefix, 1.0f / std::sqrt(static_cast<float>(hs)), B_, NH, T_);
+    cuda::MaskedSoftmaxBackward(stream_, datt_.p, a.att.p, prefix, 1.0f / std::sqrt(static_cast<float>(hs)), B_, NH, T_);
     cuda::BatchedGemm(blas_, false, false, T_, hs, T_, 1.0f, datt_.p, st, a.k.p, sh, 0.0f, dq_.p, sh, BH);
     cuda::BatchedGemm(blas_, true, false, T_, hs, T_, 1.0f, datt_.p, st, a.q.p, sh, 0.0f, dk_.p, sh, BH);
-    cuda::SplitHeadsBackward(0, g_qkv_.p, dq_.p, dk_.p, dv_.p, B_, T_, C, NH);
+    cuda::SplitHeadsBackward(stream_, g_qkv_.p, dq_.p, dk_.p, dv_.p, B_, T_, C, NH);
   }
 
-  void BlockForward(int l, const T* x, BlockActs& a, const int* prefix) {
+  // x (N, C) -> out (N, C), keeping what the backward needs in `a`.
+  void BlockForward(int l, const T* x, BlockActs<T>& a, const int* prefix, T* out) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
-    cuda::LayerNormForward(0, a.ln1.p, a.mean1.p, a.rstd1.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
-    cuda::LinearForward(blas_, 0, a.qkv.p, a.ln1.p, W(w.qkv_w), P(w.qkv_b), N, C, 3 * C, false);
+    cuda::LayerNormForward(stream_, a.ln1.p, a.mean1.p, a.rstd1.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
+    cuda::LinearForward(blas_, stream_, a.qkv.p, a.ln1.p, W(w.qkv_w), P(w.qkv_b), N, C, 3 * C, false);
     Attention(a, prefix);
-    cudaMemcpyAsync(a.res2.p, x, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, 0);
-    cuda::LinearForward(blas_, 0, a.res2.p, a.atty.p, W(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
-    cuda::LayerNormForward(0, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
-    cuda::LinearForward(blas_, 0, a.fch.p, a.ln2.p, W(w.fc_w), P(w.fc_b), N, C, 4 * C, false);
-    cuda::GeluForward(0, a.fch_gelu.p, a.fch.p, static_cast<long>(N) * 4 * C);
-    cudaMemcpyAsync(a.out.p, a.res2.p, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, 0);
-    cuda::LinearForward(blas_, 0, a.out.p, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
+    cudaMemcpyAsync(a.res2.p, x, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
+    cuda::LinearForward(blas_, stream_, a.res2.p, a.atty.p, W(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
+    cuda::LayerNormForward(stream_, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
+    cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), P(w.fc_b), N, C, 4 * C, false);
+    cuda::GeluForward(stream_, a.fch_gelu.p, a.fch.p, static_cast<long>(N) * 4 * C);
+    cudaMemcpyAsync(out, a.res2.p, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
+    cuda::LinearForward(blas_, stream_, out, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
   }
 
   // g_ (N, C) fp32: ∂L/∂block output on entry, ∂L/∂block input on exit.
-  void BlockBackward(int l, const T* x, BlockActs& a, const int* prefix) {
+  void BlockBackward(int l, const T* x, BlockActs<T>& a, const int* prefix) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
     const long NC = static_cast<long>(N) * C;
-    cuda::Cast(0, gT_.p, g_.p, NC);
-    cuda::LinearBackward(blas_, 0, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), gT_.p, a.fch_gelu.p, W(w.fc_proj_w), N,
-                         4 * C, C);
-    cuda::GeluBackward(0, g_fch_.p, a.fch.p, static_cast<long>(N) * 4 * C);
-    cuda::LinearBackward(blas_, 0, g_ln_.p, G(w.fc_w), G(w.fc_b), g_fch_.p, a.ln2.p, W(w.fc_w), N, C, 4 * C);
-    cuda::LayerNormBackward(0, g_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.mean2.p, a.rstd2.p, N, C);
-    cuda::Cast(0, gT_.p, g_.p, NC);
-    cuda::LinearBackward(blas_, 0, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), gT_.p, a.atty.p, W(w.attn_proj_w), N,
-                         C, C);
+    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::LinearBackward(blas_, stream_, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), gT_.p, a.fch_gelu.p,
+                         W(w.fc_proj_w), N, 4 * C, C);
+    cuda::GeluBackward(stream_, g_fch_.p, a.fch.p, static_cast<long>(N) * 4 * C);
+    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.fc_w), G(w.fc_b), g_fch_.p, a.ln2.p, W(w.fc_w), N, C, 4 * C);
+    cuda::LayerNormBackward(stream_, g_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.mean2.p, a.rstd2.p,
+                            ln_scratch_.p, N, C);
+    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::LinearBackward(blas_, stream_, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), gT_.p, a.atty.p,
+                         W(w.attn_proj_w), N, C, C);
     AttentionBackward(a, prefix);
-    cuda::LinearBackward(blas_, 0, g_ln_.p, G(w.qkv_w), G(w.qkv_b), g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C, 3 * C);
-    cuda::LayerNormBackward(0, g_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.mean1.p, a.rstd1.p, N, C);
+    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.qkv_w), G(w.qkv_b), g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C, 3 * C);
+    cuda::LayerNormBackward(stream_, g_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.mean1.p, a.rstd1.p,
+                            ln_scratch_.p, N, C);
   }
 
   ModelConfig cfg_;
   StageSpec spec_;
   ParamLayout layout_;
+  Options o_;
   int B_, T_;
-  Precision precision_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  OptimizerSettings optimizer_;
   float loss_scale_ = std::is_same_v<T, __half> ? 65536.0f : 1.0f;
   int64_t good_steps_ = 0;
 
-  DeviceArray<float> params_, grads_, m_, v_;
+  DeviceArray<float> params_, grads_, m_, v_;  // m_, v_ once an optimizer is attached
   DeviceArray<uint8_t> decay_;
   DeviceArray<T> weights_;  // compute copy of params_ (not allocated for fp32)
-  std::vector<BlockActs> blocks_;
-  DeviceArray<T> x0_, gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, lnf_, dlogits_;
-  DeviceArray<float> boundary_, g_, meanf_, rstdf_, logits_, losses_, weight_, norm_partial_;
+  std::vector<float> params_host_, grads_host_;
+  std::vector<Slot<T>> slots_;
+  BlockActs<T> scratch_;  // with recompute
+  DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
+  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, ln_scratch_;  // boundary_: the output
+  PinnedArray losses_host_;
+  Event output_free_, grad_free_;  // boundary_ and g_ may be written again
   DeviceArray<double> norm_;
-  DeviceArray<int> tokens_, targets_, prefix_;
 };
 
 template <typename T>
-absl::StatusOr<std::unique_ptr<CudaStage>> Make(const ModelConfig& cfg, const StageSpec& spec, int B, int Tn,
-                                                Precision precision, int device) {
-  auto stage = std::make_unique<Stage<T>>(cfg, spec, B, Tn, precision);
-  if (absl::Status st = stage->Init(device); !st.ok()) return st;
+absl::StatusOr<std::unique_ptr<CudaStage>> Make(const ModelConfig& cfg, const StageSpec& spec,
+                                                const CudaStage::Options& o) {
+  auto stage = std::make_unique<StageImpl<T>>(cfg, spec, o);
+  if (absl::Status st = stage->Init(); !st.ok()) return st;
   return std::unique_ptr<CudaStage>(std::move(stage));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
-                                                             Precision precision, int device) {
+absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(const ModelConfig& cfg, const StageSpec& spec,
+                                                             const Options& o) {
   if (absl::Status s = cfg.Validate(); !s.ok()) return s;
   if (absl::Status s = spec.Validate(cfg); !s.ok()) return s;
+  if (o.slots < 1) return absl::InvalidArgumentError(absl::StrFormat("a stage needs at least one slot, not %d", o.slots));
+  const int device = o.device;
   std::string why;
   const int devices = CudaDeviceCount(&why);
   if (device < 0 || device >= devices) {
     return absl::FailedPreconditionError(
-        devices == 0 ? absl::StrCat("backend cuda:", device, " asked for, but ", why, "; use train.backend = \"cpu\"")
+        devices == 0 ? absl::StrCat("backend cuda:", device, " asked for, but ", why, "; use the \"cpu\" backend (train.backend, cluster.stage_backends or worker --backend)")
                      : absl::StrFormat("backend cuda:%d asked for, but this machine has %d CUDA devices", device,
                                        devices));
   }
-  switch (precision) {
+  switch (o.precision) {
     case Precision::kFp32:
-      return Make<float>(cfg, spec, B, T, precision, device);
+      return Make<float>(cfg, spec, o);
     case Precision::kBf16:
-      return Make<__nv_bfloat16>(cfg, spec, B, T, precision, device);
+      return Make<__nv_bfloat16>(cfg, spec, o);
     case Precision::kFp16:
-      return Make<__half>(cfg, spec, B, T, precision, device);
+      return Make<__half>(cfg, spec, o);
   }
   return absl::InvalidArgumentError("unknown precision");
 }

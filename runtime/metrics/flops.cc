@@ -5,9 +5,16 @@
 namespace longhaul {
 
 double ModelFlopsPerIteration(const ModelConfig& cfg, int64_t sequences, int seq_len, bool recompute) {
-  const double B = static_cast<double>(sequences), s = seq_len, l = cfg.n_layer, h = cfg.d_model, V = cfg.vocab_size;
-  const double factor = recompute ? 96.0 : 72.0, vocab_div = recompute ? 16.0 : 12.0;
-  return factor * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (vocab_div * l * h));
+  return cfg.n_layer * BlockFlops(cfg, sequences, seq_len, recompute) + HeadFlops(cfg, sequences, seq_len);
+}
+
+double BlockFlops(const ModelConfig& cfg, int64_t sequences, int seq_len, bool recompute) {
+  const double B = static_cast<double>(sequences), s = seq_len, h = cfg.d_model;
+  return (recompute ? 96.0 : 72.0) * B * s * h * h * (1.0 + s / (6.0 * h));
+}
+
+double HeadFlops(const ModelConfig& cfg, int64_t sequences, int seq_len) {
+  return 6.0 * static_cast<double>(sequences) * seq_len * cfg.d_model * cfg.vocab_size;
 }
 
 const char* FlopsFormulaName(bool recompute) {

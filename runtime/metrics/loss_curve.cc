@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/atomic_file.h"
 
 namespace longhaul {
 
@@ -72,15 +73,7 @@ absl::Status WriteLossCurveSvg(const std::string& path, const std::vector<LossPo
                                           L, Y(floor), W - R, Y(floor)));
   }
   absl::StrAppend(&svg, polyline(train, "#1f77b4"), polyline(val, "#ff7f0e"), "</svg>\n");
-  // Written aside and renamed: a browser reloading the file mid-run never sees half of it.
-  const std::string tmp = path + ".tmp";
-  std::ofstream f(tmp, std::ios::trunc);
-  f << svg;
-  if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  return absl::OkStatus();
+  return WriteFileAtomically(path, svg);
 }
 
 }  // namespace longhaul

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "metrics/loss_curve.h"
+#include "util/atomic_file.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -129,17 +130,10 @@ absl::StatusOr<MetricsLog> MetricsLog::Resume(const std::string& path, int64_t s
 }
 
 absl::StatusOr<MetricsLog> MetricsLog::Start(const std::string& path, std::vector<MetricsRow> rows) {
-  // Written aside and renamed, so an interruption here leaves the previous file whole.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << MetricsHeader() << "\n";
-    for (const MetricsRow& r : rows) f << FormatRow(r);
-    if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  // Rewritten whole, so an interruption here leaves the previous file whole.
+  std::string text = MetricsHeader() + "\n";
+  for (const MetricsRow& r : rows) text += FormatRow(r);
+  if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) return s;
   MetricsLog log;
   log.path_ = path;
   log.rows_ = std::move(rows);

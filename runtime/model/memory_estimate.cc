@@ -93,14 +93,18 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   e.Add("gradients", 4 * P);
   e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
   // Per block: ln1, atty, res2, ln2, out, q, k, v, y (1 each), qkv (3), fch, fch_gelu (4 each)
-  // = 20 NC, the attention probabilities, and four fp32 statistics.
-  double acts = blocks * (t * (20 * N * C + att) + 4 * 4 * N) + t * N * C;  // + x0
-  if (r.spec.has_head) acts += t * N * C + 4 * 3 * N + 4 * N * V;        // lnf, statistics and losses, logits
-  e.Add("activations", acts);  // one micro-batch at a time
-  // boundary, g (fp32); gT, g_ln, g_atty, dq, dk, dv, dy (1 each), g_qkv (3), g_fch (4); datt;
-  // tokens, targets, prefix, weights; dlogits; the norm's partial sums.
-  e.Add("backward scratch", 8 * N * C + t * (14 * N * C + att) + 16 * N + (r.spec.has_head ? t * N * V : 0) +
-                                1024 * 4 + 8);
+  // = 20 NC, the attention probabilities, and four fp32 statistics. Each slot holds them for every
+  // block, or with recompute only each block's input.
+  const double block_acts = t * (20 * N * C + att) + 4 * 4 * N;
+  // + x0, and the micro-batch's tokens, targets, loss weights and the token grouping (6 ints per position)
+  double slot = (r.recompute ? blocks * t * N * C : blocks * block_acts) + t * N * C + 6 * 4 * N;
+  if (r.spec.has_head) slot += t * N * C + 4 * 3 * N + 4 * N * V;  // lnf, statistics and losses, logits
+  e.Add("activations", r.activation_slots * slot);
+  // input, output and g (fp32); gT, g_ln, g_atty, dq, dk, dv, dy (1 each), g_qkv (3), g_fch (4);
+  // datt; losses; dlogits; the norm's partial sums; with recompute, one block's activations
+  // rebuilt during backward.
+  e.Add("backward scratch", 12 * N * C + t * (14 * N * C + att) + 16 * N + (r.spec.has_head ? t * N * V : 0) +
+                                1024 * 4 + 8 + (r.recompute && blocks > 0 ? block_acts : 0));
   e.Add("cuBLAS workspace", 64.0 * (1 << 20));
   return e;
 }

@@ -6,13 +6,20 @@
 //
 // A stage keeps `slots()` micro-batches between their forward and their backward (a schedule asks
 // for as many as it needs); boundary tensors, (B, T, C) fp32, enter and leave through host memory.
+//
+// In one process (one stage, one replica) the stage is the only parameter server of its own
+// parameters: AttachOptimizer gives it AdamW moments where the parameters live (device memory for
+// CUDA), so a step never moves the model across the bus. In a cluster the parameter-server shards
+// (runtime/ps) step instead, and a stage holds no moments.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "data/micro_batch.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
+#include "optim/optimizer_settings.h"
 
 namespace longhaul {
 
@@ -25,6 +32,10 @@ class Stage {
   // Backend, device or threads, precision: for progress lines.
   virtual std::string Describe() const = 0;
   virtual int slots() const = 0;
+  // Forward and Backward return once their work is queued (a device backend): Output and
+  // InputGrad wait for it, so whoever asks for them after queuing the next micro-batch's compute
+  // overlaps the copy with that compute.
+  virtual bool queues_work() const { return false; }
   size_t num_params() const { return layout().total(); }
 
   virtual absl::Status ZeroGrads() = 0;
@@ -34,17 +45,27 @@ class Stage {
   // The (B, T, C) output of the slot's forward on a non-last stage, valid until the next Forward
   // into that slot.
   virtual absl::StatusOr<const float*> Output(int slot) = 0;
-  // Backward of the micro-batch in `slot`, adding its parameter gradients scaled by `scale`; the
-  // last stage starts from its loss, the others from `grad_out` (B, T, C). Returns the gradient of
-  // the stage's input (B, T, C), valid until the next Backward, or null on the first stage.
-  virtual absl::StatusOr<const float*> Backward(int slot, const MicroBatch& mb, const float* grad_out,
-                                                float scale) = 0;
+  // Backward of the micro-batch in `slot`, adding its parameter gradients: the last stage starts
+  // from `scale` times its loss, the others from `grad_out` (B, T, C), which already carries it.
+  virtual absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) = 0;
+  // The gradient of the stage's input (B, T, C) from the slot's backward on a non-first stage,
+  // valid until the next Backward into that slot.
+  virtual absl::StatusOr<const float*> InputGrad(int slot) = 0;
 
   // The flat parameters and gradients, in host memory, valid until the stage next changes them.
   virtual absl::StatusOr<const float*> Params() = 0;
   virtual absl::StatusOr<const float*> Grads() = 0;
   // Overwrites parameters [begin, begin + n) of the flat buffer.
   virtual absl::Status SetParams(size_t begin, const float* values, size_t n) = 0;
+
+  // Makes the stage step its own parameters: allocates zeroed AdamW moments.
+  virtual absl::Status AttachOptimizer(const OptimizerSettings& settings) = 0;
+  // Clips the gradients' global norm and applies AdamW at the scheduled rate of optimizer step
+  // `step` (0-based). Under fp16 loss scaling an overflowing step is skipped and says so.
+  virtual absl::StatusOr<OptimizerStepResult> Step(int64_t step) = 0;
+  // The AdamW moments laid out by layout(), for checkpoints.
+  virtual absl::Status GetOptimizerState(float* m, float* v) = 0;
+  virtual absl::Status SetOptimizerState(const float* m, const float* v) = 0;
 };
 
 }  // namespace longhaul

@@ -7,17 +7,13 @@
 #include "model/gpt_stage.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "optim/optimizer_settings.h"
 
 namespace longhaul {
 
 // Zeroes the gradients, runs forward and backward of every micro-batch (each scaled by 1/M) and
 // returns the mean micro-batch loss. The stage must hold the whole model.
 double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches);
-
-struct OptimizerStepResult {
-  double grad_norm = 0;  // before clipping
-  float lr = 0;
-};
 
 // Clips the global gradient norm to grad_clip, then applies AdamW at the scheduled rate of
 // optimizer step `step` (0-based).

@@ -1,20 +1,19 @@
 #include "ps/ps_shard.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "optim/grad_clip.h"
 
 namespace longhaul {
 
-PsShard::PsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard, int first_tensor,
-                 int end_tensor, int replicas)
+PsShard::PsShard(const ParamLayout& stage_layout, int stage, int shard, int first_tensor, int end_tensor,
+                 int replicas)
     : stage_(stage),
       shard_(shard),
       replicas_(replicas),
       begin_(stage_layout.Range(first_tensor, end_tensor).first),
-      layout_(stage_layout.Slice(first_tensor, end_tensor)),
-      params_(layout_.total()),
-      grads_(layout_.total()),
-      adamw_(cfg, layout_) {}
+      layout_(stage_layout.Slice(first_tensor, end_tensor)) {}
 
 absl::Status PsShard::AddReplicaGradient(int replica, const std::vector<float>& grad) {
   if (replica != next_replica_) {
@@ -23,17 +22,13 @@ absl::Status PsShard::AddReplicaGradient(int replica, const std::vector<float>& 
         "summed in replica order)",
         stage_, shard_, replica, next_replica_));
   }
-  if (grad.size() != grads_.size()) {
+  if (grad.size() != size()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "parameter server of stage %d shard %d: replica %d pushed %d gradient values, the shard holds %d: every "
         "process of the job must run the same config and longhaul build",
-        stage_, shard_, replica, grad.size(), grads_.size()));
+        stage_, shard_, replica, grad.size(), size()));
   }
-  if (replica == 0) {
-    grads_ = grad;
-  } else {
-    for (size_t i = 0; i < grads_.size(); ++i) grads_[i] += grad[i];
-  }
+  if (absl::Status s = Accumulate(replica == 0, grad); !s.ok()) return s;
   next_replica_ = replica + 1;
   return absl::OkStatus();
 }
@@ -44,12 +39,59 @@ absl::StatusOr<double> PsShard::AveragedSquaredNorm() {
         "parameter server of stage %d shard %d: the norm needs all %d replicas' gradients, %d are in", stage_, shard_,
         replicas_, next_replica_));
   }
-  Scale(grads_.data(), grads_.size(), 1.0f / static_cast<float>(replicas_));
+  return AverageAndSquaredNorm(1.0f / static_cast<float>(replicas_));
+}
+
+absl::StatusOr<OptimizerStepResult> PsShard::Step(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                                  double global_norm) {
+  next_replica_ = 0;
+  return Apply(schedule, grad_clip, step, global_norm);
+}
+
+HostPsShard::HostPsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard,
+                         int first_tensor, int end_tensor, int replicas)
+    : PsShard(stage_layout, stage, shard, first_tensor, end_tensor, replicas),
+      params_(size()),
+      grads_(size()),
+      adamw_(cfg, layout()) {}
+
+absl::Status HostPsShard::GetState(float* params, float* m, float* v) {
+  std::copy(params_.begin(), params_.end(), params);
+  std::copy(adamw_.m().begin(), adamw_.m().end(), m);
+  std::copy(adamw_.v().begin(), adamw_.v().end(), v);
+  return absl::OkStatus();
+}
+
+absl::Status HostPsShard::SetState(const float* params, const float* m, const float* v) {
+  std::copy(params, params + size(), params_.begin());
+  auto set = [&](const float* from, std::vector<float>& to) {
+    if (from == nullptr) {
+      std::fill(to.begin(), to.end(), 0.0f);
+    } else {
+      std::copy(from, from + size(), to.begin());
+    }
+  };
+  set(m, adamw_.m());
+  set(v, adamw_.v());
+  return absl::OkStatus();
+}
+
+absl::Status HostPsShard::Accumulate(bool first, const std::vector<float>& grad) {
+  if (first) {
+    grads_ = grad;
+  } else {
+    for (size_t i = 0; i < grads_.size(); ++i) grads_[i] += grad[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> HostPsShard::AverageAndSquaredNorm(float scale) {
+  Scale(grads_.data(), grads_.size(), scale);
   return SquaredNorm(grads_.data(), grads_.size());
 }
 
-OptimizerStepResult PsShard::Step(const LrSchedule& schedule, float grad_clip, int64_t step, double global_norm) {
-  next_replica_ = 0;
+absl::StatusOr<OptimizerStepResult> HostPsShard::Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                                       double global_norm) {
   return ApplyOptimizerStepWithNorm(params_.data(), grads_.data(), grads_.size(), adamw_, schedule, grad_clip, step,
                                     global_norm);
 }

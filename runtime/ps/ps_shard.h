@@ -2,7 +2,12 @@
 // One parameter-server shard: the authoritative parameters and AdamW moments of a contiguous run
 // of whole tensors of one stage. It sums the replicas' gradients in replica order (so every run
 // adds them up the same way), averages, and steps once the global norm is known.
+//
+// Where the numbers live is the implementation's: HostPsShard keeps them in host memory (a CPU
+// worker's shards); a GPU worker's shards keep theirs on its device (cuda/cuda_ps_shard.h). Both
+// check what arrives over the network the same way, here.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,28 +20,63 @@ namespace longhaul {
 
 class PsShard {
  public:
-  PsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard, int first_tensor,
-          int end_tensor, int replicas);
+  virtual ~PsShard() = default;
 
   int stage() const { return stage_; }
   int shard() const { return shard_; }
   size_t begin() const { return begin_; }  // float offset of the shard in its stage's buffer
   size_t size() const { return layout_.total(); }
   const ParamLayout& layout() const { return layout_; }
-  std::vector<float>& params() { return params_; }
-  AdamW& adamw() { return adamw_; }
+  virtual std::string Where() const = 0;  // "host", "cuda:N"
 
   // Gradient of replica `replica`'s copy of the shard; replicas must come in order 0, 1, ... and
   // each gradient must have the shard's size (it came over the network: FailedPrecondition if not).
   absl::Status AddReplicaGradient(int replica, const std::vector<float>& grad);
   // Σ g² of the replica-averaged gradient; FailedPrecondition until every replica is in.
   absl::StatusOr<double> AveragedSquaredNorm();
-  OptimizerStepResult Step(const LrSchedule& schedule, float grad_clip, int64_t step, double global_norm);
+  // Clips to `grad_clip` by the global norm and applies AdamW at the scheduled rate of step `step`
+  // (no update when the norm is not finite); then the next iteration's gradients may come.
+  absl::StatusOr<OptimizerStepResult> Step(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                           double global_norm);
+
+  // The parameters in host memory, valid until the next Step or SetState.
+  virtual absl::StatusOr<const float*> Params() = 0;
+  // Parameters and AdamW moments (size() each), for checkpoints.
+  virtual absl::Status GetState(float* params, float* m, float* v) = 0;
+  // Sets them; null moments start from zero (a new run).
+  virtual absl::Status SetState(const float* params, const float* m, const float* v) = 0;
+
+ protected:
+  PsShard(const ParamLayout& stage_layout, int stage, int shard, int first_tensor, int end_tensor, int replicas);
+  // Replica 0's gradient replaces the sum (`first`), the others add to it.
+  virtual absl::Status Accumulate(bool first, const std::vector<float>& grad) = 0;
+  // Scales the sum by `scale` (1 / replicas) and returns its Σ g².
+  virtual absl::StatusOr<double> AverageAndSquaredNorm(float scale) = 0;
+  virtual absl::StatusOr<OptimizerStepResult> Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                                    double global_norm) = 0;
 
  private:
   int stage_, shard_, replicas_, next_replica_ = 0;
   size_t begin_;
   ParamLayout layout_;
+};
+
+// A shard in host memory.
+class HostPsShard final : public PsShard {
+ public:
+  HostPsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard, int first_tensor,
+              int end_tensor, int replicas);
+  std::string Where() const override { return "host"; }
+  absl::StatusOr<const float*> Params() override { return params_.data(); }
+  absl::Status GetState(float* params, float* m, float* v) override;
+  absl::Status SetState(const float* params, const float* m, const float* v) override;
+
+ private:
+  absl::Status Accumulate(bool first, const std::vector<float>& grad) override;
+  absl::StatusOr<double> AverageAndSquaredNorm(float scale) override;
+  absl::StatusOr<OptimizerStepResult> Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                            double global_norm) override;
+
   std::vector<float> params_, grads_;
   AdamW adamw_;
 };

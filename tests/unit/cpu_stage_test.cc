@@ -1,11 +1,12 @@
 // The CPU backend of the Stage interface: slots keep micro-batches apart between forward and
 // backward (two in flight give what one after the other gives), and out-of-range slots and
-// parameter ranges are errors, not writes.
+// parameter ranges are errors, not writes; an attached optimizer steps as a parameter server does.
 #include "cpu/cpu_stage.h"
 
 #include <gtest/gtest.h>
 
 #include "data/batch_sampler.h"
+#include "optim/train_step.h"
 
 namespace longhaul {
 namespace {
@@ -43,7 +44,7 @@ TEST(CpuStage, OutOfRangeSlotsAndParameterRangesAreErrors) {
   MicroBatch mb;
   EXPECT_EQ((*s)->Forward(2, mb, nullptr).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ((*s)->Output(-1).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ((*s)->Backward(5, mb, nullptr, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*s)->Backward(5, mb, nullptr, 1).code(), absl::StatusCode::kOutOfRange);
   const size_t n = (*s)->num_params();
   const std::vector<float> x(4, 1.0f);
   EXPECT_EQ((*s)->SetParams(n - 2, x.data(), 4).code(), absl::StatusCode::kOutOfRange);
@@ -52,6 +53,40 @@ TEST(CpuStage, OutOfRangeSlotsAndParameterRangesAreErrors) {
   EXPECT_EQ((*(*s)->Params())[n - 1], 1.0f);
   EXPECT_EQ(CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 0, 5).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuStage, AnAttachedOptimizerStepsAsTheParameterServerWould) {
+  std::vector<uint16_t> tokens(800);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 1}, tokens);
+  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  auto s = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 1, 5);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->Step(0).status().code(), absl::StatusCode::kFailedPrecondition);
+  const OptimizerSettings settings{AdamWConfig{}, LrSchedule{1e-2f, 1e-3f, 0, 10}, 0.5f};
+  ASSERT_TRUE((*s)->AttachOptimizer(settings).ok());
+  ASSERT_TRUE((*s)->ZeroGrads().ok());
+  ASSERT_TRUE((*s)->Forward(0, mb, nullptr).ok());
+  ASSERT_TRUE((*s)->Backward(0, mb, nullptr, 1.0f).ok());
+  const size_t n = (*s)->num_params();
+  std::vector<float> params(*(*s)->Params(), *(*s)->Params() + n), grads(*(*s)->Grads(), *(*s)->Grads() + n);
+  AdamW adamw(settings.adamw, (*s)->layout());
+  const OptimizerStepResult want =
+      ApplyOptimizerStep(params.data(), grads.data(), n, adamw, settings.schedule, settings.grad_clip, 0);
+  auto got = (*s)->Step(0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->grad_norm, want.grad_norm);
+  EXPECT_EQ(got->lr, want.lr);
+  EXPECT_TRUE(std::equal(params.begin(), params.end(), *(*s)->Params()));
+  std::vector<float> m(n), v(n);
+  ASSERT_TRUE((*s)->GetOptimizerState(m.data(), v.data()).ok());
+  EXPECT_EQ(m, adamw.m());
+  EXPECT_EQ(v, adamw.v());
+  ASSERT_TRUE((*s)->SetOptimizerState(v.data(), m.data()).ok());
+  std::vector<float> m2(n), v2(n);
+  ASSERT_TRUE((*s)->GetOptimizerState(m2.data(), v2.data()).ok());
+  EXPECT_EQ(m2, v);
+  EXPECT_EQ(v2, m);
 }
 
 }  // namespace

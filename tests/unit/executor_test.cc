@@ -1,6 +1,7 @@
 // The executor runs a schedule against a Stage and a Channel. Two stages, each in its own thread
 // and joined by an in-memory channel, give bitwise the whole model's loss and gradients under
-// GPipe and 1F1B; a channel's error ends the iteration with that error.
+// GPipe and 1F1B, also when the stages queue their work as a device does (and then each result is
+// asked for only after the next compute is queued); a channel's error ends the iteration with it.
 #include "worker/executor.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +12,11 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cpu/cpu_stage.h"
 #include "data/batch_sampler.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
@@ -60,7 +64,8 @@ class MemoryChannel final : public Channel {
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override {
     wires_.Put({kind, it, micro, kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1}, std::vector<float>(data, data + n));
   }
-  absl::Status PushGradients(int64_t, const float* grads) override {
+  absl::Status PushGradients(int64_t, Stage& stage) override {
+    LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
     pushed.assign(grads, grads + params_);
     return absl::OkStatus();
   }
@@ -75,9 +80,54 @@ class MemoryChannel final : public Channel {
   const size_t params_;
 };
 
-class ExecutorTest : public ::testing::TestWithParam<ScheduleKind> {};
+// A stage as a device backend looks to the executor: its results are asked for separately
+// (queues_work), and the order of its calls is kept.
+class QueuingStage final : public Stage {
+ public:
+  explicit QueuingStage(std::unique_ptr<Stage> inner) : inner_(std::move(inner)) {}
+  const ParamLayout& layout() const override { return inner_->layout(); }
+  const StageSpec& spec() const override { return inner_->spec(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  int slots() const override { return inner_->slots(); }
+  bool queues_work() const override { return true; }
+  absl::Status ZeroGrads() override { return inner_->ZeroGrads(); }
+  absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
+    calls.push_back(absl::StrCat("F", slot));
+    return inner_->Forward(slot, mb, input);
+  }
+  absl::StatusOr<const float*> Output(int slot) override {
+    calls.push_back(absl::StrCat("O", slot));
+    return inner_->Output(slot);
+  }
+  absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
+    calls.push_back(absl::StrCat("B", slot));
+    return inner_->Backward(slot, mb, grad_out, scale);
+  }
+  absl::StatusOr<const float*> InputGrad(int slot) override {
+    calls.push_back(absl::StrCat("G", slot));
+    return inner_->InputGrad(slot);
+  }
+  absl::StatusOr<const float*> Params() override { return inner_->Params(); }
+  absl::StatusOr<const float*> Grads() override { return inner_->Grads(); }
+  absl::Status SetParams(size_t begin, const float* values, size_t n) override {
+    return inner_->SetParams(begin, values, n);
+  }
+  absl::Status AttachOptimizer(const OptimizerSettings& s) override { return inner_->AttachOptimizer(s); }
+  absl::StatusOr<OptimizerStepResult> Step(int64_t step) override { return inner_->Step(step); }
+  absl::Status GetOptimizerState(float* m, float* v) override { return inner_->GetOptimizerState(m, v); }
+  absl::Status SetOptimizerState(const float* m, const float* v) override { return inner_->SetOptimizerState(m, v); }
+
+  std::vector<std::string> calls;
+
+ private:
+  std::unique_ptr<Stage> inner_;
+};
+
+// (schedule, whether the stages queue their work)
+class ExecutorTest : public ::testing::TestWithParam<std::tuple<ScheduleKind, bool>> {};
 
 TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
+  const auto [kind, queued] = GetParam();
   const ModelConfig cfg = Cfg();
   std::vector<uint16_t> tokens(3000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
@@ -102,15 +152,15 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::unique_ptr<MemoryChannel>> channels;
   std::vector<absl::StatusOr<IterationResult>> results(2, absl::UnknownError("not run"));
   for (int s = 0; s < 2; ++s) {
-    auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, s, 2), B, T, s == 1, ActivationSlots(GetParam(), 2, s, M), 11);
+    auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, s, 2), B, T, s == 1, ActivationSlots(kind, 2, s, M), 11);
     ASSERT_TRUE(st.ok()) << st.status();
     channels.push_back(std::make_unique<MemoryChannel>(wires, s, (*st)->num_params()));
-    stages.push_back(std::move(*st));
+    stages.push_back(queued ? std::make_unique<QueuingStage>(std::move(*st)) : std::unique_ptr<Stage>(std::move(*st)));
   }
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(GetParam(), 2, s, M), s, 2, M,
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M), s, 2, M,
                   static_cast<size_t>(B) * T * cfg.d_model);
       results[s] = ex.Run(0, mbs);
     });
@@ -129,10 +179,21 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
     offset += stages[s]->num_params();
   }
   EXPECT_EQ(offset, (*whole)->num_params());
+  if (queued && kind == ScheduleKind::kGpipe) {
+    // The first stage asks for each output only once the next forward is queued, so the copy of
+    // one micro-batch overlaps the compute of the next; the last stage's input gradients likewise.
+    EXPECT_EQ(absl::StrJoin(static_cast<QueuingStage&>(*stages[0]).calls, " "), "F0 F1 O0 F2 O1 O2 B0 B1 B2");
+    EXPECT_EQ(absl::StrJoin(static_cast<QueuingStage&>(*stages[1]).calls, " "), "F0 F1 F2 B0 B1 G0 B2 G1 G2");
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest, ::testing::Values(ScheduleKind::kGpipe, ScheduleKind::k1F1B),
-                         [](const auto& info) { return std::string(ScheduleName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
+                         ::testing::Combine(::testing::Values(ScheduleKind::kGpipe, ScheduleKind::k1F1B),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(ScheduleName(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_Queued" : "_Immediate");
+                         });
 
 // A channel whose receives fail, as a stopped job's do.
 class ClosedChannel final : public Channel {
@@ -142,7 +203,7 @@ class ClosedChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t, const float*) override { return absl::OkStatus(); }
+  absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> PullParameters(int64_t, Stage&, double*) override { return OptimizerStepResult{}; }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 };

@@ -49,7 +49,7 @@ TEST(MemoryCheck, WorkerCountsItsScheduleSlotsAndItsShard) {
   const JobConfig central = Config({"cluster.stages=2", "cluster.replicas=2", "cluster.ps=central"});
   EXPECT_EQ(HostedPsFloats(central, 1, 0), StageParamCount(central.model, central.Stage(1)));
   EXPECT_EQ(HostedPsFloats(central, 1, 1), 0);
-  absl::Status s = CheckWorkerMemory(Config({"model.d_model=8192", "cluster.stages=2"}), 1, 0, 1, kOneGiB);
+  absl::Status s = CheckWorkerMemory(Config({"model.d_model=8192", "cluster.stages=2"}), 1, 0, 1, -1, kOneGiB);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("stage 1 replica 0 needs about"), std::string::npos) << s;
   EXPECT_NE(s.message().find("more cluster.stages"), std::string::npos) << s;

@@ -105,6 +105,23 @@ TEST(MemoryEstimate, CudaCountsTheOptimizerOnTheDeviceAndHalvesActivationsInBf16
   EXPECT_LT(bf16.bytes("activations"), 0.6 * fp32.bytes("activations"));
 }
 
+// CudaStage allocates every slot's activations (GPipe holds all its micro-batches), and with
+// recompute only each block's input per slot plus one block's worth to rebuild into.
+TEST(MemoryEstimate, CudaCountsSlotsAndRecompute) {
+  StageMemoryRequest req;
+  req.model = Model(256, 256, 4, 4, false);
+  req.spec = StageSpec::Whole(req.model);
+  req.B = 8, req.T = 256, req.backend = Backend::kCuda;
+  const MemoryEstimate one = EstimateStage(req);
+  req.activation_slots = 4;
+  const MemoryEstimate four = EstimateStage(req);
+  EXPECT_DOUBLE_EQ(four.bytes("activations"), 4 * one.bytes("activations"));
+  req.recompute = true;
+  const MemoryEstimate recomputed = EstimateStage(req);
+  EXPECT_LT(recomputed.bytes("activations"), 0.2 * four.bytes("activations"));
+  EXPECT_GT(recomputed.bytes("backward scratch"), one.bytes("backward scratch"));
+}
+
 void Write(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
   std::ofstream(p) << text;

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Every check of the GPU workers that needs a GPU, in one run, with a report. Build and pack here
+# (bash deploy/setup.sh && bash deploy/pack.sh), carry .device/ to the GPU machine, and there, from
+# the repository root:
+#
+#   bash deploy/gpu_check.sh [REPORT_DIR=${OUT:-gpu-report}]
+#
+# It writes REPORT_DIR/gpu_report.md (each check, PASS or FAIL, with what it measured),
+# REPORT_DIR/gpu_check.log (every command's output) and REPORT_DIR/profile.toml (this GPU's
+# per-block times for the planner, runtime/plan/cost_model.h's format), and exits 1 if a check
+# failed. Checks:
+#   1. cuda_stage_test: fixture parity in fp32, bf16 and fp16; CPU against GPU on random configs;
+#      slots, recompute, a pipeline cut and a second run bit-identical.
+#   2. `longhaul train` on cuda:0 (fp32) against the CPU: the same loss curve within 2e-3.
+#   3. 2 stages x 2 replicas as four GPU worker processes sharing the GPU against the one-process
+#      GPU run: losses within 2e-3 (data parallelism sums the gradients in another order); and 2
+#      stages x 1 replica without clipping, bitwise the same losses (the same kernels, AdamW on the
+#      device in both).
+#   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3.
+#   5. cuda_step_bench: GPT-3 XL step (2-block stage, micro-batch 1 to 8; the whole 24 layers) with
+#      MFU, beside PyTorch eager.
+#   6. gpu_profile: per-block forward and backward times for the planner.
+#   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
+#      against the same model in one process: iteration time and the share spent waiting.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+report_dir="${1:-${OUT:-gpu-report}}"
+mkdir -p "$report_dir"
+report="$report_dir/gpu_report.md"
+log="$report_dir/gpu_check.log"
+: >"$log"
+bundle=/tmp/longhaul-gpu-check
+if [ ! -x "$bundle/bundle/run" ]; then
+  [ -f .device/longhaul-bundle.tar.xz ] || { echo "gpu_check: no .device/longhaul-bundle.tar.xz: run bash deploy/pack.sh where longhaul is built" >&2; exit 2; }
+  mkdir -p "$bundle" && tar xJf .device/longhaul-bundle.tar.xz -C "$bundle"
+fi
+run="$bundle/bundle/run"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
+
+{
+  echo "# longhaul GPU check"
+  echo
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  echo '```'
+} >"$report"
+
+# result NAME STATUS DETAIL: one line of the report.
+result() {
+  echo "- **$1**: $2. $3" >>"$report"
+  [ "$2" = PASS ] || failed=1
+}
+
+# step NAME COMMAND...: runs it with its output in the log and in $work/last.log; its status is
+# the command's.
+step() {
+  local name="$1"
+  shift
+  echo "===== $name: $*" >>"$log"
+  "$@" >"$work/last.log" 2>&1
+  local rc=$?
+  cat "$work/last.log" >>"$log"
+  return $rc
+}
+
+# Largest absolute difference between two runs' per-step losses (metrics.csv), or "mismatch".
+loss_diff() {
+  python3 - "$1/metrics.csv" "$2/metrics.csv" <<'PY'
+import csv, os, sys
+def losses(p):
+    if not os.path.exists(p):
+        return []
+    with open(p) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print(max(abs(x - y) for x, y in zip(a, b)) if a and len(a) == len(b) else "mismatch")
+PY
+}
+
+# compare NAME A B TOL: PASS when both runs have the same steps and their losses agree within TOL.
+compare() {
+  local d
+  d=$(loss_diff "$2" "$3")
+  if [ "$d" != mismatch ] && python3 -c "import sys; sys.exit(0 if float('$d') <= $4 else 1)"; then
+    result "$1" PASS "largest per-step loss difference $d (tolerance $4)"
+  else
+    result "$1" FAIL "largest per-step loss difference $d (tolerance $4); see gpu_check.log"
+  fi
+}
+
+demo=(-c configs/demo.toml --set train.steps=40 --set train.eval_every=0 --set train.log_every=10)
+# One process takes the 2 replicas' micro-batches itself: the same samples per step.
+one=(--set train.micro_batches=4)
+
+if step "cuda_stage_test" "$run" cuda_stage_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
+  result "CUDA stage tests" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: parity fp32/bf16/fp16, CPU vs GPU, slots, recompute, cut and rerun bitwise"
+else
+  result "CUDA stage tests" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
+fi
+
+step "train cpu" "$run" longhaul train "${demo[@]}" "${one[@]}" --set train.out_dir="$work/cpu" &&
+  step "train cuda" "$run" longhaul train "${demo[@]}" "${one[@]}" --set train.backend=cuda:0 --set train.out_dir="$work/gpu"
+compare "one process: cuda:0 against the CPU" "$work/cpu" "$work/gpu" 2e-3
+
+# fp32 on the wire, as in the runs they are compared with (a GPU job's default is bf16).
+step "local 2x2 on the GPU" "$run" longhaul local "${demo[@]}" --set train.backend=cuda:0 --set transport.wire_dtype=fp32 \
+  --set train.out_dir="$work/gpu2x2"
+compare "2 stages x 2 replicas, four GPU workers, against the one-process GPU run" "$work/gpu" "$work/gpu2x2" 2e-3
+
+step "train cuda, no clipping" "$run" longhaul train "${demo[@]}" --set train.micro_batches=2 --set train.grad_clip=0 \
+  --set train.backend=cuda:0 --set train.out_dir="$work/gpu-noclip" &&
+  step "local 2x1 on the GPU, no clipping" "$run" longhaul local "${demo[@]}" --set cluster.replicas=1 \
+    --set train.grad_clip=0 --set train.backend=cuda:0 --set transport.wire_dtype=fp32 --set train.out_dir="$work/gpu2x1"
+compare "2 stages x 1 replica, two GPU workers, against the one-process GPU run, bitwise" "$work/gpu-noclip" "$work/gpu2x1" 0
+
+step "local mixed" "$run" longhaul local "${demo[@]}" --set 'cluster.stage_backends=["cuda:0","cpu"]' \
+  --set transport.wire_dtype=fp32 --set train.out_dir="$work/mixed" &&
+  step "local all cpu" "$run" longhaul local "${demo[@]}" --set train.out_dir="$work/allcpu"
+compare "mixed job (stage 0 on the GPU, stage 1 on the CPU) against the all-CPU job" "$work/allcpu" "$work/mixed" 2e-3
+
+if step "cuda_step_bench" "$run" cuda_step_bench --steps 5 && ! grep -q skipped "$work/last.log"; then
+  {
+    echo "- **cuda_step_bench** (MFU and PyTorch eager, same GPU, same run):"
+    echo '```'
+    tail -20 "$work/last.log"
+    echo '```'
+  } >>"$report"
+else
+  result "cuda_step_bench" FAIL "see gpu_check.log"
+fi
+
+if step "gpu_profile" "$run" gpu_profile --out "$report_dir/profile.toml"; then
+  result "planner profile" PASS "per-block times in profile.toml (copy to runtime/plan/profiles/)"
+else
+  result "planner profile" FAIL "see gpu_check.log"
+fi
+
+step "pipeline in one process" "$run" longhaul train -c configs/gpu-pipeline.toml --set train.out_dir="$work/pipe1" &&
+  step "pipeline in two GPU workers" "$run" longhaul local -c configs/gpu-pipeline.toml --set train.out_dir="$work/pipe2"
+if [ -f "$work/pipe2/summary.json" ]; then
+  detail=$(python3 - "$work/pipe1/metrics.csv" "$work/pipe2/summary.json" <<'PY'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+one = sorted(float(r["seconds"]) for r in rows[1:])[len(rows[1:]) // 2]
+s = json.load(open(sys.argv[2]))
+two = s["iteration_seconds"]
+waits = ", ".join("stage %d waits %.0f%% of %.3f s" % (w["stage"], 100 * w["wait_seconds"] / w["seconds"], w["seconds"])
+                  for w in s["workers"])
+print("one process %.3f s per iteration, two GPU workers over loopback %.3f s (%.2fx); %s" % (one, two, two / one, waits))
+PY
+)
+  result "GPT-3 XL-shaped 2-stage pipeline" PASS "$detail"
+else
+  result "GPT-3 XL-shaped 2-stage pipeline" FAIL "see gpu_check.log"
+fi
+
+echo >>"$report"
+[ "$failed" = 0 ] && echo "All checks passed." >>"$report" || echo "Some checks FAILED." >>"$report"
+cat "$report"
+exit "$failed"

@@ -1,0 +1,130 @@
+#include "cuda/cuda_ps_shard.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_memory.cuh"
+#include "cuda/cuda_ops.cuh"
+#include "optim/grad_clip.h"
+
+namespace longhaul {
+namespace {
+
+using cuda::Check;
+using cuda::DeviceArray;
+using cuda::PinnedArray;
+
+class CudaPsShard final : public PsShard {
+ public:
+  CudaPsShard(const AdamWConfig& adamw, const ParamLayout& stage_layout, int stage, int shard, int first_tensor,
+              int end_tensor, int replicas, int device)
+      : PsShard(stage_layout, stage, shard, first_tensor, end_tensor, replicas), adamw_(adamw), device_(device) {}
+  ~CudaPsShard() override {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  absl::Status Init() {
+    LH_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    LH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    const size_t n = size();
+    for (auto* a : {&params_, &grads_, &incoming_, &m_, &v_}) LH_RETURN_IF(a->Alloc(n));
+    LH_RETURN_IF(decay_.Alloc(n));
+    LH_RETURN_IF(norm_partial_.Alloc(1024));
+    LH_RETURN_IF(norm_.Alloc(1));
+    LH_RETURN_IF(host_params_.Alloc(n));
+    std::vector<uint8_t> decay(n, 0);
+    for (const ParamTensor& t : layout().tensors())
+      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    return CopySync(decay_.p, decay.data(), n, cudaMemcpyHostToDevice, "upload decay flags");
+  }
+
+  std::string Where() const override { return absl::StrCat("cuda:", device_); }
+  absl::StatusOr<const float*> Params() override { return host_params_.p; }
+
+  absl::Status GetState(float* params, float* m, float* v) override {
+    const size_t bytes = size() * 4;
+    LH_RETURN_IF(CopySync(params, params_.p, bytes, cudaMemcpyDeviceToHost, "download parameters"));
+    LH_RETURN_IF(CopySync(m, m_.p, bytes, cudaMemcpyDeviceToHost, "download moments"));
+    return CopySync(v, v_.p, bytes, cudaMemcpyDeviceToHost, "download moments");
+  }
+
+  absl::Status SetState(const float* params, const float* m, const float* v) override {
+    const size_t bytes = size() * 4;
+    LH_RETURN_IF(CopySync(params_.p, params, bytes, cudaMemcpyHostToDevice, "upload parameters"));
+    for (auto [from, to] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
+      if (from == nullptr) {
+        LH_CUDA(cudaMemsetAsync(to->p, 0, bytes, stream_), "zero moments");
+      } else {
+        LH_RETURN_IF(CopySync(to->p, from, bytes, cudaMemcpyHostToDevice, "upload moments"));
+      }
+    }
+    return RefreshHostParams();
+  }
+
+ private:
+  absl::Status CopySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
+    LH_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
+    return Check(cudaStreamSynchronize(stream_), what);
+  }
+  // The host copy the broadcast sends, after every change.
+  absl::Status RefreshHostParams() {
+    return CopySync(host_params_.p, params_.p, size() * 4, cudaMemcpyDeviceToHost, "download parameters");
+  }
+
+  absl::Status Accumulate(bool first, const std::vector<float>& grad) override {
+    // A pageable copy returns once `grad` is staged, so the caller may reuse it at once.
+    LH_CUDA(cudaMemcpyAsync(first ? grads_.p : incoming_.p, grad.data(), size() * 4, cudaMemcpyHostToDevice, stream_),
+            "upload gradient");
+    if (!first) cuda::Add(stream_, grads_.p, grads_.p, incoming_.p, static_cast<long>(size()));
+    return Check(cudaGetLastError(), "sum gradients");
+  }
+
+  absl::StatusOr<double> AverageAndSquaredNorm(float scale) override {
+    const long n = static_cast<long>(size());
+    cuda::Scale(stream_, grads_.p, scale, n);
+    cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, n);
+    double sum = 0;
+    LH_RETURN_IF(CopySync(&sum, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    return sum;
+  }
+
+  absl::StatusOr<OptimizerStepResult> Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
+                                            double global_norm) override {
+    OptimizerStepResult r;
+    r.grad_norm = global_norm;
+    if (!std::isfinite(global_norm)) return r;  // as in host memory: no update
+    const long n = static_cast<long>(size());
+    const float factor = ClipFactor(global_norm, grad_clip);
+    if (factor != 1.0f) cuda::Scale(stream_, grads_.p, factor, n);
+    r.lr = schedule.At(step);
+    cuda::AdamW(stream_, params_.p, grads_.p, m_.p, v_.p, decay_.p, r.lr, adamw_.beta1, adamw_.beta2, adamw_.eps,
+                adamw_.weight_decay, step + 1, n);
+    LH_CUDA(cudaGetLastError(), "AdamW");
+    LH_RETURN_IF(RefreshHostParams());
+    return r;
+  }
+
+  const AdamWConfig adamw_;
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  DeviceArray<float> params_, grads_, incoming_, m_, v_, norm_partial_;
+  DeviceArray<uint8_t> decay_;
+  DeviceArray<double> norm_;
+  PinnedArray host_params_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsShard>> MakeCudaPsShard(const AdamWConfig& adamw, const ParamLayout& stage_layout,
+                                                         int stage, int shard, int first_tensor, int end_tensor,
+                                                         int replicas, int device) {
+  auto s = std::make_unique<CudaPsShard>(adamw, stage_layout, stage, shard, first_tensor, end_tensor, replicas, device);
+  if (absl::Status st = s->Init(); !st.ok()) return st;
+  return std::unique_ptr<PsShard>(std::move(s));
+}
+
+}  // namespace longhaul

@@ -1,0 +1,62 @@
+#include "worker/stage_factory.h"
+
+#include "absl/strings/str_format.h"
+#include "cpu/cpu_stage.h"
+#include "util/status_macros.h"
+#ifdef LONGHAUL_WITH_CUDA
+#include "cuda/cuda_ps_shard.h"
+#include "cuda/cuda_stage.h"
+#endif
+
+namespace longhaul {
+
+StageRequest StageRequestFor(const JobConfig& cfg, int stage, int device, int slots) {
+  StageRequest r;
+  r.model = cfg.model;
+  r.spec = cfg.Stage(stage);
+  r.B = cfg.train.micro_batch_size;
+  r.T = cfg.train.seq_len;
+  r.device = device;
+  // The CPU backend computes in fp32 whatever the job asks of its GPU workers.
+  r.precision = device < 0 ? Precision::kFp32 : cfg.train.precision;
+  r.recompute = cfg.train.recompute;
+  r.slots = slots;
+  r.seed = cfg.train.seed;
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
+  if (r.device < 0) {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<CpuStage> s,
+                        CpuStage::Create(r.model, r.spec, r.B, r.T, r.recompute, r.slots, r.seed));
+    return std::unique_ptr<Stage>(std::move(s));
+  }
+#ifdef LONGHAUL_WITH_CUDA
+  CudaStage::Options o;
+  o.B = r.B, o.T = r.T, o.precision = r.precision, o.device = r.device, o.slots = r.slots, o.recompute = r.recompute;
+  o.seed = r.seed;
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> s, CudaStage::Create(r.model, r.spec, o));
+  return std::unique_ptr<Stage>(std::move(s));
+#else
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "backend \"cuda:%d\" but this build has no CUDA backend (nvcc was not found when it was configured); rebuild "
+      "where /usr/local/cuda/bin/nvcc exists, or use the \"cpu\" backend",
+      r.device));
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<PsShard>> MakePsShard(int device, const AdamWConfig& adamw,
+                                                     const ParamLayout& stage_layout, int stage, int shard,
+                                                     int first_tensor, int end_tensor, int replicas) {
+  if (device < 0) {
+    return std::make_unique<HostPsShard>(adamw, stage_layout, stage, shard, first_tensor, end_tensor, replicas);
+  }
+#ifdef LONGHAUL_WITH_CUDA
+  return MakeCudaPsShard(adamw, stage_layout, stage, shard, first_tensor, end_tensor, replicas, device);
+#else
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "a parameter-server shard on \"cuda:%d\" but this build has no CUDA backend; use the \"cpu\" backend", device));
+#endif
+}
+
+}  // namespace longhaul

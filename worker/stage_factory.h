@@ -1,0 +1,36 @@
+#pragma once
+// The Stage a backend name asks for ("cpu" or "cuda:N"): one place that knows which backends this
+// build has, so the trainer, the worker and the benchmarks never do.
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "config/job_config.h"
+#include "model/stage.h"
+#include "ps/ps_shard.h"
+
+namespace longhaul {
+
+struct StageRequest {
+  ModelConfig model;
+  StageSpec spec;
+  int B = 1, T = 1;  // micro-batch size, sequence length
+  int device = -1;   // -1: the CPU; N: cuda:N
+  Precision precision = Precision::kFp32;
+  bool recompute = false;
+  int slots = 1;
+  uint64_t seed = 0;
+};
+
+// Stage `stage` of the job on `device` (BackendName), holding `slots` micro-batches.
+StageRequest StageRequestFor(const JobConfig& cfg, int stage, int device, int slots);
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r);
+
+// A parameter-server shard of tensors [first_tensor, end_tensor) of `stage_layout`, kept where the
+// hosting worker computes: host memory for the CPU (-1), cuda:N's memory for a GPU worker.
+absl::StatusOr<std::unique_ptr<PsShard>> MakePsShard(int device, const AdamWConfig& adamw,
+                                                     const ParamLayout& stage_layout, int stage, int shard,
+                                                     int first_tensor, int end_tensor, int replicas);
+
+}  // namespace longhaul
