@@ -63,6 +63,15 @@ class Reader {
       if (!v || !(node.is_floating_point() || node.is_integer())) return TypeError(section, key, "a number");
       if (!std::isfinite(*v)) return Bad(section, key, absl::StrCat(*v), "must be a finite number");
       return out = static_cast<T>(*v), absl::OkStatus();
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      const toml::array* arr = node.as_array();
+      if (arr == nullptr) return TypeError(section, key, "an array of strings");
+      out.clear();
+      for (const toml::node& e : *arr) {
+        if (!e.is_string()) return TypeError(section, key, "an array of strings");
+        out.push_back(*e.value<std::string>());
+      }
+      return absl::OkStatus();
     } else if constexpr (std::is_same_v<T, std::vector<int>>) {
       const toml::array* arr = node.as_array();
       if (arr == nullptr) return TypeError(section, key, "an array of integers");
@@ -84,13 +93,14 @@ class Reader {
     return ok ? absl::OkStatus() : Bad(section, key, absl::StrCat(v), Requirement(r));
   }
 
-  // "file: section.key = value: why".
-  absl::Status Bad(const char* section, const char* key, const std::string& value, const std::string& why) const {
-    return absl::InvalidArgumentError(absl::StrCat(file_, ": ", section, ".", key, " = ", value, ": ", why));
-  }
   // A parse function's own message (which names the key), prefixed with the file.
   absl::Status InFile(const absl::Status& s) const {
     return absl::InvalidArgumentError(absl::StrCat(file_, ": ", s.message()));
+  }
+
+  // "file: section.key = value: why".
+  absl::Status Bad(const char* section, const char* key, const std::string& value, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(file_, ": ", section, ".", key, " = ", value, ": ", why));
   }
 
  private:
@@ -180,18 +190,6 @@ absl::StatusOr<bool> ParsePs(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("cluster.ps = \"", name, "\": use \"sharded\" or \"central\""));
 }
 
-std::string BackendName(int device) { return device < 0 ? "cpu" : absl::StrCat("cuda:", device); }
-absl::StatusOr<int> ParseBackend(const std::string& name) {
-  int device = -1;
-  if (name == "cpu") return -1;
-  if (name.rfind("cuda:", 0) == 0 && name.size() <= 9 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
-      absl::SimpleAtoi(name.substr(5), &device)) {
-    return device;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("train.backend = \"", name, "\": use \"cpu\" or \"cuda:N\" (N = device index)"));
-}
-
 // Blocks of each pipeline stage: cluster.stage_layers with its default (an even split) resolved.
 std::vector<int> BlocksPerStage(const JobConfig& c) {
   std::vector<int> blocks;
@@ -251,7 +249,7 @@ const std::vector<KeyDef>& Table() {
       Value("train", "checkpoint_every", R::kFree, LH_FIELD(train.checkpoint_every), AtLeast(0, "0: only at the end")),
       Value("train", "out_dir", R::kFree, LH_FIELD(train.out_dir)),
       Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
-      Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), ParseBackend, BackendName),
+      Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), [](const std::string& n) { return ParseBackend(n, "train.backend"); }, BackendName),
       Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
@@ -262,6 +260,26 @@ const std::vector<KeyDef>& Table() {
       {{"cluster", "stage_layers", R::kLayout},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(BlocksPerStage(c)); }},
+      {{"cluster", "stage_backends", R::kFree},
+       [](const Reader& r, JobConfig& c) {
+         std::vector<std::string> names;
+         LH_RETURN_IF_ERROR(r.Get("cluster", "stage_backends", names));
+         c.cluster.stage_backends.clear();
+         for (const std::string& n : names) {
+           const absl::StatusOr<int> device = ParseBackend(n, "an entry");
+           if (!device.ok()) {
+             return r.Bad("cluster", "stage_backends", absl::StrCat("[..., \"", n, "\", ...]"),
+                          std::string(device.status().message()));
+           }
+           c.cluster.stage_backends.push_back(*device);
+         }
+         return absl::OkStatus();
+       },
+       [](const JobConfig& c) {
+         nlohmann::json names = nlohmann::json::array();
+         for (int d : c.cluster.stage_backends) names.push_back(BackendName(d));
+         return names;
+       }},
       Value("cluster", "heartbeat_s", R::kFree, LH_FIELD(cluster.heartbeat_s), Above(0)),
       Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), Above(0)),
 
@@ -346,10 +364,7 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.lr, t.adamw.weight_decay));
   }
   if (t.out_dir.empty()) return bad("train.out_dir must not be empty (default \"runs/latest\")");
-  if (t.backend_device < 0 && t.precision != Precision::kFp32) {
-    return bad(absl::StrCat("train.precision = \"", PrecisionName(t.precision),
-                            "\" needs train.backend = \"cuda:N\" (the CPU backend computes in fp32)"));
-  }
+  if (absl::Status s = CheckPrecisionHasAGpu(c); !s.ok()) return bad(std::string(s.message()));
   if (c.data.source != DataSource::kBuiltin && c.data.path.empty()) {
     return bad("data.path is required when data.source is \"bytes\" or \"llmc\"");
   }
@@ -361,6 +376,11 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
   if (static_cast<int64_t>(k.stages) * k.replicas > 65536) {
     return bad(absl::StrFormat("cluster.stages x cluster.replicas = %d x %d workers: at most 65536", k.stages,
                                k.replicas));
+  }
+  if (!k.stage_backends.empty() && static_cast<int>(k.stage_backends.size()) != k.stages) {
+    return bad(absl::StrFormat("cluster.stage_backends has %d entries for cluster.stages = %d: give one per stage, or "
+                               "none to use train.backend everywhere",
+                               k.stage_backends.size(), k.stages));
   }
   if (!k.stage_layers.empty()) {
     if (static_cast<int>(k.stage_layers.size()) != k.stages) {
@@ -394,6 +414,26 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
 }
 
 }  // namespace
+
+absl::Status CheckPrecisionHasAGpu(const JobConfig& c) {
+  if (c.UsesGpu() || c.train.precision == Precision::kFp32) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("train.precision = \"", PrecisionName(c.train.precision),
+                                                 "\" needs train.backend = \"cuda:N\" (the CPU backend computes in "
+                                                 "fp32)"));
+}
+
+std::string BackendName(int device) { return device < 0 ? "cpu" : absl::StrCat("cuda:", device); }
+absl::StatusOr<int> ParseBackend(const std::string& name, const std::string& what) {
+  int device = -1;
+  if (name == "cpu") return -1;
+  if (name.rfind("cuda:", 0) == 0 && name.size() <= 9 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
+      absl::SimpleAtoi(name.substr(5), &device)) {
+    return device;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " = \"", name, "\": use \"cpu\" or \"cuda:N\" (N = device index)"));
+}
+
 
 const char* ResumeRuleName(ResumeRule r) {
   return r == ResumeRule::kMustMatch ? "must match" : (r == ResumeRule::kLayout ? "layout" : "free");
@@ -439,6 +479,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   const Reader r(root, source_path);
   for (const KeyDef& k : Table()) LH_RETURN_IF_ERROR(k.read(r, c));
   if (c.data.source == DataSource::kLlmc && !root["model"]["vocab_size"]) c.model.vocab_size = 50257;
+  // A GPU computes a stage in a fraction of the time its fp32 boundary tensors take on a slow link.
+  if (c.UsesGpu() && !root["transport"]["wire_dtype"]) c.transport.wire_dtype = WireDtype::kBf16;
   LH_RETURN_IF_ERROR(Validate(c, source_path));
   c.as_json = EffectiveConfigJson(c);
   std::ostringstream text;

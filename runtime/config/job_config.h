@@ -5,6 +5,7 @@
 // One table in job_config.cc lists every key: how it is read into JobConfig, its valid range, and
 // what changing it means for a resume. The accepted keys, the effective configuration recorded in
 // checkpoints and the resume comparison all derive from it, so a new key cannot be left out of any.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ struct ClusterConfig {
   ScheduleKind schedule = ScheduleKind::kGpipe;
   bool central_ps = false;          // one parameter server per stage instead of sharding it over replicas
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
+  std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;
   double dead_after_s = 20.0;       // a worker silent this long is declared dead and the job stops
 };
@@ -87,6 +89,13 @@ struct JobConfig {
   }
   // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
   StageSpec Stage(int stage) const;
+  // train.backend or a cluster.stage_backends entry names a GPU.
+  bool UsesGpu() const {
+    return train.backend_device >= 0 ||
+           std::any_of(cluster.stage_backends.begin(), cluster.stage_backends.end(), [](int d) { return d >= 0; });
+  }
+  // The device stage `stage`'s workers compute on (cluster.stage_backends, or train.backend).
+  int DeviceOf(int stage) const { return cluster.stage_backends.empty() ? train.backend_device : cluster.stage_backends[stage]; }
 };
 
 // What changing a key between a run and its resume means.
@@ -117,5 +126,12 @@ absl::Status CheckStopAt(int64_t stop_at, const JobConfig& cfg);
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source_path,
                                          const std::vector<std::string>& overrides = {});
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// bf16 and fp16 compute need a GPU in the job: InvalidArgument naming train.backend otherwise.
+absl::Status CheckPrecisionHasAGpu(const JobConfig& c);
+
+// "cpu" (-1) or "cuda:N" (N); `what` names the setting in the error.
+absl::StatusOr<int> ParseBackend(const std::string& name, const std::string& what);
+std::string BackendName(int device);
 
 }  // namespace longhaul

@@ -97,6 +97,9 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"data.val_fraction=1", "data.val_fraction = 1: must be in [0, 1)"},
       {"cluster.stages=0", "cluster.stages = 0: must be in [1, 65536]"},
       {"cluster.replicas=100000", "cluster.replicas = 100000: must be in [1, 65536]"},
+      {"cluster.stage_backends=[\"cpu\", \"cuda:0\"]", "cluster.stage_backends has 2 entries for cluster.stages = 1"},
+      {"cluster.stage_backends=[\"gpu\"]", "cluster.stage_backends = [..., \"gpu\", ...]: an entry = \"gpu\": use \"cpu\" or \"cuda:N\""},
+      {"cluster.stage_backends=[3]", "cluster.stage_backends must be an array of strings"},
       {"cluster.heartbeat_s=0", "cluster.heartbeat_s = 0: must be > 0"},
       {"cluster.dead_after_s=0.5", "cluster.dead_after_s = 0.5 must be longer than cluster.heartbeat_s = 1"},
       {"cluster.stage_layers=[5000000000]", "cluster.stage_layers = 5000000000: must be in"},
@@ -109,6 +112,18 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
     EXPECT_NE(e.find("job.toml: "), std::string::npos) << set << ": " << e;
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
   }
+}
+
+TEST(JobConfig, AGpuJobSendsBf16UnlessTheConfigSaysOtherwise) {
+  auto parse = [](const std::vector<std::string>& overrides) {
+    auto c = ParseJobConfig("", "job.toml", overrides);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->transport.wire_dtype : WireDtype::kF32;
+  };
+  EXPECT_EQ(parse({}), WireDtype::kF32);
+  EXPECT_EQ(parse({"train.backend=cuda:0"}), WireDtype::kBf16);
+  EXPECT_EQ(parse({"cluster.stages=2", "cluster.stage_backends=[\"cpu\", \"cuda:1\"]"}), WireDtype::kBf16);
+  EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}), WireDtype::kF32);
 }
 
 TEST(JobConfig, WorkersAreBounded) {

@@ -1,0 +1,157 @@
+// Placement search (runtime/plan/placement.h) against its baselines on the same cost model, the
+// proof item of issue 10: on the shipped heterogeneous scenarios with 16, 32 and 64 simulated
+// workers, the chosen plan's predicted iteration time beside registration order, random placement
+// (median of 100 seeds) and a DT-FM-style genetic search.
+//
+// The job: GPT-3 XL blocks (24, d_model 2048, 16 heads, seq 2048, vocab 50257), fp16 on V100s at
+// 35% of the tensor-core peak, micro-batches of one sequence with recompute, activations fp16 on
+// the wire, sharded parameter server, global-norm clipping. 16 workers: 4 stages x 4 replicas; 32: 8 x 4; 64: 8 x 8;
+// 32 micro-batches per replica.
+//
+// Workers are spread over the scenario's sites two ways, each worker its own host and the
+// coordinator on worker 0's host: in blocks (workers 0..W/sites-1 on the first site, and so on),
+// as machines of one site tend to register together; and round-robin (the scenario's default).
+// Registration order (worker r·P + s runs stage s of replica r) then lands differently: in blocks
+// each pipeline sits on one site and the data-parallel exchange crosses the slow links;
+// round-robin with P a multiple of the site count happens to put each stage's replicas on one
+// site, which is close to what the search builds.
+//
+// Registration order, random placement and the genetic search keep the even cut (as DT-FM's
+// baselines do); the search picks its cut. The column "genetic, cut" gives the genetic search the
+// search's cut, to compare placement alone. The search gets 600 simulations, the genetic search
+// 1280 (32 x 40).
+//
+// The one case short of a target, world-wide with 16 workers (random/chosen 2.6, target 3): two
+// workers per region, so each stage's four replicas span two regions in every plan, and part of
+// every stage's data-parallel exchange crosses the WAN. In the plan found, the stage on sa-east and
+// af-south (200 Mbit/s between them) is cut to one block plus the head, and its exchange (307 MB
+// each way per cross pair, 12.3 s on the link) still sets the iteration. Nothing better turned up
+// with more effort: the search with 10000 simulations reached 17.9 s, a genetic search with 12800
+// 19.2 s. At 32 and 64 workers (DT-FM's world-wide case is 64 V100s) the target is met.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "netem/scenario.h"
+#include "plan/placement.h"
+
+namespace longhaul {
+namespace {
+
+constexpr int kMicroBatches = 32, kRandomSeeds = 100;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+absl::StatusOr<PlacementProblem> Problem(const netem::Scenario& scenario, int workers, bool blocks) {
+  PlacementProblem p;
+  Layout& L = p.layout;
+  L.stages = workers == 16 ? 4 : 8;
+  L.replicas = workers / L.stages;
+  L.micro_batches = kMicroBatches;
+  L.schedule = ScheduleKind::kGpipe;
+  L.work.model.n_layer = 24, L.work.model.d_model = 2048, L.work.model.n_head = 16;
+  L.work.model.max_seq_len = 2048, L.work.model.vocab_size = 50257;
+  L.work.seq_len = 2048, L.work.micro_batch = 1, L.work.precision = Precision::kFp16, L.work.recompute = true;
+  L.wire_bytes = 2;
+  auto v100 = DeviceCost::Named("v100", Precision::kFp16, 0.35);
+  if (!v100.ok()) return v100.status();
+  p.devices = {*v100};
+  netem::Scenario spread = scenario;
+  const int sites = static_cast<int>(scenario.sites.size());
+  spread.placement.clear();
+  for (int w = 0; w < workers; ++w) {
+    spread.placement.push_back(blocks ? w * sites / workers : w % sites);
+    p.host.push_back(w);
+  }
+  p.network = NetworkCost::FromScenario(spread);
+  return p;
+}
+
+int Table(bool blocks);
+
+int Main() {
+  std::printf("placement: GPT-3 XL on V100 (fp16, 35%% of peak), GPipe, 32 micro-batches of 1 x 2048, recompute, "
+              "sharded PS.\nTimes are predicted seconds per iteration; random is the median of %d seeds; the "
+              "genetic search keeps the even cut, \"gen,cut\" runs it on the chosen plan's cut.\n",
+              kRandomSeeds);
+  int missed = 0;
+  for (bool blocks : {true, false}) {
+    std::printf("\nworkers spread over the sites %s\n", blocks ? "in blocks" : "round-robin");
+    const int m = Table(blocks);
+    if (m < 0) return 1;
+    missed += m;
+  }
+  std::printf("\ntargets: random/chosen >= 3 on world-eight-regions; chosen no slower than the genetic search "
+              "(either cut) anywhere. %d case(s) missed.\n", missed);
+  return 0;
+}
+
+// Prints one table; returns the cases that miss a target, or -1 on an error.
+int Table(bool blocks) {
+  std::printf("%-20s %3s %5s %8s %8s %8s %8s %8s %7s %7s %6s %5s %6s  %s\n", "scenario", "W", "PxD", "chosen",
+              "regist.", "random", "genetic", "gen,cut", "rnd/ch", "gen/ch", "search", "sims", "GA", "cut");
+  int missed = 0;
+  for (const char* name : {"two-universities", "four-regions", "world-eight-regions"}) {
+    auto scenario = netem::LoadScenario(absl::StrCat(LONGHAUL_SOURCE_DIR, "/netem/scenarios/", name, ".toml"));
+    if (!scenario.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(scenario.status().message()).c_str());
+      return -1;
+    }
+    for (int workers : {16, 32, 64}) {
+      auto problem = Problem(*scenario, workers, blocks);
+      if (!problem.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(problem.status().message()).c_str());
+        return -1;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      auto chosen = SearchPlacement(*problem);
+      const double search_s = Seconds(t0);
+      auto registration = RegistrationOrder(*problem);
+      std::vector<double> random;
+      for (int seed = 1; seed <= kRandomSeeds && chosen.ok(); ++seed) {
+        auto r = RandomPlacement(*problem, seed);
+        if (!r.ok()) {
+          chosen = r.status();
+          break;
+        }
+        random.push_back(r->iteration_s);
+      }
+      t0 = std::chrono::steady_clock::now();
+      auto genetic = GeneticPlacement(*problem);
+      const double genetic_s = Seconds(t0);
+      PlacementProblem same_cut = *problem;
+      if (chosen.ok()) same_cut.layout.blocks_per_stage = chosen->blocks_per_stage;
+      auto genetic_cut = GeneticPlacement(same_cut);
+      for (const absl::Status& st : {chosen.status(), registration.status(), genetic.status(), genetic_cut.status()}) {
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s, %d workers: %s\n", name, workers, std::string(st.message()).c_str());
+          return -1;
+        }
+      }
+      std::sort(random.begin(), random.end());
+      const double median = 0.5 * (random[(random.size() - 1) / 2] + random[random.size() / 2]);
+      const double best_genetic = std::min(genetic->iteration_s, genetic_cut->iteration_s);
+      const bool world = std::string(name) == "world-eight-regions";
+      const bool miss = (world && median / chosen->iteration_s < 3) || best_genetic < chosen->iteration_s;
+      missed += miss;
+      std::printf("%-20s %3d %2dx%-2d %8.2f %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f %5.1fs %5d %5.1fs  %s%s%s\n", name,
+                  workers, problem->layout.stages, problem->layout.replicas, chosen->iteration_s,
+                  registration->iteration_s, median, genetic->iteration_s, genetic_cut->iteration_s,
+                  median / chosen->iteration_s, genetic->iteration_s / chosen->iteration_s, search_s,
+                  chosen->simulations, genetic_s, absl::StrJoin(chosen->blocks_per_stage, ",").c_str(),
+                  chosen->fits ? "" : "  DOES NOT FIT", miss ? "  TARGET MISSED" : "");
+    }
+  }
+  return missed;
+}
+
+}  // namespace
+}  // namespace longhaul
+
+int main() { return longhaul::Main(); }

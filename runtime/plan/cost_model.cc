@@ -1,0 +1,255 @@
+#include "plan/cost_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "metrics/flops.h"
+
+namespace longhaul {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// Forward's share of a block's (or the head's) FLOPs: the backward does twice the forward's
+// matmuls, and reruns the forward first under recompute.
+double ForwardShare(bool recompute) { return recompute ? 0.25 : 1.0 / 3.0; }
+
+ComputeTimes AtRate(double flops, double rate, bool recompute) {
+  const double total = flops / rate, f = ForwardShare(recompute);
+  return {total * f, total * (1 - f)};
+}
+
+double BlockFlopsOf(const WorkShape& w) { return BlockFlops(w.model, w.micro_batch, w.seq_len, w.recompute); }
+
+bool SameBlock(const WorkShape& a, const WorkShape& b) {
+  return a.model.d_model == b.model.d_model && a.model.n_head == b.model.n_head && a.seq_len == b.seq_len &&
+         a.micro_batch == b.micro_batch && a.precision == b.precision && a.recompute == b.recompute;
+}
+
+bool SameHead(const WorkShape& a, const WorkShape& b) {
+  return a.model.d_model == b.model.d_model && a.model.vocab_size == b.model.vocab_size && a.seq_len == b.seq_len &&
+         a.micro_batch == b.micro_batch && a.precision == b.precision;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceCost> DeviceCost::Named(const std::string& name, Precision precision, double efficiency) {
+  if (!(efficiency > 0 && efficiency <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", name, ": efficiency ", efficiency, " is not in (0, 1]"));
+  }
+  DeviceCost d;
+  d.name_ = name;
+  const bool half = precision != Precision::kFp32;
+  double peak = 0;
+  if (absl::StartsWith(name, "cpu:")) {
+    double gflops = 0;
+    if (!absl::SimpleAtod(name.substr(4), &gflops) || gflops <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", name, ": write a CPU as cpu:<GFLOP/s>, e.g. cpu:200"));
+    }
+    if (half) return absl::InvalidArgumentError(absl::StrCat("device ", name, ": the CPU backend computes in fp32 only"));
+    d.backend_ = Backend::kCpu;
+    peak = gflops * 1e9;
+    d.memory_bandwidth_ = 20e9;
+  } else if (name == "v100" || name == "v100-32gb") {
+    if (precision == Precision::kBf16) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", name, ": V100 has no bf16; use fp16 or fp32"));
+    }
+    peak = half ? 125e12 : 15.7e12;
+    d.memory_bandwidth_ = 900e9;
+    d.memory_bytes_ = (name == "v100" ? 16 : 32) * kGiB;
+  } else if (name == "a100") {
+    peak = half ? 312e12 : 19.5e12;
+    d.memory_bandwidth_ = 2039e9;
+    d.memory_bytes_ = 80 * kGiB;
+  } else if (name == "h100") {
+    peak = half ? 989e12 : 67e12;
+    d.memory_bandwidth_ = 3350e9;
+    d.memory_bytes_ = 80 * kGiB;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device \"", name, "\": use v100, v100-32gb, a100, h100, cpu:<GFLOP/s>, or a profile file"));
+  }
+  d.peak_flops_per_second_ = peak;
+  d.flops_per_second_ = peak * efficiency;
+  return d;
+}
+
+absl::StatusOr<DeviceCost> DeviceCost::ParseProfile(const std::string& toml_text, const std::string& name) {
+  toml::table t;
+  try {
+    t = toml::parse(toml_text, name);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("profile ", name, ": ", std::string(e.description())));
+  }
+  auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("profile ", name, ": ", why)); };
+  DeviceCost d;
+  d.name_ = t["device"].value_or(name);
+  const std::string backend = t["backend"].value_or(std::string("cuda"));
+  if (backend != "cuda" && backend != "cpu") return bad("backend must be \"cuda\" or \"cpu\"");
+  d.backend_ = backend == "cpu" ? Backend::kCpu : Backend::kCuda;
+  d.memory_bytes_ = t["memory_gib"].value_or(0.0) * kGiB;
+  d.memory_bandwidth_ = t["memory_bandwidth_gbs"].value_or(0.0) * 1e9;
+  if (!(d.memory_bandwidth_ > 0)) return bad("memory_bandwidth_gbs (> 0) is required: the parameter-server step needs it");
+  auto entries = [&](const char* key, bool head, std::vector<Measured>& out) -> absl::Status {
+    const toml::array* list = t[key].as_array();
+    if (list == nullptr) return absl::OkStatus();
+    for (size_t i = 0; i < list->size(); ++i) {
+      const toml::table* e = (*list)[i].as_table();
+      const std::string where = absl::StrCat(key, "[", i, "]");
+      if (e == nullptr) return bad(absl::StrCat(where, " must be a table ([[", key, "]])"));
+      Measured m;
+      m.shape.model.d_model = (*e)["d_model"].value_or(0);
+      m.shape.model.n_head = (*e)["n_head"].value_or(head ? 1 : 0);
+      m.shape.model.vocab_size = (*e)["vocab_size"].value_or(head ? 0 : 1);
+      m.shape.seq_len = (*e)["seq_len"].value_or(0);
+      m.shape.micro_batch = (*e)["micro_batch"].value_or(0);
+      m.shape.recompute = (*e)["recompute"].value_or(false);
+      auto precision = ParsePrecision((*e)["precision"].value_or(std::string("fp32")));
+      if (!precision.ok()) return bad(absl::StrCat(where, ": ", precision.status().message()));
+      m.shape.precision = *precision;
+      m.times = {(*e)["forward_ms"].value_or(0.0) / 1e3, (*e)["backward_ms"].value_or(0.0) / 1e3};
+      if (m.shape.model.d_model <= 0 || m.shape.model.n_head <= 0 || m.shape.model.vocab_size <= 0 ||
+          m.shape.seq_len <= 0 || m.shape.micro_batch <= 0) {
+        return bad(absl::StrCat(where, ": d_model, ", head ? "vocab_size" : "n_head",
+                                ", seq_len and micro_batch must all be given, > 0"));
+      }
+      if (!(m.times.forward_s > 0 && m.times.backward_s > 0)) {
+        return bad(absl::StrCat(where, ": forward_ms and backward_ms must be > 0"));
+      }
+      out.push_back(m);
+    }
+    return absl::OkStatus();
+  };
+  if (auto st = entries("block", false, d.blocks_); !st.ok()) return st;
+  if (auto st = entries("head", true, d.heads_); !st.ok()) return st;
+  if (d.blocks_.empty()) return bad("no [[block]] entries: a profile must time at least one block");
+  return d;
+}
+
+absl::StatusOr<DeviceCost> DeviceCost::Timed(const std::string& name, Backend backend, double memory_bandwidth,
+                                             const WorkShape& shape, ComputeTimes block, ComputeTimes head) {
+  for (const ComputeTimes& t : {block, head}) {
+    if (!(t.forward_s > 0 && t.backward_s > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", name, ": forward and backward times must be > 0"));
+    }
+  }
+  DeviceCost d;
+  d.name_ = name;
+  d.backend_ = backend;
+  d.memory_bandwidth_ = memory_bandwidth;
+  d.blocks_.push_back({shape, block});
+  d.heads_.push_back({shape, head});
+  return d;
+}
+
+absl::StatusOr<DeviceCost> DeviceCost::LoadProfile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open device profile ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseProfile(ss.str(), std::filesystem::path(path).stem().string());
+}
+
+absl::StatusOr<ComputeTimes> DeviceCost::Block(const WorkShape& w) const {
+  if (flops_per_second_ > 0) return AtRate(BlockFlopsOf(w), flops_per_second_, w.recompute);
+  const Measured* nearest = nullptr;
+  for (const Measured& m : blocks_) {
+    if (SameBlock(m.shape, w)) return m.times;
+    if (m.shape.precision != w.precision || m.shape.recompute != w.recompute) continue;
+    if (nearest == nullptr || std::abs(std::log(BlockFlopsOf(m.shape) / BlockFlopsOf(w))) <
+                                  std::abs(std::log(BlockFlopsOf(nearest->shape) / BlockFlopsOf(w)))) {
+      nearest = &m;
+    }
+  }
+  if (nearest == nullptr) {
+    return absl::NotFoundError(absl::StrCat("profile ", name_, " times no block in ", PrecisionName(w.precision),
+                                            w.recompute ? " with recompute" : "", ": add one"));
+  }
+  const double scale = BlockFlopsOf(w) / BlockFlopsOf(nearest->shape);
+  return ComputeTimes{nearest->times.forward_s * scale, nearest->times.backward_s * scale};
+}
+
+absl::StatusOr<ComputeTimes> DeviceCost::Head(const WorkShape& w) const {
+  const double flops = HeadFlops(w.model, w.micro_batch, w.seq_len);
+  // The head is never recomputed: its backward is twice its forward either way.
+  if (flops_per_second_ > 0) return AtRate(flops, flops_per_second_, false);
+  for (const Measured& m : heads_)
+    if (SameHead(m.shape, w)) return m.times;
+  auto block = Block(w);
+  if (!block.ok()) return block.status();
+  return AtRate(flops, BlockFlopsOf(w) / (block->forward_s + block->backward_s), false);
+}
+
+absl::StatusOr<ComputeTimes> DeviceCost::Stage(const WorkShape& w, const StageSpec& spec) const {
+  ComputeTimes t;
+  if (spec.end_block > spec.first_block) {
+    auto block = Block(w);
+    if (!block.ok()) return block.status();
+    const int n = spec.end_block - spec.first_block;
+    t = {n * block->forward_s, n * block->backward_s};
+  }
+  if (spec.has_head) {
+    auto head = Head(w);
+    if (!head.ok()) return head.status();
+    t.forward_s += head->forward_s;
+    t.backward_s += head->backward_s;
+  }
+  return t;
+}
+
+double DeviceCost::StepSeconds(double param_count, int replicas) const {
+  // Sum: read `replicas` gradients, write one. AdamW: read parameter, gradient, m, v; write
+  // parameter, m, v. Four bytes each.
+  const double passes = (replicas + 1) + 7;
+  return passes * 4 * param_count / memory_bandwidth_;
+}
+
+MemoryEstimate DeviceCost::StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const {
+  StageMemoryRequest r;
+  r.model = w.model;
+  r.spec = spec;
+  r.B = w.micro_batch;
+  r.T = w.seq_len;
+  r.recompute = w.recompute;
+  r.activation_slots = activation_slots;
+  r.backend = backend_;
+  r.precision = w.precision;
+  return EstimateStage(r);
+}
+
+double LinkCost::Rate() const {
+  double rate = bandwidth > 0 ? bandwidth : std::numeric_limits<double>::infinity();
+  if (window_bytes > 0 && latency_s > 0) rate = std::min(rate, window_bytes / (2 * latency_s));
+  return rate;
+}
+
+double LinkCost::SerializeSeconds(double bytes) const { return bytes / Rate(); }
+
+NetworkCost NetworkCost::FromScenario(netem::Scenario scenario, double window_bytes) {
+  NetworkCost n;
+  n.scenario_ = std::move(scenario);
+  n.window_bytes_ = window_bytes;
+  return n;
+}
+
+NetworkCost NetworkCost::Uniform(LinkCost link) {
+  NetworkCost n;
+  n.uniform_ = link;
+  return n;
+}
+
+LinkCost NetworkCost::Between(int from_host, int to_host) const {
+  if (from_host == to_host) return {};
+  if (!scenario_) return uniform_;
+  const netem::Link l = scenario_->Between(from_host, to_host);
+  return {l.delay_ms / 1e3, l.rate_mbit * 1e6 / 8, window_bytes_};
+}
+
+}  // namespace longhaul

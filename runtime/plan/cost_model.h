@@ -1,0 +1,135 @@
+#pragma once
+// The planner's cost model: how long a device takes for one micro-batch through a GPT block (and
+// the first and last stages' extras), what a stage holds in memory, and how long a message takes
+// between two hosts. The simulator (simulator.h) runs the schedules against it.
+//
+// A device's speed comes from one of two sources:
+//  - a named device's dense peak × an efficiency: every block costs its FLOPs (metrics/flops.h) at
+//    that rate, so one efficiency calibrated on one run carries to other shapes;
+//  - a profile file of measured per-block times (below), for what a benchmark on the device saw.
+//
+// Profile file (TOML); times are for one micro-batch of `micro_batch` sequences:
+//   device = "v100-16gb"          # free text, shown in plans
+//   backend = "cuda"              # "cuda" or "cpu": which memory estimate applies
+//   memory_gib = 16               # optional: memory the stage must fit in (0 or absent: unchecked)
+//   memory_bandwidth_gbs = 900    # what the parameter-server step streams at
+//   [[block]]                     # one GPT block (attention + MLP), as many shapes as measured
+//   d_model = 2048
+//   n_head = 16
+//   seq_len = 2048
+//   micro_batch = 1
+//   precision = "fp32"            # fp32, bf16 or fp16
+//   recompute = false             # optional: backward reruns the forward
+//   forward_ms = 22.1
+//   backward_ms = 44.6            # with recompute, including the rerun forward
+//   [[head]]                      # optional: final LayerNorm, LM head and loss of the last stage
+//   d_model = 2048
+//   vocab_size = 50257
+//   seq_len = 2048
+//   micro_batch = 1
+//   precision = "fp32"
+//   forward_ms = 11.0
+//   backward_ms = 22.0
+// A shape the profile lacks is priced at the FLOP rate the profile measured for the nearest block
+// of the same precision and recompute setting (nearest in FLOPs), so a planner may try
+// micro-batch sizes nobody timed; a head the profile lacks, at its own shape's block rate.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/memory_estimate.h"
+#include "model/model_config.h"
+#include "netem/scenario.h"
+
+namespace longhaul {
+
+// What one compute instruction works on: one micro-batch of `micro_batch` sequences of `seq_len`
+// tokens through a block of `model` (d_model, n_head; vocab_size for the head).
+struct WorkShape {
+  ModelConfig model;
+  int seq_len = 1;
+  int micro_batch = 1;
+  Precision precision = Precision::kFp32;
+  bool recompute = false;
+};
+
+struct ComputeTimes {
+  double forward_s = 0, backward_s = 0;
+};
+
+class DeviceCost {
+ public:
+  // "v100" (16 GB), "v100-32gb", "a100" (80 GB), "h100" (SXM, 80 GB): dense peaks for the
+  // precision (V100: 15.7 TFLOP/s fp32, 125 fp16 on tensor cores, no bf16; A100: 19.5 / 312;
+  // H100: 67 / 989), memory size and bandwidth from the data sheets. "cpu:<GFLOP/s>" for a CPU at
+  // the peak given (memory bandwidth 20 GB/s, memory unchecked).
+  static absl::StatusOr<DeviceCost> Named(const std::string& name, Precision precision, double efficiency);
+  static absl::StatusOr<DeviceCost> ParseProfile(const std::string& toml_text, const std::string& name);
+  static absl::StatusOr<DeviceCost> LoadProfile(const std::string& path);
+  // A device timed on one shape, as a run of the job measured it: one block and the head (each
+  // time > 0), the parameter-server step streaming at `memory_bandwidth` bytes/s.
+  static absl::StatusOr<DeviceCost> Timed(const std::string& name, Backend backend, double memory_bandwidth,
+                                          const WorkShape& shape, ComputeTimes block, ComputeTimes head);
+
+  const std::string& name() const { return name_; }
+  Backend backend() const { return backend_; }
+  double memory_bytes() const { return memory_bytes_; }  // 0: unchecked
+  // FLOP/s a block runs at when priced from a peak (peak × efficiency); 0 for a profile.
+  double flops_per_second() const { return flops_per_second_; }
+  // The named device's dense peak for the precision, what MFU is measured against; 0 for a profile.
+  double peak_flops_per_second() const { return peak_flops_per_second_; }
+
+  absl::StatusOr<ComputeTimes> Block(const WorkShape& w) const;
+  absl::StatusOr<ComputeTimes> Head(const WorkShape& w) const;
+  // The stage's blocks, plus the head when it has one. The embedding's lookup and scatter-add are
+  // priced at zero: they touch B·s·h numbers, less than a block's LayerNorm.
+  absl::StatusOr<ComputeTimes> Stage(const WorkShape& w, const StageSpec& spec) const;
+  // A parameter-server shard's step: sum `replicas` gradients, then AdamW (read parameter,
+  // gradient and both moments, write parameter and moments), all streaming fp32 at memory
+  // bandwidth.
+  double StepSeconds(double param_count, int replicas) const;
+  // What the stage holds on this device (model/memory_estimate.h, this device's backend).
+  MemoryEstimate StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const;
+
+ private:
+  struct Measured {
+    WorkShape shape;
+    ComputeTimes times;
+  };
+  std::string name_;
+  Backend backend_ = Backend::kCuda;
+  double flops_per_second_ = 0;
+  double peak_flops_per_second_ = 0;
+  double memory_bandwidth_ = 0;  // bytes/s
+  double memory_bytes_ = 0;
+  std::vector<Measured> blocks_, heads_;
+};
+
+// One direction of the link between two hosts. A message occupies it for size / Rate() (one
+// message at a time per direction) and arrives latency_s after its last byte left.
+struct LinkCost {
+  double latency_s = 0;     // one-way
+  double bandwidth = 0;     // bytes/s; 0: unlimited
+  double window_bytes = 0;  // TCP window of the connection; 0: not limiting
+  // min(bandwidth, window / round trip); infinity when neither limits.
+  double Rate() const;
+  double SerializeSeconds(double bytes) const;
+};
+
+// Links between every pair of hosts. Two workers on one host talk for free.
+class NetworkCost {
+ public:
+  // The scenario's one-way delay and rate between the hosts' sites (jitter and loss are not
+  // modelled), with every connection's window capped at `window_bytes` (0: not limiting).
+  static NetworkCost FromScenario(netem::Scenario scenario, double window_bytes = 0);
+  static NetworkCost Uniform(LinkCost link);
+  LinkCost Between(int from_host, int to_host) const;
+
+ private:
+  std::optional<netem::Scenario> scenario_;
+  LinkCost uniform_;
+  double window_bytes_ = 0;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,150 @@
+#include "plan/layout_search.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "metrics/flops.h"
+
+namespace longhaul {
+namespace {
+
+// The layout's memory stage by stage and its compute bound; errors are the cost model's (a profile
+// that times no block of this precision).
+absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages, int replicas, int micro_batch,
+                                       ScheduleKind schedule, bool recompute) {
+  RankedLayout c;
+  Layout& L = c.layout;
+  L.stages = stages, L.replicas = replicas, L.schedule = schedule;
+  L.micro_batches = r.global_batch / (replicas * micro_batch);
+  L.work = {r.model, r.seq_len, micro_batch, r.precision, recompute};
+  L.wire_bytes = r.wire_bytes;
+  int over = 0;
+  for (int s = 0; s < stages; ++s) {
+    const StageSpec spec = L.Spec(s);
+    MemoryEstimate m = r.device.StageMemory(L.work, spec, ActivationSlots(schedule, stages, s, L.micro_batches));
+    if (r.device.memory_bytes() > 0 && m.total() > r.device.memory_bytes()) ++over;
+    if (s == 0 || m.total() > c.peak_memory.total()) c.peak_stage = s, c.peak_memory = std::move(m);
+    auto t = r.device.Stage(L.work, spec);
+    if (!t.ok()) return t.status();
+    c.lower_bound_s = std::max(c.lower_bound_s, L.micro_batches * (t->forward_s + t->backward_s));
+  }
+  c.fits = over == 0;
+  if (!c.fits) {
+    c.why_not = absl::StrFormat("stage %d needs %s, %s over the device's %s", c.peak_stage,
+                                c.peak_memory.ToString(), FormatBytes(c.peak_memory.total() - r.device.memory_bytes()),
+                                FormatBytes(r.device.memory_bytes()));
+    if (over > 1) absl::StrAppend(&c.why_not, absl::StrFormat("; %d of %d stages do not fit", over, stages));
+  }
+  return c;
+}
+
+absl::Status SimulateInto(const LayoutSearchRequest& r, RankedLayout& c) {
+  Simulation sim;
+  sim.layout = c.layout;
+  sim.placement = DefaultPlacement(c.layout, c.central_ps);
+  sim.placement.clip_norm = r.clip_norm;
+  sim.devices = {r.device};
+  sim.network = r.network;
+  auto report = Simulate(sim);
+  if (!report.ok()) return report.status();
+  const double t = report->iteration_s, devices = c.devices();
+  const WorkShape& w = c.layout.work;
+  c.iteration_s = t;
+  c.tokens_per_s = static_cast<double>(r.global_batch) * r.seq_len / t;
+  c.tflops_per_device = ModelFlopsPerIteration(w.model, r.global_batch, r.seq_len, w.recompute) / (t * devices) / 1e12;
+  const double peak = r.device.peak_flops_per_second();
+  c.mfu = peak > 0 ? ModelFlopsPerIteration(w.model, r.global_batch, r.seq_len, false) / (t * devices * peak) : 0;
+  c.days_per_100b_tokens = DaysFor100BTokens(c.tokens_per_s);
+  return absl::OkStatus();
+}
+
+// Faster first; at equal time, the layout on fewer devices.
+bool Better(const RankedLayout& a, const RankedLayout& b) {
+  return a.iteration_s != b.iteration_s ? a.iteration_s < b.iteration_s : a.devices() < b.devices();
+}
+
+// The `keep` fastest of `candidates` (all of them, when exhaustive), simulating in order of the
+// lower bound until the bound reaches the keep-th best time.
+absl::StatusOr<std::vector<RankedLayout>> Rank(const LayoutSearchRequest& r, std::vector<RankedLayout> candidates,
+                                               int keep, int& simulated) {
+  std::vector<RankedLayout> best;
+  if (keep <= 0 && !r.exhaustive) return best;
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const RankedLayout& a, const RankedLayout& b) { return a.lower_bound_s < b.lower_bound_s; });
+  for (RankedLayout& c : candidates) {
+    if (!r.exhaustive && static_cast<int>(best.size()) >= keep && c.lower_bound_s >= best[keep - 1].iteration_s) break;
+    if (absl::Status s = SimulateInto(r, c); !s.ok()) return s;
+    ++simulated;
+    best.insert(std::upper_bound(best.begin(), best.end(), c, Better), std::move(c));
+    if (!r.exhaustive && static_cast<int>(best.size()) > keep) best.pop_back();
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
+  if (r.workers < 1) return absl::InvalidArgumentError(absl::StrCat("workers = ", r.workers, ": give at least 1"));
+  if (r.global_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("global batch = ", r.global_batch, ": give at least 1 sequence"));
+  }
+  if (r.seq_len < 1) return absl::InvalidArgumentError(absl::StrCat("sequence length = ", r.seq_len, ": must be >= 1"));
+  if (absl::Status s = r.model.Validate(); !s.ok()) return s;
+
+  LayoutSearchResult result;
+  std::vector<RankedLayout> fitting, unfit;
+  auto add = [&](RankedLayout c) {
+    ++result.candidates;
+    (c.fits ? fitting : unfit).push_back(std::move(c));
+  };
+  for (int P = 1; P <= std::min(r.workers, r.model.n_layer); ++P) {
+    for (int D = 1; P * D <= r.workers; ++D) {
+      if (r.global_batch % D != 0) continue;
+      const int per_replica = r.global_batch / D;
+      for (int mbs = 1; mbs <= per_replica; ++mbs) {
+        if (per_replica % mbs != 0) continue;
+        std::vector<RankedLayout> variants;
+        for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+          auto plain = Candidate(r, P, D, mbs, schedule, false);
+          if (!plain.ok()) return plain.status();
+          variants.push_back(*plain);
+          if (!plain->fits) {
+            auto recomputed = Candidate(r, P, D, mbs, schedule, true);
+            if (!recomputed.ok()) return recomputed.status();
+            variants.push_back(*recomputed);
+          }
+        }
+        const bool any_fits =
+            std::any_of(variants.begin(), variants.end(), [](const RankedLayout& v) { return v.fits; });
+        if (!any_fits) {
+          // Memory rules out this split and micro-batch size whatever the schedule and recompute:
+          // the variant that comes closest stands for them.
+          add(*std::min_element(variants.begin(), variants.end(), [](const RankedLayout& a, const RankedLayout& b) {
+            return a.peak_memory.total() < b.peak_memory.total();
+          }));
+          continue;
+        }
+        for (RankedLayout& v : variants) {
+          if (!v.fits) continue;
+          // One replica: one shard per stage either way.
+          if (D > 1) {
+            RankedLayout central = v;
+            central.central_ps = true;
+            add(std::move(central));
+          }
+          add(std::move(v));
+        }
+      }
+    }
+  }
+  auto best = Rank(r, std::move(fitting), r.top, result.simulated);
+  if (!best.ok()) return best.status();
+  result.fitting = std::move(*best);
+  auto best_unfit = Rank(r, std::move(unfit), r.top_unfit, result.simulated);
+  if (!best_unfit.ok()) return best_unfit.status();
+  result.unfit = std::move(*best_unfit);
+  return result;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,69 @@
+#pragma once
+// The layout search behind `longhaul plan`: for one model, global batch, device and network, every
+// layout of up to `workers` devices (pipeline stages P × data-parallel replicas D, micro-batch size
+// and count with D × count × size = the global batch, GPipe or 1F1B, recompute on or off, sharded
+// or central parameter servers), checked for memory stage by stage (DeviceCost::StageMemory),
+// simulated (Simulate on DefaultPlacement) and ranked by iteration time.
+//
+// Answering in seconds: a candidate is simulated only where it can still enter the ranking. Its
+// lower bound is the busiest stage's compute, M × (forward + backward): every stage's whole
+// iteration lies between two ends of stage 0's iterations (stage 0's last backward waits for every
+// stage's last backward), so no network or schedule makes it faster. Candidates go in order of
+// that bound and the search stops once the bound reaches the K-th best time simulated. Recompute is
+// not tried where the same layout fits without it: it only adds compute. A split and micro-batch
+// size that fits under no schedule and recompute setting is listed once, by its variant closest
+// to fitting (sharded PS), so the layouts that do not fit say what memory rules out.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/memory_estimate.h"
+#include "plan/cost_model.h"
+#include "plan/simulator.h"
+
+namespace longhaul {
+
+struct LayoutSearchRequest {
+  ModelConfig model;
+  int seq_len = 1;
+  int global_batch = 1;  // sequences per optimizer step, over every replica
+  Precision precision = Precision::kFp32;
+  double wire_bytes = 4;  // per activation element on the wire
+  bool clip_norm = true;  // global-norm clipping: every step waits for the norm all-reduce
+  int workers = 1;        // devices available; a layout may use fewer
+  DeviceCost device;      // every worker's
+  NetworkCost network;    // worker w on host w (DefaultPlacement)
+  int top = 10;           // fitting layouts to rank
+  int top_unfit = 5;      // splits and micro-batch sizes that do not fit to rank
+  bool exhaustive = false;  // simulate every candidate (no bound): for checking the pruning
+};
+
+struct RankedLayout {
+  Layout layout;
+  bool central_ps = false;
+  // Memory: the stage that needs the most, and what it needs.
+  bool fits = true;
+  int peak_stage = 0;
+  MemoryEstimate peak_memory;
+  std::string why_not;  // where it does not fit: the stage, its need, the device's memory, the excess
+  double lower_bound_s = 0;
+  // Simulated, and the figures derived from it (metrics/flops.h).
+  double iteration_s = 0;
+  double tokens_per_s = 0;
+  double tflops_per_device = 0;  // ModelFlopsPerIteration (recompute counted) / (time × P·D)
+  double mfu = 0;                // model FLOPs (no recompute) / (time × P·D × peak); 0: peak unknown
+  double days_per_100b_tokens = 0;
+
+  int devices() const { return layout.stages * layout.replicas; }
+};
+
+struct LayoutSearchResult {
+  std::vector<RankedLayout> fitting;  // fastest first, at most `top`
+  std::vector<RankedLayout> unfit;    // fastest first, at most `top_unfit`
+  int candidates = 0;                 // layouts enumerated
+  int simulated = 0;                  // of them, simulated
+};
+
+absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r);
+
+}  // namespace longhaul

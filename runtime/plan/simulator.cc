@@ -1,0 +1,387 @@
+#include "plan/simulator.h"
+
+#include <algorithm>
+#include <queue>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace longhaul {
+
+StageSpec Layout::Spec(int stage) const {
+  if (blocks_per_stage.empty()) return StageSpec::Even(work.model, stage, stages);
+  StageSpec spec;
+  for (int s = 0; s < stage; ++s) spec.first_block += blocks_per_stage[s];
+  spec.end_block = spec.first_block + blocks_per_stage[stage];
+  spec.has_embedding = stage == 0;
+  spec.has_head = stage == stages - 1;
+  return spec;
+}
+
+double Layout::BoundaryBytes() const {
+  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model * wire_bytes;
+}
+
+Placement DefaultPlacement(const Layout& layout, bool central_ps) {
+  Placement p;
+  p.worker.assign(layout.stages, std::vector<int>(layout.replicas));
+  for (int r = 0; r < layout.replicas; ++r)
+    for (int s = 0; s < layout.stages; ++s) {
+      p.worker[s][r] = r * layout.stages + s;
+      p.host.push_back(r * layout.stages + s);
+    }
+  for (int s = 0; s < layout.stages; ++s) {
+    const double params = StageParamCount(layout.work.model, layout.Spec(s));
+    if (central_ps) {
+      p.shards.push_back({s, params, p.worker[s][0]});
+    } else {
+      for (int r = 0; r < layout.replicas; ++r) p.shards.push_back({s, params / layout.replicas, p.worker[s][r]});
+    }
+  }
+  return p;
+}
+
+namespace {
+
+constexpr double kFp32 = 4;
+
+enum class EventKind {
+  kRun,        // a worker goes on with its instruction list
+  kGradIn,     // one replica's gradient of a shard reached the shard's host
+  kStepDone,   // a shard's host finished its step: broadcast the parameters
+  kParamsIn,   // one shard's parameters reached a worker
+};
+
+struct Event {
+  double t;
+  int64_t seq;  // ties break in the order events were made, so runs are deterministic
+  EventKind kind;
+  int who;  // worker or shard
+  int iter;
+};
+
+struct Later {
+  bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
+};
+
+struct WorkerState {
+  int stage = -1, replica = -1, host = 0, device = 0;
+  std::vector<Instr> program;  // one iteration
+  ComputeTimes cost;
+  int iter = 0;
+  size_t pc = 0;
+  double t = 0;
+  // Blocked on the receive into arrival[waiting_for], or on PullParams (kPull); kNone when running.
+  static constexpr int kNone = -1, kPull = -2;
+  int waiting_for = kNone;
+  double blocked_since = 0;
+  std::vector<double> arrival;  // [iter][activation, gradient][micro]: when it arrives, -1 unknown
+  std::vector<int> params_in;   // [iter]: shards back
+  std::vector<double> iteration_end;
+  double busy = 0, waiting = 0, ps_busy = 0, ps_free = 0;  // ps_free: when its PS timeline is idle
+};
+
+struct ShardState {
+  std::vector<int> grads_in;      // [iter]
+  std::vector<double> summed_at;  // [iter]
+};
+
+class Engine {
+ public:
+  explicit Engine(const Simulation& sim) : sim_(sim), L_(sim.layout), P_(sim.placement) {}
+
+  absl::StatusOr<SimulationReport> Run() {
+    if (auto st = Setup(); !st.ok()) return st;
+    for (size_t w = 0; w < workers_.size(); ++w)
+      if (workers_[w].stage >= 0) Push(0, EventKind::kRun, static_cast<int>(w), 0);
+    int64_t events = 0;
+    while (!queue_.empty()) {
+      const Event e = queue_.top();
+      queue_.pop();
+      ++events;
+      switch (e.kind) {
+        case EventKind::kRun: Advance(e.who); break;
+        case EventKind::kGradIn: GradIn(e.who, e.iter, e.t); break;
+        case EventKind::kStepDone: StepDone(e.who, e.iter, e.t); break;
+        case EventKind::kParamsIn: ParamsIn(e.who, e.iter, e.t); break;
+      }
+    }
+    for (const WorkerState& w : workers_) {
+      if (w.stage >= 0 && w.iter < sim_.iterations) {
+        return absl::InternalError(absl::StrFormat(
+            "simulation stalled: stage %d replica %d waits at instruction %d of iteration %d (%s); the schedules "
+            "do not match",
+            w.stage, w.replica, w.pc, w.iter, ToString({w.program[w.pc]})));
+      }
+    }
+    return Report(events);
+  }
+
+ private:
+  absl::Status Setup() {
+    auto bad = [](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("simulation: ", why)); };
+    const int S = L_.stages, D = L_.replicas, M = L_.micro_batches;
+    if (S < 1 || D < 1 || M < 1) return bad("stages, replicas and micro_batches must be >= 1");
+    if (sim_.iterations < 1) return bad("iterations must be >= 1");
+    if (!L_.blocks_per_stage.empty()) {
+      if (static_cast<int>(L_.blocks_per_stage.size()) != S) return bad("blocks_per_stage needs one entry per stage");
+      int sum = 0;
+      for (int b : L_.blocks_per_stage) {
+        if (b < 0) return bad("blocks_per_stage entries must be >= 0");
+        sum += b;
+      }
+      if (sum != L_.work.model.n_layer) {
+        return bad(absl::StrFormat("blocks_per_stage sums to %d, the model has %d layers", sum, L_.work.model.n_layer));
+      }
+    } else if (S > L_.work.model.n_layer) {
+      return bad(absl::StrFormat("%d stages for %d layers", S, L_.work.model.n_layer));
+    }
+    if (sim_.devices.empty()) return bad("no devices");
+    const int W = static_cast<int>(P_.host.size());
+    if (static_cast<int>(P_.worker.size()) != S) return bad("placement.worker needs one row per stage");
+    if (!P_.device.empty() && static_cast<int>(P_.device.size()) != W) return bad("placement.device needs one entry per worker");
+    workers_.assign(W, WorkerState());
+    hosts_ = 0;
+    for (int w = 0; w < W; ++w) {
+      if (P_.host[w] < 0) return bad("hosts are numbered from 0");
+      hosts_ = std::max(hosts_, P_.host[w] + 1);
+      workers_[w].host = P_.host[w];
+      workers_[w].device = P_.device.empty() ? 0 : P_.device[w];
+      if (workers_[w].device < 0 || workers_[w].device >= static_cast<int>(sim_.devices.size())) {
+        return bad(absl::StrFormat("worker %d names device %d of %d", w, workers_[w].device, sim_.devices.size()));
+      }
+      workers_[w].params_in.assign(sim_.iterations, 0);
+    }
+    hosts_ = std::max(hosts_, P_.coordinator_host + 1);
+    for (int s = 0; s < S; ++s) {
+      if (static_cast<int>(P_.worker[s].size()) != D) return bad(absl::StrFormat("stage %d needs %d replicas placed", s, D));
+      for (int r = 0; r < D; ++r) {
+        const int w = P_.worker[s][r];
+        if (w < 0 || w >= W) return bad(absl::StrFormat("stage %d replica %d: no worker %d", s, r, w));
+        WorkerState& k = workers_[w];
+        if (k.stage >= 0) return bad(absl::StrFormat("worker %d runs two stages", w));
+        k.stage = s;
+        k.replica = r;
+        k.program = MakeSchedule(L_.schedule, S, s, M);
+        k.arrival.assign(static_cast<size_t>(sim_.iterations) * 2 * M, -1);
+        auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
+        if (!cost.ok()) return cost.status();
+        k.cost = *cost;
+      }
+    }
+    stage_shards_.assign(S, {});
+    shards_.assign(P_.shards.size(), ShardState());
+    for (size_t i = 0; i < P_.shards.size(); ++i) {
+      const ShardPlacement& sh = P_.shards[i];
+      if (sh.stage < 0 || sh.stage >= S || sh.worker < 0 || sh.worker >= W || !(sh.params > 0)) {
+        return bad(absl::StrFormat("shard %d: stage %d, worker %d, %g parameters", i, sh.stage, sh.worker, sh.params));
+      }
+      stage_shards_[sh.stage].push_back(static_cast<int>(i));
+      shards_[i].grads_in.assign(sim_.iterations, 0);
+      shards_[i].summed_at.assign(sim_.iterations, 0);
+    }
+    summed_.assign(sim_.iterations, 0);
+    link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
+    link_bytes_.assign(link_free_.size(), 0);
+    link_busy_.assign(link_free_.size(), 0);
+    return absl::OkStatus();
+  }
+
+  void Push(double t, EventKind kind, int who, int iter) { queue_.push({t, seq_++, kind, who, iter}); }
+
+  bool Last(int iter) const { return iter == sim_.iterations - 1; }
+
+  // Puts a message on the link at time t (the current time: events run in time order, so the
+  // link sees messages in the order they were sent) and returns when it arrives.
+  double Send(int from_host, int to_host, double bytes, double t, int iter) {
+    if (from_host == to_host) return t;
+    const LinkCost link = sim_.network.Between(from_host, to_host);
+    const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
+    const double start = std::max(t, link_free_[i]), hold = link.SerializeSeconds(bytes);
+    link_free_[i] = start + hold;
+    if (Last(iter)) link_bytes_[i] += bytes, link_busy_[i] += hold;
+    return start + hold + link.latency_s;
+  }
+
+  size_t Slot(int iter, bool grad, int micro) const {
+    return (static_cast<size_t>(iter) * 2 + (grad ? 1 : 0)) * L_.micro_batches + micro;
+  }
+
+  void Unblock(WorkerState& k, double t) {
+    if (Last(k.iter)) k.waiting += t - k.blocked_since;
+    k.waiting_for = WorkerState::kNone;
+    k.t = t;
+    ++k.pc;
+  }
+
+  void Deliver(int w, size_t slot, double at) {
+    WorkerState& k = workers_[w];
+    k.arrival[slot] = at;
+    if (k.waiting_for == static_cast<int>(slot)) {
+      Unblock(k, at);
+      Push(at, EventKind::kRun, w, k.iter);
+    }
+  }
+
+  // Runs worker w from its current time until it computes (it goes on at the compute's end) or
+  // blocks (it goes on when what it waits for arrives).
+  void Advance(int w) {
+    WorkerState& k = workers_[w];
+    while (k.iter < sim_.iterations) {
+      if (k.pc == k.program.size()) {
+        k.iteration_end.push_back(k.t);
+        ++k.iter;
+        k.pc = 0;
+        continue;
+      }
+      const Instr& in = k.program[k.pc];
+      switch (in.op) {
+        case Op::kForward:
+        case Op::kBackward: {
+          const double d = in.op == Op::kForward ? k.cost.forward_s : k.cost.backward_s;
+          if (Last(k.iter)) k.busy += d;
+          k.t += d;
+          ++k.pc;
+          Push(k.t, EventKind::kRun, w, k.iter);
+          return;
+        }
+        case Op::kSendAct:
+        case Op::kSendGrad: {
+          const bool grad = in.op == Op::kSendGrad;
+          const int peer = P_.worker[k.stage + (grad ? -1 : 1)][k.replica];
+          Deliver(peer, Slot(k.iter, grad, in.micro),
+                  Send(k.host, workers_[peer].host, L_.BoundaryBytes(), k.t, k.iter));
+          ++k.pc;
+          break;
+        }
+        case Op::kRecvAct:
+        case Op::kRecvGrad: {
+          const size_t slot = Slot(k.iter, in.op == Op::kRecvGrad, in.micro);
+          const double at = k.arrival[slot];
+          if (at < 0) {  // not sent yet: Deliver wakes it
+            k.waiting_for = static_cast<int>(slot);
+            k.blocked_since = k.t;
+            return;
+          }
+          if (at > k.t) {  // on its way
+            k.blocked_since = k.t;
+            Unblock(k, at);
+            Push(at, EventKind::kRun, w, k.iter);
+            return;
+          }
+          ++k.pc;
+          break;
+        }
+        case Op::kPushGrads:
+          for (int i : stage_shards_[k.stage]) {
+            const ShardPlacement& sh = P_.shards[i];
+            Push(Send(k.host, workers_[sh.worker].host, kFp32 * sh.params, k.t, k.iter), EventKind::kGradIn, i, k.iter);
+          }
+          ++k.pc;
+          break;
+        case Op::kPullParams:
+          if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {
+            k.waiting_for = WorkerState::kPull;
+            k.blocked_since = k.t;
+            return;
+          }
+          ++k.pc;
+          break;
+      }
+    }
+  }
+
+  void GradIn(int shard, int iter, double t) {
+    ShardState& s = shards_[shard];
+    if (++s.grads_in[iter] < L_.replicas) return;
+    s.summed_at[iter] = t;
+    if (!P_.clip_norm) return StartStep(shard, iter, t);
+    if (++summed_[iter] < static_cast<int>(shards_.size())) return;
+    // Every shard is summed: each host sends its partial squares to the coordinator as its last
+    // shard sums; the norm goes back to every host once the last partial is in.
+    const NetworkCost& net = sim_.network;
+    auto to_coordinator = [&](int host) {
+      return P_.coordinator_host < 0 ? 0.0 : net.Between(host, P_.coordinator_host).latency_s;
+    };
+    double norm_at = t;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      norm_at = std::max(norm_at, shards_[i].summed_at[iter] + to_coordinator(workers_[P_.shards[i].worker].host));
+    }
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      StartStep(static_cast<int>(i), iter, norm_at + to_coordinator(workers_[P_.shards[i].worker].host));
+    }
+  }
+
+  void StartStep(int shard, int iter, double ready) {
+    const ShardPlacement& sh = P_.shards[shard];
+    WorkerState& host = workers_[sh.worker];
+    const double d = sim_.devices[host.device].StepSeconds(sh.params, L_.replicas);
+    const double start = std::max(ready, host.ps_free);
+    host.ps_free = start + d;
+    if (Last(iter)) host.ps_busy += d;
+    Push(host.ps_free, EventKind::kStepDone, shard, iter);
+  }
+
+  void StepDone(int shard, int iter, double t) {
+    const ShardPlacement& sh = P_.shards[shard];
+    for (int r = 0; r < L_.replicas; ++r) {
+      const int w = P_.worker[sh.stage][r];
+      Push(Send(workers_[sh.worker].host, workers_[w].host, kFp32 * sh.params, t, iter), EventKind::kParamsIn, w, iter);
+    }
+  }
+
+  void ParamsIn(int w, int iter, double t) {
+    WorkerState& k = workers_[w];
+    ++k.params_in[iter];
+    if (k.waiting_for == WorkerState::kPull && k.iter == iter &&
+        k.params_in[iter] == static_cast<int>(stage_shards_[k.stage].size())) {
+      Unblock(k, t);
+      Push(t, EventKind::kRun, w, iter);
+    }
+  }
+
+  SimulationReport Report(int64_t events) const {
+    SimulationReport r;
+    r.events = events;
+    const std::vector<double>& ends = workers_[P_.worker[0][0]].iteration_end;
+    r.iteration_s = ends.size() == 1 ? ends[0] : ends.back() - ends[ends.size() - 2];
+    for (const WorkerState& k : workers_) {
+      WorkerReport w;
+      w.stage = k.stage, w.replica = k.replica;
+      w.busy_s = k.busy, w.waiting_s = k.waiting, w.ps_busy_s = k.ps_busy;
+      const DeviceCost& device = sim_.devices[k.device];
+      if (k.stage >= 0) {
+        w.memory = device.StageMemory(L_.work, L_.Spec(k.stage),
+                                      ActivationSlots(L_.schedule, L_.stages, k.stage, L_.micro_batches));
+        w.fits = device.memory_bytes() <= 0 || w.memory.total() <= device.memory_bytes();
+      }
+      r.workers.push_back(w);
+    }
+    // Parameters, their gradient sum and AdamW's two moments, fp32, per hosted parameter.
+    for (const ShardPlacement& sh : P_.shards) r.workers[sh.worker].ps_bytes += 4 * kFp32 * sh.params;
+    for (int a = 0; a < hosts_; ++a)
+      for (int b = 0; b < hosts_; ++b) {
+        const size_t i = static_cast<size_t>(a) * hosts_ + b;
+        if (link_bytes_[i] > 0) r.links.push_back({a, b, link_bytes_[i], link_busy_[i]});
+      }
+    return r;
+  }
+
+  const Simulation& sim_;
+  const Layout& L_;
+  const Placement& P_;
+  std::vector<WorkerState> workers_;
+  std::vector<ShardState> shards_;
+  std::vector<std::vector<int>> stage_shards_;
+  std::vector<int> summed_;  // [iter]: shards summed over every replica
+  int hosts_ = 0;
+  std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]
+  std::priority_queue<Event, std::vector<Event>, Later> queue_;
+  int64_t seq_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<SimulationReport> Simulate(const Simulation& sim) { return Engine(sim).Run(); }
+
+}  // namespace longhaul

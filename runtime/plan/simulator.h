@@ -1,0 +1,106 @@
+#pragma once
+// A discrete-event simulator of training iterations: every worker runs its stage's instruction
+// list from schedule/schedule.h (the lists worker/executor.cc runs) against the cost model, and
+// the simulator predicts iteration time, where each worker's time goes, the bytes on each link
+// and each worker's peak memory.
+//
+// Semantics, as the executor has them:
+//  - Forward and Backward occupy the worker's device for the cost model's time.
+//  - SendAct and SendGrad are asynchronous: the message queues on the link from this worker's
+//    host to the peer's and the worker goes on. A link carries one message at a time per
+//    direction: a message starts when the link is free, holds it for bytes / rate, and arrives one
+//    latency after its last byte left. Links of different host pairs never share capacity (a
+//    host's NIC is not modelled); workers on one host talk for free.
+//  - RecvAct and RecvGrad block until the message has arrived.
+//  - PushGrads and PullParams stand for the parameter-server exchange. The schedule does not list
+//    its parts yet (it will carry push, norm, step, broadcast and pull explicitly later, and then
+//    this simulator runs them as listed); until then they are modelled here: PushGrads sends each
+//    shard of the stage's gradients (fp32) to the shard's host and goes on; a shard sums once
+//    every replica's push is in; with global-norm clipping every host then waits for the norm
+//    all-reduce through the coordinator (every shard of every stage summed, one round trip from
+//    each host to the coordinator's); the host steps its shards one after another (sum and AdamW
+//    at memory bandwidth, DeviceCost::StepSeconds) on its own timeline beside compute, and sends
+//    each stepped shard's parameters (fp32) back to every replica of its stage; PullParams blocks
+//    until all of its stage's shards are back. Control messages (the norm) are latency only.
+//
+// Several iterations run back to back, each worker starting the next as soon as its PullParams
+// is done; the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
+// it, between the ends of the last two iterations (so it is the steady state, not the first
+// iteration's start-up).
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/memory_estimate.h"
+#include "plan/cost_model.h"
+#include "schedule/schedule.h"
+
+namespace longhaul {
+
+struct Layout {
+  int stages = 1, replicas = 1;
+  std::vector<int> blocks_per_stage;  // sums to work.model.n_layer; empty: StageSpec::Even
+  int micro_batches = 1;
+  ScheduleKind schedule = ScheduleKind::kGpipe;
+  WorkShape work;                // the model, sequence length, micro-batch size, precision, recompute
+  double wire_bytes = 4;         // per activation element on the wire (wire dtype)
+
+  StageSpec Spec(int stage) const;
+  // Activations (or their gradients) of one micro-batch between two stages.
+  double BoundaryBytes() const;
+};
+
+// One parameter-server shard: `params` fp32 parameters of `stage`, hosted by worker `worker`.
+struct ShardPlacement {
+  int stage = 0;
+  double params = 0;
+  int worker = 0;
+};
+
+struct Placement {
+  std::vector<std::vector<int>> worker;  // [stage][replica]: the worker that runs it
+  std::vector<int> host;                 // [worker]: its host in the network
+  std::vector<int> device;               // [worker]: index into Simulation::devices; empty: all 0
+  std::vector<ShardPlacement> shards;
+  int coordinator_host = 0;  // -1: beside every host, as in an emulation, whose router runs it
+  bool clip_norm = true;  // global-norm clipping: every step waits for the norm all-reduce
+};
+
+// Worker r·stages + s runs (stage s, replica r), on host of its own number. Sharded PS: each of a
+// stage's replicas hosts 1/replicas of its parameters; central: replica 0 hosts them all.
+Placement DefaultPlacement(const Layout& layout, bool central_ps);
+
+struct Simulation {
+  Layout layout;
+  Placement placement;
+  std::vector<DeviceCost> devices;
+  NetworkCost network;
+  int iterations = 2;
+};
+
+struct WorkerReport {
+  int stage = 0, replica = 0;
+  double busy_s = 0;        // forward and backward, last iteration
+  double waiting_s = 0;     // blocked on receives and on PullParams, last iteration
+  double ps_busy_s = 0;     // stepping hosted shards, last iteration
+  MemoryEstimate memory;    // the stage on its device (memory_estimate.h)
+  double ps_bytes = 0;      // hosted shards: fp32 parameters, gradient sum, AdamW m and v
+  bool fits = true;         // memory.total() within the device's memory (where it has a figure)
+};
+
+struct LinkReport {
+  int from_host = 0, to_host = 0;
+  double bytes = 0;  // last iteration
+  double busy_s = 0;
+};
+
+struct SimulationReport {
+  double iteration_s = 0;
+  std::vector<WorkerReport> workers;
+  std::vector<LinkReport> links;  // host pairs that carried bytes
+  int64_t events = 0;
+};
+
+absl::StatusOr<SimulationReport> Simulate(const Simulation& sim);
+
+}  // namespace longhaul

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `longhaul plan` on the source experiment's model (configs/plan-gpt3xl.toml) with 12 V100s ranks
+# layouts and names the best as --set overrides, within seconds; bad input (a device it does not
+# know, a scenario file that is not there, no workers) exits 2 with one line naming the fix.
+# Usage: plan.sh path/to/longhaul (run from anywhere: paths are the source tree's)
+set -u
+bin="$1"
+src="$(cd "$(dirname "$0")/../.." && pwd)"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+
+start=$(date +%s.%N)
+"$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device v100 \
+  --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+seconds=$(echo "$(date +%s.%N) - $start" | bc)
+if [ "$rc" = 0 ] && grep -q "^Fastest layouts that fit:" "$dir/out.txt" &&
+  grep -q "^Best layout: [0-9]* stages x [0-9]* replicas" "$dir/out.txt" &&
+  grep -q -- "--set cluster.stages=[0-9]* --set cluster.replicas=[0-9]* --set train.micro_batches=[0-9]*" "$dir/out.txt" &&
+  grep -q "does not fit: stage [0-9]* needs" "$dir/out.txt" && [ "$(echo "$seconds < 10" | bc)" = 1 ]; then
+  echo "ok: best layout named in ${seconds}s: $(grep '^Best layout' "$dir/out.txt")"
+else
+  echo "FAIL: plan exit $rc in ${seconds}s:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+
+expect_error() {  # name, expected substring, arguments of `plan`...
+  local name="$1" want="$2"
+  shift 2
+  "$bin" plan -c "$src/configs/plan-gpt3xl.toml" "$@" >"$dir/out.txt" 2>"$dir/err.txt"
+  rc=$?
+  if [ "$rc" = 2 ] && [ "$(wc -l <"$dir/err.txt")" = 1 ] && grep -q "^longhaul: error: .*$want" "$dir/err.txt"; then
+    echo "ok: $name exits 2: $(cat "$dir/err.txt")"
+  else
+    echo "FAIL $name: exit $rc (wanted 2), wanted '$want':"
+    cat "$dir/err.txt"
+    fail=1
+  fi
+}
+expect_error device "unknown device \"v200\": use v100, v100-32gb, a100, h100" --workers 12 --device v200
+expect_error scenario "no_such.toml.*--scenario takes a file such as" --scenario "$dir/no_such.toml"
+expect_error workers "--workers -1: give at least 1 worker" --workers -1
+exit $fail

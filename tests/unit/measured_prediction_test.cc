@@ -1,0 +1,49 @@
+// The planner's prediction from measured compute: on free links it is the schedule's arithmetic
+// of the stages' times (one stage: M micro-batches; a GPipe pipeline: M + P - 1 slots of the
+// slowest stage), and a link's latency adds to it.
+#include "plan/measured_prediction.h"
+
+#include <gtest/gtest.h>
+
+namespace longhaul {
+namespace {
+
+JobConfig Config(const std::vector<std::string>& overrides) {
+  std::vector<std::string> all = {"model.n_layer=4", "model.d_model=16", "model.n_head=2", "train.micro_batches=6",
+                                  "train.grad_clip=0"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  auto c = ParseJobConfig("", "job.toml", all);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+constexpr double kTolerance = 1e-3;  // the parameter servers' step of a tiny model
+
+TEST(MeasuredPrediction, OneStageIsItsMicroBatchesOneAfterAnother) {
+  const auto p = PredictFromMeasuredCompute(Config({}), {0.1}, NetworkCost::Uniform({}), -1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(*p, 6 * 0.1, kTolerance);
+}
+
+TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt) {
+  const JobConfig cfg = Config({"cluster.stages=2"});
+  // Equal stages (the head costs nothing more here): GPipe takes (M + P - 1) slots of one stage.
+  const auto free = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}), -1);
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_NEAR(*free, (6 + 2 - 1) * 0.1, kTolerance);
+  LinkCost slow;
+  slow.latency_s = 0.02;
+  const auto far = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform(slow), -1);
+  ASSERT_TRUE(far.ok()) << far.status();
+  EXPECT_GT(*far, *free + 2 * 0.02 - kTolerance);
+}
+
+TEST(MeasuredPrediction, TheComputeMustCoverEveryStage) {
+  EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {0.1}, NetworkCost::Uniform({}), -1)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace longhaul

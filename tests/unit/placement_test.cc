@@ -1,0 +1,207 @@
+#include "plan/placement.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/memory_estimate.h"
+#include "netem/scenario.h"
+
+namespace longhaul {
+namespace {
+
+constexpr double kFp32 = 4;
+
+DeviceCost Cpu(const char* name) {
+  auto d = DeviceCost::Named(name, Precision::kFp32, 1.0);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return *d;
+}
+
+// Sites with the given one-way delays and rates (the diagonal inside a site); host h on
+// site site_of[h].
+netem::Scenario Sites(const std::vector<std::vector<double>>& delay_ms, const std::vector<std::vector<double>>& mbit,
+                      std::vector<int> site_of) {
+  netem::Scenario s;
+  s.name = "test";
+  for (size_t i = 0; i < delay_ms.size(); ++i) s.sites.push_back("site" + std::to_string(i));
+  s.delay_ms = delay_ms;
+  s.rate_mbit = mbit;
+  s.placement = std::move(site_of);
+  return s;
+}
+
+// Two sites joined by a 10 Mbit/s, 20 ms link; 10 Gbit/s inside a site.
+netem::Scenario TwoSites(std::vector<int> site_of) {
+  return Sites({{0.1, 20}, {20, 0.1}}, {{10000, 10}, {10, 10000}}, std::move(site_of));
+}
+
+PlacementProblem Problem(int stages, int replicas, int micro, int d_model, int seq_len, netem::Scenario network) {
+  PlacementProblem p;
+  Layout& L = p.layout;
+  L.stages = stages, L.replicas = replicas, L.micro_batches = micro;
+  L.work.model.n_layer = stages, L.work.model.d_model = d_model, L.work.model.n_head = 4;
+  L.work.model.vocab_size = 64, L.work.model.max_seq_len = seq_len;
+  L.work.seq_len = seq_len;
+  p.devices = {Cpu("cpu:100")};
+  for (int w = 0; w < stages * replicas; ++w) p.host.push_back(w);
+  p.network = NetworkCost::FromScenario(std::move(network));
+  p.clip_norm = false;
+  return p;
+}
+
+PlacementResult Ok(const absl::StatusOr<PlacementResult>& r) {
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : PlacementResult{};
+}
+
+TEST(Placement, HeavyPipelineBoundaryKeepsEachReplicaOnOneSite) {
+  // Hosts alternate between the sites, so registration order runs every pipeline across the slow
+  // link. A boundary carries 8 micro-batches of 1024 x 64 fp32 each way, several times what a
+  // worker's half of the stage's exchange is.
+  const std::vector<int> site_of = {0, 1, 0, 1};
+  PlacementProblem p = Problem(2, 2, 8, 64, 1024, TwoSites(site_of));
+  const double boundary = p.layout.micro_batches * p.layout.BoundaryBytes();
+  const double exchange = kFp32 * StageParamCount(p.layout.work.model, p.layout.Spec(0)) / 2;
+  ASSERT_GT(boundary, 4 * exchange);
+  const PlacementResult r = Ok(SearchPlacement(p));
+  for (int replica = 0; replica < 2; ++replica) {
+    EXPECT_EQ(site_of[r.placement.worker[0][replica]], site_of[r.placement.worker[1][replica]]) << replica;
+  }
+  EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+}
+
+TEST(Placement, HeavyExchangeKeepsEachStagesReplicasOnOneSite) {
+  // The opposite sizes: one micro-batch of 16 x 256 on the boundary, a 256-wide block's gradient
+  // in the exchange. Registration order puts each stage's replicas on both sites.
+  const std::vector<int> site_of = {0, 0, 1, 1};
+  PlacementProblem p = Problem(2, 2, 1, 256, 16, TwoSites(site_of));
+  const double boundary = p.layout.micro_batches * p.layout.BoundaryBytes();
+  const double exchange = kFp32 * StageParamCount(p.layout.work.model, p.layout.Spec(0)) / 2;
+  ASSERT_GT(exchange, 4 * boundary);
+  const PlacementResult r = Ok(SearchPlacement(p));
+  for (int stage = 0; stage < 2; ++stage) {
+    EXPECT_EQ(site_of[r.placement.worker[stage][0]], site_of[r.placement.worker[stage][1]]) << stage;
+  }
+  EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+}
+
+// Four sites with uneven links, 16 workers round-robin: 4 stages x 4 replicas.
+PlacementProblem FourSites() {
+  std::vector<int> site_of(16);
+  for (int h = 0; h < 16; ++h) site_of[h] = h % 4;
+  PlacementProblem p = Problem(4, 4, 8, 64, 256,
+                               Sites({{0.1, 30, 40, 80}, {30, 0.1, 70, 55}, {40, 70, 0.1, 110}, {80, 55, 110, 0.1}},
+                                     {{10000, 100, 100, 50}, {100, 10000, 80, 80}, {100, 80, 10000, 40},
+                                      {50, 80, 40, 10000}},
+                                     site_of));
+  p.clip_norm = true;
+  return p;
+}
+
+TEST(Placement, NeverWorseThanRegistrationOrderRandomOrTheGeneticSearch) {
+  const PlacementProblem p = FourSites();
+  const PlacementResult chosen = Ok(SearchPlacement(p));
+  EXPECT_LE(chosen.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+  std::vector<double> random;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    random.push_back(Ok(RandomPlacement(p, seed)).iteration_s);
+    EXPECT_LE(chosen.iteration_s, random.back()) << "seed " << seed;
+  }
+  std::sort(random.begin(), random.end());
+  EXPECT_LT(2 * chosen.iteration_s, random[10]);  // the median, by a margin
+  GeneticOptions small;
+  small.population = 12, small.generations = 10;
+  EXPECT_LE(chosen.iteration_s, Ok(GeneticPlacement(p, small)).iteration_s);
+}
+
+TEST(Placement, GeneticSearchKeepsTheBestItSawAndItsBudget) {
+  const PlacementProblem p = FourSites();
+  GeneticOptions o;
+  o.population = 8, o.generations = 5;
+  const PlacementResult g = Ok(GeneticPlacement(p, o));
+  // Registration order is in the first generation and the elite survive.
+  EXPECT_LE(g.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+  EXPECT_EQ(g.simulations, o.population + (o.generations - 1) * (o.population - o.elite));
+  EXPECT_EQ(g.blocks_per_stage, p.layout.blocks_per_stage);  // the baselines keep the layout's cut
+}
+
+TEST(Placement, BalancedCutGivesFasterStagesMoreBlocksAndTheHeadFewer) {
+  EXPECT_EQ(BalancedCut(8, {1, 3}, 0), (std::vector<int>{6, 2}));
+  EXPECT_EQ(BalancedCut(8, {1, 1, 1, 1}, 0), (std::vector<int>{2, 2, 2, 2}));
+  // A head worth 1.75 blocks: the last stage gives up blocks, the slowest stages give first.
+  const std::vector<int> cut = BalancedCut(24, std::vector<double>(8, 1.0), 1.75);
+  EXPECT_EQ(std::accumulate(cut.begin(), cut.end(), 0), 24);
+  EXPECT_EQ(cut.back(), 2);
+  EXPECT_EQ(*std::max_element(cut.begin(), cut.end()), 4);
+  // Every stage keeps a block.
+  EXPECT_EQ(BalancedCut(3, {1, 100, 1}, 0), (std::vector<int>{1, 1, 1}));
+}
+
+TEST(Placement, FasterDeviceGetsMoreBlocks) {
+  PlacementProblem p = Problem(2, 1, 4, 64, 64, Sites({{0.1}}, {{10000}}, {0, 0}));
+  p.layout.work.model.n_layer = 8;
+  p.devices = {Cpu("cpu:100"), Cpu("cpu:300")};
+  p.device = {0, 1};
+  const PlacementResult r = Ok(SearchPlacement(p));
+  const int fast_stage = r.placement.worker[0][0] == 1 ? 0 : 1;
+  EXPECT_GT(r.blocks_per_stage[fast_stage], r.blocks_per_stage[1 - fast_stage]);
+  EXPECT_EQ(r.blocks_per_stage[0] + r.blocks_per_stage[1], 8);
+  PlacementProblem even = p;
+  even.layout.blocks_per_stage = {4, 4};
+  EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(even)).iteration_s);
+}
+
+TEST(Placement, SlowSpareWorkerStaysIdle) {
+  // Three workers for two slots, one of them ten times slower.
+  PlacementProblem p = Problem(2, 1, 4, 64, 64, Sites({{0.1}}, {{10000}}, {0, 0, 0}));
+  p.host = {0, 1, 2};
+  p.devices = {Cpu("cpu:100"), Cpu("cpu:10")};
+  p.device = {1, 0, 0};
+  const PlacementResult r = Ok(SearchPlacement(p));
+  EXPECT_NE(r.placement.worker[0][0], 0);
+  EXPECT_NE(r.placement.worker[1][0], 0);
+  EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+}
+
+TEST(Placement, SameSeedSamePlan) {
+  const PlacementProblem p = FourSites();
+  const PlacementResult a = Ok(SearchPlacement(p, {.seed = 7}));
+  const PlacementResult b = Ok(SearchPlacement(p, {.seed = 7}));
+  EXPECT_EQ(a.placement.worker, b.placement.worker);
+  EXPECT_EQ(a.blocks_per_stage, b.blocks_per_stage);
+  EXPECT_EQ(a.iteration_s, b.iteration_s);
+  EXPECT_EQ(a.simulations, b.simulations);
+  EXPECT_EQ(Ok(RandomPlacement(p, 3)).placement.worker, Ok(RandomPlacement(p, 3)).placement.worker);
+  EXPECT_EQ(Ok(GeneticPlacement(p, {.seed = 5, .population = 6, .generations = 3})).placement.worker,
+            Ok(GeneticPlacement(p, {.seed = 5, .population = 6, .generations = 3})).placement.worker);
+}
+
+TEST(Placement, SixtyFourWorkersWithinTheSimulationBudget) {
+  auto world = netem::LoadScenario(LONGHAUL_SOURCE_DIR "/netem/scenarios/world-eight-regions.toml");
+  ASSERT_TRUE(world.ok()) << world.status();
+  world->placement.clear();  // round-robin over the eight regions
+  PlacementProblem p = Problem(8, 8, 8, 64, 256, *world);
+  p.layout.work.model.n_layer = 16;
+  SearchOptions o;
+  o.max_simulations = 300;
+  const PlacementResult r = Ok(SearchPlacement(p, o));
+  EXPECT_LE(r.simulations, o.max_simulations);
+  EXPECT_GT(r.simulations, 5);  // the starts, then local search
+  EXPECT_LE(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+  EXPECT_EQ(std::accumulate(r.blocks_per_stage.begin(), r.blocks_per_stage.end(), 0), 16);
+}
+
+TEST(Placement, RejectsTooFewWorkersAndBadOrders) {
+  PlacementProblem p = FourSites();
+  p.host.resize(15);
+  EXPECT_EQ(SearchPlacement(p).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RegistrationOrder(p).status().code(), absl::StatusCode::kInvalidArgument);
+  const PlacementProblem q = FourSites();
+  std::vector<int> order(16, 0);
+  EXPECT_EQ(PlaceInOrder(q, order).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace longhaul

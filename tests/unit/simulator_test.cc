@@ -1,0 +1,234 @@
+#include "plan/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+namespace longhaul {
+namespace {
+
+// A device whose block takes exactly 10 ms forward and 20 ms backward, whose head is all but free
+// (so every stage costs the same), and whose PS step is all but free unless a test slows it.
+DeviceCost TestDevice(double memory_bandwidth_gbs = 1e9, const char* backend = "cuda") {
+  const std::string text = std::string("backend = \"") + backend + "\"\nmemory_bandwidth_gbs = " +
+                           std::to_string(memory_bandwidth_gbs) + R"(
+[[block]]
+d_model = 64
+n_head = 4
+seq_len = 16
+micro_batch = 1
+forward_ms = 10
+backward_ms = 20
+[[head]]
+d_model = 64
+vocab_size = 64
+seq_len = 16
+micro_batch = 1
+forward_ms = 1e-9
+backward_ms = 1e-9
+)";
+  auto d = DeviceCost::ParseProfile(text, "test");
+  EXPECT_TRUE(d.ok()) << d.status();
+  return *d;
+}
+
+constexpr double kF = 0.010, kB = 0.020, kEps = 1e-6;
+
+Simulation Make(int stages, int replicas, int micro, double latency_s = 0, double bandwidth = 0,
+                ScheduleKind kind = ScheduleKind::kGpipe, bool central_ps = false) {
+  Simulation sim;
+  Layout& L = sim.layout;
+  L.stages = stages, L.replicas = replicas, L.micro_batches = micro, L.schedule = kind;
+  L.work.model.n_layer = stages, L.work.model.d_model = 64, L.work.model.n_head = 4;
+  L.work.model.vocab_size = 64, L.work.model.max_seq_len = 16;
+  L.work.seq_len = 16;
+  sim.placement = DefaultPlacement(L, central_ps);
+  sim.devices = {TestDevice()};
+  sim.network = NetworkCost::Uniform({latency_s, bandwidth, 0});
+  return sim;
+}
+
+SimulationReport Simulated(const Simulation& sim) {
+  auto r = Simulate(sim);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : SimulationReport{};
+}
+
+double LinkBytes(const SimulationReport& r, int from, int to) {
+  for (const LinkReport& l : r.links)
+    if (l.from_host == from && l.to_host == to) return l.bytes;
+  return 0;
+}
+
+TEST(Simulator, OneStageIsMicroBatchesTimesForwardAndBackwardPlusTheStep) {
+  Simulation sim = Make(1, 1, 8);
+  sim.devices = {TestDevice(0.001)};  // 1 MB/s: the step takes seconds
+  const double params = sim.placement.shards[0].params;
+  const double step = sim.devices[0].StepSeconds(params, 1);
+  EXPECT_GT(step, 1.0);
+  const SimulationReport r = Simulated(sim);
+  EXPECT_NEAR(r.iteration_s, 8 * (kF + kB) + step, kEps);
+  EXPECT_NEAR(r.workers[0].busy_s, 8 * (kF + kB), kEps);
+  EXPECT_NEAR(r.workers[0].waiting_s, step, kEps);  // PullParams waits for the step
+  EXPECT_NEAR(r.workers[0].ps_busy_s, step, kEps);
+  EXPECT_TRUE(r.links.empty());
+}
+
+TEST(Simulator, GpipeWithFreeLinksFollowsTheBubbleFormula) {
+  for (int P : {2, 4, 6})
+    for (int M : {1, 4, 16}) {
+      const SimulationReport r = Simulated(Make(P, 1, M));
+      EXPECT_NEAR(r.iteration_s, (M + P - 1) * (kF + kB), kEps) << P << " stages, " << M << " micro-batches";
+      // Every stage computes M·(f+b) and waits out the bubble.
+      for (const WorkerReport& w : r.workers) EXPECT_NEAR(w.busy_s, M * (kF + kB), kEps);
+      EXPECT_NEAR(r.workers[P - 1].waiting_s, (P - 1) * (kF + kB), kEps);
+    }
+}
+
+TEST(Simulator, OneFOneBTakesAsLongAsGpipeWithFreeLinks) {
+  for (int P : {2, 3, 5})
+    for (int M : {1, 3, 8}) {
+      const double gpipe = Simulated(Make(P, 1, M, 0, 0, ScheduleKind::kGpipe)).iteration_s;
+      const double ofob = Simulated(Make(P, 1, M, 0, 0, ScheduleKind::k1F1B)).iteration_s;
+      EXPECT_NEAR(ofob, gpipe, kEps) << P << " stages, " << M << " micro-batches";
+    }
+}
+
+TEST(Simulator, LatencyAddsTwoCrossingsPerStageBoundaryToTheCriticalPath) {
+  const double latency = 0.007;
+  const int P = 4, M = 8;
+  const double gpipe = Simulated(Make(P, 1, M, latency)).iteration_s;
+  EXPECT_NEAR(gpipe, (M + P - 1) * (kF + kB) + 2 * (P - 1) * latency, kEps);
+  // 1F1B keeps at most P - s micro-batches in flight, too few to cover the round trips latency
+  // adds, so every steady-state forward-backward pair waits: it loses to GPipe here.
+  const double ofob = Simulated(Make(P, 1, M, latency, 0, ScheduleKind::k1F1B)).iteration_s;
+  EXPECT_GT(ofob, gpipe + latency);
+}
+
+TEST(Simulator, BandwidthBoundSendsSerializeOnTheLink) {
+  // Each activation takes 60 ms on the wire, longer than the forward (10) and backward (20): the
+  // second stage receives one every 60 ms, and the gradients come back one every 60 ms.
+  Simulation sim = Make(2, 1, 8);
+  const double tau = 0.060, boundary = sim.layout.BoundaryBytes();
+  sim.network = NetworkCost::Uniform({0, boundary / tau, 0});
+  const SimulationReport r = Simulated(sim);
+  EXPECT_NEAR(r.iteration_s, 2 * 8 * tau + 2 * (kF + kB), kEps);
+  // Unlimited links would have taken (M + 1)·(f + b).
+  EXPECT_GT(r.iteration_s, 3 * 9 * (kF + kB));
+  // 16 floats × 64 channels per micro-batch, eight of them each way; the PS stays on each worker.
+  EXPECT_DOUBLE_EQ(boundary, 16 * 64 * 4);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 8 * boundary);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 8 * boundary);
+  EXPECT_EQ(r.links.size(), 2u);
+}
+
+TEST(Simulator, WireDtypeHalvesTheBytes) {
+  Simulation sim = Make(2, 1, 4, 0, 1e6);
+  sim.layout.wire_bytes = 2;
+  const SimulationReport r = Simulated(sim);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * 16 * 64 * 2);
+}
+
+TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
+  const int M = 2;
+  const double rate = 1e6;  // 1 MB/s: the exchange dominates
+  for (bool central : {false, true}) {
+    Simulation sim = Make(1, 2, M, 0, rate, ScheduleKind::kGpipe, central);
+    const double params = StageParamCount(sim.layout.work.model, sim.layout.Spec(0));
+    const double fb = [&] {
+      const ComputeTimes t = *sim.devices[0].Stage(sim.layout.work, sim.layout.Spec(0));
+      return t.forward_s + t.backward_s;
+    }();
+    const SimulationReport r = Simulated(sim);
+    // Sharded: each worker sends the other half its gradient, then gets the other half's
+    // parameters back, both directions at once. Central: replica 1 sends all of it and gets all of
+    // it back.
+    const double moved = central ? 4 * params : 2 * params;
+    const double step = sim.devices[0].StepSeconds(central ? params : params / 2, 2);
+    EXPECT_NEAR(r.iteration_s, M * fb + 2 * moved / rate + step, kEps) << (central ? "central" : "sharded");
+    // Either way each direction carries one half-gradient and one half of the parameters (sharded)
+    // or the whole gradient one way and the whole parameters the other (central): 4 bytes each.
+    EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 4 * params);
+    EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * params);
+    EXPECT_NEAR(r.workers[0].ps_bytes, 16 * (central ? params : params / 2), 1e-6);
+  }
+}
+
+TEST(Simulator, CentralPsTakesEachReplicaOnItsOwnLink) {
+  // Four replicas push to replica 0's worker over three host pairs at once (no shared NIC), and
+  // get the parameters back the same way: one transfer time each way, not three.
+  const double rate = 1e6;
+  Simulation sim = Make(1, 4, 1, 0, rate, ScheduleKind::kGpipe, /*central_ps=*/true);
+  const double params = sim.placement.shards[0].params;
+  const ComputeTimes t = *sim.devices[0].Stage(sim.layout.work, sim.layout.Spec(0));
+  const SimulationReport r = Simulated(sim);
+  EXPECT_NEAR(r.iteration_s, t.forward_s + t.backward_s + 2 * 4 * params / rate + sim.devices[0].StepSeconds(params, 4),
+              kEps);
+  for (int w = 1; w < 4; ++w) EXPECT_DOUBLE_EQ(LinkBytes(r, 0, w), 4 * params);
+}
+
+TEST(Simulator, ClippingWaitsForTheNormRoundTripThroughTheCoordinator) {
+  const double latency = 0.004;
+  Simulation sim = Make(1, 1, 2, latency);
+  sim.placement.coordinator_host = 1;  // a host of its own
+  const double step = sim.devices[0].StepSeconds(sim.placement.shards[0].params, 1);
+  EXPECT_NEAR(Simulated(sim).iteration_s, 2 * (kF + kB) + 2 * latency + step, kEps);
+  sim.placement.coordinator_host = -1;  // beside every host, as an emulation's router
+  EXPECT_NEAR(Simulated(sim).iteration_s, 2 * (kF + kB) + step, kEps);
+  sim.placement.coordinator_host = 1;
+  sim.placement.clip_norm = false;
+  EXPECT_NEAR(Simulated(sim).iteration_s, 2 * (kF + kB) + step, kEps);
+}
+
+TEST(Simulator, ScenarioLinksPriceEachHop) {
+  auto s = netem::LoadScenario(LONGHAUL_SOURCE_DIR "/netem/scenarios/source-10ms-1gbit.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  Simulation sim = Make(3, 1, 1);
+  sim.network = NetworkCost::FromScenario(*s);
+  const double hop = 0.010 + sim.layout.BoundaryBytes() / 125e6;
+  // One micro-batch: every stage in turn, two hops forward, two back.
+  EXPECT_NEAR(Simulated(sim).iteration_s, 3 * (kF + kB) + 4 * hop, kEps);
+}
+
+TEST(Simulator, UnevenStagesAddUpWithOneMicroBatch) {
+  Simulation sim = Make(2, 1, 1);
+  sim.layout.work.model.n_layer = 4;
+  sim.layout.blocks_per_stage = {3, 1};
+  sim.placement = DefaultPlacement(sim.layout, false);
+  EXPECT_NEAR(Simulated(sim).iteration_s, 4 * (kF + kB), kEps);
+  sim.layout.blocks_per_stage = {3, 2};
+  EXPECT_EQ(Simulate(sim).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Simulator, MemoryFollowsTheScheduleActivationSlots) {
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    Simulation sim = Make(4, 2, 8, 0, 0, kind);
+    sim.devices = {TestDevice(1e9, "cpu")};
+    const SimulationReport r = Simulated(sim);
+    for (int s = 0; s < 4; ++s) {
+      const MemoryEstimate want =
+          sim.devices[0].StageMemory(sim.layout.work, sim.layout.Spec(s), ActivationSlots(kind, 4, s, 8));
+      EXPECT_DOUBLE_EQ(r.workers[s].memory.total(), want.total()) << ScheduleName(kind) << " stage " << s;
+      EXPECT_TRUE(r.workers[s].fits);
+    }
+  }
+  // GPipe holds all eight micro-batches on stage 0, 1F1B four.
+  Simulation g = Make(4, 1, 8, 0, 0, ScheduleKind::kGpipe), o = Make(4, 1, 8, 0, 0, ScheduleKind::k1F1B);
+  g.devices = o.devices = {TestDevice(1e9, "cpu")};
+  EXPECT_GT(Simulated(g).workers[0].memory.bytes("activations"), Simulated(o).workers[0].memory.bytes("activations"));
+}
+
+TEST(Simulator, SixtyFourWorkersAndMicroBatchesInMilliseconds) {
+  Simulation sim = Make(8, 8, 64, 0.005, 1e8);
+  const auto t0 = std::chrono::steady_clock::now();
+  const SimulationReport r = Simulated(sim);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.workers.size(), 64u);
+  EXPECT_GT(r.iteration_s, (64 + 7) * (kF + kB));
+  EXPECT_LT(ms, 200) << r.events << " events";
+  std::printf("64 workers x 64 micro-batches x 2 iterations: %lld events in %.1f ms\n",
+              static_cast<long long>(r.events), ms);
+}
+
+}  // namespace
+}  // namespace longhaul
