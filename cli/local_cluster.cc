@@ -153,6 +153,7 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   std::vector<std::string> coord = in_host(-1, {self_exe, "coordinator", "-c", config_path, "--listen",
                                                 net ? "0.0.0.0:0" : "127.0.0.1:0", "--port-file", port_file});
   for (const std::string& o : overrides) coord.insert(coord.end(), {"--set", o});
+  if (!scenario_path.empty()) coord.insert(coord.end(), {"--scenario", scenario_path});
   if (stop_at > 0) coord.insert(coord.end(), {"--stop-at", std::to_string(stop_at)});
   std::vector<pid_t> children = {Spawn(coord)};
   std::cout << absl::StrFormat("longhaul local: coordinator (pid %d) and %d workers of %d threads each; Ctrl-C stops "
@@ -180,7 +181,8 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   }
   for (int w = 0; w < workers; ++w) {
     const std::string coordinator = absl::StrCat(net ? netem::EmulatedNetwork::GatewayOf(w) : "127.0.0.1", ":", port);
-    std::vector<std::string> args = {self_exe, "worker", "--coordinator", coordinator, "--threads",
+    // Worker w runs in emulated host w and takes slot w, so a scenario's sites hold known stages.
+    std::vector<std::string> args = {self_exe, "worker", "--coordinator", coordinator, "--slot", std::to_string(w), "--threads",
                                      std::to_string(threads), "--job-id", cfg->cluster.job_id, "--listen"};
     if (net) {
       args.push_back(netem::EmulatedNetwork::Address(w) + ":0");

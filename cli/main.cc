@@ -3,6 +3,7 @@
 //   coordinator  the control plane of a multi-worker job
 //   worker       one worker of a multi-worker job
 //   local        a coordinator and its workers as processes on this machine
+//   plan         the fastest layouts of a job on N devices over a network, by simulation
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "cli/experiment.h"
 #include "cli/local_cluster.h"
 #include "cli/netem_command.h"
+#include "cli/plan_command.h"
 #include "config/job_config.h"
 #include "coordinator/coordinator.h"
 #include "worker/local_trainer.h"
@@ -106,6 +108,9 @@ int main(int argc, char** argv) {
   add_stop_at(coord);
   coord->add_option("--listen", copt.listen, "address to listen on")->capture_default_str();
   coord->add_option("--port-file", copt.port_file, "write the bound port to this file");
+  coord->add_option("--scenario", copt.scenario,
+                    "the workers' links (netem/scenarios/*.toml, worker w on host w): predict the iteration time "
+                    "and print it beside the measured one");
 
   longhaul::WorkerOptions wopt;
   CLI::App* worker = app.add_subcommand("worker", "run one worker of a multi-worker job");
@@ -119,6 +124,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   worker->add_option("--dial-map", wopt.dial_map, "file of 'peer_address dial_instead' lines (proxied links)");
+  worker->add_option("--slot", wopt.slot,
+                     "ask for this worker id (stage = id % stages, replica = id / stages), as a launcher that "
+                     "placed the workers on known hosts does (default: the next free one)")
+      ->check(CLI::Range(0, 65535));
+  worker->add_option("--backend", wopt.backend, "\"cpu\" or \"cuda:N\" (default: train.backend of the job)")
+      ->check([](const std::string& b) {
+        const auto d = longhaul::ParseBackend(b, "--backend");
+        return d.ok() ? std::string() : std::string(d.status().message());
+      });
+
+  CLI::App* plan = longhaul::AddPlanCommand(app);
+  add_config(plan);
 
   longhaul::AddNetemCommands(app);
 
@@ -173,6 +190,8 @@ int main(int argc, char** argv) {
       if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
     } else if (worker->parsed()) {
       if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
+    } else if (plan->parsed()) {
+      return longhaul::RunPlanCommand(config_path, overrides);
     } else {
       return longhaul::RunNetemCommand(self_exe);
     }

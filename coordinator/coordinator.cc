@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -21,11 +22,14 @@
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
+#include "coordinator/membership.h"
+#include "coordinator/planning.h"
+#include "coordinator/run_log.h"
+#include "netem/scenario.h"
+#include "plan/measured_prediction.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
-#include "metrics/timeline.h"
-#include "model/param_layout.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
 
@@ -37,12 +41,9 @@ namespace {
 std::atomic<bool> g_stop_requested{false};
 using Clock = std::chrono::steady_clock;
 
-struct WorkerInfo {
-  proto::RegisterRequest reg;
-  Clock::time_point last_seen;
-  bool done = false;
-  std::string timeline;
-};
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
 
 // Per-iteration reports of every worker.
 struct IterationRecord {
@@ -51,66 +52,32 @@ struct IterationRecord {
 
 class Service final : public proto::Coordinator::Service {
  public:
-  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics)
-      : cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
+  Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics,
+          std::optional<NetworkCost> network)
+      : network_(std::move(network)), cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
-        metrics_(std::move(metrics)) {
-    for (int s = 0; s < cfg.cluster.stages; ++s) {
-      ParamLayout layout(cfg.model, cfg.Stage(s));
-      auto cuts = cfg.cluster.central_ps ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
-                                         : layout.SplitIntoShards(cfg.cluster.replicas);
-      int shard = 0;
-      for (size_t k = 0; k < cuts.size(); ++k) {
-        // A stage with fewer tensors than replicas leaves some cuts empty: no shard, no PS duty.
-        if (cuts[k].first == cuts[k].second) continue;
-        proto::ShardPlacement sp;
-        sp.set_stage(s);
-        sp.set_shard(shard++);
-        sp.set_owner_replica(cfg.cluster.central_ps ? 0 : static_cast<int>(k));
-        sp.set_first_tensor(cuts[k].first);
-        sp.set_end_tensor(cuts[k].second);
-        shards_.push_back(sp);
-      }
-    }
-    flops_ = ModelFlopsPerIteration(cfg.model,
-                                    static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.train.micro_batches *
-                                        cfg.cluster.replicas,
-                                    cfg.train.seq_len, cfg.train.recompute);
-  }
+        shards_(PlanShards(cfg)), members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
+        log_(cfg, start_, end_, std::move(metrics)) {}
 
   grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (req->protocol_version() != kProtocolVersion) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrFormat("worker speaks protocol version %d, this coordinator %d: run the same longhaul "
-                                          "build everywhere",
-                                          req->protocol_version(), kProtocolVersion));
-    }
-    if (!req->job_id().empty() && req->job_id() != cfg_.cluster.job_id) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req->job_id(),
-                                          cfg_.cluster.job_id));
-    }
-    if (static_cast<int>(workers_.size()) >= expected_) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrFormat("job '%s' already has its %d workers", cfg_.cluster.job_id, expected_));
-    }
-    const int id = static_cast<int>(workers_.size());
-    workers_[id] = WorkerInfo{*req, Clock::now(), false, {}};
+    const absl::StatusOr<int> registered = members_.Register(*req, Clock::now());
+    if (!registered.ok()) return ToGrpc(registered.status());
+    const int id = *registered;
     std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s, pid %d), %d/%d\n", id,
                                  req->address(), req->host(), req->pid(), id + 1, expected_)
               << std::flush;
     reply->set_worker_id(id);
     reply->set_heartbeat_s(cfg_.cluster.heartbeat_s);
     reply->set_dead_after_s(cfg_.cluster.dead_after_s);
-    if (static_cast<int>(workers_.size()) == expected_) MakePlan();
+    if (members_.full()) MakePlan();
     return grpc::Status::OK;
   }
 
   grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest* req, proto::Plan* plan) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    workers_[req->worker_id()].last_seen = Clock::now();
+    members_.Heard(req->worker_id(), Clock::now());
     if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return plan_.version() > 0 || !abort_.empty(); })) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet: waiting for workers");
     }
@@ -142,7 +109,7 @@ class Service final : public proto::Coordinator::Service {
                          proto::HeartbeatReply* reply) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    workers_[req->worker_id()].last_seen = Clock::now();
+    members_.Heard(req->worker_id(), Clock::now());
     reply->set_abort(!abort_.empty());
     reply->set_reason(abort_);
     return grpc::Status::OK;
@@ -166,7 +133,17 @@ class Service final : public proto::Coordinator::Service {
     }
     if (static_cast<int>(rec.reports.size()) == expected_) {
       CheckReplicasAgree(req->iteration());
-      PrintIteration(req->iteration());
+      if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
+        Abort(std::string(st.message()));
+      }
+      if (req->iteration() == start_ + 2) {
+        if (const std::optional<double> p = Predict()) {
+          std::cout << absl::StrFormat("coordinator: the planner predicts %.3f s per iteration from the compute "
+                                       "measured so far and the scenario's links\n",
+                                       *p)
+                    << std::flush;
+        }
+      }
     }
     return grpc::Status::OK;
   }
@@ -176,7 +153,7 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
     const proto::Assignment& a = plan_.assignments(req->worker_id());
     for (const proto::ShardNorm& n : req->shards()) {
-      if (!HostsShard(a, n.stage(), n.shard())) {
+      if (!HostsShard(plan_, a, n.stage(), n.shard())) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrFormat("worker %d reports a norm for shard %d of stage %d, which the plan does "
                                             "not give it",
@@ -207,7 +184,7 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status ReportCheckpoint(grpc::ServerContext*, const proto::CheckpointReport* req, proto::Empty*) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1); !st.ok()) return st;
-    if (!HostsShard(plan_.assignments(req->worker_id()), req->stage(), req->shard()) ||
+    if (!HostsShard(plan_, plan_.assignments(req->worker_id()), req->stage(), req->shard()) ||
         !checkpointed_[req->step()].insert({req->stage(), req->shard()}).second) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("worker %d reports a checkpoint of shard %d of stage %d at step %d, which "
@@ -230,9 +207,7 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status ReportDone(grpc::ServerContext*, const proto::DoneReport* req, proto::Empty*) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    WorkerInfo& w = workers_[req->worker_id()];
-    w.done = true;
-    w.timeline = req->timeline_file();
+    members_.Done(req->worker_id(), req->timeline_file());
     if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
     cv_.notify_all();
     return grpc::Status::OK;
@@ -246,9 +221,9 @@ class Service final : public proto::Coordinator::Service {
     while (true) {
       cv_.wait_for(lock, std::chrono::milliseconds(250));
       if (g_stop_requested && abort_.empty()) Abort(absl::StrCat("interrupted; ", ResumeAdvice()));
-      const int done = static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w.second.done; }));
+      const int done = members_.done();
       if (done == expected_) break;
-      if (!abort_.empty() && (done == static_cast<int>(workers_.size()) ||
+      if (!abort_.empty() && (done == members_.registered() ||
                               Clock::now() - abort_time_ > std::chrono::seconds(5))) {
         break;  // the workers heard it through their heartbeats; don't wait for a dead one
       }
@@ -256,41 +231,53 @@ class Service final : public proto::Coordinator::Service {
       const double note_every_s = std::min(10.0, cfg_.cluster.dead_after_s);
       if (plan_.version() == 0 &&
           std::chrono::duration<double>(Clock::now() - last_wait_note).count() > note_every_s) {
-        std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered; %s\n", workers_.size(),
+        std::cout << absl::StrFormat("coordinator: waiting for workers, %d/%d registered; %s\n", members_.registered(),
                                      expected_, UnfilledSlots())
                   << std::flush;
         last_wait_note = Clock::now();
       }
-      for (auto& [id, w] : workers_) {
-        const double silent = std::chrono::duration<double>(Clock::now() - w.last_seen).count();
-        if (!w.done && abort_.empty() && silent > cfg_.cluster.dead_after_s) {
-          const std::string where =
-              plan_.version() == 0
-                  ? absl::StrFormat("registered from %s, waiting for its plan", w.reg.address())
-                  : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
-                                    plan_.assignments(id).replica(), w.reg.address());
-          Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it, "
-                                "then %s",
-                                id, where, silent, ResumeAdvice()));
-        }
+      if (const auto silent = members_.Silent(Clock::now()); silent && abort_.empty()) {
+        const auto [id, seconds] = *silent;
+        const std::string& address = members_.registration(id).address();
+        const std::string where =
+            plan_.version() == 0
+                ? absl::StrFormat("registered from %s, waiting for its plan", address)
+                : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
+                                  plan_.assignments(id).replica(), address);
+        Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it, "
+                              "then %s",
+                              id, where, seconds, ResumeAdvice()));
       }
     }
-    const nlohmann::json summary = Summary();
-    WriteRecords(summary);
+    if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);
+    const nlohmann::json summary =
+        log_.Summary(abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed", abort_, replica_checks_);
+    std::vector<std::string> traces;
+    for (const std::string& t : members_.timelines())
+      if (fs::exists(t)) traces.push_back(t);
+    log_.Write(summary, traces);
     if (!abort_.empty()) return absl::AbortedError(abort_);
-    PrintSummary(summary);
+    log_.PrintSummary(summary);
     return absl::OkStatus();
   }
 
  private:
-  // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
-  grpc::Status CheckWorker(int id) const {
-    if (!workers_.count(id)) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrFormat("no worker %d has registered with job '%s'", id, cfg_.cluster.job_id));
+  // REQUIRES: mu_ held. The planner's iteration time from the compute measured so far and the
+  // scenario's links (the coordinator runs beside every emulated host), if the scenario is known.
+  std::optional<double> Predict() const {
+    if (!network_) return std::nullopt;
+    const std::vector<double> compute = log_.ComputePerMicroByStage();
+    if (compute.empty()) return std::nullopt;
+    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, -1);
+    if (!p.ok()) {
+      std::cout << "coordinator: no prediction: " << p.status().message() << "\n";
+      return std::nullopt;
     }
-    return grpc::Status::OK;
+    return *p;
   }
+
+  // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
+  grpc::Status CheckWorker(int id) const { return ToGrpc(members_.Check(id)); }
 
   // REQUIRES: mu_ held. A registered worker of the plan, reporting an iteration of this run.
   grpc::Status CheckAssigned(int id, int64_t iteration) const {
@@ -301,13 +288,6 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("iteration %d is outside this run's [%d, %d)", iteration, start_, end_));
     }
     return grpc::Status::OK;
-  }
-
-  // Whether the worker at assignment `a` hosts parameter-server shard `shard` of stage `stage`.
-  bool HostsShard(const proto::Assignment& a, int stage, int shard) const {
-    for (const proto::ShardPlacement& sp : shards_)
-      if (sp.stage() == stage && sp.shard() == shard) return sp.stage() == a.stage() && sp.owner_replica() == a.replica();
-    return false;
   }
 
   // REQUIRES: mu_ held. Every replica of a stage must hold the same parameters after a step; a
@@ -348,36 +328,24 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held. The (stage, replica) slots no worker has registered for yet.
   std::string UnfilledSlots() const {
     std::vector<std::string> slots;
-    for (int id = static_cast<int>(workers_.size()); id < expected_; ++id)
-      slots.push_back(absl::StrFormat("stage %d replica %d", id % cfg_.cluster.stages, id / cfg_.cluster.stages));
+    for (int id : members_.Unfilled()) {
+      const auto [stage, replica] = SlotOf(cfg_, id);
+      slots.push_back(absl::StrFormat("stage %d replica %d", stage, replica));
+    }
     return absl::StrCat("no worker yet for ", absl::StrJoin(slots, ", "),
                         ": start one with `longhaul worker --coordinator <this host>:<port>`");
   }
 
+  // REQUIRES: mu_ held, every slot registered.
   void MakePlan() {
-    plan_.set_version(1);
-    plan_.set_job_id(cfg_.cluster.job_id);
-    plan_.set_config_toml(cfg_.toml_text);
-    plan_.set_stages(cfg_.cluster.stages);
-    plan_.set_replicas(cfg_.cluster.replicas);
-    plan_.set_start_iteration(start_);
-    plan_.set_resume_checkpoint(resume_name_);
-    plan_.set_stop_iteration(end_);
+    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_});
     nlohmann::json cluster = nlohmann::json::array();
-    for (auto& [id, w] : workers_) {
-      // Replica-major: the workers of one pipeline registered next to each other.
-      proto::Assignment* a = plan_.add_assignments();
-      a->set_worker_id(id);
-      a->set_stage(id % cfg_.cluster.stages);
-      a->set_replica(id / cfg_.cluster.stages);
-      a->set_address(w.reg.address());
-      const StageSpec spec = cfg_.Stage(a->stage());
-      a->set_first_block(spec.first_block);
-      a->set_end_block(spec.end_block);
-      cluster.push_back({{"worker", id}, {"stage", a->stage()}, {"replica", a->replica()}, {"address", a->address()},
-                         {"host", w.reg.host()}, {"pid", w.reg.pid()}, {"blocks", {spec.first_block, spec.end_block}}});
+    for (const proto::Assignment& a : plan_.assignments()) {
+      const proto::RegisterRequest& reg = members_.registration(a.worker_id());
+      cluster.push_back({{"worker", a.worker_id()}, {"stage", a.stage()}, {"replica", a.replica()},
+                         {"address", a.address()}, {"host", reg.host()}, {"pid", reg.pid()},
+                         {"blocks", {a.first_block(), a.end_block()}}});
     }
-    for (const proto::ShardPlacement& sp : shards_) *plan_.add_shards() = sp;
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
         << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"workers", cluster}}.dump(2) << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
@@ -389,155 +357,19 @@ class Service final : public proto::Coordinator::Service {
                                  WireDtypeName(cfg_.transport.wire_dtype), FlopsFormulaName(cfg_.train.recompute),
                                  expected_)
               << std::flush;
-    start_time_ = Clock::now();
     cv_.notify_all();
   }
 
-  // Iteration time is stage 0 of replica 0's, as in the source experiment.
-  double IterationSeconds(int64_t it) const {
-    for (auto& [id, r] : iterations_.at(it).reports)
-      if (r.stage() == 0 && r.replica() == 0) return r.seconds();
-    return 0;
-  }
-
-  void PrintIteration(int64_t it) {
-    const IterationRecord& rec = iterations_.at(it);
-    double loss = 0, floor = 0, norm = 0, lr = 0;
-    int last_stages = 0;
-    for (auto& [id, r] : rec.reports) {
-      if (r.stage() == cfg_.cluster.stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
-      if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
-    }
-    loss /= last_stages, floor /= last_stages;
-    const double sec = IterationSeconds(it);
-    if (it > start_) timed_seconds_ += sec, ++timed_;
-    const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
-    const int64_t step = it + 1, steps = cfg_.train.steps, end = end_;
-    const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .lr = lr, .grad_norm = norm, .seconds = sec,
-                            .tokens_per_s = cfg_.tokens_per_step() / sec};
-    if (absl::Status st = metrics_.Append(row); !st.ok() && abort_.empty()) Abort(std::string(st.message()));
-    std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
-                                       steps, loss);
-    if (floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", floor));
-    absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.3f s/it | %.0f tok/s | %.4f TFLOPs/worker | "
-                                           "%.1f days/100B tok | ETA %s",
-                                           lr, norm, sec, cfg_.tokens_per_step() / mean,
-                                           flops_ / mean / 1e12 / expected_, DaysFor100BTokens(cfg_.tokens_per_step() / mean),
-                                           FormatDuration(mean * (end - step))));
-    if (step % cfg_.train.log_every == 0 || step == end || it == start_) {
-      std::cout << line << "\n" << std::flush;
-      metrics_.DrawLossCurve(LossSvg()).IgnoreError();  // redrawn at the end, where a failure is reported
-    }
-  }
-
-  std::string LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
-
-  // What is known of the run, finished or not: the mean iteration time and each worker's split of
-  // it are over the iterations after this process's first.
-  nlohmann::json Summary() const {
-    const std::vector<MetricsRow>& rows = metrics_.rows();
-    nlohmann::json s = {{"status", abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed"},
-                        {"steps", cfg_.train.steps},
-                        {"first_step", start_ + 1},
-                        {"last_step", rows.empty() ? start_ : rows.back().step},
-                        {"final_loss", rows.empty() ? nlohmann::json() : nlohmann::json(rows.back().loss)},
-                        {"iteration_seconds", nullptr},
-                        {"tokens_per_second", nullptr},
-                        {"replica_checks", replica_checks_},
-                        {"workers", nlohmann::json::array()}};
-    if (!abort_.empty()) s["reason"] = abort_;
-    if (timed_ > 0) {
-      const double sec = timed_seconds_ / timed_;
-      s["iteration_seconds"] = sec;
-      s["tokens_per_second"] = cfg_.tokens_per_step() / sec;
-    }
-    for (auto& [id, w] : workers_) {
-      double total = 0, compute = 0, wait = 0;
-      int n = 0;
-      for (auto& [it, rec] : iterations_) {
-        if (it == start_ || !rec.reports.count(id)) continue;
-        const proto::IterationReport& r = rec.reports.at(id);
-        total += r.seconds(), compute += r.compute_seconds(), wait += r.wait_seconds(), ++n;
-      }
-      if (n == 0) continue;
-      const proto::Assignment& a = plan_.assignments(id);
-      s["workers"].push_back({{"worker", id}, {"stage", a.stage()}, {"replica", a.replica()}, {"seconds", total / n},
-                              {"compute_seconds", compute / n}, {"wait_seconds", wait / n}});
-    }
-    return s;
-  }
-
-  void WriteRecords(const nlohmann::json& summary) {
-    const fs::path dir(cfg_.train.out_dir);
-    std::vector<std::string> written = {absl::StrFormat("metrics.csv (%d steps)", metrics_.rows().size())};
-    auto note = [&](const std::string& what, const absl::Status& st) {
-      if (st.ok()) {
-        written.push_back(what);
-      } else {
-        std::cout << "coordinator: " << st.message() << "\n";
-      }
-    };
-    note("loss.svg", metrics_.DrawLossCurve(LossSvg()));
-    std::vector<std::string> traces;
-    for (auto& [id, w] : workers_)
-      if (!w.timeline.empty() && fs::exists(w.timeline)) traces.push_back(w.timeline);
-    if (!traces.empty()) {
-      note(absl::StrFormat("timeline.json (%d of %d workers; open in https://ui.perfetto.dev or chrome://tracing)",
-                           traces.size(), expected_),
-           MergeTraces(traces, (dir / "timeline.json").string()));
-    }
-    note("summary.json", WriteJson((dir / "summary.json").string(), summary));
-    std::cout << "coordinator: records in " << dir.string() << ": " << absl::StrJoin(written, ", ") << "\n"
-              << std::flush;
-  }
-
-  // Written aside and renamed, so a reader never finds half a file.
-  static absl::Status WriteJson(const std::string& path, const nlohmann::json& j) {
-    const std::string tmp = path + ".tmp";
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-    return absl::OkStatus();
-  }
-
-  void PrintSummary(const nlohmann::json& s) const {
-    if (timed_ == 0) return;
-    const double sec = s["iteration_seconds"], tps = s["tokens_per_second"];
-    std::cout << absl::StrFormat(
-        "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
-        "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
-        end_ - start_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / expected_,
-        FlopsFormulaName(cfg_.train.recompute), expected_, DaysFor100BTokens(tps));
-    // Where the time went, per worker, averaged over iterations after the first.
-    std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
-                 "activations, gradients and parameters, other = the rest (sampling, PS step, sends)\n";
-    for (const nlohmann::json& w : s["workers"]) {
-      const double total = w["seconds"], compute = w["compute_seconds"], wait = w["wait_seconds"];
-      std::cout << absl::StrFormat("  worker %d (stage %d, replica %d): %.3f s = compute %.3f + wait %.3f + other %.3f\n",
-                                   w["worker"].get<int>(), w["stage"].get<int>(), w["replica"].get<int>(), total, compute,
-                                   wait, total - compute - wait);
-    }
-    if (replica_checks_ > 0) {
-      std::cout << absl::StrFormat("  every stage's %d replicas held bitwise the same parameters after each of %d "
-                                   "iterations (CRC-32C compared by the coordinator)\n",
-                                   cfg_.cluster.replicas, replica_checks_);
-    }
-    std::cout << std::flush;
-  }
-
+  const std::optional<NetworkCost> network_;
   JobConfig cfg_;
   const int expected_;
   const int64_t start_, end_;
   const std::string resume_name_;
   std::vector<proto::ShardPlacement> shards_;
-  double flops_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int, WorkerInfo> workers_;
+  Membership members_;
   proto::Plan plan_;
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
@@ -545,10 +377,8 @@ class Service final : public proto::Coordinator::Service {
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
   int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
   std::string abort_;
-  Clock::time_point abort_time_, start_time_;
-  MetricsLog metrics_;
-  double timed_seconds_ = 0;
-  int64_t timed_ = 0;
+  Clock::time_point abort_time_;
+  RunLog log_;
 };
 
 }  // namespace
@@ -571,7 +401,12 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   }
   const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
   LH_ASSIGN_OR_RETURN(MetricsLog metrics, cfg.train.resume ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
-  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics));
+  std::optional<NetworkCost> network;
+  if (!opt.scenario.empty()) {
+    LH_ASSIGN_OR_RETURN(netem::Scenario scenario, netem::LoadScenario(opt.scenario));
+    network = NetworkCost::FromScenario(std::move(scenario));
+  }
+  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(network));
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);

@@ -17,6 +17,9 @@ struct CoordinatorOptions {
   std::string listen = "0.0.0.0:7070";
   std::string port_file;  // if set, the bound port is written here once listening
   int64_t stop_at = 0;    // stop and checkpoint after this step (the schedule still spans train.steps)
+  // The workers' network, if known (a netem scenario, worker w on host w): the coordinator then
+  // prints the planner's prediction of the iteration time beside the measured one.
+  std::string scenario;
 };
 
 absl::Status RunCoordinator(const CoordinatorOptions& opt);

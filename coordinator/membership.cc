@@ -1,0 +1,91 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "transport/tensor_transport.h"
+
+namespace longhaul {
+
+Membership::Membership(std::string job_id, int expected, double dead_after_s)
+    : job_id_(std::move(job_id)), expected_(expected), dead_after_s_(dead_after_s) {}
+
+absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Clock::time_point now) {
+  if (req.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker speaks protocol version %d, this coordinator %d: run the same longhaul build everywhere",
+        req.protocol_version(), kProtocolVersion));
+  }
+  if (!req.job_id().empty() && req.job_id() != job_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req.job_id(), job_id_));
+  }
+  if (full()) {
+    return absl::ResourceExhaustedError(absl::StrFormat("job '%s' already has its %d workers", job_id_, expected_));
+  }
+  int id = 0;
+  if (req.has_slot()) {
+    id = req.slot();
+    if (id < 0 || id >= expected_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker asks for slot %d but job '%s' has slots 0 to %d: check the launcher's --slot", id, job_id_,
+          expected_ - 1));
+    }
+    if (workers_.count(id)) {
+      return absl::AlreadyExistsError(absl::StrFormat(
+          "worker asks for slot %d, which the worker at %s already holds: give each worker its own --slot", id,
+          workers_.at(id).reg.address()));
+    }
+  } else {
+    while (workers_.count(id)) ++id;
+  }
+  workers_[id] = Worker{req, now, false, {}};
+  return id;
+}
+
+absl::Status Membership::Check(int id) const {
+  if (workers_.count(id)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrFormat("no worker %d has registered with job '%s'", id, job_id_));
+}
+
+void Membership::Heard(int id, Clock::time_point now) { workers_.at(id).last_seen = now; }
+
+void Membership::Done(int id, const std::string& timeline) {
+  Worker& w = workers_.at(id);
+  w.done = true;
+  w.timeline = timeline;
+}
+
+int Membership::done() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.done; }));
+}
+
+std::optional<std::pair<int, double>> Membership::Silent(Clock::time_point now) const {
+  for (const auto& [id, w] : workers_) {
+    const double silent = std::chrono::duration<double>(now - w.last_seen).count();
+    if (!w.done && silent > dead_after_s_) return std::make_pair(id, silent);
+  }
+  return std::nullopt;
+}
+
+std::map<int, proto::RegisterRequest> Membership::registrations() const {
+  std::map<int, proto::RegisterRequest> r;
+  for (const auto& [id, w] : workers_) r[id] = w.reg;
+  return r;
+}
+
+std::vector<int> Membership::Unfilled() const {
+  std::vector<int> free;
+  for (int id = 0; id < expected_; ++id)
+    if (!workers_.count(id)) free.push_back(id);
+  return free;
+}
+
+std::vector<std::string> Membership::timelines() const {
+  std::vector<std::string> t;
+  for (const auto& [id, w] : workers_)
+    if (!w.timeline.empty()) t.push_back(w.timeline);
+  return t;
+}
+
+}  // namespace longhaul

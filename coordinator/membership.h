@@ -1,0 +1,61 @@
+#pragma once
+// Who is in the job: admission (the same protocol, the same job, a free slot), liveness (when each
+// worker was last heard from) and who has finished. Not locked: the coordinator's service calls it
+// under its own lock, and time comes in as an argument so tests need no clock.
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "longhaul.pb.h"
+
+namespace longhaul {
+
+class Membership {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // A job of `expected` workers; one silent for longer than `dead_after_s` is dead.
+  Membership(std::string job_id, int expected, double dead_after_s);
+
+  // The new worker's id: the slot it asks for, else the lowest free one (so 0, 1, ... in
+  // registration order); or why it is refused: another protocol version or job
+  // (FailedPrecondition), every slot taken (ResourceExhausted), a slot out of range
+  // (InvalidArgument) or taken (AlreadyExists).
+  absl::StatusOr<int> Register(const proto::RegisterRequest& req, Clock::time_point now);
+  // NotFound for an id no worker registered with: ids come from the network.
+  absl::Status Check(int id) const;
+  void Heard(int id, Clock::time_point now);
+  // The worker finished (or failed); `timeline` is its trace file, if it wrote one.
+  void Done(int id, const std::string& timeline);
+
+  int expected() const { return expected_; }
+  int registered() const { return static_cast<int>(workers_.size()); }
+  bool full() const { return registered() == expected_; }
+  int done() const;
+  // A worker not done and silent for longer than the limit at `now`, with its seconds of silence.
+  std::optional<std::pair<int, double>> Silent(Clock::time_point now) const;
+  const proto::RegisterRequest& registration(int id) const { return workers_.at(id).reg; }
+  std::map<int, proto::RegisterRequest> registrations() const;
+  // The slots no worker holds yet.
+  std::vector<int> Unfilled() const;
+  // The trace files the finished workers reported.
+  std::vector<std::string> timelines() const;
+
+ private:
+  struct Worker {
+    proto::RegisterRequest reg;
+    Clock::time_point last_seen;
+    bool done = false;
+    std::string timeline;
+  };
+  const std::string job_id_;
+  const int expected_;
+  const double dead_after_s_;
+  std::map<int, Worker> workers_;
+};
+
+}  // namespace longhaul

@@ -1,0 +1,155 @@
+#include "coordinator/run_log.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "metrics/flops.h"
+#include "metrics/timeline.h"
+#include "util/atomic_file.h"
+
+namespace longhaul {
+namespace fs = std::filesystem;
+
+namespace {
+
+}  // namespace
+
+RunLog::RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metrics)
+    : cfg_(cfg), start_(start), end_(end), workers_(cfg.cluster.stages * cfg.cluster.replicas),
+      flops_(ModelFlopsPerIteration(cfg.model,
+                                    static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.train.micro_batches *
+                                        cfg.cluster.replicas,
+                                    cfg.train.seq_len, cfg.train.recompute)),
+      metrics_(std::move(metrics)) {}
+
+std::string RunLog::LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
+
+absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationReport>& reports) {
+  double loss = 0, floor = 0, norm = 0, lr = 0, sec = 0;
+  int last_stages = 0;
+  for (const auto& [id, r] : reports) {
+    if (r.stage() == cfg_.cluster.stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
+    if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
+    if (r.stage() == 0 && r.replica() == 0) sec = r.seconds();
+    if (it == start_) continue;
+    WorkerTimes& w = times_[id];
+    w.stage = r.stage(), w.replica = r.replica(), ++w.iterations;
+    w.seconds += r.seconds(), w.compute += r.compute_seconds(), w.wait += r.wait_seconds();
+  }
+  loss /= std::max(1, last_stages), floor /= std::max(1, last_stages);
+  if (it > start_) timed_seconds_ += sec, ++timed_;
+  const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
+  const int64_t step = it + 1, steps = cfg_.train.steps;
+  const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .lr = lr, .grad_norm = norm, .seconds = sec,
+                          .tokens_per_s = cfg_.tokens_per_step() / sec};
+  const absl::Status appended = metrics_.Append(row);
+  if (step % cfg_.train.log_every == 0 || step == end_ || it == start_) {
+    std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
+                                       steps, loss);
+    if (floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", floor));
+    absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.3f s/it | %.0f tok/s | %.4f TFLOPs/worker | "
+                                           "%.1f days/100B tok | ETA %s",
+                                           lr, norm, sec, cfg_.tokens_per_step() / mean, flops_ / mean / 1e12 / workers_,
+                                           DaysFor100BTokens(cfg_.tokens_per_step() / mean),
+                                           FormatDuration(mean * (end_ - step))));
+    std::cout << line << "\n" << std::flush;
+    metrics_.DrawLossCurve(LossSvg()).IgnoreError();  // redrawn at the end, where a failure is reported
+  }
+  return appended;
+}
+
+nlohmann::json RunLog::Summary(const std::string& status, const std::string& reason, int64_t replica_checks) const {
+  const std::vector<MetricsRow>& rows = metrics_.rows();
+  nlohmann::json s = {{"status", status},
+                      {"steps", cfg_.train.steps},
+                      {"first_step", start_ + 1},
+                      {"last_step", rows.empty() ? start_ : rows.back().step},
+                      {"final_loss", rows.empty() ? nlohmann::json() : nlohmann::json(rows.back().loss)},
+                      {"iteration_seconds", nullptr},
+                      {"predicted_iteration_seconds", predicted_ >= 0 ? nlohmann::json(predicted_) : nlohmann::json()},
+                      {"tokens_per_second", nullptr},
+                      {"replica_checks", replica_checks},
+                      {"workers", nlohmann::json::array()}};
+  if (!reason.empty()) s["reason"] = reason;
+  if (timed_ > 0) {
+    const double sec = timed_seconds_ / timed_;
+    s["iteration_seconds"] = sec;
+    s["tokens_per_second"] = cfg_.tokens_per_step() / sec;
+  }
+  for (const auto& [id, w] : times_) {
+    const double n = w.iterations;
+    s["workers"].push_back({{"worker", id}, {"stage", w.stage}, {"replica", w.replica}, {"seconds", w.seconds / n},
+                            {"compute_seconds", w.compute / n}, {"wait_seconds", w.wait / n}});
+  }
+  return s;
+}
+
+void RunLog::Write(const nlohmann::json& summary, const std::vector<std::string>& traces) const {
+  const fs::path dir(cfg_.train.out_dir);
+  std::vector<std::string> written = {absl::StrFormat("metrics.csv (%d steps)", metrics_.rows().size())};
+  auto note = [&](const std::string& what, const absl::Status& st) {
+    if (st.ok()) {
+      written.push_back(what);
+    } else {
+      std::cout << "coordinator: " << st.message() << "\n";
+    }
+  };
+  note("loss.svg", metrics_.DrawLossCurve(LossSvg()));
+  if (!traces.empty()) {
+    note(absl::StrFormat("timeline.json (%d of %d workers; open in https://ui.perfetto.dev or chrome://tracing)",
+                         traces.size(), workers_),
+         MergeTraces(traces, (dir / "timeline.json").string()));
+  }
+  note("summary.json", WriteFileAtomically((dir / "summary.json").string(), summary.dump(2) + "\n"));
+  std::cout << "coordinator: records in " << dir.string() << ": " << absl::StrJoin(written, ", ") << "\n" << std::flush;
+}
+
+std::vector<double> RunLog::ComputePerMicroByStage() const {
+  if (times_.empty()) return {};
+  std::vector<double> sum(cfg_.cluster.stages, 0);
+  std::vector<int> n(cfg_.cluster.stages, 0);
+  for (const auto& [id, w] : times_) {
+    sum[w.stage] += w.compute / w.iterations / cfg_.train.micro_batches;
+    ++n[w.stage];
+  }
+  for (size_t s = 0; s < sum.size(); ++s) sum[s] /= std::max(1, n[s]);
+  return sum;
+}
+
+void RunLog::PrintSummary(const nlohmann::json& s) const {
+  if (timed_ == 0) return;
+  const double sec = s["iteration_seconds"], tps = s["tokens_per_second"];
+  std::cout << absl::StrFormat(
+      "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
+      "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
+      end_ - start_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / workers_,
+      FlopsFormulaName(cfg_.train.recompute), workers_, DaysFor100BTokens(tps));
+  if (s["predicted_iteration_seconds"].is_number()) {
+    const double predicted = s["predicted_iteration_seconds"];
+    std::cout << absl::StrFormat("predicted %.3f s per iteration by the planner's simulator (compute as measured, the "
+                                 "scenario's links): predicted / measured = %.3f\n",
+                                 predicted, predicted / sec);
+  }
+  std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "
+               "activations, gradients and parameters, other = the rest (sampling, PS step, sends)\n";
+  for (const nlohmann::json& w : s["workers"]) {
+    const double total = w["seconds"], compute = w["compute_seconds"], wait = w["wait_seconds"];
+    std::cout << absl::StrFormat("  worker %d (stage %d, replica %d): %.3f s = compute %.3f + wait %.3f + other %.3f\n",
+                                 w["worker"].get<int>(), w["stage"].get<int>(), w["replica"].get<int>(), total, compute,
+                                 wait, total - compute - wait);
+  }
+  const int64_t checks = s["replica_checks"];
+  if (checks > 0) {
+    std::cout << absl::StrFormat("  every stage's %d replicas held bitwise the same parameters after each of %d "
+                                 "iterations (CRC-32C compared by the coordinator)\n",
+                                 cfg_.cluster.replicas, checks);
+  }
+  std::cout << std::flush;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,63 @@
+#pragma once
+// What the coordinator records of a run: once every worker has reported an iteration, one
+// metrics.csv row and (every train.log_every steps) a progress line; each worker's split of its
+// time; and at the end summary.json, the loss curve, the workers' merged timeline and the summary
+// lines. Iteration time is stage 0 of replica 0's, as in the source experiment; means are over
+// the iterations after this process's first.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "config/job_config.h"
+#include "longhaul.pb.h"
+#include "metrics/metrics_log.h"
+
+namespace longhaul {
+
+class RunLog {
+ public:
+  // A run of iterations [start, end) of `cfg`'s job, appending to `metrics`.
+  RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metrics);
+
+  // Every worker's report of iteration `it`, by worker id: appends its metrics row (the error is
+  // the file's) and prints the progress line when one is due.
+  absl::Status Record(int64_t it, const std::map<int, proto::IterationReport>& reports);
+
+  // What is known of the run, finished or not. `status`: "completed", "interrupted" or "failed",
+  // with `reason` unless completed; `replica_checks`: iterations whose replicas were compared.
+  nlohmann::json Summary(const std::string& status, const std::string& reason, int64_t replica_checks) const;
+  // metrics.csv is complete already; writes the loss curve, the timeline merged from `traces` (the
+  // workers' own, where they exist) and summary.json, and says what it wrote.
+  void Write(const nlohmann::json& summary, const std::vector<std::string>& traces) const;
+  // The closing lines: throughput, the prediction against it, and where each worker's time went.
+  void PrintSummary(const nlohmann::json& summary) const;
+
+  // Each stage's mean compute seconds per micro-batch over the timed iterations, or empty before
+  // the first timed iteration.
+  std::vector<double> ComputePerMicroByStage() const;
+  // The planner's iteration time for this run, which Summary records beside the measured one.
+  void SetPrediction(double seconds) { predicted_ = seconds; }
+
+ private:
+  struct WorkerTimes {
+    int stage = 0, replica = 0, iterations = 0;
+    double seconds = 0, compute = 0, wait = 0;
+  };
+  std::string LossSvg() const;
+
+  const JobConfig cfg_;
+  const int64_t start_, end_;
+  const int workers_;
+  const double flops_;  // per iteration, every replica
+  MetricsLog metrics_;
+  double timed_seconds_ = 0;
+  int64_t timed_ = 0;
+  std::map<int, WorkerTimes> times_;  // by worker id, iterations after the first
+  double predicted_ = -1;
+};
+
+}  // namespace longhaul

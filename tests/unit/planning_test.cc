@@ -1,0 +1,107 @@
+// The coordinator's plan as a pure function: slots in registration order (replica-major), the
+// blocks of each stage, parameter-server shards covering every stage's tensors exactly once, and
+// who hosts which shard.
+#include "coordinator/planning.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "model/param_layout.h"
+
+namespace longhaul {
+namespace {
+
+JobConfig Config(const std::vector<std::string>& overrides) {
+  auto c = ParseJobConfig("[model]\nn_layer = 4\nd_model = 16\nn_head = 2\n", "job.toml", overrides);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::map<int, proto::RegisterRequest> Workers(int n) {
+  std::map<int, proto::RegisterRequest> w;
+  for (int i = 0; i < n; ++i) w[i].set_address("10.0.0." + std::to_string(i) + ":7000");
+  return w;
+}
+
+TEST(Planning, WorkersTakeTheSlotsReplicaMajorWithTheirStagesBlocks) {
+  const JobConfig cfg = Config({"cluster.stages=3", "cluster.replicas=2", "cluster.stage_layers=[2,1,1]"});
+  const proto::Plan plan = MakePlan(cfg, Workers(6), {4, "step-000004", 9});
+  EXPECT_EQ(plan.version(), 1u);
+  EXPECT_EQ(plan.stages(), 3);
+  EXPECT_EQ(plan.replicas(), 2);
+  EXPECT_EQ(plan.start_iteration(), 4);
+  EXPECT_EQ(plan.resume_checkpoint(), "step-000004");
+  EXPECT_EQ(plan.stop_iteration(), 9);
+  EXPECT_EQ(plan.config_toml(), cfg.toml_text);
+  ASSERT_EQ(plan.assignments_size(), 6);
+  const int first_block[] = {0, 2, 3}, end_block[] = {2, 3, 4};
+  for (int id = 0; id < 6; ++id) {
+    const proto::Assignment& a = plan.assignments(id);
+    EXPECT_EQ(a.worker_id(), id);
+    EXPECT_EQ(a.stage(), id % 3);
+    EXPECT_EQ(a.replica(), id / 3);
+    EXPECT_EQ(std::make_pair(a.stage(), a.replica()), SlotOf(cfg, id));
+    EXPECT_EQ(a.address(), "10.0.0." + std::to_string(id) + ":7000");
+    EXPECT_EQ(a.first_block(), first_block[a.stage()]);
+    EXPECT_EQ(a.end_block(), end_block[a.stage()]);
+  }
+}
+
+// Every tensor of every stage in exactly one shard, shards numbered from 0 per stage.
+void ExpectShardsCoverEveryTensorOnce(const JobConfig& cfg, const std::vector<proto::ShardPlacement>& shards) {
+  for (int s = 0; s < cfg.cluster.stages; ++s) {
+    const ParamLayout layout(cfg.model, cfg.Stage(s));
+    int next_tensor = 0, next_shard = 0;
+    for (const proto::ShardPlacement& sp : shards) {
+      if (sp.stage() != s) continue;
+      EXPECT_EQ(sp.shard(), next_shard++);
+      EXPECT_EQ(sp.first_tensor(), next_tensor);
+      EXPECT_GT(sp.end_tensor(), sp.first_tensor());
+      next_tensor = sp.end_tensor();
+    }
+    EXPECT_EQ(next_tensor, static_cast<int>(layout.tensors().size())) << "stage " << s;
+  }
+}
+
+TEST(Planning, ShardedParameterServersSpreadEachStageOverItsReplicas) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3"});
+  const std::vector<proto::ShardPlacement> shards = PlanShards(cfg);
+  ExpectShardsCoverEveryTensorOnce(cfg, shards);
+  for (int s = 0; s < 2; ++s) {
+    std::set<int> owners;
+    for (const proto::ShardPlacement& sp : shards)
+      if (sp.stage() == s) owners.insert(sp.owner_replica());
+    EXPECT_EQ(owners, (std::set<int>{0, 1, 2})) << "stage " << s;
+  }
+  const proto::Plan plan = MakePlan(cfg, Workers(6), {});
+  for (const proto::ShardPlacement& sp : plan.shards()) {
+    for (const proto::Assignment& a : plan.assignments()) {
+      EXPECT_EQ(HostsShard(plan, a, sp.stage(), sp.shard()), a.stage() == sp.stage() && a.replica() == sp.owner_replica());
+    }
+  }
+  EXPECT_FALSE(HostsShard(plan, plan.assignments(0), 0, 99));
+}
+
+TEST(Planning, ACentralParameterServerIsReplicaZeroWithTheWholeStage) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "cluster.ps=\"central\""});
+  const std::vector<proto::ShardPlacement> shards = PlanShards(cfg);
+  ExpectShardsCoverEveryTensorOnce(cfg, shards);
+  ASSERT_EQ(shards.size(), 2u);
+  for (const proto::ShardPlacement& sp : shards) EXPECT_EQ(sp.owner_replica(), 0);
+}
+
+TEST(Planning, AStageWithFewerTensorsThanReplicasLeavesSomeWithoutAShard) {
+  // The last stage has no blocks: its final LayerNorm and head are 3 tensors, for 4 replicas.
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=4", "cluster.stage_layers=[4,0]"});
+  const std::vector<proto::ShardPlacement> shards = PlanShards(cfg);
+  ExpectShardsCoverEveryTensorOnce(cfg, shards);
+  int last_stage_shards = 0;
+  for (const proto::ShardPlacement& sp : shards) last_stage_shards += sp.stage() == 1;
+  EXPECT_GE(last_stage_shards, 1);
+  EXPECT_LE(last_stage_shards, static_cast<int>(ParamLayout(cfg.model, cfg.Stage(1)).tensors().size()));
+  EXPECT_LT(last_stage_shards, 4);
+}
+
+}  // namespace
+}  // namespace longhaul

@@ -1,0 +1,81 @@
+// The coordinator's run log: a metrics row per iteration with the last stage's loss and stage 0
+// replica 0's time, per-worker means over the iterations after the first, and the records
+// written at the end.
+#include "coordinator/run_log.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+
+proto::IterationReport Report(int stage, int replica, double loss, double seconds) {
+  proto::IterationReport r;
+  r.set_stage(stage);
+  r.set_replica(replica);
+  r.set_loss(loss);
+  r.set_floor(-1);
+  r.set_seconds(seconds);
+  r.set_compute_seconds(seconds / 2);
+  r.set_wait_seconds(seconds / 4);
+  r.set_lr(stage == 0 ? 1e-3 : 0);
+  r.set_grad_norm(stage == 0 ? 0.5 : 0);
+  return r;
+}
+
+TEST(RunLog, RowsSummaryAndRecords) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "run_log_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cfg = ParseJobConfig("", "job.toml",
+                            {"cluster.stages=2", "cluster.replicas=2", "train.steps=3", "train.out_dir=" + dir.string()});
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto metrics = MetricsLog::Create((dir / "metrics.csv").string());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  RunLog log(*cfg, 0, 3, std::move(*metrics));
+  for (int it = 0; it < 3; ++it) {
+    // Worker id = replica * 2 + stage; stage 0 replica 0 takes 1, 2, 3 s.
+    std::map<int, proto::IterationReport> reports = {{0, Report(0, 0, 0, 1.0 + it)},
+                                                     {1, Report(1, 0, 2.0 - it * 0.5, 10)},
+                                                     {2, Report(0, 1, 0, 7)},
+                                                     {3, Report(1, 1, 1.0 - it * 0.5, 10)}};
+    ASSERT_TRUE(log.Record(it, reports).ok());
+  }
+  const nlohmann::json s = log.Summary("completed", "", 3);
+  EXPECT_EQ(s["status"], "completed");
+  EXPECT_EQ(s["last_step"], 3);
+  EXPECT_DOUBLE_EQ(s["final_loss"].get<double>(), 0.5);  // the last stages' mean of 1.0 and 0.0
+  EXPECT_DOUBLE_EQ(s["iteration_seconds"].get<double>(), 2.5);  // 2 and 3 s: the first is not timed
+  ASSERT_EQ(s["workers"].size(), 4u);
+  EXPECT_EQ(s["workers"][2]["stage"], 0);
+  EXPECT_EQ(s["workers"][2]["replica"], 1);
+  EXPECT_DOUBLE_EQ(s["workers"][0]["seconds"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(s["workers"][0]["compute_seconds"].get<double>(), 1.25);
+  EXPECT_DOUBLE_EQ(s["workers"][0]["wait_seconds"].get<double>(), 0.625);
+  EXPECT_FALSE(s.contains("reason"));
+  EXPECT_TRUE(s["predicted_iteration_seconds"].is_null());
+  // Stage 0: replica 0 computed 1 and 1.5 s in the timed iterations, replica 1 3.5 s each.
+  const int M = cfg->train.micro_batches;
+  ASSERT_EQ(log.ComputePerMicroByStage().size(), 2u);
+  EXPECT_DOUBLE_EQ(log.ComputePerMicroByStage()[0], (1.25 + 3.5) / 2 / M);
+  EXPECT_DOUBLE_EQ(log.ComputePerMicroByStage()[1], 5.0 / M);
+  log.SetPrediction(2.0);
+  EXPECT_DOUBLE_EQ(log.Summary("completed", "", 3)["predicted_iteration_seconds"].get<double>(), 2.0);
+  EXPECT_EQ(log.Summary("failed", "worker 3 died", 3)["reason"], "worker 3 died");
+
+  log.Write(s, {});
+  std::ifstream summary(dir / "summary.json");
+  EXPECT_EQ(nlohmann::json::parse(summary, nullptr, false), s);
+  EXPECT_TRUE(fs::exists(dir / "loss.svg"));
+  std::ifstream csv(dir / "metrics.csv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(csv, line)) ++lines;
+  EXPECT_EQ(lines, 4);  // header and three steps
+}
+
+}  // namespace
+}  // namespace longhaul
