@@ -146,12 +146,7 @@ class Search {
     auto cut = Balanced(registration);
     if (!cut.ok()) return cut.status();
     starts.push_back({registration, *cut});
-    std::vector<int> layout_cut;
-    for (int s = 0; s < p_.layout.stages; ++s) {
-      const StageSpec spec = p_.layout.Spec(s);
-      layout_cut.push_back(spec.end_block - spec.first_block);
-    }
-    starts.push_back({registration, layout_cut});
+    starts.push_back({registration, LayoutCut()});
     PlacementResult best;
     std::vector<int> order;
     for (const auto& [start, start_cut] : starts) {
@@ -193,7 +188,7 @@ class Search {
   void Classes() {
     const int W = scorer_.workers();
     std::vector<int> hosts = p_.host;
-    hosts.push_back(p_.coordinator_host);
+    if (p_.coordinator_host >= 0) hosts.push_back(p_.coordinator_host);  // -1: beside every host, equally
     auto same = [&](int a, int b) {
       if (scorer_.Device(a) != scorer_.Device(b)) return false;
       const int ha = p_.host[a], hb = p_.host[b];
@@ -358,6 +353,15 @@ class Search {
     return WithIdle(order);
   }
 
+  std::vector<int> LayoutCut() const {
+    std::vector<int> cut;
+    for (int s = 0; s < p_.layout.stages; ++s) {
+      const StageSpec spec = p_.layout.Spec(s);
+      cut.push_back(spec.end_block - spec.first_block);
+    }
+    return cut;
+  }
+
   // `order` with the workers it leaves out appended: they are idle.
   std::vector<int> WithIdle(std::vector<int> order) const {
     std::vector<bool> placed(scorer_.workers(), false);
@@ -367,9 +371,10 @@ class Search {
     return order;
   }
 
-  // Step 3: the cut balanced on each stage's slowest device.
+  // Step 3: the cut balanced on each stage's slowest device (the layout's own under keep_cut).
   absl::StatusOr<std::vector<int>> Balanced(const std::vector<int>& order) const {
     const Layout& L = p_.layout;
+    if (p_.keep_cut) return LayoutCut();
     std::vector<double> block(L.stages, 0);
     double head = 0;
     for (int s = 0; s < L.stages; ++s)
@@ -442,7 +447,7 @@ class Search {
         if (scorer_.simulations() >= budget) return absl::OkStatus();
         std::vector<int> trial = order, cut = best.blocks_per_stage;
         if (mv.kind == Kind::kBlock) {
-          if (cut[mv.a] <= 1) continue;
+          if (cut[mv.a] <= 1 || p_.keep_cut) continue;
           --cut[mv.a], ++cut[mv.b];
         } else {
           if (class_[order[mv.a]] == class_[order[mv.b]]) continue;

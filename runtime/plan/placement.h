@@ -56,6 +56,9 @@ struct PlacementProblem {
   bool clip_norm = true;
   int coordinator_host = 0;
   int iterations = 2;  // simulated per candidate; 2 gives the steady state (simulator.h)
+  // The layout's blocks_per_stage stands (a live job whose workers build their stages from the
+  // config): only workers move.
+  bool keep_cut = false;
 };
 
 struct PlacementResult {
