@@ -1,15 +1,16 @@
 #include "plan/measured_prediction.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_format.h"
-#include "plan/simulator.h"
-#include "transport/wire_dtype.h"
+#include "plan/job_problem.h"
 
 namespace longhaul {
 
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_stage,
-                                                  const NetworkCost& network, int coordinator_host) {
+                                                  const NetworkCost& network, int coordinator_host,
+                                                  const std::vector<int>& worker_of_slot) {
   const int P = cfg.cluster.stages;
   if (static_cast<int>(per_micro_by_stage.size()) != P) {
     return absl::InvalidArgumentError(
@@ -27,27 +28,20 @@ absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const st
   block /= std::max(1, blocks);
   const StageSpec last = cfg.Stage(P - 1);
   const double head = std::max(1e-6, per_micro_by_stage[P - 1] - (last.end_block - last.first_block) * block);
-  const WorkShape shape{cfg.model, cfg.train.seq_len, cfg.train.micro_batch_size, Precision::kFp32,
-                        cfg.train.recompute};
   block = std::max(1e-6, block);
-  absl::StatusOr<DeviceCost> device = DeviceCost::Timed("this machine, as measured", Backend::kCpu, 10e9, shape,
-                                                        {block / 3, 2 * block / 3}, {head / 3, 2 * head / 3});
+  absl::StatusOr<DeviceCost> device = DeviceCost::Timed("this machine, as measured", Backend::kCpu, 10e9,
+                                                        JobWorkShape(cfg), {block / 3, 2 * block / 3},
+                                                        {head / 3, 2 * head / 3});
   if (!device.ok()) return device.status();
-  Simulation sim;
-  sim.layout.stages = P;
-  sim.layout.replicas = cfg.cluster.replicas;
-  for (int s = 0; s < P; ++s) sim.layout.blocks_per_stage.push_back(cfg.Stage(s).end_block - cfg.Stage(s).first_block);
-  sim.layout.micro_batches = cfg.train.micro_batches;
-  sim.layout.schedule = cfg.cluster.schedule;
-  sim.layout.work = shape;
-  sim.layout.wire_bytes = static_cast<double>(WireBytesPerElement(cfg.transport.wire_dtype));
-  sim.placement = DefaultPlacement(sim.layout, cfg.cluster.central_ps);
-  sim.placement.clip_norm = cfg.train.grad_clip > 0;
-  sim.placement.coordinator_host = coordinator_host;
-  sim.devices = {*device};
-  sim.network = network;
-  sim.iterations = 3;
-  absl::StatusOr<SimulationReport> r = Simulate(sim);
+  const int W = P * cfg.cluster.replicas;
+  std::vector<int> order = worker_of_slot;
+  if (order.empty()) {
+    order.resize(W);
+    std::iota(order.begin(), order.end(), 0);
+  }
+  PlacementProblem problem = JobProblem(cfg, {*device}, std::vector<int>(W, 0), network, coordinator_host);
+  problem.iterations = 3;
+  absl::StatusOr<PlacementResult> r = PlaceInOrder(problem, order);
   if (!r.ok()) return r.status();
   return r->iteration_s;
 }

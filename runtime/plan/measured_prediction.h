@@ -1,9 +1,10 @@
 #pragma once
 // The simulator's prediction for a job whose compute has been measured (by a run of it, or by
 // its first iterations): each stage's mean forward + backward seconds per micro-batch become a
-// profile (split 1:2, as their FLOPs are), and the job's layout runs over `network` with worker
-// r·stages + s, the worker that takes that slot, on host r·stages + s (as `longhaul local` places
-// them). What it checks is the schedule and the links, with compute taken as it was.
+// profile (split 1:2, as their FLOPs are), and the job's layout runs over `network` with worker w
+// on host w (as `longhaul local` places them) and slot k = replica·stages + stage run by worker
+// worker_of_slot[k] (empty: by worker k, registration order). What it checks is the schedule
+// and the links, with compute taken as it was.
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,6 +16,7 @@ namespace longhaul {
 // `per_micro_by_stage[s]`: stage s's compute seconds per micro-batch. `coordinator_host`: -1 when
 // the coordinator sits beside every host (an emulation's router).
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_stage,
-                                                  const NetworkCost& network, int coordinator_host);
+                                                  const NetworkCost& network, int coordinator_host,
+                                                  const std::vector<int>& worker_of_slot = {});
 
 }  // namespace longhaul

@@ -1,0 +1,41 @@
+#include "plan/job_problem.h"
+
+#include <numeric>
+
+#include "transport/wire_dtype.h"
+
+namespace longhaul {
+
+WorkShape JobWorkShape(const JobConfig& cfg) {
+  return {cfg.model, cfg.train.seq_len, cfg.train.micro_batch_size,
+          cfg.UsesGpu() ? cfg.train.precision : Precision::kFp32, cfg.train.recompute};
+}
+
+Layout JobLayout(const JobConfig& cfg) {
+  Layout L;
+  L.stages = cfg.cluster.stages;
+  L.replicas = cfg.cluster.replicas;
+  for (int s = 0; s < L.stages; ++s) L.blocks_per_stage.push_back(cfg.Stage(s).end_block - cfg.Stage(s).first_block);
+  L.micro_batches = cfg.train.micro_batches;
+  L.schedule = cfg.cluster.schedule;
+  L.work = JobWorkShape(cfg);
+  L.wire_bytes = static_cast<double>(WireBytesPerElement(cfg.transport.wire_dtype));
+  return L;
+}
+
+PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,
+                            NetworkCost network, int coordinator_host) {
+  PlacementProblem p;
+  p.layout = JobLayout(cfg);
+  p.host.resize(device_of_worker.size());
+  std::iota(p.host.begin(), p.host.end(), 0);
+  p.device = std::move(device_of_worker);
+  p.devices = std::move(devices);
+  p.network = std::move(network);
+  p.central_ps = cfg.cluster.central_ps;
+  p.clip_norm = cfg.train.grad_clip > 0;
+  p.coordinator_host = coordinator_host;
+  return p;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,24 @@
+#pragma once
+// A job config as the planner reads it: its layout, its work shape, and the placement problem of
+// its workers, worker w on host w of the network (as `longhaul local` places them, and as the
+// coordinator numbers hosts until workers report where they are). Shared by the coordinator's
+// live plan and by the prediction from measured compute, so both price the same job.
+#include <vector>
+
+#include "config/job_config.h"
+#include "plan/cost_model.h"
+#include "plan/placement.h"
+#include "plan/simulator.h"
+
+namespace longhaul {
+
+// The job's micro-batch shape, at the precision its stages compute in (fp32 on the CPU).
+WorkShape JobWorkShape(const JobConfig& cfg);
+Layout JobLayout(const JobConfig& cfg);
+// The job's stages × replicas over `device_of_worker.size()` workers, worker w on host w and on
+// devices[device_of_worker[w]]. `coordinator_host`: -1 when the coordinator sits beside every
+// host (an emulation's router).
+PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,
+                            NetworkCost network, int coordinator_host);
+
+}  // namespace longhaul
