@@ -43,6 +43,24 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   return id;
 }
 
+absl::Status Membership::SetProfile(int id, const proto::ComputeProfile& c) {
+  for (double t : {c.block_forward_s(), c.block_backward_s(), c.head_forward_s(), c.head_backward_s()}) {
+    // An hour for one micro-batch of one block is no device a job can use; NaN fails this too.
+    if (!(t >= 0 && t < 3600)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker %d reports a compute time of %g s: times must be finite, non-negative and under an hour "
+          "(a damaged or foreign client?)",
+          id, t));
+    }
+  }
+  workers_.at(id).profile = c;
+  return absl::OkStatus();
+}
+
+bool Membership::profiled() const {
+  return full() && std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.profile; });
+}
+
 absl::Status Membership::Check(int id) const {
   if (workers_.count(id)) return absl::OkStatus();
   return absl::NotFoundError(absl::StrFormat("no worker %d has registered with job '%s'", id, job_id_));

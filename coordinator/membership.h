@@ -1,6 +1,6 @@
 #pragma once
-// Who is in the job: admission (the same protocol, the same job, a free slot), liveness (when each
-// worker was last heard from) and who has finished. Not locked: the coordinator's service calls it
+// Who is in the job: admission (the same protocol, the same job, a free slot), what each worker's
+// backend measured, liveness (when each worker was last heard from) and who has finished. Not locked: the coordinator's service calls it
 // under its own lock, and time comes in as an argument so tests need no clock.
 #include <chrono>
 #include <map>
@@ -26,6 +26,12 @@ class Membership {
   // (FailedPrecondition), every slot taken (ResourceExhausted), a slot out of range
   // (InvalidArgument) or taken (AlreadyExists).
   absl::StatusOr<int> Register(const proto::RegisterRequest& req, Clock::time_point now);
+  // What registered worker `id` measured of its backend (InvalidArgument for times no device
+  // takes: negative, NaN, an hour or more).
+  absl::Status SetProfile(int id, const proto::ComputeProfile& compute);
+  // Every worker registered and reported its profile: the plan can be made.
+  bool profiled() const;
+  const proto::ComputeProfile& profile(int id) const { return *workers_.at(id).profile; }
   // NotFound for an id no worker registered with: ids come from the network.
   absl::Status Check(int id) const;
   void Heard(int id, Clock::time_point now);
@@ -51,6 +57,7 @@ class Membership {
     Clock::time_point last_seen;
     bool done = false;
     std::string timeline;
+    std::optional<proto::ComputeProfile> profile;
   };
   const std::string job_id_;
   const int expected_;

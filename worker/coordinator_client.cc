@@ -35,7 +35,7 @@ std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
 }
 
-absl::Status CoordinatorClient::Register(proto::RegisterRequest req) {
+absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::RegisterRequest req) {
   proto::RegisterReply reply;
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);  // keep trying while the coordinator starts
@@ -53,7 +53,18 @@ absl::Status CoordinatorClient::Register(proto::RegisterRequest req) {
   heartbeat_ = std::thread([this, period = reply.heartbeat_s(), dead_after = reply.dead_after_s()] {
     Heartbeat(period, dead_after);
   });
-  return absl::OkStatus();
+  return reply;
+}
+
+absl::Status CoordinatorClient::ReportProfile(const proto::ComputeProfile& compute) {
+  proto::ProfileReport report;
+  report.set_worker_id(id_);
+  *report.mutable_compute() = compute;
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->ReportProfile(&ctx, report, &empty);
+  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting this worker's compute profile to the coordinator");
 }
 
 std::chrono::system_clock::time_point CoordinatorClient::PollDeadline() const {

@@ -1,5 +1,5 @@
 #pragma once
-// A worker's side of the control plane: registration, the plan, the start barrier, heartbeats
+// A worker's side of the control plane: registration, its compute profile, the plan, the start barrier, heartbeats
 // (on a thread of their own from registration on: a worker waiting for its plan is alive), the
 // global gradient norm, and iteration, checkpoint and done reports. Every deadline derives from
 // what the coordinator sends at registration (the job's heartbeat period and dead_after_s) or from
@@ -30,8 +30,10 @@ class CoordinatorClient {
   int worker_id() const { return id_; }
 
   // Registers (retrying for the connect timeout while the coordinator starts) and starts the
-  // heartbeats; the reply carries the worker id.
-  absl::Status Register(proto::RegisterRequest req);
+  // heartbeats; the reply carries the worker id and the job config.
+  absl::StatusOr<proto::RegisterReply> Register(proto::RegisterRequest req);
+  // What this worker's backend measured (compute_probe.h); the plan waits for every worker's.
+  absl::Status ReportProfile(const proto::ComputeProfile& compute);
   // Waits as long as it takes for every worker to register; the plan.
   absl::StatusOr<proto::Plan> AwaitPlan();
   // Says this worker installed plan `version` and waits until every worker has.

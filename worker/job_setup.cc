@@ -114,6 +114,14 @@ absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int
                    "or split the model over more cluster.stages");
 }
 
+absl::Status CheckProbeStageMemory(const JobConfig& cfg, const StageSpec& spec, int threads, int device,
+                                   const MemoryLimit& available) {
+  if (device >= 0) return absl::OkStatus();
+  MemoryEstimate e = EstimateStage(Request(cfg, spec, 1, threads));
+  AddProcess(cfg, e);
+  return CheckFits("timing one block and the head", e, available, cfg, "or use a smaller model");
+}
+
 MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads) {
   // The replicas of a stage host its parameter-server shards between them, whatever the cuts, and
   // the estimate is linear in the floats hosted: the sum is one worker hosting the whole stage and

@@ -30,6 +30,10 @@ absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& availab
 // `device`: -1 for a CPU stage (held in host memory), N for one on cuda:N (only its host copies).
 absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads, int device,
                                const MemoryLimit& available = HostMemoryAvailable());
+// A stage of `spec` holding one micro-batch, on the CPU (`device` -1; a GPU stage checks its own
+// device): the compute probe's stages, before any is built.
+absl::Status CheckProbeStageMemory(const JobConfig& cfg, const StageSpec& spec, int threads, int device,
+                                   const MemoryLimit& available = HostMemoryAvailable());
 absl::Status CheckLocalClusterMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
 
 // Loads config.data and checks every token fits model.vocab_size.

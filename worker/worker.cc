@@ -20,6 +20,7 @@
 #include "transport/crc32c.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
+#include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
 #include "worker/job_setup.h"
@@ -53,6 +54,14 @@ class Worker {
   // Ends every receive and send at once, with `reason` as their error.
   void Stop(const std::string& reason);
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
+  void SetThreads(const JobConfig& cfg) const {
+    omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
+  }
+  // --backend, else the device the config gives stage `stage` (-1: before the plan, train.backend).
+  absl::StatusOr<int> Device(const JobConfig& cfg, int stage) const {
+    if (!opt_.backend.empty()) return ParseBackend(opt_.backend, "--backend");
+    return stage < 0 ? cfg.train.backend_device : cfg.DeviceOf(stage);
+  }
 
   WorkerOptions opt_;
   // Members go in reverse order: the server before the mailbox and admission it uses, the client
@@ -93,7 +102,27 @@ absl::Status Worker::Join() {
   req.set_backend(opt_.backend);
   req.set_pid(getpid());
   if (opt_.slot >= 0) req.set_slot(opt_.slot);
-  LH_RETURN_IF_ERROR(client_.Register(req));
+  LH_ASSIGN_OR_RETURN(const proto::RegisterReply reply, client_.Register(req));
+  LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(reply.config_toml(), "the job config from the coordinator"));
+  SetThreads(cfg);
+  LH_ASSIGN_OR_RETURN(const int device, Device(cfg, -1));
+  const absl::StatusOr<proto::ComputeProfile> measured = MeasureCompute(cfg, device);
+  proto::ComputeProfile compute;  // zeros, where the probe could not run: priced as free
+  if (measured.ok()) {
+    compute = *measured;
+    std::cout << absl::StrFormat("[worker %d] timed on %s: a block %.2f + %.2f ms, the head %.2f + %.2f ms (forward "
+                                 "+ backward, one micro-batch)\n",
+                                 client_.worker_id(), BackendName(device), 1e3 * compute.block_forward_s(),
+                                 1e3 * compute.block_backward_s(), 1e3 * compute.head_forward_s(),
+                                 1e3 * compute.head_backward_s())
+              << std::flush;
+  } else if (absl::IsResourceExhausted(measured.status())) {
+    // The plan goes on; this worker's own stage check, once it has one, names the fix.
+    std::cout << absl::StrFormat("[worker %d] not timed: %s\n", client_.worker_id(), measured.status().message());
+  } else {
+    return measured.status();
+  }
+  LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());
   return absl::OkStatus();
 }
@@ -105,11 +134,8 @@ absl::Status Worker::Setup() {
     if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
   const int P = plan_.stages(), D = plan_.replicas();
   M_ = cfg_.train.micro_batches;
-  omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg_.train.threads > 0 ? cfg_.train.threads : omp_get_num_procs()));
-  int device = cfg_.DeviceOf(s_);
-  if (!opt_.backend.empty()) {
-    LH_ASSIGN_OR_RETURN(device, ParseBackend(opt_.backend, "--backend"));
-  }
+  SetThreads(cfg_);
+  LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
   TransportOptions transport;

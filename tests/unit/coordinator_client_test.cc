@@ -117,7 +117,7 @@ TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
 TEST(CoordinatorClient, AnUnreachableCoordinatorIsNamed) {
   const std::string nowhere = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
   CoordinatorClient client(nowhere, 0.5, [](const std::string&) {});
-  const absl::Status s = client.Register(proto::RegisterRequest());
+  const absl::Status s = client.Register(proto::RegisterRequest()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("cannot reach the coordinator at " + nowhere), std::string::npos) << s;
 }

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -56,6 +58,27 @@ TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
   EXPECT_EQ(*m.Register(Request("job"), t0), 1);
   EXPECT_TRUE(m.full());
   EXPECT_TRUE(m.Unfilled().empty());
+}
+
+TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
+  Membership m("job", 2, 5);
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  for (double bad : {-1.0, std::nan(""), 1e9}) {
+    proto::ComputeProfile c;
+    c.set_head_backward_s(bad);
+    const absl::Status st = m.SetProfile(1, c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("compute time"), std::string::npos) << st;
+  }
+  proto::ComputeProfile ok;
+  ok.set_block_forward_s(0.01);
+  ASSERT_TRUE(m.SetProfile(0, ok).ok());
+  EXPECT_FALSE(m.profiled());
+  ASSERT_TRUE(m.SetProfile(1, ok).ok());
+  EXPECT_TRUE(m.profiled());
+  EXPECT_EQ(m.profile(1).block_forward_s(), 0.01);
 }
 
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
