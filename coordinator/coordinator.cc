@@ -70,7 +70,20 @@ class Service final : public proto::Coordinator::Service {
     reply->set_worker_id(id);
     reply->set_heartbeat_s(cfg_.cluster.heartbeat_s);
     reply->set_dead_after_s(cfg_.cluster.dead_after_s);
-    if (members_.full()) MakePlan();
+    reply->set_config_toml(cfg_.toml_text);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportProfile(grpc::ServerContext*, const proto::ProfileReport* req, proto::Empty*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    if (plan_.version() > 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d reports a profile after the plan was made", req->worker_id()));
+    }
+    members_.Heard(req->worker_id(), Clock::now());
+    if (grpc::Status st = ToGrpc(members_.SetProfile(req->worker_id(), req->compute())); !st.ok()) return st;
+    if (members_.profiled()) MakePlan();
     return grpc::Status::OK;
   }
 
@@ -268,7 +281,7 @@ class Service final : public proto::Coordinator::Service {
     if (!network_) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByStage();
     if (compute.empty()) return std::nullopt;
-    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, -1);
+    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, -1, worker_of_slot_);
     if (!p.ok()) {
       std::cout << "coordinator: no prediction: " << p.status().message() << "\n";
       return std::nullopt;
@@ -325,20 +338,58 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
-  // REQUIRES: mu_ held. The (stage, replica) slots no worker has registered for yet.
+  // REQUIRES: mu_ held. The worker ids nobody has registered as yet.
   std::string UnfilledSlots() const {
-    std::vector<std::string> slots;
-    for (int id : members_.Unfilled()) {
-      const auto [stage, replica] = SlotOf(cfg_, id);
-      slots.push_back(absl::StrFormat("stage %d replica %d", stage, replica));
-    }
-    return absl::StrCat("no worker yet for ", absl::StrJoin(slots, ", "),
-                        ": start one with `longhaul worker --coordinator <this host>:<port>`");
+    return absl::StrCat("not yet worker ids ", absl::StrJoin(members_.Unfilled(), ", "),
+                        ": start each with `longhaul worker --coordinator <this host>:<port>`");
   }
 
-  // REQUIRES: mu_ held, every slot registered.
+  // REQUIRES: mu_ held, every worker registered and profiled. Which worker runs which slot: the
+  // placement search where the links are known (the scenario's, worker w on host w, the
+  // coordinator beside every host as an emulation's router is), else registration order.
+  nlohmann::json Place() {
+    worker_of_slot_ = RegistrationOrder(cfg_);
+    nlohmann::json record = {{"how", "registration"}};
+    std::string why;
+    if (!cfg_.cluster.search_placement) {
+      why = "cluster.placement = \"registration\"";
+    } else if (!network_) {
+      why = "no link measurements (give the coordinator --scenario)";
+    } else if (!cfg_.cluster.stage_backends.empty()) {
+      why = "cluster.stage_backends pins a device to each stage";
+    } else {
+      std::map<int, proto::ComputeProfile> profiles;
+      for (const auto& [id, reg] : members_.registrations()) profiles[id] = members_.profile(id);
+      const Clock::time_point t0 = Clock::now();
+      const absl::StatusOr<SlotSearch> found = SearchSlots(cfg_, members_.registrations(), profiles, *network_, -1);
+      if (!found.ok()) {
+        why = absl::StrCat("the search failed: ", found.status().message());
+      } else {
+        worker_of_slot_ = found->worker_of_slot;
+        record = {{"how", "search"},
+                  {"predicted_iteration_seconds", found->predicted_s},
+                  {"registration_order_predicted_iteration_seconds", found->registration_order_s},
+                  {"simulations", found->simulations}};
+        std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.2f s): predicted %.3f s per "
+                                     "iteration, registration order %.3f s (%.2fx)\n",
+                                     found->simulations,
+                                     std::chrono::duration<double>(Clock::now() - t0).count(), found->predicted_s,
+                                     found->registration_order_s, found->registration_order_s / found->predicted_s);
+      }
+    }
+    if (!why.empty()) {
+      record["why"] = why;
+      std::cout << "coordinator: placement in registration order: " << why << "\n";
+    }
+    record["worker_of_slot"] = worker_of_slot_;
+    return record;
+  }
+
+  // REQUIRES: mu_ held, every worker registered and profiled.
   void MakePlan() {
-    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_});
+    const nlohmann::json placement = Place();
+    log_.SetPlacement(placement);
+    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_}, worker_of_slot_);
     nlohmann::json cluster = nlohmann::json::array();
     for (const proto::Assignment& a : plan_.assignments()) {
       const proto::RegisterRequest& reg = members_.registration(a.worker_id());
@@ -347,7 +398,8 @@ class Service final : public proto::Coordinator::Service {
                          {"blocks", {a.first_block(), a.end_block()}}});
     }
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
-        << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"workers", cluster}}.dump(2) << "\n";
+        << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"placement", placement}, {"workers", cluster}}.dump(2)
+        << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
                                  "(%d shards), wire %s\n"
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
@@ -371,6 +423,7 @@ class Service final : public proto::Coordinator::Service {
   std::condition_variable cv_;
   Membership members_;
   proto::Plan plan_;
+  std::vector<int> worker_of_slot_;  // slot k = replica * stages + stage runs worker worker_of_slot_[k]
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::map<std::pair<int, int>, double>> norms_;

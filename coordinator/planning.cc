@@ -1,6 +1,12 @@
 #include "coordinator/planning.h"
 
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "plan/job_problem.h"
 
 namespace longhaul {
 
@@ -26,10 +32,67 @@ std::vector<proto::ShardPlacement> PlanShards(const JobConfig& cfg) {
   return shards;
 }
 
-std::pair<int, int> SlotOf(const JobConfig& cfg, int id) { return {id % cfg.cluster.stages, id / cfg.cluster.stages}; }
+std::pair<int, int> SlotOf(const JobConfig& cfg, int k) { return {k % cfg.cluster.stages, k / cfg.cluster.stages}; }
+
+std::vector<int> RegistrationOrder(const JobConfig& cfg) {
+  std::vector<int> order(cfg.cluster.stages * cfg.cluster.replicas);
+  std::iota(order.begin(), order.end(), 0);
+  return order;
+}
+
+absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
+                                       const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
+                                       int coordinator_host) {
+  const int W = cfg.cluster.stages * cfg.cluster.replicas;
+  if (static_cast<int>(workers.size()) != W || static_cast<int>(profiles.size()) != W) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "placement needs every worker's registration and profile: %d workers, %d registered, %d profiled", W,
+        workers.size(), profiles.size()));
+  }
+  std::map<std::pair<std::string, std::string>, std::vector<int>> machines;  // (host, backend) -> workers
+  for (const auto& [id, reg] : workers) machines[{reg.host(), reg.backend()}].push_back(id);
+  std::vector<DeviceCost> devices;
+  std::vector<int> device_of(W, 0);
+  const WorkShape shape = JobWorkShape(cfg);
+  for (const auto& [machine, ids] : machines) {
+    auto median = [&](double (proto::ComputeProfile::*field)() const) {
+      std::vector<double> v;
+      for (int id : ids) v.push_back(std::max(1e-9, (profiles.at(id).*field)()));
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const ComputeTimes block{median(&proto::ComputeProfile::block_forward_s),
+                             median(&proto::ComputeProfile::block_backward_s)};
+    const ComputeTimes head{median(&proto::ComputeProfile::head_forward_s),
+                            median(&proto::ComputeProfile::head_backward_s)};
+    const Backend backend = machine.second.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
+    // The step streams fp32 parameters and moments: a CPU's memory bandwidth is tens of GB/s, a
+    // GPU's terabytes.
+    absl::StatusOr<DeviceCost> d = DeviceCost::Timed(absl::StrCat(machine.first, " ", machine.second), backend,
+                                                     backend == Backend::kCuda ? 2e12 : 10e9, shape, block, head);
+    if (!d.ok()) return d.status();
+    for (int id : ids) device_of[id] = static_cast<int>(devices.size());
+    devices.push_back(*std::move(d));
+  }
+  PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network, coordinator_host);
+  problem.keep_cut = true;
+  const absl::StatusOr<PlacementResult> found = SearchPlacement(problem);
+  if (!found.ok()) return found.status();
+  const absl::StatusOr<PlacementResult> registration = PlaceInOrder(problem, RegistrationOrder(cfg));
+  if (!registration.ok()) return registration.status();
+  SlotSearch out;
+  for (int k = 0; k < W; ++k) {
+    const auto [stage, replica] = SlotOf(cfg, k);
+    out.worker_of_slot.push_back(found->placement.worker[stage][replica]);
+  }
+  out.predicted_s = found->iteration_s;
+  out.registration_order_s = registration->iteration_s;
+  out.simulations = found->simulations;
+  return out;
+}
 
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
-                     const PlanRequest& request) {
+                     const PlanRequest& request, const std::vector<int>& worker_of_slot) {
   proto::Plan plan;
   plan.set_version(1);
   plan.set_job_id(cfg.cluster.job_id);
@@ -39,9 +102,11 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
   plan.set_start_iteration(request.start_iteration);
   plan.set_resume_checkpoint(request.resume_checkpoint);
   plan.set_stop_iteration(request.stop_iteration);
+  std::map<int, int> slot_of;
+  for (int k = 0; k < static_cast<int>(worker_of_slot.size()); ++k) slot_of[worker_of_slot[k]] = k;
   for (const auto& [id, reg] : workers) {
     proto::Assignment* a = plan.add_assignments();
-    const auto [stage, replica] = SlotOf(cfg, id);
+    const auto [stage, replica] = SlotOf(cfg, slot_of.at(id));
     a->set_worker_id(id);
     a->set_stage(stage);
     a->set_replica(replica);

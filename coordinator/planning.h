@@ -1,16 +1,19 @@
 #pragma once
-// The coordinator's plan as a pure function of the job config and the registrations: which
-// (stage, replica) each worker runs, which blocks that is, and where each parameter-server shard
-// lives. Today workers take the slots in registration order (replica-major: the workers of one
-// pipeline registered next to each other); the planner (runtime/plan) is what will choose instead.
+// The coordinator's plan as a pure function of the job config, the registrations, the workers'
+// compute profiles and the links: which (stage, replica) each worker runs, which blocks that is,
+// and where each parameter-server shard lives. Slot k = replica·stages + stage; in registration
+// order worker k runs it (the workers of one pipeline registered next to each other), and the
+// placement search (runtime/plan) may choose otherwise.
 #include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "config/job_config.h"
 #include "longhaul.pb.h"
+#include "plan/placement.h"
 
 namespace longhaul {
 
@@ -18,8 +21,26 @@ namespace longhaul {
 // with fewer tensors than replicas leaves some replicas without one) or whole on replica 0 (central).
 std::vector<proto::ShardPlacement> PlanShards(const JobConfig& cfg);
 
-// (stage, replica) of the worker that registered `id`-th (from 0).
-std::pair<int, int> SlotOf(const JobConfig& cfg, int id);
+// (stage, replica) of slot k.
+std::pair<int, int> SlotOf(const JobConfig& cfg, int k);
+
+// Worker k runs slot k.
+std::vector<int> RegistrationOrder(const JobConfig& cfg);
+
+// The placement search over the registered workers, worker w on host w of `network`, each priced
+// by its compute profile (`profiles`, by worker id). Workers with one host name and one backend
+// are one device priced at the median of their profiles: the same hardware, each timed while the
+// others timed themselves too, so their differences are noise. The config's cut stands: workers
+// build their stages from it. `coordinator_host` as in PlacementProblem.
+struct SlotSearch {
+  std::vector<int> worker_of_slot;
+  double predicted_s = 0;           // the simulator's iteration time for this placement
+  double registration_order_s = 0;  // and for registration order, on the same costs
+  int simulations = 0;
+};
+absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
+                                       const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
+                                       int coordinator_host);
 
 struct PlanRequest {
   int64_t start_iteration = 0;   // > 0 when resuming
@@ -27,9 +48,10 @@ struct PlanRequest {
   int64_t stop_iteration = 0;     // the run ends after this many steps
 };
 
-// Version 1 of the plan for `workers` (every slot's worker registered), by worker id.
+// Version 1 of the plan for `workers` (every one registered), by worker id; slot k runs on worker
+// worker_of_slot[k].
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
-                     const PlanRequest& request);
+                     const PlanRequest& request, const std::vector<int>& worker_of_slot);
 
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);

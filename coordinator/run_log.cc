@@ -74,6 +74,7 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
                       {"predicted_iteration_seconds", predicted_ >= 0 ? nlohmann::json(predicted_) : nlohmann::json()},
                       {"tokens_per_second", nullptr},
                       {"replica_checks", replica_checks},
+                      {"placement", placement_},
                       {"workers", nlohmann::json::array()}};
   if (!reason.empty()) s["reason"] = reason;
   if (timed_ > 0) {

@@ -41,6 +41,8 @@ class RunLog {
   std::vector<double> ComputePerMicroByStage() const;
   // The planner's iteration time for this run, which Summary records beside the measured one.
   void SetPrediction(double seconds) { predicted_ = seconds; }
+  // How the plan placed the workers (the coordinator's record), which Summary carries.
+  void SetPlacement(nlohmann::json placement) { placement_ = std::move(placement); }
 
  private:
   struct WorkerTimes {
@@ -58,6 +60,7 @@ class RunLog {
   int64_t timed_ = 0;
   std::map<int, WorkerTimes> times_;  // by worker id, iterations after the first
   double predicted_ = -1;
+  nlohmann::json placement_;
 };
 
 }  // namespace longhaul

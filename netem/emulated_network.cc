@@ -125,7 +125,7 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip -n %s route add default via %s", ns, GatewayOf(i))));
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
         "ip netns exec %s sysctl -qw net.ipv4.tcp_congestion_control=%s net.ipv4.tcp_rmem='4096 131072 %d' "
-        "net.ipv4.tcp_wmem='4096 16384 %d' net.ipv4.tcp_no_metrics_save=1",
+        "net.ipv4.tcp_wmem='4096 16384 %d' net.ipv4.tcp_no_metrics_save=1 net.ipv4.tcp_slow_start_after_idle=0",
         ns, opt.congestion_control, buf, buf)));
   }
   // Rates: on the router's egress towards host j, one htb class per source host.

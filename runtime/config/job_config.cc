@@ -190,6 +190,13 @@ absl::StatusOr<bool> ParsePs(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("cluster.ps = \"", name, "\": use \"sharded\" or \"central\""));
 }
 
+const char* PlacementName(bool search) { return search ? "search" : "registration"; }
+absl::StatusOr<bool> ParsePlacement(const std::string& name) {
+  if (name == "search" || name == "registration") return name == "search";
+  return absl::InvalidArgumentError(
+      absl::StrCat("cluster.placement = \"", name, "\": use \"search\" or \"registration\""));
+}
+
 // Blocks of each pipeline stage: cluster.stage_layers with its default (an even split) resolved.
 std::vector<int> BlocksPerStage(const JobConfig& c) {
   std::vector<int> blocks;
@@ -257,6 +264,7 @@ const std::vector<KeyDef>& Table() {
       Value("cluster", "replicas", R::kLayout, LH_FIELD(cluster.replicas), Within(1, 65536)),
       Choice("cluster", "schedule", R::kFree, LH_FIELD(cluster.schedule), ParseSchedule, ScheduleName),
       Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
+      Choice("cluster", "placement", R::kFree, LH_FIELD(cluster.search_placement), ParsePlacement, PlacementName),
       {{"cluster", "stage_layers", R::kLayout},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(BlocksPerStage(c)); }},

@@ -60,6 +60,9 @@ struct ClusterConfig {
   int replicas = 1;                 // data-parallel replicas of the pipeline
   ScheduleKind schedule = ScheduleKind::kGpipe;
   bool central_ps = false;          // one parameter server per stage instead of sharding it over replicas
+  // "search": the coordinator places workers by the simulator where it knows the links (else and
+  // with "registration": worker k runs slot k = replica·stages + stage).
+  bool search_placement = true;
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;

@@ -485,7 +485,8 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
 }
 
 // What a crafted peer tells a live coordinator: worker ids nobody registered, iterations outside
-// the run, norms and checkpoints of shards the worker does not host, a repeated report. Each is
+// the run, norms and checkpoints of shards the worker does not host, a compute profile after the
+// plan, a registration beyond the job's workers. Each is
 // refused with the reason, and the run trains to its end with every step recorded once.
 TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   const fs::path out = Dir("crafted_control");
@@ -559,6 +560,31 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("a checkpoint of another worker's shard", coordinator->ReportCheckpoint(&ctx, ck, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
+  {
+    grpc::ClientContext ctx;
+    proto::ProfileReport profile;
+    profile.set_worker_id(77);
+    profile.mutable_compute()->set_block_forward_s(std::nan(""));
+    expect_refused("a profile of worker 77", coordinator->ReportProfile(&ctx, profile, &empty),
+                   grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::ProfileReport profile;
+    profile.set_worker_id(0);
+    profile.mutable_compute()->set_block_forward_s(-1);
+    expect_refused("a profile after the plan", coordinator->ReportProfile(&ctx, profile, &empty),
+                   grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::RegisterRequest reg;
+    reg.set_protocol_version(kProtocolVersion);
+    reg.set_slot(99);
+    proto::RegisterReply reply;
+    expect_refused("a fifth worker for slot 99", coordinator->Register(&ctx, reg, &reply),
+                   grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
   ASSERT_EQ(run.get(), 0) << Log(out);
   const std::vector<MetricsRow> rows = Metrics(out);
   ASSERT_EQ(rows.size(), 150u) << Log(out);
@@ -629,7 +655,7 @@ TEST(Cluster, AStopEndsAWorkerBlockedOnSendsWithinAHeartbeat) {
 }
 
 // A worker waiting for its plan is alive, however long the last worker takes to register; the
-// coordinator names the slots nobody has filled yet.
+// coordinator names the worker ids nobody has taken yet.
 TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
   const fs::path out = Dir("late");
   const std::string bin = LONGHAUL_BINARY, port = (out / "port").string();
@@ -642,7 +668,7 @@ TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
       " worker --coordinator $a > " + (out / "w1.txt").string() + " 2>&1; wait $c";
   ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0) << Log(out);
   const std::string log = Log(out);
-  EXPECT_NE(log.find("waiting for workers, 1/2 registered; no worker yet for stage 1 replica 0"), std::string::npos)
+  EXPECT_NE(log.find("waiting for workers, 1/2 registered; not yet worker ids 1"), std::string::npos)
       << log;
   EXPECT_EQ(log.find("sent no heartbeat"), std::string::npos) << log;
   EXPECT_EQ(Losses(out).size(), 6u) << log;

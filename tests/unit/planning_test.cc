@@ -1,13 +1,16 @@
-// The coordinator's plan as a pure function: slots in registration order (replica-major), the
-// blocks of each stage, parameter-server shards covering every stage's tensors exactly once, and
-// who hosts which shard.
+// The coordinator's plan as a pure function: slots in registration order (replica-major) or as a
+// placement gives them, the blocks of each stage, parameter-server shards covering every stage's
+// tensors exactly once, and who hosts which shard; the placement search over registered workers
+// on a scenario's sites.
 #include "coordinator/planning.h"
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <set>
 
 #include "model/param_layout.h"
+#include "netem/scenario.h"
 
 namespace longhaul {
 namespace {
@@ -26,7 +29,7 @@ std::map<int, proto::RegisterRequest> Workers(int n) {
 
 TEST(Planning, WorkersTakeTheSlotsReplicaMajorWithTheirStagesBlocks) {
   const JobConfig cfg = Config({"cluster.stages=3", "cluster.replicas=2", "cluster.stage_layers=[2,1,1]"});
-  const proto::Plan plan = MakePlan(cfg, Workers(6), {4, "step-000004", 9});
+  const proto::Plan plan = MakePlan(cfg, Workers(6), {4, "step-000004", 9}, RegistrationOrder(cfg));
   EXPECT_EQ(plan.version(), 1u);
   EXPECT_EQ(plan.stages(), 3);
   EXPECT_EQ(plan.replicas(), 2);
@@ -46,6 +49,60 @@ TEST(Planning, WorkersTakeTheSlotsReplicaMajorWithTheirStagesBlocks) {
     EXPECT_EQ(a.first_block(), first_block[a.stage()]);
     EXPECT_EQ(a.end_block(), end_block[a.stage()]);
   }
+}
+
+TEST(Planning, APlacementGivesEachWorkerItsSlot) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
+  const std::vector<int> worker_of_slot = {2, 0, 3, 1};  // slot k = replica * 2 + stage
+  const proto::Plan plan = MakePlan(cfg, Workers(4), {}, worker_of_slot);
+  ASSERT_EQ(plan.assignments_size(), 4);
+  for (int k = 0; k < 4; ++k) {
+    const proto::Assignment& a = plan.assignments(worker_of_slot[k]);
+    EXPECT_EQ(a.worker_id(), worker_of_slot[k]);
+    EXPECT_EQ(std::make_pair(a.stage(), a.replica()), SlotOf(cfg, k));
+    EXPECT_EQ(a.first_block(), cfg.Stage(a.stage()).first_block);
+  }
+}
+
+// Two sites, 100 ms and 10 Mbit/s between them, workers alternating between sites (worker w on
+// host w, hosts round-robin): registration order puts every pipeline across the slow link, and
+// each stage's replicas on one site. With activations far larger than a stage's parameters, the
+// search keeps each pipeline on one site instead, and says how much faster that is.
+TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2", "train.seq_len=256",
+                                "train.micro_batch_size=8", "train.micro_batches=4"});
+  auto scenario = netem::ParseScenario(
+      "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 100], [100, 0.1]]\n"
+      "rate_mbit = [[10000, 10], [10, 10000]]\n",
+      "two-sites");
+  ASSERT_TRUE(scenario.ok()) << scenario.status();
+  std::map<int, proto::RegisterRequest> workers = Workers(4);
+  std::map<int, proto::ComputeProfile> profiles;
+  for (int w = 0; w < 4; ++w) {
+    workers[w].set_host("box");
+    workers[w].set_backend("cpu");
+    proto::ComputeProfile& p = profiles[w];
+    // Noise between workers of one machine: they are priced as one device all the same.
+    p.set_block_forward_s(0.010 * (1 + 0.01 * w)), p.set_block_backward_s(0.020);
+    p.set_head_forward_s(0.002), p.set_head_backward_s(0.004);
+  }
+  const absl::StatusOr<SlotSearch> found =
+      SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1);
+  ASSERT_TRUE(found.ok()) << found.status();
+  std::cout << "predicted " << found->predicted_s << " s, registration order " << found->registration_order_s
+            << " s\n";
+  ASSERT_EQ(found->worker_of_slot.size(), 4u);
+  std::set<int> seen(found->worker_of_slot.begin(), found->worker_of_slot.end());
+  EXPECT_EQ(seen, (std::set<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 2; ++r) {  // both stages of a replica on one site: hosts of equal parity
+    EXPECT_EQ(found->worker_of_slot[r * 2] % 2, found->worker_of_slot[r * 2 + 1] % 2) << "replica " << r;
+  }
+  EXPECT_LT(found->predicted_s, 0.5 * found->registration_order_s);
+  EXPECT_GT(found->simulations, 1);
+
+  profiles.erase(3);
+  EXPECT_EQ(SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // Every tensor of every stage in exactly one shard, shards numbered from 0 per stage.
@@ -74,7 +131,7 @@ TEST(Planning, ShardedParameterServersSpreadEachStageOverItsReplicas) {
       if (sp.stage() == s) owners.insert(sp.owner_replica());
     EXPECT_EQ(owners, (std::set<int>{0, 1, 2})) << "stage " << s;
   }
-  const proto::Plan plan = MakePlan(cfg, Workers(6), {});
+  const proto::Plan plan = MakePlan(cfg, Workers(6), {}, RegistrationOrder(cfg));
   for (const proto::ShardPlacement& sp : plan.shards()) {
     for (const proto::Assignment& a : plan.assignments()) {
       EXPECT_EQ(HostsShard(plan, a, sp.stage(), sp.shard()), a.stage() == sp.stage() && a.replica() == sp.owner_replica());
