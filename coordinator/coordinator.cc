@@ -370,10 +370,10 @@ class Service final : public proto::Coordinator::Service {
                   {"predicted_iteration_seconds", found->predicted_s},
                   {"registration_order_predicted_iteration_seconds", found->registration_order_s},
                   {"simulations", found->simulations}};
-        std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.2f s): predicted %.3f s per "
+        std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.0f ms): predicted %.3f s per "
                                      "iteration, registration order %.3f s (%.2fx)\n",
                                      found->simulations,
-                                     std::chrono::duration<double>(Clock::now() - t0).count(), found->predicted_s,
+                                     1e3 * std::chrono::duration<double>(Clock::now() - t0).count(), found->predicted_s,
                                      found->registration_order_s, found->registration_order_s / found->predicted_s);
       }
     }

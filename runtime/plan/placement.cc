@@ -127,26 +127,27 @@ class Search {
     const int W = scorer_.workers();
     Distances();
     Classes();
-    // Starts: the constructed plans with the balanced cut, and registration order with both the
-    // balanced cut and the layout's own (so that no baseline's plan is better than the start).
+    // Starts: registration order with the layout's own cut and with the balanced one (so that no
+    // baseline's plan is better than the start, and where nothing is better registration order
+    // stands: only a strict improvement replaces a start), then the constructed plans.
     std::vector<std::pair<std::vector<int>, std::vector<int>>> starts;
+    std::vector<int> registration(W);
+    std::iota(registration.begin(), registration.end(), 0);
+    starts.push_back({registration, LayoutCut()});
+    auto cut = Balanced(registration);
+    if (!cut.ok()) return cut.status();
+    starts.push_back({registration, *cut});
     for (bool hardest_first : {false, true}) {
       groups_ = Groups(p_.layout.stages, p_.layout.replicas, dp_, hardest_first);
       const std::vector<int> path = GroupPath();
       const std::vector<int> pipeline = FirstPipeline(hardest_first);
       for (const std::vector<int>& order : {Chain(path), Chain({path.rbegin(), path.rend()}), AlignReplicas(pipeline),
                                             AlignReplicas({pipeline.rbegin(), pipeline.rend()})}) {
-        auto cut = Balanced(order);
-        if (!cut.ok()) return cut.status();
-        starts.push_back({order, *cut});
+        auto balanced = Balanced(order);
+        if (!balanced.ok()) return balanced.status();
+        starts.push_back({order, *balanced});
       }
     }
-    std::vector<int> registration(W);
-    std::iota(registration.begin(), registration.end(), 0);
-    auto cut = Balanced(registration);
-    if (!cut.ok()) return cut.status();
-    starts.push_back({registration, *cut});
-    starts.push_back({registration, LayoutCut()});
     PlacementResult best;
     std::vector<int> order;
     for (const auto& [start, start_cut] : starts) {

@@ -30,7 +30,8 @@
 //     swaps kick the best plan, the descent runs again, and the better plan is kept.
 // The start is the best of the constructed plans (both constructions, both groupings, each path
 // both ways) and registration order (with the balanced cut and with the layout's), so the search
-// never returns a plan worse than registration order.
+// never returns a plan worse than registration order, and returns registration order itself where
+// nothing is strictly better.
 //
 // Baselines on the same cost model, for the bench and tests: registration order, a seeded random
 // placement, and a DT-FM-style genetic search over the worker permutation. They keep the layout's

@@ -176,6 +176,16 @@ TEST(Placement, SlowSpareWorkerStaysIdle) {
   EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
 }
 
+// One site, one device: every placement costs the same, and the search hands back registration
+// order rather than an equal stranger.
+TEST(Placement, NothingBetterKeepsRegistrationOrder) {
+  PlacementProblem p = Problem(2, 2, 4, 64, 128, Sites({{1}}, {{1000}}, {}));
+  p.keep_cut = true;
+  const PlacementResult r = Ok(SearchPlacement(p));
+  EXPECT_EQ(r.placement.worker, Ok(RegistrationOrder(p)).placement.worker);
+  EXPECT_EQ(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
+}
+
 TEST(Placement, SameSeedSamePlan) {
   const PlacementProblem p = FourSites();
   const PlacementResult a = Ok(SearchPlacement(p, {.seed = 7}));
