@@ -19,13 +19,11 @@
 #include "model/gpt_stage.h"
 #include "optim/train_step.h"
 #include "util/hash.h"
+#include "util/median.h"
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using longhaul::Median;
 
 // Runs the PyTorch baseline script; returns its tokens/s, or a negative value with `why` set.
 double TorchTokensPerSecond(const std::string& args, std::string& why, std::string& version) {

@@ -20,15 +20,13 @@
 
 #include "absl/strings/str_format.h"
 #include "transport/tensor_transport.h"
+#include "util/median.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using longhaul::Median;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Clock = std::chrono::steady_clock;
 
 int Repeats(size_t bytes) { return bytes >= (256u << 20) ? 5 : (bytes >= (16u << 20) ? 15 : 50); }
 

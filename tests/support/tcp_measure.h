@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "util/median.h"
+
 namespace longhaul::testing {
 
 // The kernel's software timestamps (SO_TIMESTAMPING) of one-byte messages: when the sender's
@@ -72,11 +74,7 @@ inline int64_t WriteStamped(int fd, char c) {
   return 0;
 }
 
-inline double Median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+inline double Median(std::vector<double> v) { return v.empty() ? -1 : longhaul::Median(std::move(v)); }
 
 // One-byte ping-pongs from cli, echoed by srv, each round trip timed two ways (medians, in ms):
 // - user: from before the client's write to after its read, as an application sees it. It includes
