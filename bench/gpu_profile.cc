@@ -10,7 +10,6 @@
 //   build/bench/gpu_profile --out runtime/plan/profiles/h100.toml [--steps 5]
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -22,6 +21,7 @@
 #include "cuda/cuda_stage.h"
 #include "data/batch_sampler.h"
 #include "util/hash.h"
+#include "worker/compute_probe.h"
 
 namespace {
 
@@ -39,33 +39,17 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Median forward and backward seconds of one micro-batch through `spec`.
+// Median forward and backward seconds of one micro-batch through `spec` (worker/compute_probe's
+// timing, two warm-up rounds).
 Times TimeStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, Precision p, int steps,
                 const MicroBatch& mb) {
   CudaStage::Options o;
   o.B = B, o.T = T, o.precision = p, o.seed = 1;
   auto stage = CudaStage::Create(cfg, spec, o);
   if (!stage.ok()) return {};
-  CudaStage& s = **stage;
-  const std::vector<float> boundary(static_cast<size_t>(B) * T * cfg.d_model, 0.01f);
-  const std::vector<float> grad(boundary.size(), 1e-4f);
-  std::vector<double> fwd, bwd;
-  for (int i = 0; i < steps + 2; ++i) {
-    if (!s.ZeroGrads().ok() || !s.Synchronize().ok()) return {};
-    auto t0 = std::chrono::steady_clock::now();
-    if (!s.Forward(0, mb, spec.has_embedding ? nullptr : boundary.data()).ok()) return {};
-    if (!spec.has_head && !s.Output(0).ok()) return {};
-    if (!s.Synchronize().ok()) return {};
-    const double f = Seconds(t0);
-    t0 = std::chrono::steady_clock::now();
-    if (!s.Backward(0, mb, spec.has_head ? nullptr : grad.data(), 1.0f).ok()) return {};
-    if (!spec.has_embedding && !s.InputGrad(0).ok()) return {};
-    if (!s.Synchronize().ok()) return {};
-    if (i >= 2) fwd.push_back(f), bwd.push_back(Seconds(t0));
-  }
-  std::sort(fwd.begin(), fwd.end());
-  std::sort(bwd.begin(), bwd.end());
-  return {fwd[fwd.size() / 2], bwd[bwd.size() / 2]};
+  const auto t = longhaul::TimeStage(**stage, mb, cfg.d_model, {.warmups = 2, .rounds = steps});
+  if (!t.ok()) return {};
+  return {t->forward_s, t->backward_s};
 }
 
 // Device-to-device copy rate: what the parameter-server step streams at.

@@ -6,7 +6,9 @@
 
 #include <omp.h>
 
+#include "data/batch_sampler.h"
 #include "util/hash.h"
+#include "util/median.h"
 #include "util/status_macros.h"
 #include "worker/job_setup.h"
 #include "worker/stage_factory.h"
@@ -16,64 +18,60 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// One micro-batch of random tokens from the job's vocabulary.
+MicroBatch RandomMicroBatch(const JobConfig& cfg) {
+  std::vector<uint16_t> tokens(static_cast<size_t>(cfg.train.micro_batch_size) * cfg.train.seq_len + 1);
+  Rng rng(cfg.train.seed + 17);
+  for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % cfg.model.vocab_size);
+  BatchSampler sampler({cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention, 1}, tokens);
+  return sampler.Sample(0, 0, 0);
 }
 
-struct Timing {
-  double forward_s = 0, backward_s = 0;
-};
-
-// Forward and backward of one micro-batch through a stage of `spec`, timed to their results on the
-// host (a device backend queues its work: Output, the loss and InputGrad wait for it).
-absl::StatusOr<Timing> TimeStage(const JobConfig& cfg, int device, const StageSpec& spec) {
+// A stage of `spec` alone on `device`, timed on the job's micro-batch.
+absl::StatusOr<StageTimes> TimeProbeStage(const JobConfig& cfg, int device, const StageSpec& spec) {
   LH_RETURN_IF_ERROR(CheckProbeStageMemory(cfg, spec, omp_get_max_threads(), device));
   StageRequest r = StageRequestFor(cfg, 0, device, 1);
   r.spec = spec;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeStage(r));
-  const int B = r.B, T = r.T, C = cfg.model.d_model;
-  MicroBatch mb;
-  mb.B = B, mb.T = T;
-  Rng rng(cfg.train.seed + 17);
-  for (int i = 0; i < B * T; ++i) {
-    mb.tokens.push_back(static_cast<int>(rng.Uniform() * cfg.model.vocab_size) % cfg.model.vocab_size);
-    mb.targets.push_back(static_cast<int>(rng.Uniform() * cfg.model.vocab_size) % cfg.model.vocab_size);
-  }
-  mb.loss_weight.assign(static_cast<size_t>(B) * T, 1.0f);
-  mb.prefix_len.assign(B, 0);
-  std::vector<float> boundary(static_cast<size_t>(B) * T * C);
-  for (float& x : boundary) x = static_cast<float>(rng.Uniform() - 0.5);
-  const float* input = spec.has_embedding ? nullptr : boundary.data();
-  const float* grad_out = spec.has_head ? nullptr : boundary.data();
-
-  std::vector<double> fwd, bwd;
-  for (int round = 0; round < 4; ++round) {  // round 0 warms up (allocations, library handles)
-    LH_RETURN_IF_ERROR(stage->ZeroGrads());
-    const Clock::time_point t0 = Clock::now();
-    LH_RETURN_IF_ERROR(stage->Forward(0, mb, input).status());
-    if (!spec.has_head) LH_RETURN_IF_ERROR(stage->Output(0).status());
-    const Clock::time_point t1 = Clock::now();
-    LH_RETURN_IF_ERROR(stage->Backward(0, mb, grad_out, 1.0f));
-    // The first stage has no input gradient: its gradients are the result to wait for.
-    LH_RETURN_IF_ERROR(spec.has_embedding ? stage->Grads().status() : stage->InputGrad(0).status());
-    const Clock::time_point t2 = Clock::now();
-    if (round == 0) continue;
-    fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-    bwd.push_back(std::chrono::duration<double>(t2 - t1).count());
-    if (fwd.back() + bwd.back() > 2.0) break;  // seconds per round: one timed round says enough
-  }
-  return Timing{Median(fwd), Median(bwd)};
+  return TimeStage(*stage, RandomMicroBatch(cfg), cfg.model.d_model, {.warmups = 1, .rounds = 3, .enough_s = 2.0});
 }
 
 }  // namespace
+
+absl::StatusOr<StageTimes> TimeStage(Stage& stage, const MicroBatch& mb, int d_model, const TimingRounds& rounds) {
+  const StageSpec& spec = stage.spec();
+  Rng rng(17);
+  std::vector<float> boundary(static_cast<size_t>(mb.B) * mb.T * d_model);
+  for (float& x : boundary) x = static_cast<float>(rng.Uniform() - 0.5);
+  const float* input = spec.has_embedding ? nullptr : boundary.data();
+  const float* grad_out = spec.has_head ? nullptr : boundary.data();
+  std::vector<double> fwd, bwd;
+  for (int round = 0; round < rounds.warmups + rounds.rounds; ++round) {
+    LH_RETURN_IF_ERROR(stage.ZeroGrads());
+    LH_RETURN_IF_ERROR(stage.Synchronize());
+    const Clock::time_point t0 = Clock::now();
+    LH_RETURN_IF_ERROR(stage.Forward(0, mb, input).status());
+    if (!spec.has_head) LH_RETURN_IF_ERROR(stage.Output(0).status());
+    LH_RETURN_IF_ERROR(stage.Synchronize());
+    const Clock::time_point t1 = Clock::now();
+    LH_RETURN_IF_ERROR(stage.Backward(0, mb, grad_out, 1.0f));
+    if (!spec.has_embedding) LH_RETURN_IF_ERROR(stage.InputGrad(0).status());
+    LH_RETURN_IF_ERROR(stage.Synchronize());
+    const Clock::time_point t2 = Clock::now();
+    if (round < rounds.warmups) continue;
+    fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
+    bwd.push_back(std::chrono::duration<double>(t2 - t1).count());
+    if (fwd.back() + bwd.back() > rounds.enough_s) break;
+  }
+  return StageTimes{Median(fwd), Median(bwd)};
+}
 
 absl::StatusOr<proto::ComputeProfile> MeasureCompute(const JobConfig& cfg, int device) {
   const StageSpec block{0, 1, false, false};
   // With a tied head the head must sit beside the embedding (whose cost is a lookup).
   const StageSpec block_and_head{0, 1, cfg.model.tied_head, true};
-  LH_ASSIGN_OR_RETURN(const Timing b, TimeStage(cfg, device, block));
-  LH_ASSIGN_OR_RETURN(const Timing bh, TimeStage(cfg, device, block_and_head));
+  LH_ASSIGN_OR_RETURN(const StageTimes b, TimeProbeStage(cfg, device, block));
+  LH_ASSIGN_OR_RETURN(const StageTimes bh, TimeProbeStage(cfg, device, block_and_head));
   // The head is what the second stage adds to the block; a small vocabulary's head can cost less
   // than the noise between the two, and a profile's times are positive.
   constexpr double kFloor = 1e-6;

@@ -39,8 +39,6 @@ class CudaStage : public Stage {
   virtual Precision precision() const = 0;
   // (B, T, V) softmax of the slot's last forward, on the last stage.
   virtual absl::Status DownloadProbs(int slot, float* host) = 0;
-  // Waits until everything queued has run (benchmarks time whole steps).
-  virtual absl::Status Synchronize() = 0;
 };
 
 }  // namespace longhaul

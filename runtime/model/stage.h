@@ -36,6 +36,9 @@ class Stage {
   // InputGrad wait for it, so whoever asks for them after queuing the next micro-batch's compute
   // overlaps the copy with that compute.
   virtual bool queues_work() const { return false; }
+  // Waits until everything queued has run (a device backend; on the CPU the work is done when
+  // each call returns). Benchmarks time whole steps with it.
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
   size_t num_params() const { return layout().total(); }
 
   virtual absl::Status ZeroGrads() = 0;
