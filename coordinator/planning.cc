@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
+#include "util/median.h"
 
 namespace longhaul {
 
@@ -50,26 +51,25 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
         workers.size(), profiles.size()));
   }
   std::map<std::pair<std::string, std::string>, std::vector<int>> machines;  // (host, backend) -> workers
-  for (const auto& [id, reg] : workers) machines[{reg.host(), reg.backend()}].push_back(id);
+  for (const auto& [id, reg] : workers) {
+    // A worker given no --backend computes on the job's.
+    machines[{reg.host(), reg.backend().empty() ? BackendName(cfg.train.backend_device) : reg.backend()}].push_back(id);
+  }
   std::vector<DeviceCost> devices;
   std::vector<int> device_of(W, 0);
-  const WorkShape shape = JobWorkShape(cfg);
   for (const auto& [machine, ids] : machines) {
     auto median = [&](double (proto::ComputeProfile::*field)() const) {
       std::vector<double> v;
       for (int id : ids) v.push_back(std::max(1e-9, (profiles.at(id).*field)()));
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
+      return Median(std::move(v));
     };
     const ComputeTimes block{median(&proto::ComputeProfile::block_forward_s),
                              median(&proto::ComputeProfile::block_backward_s)};
     const ComputeTimes head{median(&proto::ComputeProfile::head_forward_s),
                             median(&proto::ComputeProfile::head_backward_s)};
     const Backend backend = machine.second.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
-    // The step streams fp32 parameters and moments: a CPU's memory bandwidth is tens of GB/s, a
-    // GPU's terabytes.
-    absl::StatusOr<DeviceCost> d = DeviceCost::Timed(absl::StrCat(machine.first, " ", machine.second), backend,
-                                                     backend == Backend::kCuda ? 2e12 : 10e9, shape, block, head);
+    absl::StatusOr<DeviceCost> d =
+        JobTimedDevice(cfg, absl::StrCat(machine.first, " ", machine.second), backend, block, head);
     if (!d.ok()) return d.status();
     for (int id : ids) device_of[id] = static_cast<int>(devices.size());
     devices.push_back(*std::move(d));

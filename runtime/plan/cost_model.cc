@@ -246,7 +246,7 @@ NetworkCost NetworkCost::Uniform(LinkCost link) {
 }
 
 LinkCost NetworkCost::Between(int from_host, int to_host) const {
-  if (from_host == to_host) return {};
+  if (from_host == to_host || from_host < 0 || to_host < 0) return {};
   if (!scenario_) return uniform_;
   const netem::Link l = scenario_->Between(from_host, to_host);
   return {l.delay_ms / 1e3, l.rate_mbit * 1e6 / 8, window_bytes_};

@@ -117,7 +117,8 @@ struct LinkCost {
   double SerializeSeconds(double bytes) const;
 };
 
-// Links between every pair of hosts. Two workers on one host talk for free.
+// Links between every pair of hosts. Two workers on one host talk for free, and so does anyone
+// with host -1, which sits beside every host (the coordinator of an emulation, on its router).
 class NetworkCost {
  public:
   // The scenario's one-way delay and rate between the hosts' sites (jitter and loss are not

@@ -23,6 +23,11 @@ Layout JobLayout(const JobConfig& cfg) {
   return L;
 }
 
+absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
+                                          ComputeTimes block, ComputeTimes head) {
+  return DeviceCost::Timed(name, backend, backend == Backend::kCuda ? 2e12 : 10e9, JobWorkShape(cfg), block, head);
+}
+
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,
                             NetworkCost network, int coordinator_host) {
   PlacementProblem p;

@@ -3,7 +3,10 @@
 // its workers, worker w on host w of the network (as `longhaul local` places them, and as the
 // coordinator numbers hosts until workers report where they are). Shared by the coordinator's
 // live plan and by the prediction from measured compute, so both price the same job.
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "config/job_config.h"
 #include "plan/cost_model.h"
@@ -15,6 +18,10 @@ namespace longhaul {
 // The job's micro-batch shape, at the precision its stages compute in (fp32 on the CPU).
 WorkShape JobWorkShape(const JobConfig& cfg);
 Layout JobLayout(const JobConfig& cfg);
+// A device timed on the job's shape (a worker's profile, or a run's measured compute); its
+// parameter-server step streams fp32 at a CPU's tens of GB/s or a GPU's terabytes.
+absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
+                                          ComputeTimes block, ComputeTimes head);
 // The job's stages × replicas over `device_of_worker.size()` workers, worker w on host w and on
 // devices[device_of_worker[w]]. `coordinator_host`: -1 when the coordinator sits beside every
 // host (an emulation's router).

@@ -1,7 +1,6 @@
 #include "plan/measured_prediction.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "absl/strings/str_format.h"
 #include "plan/job_problem.h"
@@ -29,19 +28,14 @@ absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const st
   const StageSpec last = cfg.Stage(P - 1);
   const double head = std::max(1e-6, per_micro_by_stage[P - 1] - (last.end_block - last.first_block) * block);
   block = std::max(1e-6, block);
-  absl::StatusOr<DeviceCost> device = DeviceCost::Timed("this machine, as measured", Backend::kCpu, 10e9,
-                                                        JobWorkShape(cfg), {block / 3, 2 * block / 3},
-                                                        {head / 3, 2 * head / 3});
+  absl::StatusOr<DeviceCost> device = JobTimedDevice(cfg, "this machine, as measured", Backend::kCpu,
+                                                     {block / 3, 2 * block / 3}, {head / 3, 2 * head / 3});
   if (!device.ok()) return device.status();
   const int W = P * cfg.cluster.replicas;
-  std::vector<int> order = worker_of_slot;
-  if (order.empty()) {
-    order.resize(W);
-    std::iota(order.begin(), order.end(), 0);
-  }
   PlacementProblem problem = JobProblem(cfg, {*device}, std::vector<int>(W, 0), network, coordinator_host);
   problem.iterations = 3;
-  absl::StatusOr<PlacementResult> r = PlaceInOrder(problem, order);
+  absl::StatusOr<PlacementResult> r =
+      worker_of_slot.empty() ? RegistrationOrder(problem) : PlaceInOrder(problem, worker_of_slot);
   if (!r.ok()) return r.status();
   return r->iteration_s;
 }

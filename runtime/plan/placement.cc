@@ -189,7 +189,7 @@ class Search {
   void Classes() {
     const int W = scorer_.workers();
     std::vector<int> hosts = p_.host;
-    if (p_.coordinator_host >= 0) hosts.push_back(p_.coordinator_host);  // -1: beside every host, equally
+    hosts.push_back(p_.coordinator_host);
     auto same = [&](int a, int b) {
       if (scorer_.Device(a) != scorer_.Device(b)) return false;
       const int ha = p_.host[a], hb = p_.host[b];

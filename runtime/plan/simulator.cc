@@ -300,9 +300,7 @@ class Engine {
     // Every shard is summed: each host sends its partial squares to the coordinator as its last
     // shard sums; the norm goes back to every host once the last partial is in.
     const NetworkCost& net = sim_.network;
-    auto to_coordinator = [&](int host) {
-      return P_.coordinator_host < 0 ? 0.0 : net.Between(host, P_.coordinator_host).latency_s;
-    };
+    auto to_coordinator = [&](int host) { return net.Between(host, P_.coordinator_host).latency_s; };
     double norm_at = t;
     for (size_t i = 0; i < shards_.size(); ++i) {
       norm_at = std::max(norm_at, shards_[i].summed_at[iter] + to_coordinator(workers_[P_.shards[i].worker].host));

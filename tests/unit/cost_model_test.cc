@@ -167,6 +167,11 @@ TEST(NetworkCost, ReadsTheScenarioBetweenHosts) {
   EXPECT_EQ(local.latency_s, 0);
   EXPECT_TRUE(std::isinf(local.Rate()));
   EXPECT_DOUBLE_EQ(NetworkCost::Uniform({0.001, 1e9, 0}).Between(0, 1).latency_s, 0.001);
+  // Host -1 sits beside every host (an emulation's coordinator, on the router).
+  for (const NetworkCost& n : {net, NetworkCost::Uniform({0.001, 1e9, 0})}) {
+    EXPECT_EQ(n.Between(-1, 3).latency_s, 0);
+    EXPECT_TRUE(std::isinf(n.Between(3, -1).Rate()));
+  }
 }
 
 }  // namespace

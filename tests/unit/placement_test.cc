@@ -78,7 +78,9 @@ TEST(Placement, HeavyPipelineBoundaryKeepsEachReplicaOnOneSite) {
         EXPECT_EQ(site_of[r.placement.worker[0][replica]], site_of[r.placement.worker[1][replica]]) << replica;
       }
       EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(p)).iteration_s);
-      if (keep_cut) EXPECT_EQ(r.blocks_per_stage, (std::vector<int>{1, 2}));
+      if (keep_cut) {
+        EXPECT_EQ(r.blocks_per_stage, (std::vector<int>{1, 2}));
+      }
     }
   }
 }
