@@ -56,7 +56,7 @@ class Service final : public proto::Coordinator::Service {
           std::optional<NetworkCost> network)
       : network_(std::move(network)), cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
-        shards_(PlanShards(cfg)), members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
+        members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
         log_(cfg, start_, end_, std::move(metrics)) {}
 
   grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
@@ -177,7 +177,7 @@ class Service final : public proto::Coordinator::Service {
     for (const proto::ShardNorm& n : req->shards()) got[{n.stage(), n.shard()}] = n.sum_squares();
     cv_.notify_all();
     const bool ready = cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)),
-                                    [&] { return got.size() == shards_.size() || !abort_.empty(); });
+                                    [&] { return static_cast<int>(got.size()) == plan_.shards_size() || !abort_.empty(); });
     if (!abort_.empty()) {
       reply->set_abort(true);
       reply->set_reason(abort_);
@@ -186,7 +186,7 @@ class Service final : public proto::Coordinator::Service {
     if (!ready) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           absl::StrFormat("only %d of %d parameter-server shards reported iteration %d", got.size(),
-                                          shards_.size(), req->iteration() + 1));
+                                          plan_.shards_size(), req->iteration() + 1));
     }
     double sum = 0;
     for (auto& [key, v] : got) sum += v;  // (stage, shard) order
@@ -204,14 +204,14 @@ class Service final : public proto::Coordinator::Service {
                                           "the plan does not give it or which was already reported",
                                           req->worker_id(), req->shard(), req->stage(), req->step()));
     }
-    if (checkpointed_[req->step()].size() == shards_.size()) {
+    if (static_cast<int>(checkpointed_[req->step()].size()) == plan_.shards_size()) {
       // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
       const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
       if (absl::Status st = SetLatestCheckpoint(root, req->step()); !st.ok()) {
         return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
       }
       std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n",
-                                   CheckpointName(req->step()), shards_.size(), root)
+                                   CheckpointName(req->step()), plan_.shards_size(), root)
                 << std::flush;
     }
     return grpc::Status::OK;
@@ -405,7 +405,7 @@ class Service final : public proto::Coordinator::Service {
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
                                  "workers; floor = entropy of the data (nats/token)\n",
                                  cfg_.cluster.stages, cfg_.cluster.replicas, ScheduleName(cfg_.cluster.schedule),
-                                 cfg_.cluster.central_ps ? "central" : "sharded", shards_.size(),
+                                 cfg_.cluster.central_ps ? "central" : "sharded", plan_.shards_size(),
                                  WireDtypeName(cfg_.transport.wire_dtype), FlopsFormulaName(cfg_.train.recompute),
                                  expected_)
               << std::flush;
@@ -417,7 +417,6 @@ class Service final : public proto::Coordinator::Service {
   const int expected_;
   const int64_t start_, end_;
   const std::string resume_name_;
-  std::vector<proto::ShardPlacement> shards_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -17,7 +17,7 @@ struct WorkerOptions {
   std::string backend;                  // "cpu" or "cuda:N"; empty: the job's (cluster.stage_backends, train.backend)
   double connect_timeout_s = 60;        // how long to keep trying the coordinator
   std::string dial_map;                 // file of "address dial_instead" lines: reach peers through a proxy
-  int slot = -1;                        // the worker id (stage = id % stages, replica = id / stages) to ask for; -1: any
+  int slot = -1;                        // the worker id to ask for (a launcher's host number); -1: any
 };
 
 // Runs until the job finishes (OK) or fails; errors name the peer or step involved.
