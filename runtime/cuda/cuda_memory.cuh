@@ -53,6 +53,13 @@ struct PinnedArray {
   }
 };
 
+// A copy on `stream`, waited for: what set-up, checkpoints and downloads for people need.
+inline absl::Status CopySync(cudaStream_t stream, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                             const char* what) {
+  LH_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream), what);
+  return Check(cudaStreamSynchronize(stream), what);
+}
+
 struct Event {
   cudaEvent_t e = nullptr;
   absl::Status Create() { return Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"); }

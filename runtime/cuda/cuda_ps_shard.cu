@@ -12,6 +12,7 @@ namespace longhaul {
 namespace {
 
 using cuda::Check;
+using cuda::CopySync;
 using cuda::DeviceArray;
 using cuda::PinnedArray;
 
@@ -39,40 +40,35 @@ class CudaPsShard final : public PsShard {
     std::vector<uint8_t> decay(n, 0);
     for (const ParamTensor& t : layout().tensors())
       if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
-    return CopySync(decay_.p, decay.data(), n, cudaMemcpyHostToDevice, "upload decay flags");
+    return CopySync(stream_, decay_.p, decay.data(), n, cudaMemcpyHostToDevice, "upload decay flags");
   }
 
-  std::string Where() const override { return absl::StrCat("cuda:", device_); }
   absl::StatusOr<const float*> Params() override { return host_params_.p; }
 
   absl::Status GetState(float* params, float* m, float* v) override {
     const size_t bytes = size() * 4;
-    LH_RETURN_IF(CopySync(params, params_.p, bytes, cudaMemcpyDeviceToHost, "download parameters"));
-    LH_RETURN_IF(CopySync(m, m_.p, bytes, cudaMemcpyDeviceToHost, "download moments"));
-    return CopySync(v, v_.p, bytes, cudaMemcpyDeviceToHost, "download moments");
+    LH_RETURN_IF(CopySync(stream_, params, params_.p, bytes, cudaMemcpyDeviceToHost, "download parameters"));
+    LH_RETURN_IF(CopySync(stream_, m, m_.p, bytes, cudaMemcpyDeviceToHost, "download moments"));
+    return CopySync(stream_, v, v_.p, bytes, cudaMemcpyDeviceToHost, "download moments");
   }
 
   absl::Status SetState(const float* params, const float* m, const float* v) override {
     const size_t bytes = size() * 4;
-    LH_RETURN_IF(CopySync(params_.p, params, bytes, cudaMemcpyHostToDevice, "upload parameters"));
+    LH_RETURN_IF(CopySync(stream_, params_.p, params, bytes, cudaMemcpyHostToDevice, "upload parameters"));
     for (auto [from, to] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
       if (from == nullptr) {
         LH_CUDA(cudaMemsetAsync(to->p, 0, bytes, stream_), "zero moments");
       } else {
-        LH_RETURN_IF(CopySync(to->p, from, bytes, cudaMemcpyHostToDevice, "upload moments"));
+        LH_RETURN_IF(CopySync(stream_, to->p, from, bytes, cudaMemcpyHostToDevice, "upload moments"));
       }
     }
     return RefreshHostParams();
   }
 
  private:
-  absl::Status CopySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
-    LH_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
-    return Check(cudaStreamSynchronize(stream_), what);
-  }
   // The host copy the broadcast sends, after every change.
   absl::Status RefreshHostParams() {
-    return CopySync(host_params_.p, params_.p, size() * 4, cudaMemcpyDeviceToHost, "download parameters");
+    return CopySync(stream_, host_params_.p, params_.p, size() * 4, cudaMemcpyDeviceToHost, "download parameters");
   }
 
   absl::Status Accumulate(bool first, const std::vector<float>& grad) override {
@@ -88,7 +84,7 @@ class CudaPsShard final : public PsShard {
     cuda::Scale(stream_, grads_.p, scale, n);
     cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, n);
     double sum = 0;
-    LH_RETURN_IF(CopySync(&sum, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    LH_RETURN_IF(CopySync(stream_, &sum, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
     return sum;
   }
 

@@ -30,6 +30,7 @@ int CudaDeviceCount(std::string* why) {
 namespace {
 
 using cuda::Check;
+using cuda::CopySync;
 using cuda::DeviceArray;
 using cuda::Event;
 using cuda::PinnedArray;
@@ -170,7 +171,6 @@ class StageImpl final : public CudaStage {
   }
   int slots() const override { return o_.slots; }
   bool queues_work() const override { return true; }
-  Precision precision() const override { return o_.precision; }
 
   absl::Status ZeroGrads() override {
     return Check(cudaMemsetAsync(grads_.p, 0, grads_.n * 4, stream_), "zero gradients");
@@ -243,7 +243,7 @@ class StageImpl final : public CudaStage {
     const int* prefix = Prefix(s);
     for (int l = spec_.end_block - 1; l >= spec_.first_block; --l) {
       BlockActs<T>& a = Acts(s, l);
-      if (o_.recompute) BlockForward(l, BlockInput(s, l), a, prefix, a.out.p);
+      if (o_.recompute) BlockForward(l, BlockInput(s, l), a, prefix, nullptr);
       BlockBackward(l, BlockInput(s, l), a, prefix);
     }
     if (spec_.has_embedding) {
@@ -268,12 +268,12 @@ class StageImpl final : public CudaStage {
 
   absl::StatusOr<const float*> Params() override {
     params_host_.resize(params_.n);
-    LH_RETURN_IF(CopySync(params_host_.data(), params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
+    LH_RETURN_IF(CopySync(stream_, params_host_.data(), params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
     return params_host_.data();
   }
   absl::StatusOr<const float*> Grads() override {
     grads_host_.resize(grads_.n);
-    LH_RETURN_IF(CopySync(grads_host_.data(), grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
+    LH_RETURN_IF(CopySync(stream_, grads_host_.data(), grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
     if (loss_scale_ != 1.0f)
       for (float& g : grads_host_) g /= loss_scale_;
     return grads_host_.data();
@@ -282,7 +282,7 @@ class StageImpl final : public CudaStage {
     if (begin > params_.n || n > params_.n - begin) {
       return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
     }
-    LH_RETURN_IF(CopySync(params_.p + begin, values, n * 4, cudaMemcpyHostToDevice, "upload parameters"));
+    LH_RETURN_IF(CopySync(stream_, params_.p + begin, values, n * 4, cudaMemcpyHostToDevice, "upload parameters"));
     RefreshWeights(begin, n);
     return Check(cudaGetLastError(), "upload parameters");
   }
@@ -298,7 +298,7 @@ class StageImpl final : public CudaStage {
     std::vector<uint8_t> decay(P, 0);
     for (const ParamTensor& t : layout_.tensors())
       if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
-    return CopySync(decay_.p, decay.data(), P, cudaMemcpyHostToDevice, "upload decay flags");
+    return CopySync(stream_, decay_.p, decay.data(), P, cudaMemcpyHostToDevice, "upload decay flags");
   }
 
   absl::StatusOr<OptimizerStepResult> Step(int64_t step) override {
@@ -306,7 +306,7 @@ class StageImpl final : public CudaStage {
     const long P = static_cast<long>(params_.n);
     cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, P);
     double sumsq = 0;
-    LH_RETURN_IF(CopySync(&sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    LH_RETURN_IF(CopySync(stream_, &sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
     OptimizerStepResult r;
     r.grad_norm = std::sqrt(sumsq) / loss_scale_;
     r.lr = optimizer_.schedule.At(step);
@@ -334,20 +334,20 @@ class StageImpl final : public CudaStage {
 
   absl::Status GetOptimizerState(float* m, float* v) override {
     LH_RETURN_IF(CheckOptimizer());
-    LH_RETURN_IF(CopySync(m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost, "download moments"));
-    return CopySync(v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost, "download moments");
+    LH_RETURN_IF(CopySync(stream_, m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost, "download moments"));
+    return CopySync(stream_, v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost, "download moments");
   }
   absl::Status SetOptimizerState(const float* m, const float* v) override {
     LH_RETURN_IF(CheckOptimizer());
-    LH_RETURN_IF(CopySync(m_.p, m, m_.n * 4, cudaMemcpyHostToDevice, "upload moments"));
-    return CopySync(v_.p, v, v_.n * 4, cudaMemcpyHostToDevice, "upload moments");
+    LH_RETURN_IF(CopySync(stream_, m_.p, m, m_.n * 4, cudaMemcpyHostToDevice, "upload moments"));
+    return CopySync(stream_, v_.p, v, v_.n * 4, cudaMemcpyHostToDevice, "upload moments");
   }
 
   absl::Status DownloadProbs(int slot, float* host) override {
     LH_RETURN_IF(CheckSlot(slot));
     if (!spec_.has_head) return absl::FailedPreconditionError("only the last stage computes probabilities");
     const DeviceArray<float>& l = slots_[slot].logits;
-    return CopySync(host, l.p, l.n * 4, cudaMemcpyDeviceToHost, "download probabilities");
+    return CopySync(stream_, host, l.p, l.n * 4, cudaMemcpyDeviceToHost, "download probabilities");
   }
   absl::Status Synchronize() override {
     LH_CUDA(cudaStreamSynchronize(copy_stream_), "synchronize");
@@ -367,10 +367,6 @@ class StageImpl final : public CudaStage {
   }
 
   // A copy ordered after everything queued on the compute stream, waited for.
-  absl::Status CopySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
-    LH_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
-    return Check(cudaStreamSynchronize(stream_), what);
-  }
   // n floats from `src` (device) to pinned `dst` on the copy stream once the compute stream gets
   // there; `done` marks the copy's end for the host, `src_free` for the compute stream.
   absl::Status CopyToHost(float* dst, const float* src, long n, Event& done, Event& src_free) {
@@ -463,7 +459,8 @@ class StageImpl final : public CudaStage {
     cuda::SplitHeadsBackward(stream_, g_qkv_.p, dq_.p, dk_.p, dv_.p, B_, T_, C, NH);
   }
 
-  // x (N, C) -> out (N, C), keeping what the backward needs in `a`.
+  // x (N, C) -> out (N, C), keeping what the backward needs in `a`. With `out` null (recompute in
+  // backward) the block's last projection is skipped: the backward reads only what `a` keeps.
   void BlockForward(int l, const T* x, BlockActs<T>& a, const int* prefix, T* out) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
@@ -475,6 +472,7 @@ class StageImpl final : public CudaStage {
     cuda::LayerNormForward(stream_, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
     cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), P(w.fc_b), N, C, 4 * C, false);
     cuda::GeluForward(stream_, a.fch_gelu.p, a.fch.p, static_cast<long>(N) * 4 * C);
+    if (out == nullptr) return;
     cudaMemcpyAsync(out, a.res2.p, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
     cuda::LinearForward(blas_, stream_, out, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
   }

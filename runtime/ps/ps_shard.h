@@ -27,7 +27,6 @@ class PsShard {
   size_t begin() const { return begin_; }  // float offset of the shard in its stage's buffer
   size_t size() const { return layout_.total(); }
   const ParamLayout& layout() const { return layout_; }
-  virtual std::string Where() const = 0;  // "host", "cuda:N"
 
   // Gradient of replica `replica`'s copy of the shard; replicas must come in order 0, 1, ... and
   // each gradient must have the shard's size (it came over the network: FailedPrecondition if not).
@@ -66,7 +65,6 @@ class HostPsShard final : public PsShard {
  public:
   HostPsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard, int first_tensor,
               int end_tensor, int replicas);
-  std::string Where() const override { return "host"; }
   absl::StatusOr<const float*> Params() override { return params_.data(); }
   absl::Status GetState(float* params, float* m, float* v) override;
   absl::Status SetState(const float* params, const float* m, const float* v) override;
