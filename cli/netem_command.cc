@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -22,6 +23,8 @@ struct NetemArgs {
   double delay_ms = 0, rate_mbit = 0;
   std::string listen = "0.0.0.0:7099", to;
   int megabytes = 64, repeat = 4;  // probe-send's tensor size, probe-sink's largest
+  int kilobytes = 0;               // probe-send: a size in KiB instead of --mb
+  double gap_ms = 0;               // probe-send: idle time between transfers
   int queue = 7;
   std::string links, scenario, hosts, dev = "eth0";
   uint64_t seed = 1;
@@ -80,6 +83,11 @@ void AddNetemCommands(CLI::App& app) {
   g.send = netem->add_subcommand("probe-send", "time tensors sent with longhaul's transport to a probe-sink");
   g.send->add_option("--to", g.to, "the sink's host:port")->required();
   g.send->add_option("--mb", g.megabytes)->check(CLI::Range(1, 65536))->capture_default_str();
+  g.send->add_option("--kb", g.kilobytes, "tensor size in KiB (instead of --mb), as small as an activation")
+      ->check(CLI::Range(1, 65536 * 1024));
+  g.send->add_option("--gap-ms", g.gap_ms, "idle time between transfers, as between a job's iterations")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   g.send->add_option("--repeat", g.repeat, "transfers; the first warms the connection up")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -149,8 +157,10 @@ int RunNetemCommand(const std::string& self_exe) {
     opt.job_id = "probe";
     opt.timeout = std::chrono::seconds(60);
     TensorClient client(g.to, opt);
-    std::vector<float> x(static_cast<size_t>(g.megabytes) << 18, 1.0f);
+    std::vector<float> x(g.kilobytes > 0 ? static_cast<size_t>(g.kilobytes) << 8 : static_cast<size_t>(g.megabytes) << 18,
+                         1.0f);
     for (int i = 0; i < g.repeat; ++i) {
+      if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g.gap_ms));
       proto::TensorHeader h;
       h.set_kind(proto::ACTIVATION);
       h.set_iteration(i);
