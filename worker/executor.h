@@ -37,7 +37,8 @@ class Channel {
   // parameters written into it. The norm and learning rate of the step this process took (lr 0
   // when it hosts no shard); the seconds waited go into `*waited`.
   virtual absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) = 0;
-  // Waits until every send of iteration `it` is done.
+  // Waits until the data of every send of iteration `it` may change (the bytes left this process);
+  // reports a failed send of this or an earlier iteration.
   virtual absl::Status Flush(int64_t it) = 0;
 };
 

@@ -30,7 +30,9 @@ class NetworkChannel final : public Channel {
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
   absl::Status PushGradients(int64_t it, Stage& stage) override;
   absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) override;
-  absl::Status Flush(int64_t it) override { return peers_.Flush(it, timeline_); }
+  absl::Status Flush(int64_t) override { return peers_.Flush(timeline_); }
+  // Flush, and until every send is acknowledged: before the worker's connections close.
+  absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
 
   // Every shard's parameters of iteration `it` into the stage, as the shards' hosts sent them.
   absl::Status Pull(int64_t it, Stage& stage, double* waited);

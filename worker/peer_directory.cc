@@ -54,18 +54,23 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_replica(replica_);
   h.set_shard(shard);
   static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
-  in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], micro});
+  in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], it, micro});
 }
 
-absl::Status PeerDirectory::Flush(int64_t it, Timeline& timeline) {
+absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged) {
   absl::Status first = std::exchange(unaddressed_, absl::OkStatus());
   for (InFlight& f : in_flight_) {
+    f.op->WaitWritten();
+    if (acknowledged) f.op->Wait().IgnoreError();  // reported below
+  }
+  std::erase_if(in_flight_, [&](InFlight& f) {
+    if (!f.op->Done()) return false;
     absl::Status s = f.op->Wait();
     if (!s.ok() && first.ok()) first = s;
-    const int64_t end = Timeline::NowMicros();
-    timeline.Add(f.what, Track::kSend, end - static_cast<int64_t>(f.op->seconds() * 1e6), end, it, f.micro);
-  }
-  in_flight_.clear();
+    const int64_t start = std::chrono::duration_cast<std::chrono::microseconds>(f.op->start().time_since_epoch()).count();
+    timeline.Add(f.what, Track::kSend, start, start + static_cast<int64_t>(f.op->seconds() * 1e6), f.iteration, f.micro);
+    return true;
+  });
   return first;
 }
 

@@ -32,14 +32,18 @@ class PeerDirectory {
   // wire, `data` is read in place and must stay unchanged until Flush.
   void Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
             size_t n);
-  // Waits for every send, records each in `timeline` under iteration `it`, and returns the first
-  // error.
-  absl::Status Flush(int64_t it, Timeline& timeline);
+  // Waits until every send's bytes are written (its data may change from then on) and, with
+  // `acknowledged`, until every send is acknowledged too. Sends that were acknowledged go into
+  // `timeline` under their iteration; the first error of those that finished is returned (a send
+  // still unacknowledged reports its error at a later Flush). Not waiting for acknowledgements is
+  // what lets the next iteration start a round trip earlier on a long link.
+  absl::Status Flush(Timeline& timeline, bool acknowledged = false);
 
  private:
   struct InFlight {
     std::shared_ptr<SendOp> op;
     const char* what;
+    int64_t iteration;
     int micro;
   };
   TensorClient& Client(const std::string& address);

@@ -143,6 +143,7 @@ absl::Status Worker::Setup() {
   transport.dtype = cfg_.transport.wire_dtype;
   transport.chunk_bytes = static_cast<size_t>(cfg_.transport.chunk_mib) << 20;
   transport.connections = cfg_.transport.connections;
+  transport.congestion_control = cfg_.transport.congestion_control;
   transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000));
   transport.canceller = canceller_;
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
@@ -263,7 +264,7 @@ absl::Status Worker::Run() {
   }
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
-  if (channel_) channel_->Flush(it).IgnoreError();
+  if (channel_) channel_->Drain().IgnoreError();
   std::string trace;
   if (!cfg_.train.out_dir.empty()) {
     std::error_code ec;

@@ -295,6 +295,7 @@ const std::vector<KeyDef>& Table() {
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections), Within(1, 64)),
       Value("transport", "timeout_s", R::kFree, LH_FIELD(transport.timeout_s), Above(0)),
+      Value("transport", "congestion_control", R::kFree, LH_FIELD(transport.congestion_control)),
   };
   return *table;
 }
@@ -372,6 +373,13 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.lr, t.adamw.weight_decay));
   }
   if (t.out_dir.empty()) return bad("train.out_dir must not be empty (default \"runs/latest\")");
+  if (const std::string& cc = c.transport.congestion_control;
+      cc.size() > 15 || cc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    return bad(absl::StrFormat("transport.congestion_control = \"%s\" is not a kernel congestion control name (as in "
+                               "/proc/sys/net/ipv4/tcp_available_congestion_control: \"cubic\", \"reno\", \"bbr\"; "
+                               "\"\" keeps the system's)",
+                               cc));
+  }
   if (absl::Status s = CheckPrecisionHasAGpu(c); !s.ok()) return bad(std::string(s.message()));
   if (c.data.source != DataSource::kBuiltin && c.data.path.empty()) {
     return bad("data.path is required when data.source is \"bytes\" or \"llmc\"");

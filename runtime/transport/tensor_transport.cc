@@ -1,10 +1,15 @@
 #include "transport/tensor_transport.h"
 
-#include <grpcpp/generic/async_generic_service.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <iostream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "transport/crc32c.h"
@@ -12,37 +17,71 @@
 namespace longhaul {
 namespace {
 
-// The largest chunk (transport.chunk_mib <= 16) and some room: gRPC refuses bigger messages before
-// buffering them.
-constexpr int kMaxMessageBytes = (16 << 20) + 4096;
+constexpr size_t kMaxAckBytes = 64 << 10;
+constexpr int kMaxConnections = 512;  // per server: a peer cannot make it spawn threads without end
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
-// HTTP/2 settings for bulk tensors, on both ends of a connection. Measured on loopback
-// (bench/transport_bench): gRPC's defaults (16 KiB frames, 64 KiB stream lookahead, 8 KiB reads)
-// cap a stream at a fraction of what the socket carries.
-std::vector<std::pair<const char*, int>> BulkTransferArgs() {
-  return {{GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
-          {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20},
-          {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},
-          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20}};
+Deadline After(std::chrono::steady_clock::duration d) { return std::chrono::steady_clock::now() + d; }
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-grpc::ByteBuffer SerializeToBuffer(const google::protobuf::Message& m) {
-  const std::string bytes = m.SerializeAsString();
-  grpc::Slice slice(bytes.data(), bytes.size());  // small: copied
-  return grpc::ByteBuffer(&slice, 1);
+uint32_t GetU32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 
-bool ParseFromBuffer(const grpc::ByteBuffer& buf, google::protobuf::Message& m) {
-  std::vector<grpc::Slice> slices;
-  if (!buf.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return m.ParseFromString(bytes);
+absl::StatusOr<uint32_t> ReadU32(int fd, Deadline deadline, const WakeFd& wake, bool* closed = nullptr) {
+  uint8_t b[4];
+  if (absl::Status s = ReadAll(fd, b, 4, deadline, wake, closed); !s.ok()) return s;
+  return GetU32(b);
 }
 
-std::string MetadataValue(const std::multimap<grpc::string_ref, grpc::string_ref>& md, const char* key) {
-  auto it = md.find(key);
-  return it == md.end() ? std::string("<none>") : std::string(it->second.data(), it->second.size());
+// One acknowledgement frame: u32 length, serialized TensorAck.
+std::string AckFrame(const absl::Status& s) {
+  proto::TensorAck ack;
+  ack.set_ok(s.ok());
+  if (!s.ok()) {
+    ack.set_code(static_cast<int32_t>(s.code()));
+    ack.set_error(std::string(s.message()));
+  }
+  std::string frame;
+  PutU32(frame, static_cast<uint32_t>(ack.ByteSizeLong()));
+  return frame + ack.SerializeAsString();
+}
+
+absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
+  auto n = ReadU32(fd, deadline, wake);
+  if (!n.ok()) return n.status();
+  if (*n > kMaxAckBytes) {
+    return absl::DataLossError(absl::StrFormat("an acknowledgement of %d bytes: the peer is not a longhaul worker", *n));
+  }
+  std::string bytes(*n, '\0');
+  if (absl::Status s = ReadAll(fd, bytes.data(), bytes.size(), deadline, wake); !s.ok()) return s;
+  proto::TensorAck ack;
+  if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");
+  if (ack.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(ack.code());
+  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, ack.error());
+}
+
+// Says what it has to say, then lets the peer read it: closing with unread bytes in the receive
+// queue would reset the connection and could destroy the reason before the peer reads it.
+void CloseGracefully(int fd, const absl::Status& why) {
+  const std::string ack = AckFrame(why);
+  WakeFd never;
+  (void)WriteAll(fd, ack.data(), ack.size(), After(std::chrono::seconds(1)), never);
+  shutdown(fd, SHUT_WR);
+  char sink[64 << 10];
+  const Deadline until = After(std::chrono::seconds(1));
+  for (size_t drained = 0; drained < (64u << 20);) {
+    if (!WaitReadable(fd, until, never).ok()) break;
+    const ssize_t r = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) break;
+    if (r > 0) drained += static_cast<size_t>(r);
+  }
+  close(fd);
 }
 
 }  // namespace
@@ -57,170 +96,170 @@ absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) cons
   return h.total_elements();
 }
 
-class TensorServer::Receiver : public grpc::ServerGenericBidiReactor {
- public:
-  Receiver(grpc::GenericCallbackServerContext* ctx, TensorServer* server) : server_(server) {
-    if (ctx->method() != kTensorMethod) {
-      Fail(absl::UnimplementedError(absl::StrCat("unknown method ", ctx->method(), ": not a longhaul peer")));
-      return;
-    }
-    const std::string job = MetadataValue(ctx->client_metadata(), "lh-job");
-    const std::string proto = MetadataValue(ctx->client_metadata(), "lh-protocol");
-    if (job != server_->job_id() || proto != std::to_string(kProtocolVersion)) {
-      Fail(absl::FailedPreconditionError(
-          absl::StrFormat("refused: the peer runs job '%s' with protocol version %s, this worker runs job '%s' with "
-                          "protocol version %d; start every process of a job from the same config and build",
-                          job, proto, server_->job_id(), kProtocolVersion)));
-      return;
-    }
-    StartRead(&buf_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return Complete();  // the sender half-closed: the part is complete, or the call broke
-    if (!reserved_) {
-      if (absl::Status s = AcceptHeader(); !s.ok()) return Fail(s);
-    } else if (received_ == expected_ && !have_trailer_) {
-      if (!ParseFromBuffer(buf_, trailer_)) return Fail(absl::InvalidArgumentError("unparseable trailer"));
-      have_trailer_ = true;
-    } else {
-      std::vector<grpc::Slice> slices;
-      if (have_trailer_ || !buf_.Dump(&slices).ok()) {
-        return Fail(absl::InvalidArgumentError("message after the trailer"));
-      }
-      // Allocated on the first chunk, so a stream that stops after its header holds no memory.
-      if (values_.empty()) {
-        values_ = server_->mailbox_->Acquire(header_.part_elements());
-        if (header_.dtype() != proto::F32) wire_.resize(expected_);
-      }
-      uint8_t* dst = header_.dtype() == proto::F32 ? reinterpret_cast<uint8_t*>(values_.data()) : wire_.data();
-      for (const grpc::Slice& s : slices) {
-        if (s.size() > expected_ - received_) {
-          return Fail(absl::InvalidArgumentError(absl::StrFormat("more bytes than the header announced (%d)", expected_)));
-        }
-        std::memcpy(dst + received_, s.begin(), s.size());
-        crc_ = Crc32c(crc_, dst + received_, s.size());  // the bytes are still in cache
-        received_ += s.size();
-      }
-    }
-    StartRead(&buf_);
-  }
-
-  void OnDone() override {
-    if (reserved_ && !delivered_) server_->mailbox_->AbandonPart(key_, header_.part_offset());
-    server_->mailbox_->Recycle(std::move(values_));
-    delete this;
-  }
-
- private:
-  // Every size in the header is checked against what the admission allows, overflow-safe, and the
-  // part is reserved in the mailbox before any buffer exists.
-  absl::Status AcceptHeader() {
-    if (buf_.Length() > kMaxHeaderBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat("a tensor header of %d bytes (at most %d)", buf_.Length(),
-                                                        kMaxHeaderBytes));
-    }
-    if (!ParseFromBuffer(buf_, header_)) return absl::InvalidArgumentError("unparseable tensor header");
-    if (header_.job_id() != server_->job_id() || header_.protocol_version() != kProtocolVersion) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d", header_.job_id(),
-          header_.protocol_version(), server_->job_id(), kProtocolVersion));
-    }
-    if (header_.dtype() < proto::F32 || header_.dtype() > proto::BF16) {
-      return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", header_.dtype()));
-    }
-    key_ = {header_.kind(), header_.iteration(), header_.micro_batch(), header_.from_stage(), header_.from_replica(),
-            header_.shard()};
-    absl::StatusOr<uint64_t> allowed = server_->admission_->Admit(header_);
-    if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
-    if (header_.total_elements() != *allowed) {
-      return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
-                                                        key_.DebugString(), header_.total_elements(), *allowed));
-    }
-    if (absl::Status s = server_->mailbox_->BeginPart(key_, header_.total_elements(), header_.part_offset(),
-                                                      header_.part_elements());
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
-    }
-    reserved_ = true;
-    expected_ = header_.part_elements() * (header_.dtype() == proto::F32 ? 4 : 2);
-    return absl::OkStatus();
-  }
-
-  void Complete() {
-    if (!reserved_ || received_ != expected_ || !have_trailer_) {
-      return Fail(absl::DataLossError(absl::StrFormat("tensor part ended after %d of %d bytes", received_, expected_)));
-    }
-    if (crc_ != trailer_.crc32c()) {
-      return Fail(absl::DataLossError(absl::StrFormat(
-          "tensor part checksum %08x, sender says %08x: corrupted in transit", crc_, trailer_.crc32c())));
-    }
-    if (header_.dtype() != proto::F32) {
-      DecodeWire(wire_.data(), values_.size(), static_cast<WireDtype>(header_.dtype()), values_.data());
-      wire_ = {};
-    }
-    if (absl::Status s = server_->mailbox_->CompletePart(key_, header_.part_offset(), std::move(values_)); !s.ok()) {
-      return Fail(s);
-    }
-    delivered_ = true;
-    proto::TensorAck ack;
-    ack.set_ok(true);
-    ack_ = SerializeToBuffer(ack);
-    StartWriteAndFinish(&ack_, grpc::WriteOptions(), grpc::Status::OK);
-  }
-
-  void Fail(const absl::Status& why) {
-    server_->Refuse(std::string(why.message()));
-    Finish(grpc::Status(static_cast<grpc::StatusCode>(why.code()), std::string(why.message())));
-  }
-
-  static constexpr size_t kMaxHeaderBytes = 4096;
-  TensorServer* server_;
-  grpc::ByteBuffer buf_, ack_;
-  proto::TensorHeader header_;
-  proto::TensorTrailer trailer_;
-  TensorKey key_;
-  bool reserved_ = false, have_trailer_ = false, delivered_ = false;
-  std::vector<float> values_;
-  std::vector<uint8_t> wire_;
-  size_t received_ = 0, expected_ = 0;
-  uint32_t crc_ = 0;
-};
-
-class TensorServer::Generic : public grpc::CallbackGenericService {
- public:
-  explicit Generic(TensorServer* server) : server_(server) {}
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
-    return new Receiver(ctx, server_);
-  }
-
- private:
-  TensorServer* server_;
-};
-
 TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission)
     : job_id_(std::move(job_id)), mailbox_(mailbox), admission_(admission) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
-                                                                  Mailbox* mailbox, const TensorAdmission* admission,
-                                                                  std::vector<grpc::Service*> extra) {
+                                                                  Mailbox* mailbox, const TensorAdmission* admission) {
   std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission));
-  s->generic_ = std::make_unique<Generic>(s.get());
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  for (auto [k, v] : BulkTransferArgs()) b.AddChannelArgument(k, v);
-  b.RegisterCallbackGenericService(s->generic_.get());
-  for (grpc::Service* svc : extra) b.RegisterService(svc);
-  s->server_ = b.BuildAndStart();
-  if (s->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (in use, or not an address of this host?)"));
-  }
-  s->address_ = address.substr(0, address.rfind(':')) + ":" + std::to_string(port);
+  auto fd = ListenTcp(address, &s->address_);
+  if (!fd.ok()) return fd.status();
+  s->listen_fd_ = *fd;
+  s->acceptor_ = std::thread([srv = s.get()] { srv->AcceptLoop(); });
   return s;
+}
+
+void TensorServer::AcceptLoop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR) return;
+    if (p[1].revents != 0) return;
+    if (p[0].revents == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    ReapFinished();
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    if (conns_.size() >= kMaxConnections) {
+      Refuse(absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
+      close(fd);
+      continue;
+    }
+    Connection& c = conns_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c] { Serve(&c); });
+  }
+}
+
+void TensorServer::ReapFinished() {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if (it->done.load()) {
+      it->thread.join();
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TensorServer::Serve(Connection* c) {
+  absl::Status s = ServeHello(c->fd);
+  if (s.ok()) {
+    const std::string ok = AckFrame(absl::OkStatus());
+    s = WriteAll(c->fd, ok.data(), ok.size(), After(kHelloTimeout), stop_);
+  }
+  while (s.ok()) {
+    bool closed = false;
+    auto header_bytes = ReadU32(c->fd, Forever(), stop_, &closed);
+    if (!header_bytes.ok()) {
+      s = closed ? absl::OkStatus() : header_bytes.status();  // closing between parts is how a peer leaves
+      break;
+    }
+    s = ServePart(c->fd, *header_bytes);
+  }
+  // Shutting down or a broken connection: nobody to tell. A refusal: the peer hears why.
+  if (s.ok() || absl::IsCancelled(s) || absl::IsUnavailable(s)) {
+    close(c->fd);
+  } else {
+    Refuse(std::string(s.message()));
+    CloseGracefully(c->fd, s);
+  }
+  c->done = true;
+}
+
+absl::Status TensorServer::ServeHello(int fd) {
+  const Deadline deadline = After(kHelloTimeout);
+  char magic[4];
+  if (absl::Status s = ReadAll(fd, magic, 4, deadline, stop_); !s.ok()) return s;
+  if (std::memcmp(magic, kTensorMagic, 4) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a connection that does not speak longhaul's tensor protocol (first bytes %s); only longhaul workers send here",
+        absl::CHexEscape(std::string(magic, 4))));
+  }
+  auto version = ReadU32(fd, deadline, stop_);
+  if (!version.ok()) return version.status();
+  auto job_bytes = ReadU32(fd, deadline, stop_);
+  if (!job_bytes.ok()) return job_bytes.status();
+  if (*job_bytes > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("a job id of %d bytes (at most %d)", *job_bytes, kMaxJobIdBytes));
+  }
+  std::string job(*job_bytes, '\0');
+  if (absl::Status s = ReadAll(fd, job.data(), job.size(), deadline, stop_); !s.ok()) return s;
+  if (job != job_id() || *version != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("refused: the peer runs job '%s' with protocol version %d, this worker runs job '%s' with "
+                        "protocol version %d; start every process of a job from the same config and build",
+                        job, *version, job_id(), kProtocolVersion));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
+  if (header_bytes == 0 || header_bytes > kMaxTensorHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
+  }
+  std::string bytes(header_bytes, '\0');
+  if (absl::Status s = ReadAll(fd, bytes.data(), bytes.size(), Forever(), stop_); !s.ok()) return s;
+  proto::TensorHeader h;
+  if (!h.ParseFromString(bytes)) return absl::InvalidArgumentError("unparseable tensor header");
+  if (h.job_id() != job_id() || h.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d", h.job_id(),
+                        h.protocol_version(), job_id(), kProtocolVersion));
+  }
+  if (h.dtype() < proto::F32 || h.dtype() > proto::BF16) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", h.dtype()));
+  }
+  // Every size is checked against what the plan allows, overflow-safe, and the part is reserved in
+  // the mailbox before any buffer exists.
+  const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
+  absl::StatusOr<uint64_t> allowed = admission_->Admit(h);
+  if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
+  if (h.total_elements() != *allowed) {
+    return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
+                                                      key.DebugString(), h.total_elements(), *allowed));
+  }
+  if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
+  }
+  const size_t expected = h.part_elements() * (h.dtype() == proto::F32 ? 4 : 2);
+  std::vector<float> values;
+  std::vector<uint8_t> wire;
+  auto received = [&]() -> absl::Status {
+    // Allocated once the first payload byte is here, so a peer that stops after its header holds
+    // no memory.
+    if (absl::Status s = WaitReadable(fd, Forever(), stop_); !s.ok()) return s;
+    values = mailbox_->Acquire(h.part_elements());
+    if (h.dtype() != proto::F32) wire.resize(expected);
+    uint8_t* dst = h.dtype() == proto::F32 ? reinterpret_cast<uint8_t*>(values.data()) : wire.data();
+    uint32_t crc = 0;
+    for (size_t at = 0; at < expected;) {
+      const size_t n = std::min<size_t>(expected - at, 4 << 20);
+      if (absl::Status s = ReadAll(fd, dst + at, n, Forever(), stop_); !s.ok()) return s;
+      crc = Crc32c(crc, dst + at, n);  // the bytes are still in cache
+      at += n;
+    }
+    auto sent_crc = ReadU32(fd, Forever(), stop_);
+    if (!sent_crc.ok()) return sent_crc.status();
+    if (crc != *sent_crc) {
+      return absl::DataLossError(
+          absl::StrFormat("tensor part checksum %08x, sender says %08x: corrupted in transit, or more or fewer "
+                          "bytes than its header announced (%d)",
+                          crc, *sent_crc, expected));
+    }
+    if (h.dtype() != proto::F32) DecodeWire(wire.data(), values.size(), static_cast<WireDtype>(h.dtype()), values.data());
+    return mailbox_->CompletePart(key, h.part_offset(), std::move(values));
+  }();
+  if (!received.ok()) {
+    mailbox_->AbandonPart(key, h.part_offset());
+    mailbox_->Recycle(std::move(values));
+    return received;
+  }
+  const std::string ok = AckFrame(absl::OkStatus());
+  return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
 }
 
 void TensorServer::SetJobId(const std::string& job_id) {
@@ -245,119 +284,245 @@ std::string TensorServer::last_refusal() const {
 }
 
 void TensorServer::Shutdown() {
-  if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    server_.reset();
+  if (!acceptor_.joinable()) return;
+  stop_.Wake();
+  acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (Connection& c : conns_) c.thread.join();
+    conns_.clear();
   }
+  close(listen_fd_);
 }
 
 // ---- sending ----------------------------------------------------------------------------------
 
-class PartCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+struct OutPart {
+  std::shared_ptr<SendOp> op;
+  std::string header;  // u32 length and the serialized TensorHeader
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  Deadline deadline;
+  bool written = false;
+  void Done(const absl::Status& s) { op->PartDone(s, written); }
+};
+
+class PeerConnection {
  public:
-  PartCall(grpc::GenericStub* stub, const TransportOptions& opt, std::shared_ptr<SendOp> op,
-           const proto::TensorHeader& header, const uint8_t* data, size_t bytes)
-      : op_(std::move(op)), canceller_(opt.canceller), data_(data), bytes_(bytes), chunk_(opt.chunk_bytes) {
-    // A cancelled context cancels the call as soon as it starts.
-    if (canceller_ && !canceller_->Register(this)) ctx_.TryCancel();
-    ctx_.AddMetadata("lh-job", opt.job_id);
-    ctx_.AddMetadata("lh-protocol", std::to_string(kProtocolVersion));
-    ctx_.set_wait_for_ready(true);  // a peer still starting up is waited for, up to the deadline
-    ctx_.set_deadline(std::chrono::system_clock::now() + opt.timeout);
-    header_ = SerializeToBuffer(header);
-    stub->PrepareBidiStreamingCall(&ctx_, kTensorMethod, grpc::StubOptions(), this);
-    StartRead(&ack_buf_);
-    StartWrite(&header_);
-    StartCall();
+  PeerConnection(std::string address, const TransportOptions& opt) : address_(std::move(address)), opt_(opt) {
+    if (opt_.canceller && !opt_.canceller->Register(this)) cancelled_ = opt_.canceller->reason();
+    thread_ = std::thread([this] { Run(); });
   }
 
-  void OnWriteDone(bool ok) override {
-    if (!ok) return;  // the call failed; OnDone says why
-    if (sent_ < bytes_) {
-      const size_t n = std::min(chunk_, bytes_ - sent_);
-      // Checksummed while gRPC still writes the previous chunk.
-      crc_ = Crc32c(crc_, data_ + sent_, n);
-      grpc::Slice s(data_ + sent_, n, grpc::Slice::STATIC_SLICE);  // the caller keeps the bytes alive
-      chunk_buf_ = grpc::ByteBuffer(&s, 1);
-      sent_ += n;
-      StartWrite(&chunk_buf_);
-    } else if (!trailer_sent_) {
-      proto::TensorTrailer trailer;
-      trailer.set_crc32c(crc_);
-      chunk_buf_ = SerializeToBuffer(trailer);
-      trailer_sent_ = true;
-      StartWrite(&chunk_buf_);
-    } else {
-      StartWritesDone();
+  ~PeerConnection() {
+    if (opt_.canceller) opt_.canceller->Unregister(this);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
     }
+    cv_.notify_all();
+    cancel_.Wake();
+    thread_.join();
   }
 
-  void OnReadDone(bool ok) override { got_ack_ = ok && ParseFromBuffer(ack_buf_, ack_); }
+  void Enqueue(OutPart p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_all();
+    kick_.Wake();
+  }
 
-  void OnDone(const grpc::Status& s) override {
-    std::string cancelled;
-    if (canceller_) {
-      canceller_->Unregister(this);
-      cancelled = canceller_->reason();
+  void Cancel(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_.empty()) cancelled_ = reason;
     }
-    absl::Status st;
-    if (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled.empty()) {
-      st = absl::CancelledError(cancelled);
-    } else if (!s.ok()) {
-      st = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-    } else if (!got_ack_ || !ack_.ok()) {
-      st = absl::DataLossError(got_ack_ ? ack_.error() : "no acknowledgement");
-    }
-    // Release the call before waking the waiter, who may destroy the channel right away.
-    std::shared_ptr<SendOp> op = std::move(op_);
-    delete this;
-    op->PartDone(st);
+    cv_.notify_all();
+    cancel_.Wake();
   }
 
  private:
-  friend class SendCanceller;
-  std::shared_ptr<SendOp> op_;
-  std::shared_ptr<SendCanceller> canceller_;
-  grpc::ClientContext ctx_;
-  grpc::ByteBuffer header_, chunk_buf_, ack_buf_;
-  proto::TensorAck ack_;
-  bool got_ack_ = false;
-  const uint8_t* data_;
-  size_t bytes_, sent_ = 0, chunk_;
-  uint32_t crc_ = 0;
-  bool trailer_sent_ = false;
+  void Run() {
+    for (;;) {
+      std::deque<OutPart> next;
+      std::string cancelled;
+      bool stop;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !cancelled_.empty() || !queue_.empty() || !awaiting_.empty(); });
+        stop = stop_;
+        cancelled = cancelled_;
+        if (!queue_.empty()) next.push_back(std::move(queue_.front())), queue_.pop_front();
+        if (!cancelled.empty() || stop) next.insert(next.end(), std::make_move_iterator(queue_.begin()),
+                                                    std::make_move_iterator(queue_.end())), queue_.clear();
+      }
+      if (!cancelled.empty() || stop) {
+        const absl::Status why = absl::CancelledError(stop && cancelled.empty() ? "the sender was closed" : cancelled);
+        for (OutPart& p : next) p.Done(why);
+        Broken(why);
+        if (stop) return;
+        continue;
+      }
+      if (!next.empty()) {
+        Send(std::move(next.front()));
+        continue;
+      }
+      AwaitAcks();
+    }
+  }
+
+  // Connects and says hello if needed, then writes the part; its acknowledgement comes later.
+  void Send(OutPart p) {
+    if (fd_ < 0) {
+      if (absl::Status s = Open(p.deadline); !s.ok()) return p.Done(Why(s));
+    }
+    const Deadline deadline = p.deadline;
+    uint32_t crc = 0;
+    absl::Status s = WriteAll(fd_, p.header.data(), p.header.size(), deadline, cancel_);
+    for (size_t at = 0; s.ok() && at < p.bytes;) {
+      const size_t n = std::min(opt_.chunk_bytes, p.bytes - at);
+      crc = Crc32c(crc, p.data + at, n);
+      s = WriteAll(fd_, p.data + at, n, deadline, cancel_);
+      at += n;
+    }
+    if (s.ok()) {
+      std::string trailer;
+      PutU32(trailer, crc);
+      s = WriteAll(fd_, trailer.data(), trailer.size(), deadline, cancel_);
+    }
+    if (s.ok()) {
+      p.written = true;
+      p.op->PartWritten();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      awaiting_.push_back(std::move(p));
+    }
+    if (!s.ok()) Broken(Why(s));
+  }
+
+  // Waits for the oldest part's acknowledgement, new parts, or cancellation, whichever is first.
+  void AwaitAcks() {
+    const Deadline deadline = awaiting_.front().deadline;
+    pollfd p[3] = {{fd_, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int r = poll(p, 3, static_cast<int>(std::max<int64_t>(0, left.count())));
+    kick_.Clear();
+    if (r > 0 && p[0].revents != 0) {
+      absl::Status s = ReadAck(fd_, deadline, cancel_);
+      if (!s.ok() && (absl::IsUnavailable(s) || absl::IsCancelled(s) || absl::IsDeadlineExceeded(s))) {
+        return Broken(Why(s));
+      }
+      PopAwaiting().Done(s);
+      // A refusal closes the connection at the receiver: later parts on it are lost with it.
+      if (!s.ok()) Broken(absl::UnavailableError(absl::StrCat("the receiver closed the connection after refusing an "
+                                                              "earlier tensor: ",
+                                                              s.message())));
+    } else if (std::chrono::steady_clock::now() >= deadline) {
+      Broken(absl::DeadlineExceededError(absl::StrFormat("no acknowledgement within %.1f s",
+                                                         std::chrono::duration<double>(opt_.timeout).count())));
+    }
+  }
+
+  absl::Status Open(Deadline deadline) {
+    std::string warning;
+    auto fd = ConnectTcp(address_, deadline, cancel_, opt_.congestion_control, &warning);
+    if (!fd.ok()) return fd.status();
+    if (!warning.empty()) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] { std::cerr << "longhaul transport: " << warning << "\n"; });
+    }
+    std::string hello(kTensorMagic, 4);
+    PutU32(hello, kProtocolVersion);
+    PutU32(hello, static_cast<uint32_t>(opt_.job_id.size()));
+    hello += opt_.job_id;
+    absl::Status s = WriteAll(*fd, hello.data(), hello.size(), deadline, cancel_);
+    if (s.ok()) s = ReadAck(*fd, deadline, cancel_);
+    if (!s.ok()) {
+      close(*fd);
+      return s;
+    }
+    fd_ = *fd;
+    return absl::OkStatus();
+  }
+
+  // A cancelled wait means this connection was cancelled: say by whom.
+  absl::Status Why(const absl::Status& s) {
+    if (!absl::IsCancelled(s)) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::CancelledError(cancelled_.empty() ? "the sender was closed" : cancelled_);
+  }
+
+  OutPart PopAwaiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    OutPart p = std::move(awaiting_.front());
+    awaiting_.pop_front();
+    return p;
+  }
+
+  // Every part waiting for an acknowledgement fails with `why`; the next part connects afresh.
+  void Broken(const absl::Status& why) {
+    std::deque<OutPart> lost;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost.swap(awaiting_);
+    }
+    for (OutPart& p : lost) p.Done(why);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  const std::string address_;
+  const TransportOptions opt_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<OutPart> queue_, awaiting_;
+  bool stop_ = false;
+  std::string cancelled_;
+  WakeFd cancel_, kick_;
+  int fd_ = -1;  // the thread's alone
+  std::thread thread_;
 };
 
 void SendCanceller::Cancel(const std::string& reason) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!reason_.empty()) return;
   reason_ = reason.empty() ? "cancelled" : reason;
-  // A call's OnDone may run inside TryCancel and unregister (and delete) calls: cancel only those
-  // still registered.
-  const std::set<PartCall*> calls = calls_;
-  for (PartCall* c : calls)
-    if (calls_.count(c)) c->ctx_.TryCancel();
+  for (PeerConnection* c : connections_) c->Cancel(reason_);
 }
 
 std::string SendCanceller::reason() {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return reason_;
 }
 
-bool SendCanceller::Register(PartCall* call) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
+bool SendCanceller::Register(PeerConnection* c) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!reason_.empty()) return false;
-  calls_.insert(call);
+  connections_.insert(c);
   return true;
 }
 
-void SendCanceller::Unregister(PartCall* call) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
-  calls_.erase(call);
+void SendCanceller::Unregister(PeerConnection* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.erase(c);
 }
 
-void SendOp::PartDone(const absl::Status& s) {
+void SendOp::PartWritten() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (--unwritten_ == 0) cv_.notify_all();
+}
+
+void SendOp::WaitWritten() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return unwritten_ == 0; });
+}
+
+void SendOp::PartDone(const absl::Status& s, bool written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!written && --unwritten_ == 0) cv_.notify_all();
   if (!s.ok() && status_.ok()) {
     status_ = absl::Status(s.code(), absl::StrCat("sending ", what_, ": ", s.message()));
   }
@@ -380,20 +545,8 @@ bool SendOp::Done() {
 
 TensorClient::TensorClient(const std::string& address, const TransportOptions& options)
     : address_(address), options_(options) {
-  for (int i = 0; i < std::max(1, options.connections); ++i) {
-    grpc::ChannelArguments args;
-    // A private subchannel pool and a distinct argument per channel: one TCP connection each.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt("longhaul.connection_index", i);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    for (auto [k, v] : BulkTransferArgs()) args.SetInt(k, v);
-    channels_.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-    stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
-  }
+  for (int i = 0; i < std::max(1, options.connections); ++i)
+    connections_.push_back(std::make_unique<PeerConnection>(address, options));
 }
 
 TensorClient::~TensorClient() = default;
@@ -417,16 +570,18 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
   header.set_dtype(static_cast<proto::WireDtype>(options_.dtype));
   header.set_total_elements(n);
   // Split into equal parts, one per connection; tiny tensors go on one.
-  const size_t parts = std::max<size_t>(1, std::min<size_t>(stubs_.size(), n * bpe / (1u << 20)));
-  op->pending_ = static_cast<int>(parts);
-  std::vector<std::pair<size_t, size_t>> ranges;
-  for (size_t p = 0; p < parts; ++p) ranges.emplace_back(n * p / parts, n * (p + 1) / parts);
+  const size_t parts = std::max<size_t>(1, std::min<size_t>(connections_.size(), n * bpe / (1u << 20)));
+  op->pending_ = op->unwritten_ = static_cast<int>(parts);
+  const Deadline deadline = op->start_ + options_.timeout;
   for (size_t p = 0; p < parts; ++p) {
-    auto [lo, hi] = ranges[p];
+    const size_t lo = n * p / parts, hi = n * (p + 1) / parts;
     proto::TensorHeader h = header;
     h.set_part_offset(lo);
     h.set_part_elements(hi - lo);
-    new PartCall(stubs_[p].get(), options_, op, h, wire + lo * bpe, (hi - lo) * bpe);
+    OutPart part{op, "", wire + lo * bpe, (hi - lo) * bpe, deadline};
+    PutU32(part.header, static_cast<uint32_t>(h.ByteSizeLong()));
+    part.header += h.SerializeAsString();
+    connections_[p]->Enqueue(std::move(part));
   }
   return op;
 }

@@ -1,40 +1,51 @@
 #pragma once
-// Worker-to-worker tensor transport over gRPC.
+// Worker-to-worker tensor transport: a framed TCP data plane of longhaul's own (gRPC stays the
+// control plane). gRPC carried tensors until its HTTP/2 flow control showed up on long links: a
+// 64 KiB tensor took 30-45 ms more than the link's delay after some idle gaps at 80-135 ms one-way
+// (window updates in flight), and about a round trip more with BDP probing off; plain TCP took the
+// link's delay to the millisecond (see README, "The data plane").
 //
-// A tensor is sent as one or more parts (one per connection, so a fat, long link can be filled by
-// several TCP connections); each part is a bidi-streaming call on "/longhaul.Tensors/Send": a
-// serialized proto::TensorHeader, then the part's bytes as raw chunks of transport.chunk_mib,
-// each a grpc::Slice over the sender's buffer (no protobuf, no copy), then one proto::TensorAck
-// back. The receiver checks the caller's job id and protocol version before reading anything and
-// refuses a stranger with a message naming both. It then asks its TensorAdmission whether the plan
-// lets that peer send that tensor now and how many elements it must have, and reserves the part in
-// the Mailbox, all before allocating anything for it; a bad header, size or checksum fails that
-// call only. Bytes that are not HTTP/2 close their own connection inside gRPC and touch nothing
-// else.
+// A connection opens with a hello: the magic "LHT1", the protocol version and the job id (u32
+// little-endian lengths). The receiver answers with one acknowledgement frame (u32 length, then a
+// serialized proto::TensorAck) and, on a stranger, closes. Then each tensor part is: u32 header
+// length (at most 4 KiB), a serialized proto::TensorHeader, the part's bytes in the wire dtype,
+// and the CRC-32C of those bytes (u32); the receiver answers each part with an acknowledgement in
+// order, so parts pipeline on one connection. A tensor may be split over several connections to
+// one peer (transport.connections), one part each, to fill a fat, long link.
+//
+// The receiver checks the magic, job id and protocol version before reading anything else; then,
+// per part, asks its TensorAdmission whether the plan lets that peer send that tensor now and how
+// many elements it must have, and reserves the part in the Mailbox, all before allocating anything
+// for it (the buffer is taken when the first payload byte arrives). Any refusal is acknowledged
+// with its reason and closes that connection only; bytes that are not a hello close their own
+// connection and touch nothing else.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
 #include "transport/mailbox.h"
+#include "transport/socket_io.h"
 #include "transport/wire_dtype.h"
 
 namespace longhaul {
 
-inline constexpr uint32_t kProtocolVersion = 1;
-inline constexpr char kTensorMethod[] = "/longhaul.Tensors/Send";
+inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
+inline constexpr size_t kMaxJobIdBytes = 256;
+inline constexpr size_t kMaxTensorHeaderBytes = 4096;
 
-class PartCall;
+class PeerConnection;
+struct OutPart;
 
 // Stops every send in flight through the clients that share it, and every later one, with a
 // reason: a stopped job must not wait out transport.timeout_s on a peer that is gone.
@@ -45,22 +56,23 @@ class SendCanceller {
   std::string reason();
 
  private:
-  friend class PartCall;
+  friend class PeerConnection;
   // False (and nothing registered) once cancelled.
-  bool Register(PartCall* call);
-  void Unregister(PartCall* call);
+  bool Register(PeerConnection* c);
+  void Unregister(PeerConnection* c);
 
-  // Recursive: gRPC may run a cancelled call's OnDone, which unregisters it, inside TryCancel.
-  std::recursive_mutex mu_;
-  std::set<PartCall*> calls_;
+  std::mutex mu_;
+  std::set<PeerConnection*> connections_;
   std::string reason_;
 };
 
 struct TransportOptions {
   std::string job_id = "longhaul";
   WireDtype dtype = WireDtype::kF32;
-  size_t chunk_bytes = 2u << 20;
+  size_t chunk_bytes = 2u << 20;  // checksummed and written at a time
   int connections = 1;  // TCP connections per peer; a tensor is split evenly over them
+  // Of the sending side of each connection (transport.congestion_control); empty: the system's.
+  std::string congestion_control = "cubic";
   std::chrono::milliseconds timeout{120000};
   std::shared_ptr<SendCanceller> canceller;  // optional
 };
@@ -84,65 +96,88 @@ class AnyTensorUpTo : public TensorAdmission {
   uint64_t max_;
 };
 
-// Receives tensors into a Mailbox.
+// Receives tensors into a Mailbox: one thread accepts, one thread serves each connection.
 class TensorServer {
  public:
-  // Listens on `address` (port 0 picks a free one) and serves `extra` typed services beside the
-  // tensor method. `mailbox` and `admission` must outlive the server.
+  // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
+  // server.
   static absl::StatusOr<std::unique_ptr<TensorServer>> Start(const std::string& address, const std::string& job_id,
-                                                             Mailbox* mailbox, const TensorAdmission* admission,
-                                                             std::vector<grpc::Service*> extra = {});
+                                                             Mailbox* mailbox, const TensorAdmission* admission);
   ~TensorServer();
   // host:port actually bound.
   const std::string& address() const { return address_; }
   // The job whose peers are accepted; a worker learns it from the plan after it started listening.
   void SetJobId(const std::string& job_id);
   std::string job_id() const;
-  // Calls refused so far (stranger, bad header, checksum), and the last reason.
+  // Connections and parts refused so far (stranger, garbage, bad header, checksum), and the last
+  // reason.
   int refused() const { return refused_.load(); }
   std::string last_refusal() const;
+  // Closes the port and every connection (a part half received is abandoned) and joins them.
   void Shutdown();
 
  private:
-  class Generic;
-  class Receiver;
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission);
+  void AcceptLoop();
+  void Serve(Connection* c);
+  // The hello, checked; then parts until the peer closes or a part is refused.
+  absl::Status ServeHello(int fd);
+  absl::Status ServePart(int fd, uint32_t header_bytes);
   void Refuse(const std::string& why);
+  void ReapFinished();
 
   std::string job_id_, address_;
   Mailbox* mailbox_;
   const TensorAdmission* admission_;
-  std::unique_ptr<Generic> generic_;
-  std::unique_ptr<grpc::Server> server_;
+  int listen_fd_ = -1;
+  WakeFd stop_;
+  std::thread acceptor_;
+  std::mutex conns_mu_;
+  std::list<Connection> conns_;
   std::atomic<int> refused_{0};
   mutable std::mutex mu_;
   std::string last_refusal_;
 };
 
-// One send in flight; Wait() returns when every part was acknowledged or failed.
+// One send in flight: its bytes are written (the caller's buffer is free again) before the
+// receiver acknowledges them a round trip later.
 class SendOp {
  public:
+  // Until every part was acknowledged or failed.
   absl::Status Wait();
+  // Until every part's bytes are in the kernel's socket buffers (or the part failed): from then on
+  // the caller may change the data it sent from.
+  void WaitWritten();
   bool Done();
   double seconds() const { return seconds_; }  // from start to the last acknowledgement
+  std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
   friend class TensorClient;
-  friend class PartCall;
-  void PartDone(const absl::Status& s);
+  friend class PeerConnection;
+  friend struct OutPart;
+  void PartWritten();
+  // Acknowledged or failed; `written` says whether PartWritten came first.
+  void PartDone(const absl::Status& s, bool written);
 
-  std::vector<uint8_t> wire_;  // the encoded tensor; slices point into it until every part is done
+  std::vector<uint8_t> wire_;  // the encoded tensor, until every part is done
   std::mutex mu_;
   std::condition_variable cv_;
-  int pending_ = 0;
+  int pending_ = 0, unwritten_ = 0;
   absl::Status status_;
   std::chrono::steady_clock::time_point start_;
   double seconds_ = 0;
   std::string what_;
 };
 
-// Sends tensors to one peer over transport.connections connections. Wait for every SendOp before
-// destroying the client.
+// Sends tensors to one peer over transport.connections connections, each with its own thread
+// that connects (waiting for a peer still starting up, until the send's deadline), writes parts in
+// order and reads their acknowledgements. Wait for every SendOp before destroying the client.
 class TensorClient {
  public:
   TensorClient(const std::string& address, const TransportOptions& options);
@@ -151,15 +186,14 @@ class TensorClient {
 
   // Sends n floats in the wire dtype; job id, protocol version, dtype, sizes and checksum are
   // filled in here, the rest of `header` (kind, iteration, ...) by the caller. With the fp32 wire
-  // dtype the chunks are slices over `data` itself, which must stay unchanged until the SendOp is
+  // dtype the bytes are sent from `data` itself, which must stay unchanged until the SendOp is
   // done; fp16 and bf16 encode into the op's own buffer first.
   std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);
 
  private:
   std::string address_;
   TransportOptions options_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::vector<std::unique_ptr<PeerConnection>> connections_;
 };
 
 }  // namespace longhaul

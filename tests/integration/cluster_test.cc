@@ -22,11 +22,13 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include <grpcpp/grpcpp.h>
+
 #include "longhaul.grpc.pb.h"
 #include "metrics/metrics_log.h"
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
-#include "tests/support/raw_tensor_call.h"
+#include "tests/support/raw_tensor_peer.h"
 #include "transport/tensor_transport.h"
 #include "util/ports.h"
 
@@ -395,7 +397,7 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   EXPECT_NE(s.message().find("'intruder'"), std::string::npos) << s;
   EXPECT_NE(s.message().find("'equivalence'"), std::string::npos) << s;
 
-  // Bytes that are not HTTP/2: the worker closes that connection.
+  // Bytes that are not longhaul's protocol: the worker closes that connection.
   const std::string other = cluster["workers"][0]["address"];
   EXPECT_TRUE(testing::GarbageConnectionIsClosed(other));
 
@@ -438,42 +440,42 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   struct Case {
     const char* what;
     proto::TensorHeader h;
-    grpc::StatusCode code;
+    absl::StatusCode code;
   };
   std::vector<Case> cases = {
       {"offset that wraps around", header(boundary, std::numeric_limits<uint64_t>::max(), 2),
-       grpc::StatusCode::INVALID_ARGUMENT},
-      {"2^34 elements", header(uint64_t{1} << 34, 0, uint64_t{1} << 34), grpc::StatusCode::INVALID_ARGUMENT},
-      {"more than the boundary", header(boundary + 1, 0, boundary + 1), grpc::StatusCode::INVALID_ARGUMENT},
+       absl::StatusCode::kInvalidArgument},
+      {"2^34 elements", header(uint64_t{1} << 34, 0, uint64_t{1} << 34), absl::StatusCode::kInvalidArgument},
+      {"more than the boundary", header(boundary + 1, 0, boundary + 1), absl::StatusCode::kInvalidArgument},
   };
   proto::TensorHeader h = header(boundary, 0, boundary);
   h.set_from_stage(5);
-  cases.push_back({"a stage the plan does not have", h, grpc::StatusCode::PERMISSION_DENIED});
+  cases.push_back({"a stage the plan does not have", h, absl::StatusCode::kPermissionDenied});
   h = header(boundary, 0, boundary);
   h.set_plan_version(7);
-  cases.push_back({"another plan version", h, grpc::StatusCode::FAILED_PRECONDITION});
+  cases.push_back({"another plan version", h, absl::StatusCode::kFailedPrecondition});
   h = header(boundary, 0, boundary);
   h.set_dtype(proto::BF16);
-  cases.push_back({"another wire dtype", h, grpc::StatusCode::INVALID_ARGUMENT});
+  cases.push_back({"another wire dtype", h, absl::StatusCode::kInvalidArgument});
   h = header(boundary, 0, boundary);
   h.set_iteration(1'000'000'000);
-  cases.push_back({"an iteration far ahead", h, grpc::StatusCode::OUT_OF_RANGE});
+  cases.push_back({"an iteration far ahead", h, absl::StatusCode::kOutOfRange});
   h = header(boundary, 0, boundary);
   h.set_micro_batch(2);
-  cases.push_back({"a micro-batch the plan does not have", h, grpc::StatusCode::OUT_OF_RANGE});
+  cases.push_back({"a micro-batch the plan does not have", h, absl::StatusCode::kOutOfRange});
 
-  auto stub = testing::RawStub(victim);
   for (int round = 0; round < 20; ++round) {
-    std::vector<std::unique_ptr<testing::RawTensorCall>> calls;
+    std::vector<std::unique_ptr<testing::RawPeer>> peers;
     for (const Case& c : cases) {
       // Header only, held open, as the streams that took a worker to 3.4 GB did.
-      calls.push_back(std::make_unique<testing::RawTensorCall>(
-          *stub, "equivalence", std::vector<std::string>{c.h.SerializeAsString()}, /*hold_open=*/true));
+      peers.push_back(std::make_unique<testing::RawPeer>(victim, "equivalence"));
+      ASSERT_TRUE(peers.back()->hello().ok()) << peers.back()->hello();
+      peers.back()->Write(testing::HeaderFrame(c.h));
     }
     for (size_t i = 0; i < cases.size(); ++i) {
-      const grpc::Status s = calls[i]->Await(std::chrono::seconds(10));
-      EXPECT_EQ(s.error_code(), cases[i].code) << cases[i].what << ": " << s.error_message();
-      if (round == 0) std::cout << cases[i].what << ": " << s.error_message() << "\n";
+      const absl::Status s = peers[i]->Ack(std::chrono::seconds(10));
+      EXPECT_EQ(s.code(), cases[i].code) << cases[i].what << ": " << s.message();
+      if (round == 0) std::cout << cases[i].what << ": " << s.message() << "\n";
     }
   }
   const int64_t rss_after = testing::ResidentBytes(pid);

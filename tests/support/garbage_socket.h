@@ -1,5 +1,5 @@
 #pragma once
-// Test helper: connects to a loopback port, writes bytes that are not HTTP/2, and reports whether
+// Test helper: connects to a loopback port, writes bytes that are no protocol of ours, and reports whether
 // the server closed the connection (read returns 0) within 10 s.
 #include <arpa/inet.h>
 #include <netinet/in.h>

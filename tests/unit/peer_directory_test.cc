@@ -41,7 +41,7 @@ TEST(PeerDirectory, SendsReachThePeerThroughTheDialMapAndAreTimed) {
   const std::vector<float> x(1000, 2.5f);
   peers.Send(1, 0, proto::ACTIVATION, 4, 1, 0, x.data(), x.size());
   Timeline timeline;
-  ASSERT_TRUE(peers.Flush(4, timeline).ok());
+  ASSERT_TRUE(peers.Flush(timeline, /*acknowledged=*/true).ok());
   auto got = box.Take({proto::ACTIVATION, 4, 1, 0, 0, 0}, std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, x);
@@ -55,10 +55,10 @@ TEST(PeerDirectory, ASendToAWorkerThePlanDoesNotHaveFailsAtFlush) {
   const std::vector<float> x(10, 1.0f);
   peers.Send(5, 0, proto::GRADIENT, 0, 0, 0, x.data(), x.size());
   Timeline timeline;
-  const absl::Status s = peers.Flush(0, timeline);
+  const absl::Status s = peers.Flush(timeline);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("plan v1 has no worker for stage 5 replica 0"), std::string::npos) << s;
-  EXPECT_TRUE(peers.Flush(1, timeline).ok()) << "reported once";
+  EXPECT_TRUE(peers.Flush(timeline).ok()) << "reported once";
 }
 
 TEST(PeerDirectory, ReadsADialMapAndNamesAMissingOne) {

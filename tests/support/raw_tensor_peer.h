@@ -1,0 +1,121 @@
+#pragma once
+// Test helper: a connection to a tensor port that writes whatever bytes a test crafts, as a
+// hostile or broken peer could send them (TensorClient always fills in sizes that fit), and reads
+// the receiver's acknowledgements.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "longhaul.pb.h"
+#include "transport/crc32c.h"
+#include "transport/tensor_transport.h"
+
+namespace longhaul::testing {
+
+inline void AppendU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// The hello a peer of `job` opens with.
+inline std::string HelloFrame(const std::string& job, uint32_t version = kProtocolVersion) {
+  std::string out(kTensorMagic, 4);
+  AppendU32(out, version);
+  AppendU32(out, static_cast<uint32_t>(job.size()));
+  return out + job;
+}
+
+// A header frame alone: what a peer that stops after its header sends.
+inline std::string HeaderFrame(const proto::TensorHeader& header) {
+  std::string out;
+  AppendU32(out, static_cast<uint32_t>(header.ByteSizeLong()));
+  return out + header.SerializeAsString();
+}
+
+// A well-formed part: header frame, the fp32 bytes of `values`, their CRC-32C.
+inline std::string PartFrame(const proto::TensorHeader& header, const std::vector<float>& values) {
+  const size_t size = values.size() * sizeof(float);
+  std::string out = HeaderFrame(header) + std::string(reinterpret_cast<const char*>(values.data()), size);
+  AppendU32(out, Crc32c(0, values.data(), size));
+  return out;
+}
+
+class RawPeer {
+ public:
+  // Connects to a loopback `address` and, unless `job` is empty, says hello as a peer of `job`.
+  RawPeer(const std::string& address, const std::string& job) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd_);
+      fd_ = -1;
+      hello_ = absl::UnavailableError("cannot connect");
+      return;
+    }
+    if (!job.empty()) {
+      Write(HelloFrame(job));
+      hello_ = Ack();
+    }
+  }
+  ~RawPeer() { Close(); }
+
+  // What the receiver answered the hello.
+  const absl::Status& hello() const { return hello_; }
+  bool Write(const std::string& bytes) {
+    return fd_ >= 0 && send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  }
+  // The next acknowledgement as a status; Unavailable when the receiver closed without one,
+  // DeadlineExceeded when nothing came within `timeout`.
+  absl::Status Ack(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    uint8_t len[4];
+    if (absl::Status s = Read(len, 4, timeout); !s.ok()) return s;
+    std::string bytes(len[0] | len[1] << 8 | len[2] << 16 | len[3] << 24, '\0');
+    if (bytes.size() > (64u << 10)) return absl::DataLossError("oversized acknowledgement");
+    if (absl::Status s = Read(bytes.data(), bytes.size(), timeout); !s.ok()) return s;
+    proto::TensorAck ack;
+    if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");
+    return ack.ok() ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(ack.code()), ack.error());
+  }
+  // Whether the receiver has answered or closed (without waiting).
+  bool Answered() {
+    pollfd p{fd_, POLLIN, 0};
+    return fd_ < 0 || poll(&p, 1, 0) > 0;
+  }
+  // Goes away, as a peer that dies.
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  absl::Status Read(void* data, size_t n, std::chrono::milliseconds timeout) {
+    char* p = static_cast<char*>(data);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (n > 0) {
+      pollfd pf{fd_, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (fd_ < 0 || left.count() <= 0 || poll(&pf, 1, static_cast<int>(left.count())) <= 0) {
+        return absl::DeadlineExceededError("still open");
+      }
+      const ssize_t r = recv(fd_, p, n, 0);
+      if (r <= 0) return absl::UnavailableError("closed by the receiver");
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return absl::OkStatus();
+  }
+
+  int fd_ = -1;
+  absl::Status hello_;
+};
+
+}  // namespace longhaul::testing
