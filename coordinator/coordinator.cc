@@ -54,7 +54,12 @@ class Service final : public proto::Coordinator::Service {
  public:
   Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics,
           std::optional<NetworkCost> network)
-      : network_(std::move(network)), cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
+      : network_(std::move(network)),
+        probing_(cfg.cluster.stages * cfg.cluster.replicas > 1 &&
+                 (cfg.cluster.link_probe == ClusterConfig::LinkProbe::kOn ||
+                  (cfg.cluster.link_probe == ClusterConfig::LinkProbe::kAuto && !network_))),
+        links_(network_ ? "the scenario's links" : ""),
+        cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
         members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
         log_(cfg, start_, end_, std::move(metrics)) {}
@@ -71,6 +76,7 @@ class Service final : public proto::Coordinator::Service {
     reply->set_heartbeat_s(cfg_.cluster.heartbeat_s);
     reply->set_dead_after_s(cfg_.cluster.dead_after_s);
     reply->set_config_toml(cfg_.toml_text);
+    reply->set_probe_links(probing_);
     return grpc::Status::OK;
   }
 
@@ -83,7 +89,44 @@ class Service final : public proto::Coordinator::Service {
     }
     members_.Heard(req->worker_id(), Clock::now());
     if (grpc::Status st = ToGrpc(members_.SetProfile(req->worker_id(), req->compute())); !st.ok()) return st;
-    if (members_.profiled()) MakePlan();
+    if (members_.profiled() && !probing_) MakePlan();
+    cv_.notify_all();  // GetPeers waits for every profile
+    return grpc::Status::OK;
+  }
+
+  // Peers are handed out once every worker reported its profile: each has set its tensor
+  // server's job id by then, and no compute probe runs beside the link probes.
+  grpc::Status GetPeers(grpc::ServerContext*, const proto::PeersRequest* req, proto::Peers* peers) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    members_.Heard(req->worker_id(), Clock::now());
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return members_.profiled() || !abort_.empty(); })) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "not every worker has registered and reported its profile");
+    }
+    if (!abort_.empty()) return grpc::Status(grpc::StatusCode::ABORTED, abort_);
+    for (const auto& [id, reg] : members_.registrations()) {
+      proto::Peer* p = peers->add_peers();
+      p->set_worker_id(id);
+      p->set_address(reg.address());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportLinks(grpc::ServerContext*, const proto::LinkReport* req, proto::Empty*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    if (!probing_ || plan_.version() > 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d reports links %s", req->worker_id(),
+                                          probing_ ? "after the plan was made" : "where the job probes none"));
+    }
+    members_.Heard(req->worker_id(), Clock::now());
+    if (grpc::Status st = ToGrpc(members_.SetLinks(req->worker_id(), *req)); !st.ok()) return st;
+    if (members_.profiled() && members_.linked()) {
+      network_ = MeasuredNetwork();
+      links_ = "the links the workers measured";
+      MakePlan();
+    }
     return grpc::Status::OK;
   }
 
@@ -152,8 +195,8 @@ class Service final : public proto::Coordinator::Service {
       if (req->iteration() == start_ + 2) {
         if (const std::optional<double> p = Predict()) {
           std::cout << absl::StrFormat("coordinator: the planner predicts %.3f s per iteration from the compute "
-                                       "measured so far and the scenario's links\n",
-                                       *p)
+                                       "measured so far and %s\n",
+                                       *p, links_)
                     << std::flush;
         }
       }
@@ -276,7 +319,8 @@ class Service final : public proto::Coordinator::Service {
 
  private:
   // REQUIRES: mu_ held. The planner's iteration time from the compute measured so far and the
-  // scenario's links (the coordinator runs beside every emulated host), if the scenario is known.
+  // links (the scenario's or the measured; the coordinator beside every host, as an emulation's
+  // router is), if the links are known.
   std::optional<double> Predict() const {
     if (!network_) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByStage();
@@ -287,6 +331,30 @@ class Service final : public proto::Coordinator::Service {
       return std::nullopt;
     }
     return *p;
+  }
+
+  // REQUIRES: mu_ held, members_.linked(). Worker w is host w; a link's one-way delay is half the
+  // round trip its sender measured; workers at one address talk for free.
+  NetworkCost MeasuredNetwork() const {
+    std::vector<std::vector<LinkCost>> links(expected_, std::vector<LinkCost>(expected_));
+    for (int a = 0; a < expected_; ++a)
+      for (int b = 0; b < expected_; ++b)
+        if (const std::optional<proto::LinkMeasurement> m = members_.link(a, b)) {
+          links[a][b] = {m->round_trip_s() / 2, m->bytes_per_s(), 0};
+        }
+    return NetworkCost::FromMatrix(std::move(links));
+  }
+
+  // REQUIRES: mu_ held, members_.linked().
+  nlohmann::json MeasuredLinksJson() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (int a = 0; a < expected_; ++a)
+      for (int b = 0; b < expected_; ++b)
+        if (const std::optional<proto::LinkMeasurement> m = members_.link(a, b)) {
+          out.push_back({{"from", a}, {"to", b}, {"round_trip_ms", 1e3 * m->round_trip_s()},
+                         {"mbit_per_s", 8e-6 * m->bytes_per_s()}});
+        }
+    return out;
   }
 
   // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
@@ -354,7 +422,7 @@ class Service final : public proto::Coordinator::Service {
     if (!cfg_.cluster.search_placement) {
       why = "cluster.placement = \"registration\"";
     } else if (!network_) {
-      why = "no link measurements (give the coordinator --scenario)";
+      why = "no links known (give the coordinator --scenario, or set cluster.link_probe = \"on\")";
     } else if (!cfg_.cluster.stage_backends.empty()) {
       why = "cluster.stage_backends pins a device to each stage";
     } else {
@@ -371,10 +439,14 @@ class Service final : public proto::Coordinator::Service {
                   {"registration_order_predicted_iteration_seconds", found->registration_order_s},
                   {"simulations", found->simulations}};
         std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.0f ms): predicted %.3f s per "
-                                     "iteration, registration order %.3f s (%.2fx)\n",
+                                     "iteration, registration order %.3f s (%.2fx)%s\n",
                                      found->simulations,
                                      1e3 * std::chrono::duration<double>(Clock::now() - t0).count(), found->predicted_s,
-                                     found->registration_order_s, found->registration_order_s / found->predicted_s);
+                                     found->registration_order_s, found->registration_order_s / found->predicted_s,
+                                     worker_of_slot_ == RegistrationOrder(cfg_)
+                                         ? absl::StrFormat("; registration order stands (nothing %.0f%% faster)",
+                                                           100 * kPlacementMinGain)
+                                         : "");
       }
     }
     if (!why.empty()) {
@@ -397,9 +469,9 @@ class Service final : public proto::Coordinator::Service {
                          {"address", a.address()}, {"host", reg.host()}, {"pid", reg.pid()},
                          {"blocks", {a.first_block(), a.end_block()}}});
     }
-    std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc)
-        << nlohmann::json{{"job_id", cfg_.cluster.job_id}, {"placement", placement}, {"workers", cluster}}.dump(2)
-        << "\n";
+    nlohmann::json record = {{"job_id", cfg_.cluster.job_id}, {"placement", placement}, {"workers", cluster}};
+    if (members_.linked()) record["links"] = MeasuredLinksJson();
+    std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc) << record.dump(2) << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
                                  "(%d shards), wire %s\n"
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
@@ -412,7 +484,9 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
-  const std::optional<NetworkCost> network_;
+  std::optional<NetworkCost> network_;  // the scenario's, or the measured once every worker reported
+  const bool probing_;                  // workers measure their links before the plan
+  std::string links_;                   // where network_ came from, for people
   JobConfig cfg_;
   const int expected_;
   const int64_t start_, end_;

@@ -1,5 +1,7 @@
 #include "coordinator/membership.h"
 
+#include "transport/socket_io.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
@@ -55,6 +57,56 @@ absl::Status Membership::SetProfile(int id, const proto::ComputeProfile& c) {
   }
   workers_.at(id).profile = c;
   return absl::OkStatus();
+}
+
+bool Membership::SameHost(int a, int b) const {
+  auto host = [&](int id) {
+    const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(workers_.at(id).reg.address());
+    return hp.ok() ? hp->first : workers_.at(id).reg.address();
+  };
+  return host(a) == host(b);
+}
+
+absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
+  std::map<int, proto::LinkMeasurement> links;
+  for (const proto::LinkMeasurement& m : report.links()) {
+    const int to = m.to_worker();
+    if (to == id || !workers_.count(to) || links.count(to) || SameHost(id, to)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker %d reports a link to worker %d: %s", id, to,
+          to == id ? "itself"
+                   : (!workers_.count(to) ? "no such worker registered"
+                                          : (links.count(to) ? "twice" : "at its own address, which is no link"))));
+    }
+    // NaN fails both checks too.
+    if (!(m.round_trip_s() > 0 && m.round_trip_s() < 3600) || !(m.bytes_per_s() > 0 && m.bytes_per_s() < 1e13)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker %d reports a link to worker %d of %g s round trip and %g bytes/s: round trips must be positive and "
+          "under an hour, rates positive and finite (a damaged or foreign client?)",
+          id, to, m.round_trip_s(), m.bytes_per_s()));
+    }
+    links[to] = m;
+  }
+  int others = 0;
+  for (const auto& [other, w] : workers_) others += other != id && !SameHost(id, other);
+  if (static_cast<int>(links.size()) != others) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "worker %d reports links to %d of the %d workers at other addresses", id, links.size(), others));
+  }
+  Worker& w = workers_.at(id);
+  w.links = std::move(links);
+  w.links_reported = true;
+  return absl::OkStatus();
+}
+
+bool Membership::linked() const {
+  return full() && std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.links_reported; });
+}
+
+std::optional<proto::LinkMeasurement> Membership::link(int from, int to) const {
+  const auto& links = workers_.at(from).links;
+  auto it = links.find(to);
+  return it == links.end() ? std::nullopt : std::optional<proto::LinkMeasurement>(it->second);
 }
 
 bool Membership::profiled() const {

@@ -32,6 +32,17 @@ class Membership {
   // Every worker registered and reported its profile: the plan can be made.
   bool profiled() const;
   const proto::ComputeProfile& profile(int id) const { return *workers_.at(id).profile; }
+  // What registered worker `id` measured towards every worker at another address (workers at one
+  // address share a machine and talk for free). InvalidArgument for a report that misses or
+  // repeats such a worker, names itself, one at its own address or an unknown one, or holds
+  // times and rates no link has.
+  absl::Status SetLinks(int id, const proto::LinkReport& report);
+  // Every worker reported its links.
+  bool linked() const;
+  // Worker `from`'s measurement towards worker `to`: none between workers at one address.
+  std::optional<proto::LinkMeasurement> link(int from, int to) const;
+  // Both registered with one host in their tensor addresses.
+  bool SameHost(int a, int b) const;
   // NotFound for an id no worker registered with: ids come from the network.
   absl::Status Check(int id) const;
   void Heard(int id, Clock::time_point now);
@@ -58,6 +69,8 @@ class Membership {
     bool done = false;
     std::string timeline;
     std::optional<proto::ComputeProfile> profile;
+    std::map<int, proto::LinkMeasurement> links;  // by peer at another address
+    bool links_reported = false;
   };
   const std::string job_id_;
   const int expected_;

@@ -81,11 +81,12 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   const absl::StatusOr<PlacementResult> registration = PlaceInOrder(problem, RegistrationOrder(cfg));
   if (!registration.ok()) return registration.status();
   SlotSearch out;
+  const bool better = found->iteration_s < (1 - kPlacementMinGain) * registration->iteration_s;
   for (int k = 0; k < W; ++k) {
     const auto [stage, replica] = SlotOf(cfg, k);
-    out.worker_of_slot.push_back(found->placement.worker[stage][replica]);
+    out.worker_of_slot.push_back(better ? found->placement.worker[stage][replica] : k);
   }
-  out.predicted_s = found->iteration_s;
+  out.predicted_s = better ? found->iteration_s : registration->iteration_s;
   out.registration_order_s = registration->iteration_s;
   out.simulations = found->simulations;
   return out;

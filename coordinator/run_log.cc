@@ -133,7 +133,7 @@ void RunLog::PrintSummary(const nlohmann::json& s) const {
   if (s["predicted_iteration_seconds"].is_number()) {
     const double predicted = s["predicted_iteration_seconds"];
     std::cout << absl::StrFormat("predicted %.3f s per iteration by the planner's simulator (compute as measured, the "
-                                 "scenario's links): predicted / measured = %.3f\n",
+                                 "links as given or probed): predicted / measured = %.3f\n",
                                  predicted, predicted / sec);
   }
   std::cout << "time per iteration by worker (mean after the first): compute = forward + backward, wait = blocked on "

@@ -73,20 +73,41 @@ std::chrono::system_clock::time_point CoordinatorClient::PollDeadline() const {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(dead_after_s_ * 500));
 }
 
-absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
+template <typename Request, typename Reply>
+absl::StatusOr<Reply> CoordinatorClient::LongPoll(
+    grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&, Reply*), const Request& req,
+    const std::string& waiting_for) {
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(PollDeadline());
-    proto::PlanRequest req;
-    req.set_worker_id(id_);
-    proto::Plan plan;
-    grpc::Status st = stub_->GetPlan(&ctx, req, &plan);
-    if (st.ok()) return plan;
+    Reply reply;
+    grpc::Status st = (stub_.get()->*rpc)(&ctx, req, &reply);
+    if (st.ok()) return reply;
     if (st.error_code() == grpc::StatusCode::ABORTED) return absl::AbortedError(st.error_message());
     if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && st.error_code() != grpc::StatusCode::NOT_FOUND) {
-      return FromGrpc(st, absl::StrCat("waiting for the plan from ", address_));
+      return FromGrpc(st, absl::StrCat("waiting for ", waiting_for, " from ", address_));
     }
   }
+}
+
+absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
+  proto::PlanRequest req;
+  req.set_worker_id(id_);
+  return LongPoll(&proto::Coordinator::Stub::GetPlan, req, "the plan");
+}
+
+absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers() {
+  proto::PeersRequest req;
+  req.set_worker_id(id_);
+  return LongPoll(&proto::Coordinator::Stub::GetPeers, req, "every worker to register");
+}
+
+absl::Status CoordinatorClient::ReportLinks(const proto::LinkReport& report) {
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->ReportLinks(&ctx, report, &empty);
+  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting this worker's links to the coordinator");
 }
 
 absl::Status CoordinatorClient::AwaitStart(uint64_t version) {

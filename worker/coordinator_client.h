@@ -36,6 +36,10 @@ class CoordinatorClient {
   absl::Status ReportProfile(const proto::ComputeProfile& compute);
   // Waits as long as it takes for every worker to register; the plan.
   absl::StatusOr<proto::Plan> AwaitPlan();
+  // Waits as long as it takes for every worker to register; their addresses (link_probe.h).
+  absl::StatusOr<proto::Peers> AwaitPeers();
+  // What this worker measured of its links; the plan waits for every worker's where it asked.
+  absl::Status ReportLinks(const proto::LinkReport& report);
   // Says this worker installed plan `version` and waits until every worker has.
   absl::Status AwaitStart(uint64_t version);
   // What the heartbeats report as the iteration under way.
@@ -55,6 +59,11 @@ class CoordinatorClient {
   void Heartbeat(double period_s, double dead_after_s);
   std::chrono::system_clock::time_point Deadline() const;
   std::chrono::system_clock::time_point PollDeadline() const;
+  // Asks again while the coordinator answers "not yet" (NOT_FOUND) or the poll times out.
+  template <typename Request, typename Reply>
+  absl::StatusOr<Reply> LongPoll(grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                                               Reply*),
+                                 const Request& req, const std::string& waiting_for);
 
   std::string address_;
   double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "worker/link_probe.h"
 
 namespace longhaul {
 
@@ -33,7 +34,20 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
 
 absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!have_plan_) return absl::UnavailableError("this worker has no plan yet");
+  if (h.kind() == proto::LINK_PROBE) {
+    // Probes come from the job's workers (the hello checked the job) while they measure their
+    // links, before any plan; they are read and dropped, never held.
+    if (have_plan_) {
+      return absl::FailedPreconditionError(
+          "a link probe after the plan: workers measure their links before the coordinator plans");
+    }
+    if (h.total_elements() == 0 || h.total_elements() > kLinkProbeMaxElements) {
+      return absl::ResourceExhaustedError(absl::StrFormat("a link probe of %d elements; probes are 1 to %d",
+                                                          h.total_elements(), kLinkProbeMaxElements));
+    }
+    return h.total_elements();
+  }
+  if (!have_plan_) return absl::FailedPreconditionError("this worker has no plan yet");
   if (h.plan_version() != plan_version_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("a tensor of plan version %d; this worker runs plan version %d", h.plan_version(), plan_version_));

@@ -3,7 +3,8 @@
 // the previous stage of its replica, the boundary gradients of the next, its stage's other
 // replicas' gradient pushes for the shards it hosts, and the parameters of its stage's other
 // shards from their hosts; each of a size the plan fixes, in the plan's wire dtype, under the
-// plan's version. Which iterations are accepted is the Mailbox's window.
+// plan's version. Which iterations are accepted is the Mailbox's window. Before the plan, only
+// link probes of bounded size (worker/link_probe.h).
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -18,7 +19,7 @@ namespace longhaul {
 
 class PlanAdmission : public TensorAdmission {
  public:
-  // Refuses everything until SetPlan.
+  // Refuses everything but link probes until SetPlan, and link probes from then on.
   PlanAdmission() = default;
 
   // The plan this worker runs, as stage `stage` of replica `replica`, under config `cfg`.

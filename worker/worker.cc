@@ -24,6 +24,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
 #include "worker/job_setup.h"
+#include "worker/link_probe.h"
 #include "worker/network_channel.h"
 #include "worker/peer_directory.h"
 #include "worker/stage_factory.h"
@@ -49,6 +50,9 @@ class Worker {
 
  private:
   absl::Status Join();
+  // Measures the links to every other worker and reports them (link_probe.h).
+  absl::Status ProbeLinks(const JobConfig& cfg);
+  TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   absl::Status Setup();
   absl::Status RunIteration(int64_t it);
   // Ends every receive and send at once, with `reason` as their error.
@@ -104,6 +108,8 @@ absl::Status Worker::Join() {
   if (opt_.slot >= 0) req.set_slot(opt_.slot);
   LH_ASSIGN_OR_RETURN(const proto::RegisterReply reply, client_.Register(req));
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(reply.config_toml(), "the job config from the coordinator"));
+  // Peers probe this worker's links once every worker has reported its profile (GetPeers).
+  server_->SetJobId(cfg.cluster.job_id);
   SetThreads(cfg);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg, -1));
   const absl::StatusOr<proto::ComputeProfile> measured = MeasureCompute(cfg, device);
@@ -123,8 +129,43 @@ absl::Status Worker::Join() {
     return measured.status();
   }
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
+  if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());
   return absl::OkStatus();
+}
+
+TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& job_id) const {
+  TransportOptions transport;
+  transport.job_id = job_id;
+  transport.dtype = cfg.transport.wire_dtype;
+  transport.chunk_bytes = static_cast<size_t>(cfg.transport.chunk_mib) << 20;
+  transport.connections = cfg.transport.connections;
+  transport.congestion_control = cfg.transport.congestion_control;
+  transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000));
+  transport.canceller = canceller_;
+  return transport;
+}
+
+absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
+  LH_ASSIGN_OR_RETURN(const proto::Peers peers, client_.AwaitPeers());
+  TransportOptions transport = TransportFor(cfg, cfg.cluster.job_id);
+  // Workers at this worker's own address share its machine: no link to measure.
+  const std::string here = SplitHostPort(server_->address())->first;
+  std::vector<proto::Peer> others;
+  for (const proto::Peer& p : peers.peers()) {
+    const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(p.address());
+    if (p.worker_id() != client_.worker_id() && (!hp.ok() || hp->first != here)) others.push_back(p);
+  }
+  LH_ASSIGN_OR_RETURN(const std::vector<proto::LinkMeasurement> links, longhaul::ProbeLinks(others, transport));
+  proto::LinkReport report;
+  report.set_worker_id(client_.worker_id());
+  for (const proto::LinkMeasurement& m : links) {
+    std::cout << absl::StrFormat("[worker %d] link to worker %d: round trip %.2f ms, %.0f Mbit/s\n",
+                                 client_.worker_id(), m.to_worker(), 1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
+              << std::flush;
+    *report.add_links() = m;
+  }
+  return client_.ReportLinks(report);
 }
 
 absl::Status Worker::Setup() {
@@ -138,14 +179,7 @@ absl::Status Worker::Setup() {
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
-  TransportOptions transport;
-  transport.job_id = plan_.job_id();
-  transport.dtype = cfg_.transport.wire_dtype;
-  transport.chunk_bytes = static_cast<size_t>(cfg_.transport.chunk_mib) << 20;
-  transport.connections = cfg_.transport.connections;
-  transport.congestion_control = cfg_.transport.congestion_control;
-  transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000));
-  transport.canceller = canceller_;
+  TransportOptions transport = TransportFor(cfg_, plan_.job_id());
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
   // what each peer may send.
   mailbox_.SetWindow(plan_.start_iteration() - 1);

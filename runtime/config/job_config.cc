@@ -191,6 +191,13 @@ absl::StatusOr<bool> ParsePs(const std::string& name) {
 }
 
 const char* PlacementName(bool search) { return search ? "search" : "registration"; }
+using LinkProbe = ClusterConfig::LinkProbe;
+const char* LinkProbeName(LinkProbe p) { return p == LinkProbe::kAuto ? "auto" : (p == LinkProbe::kOn ? "on" : "off"); }
+absl::StatusOr<LinkProbe> ParseLinkProbe(const std::string& name) {
+  for (LinkProbe p : {LinkProbe::kAuto, LinkProbe::kOn, LinkProbe::kOff})
+    if (name == LinkProbeName(p)) return p;
+  return absl::InvalidArgumentError(absl::StrCat("cluster.link_probe = \"", name, "\": use \"auto\", \"on\" or \"off\""));
+}
 absl::StatusOr<bool> ParsePlacement(const std::string& name) {
   if (name == "search" || name == "registration") return name == "search";
   return absl::InvalidArgumentError(
@@ -265,6 +272,7 @@ const std::vector<KeyDef>& Table() {
       Choice("cluster", "schedule", R::kFree, LH_FIELD(cluster.schedule), ParseSchedule, ScheduleName),
       Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
       Choice("cluster", "placement", R::kFree, LH_FIELD(cluster.search_placement), ParsePlacement, PlacementName),
+      Choice("cluster", "link_probe", R::kFree, LH_FIELD(cluster.link_probe), ParseLinkProbe, LinkProbeName),
       {{"cluster", "stage_layers", R::kLayout},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(BlocksPerStage(c)); }},

@@ -63,6 +63,10 @@ struct ClusterConfig {
   // "search": the coordinator places workers by the simulator where it knows the links (else and
   // with "registration": worker k runs slot k = replica·stages + stage).
   bool search_placement = true;
+  // Whether workers measure their links to each other at join (round trip and bandwidth through
+  // the tensor transport) for the coordinator to plan with: "auto" where it has no scenario's
+  // links, "on" always (measured links replace a scenario's), "off" never.
+  enum class LinkProbe { kAuto, kOn, kOff } link_probe = LinkProbe::kAuto;
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;

@@ -245,8 +245,18 @@ NetworkCost NetworkCost::Uniform(LinkCost link) {
   return n;
 }
 
+NetworkCost NetworkCost::FromMatrix(std::vector<std::vector<LinkCost>> links) {
+  NetworkCost n;
+  n.matrix_ = std::move(links);
+  return n;
+}
+
 LinkCost NetworkCost::Between(int from_host, int to_host) const {
   if (from_host == to_host || from_host < 0 || to_host < 0) return {};
+  if (!matrix_.empty()) {
+    const size_t a = static_cast<size_t>(from_host), b = static_cast<size_t>(to_host);
+    return a < matrix_.size() && b < matrix_[a].size() ? matrix_[a][b] : LinkCost{};
+  }
   if (!scenario_) return uniform_;
   const netem::Link l = scenario_->Between(from_host, to_host);
   return {l.delay_ms / 1e3, l.rate_mbit * 1e6 / 8, window_bytes_};

@@ -125,10 +125,13 @@ class NetworkCost {
   // modelled), with every connection's window capped at `window_bytes` (0: not limiting).
   static NetworkCost FromScenario(netem::Scenario scenario, double window_bytes = 0);
   static NetworkCost Uniform(LinkCost link);
+  // Measured links: links[a][b] from host a to host b (a pair outside the matrix is free).
+  static NetworkCost FromMatrix(std::vector<std::vector<LinkCost>> links);
   LinkCost Between(int from_host, int to_host) const;
 
  private:
   std::optional<netem::Scenario> scenario_;
+  std::vector<std::vector<LinkCost>> matrix_;
   LinkCost uniform_;
   double window_bytes_ = 0;
 };

@@ -222,6 +222,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
                                                       key.DebugString(), h.total_elements(), *allowed));
   }
+  if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h);
   if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
@@ -258,6 +259,26 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
     mailbox_->Recycle(std::move(values));
     return received;
   }
+  const std::string ok = AckFrame(absl::OkStatus());
+  return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+}
+
+absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h) {
+  if (h.part_offset() != 0 || h.part_elements() != h.total_elements()) {
+    return absl::InvalidArgumentError("a link probe comes in one part");
+  }
+  const size_t bytes = h.part_elements() * (h.dtype() == proto::F32 ? 4 : 2);
+  std::vector<uint8_t> scratch(std::min<size_t>(bytes, 1 << 20));
+  uint32_t crc = 0;
+  for (size_t at = 0; at < bytes;) {
+    const size_t n = std::min(bytes - at, scratch.size());
+    if (absl::Status s = ReadAll(fd, scratch.data(), n, Forever(), stop_); !s.ok()) return s;
+    crc = Crc32c(crc, scratch.data(), n);
+    at += n;
+  }
+  auto sent_crc = ReadU32(fd, Forever(), stop_);
+  if (!sent_crc.ok()) return sent_crc.status();
+  if (crc != *sent_crc) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
   const std::string ok = AckFrame(absl::OkStatus());
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
 }

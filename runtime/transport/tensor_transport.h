@@ -128,6 +128,8 @@ class TensorServer {
   // The hello, checked; then parts until the peer closes or a part is refused.
   absl::Status ServeHello(int fd);
   absl::Status ServePart(int fd, uint32_t header_bytes);
+  // A link probe the admission let in: read, checked and dropped, never held.
+  absl::Status ServeProbe(int fd, const proto::TensorHeader& h);
   void Refuse(const std::string& why);
   void ReapFinished();
 

@@ -463,6 +463,9 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h = header(boundary, 0, boundary);
   h.set_micro_batch(2);
   cases.push_back({"a micro-batch the plan does not have", h, absl::StatusCode::kOutOfRange});
+  h = header(boundary, 0, boundary);
+  h.set_kind(proto::LINK_PROBE);
+  cases.push_back({"a link probe after the plan", h, absl::StatusCode::kFailedPrecondition});
 
   for (int round = 0; round < 20; ++round) {
     std::vector<std::unique_ptr<testing::RawPeer>> peers;
@@ -488,7 +491,7 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
 
 // What a crafted peer tells a live coordinator: worker ids nobody registered, iterations outside
 // the run, norms and checkpoints of shards the worker does not host, a compute profile after the
-// plan, a registration beyond the job's workers. Each is
+// plan, link reports from nobody or after the plan, a registration beyond the job's workers. Each is
 // refused with the reason, and the run trains to its end with every step recorded once.
 TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   const fs::path out = Dir("crafted_control");
@@ -577,6 +580,22 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     profile.mutable_compute()->set_block_forward_s(-1);
     expect_refused("a profile after the plan", coordinator->ReportProfile(&ctx, profile, &empty),
                    grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::LinkReport links;
+    links.set_worker_id(0);
+    proto::LinkMeasurement* m = links.add_links();
+    m->set_to_worker(1);
+    m->set_round_trip_s(-3);
+    expect_refused("links after the plan", coordinator->ReportLinks(&ctx, links, &empty),
+                   grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::LinkReport links;
+    links.set_worker_id(-4);
+    expect_refused("links of worker -4", coordinator->ReportLinks(&ctx, links, &empty), grpc::StatusCode::NOT_FOUND);
   }
   {
     grpc::ClientContext ctx;

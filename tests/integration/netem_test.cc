@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -267,6 +269,36 @@ TEST_F(NetemTest, NamespacesAreGoneAfterwards) {
     router = net->router();
   }
   EXPECT_NE(std::system(("ip netns list | grep -q " + router).c_str()), 0);
+}
+
+// Link probes at join, through the real transport over the emulated links: every round trip the
+// workers measure is the scenario's, and every bandwidth is a floor under the scenario's rate
+// (the probe's 16 MiB cannot fill a long link's bandwidth-delay product from slow start).
+TEST_F(NetemTest, LinkProbesAtJoinMeasureTheScenariosLinks) {
+  const std::string dir = ::testing::TempDir() + "/probed_" + std::to_string(getpid());
+  const std::string scenario_path = std::string(LONGHAUL_SOURCE_DIR) + "/netem/scenarios/four-regions.toml";
+  const std::string cmd = absl::StrFormat(
+      "%s local -c %s/configs/demo.toml --scenario %s --set cluster.replicas=2 --set 'cluster.link_probe=\"on\"' "
+      "--set train.steps=3 --set 'train.out_dir=\"%s\"' > %s.log 2>&1",
+      LONGHAUL_BINARY, LONGHAUL_SOURCE_DIR, scenario_path, dir, dir);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir << ".log";
+  auto scenario = LoadScenario(scenario_path);
+  ASSERT_TRUE(scenario.ok()) << scenario.status();
+  std::ifstream f(dir + "/cluster.json");
+  const nlohmann::json cluster = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(cluster.contains("links")) << "cluster.json records no measured links";
+  ASSERT_EQ(cluster["links"].size(), 12u) << "4 workers on 4 hosts: 12 directed links";
+  for (const nlohmann::json& l : cluster["links"]) {
+    const int a = l["from"], b = l["to"];
+    const double rtt = l["round_trip_ms"], mbit = l["mbit_per_s"];
+    const double set_rtt = scenario->Between(a, b).delay_ms + scenario->Between(b, a).delay_ms;
+    const double rate = scenario->Between(a, b).rate_mbit;
+    std::cout << absl::StrFormat("worker %d -> %d: round trip %.2f ms (scenario %.1f), %.0f Mbit/s (scenario %.0f)\n",
+                                 a, b, rtt, set_rtt, mbit, rate);
+    EXPECT_NEAR(rtt, set_rtt, 1 + 0.05 * set_rtt);
+    EXPECT_LT(mbit, 1.05 * rate) << "faster than the emulated link allows";
+    EXPECT_GT(mbit, 0.1 * rate);
+  }
 }
 
 TEST_F(NetemTest, KilledLauncherLeavesNothingBehind) {

@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
+
+#include <cmath>
 
 #include "transport/tensor_transport.h"
 
@@ -79,6 +83,56 @@ TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
   ASSERT_TRUE(m.SetProfile(1, ok).ok());
   EXPECT_TRUE(m.profiled());
   EXPECT_EQ(m.profile(1).block_forward_s(), 0.01);
+}
+
+proto::LinkReport Links(int from, std::vector<std::tuple<int, double, double>> links) {
+  proto::LinkReport r;
+  r.set_worker_id(from);
+  for (auto [to, rtt, rate] : links) {
+    proto::LinkMeasurement* m = r.add_links();
+    m->set_to_worker(to);
+    m->set_round_trip_s(rtt);
+    m->set_bytes_per_s(rate);
+  }
+  return r;
+}
+
+TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
+  Membership m("job", 3, 5);
+  const Clock::time_point t0 = Clock::now();
+  for (const char* address : {"10.0.0.1:7071", "10.0.0.2:7071", "10.0.0.2:7072"}) {
+    proto::RegisterRequest r = Request("job");
+    r.set_address(address);
+    ASSERT_TRUE(m.Register(r, t0).ok());
+  }
+  EXPECT_TRUE(m.SameHost(1, 2));
+  struct Bad {
+    proto::LinkReport report;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {Links(0, {{1, 0.1, 1e8}}), "links to 1 of the 2 workers at other addresses"},
+      {Links(0, {{1, 0.1, 1e8}, {1, 0.1, 1e8}}), "twice"},
+      {Links(0, {{0, 0.1, 1e8}, {1, 0.1, 1e8}, {2, 0.1, 1e8}}), "itself"},
+      {Links(0, {{1, 0.1, 1e8}, {7, 0.1, 1e8}}), "no such worker"},
+      {Links(1, {{0, 0.1, 1e8}, {2, 0.1, 1e8}}), "at its own address"},
+      {Links(0, {{1, -0.1, 1e8}, {2, 0.1, 1e8}}), "round trips must be positive"},
+      {Links(0, {{1, 0.1, std::nan("")}, {2, 0.1, 1e8}}), "rates positive and finite"},
+      {Links(0, {{1, 0.1, 1e8}, {2, 1e5, 1e8}}), "under an hour"},
+  };
+  for (const Bad& b : bad) {
+    const absl::Status st = m.SetLinks(b.report.worker_id(), b.report);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.says;
+    EXPECT_NE(st.message().find(b.says), std::string::npos) << st;
+  }
+  EXPECT_FALSE(m.linked());
+  ASSERT_TRUE(m.SetLinks(0, Links(0, {{1, 0.1, 1e8}, {2, 0.2, 2e8}})).ok());
+  ASSERT_TRUE(m.SetLinks(1, Links(1, {{0, 0.1, 1e8}})).ok());
+  EXPECT_FALSE(m.linked());
+  ASSERT_TRUE(m.SetLinks(2, Links(2, {{0, 0.3, 3e8}})).ok());
+  EXPECT_TRUE(m.linked());
+  EXPECT_EQ(m.link(0, 2)->bytes_per_s(), 2e8);
+  EXPECT_FALSE(m.link(1, 2).has_value()) << "workers at one address have no link between them";
 }
 
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {

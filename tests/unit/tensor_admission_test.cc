@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "model/param_layout.h"
+#include "worker/link_probe.h"
 
 namespace longhaul {
 namespace {
@@ -63,9 +64,22 @@ proto::TensorHeader From(int kind, int stage, int replica, int shard = 0, int mi
   return h;
 }
 
-TEST(PlanAdmission, RefusesEverythingBeforeThePlan) {
+TEST(PlanAdmission, AdmitsOnlyBoundedLinkProbesBeforeThePlanAndNoneAfter) {
   PlanAdmission a;
-  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0)).status().code(), absl::StatusCode::kFailedPrecondition);
+  proto::TensorHeader probe = From(proto::LINK_PROBE, 0, 0);
+  probe.set_total_elements(kLinkProbeMaxElements);
+  EXPECT_EQ(a.Admit(probe).value_or(0), kLinkProbeMaxElements);
+  probe.set_total_elements(kLinkProbeMaxElements + 1);
+  EXPECT_EQ(a.Admit(probe).status().code(), absl::StatusCode::kResourceExhausted);
+  probe.set_total_elements(0);
+  EXPECT_EQ(a.Admit(probe).status().code(), absl::StatusCode::kResourceExhausted);
+  const JobConfig cfg = Config();
+  a.SetPlan(Plan(cfg), cfg, /*stage=*/1, /*replica=*/0);
+  probe.set_total_elements(10);
+  const absl::Status after = a.Admit(probe).status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(after.message().find("link probe after the plan"), std::string::npos) << after;
 }
 
 TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {

@@ -1,0 +1,39 @@
+#pragma once
+// Link probes at join: before the plan, each worker times tensors to every other worker through
+// the real tensor transport and reports a round trip and a bandwidth per peer, which the
+// coordinator plans with where it has no scenario's links (cluster.link_probe).
+//
+// Per peer, on a connection of its own and all peers at once: one tensor to connect, then
+// `round_trips` one-element tensors one after another (the round trip is the shortest
+// acknowledgement), then tensors of 256 KiB, 1 and 4 MiB (each one's bytes over its time less a
+// round trip), then two equal tensors of up to 8 MiB back to back (the second's bytes over the
+// gap between their acknowledgements), within the byte and time budgets; the bandwidth is the
+// best of these. TCP's slow start means a link whose bandwidth-delay product is more than the
+// probe's bytes can fill reads slower than it is: the bandwidth is a floor (50-85% of the rate on
+// four-regions' 400-1000 Mbit/s links, 64-220 ms round trips, netem_test).
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "longhaul.pb.h"
+#include "transport/tensor_transport.h"
+
+namespace longhaul {
+
+// The largest probe tensor a worker admits (16 MiB of fp32).
+inline constexpr uint64_t kLinkProbeMaxElements = uint64_t{4} << 20;
+
+struct LinkProbeOptions {
+  int round_trips = 5;
+  size_t max_bytes = size_t{24} << 20;  // per peer
+  std::chrono::milliseconds max_time{4000};  // per peer; the transfer that crosses it is the last
+};
+
+// Measures the link from this worker to each of `peers`; fails naming the peer that could not be
+// reached within `transport.timeout`.
+absl::StatusOr<std::vector<proto::LinkMeasurement>> ProbeLinks(const std::vector<proto::Peer>& peers,
+                                                                const TransportOptions& transport,
+                                                                const LinkProbeOptions& opt = {});
+
+}  // namespace longhaul
