@@ -323,7 +323,7 @@ class Service final : public proto::Coordinator::Service {
   // router is), if the links are known.
   std::optional<double> Predict() const {
     if (!network_) return std::nullopt;
-    const std::vector<double> compute = log_.ComputePerMicroByStage();
+    const std::vector<double> compute = log_.ComputePerMicroByWorker();
     if (compute.empty()) return std::nullopt;
     const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, -1, worker_of_slot_);
     if (!p.ok()) {

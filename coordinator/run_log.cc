@@ -110,16 +110,11 @@ void RunLog::Write(const nlohmann::json& summary, const std::vector<std::string>
   std::cout << "coordinator: records in " << dir.string() << ": " << absl::StrJoin(written, ", ") << "\n" << std::flush;
 }
 
-std::vector<double> RunLog::ComputePerMicroByStage() const {
-  if (times_.empty()) return {};
-  std::vector<double> sum(cfg_.cluster.stages, 0);
-  std::vector<int> n(cfg_.cluster.stages, 0);
-  for (const auto& [id, w] : times_) {
-    sum[w.stage] += w.compute / w.iterations / cfg_.train.micro_batches;
-    ++n[w.stage];
-  }
-  for (size_t s = 0; s < sum.size(); ++s) sum[s] /= std::max(1, n[s]);
-  return sum;
+std::vector<double> RunLog::ComputePerMicroByWorker() const {
+  if (static_cast<int>(times_.size()) != workers_) return {};
+  std::vector<double> out(workers_, 0);
+  for (const auto& [id, w] : times_) out[id] = w.compute / w.iterations / cfg_.train.micro_batches;
+  return out;
 }
 
 void RunLog::PrintSummary(const nlohmann::json& s) const {

@@ -36,9 +36,9 @@ class RunLog {
   // The closing lines: throughput, the prediction against it, and where each worker's time went.
   void PrintSummary(const nlohmann::json& summary) const;
 
-  // Each stage's mean compute seconds per micro-batch over the timed iterations, or empty before
-  // the first timed iteration.
-  std::vector<double> ComputePerMicroByStage() const;
+  // Each worker's mean compute seconds per micro-batch over the timed iterations (by worker id),
+  // or empty until every worker has a timed iteration.
+  std::vector<double> ComputePerMicroByWorker() const;
   // The planner's iteration time for this run, which Summary records beside the measured one.
   void SetPrediction(double seconds) { predicted_ = seconds; }
   // How the plan placed the workers (the coordinator's record), which Summary carries.

@@ -1,10 +1,13 @@
 #pragma once
 // The simulator's prediction for a job whose compute has been measured (by a run of it, or by
-// its first iterations): each stage's mean forward + backward seconds per micro-batch become a
-// profile (split 1:2, as their FLOPs are), and the job's layout runs over `network` with worker w
+// its first iterations): each stage's mean forward + backward seconds per micro-batch over its
+// replicas become a profile (split 1:2, as their FLOPs are; the head is what the last stage adds
+// to its blocks), and each worker computes at that profile scaled by its own time against its
+// stage's mean, so a replica that computes slower (on a shared machine, the ones that compute at
+// the same moments) sets the pace as it did. The job's layout runs over `network` with worker w
 // on host w (as `longhaul local` places them) and slot k = replica·stages + stage run by worker
-// worker_of_slot[k] (empty: by worker k, registration order). What it checks is the schedule
-// and the links, with compute taken as it was.
+// worker_of_slot[k] (empty: by worker k, registration order). What it checks is the schedule and
+// the links, with compute taken as it was.
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,9 +16,9 @@
 
 namespace longhaul {
 
-// `per_micro_by_stage[s]`: stage s's compute seconds per micro-batch. `coordinator_host`: -1 when
-// the coordinator sits beside every host (an emulation's router).
-absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_stage,
+// `per_micro_by_worker[w]`: worker w's compute seconds per micro-batch. `coordinator_host`: -1
+// when the coordinator sits beside every host (an emulation's router).
+absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
                                                   const NetworkCost& network, int coordinator_host,
                                                   const std::vector<int>& worker_of_slot = {});
 

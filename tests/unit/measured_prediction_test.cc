@@ -38,7 +38,17 @@ TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt)
   EXPECT_GT(*far, *free + 2 * 0.02 - kTolerance);
 }
 
-TEST(MeasuredPrediction, TheComputeMustCoverEveryStage) {
+TEST(MeasuredPrediction, TheSlowestReplicaSetsThePace) {
+  // Two replicas of one stage: the parameter servers wait for both pushes every iteration.
+  const JobConfig cfg = Config({"cluster.replicas=2"});
+  const auto even = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}), -1);
+  const auto uneven = PredictFromMeasuredCompute(cfg, {0.05, 0.15}, NetworkCost::Uniform({}), -1);
+  ASSERT_TRUE(even.ok() && uneven.ok());
+  EXPECT_NEAR(*even, 6 * 0.1, kTolerance);
+  EXPECT_NEAR(*uneven, 6 * 0.15, kTolerance);
+}
+
+TEST(MeasuredPrediction, TheComputeMustCoverEveryWorker) {
   EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {0.1}, NetworkCost::Uniform({}), -1)
                 .status()
                 .code(),

@@ -57,11 +57,14 @@ TEST(RunLog, RowsSummaryAndRecords) {
   EXPECT_DOUBLE_EQ(s["workers"][0]["wait_seconds"].get<double>(), 0.625);
   EXPECT_FALSE(s.contains("reason"));
   EXPECT_TRUE(s["predicted_iteration_seconds"].is_null());
-  // Stage 0: replica 0 computed 1 and 1.5 s in the timed iterations, replica 1 3.5 s each.
+  // Stage 0: replica 0 (worker 0) computed 1 and 1.5 s in the timed iterations, replica 1
+  // (worker 2) 3.5 s each; stage 1's workers 5 s each.
   const int M = cfg->train.micro_batches;
-  ASSERT_EQ(log.ComputePerMicroByStage().size(), 2u);
-  EXPECT_DOUBLE_EQ(log.ComputePerMicroByStage()[0], (1.25 + 3.5) / 2 / M);
-  EXPECT_DOUBLE_EQ(log.ComputePerMicroByStage()[1], 5.0 / M);
+  const std::vector<double> compute = log.ComputePerMicroByWorker();
+  ASSERT_EQ(compute.size(), 4u);
+  EXPECT_DOUBLE_EQ(compute[0], 1.25 / M);
+  EXPECT_DOUBLE_EQ(compute[2], 3.5 / M);
+  EXPECT_DOUBLE_EQ(compute[1], 5.0 / M);
   log.SetPrediction(2.0);
   EXPECT_DOUBLE_EQ(log.Summary("completed", "", 3)["predicted_iteration_seconds"].get<double>(), 2.0);
   EXPECT_EQ(log.Summary("failed", "worker 3 died", 3)["reason"], "worker 3 died");
