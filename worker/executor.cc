@@ -92,11 +92,21 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_));
         break;
       }
-      case Op::kPullParams: {
+      case Op::kReduceNorm:
         LH_RETURN_IF_ERROR(flush_sends());
-        LH_ASSIGN_OR_RETURN(result.step, channel_.PullParameters(it, stage_, &result.wait_seconds));
+        LH_RETURN_IF_ERROR(channel_.ReduceNorm(it, &result.wait_seconds));
+        break;
+      case Op::kStep: {
+        LH_ASSIGN_OR_RETURN(result.step, channel_.Step(it));
         break;
       }
+      case Op::kBroadcast:
+        LH_RETURN_IF_ERROR(channel_.Broadcast(it));
+        break;
+      case Op::kPullParams:
+        LH_RETURN_IF_ERROR(flush_sends());
+        LH_RETURN_IF_ERROR(channel_.PullParameters(it, stage_, &result.wait_seconds));
+        break;
     }
   }
   LH_RETURN_IF_ERROR(flush_sends());

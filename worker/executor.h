@@ -33,10 +33,16 @@ class Channel {
   // The stage's gradients (its whole flat buffer) to the parameter servers; the stage's gradients
   // stay unchanged until Flush.
   virtual absl::Status PushGradients(int64_t it, Stage& stage) = 0;
-  // The parameter servers' step (this process serves the shards it hosts) and the stage's new
-  // parameters written into it. The norm and learning rate of the step this process took (lr 0
-  // when it hosts no shard); the seconds waited go into `*waited`.
-  virtual absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) = 0;
+  // The shards this process hosts (schedule.h's ReduceNorm, Step, Broadcast): every replica's
+  // push of each taken and summed, and the global norm reduced over every shard of every stage
+  // (the seconds waited for pushes go into `*waited`); each stepped with it, giving the norm and
+  // learning rate of the step; each one's new parameters sent to every replica of the stage.
+  virtual absl::Status ReduceNorm(int64_t it, double* waited) = 0;
+  virtual absl::StatusOr<OptimizerStepResult> Step(int64_t it) = 0;
+  virtual absl::Status Broadcast(int64_t it) = 0;
+  // The stage's new parameters, from every shard's host, written into it; the seconds waited go
+  // into `*waited`.
+  virtual absl::Status PullParameters(int64_t it, Stage& stage, double* waited) = 0;
   // Waits until the data of every send of iteration `it` may change (the bytes left this process);
   // reports a failed send of this or an earlier iteration.
   virtual absl::Status Flush(int64_t it) = 0;

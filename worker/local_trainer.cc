@@ -32,16 +32,22 @@ std::string CheckpointRoot(const JobConfig& cfg) { return (fs::path(cfg.train.ou
 // One stage and one replica: nothing crosses a network, and the stage steps its own parameters.
 class LocalChannel final : public Channel {
  public:
+  explicit LocalChannel(Stage& stage) : stage_(stage) {}
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
     return absl::InternalError("a one-stage schedule receives nothing");
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
   absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
-  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double*) override {
-    return stage.Step(it);
-  }
+  // The stage's attached optimizer reduces its own norm and steps in place.
+  absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> Step(int64_t it) override { return stage_.Step(it); }
+  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
+
+ private:
+  Stage& stage_;
 };
 
 }  // namespace
@@ -69,10 +75,10 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   const TrainConfig& tc = cfg.train;
   LH_RETURN_IF_ERROR(t->stage_->AttachOptimizer(
       {tc.adamw, LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps}, tc.grad_clip}));
-  t->channel_ = std::make_unique<LocalChannel>();
+  t->channel_ = std::make_unique<LocalChannel>(*t->stage_);
   const size_t boundary = static_cast<size_t>(tc.micro_batch_size) * tc.seq_len * cfg.model.d_model;
   t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
-                                            MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches), 0, 1,
+                                            MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches, true), 0, 1,
                                             tc.micro_batches, boundary);
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
                    cfg.train.micro_batches};

@@ -65,7 +65,28 @@ absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
   return absl::OkStatus();
 }
 
-absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited) {
+absl::Status NetworkChannel::ReduceNorm(int64_t it, double* waited) {
+  const int64_t t0 = Timeline::NowMicros();
+  ps_waited_ = 0;
+  absl::Status s = ps_host_ != nullptr ? ps_host_->ReduceNorm(it) : absl::OkStatus();
+  *waited += ps_waited_;
+  timeline_.Add("reduce norm", Track::kParams, t0, Timeline::NowMicros(), it);
+  return s;
+}
+
+absl::StatusOr<OptimizerStepResult> NetworkChannel::Step(int64_t it) {
+  if (ps_host_ == nullptr) return OptimizerStepResult{};
+  const int64_t t0 = Timeline::NowMicros();
+  absl::StatusOr<OptimizerStepResult> step = ps_host_->Step(it);
+  timeline_.Add("ps step", Track::kParams, t0, Timeline::NowMicros(), it);
+  return step;
+}
+
+absl::Status NetworkChannel::Broadcast(int64_t it) {
+  return ps_host_ != nullptr ? ps_host_->Broadcast(it) : absl::OkStatus();
+}
+
+absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited) {
   const int64_t t0 = Timeline::NowMicros();
   for (const proto::ShardPlacement& sp : stage_shards_) {
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
@@ -75,19 +96,6 @@ absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited) {
   }
   timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
   return absl::OkStatus();
-}
-
-absl::StatusOr<OptimizerStepResult> NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited) {
-  OptimizerStepResult step;
-  if (ps_host_ != nullptr && !ps_host_->shards().empty()) {
-    const int64_t t0 = Timeline::NowMicros();
-    ps_waited_ = 0;
-    LH_ASSIGN_OR_RETURN(step, ps_host_->Serve(it));
-    *waited += ps_waited_;
-    timeline_.Add("ps step", Track::kParams, t0, Timeline::NowMicros(), it);
-  }
-  LH_RETURN_IF_ERROR(Pull(it, stage, waited));
-  return step;
 }
 
 }  // namespace longhaul

@@ -22,24 +22,25 @@ class NetworkChannel final : public Channel {
   // from `layout`. Receives wait at most the transport's timeout. The references must outlive it.
   NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards, const ParamLayout& layout,
                  Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline);
-  // The shards this worker hosts, served before each pull.
+  // The shards this worker hosts (ReduceNorm, Step, Broadcast).
   void SetPsHost(PsHost* host) { ps_host_ = host; }
 
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
   absl::Status PushGradients(int64_t it, Stage& stage) override;
-  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t it, Stage& stage, double* waited) override;
+  absl::Status ReduceNorm(int64_t it, double* waited) override;
+  absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;
+  absl::Status Broadcast(int64_t it) override;
+  absl::Status PullParameters(int64_t it, Stage& stage, double* waited) override;
   absl::Status Flush(int64_t) override { return peers_.Flush(timeline_); }
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
 
-  // Every shard's parameters of iteration `it` into the stage, as the shards' hosts sent them.
-  absl::Status Pull(int64_t it, Stage& stage, double* waited);
   // A tensor a peer sends this worker, waiting for it; the seconds waited go into `*waited`.
   absl::StatusOr<std::vector<float>> Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                           int from_replica, int shard, double* waited);
-  // A replica's push of a hosted shard, for the PsHost (its wait counts as the pull's).
+  // A replica's push of a hosted shard, for the PsHost (its wait counts as ReduceNorm's).
   absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int shard) {
     return Take(proto::GRAD_PUSH, it, 0, stage_, replica, shard, &ps_waited_);
   }

@@ -20,9 +20,8 @@ absl::Status PsHost::Broadcast(int64_t it) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<OptimizerStepResult> PsHost::Serve(int64_t it) {
-  OptimizerStepResult result;
-  if (shards_.empty()) return result;
+absl::Status PsHost::ReduceNorm(int64_t it) {
+  if (shards_.empty()) return absl::OkStatus();
   proto::NormReport report;
   report.set_worker_id(worker_id_);
   report.set_iteration(it);
@@ -38,15 +37,25 @@ absl::StatusOr<OptimizerStepResult> PsHost::Serve(int64_t it) {
     LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
     n->set_sum_squares(sum_squares);
   }
-  LH_ASSIGN_OR_RETURN(const double global_norm, links_.reduce_norm(report));
-  if (!std::isfinite(global_norm)) {
+  LH_ASSIGN_OR_RETURN(global_norm_, links_.reduce_norm(report));
+  if (!std::isfinite(global_norm_)) {
     return absl::InternalError(absl::StrFormat(
-        "iteration %d: gradient norm %g is not finite: lower train.lr or set train.grad_clip", it + 1, global_norm));
+        "iteration %d: gradient norm %g is not finite: lower train.lr or set train.grad_clip", it + 1, global_norm_));
+  }
+  norm_iteration_ = it;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
+  OptimizerStepResult result;
+  if (shards_.empty()) return result;
+  if (norm_iteration_ != it) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("iteration %d steps before its gradient norm was reduced (schedule out of order)", it + 1));
   }
   for (auto& shard : shards_) {
-    LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm));
+    LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm_));
   }
-  LH_RETURN_IF_ERROR(Broadcast(it));
   return result;
 }
 

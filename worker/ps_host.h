@@ -43,9 +43,12 @@ class PsHost {
   // Sends every hosted shard's parameters to every replica (how a run starts: the same init, or
   // the checkpoint's, everywhere).
   absl::Status Broadcast(int64_t it);
-  // Iteration `it`'s step of every hosted shard: takes the pushes, reduces the norm, steps,
-  // broadcasts. The norm and learning rate of the step (lr 0 when this worker hosts no shard).
-  absl::StatusOr<OptimizerStepResult> Serve(int64_t it);
+  // Iteration `it`'s exchange, in the order a schedule lists it (schedule.h): ReduceNorm takes
+  // every replica's push of each hosted shard, sums them in replica order and has the global norm
+  // reduced; Step steps every hosted shard with that norm and gives the norm and learning rate of
+  // the step (lr 0 when this worker hosts no shard); then Broadcast(it).
+  absl::Status ReduceNorm(int64_t it);
+  absl::StatusOr<OptimizerStepResult> Step(int64_t it);
   // Writes every hosted shard's checkpoint of `step` under `checkpoints_root` and reports each.
   absl::Status Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
                           const std::function<absl::Status(const proto::CheckpointReport&)>& report);
@@ -56,6 +59,8 @@ class PsHost {
   const float grad_clip_;
   PsLinks links_;
   std::vector<std::unique_ptr<PsShard>> shards_;
+  int64_t norm_iteration_ = -1;  // the iteration whose global norm ReduceNorm holds
+  double global_norm_ = 0;
 };
 
 }  // namespace longhaul

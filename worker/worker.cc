@@ -235,7 +235,8 @@ absl::Status Worker::Setup() {
   }
   channel_->SetPsHost(ps_host_.get());
   const size_t boundary = static_cast<size_t>(cfg_.train.micro_batch_size) * cfg_.train.seq_len * cfg_.model.d_model;
-  executor_ = std::make_unique<Executor>(*stage_, *channel_, timeline_, MakeSchedule(cfg_.cluster.schedule, P, s_, M_),
+  executor_ = std::make_unique<Executor>(*stage_, *channel_, timeline_,
+                                         MakeSchedule(cfg_.cluster.schedule, P, s_, M_, !ps_host_->shards().empty()),
                                          s_, P, M_, boundary);
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
                                stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
@@ -280,7 +281,7 @@ absl::Status Worker::Run() {
     // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
     status = ps_host_->Broadcast(start - 1);
     double waited = 0;
-    if (status.ok()) status = channel_->Pull(start - 1, *stage_, &waited);
+    if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   const int64_t end = plan_.stop_iteration() > 0 ? plan_.stop_iteration() : cfg_.train.steps;

@@ -48,7 +48,7 @@ constexpr double kFp32 = 4;
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
   kGradIn,     // one replica's gradient of a shard reached the shard's host
-  kStepDone,   // a shard's host finished its step: broadcast the parameters
+  kNormIn,     // a host's partial norm reached the coordinator
   kParamsIn,   // one shard's parameters reached a worker
 };
 
@@ -71,19 +71,21 @@ struct WorkerState {
   int iter = 0;
   size_t pc = 0;
   double t = 0;
-  // Blocked on the receive into arrival[waiting_for], or on PullParams (kPull); kNone when running.
-  static constexpr int kNone = -1, kPull = -2;
+  // Blocked on the receive into arrival[waiting_for], on PullParams (kPull), on its shards'
+  // pushes (kPushes) or on the global norm (kNorm) in ReduceNorm; kNone when running.
+  static constexpr int kNone = -1, kPull = -2, kPushes = -3, kNorm = -4;
   int waiting_for = kNone;
   double blocked_since = 0;
   std::vector<double> arrival;  // [iter][activation, gradient][micro]: when it arrives, -1 unknown
   std::vector<int> params_in;   // [iter]: shards back
+  std::vector<int> hosted;      // the shards it hosts
+  bool reported = false;        // its partial norm of the current iteration is on its way
   std::vector<double> iteration_end;
-  double busy = 0, waiting = 0, ps_busy = 0, ps_free = 0;  // ps_free: when its PS timeline is idle
+  double busy = 0, waiting = 0, ps_busy = 0;
 };
 
 struct ShardState {
-  std::vector<int> grads_in;      // [iter]
-  std::vector<double> summed_at;  // [iter]
+  std::vector<int> grads_in;  // [iter]
 };
 
 class Engine {
@@ -102,7 +104,7 @@ class Engine {
       switch (e.kind) {
         case EventKind::kRun: Advance(e.who); break;
         case EventKind::kGradIn: GradIn(e.who, e.iter, e.t); break;
-        case EventKind::kStepDone: StepDone(e.who, e.iter, e.t); break;
+        case EventKind::kNormIn: NormIn(e.iter, e.t); break;
         case EventKind::kParamsIn: ParamsIn(e.who, e.iter, e.t); break;
       }
     }
@@ -162,7 +164,6 @@ class Engine {
         if (k.stage >= 0) return bad(absl::StrFormat("worker %d runs two stages", w));
         k.stage = s;
         k.replica = r;
-        k.program = MakeSchedule(L_.schedule, S, s, M);
         k.arrival.assign(static_cast<size_t>(sim_.iterations) * 2 * M, -1);
         auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
         if (!cost.ok()) return cost.status();
@@ -178,9 +179,15 @@ class Engine {
       }
       stage_shards_[sh.stage].push_back(static_cast<int>(i));
       shards_[i].grads_in.assign(sim_.iterations, 0);
-      shards_[i].summed_at.assign(sim_.iterations, 0);
+      if (workers_[sh.worker].hosted.empty()) ++shard_hosts_;
+      workers_[sh.worker].hosted.push_back(static_cast<int>(i));
     }
-    summed_.assign(sim_.iterations, 0);
+    // Each worker runs the list its executor would: the parameter-server exchange where it hosts.
+    for (WorkerState& k : workers_) {
+      if (k.stage >= 0) k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty());
+    }
+    norms_in_.assign(sim_.iterations, 0);
+    norm_at_.assign(sim_.iterations, 0);
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
     link_bytes_.assign(link_free_.size(), 0);
     link_busy_.assign(link_free_.size(), 0);
@@ -279,6 +286,46 @@ class Engine {
           }
           ++k.pc;
           break;
+        case Op::kReduceNorm:
+          if (!PushesIn(k)) {  // GradIn wakes it
+            k.waiting_for = WorkerState::kPushes;
+            k.blocked_since = k.t;
+            return;
+          }
+          if (!P_.clip_norm) {
+            ++k.pc;
+            break;
+          }
+          if (!k.reported) {  // its partial squares go to the coordinator; NormIn wakes it
+            k.reported = true;
+            Push(k.t + ToCoordinator(k.host), EventKind::kNormIn, w, k.iter);
+            k.waiting_for = WorkerState::kNorm;
+            k.blocked_since = k.t;
+            return;
+          }
+          k.reported = false;
+          ++k.pc;
+          break;
+        case Op::kStep: {
+          // Sum and AdamW over the hosted shards at memory bandwidth, on the worker's own thread.
+          double d = 0;
+          for (int i : k.hosted) d += sim_.devices[k.device].StepSeconds(P_.shards[i].params, L_.replicas);
+          if (Last(k.iter)) k.ps_busy += d;
+          k.t += d;
+          ++k.pc;
+          Push(k.t, EventKind::kRun, w, k.iter);
+          return;
+        }
+        case Op::kBroadcast:
+          for (int i : k.hosted) {
+            const ShardPlacement& sh = P_.shards[i];
+            for (int r = 0; r < L_.replicas; ++r) {
+              const int to = P_.worker[sh.stage][r];
+              Push(Send(k.host, workers_[to].host, kFp32 * sh.params, k.t, k.iter), EventKind::kParamsIn, to, k.iter);
+            }
+          }
+          ++k.pc;
+          break;
         case Op::kPullParams:
           if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {
             k.waiting_for = WorkerState::kPull;
@@ -291,40 +338,40 @@ class Engine {
     }
   }
 
+  double ToCoordinator(int host) const { return sim_.network.Between(host, P_.coordinator_host).latency_s; }
+
+  // Every replica's push of every shard `k` hosts is in for its current iteration.
+  bool PushesIn(const WorkerState& k) const {
+    for (int i : k.hosted)
+      if (shards_[i].grads_in[k.iter] < L_.replicas) return false;
+    return true;
+  }
+
   void GradIn(int shard, int iter, double t) {
-    ShardState& s = shards_[shard];
-    if (++s.grads_in[iter] < L_.replicas) return;
-    s.summed_at[iter] = t;
-    if (!P_.clip_norm) return StartStep(shard, iter, t);
-    if (++summed_[iter] < static_cast<int>(shards_.size())) return;
-    // Every shard is summed: each host sends its partial squares to the coordinator as its last
-    // shard sums; the norm goes back to every host once the last partial is in.
-    const NetworkCost& net = sim_.network;
-    auto to_coordinator = [&](int host) { return net.Between(host, P_.coordinator_host).latency_s; };
-    double norm_at = t;
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      norm_at = std::max(norm_at, shards_[i].summed_at[iter] + to_coordinator(workers_[P_.shards[i].worker].host));
-    }
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      StartStep(static_cast<int>(i), iter, norm_at + to_coordinator(workers_[P_.shards[i].worker].host));
+    ++shards_[shard].grads_in[iter];
+    const int w = P_.shards[shard].worker;
+    WorkerState& k = workers_[w];
+    if (k.waiting_for == WorkerState::kPushes && k.iter == iter && PushesIn(k)) {
+      if (Last(iter)) k.waiting += t - k.blocked_since;
+      k.waiting_for = WorkerState::kNone;
+      k.t = t;
+      Push(t, EventKind::kRun, w, iter);
     }
   }
 
-  void StartStep(int shard, int iter, double ready) {
-    const ShardPlacement& sh = P_.shards[shard];
-    WorkerState& host = workers_[sh.worker];
-    const double d = sim_.devices[host.device].StepSeconds(sh.params, L_.replicas);
-    const double start = std::max(ready, host.ps_free);
-    host.ps_free = start + d;
-    if (Last(iter)) host.ps_busy += d;
-    Push(host.ps_free, EventKind::kStepDone, shard, iter);
-  }
-
-  void StepDone(int shard, int iter, double t) {
-    const ShardPlacement& sh = P_.shards[shard];
-    for (int r = 0; r < L_.replicas; ++r) {
-      const int w = P_.worker[sh.stage][r];
-      Push(Send(workers_[sh.worker].host, workers_[w].host, kFp32 * sh.params, t, iter), EventKind::kParamsIn, w, iter);
+  // A host's partial norm reached the coordinator; with the last one the norm goes back to every
+  // host, each waiting in ReduceNorm.
+  void NormIn(int iter, double t) {
+    norm_at_[iter] = std::max(norm_at_[iter], t);
+    if (++norms_in_[iter] < shard_hosts_) return;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      WorkerState& k = workers_[w];
+      if (k.hosted.empty()) continue;
+      const double back = norm_at_[iter] + ToCoordinator(k.host);
+      if (Last(iter)) k.waiting += back - k.blocked_since;
+      k.waiting_for = WorkerState::kNone;
+      k.t = back;
+      Push(back, EventKind::kRun, static_cast<int>(w), iter);
     }
   }
 
@@ -371,7 +418,9 @@ class Engine {
   std::vector<WorkerState> workers_;
   std::vector<ShardState> shards_;
   std::vector<std::vector<int>> stage_shards_;
-  std::vector<int> summed_;  // [iter]: shards summed over every replica
+  int shard_hosts_ = 0;                            // workers hosting a shard
+  std::vector<int> norms_in_;                      // [iter]: partial norms at the coordinator
+  std::vector<double> norm_at_;                    // [iter]: when the last of them arrived
   int hosts_ = 0;
   std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]
   std::priority_queue<Event, std::vector<Event>, Later> queue_;

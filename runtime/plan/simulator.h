@@ -12,17 +12,14 @@
 //    latency after its last byte left. Links of different host pairs never share capacity (a
 //    host's NIC is not modelled); workers on one host talk for free.
 //  - RecvAct and RecvGrad block until the message has arrived.
-//  - PushGrads and PullParams stand for the parameter-server exchange. The schedule does not list
-//    its parts yet (it will carry push, norm, step, broadcast and pull explicitly later, and then
-//    this simulator runs them as listed); until then they are modelled here: PushGrads sends each
-//    shard of the stage's gradients (fp32) to the shard's host and goes on; a shard sums once
-//    every replica's push is in; with global-norm clipping every host then waits for the norm
-//    all-reduce through the coordinator (every shard of every stage summed, one round trip from
-//    each host to the coordinator's); the host steps its shards one after another (sum and AdamW
-//    at memory bandwidth, DeviceCost::StepSeconds) on its own timeline beside compute, and sends
-//    each stepped shard's parameters (fp32) back to every replica of its stage; PullParams blocks
-//    until all of its stage's shards are back. Control messages (the norm) are latency only.
-//
+//  - The parameter-server exchange runs as listed: PushGrads sends each shard of the stage's
+//    gradients (fp32) to the shard's host and goes on. A host's ReduceNorm waits until every
+//    replica's push of each shard it hosts is in; with global-norm clipping it then sends its
+//    partial squares to the coordinator and waits for the norm, which goes back to every host
+//    once the last host's partial is in (one latency each way; control messages are latency
+//    only). Step occupies the host for the sum and AdamW of its shards at memory bandwidth
+//    (DeviceCost::StepSeconds); Broadcast sends each hosted shard's parameters (fp32) to every
+//    replica of its stage; PullParams blocks until all of its stage's shards are back.
 // Several iterations run back to back, each worker starting the next as soon as its PullParams
 // is done; the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
 // it, between the ends of the last two iterations (so it is the steady state, not the first
@@ -81,8 +78,8 @@ struct Simulation {
 struct WorkerReport {
   int stage = 0, replica = 0;
   double busy_s = 0;        // forward and backward, last iteration
-  double waiting_s = 0;     // blocked on receives and on PullParams, last iteration
-  double ps_busy_s = 0;     // stepping hosted shards, last iteration
+  double waiting_s = 0;     // blocked on receives, pushes, the norm and PullParams, last iteration
+  double ps_busy_s = 0;     // stepping hosted shards (Step), last iteration
   MemoryEstimate memory;    // the stage on its device (memory_estimate.h)
   double ps_bytes = 0;      // hosted shards: fp32 parameters, gradient sum, AdamW m and v
   bool fits = true;         // memory.total() within the device's memory (where it has a figure)

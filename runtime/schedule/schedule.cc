@@ -14,7 +14,7 @@ absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name) {
 
 const char* ScheduleName(ScheduleKind k) { return k == ScheduleKind::kGpipe ? "gpipe" : "1f1b"; }
 
-std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro) {
+std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards) {
   const bool first = stage == 0, last = stage == stages - 1;
   std::vector<Instr> s;
   auto forward = [&](int m) {
@@ -42,6 +42,11 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
     while (b < micro) backward(b++);
   }
   s.push_back({Op::kPushGrads});
+  if (hosts_shards) {
+    s.push_back({Op::kReduceNorm});
+    s.push_back({Op::kStep});
+    s.push_back({Op::kBroadcast});
+  }
   s.push_back({Op::kPullParams});
   return s;
 }
@@ -51,7 +56,8 @@ int ActivationSlots(ScheduleKind kind, int stages, int stage, int micro) {
 }
 
 std::string ToString(const std::vector<Instr>& s) {
-  static const char* names[] = {"RecvAct", "Forward", "SendAct", "RecvGrad", "Backward", "SendGrad", "PushGrads", "PullParams"};
+  static const char* names[] = {"RecvAct",   "Forward",    "SendAct", "RecvGrad",  "Backward",  "SendGrad",
+                                "PushGrads", "ReduceNorm", "Step",    "Broadcast", "PullParams"};
   std::string out;
   for (const Instr& i : s) {
     if (!out.empty()) out += " ";

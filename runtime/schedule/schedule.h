@@ -1,6 +1,7 @@
 #pragma once
-// Pipeline schedules as data: the list of instructions one stage runs in one iteration. The
-// worker's executor runs it; a cost model can run the same list to predict iteration time.
+// Pipeline schedules as data: the list of instructions one worker runs in one whole iteration,
+// the parameter-server exchange included. The worker's executor runs it; the planner's simulator
+// runs the same list to predict the iteration time.
 #include <string>
 #include <vector>
 
@@ -8,7 +9,24 @@
 
 namespace longhaul {
 
-enum class Op { kRecvAct, kForward, kSendAct, kRecvGrad, kBackward, kSendGrad, kPushGrads, kPullParams };
+// The parameter-server part of an iteration: every worker pushes its gradient of each shard to
+// the shard's host (PushGrads); a host takes every replica's push of each shard it hosts, sums
+// them in replica order and has the global norm reduced over every shard of every stage
+// (ReduceNorm), steps its shards (Step) and sends their parameters to every replica of its stage
+// (Broadcast); every worker then waits for its stage's parameters (PullParams).
+enum class Op {
+  kRecvAct,
+  kForward,
+  kSendAct,
+  kRecvGrad,
+  kBackward,
+  kSendGrad,
+  kPushGrads,
+  kReduceNorm,
+  kStep,
+  kBroadcast,
+  kPullParams
+};
 
 struct Instr {
   Op op;
@@ -21,11 +39,12 @@ enum class ScheduleKind { kGpipe, k1F1B };
 absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name);
 const char* ScheduleName(ScheduleKind k);
 
-// Instructions of stage `stage` of `stages` for `micro` micro-batches. Receives and sends are
-// implied by the stage's position (none before the first stage's forward, none after the last's).
+// Instructions of a worker of stage `stage` of `stages` for `micro` micro-batches. Receives and
+// sends are implied by the stage's position (none before the first stage's forward, none after
+// the last's); ReduceNorm, Step and Broadcast only where the worker hosts parameter-server shards.
 // Backwards run in ascending micro-batch order in both schedules, so parameter gradients sum in
 // the same order as in one process.
-std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro);
+std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards);
 
 // Micro-batches whose activations a stage holds at once under the schedule (GPipe: all of them;
 // 1F1B: at most stages - stage).

@@ -69,7 +69,10 @@ class MemoryChannel final : public Channel {
     pushed.assign(grads, grads + params_);
     return absl::OkStatus();
   }
-  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t, Stage&, double*) override { return OptimizerStepResult{}; }
+  absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
+  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 
   std::vector<float> pushed;
@@ -160,7 +163,7 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M), s, 2, M,
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M,
                   static_cast<size_t>(B) * T * cfg.d_model);
       results[s] = ex.Run(0, mbs);
     });
@@ -204,7 +207,10 @@ class ClosedChannel final : public Channel {
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
   absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
-  absl::StatusOr<OptimizerStepResult> PullParameters(int64_t, Stage&, double*) override { return OptimizerStepResult{}; }
+  absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
+  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 };
 
@@ -214,7 +220,7 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   ASSERT_TRUE(st.ok());
   ClosedChannel channel;
   Timeline timeline;
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1), 1, 2, 1,
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1,
               static_cast<size_t>(B) * T * cfg.d_model);
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention, 1}, tokens);

@@ -72,8 +72,11 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   AdamW adamw(AdamWConfig{}, f.layout);
   ApplyOptimizerStepWithNorm(want.data(), g.data(), n, adamw, kSchedule, 1.0f, 0, std::sqrt(sum_squares));
 
-  auto step = host.Serve(0);
+  ASSERT_TRUE(host.ReduceNorm(0).ok());
+  auto step = host.Step(0);
   ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_TRUE(f.sent.empty()) << "nothing sent before the broadcast";
+  ASSERT_TRUE(host.Broadcast(0).ok());
   ASSERT_EQ(f.reports.size(), 1u);
   EXPECT_EQ(f.reports[0].worker_id(), 7);
   EXPECT_EQ(f.reports[0].shards(0).sum_squares(), sum_squares);
@@ -90,7 +93,10 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   f.pushes[1].assign(3, 1.0f);
   PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
   host.Add(f.Shard());
-  EXPECT_EQ(host.Serve(0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(host.ReduceNorm(0).code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Status early = host.Step(0).status();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("before its gradient norm was reduced"), std::string::npos) << early;
 
   Fixture g;
   g.pushes[0].assign(g.layout.total(), 1.0f);
@@ -98,16 +104,17 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   g.norm = std::nan("");
   PsHost nan_host(0, 0, 2, kSchedule, 1.0f, g.Links());
   nan_host.Add(g.Shard());
-  const absl::Status s = nan_host.Serve(3).status();
+  const absl::Status s = nan_host.ReduceNorm(3);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("iteration 4: gradient norm nan is not finite"), std::string::npos) << s;
-  EXPECT_TRUE(g.sent.empty()) << "nothing broadcast after a failed step";
+  EXPECT_EQ(nan_host.Step(3).status().code(), absl::StatusCode::kFailedPrecondition) << "no step without a norm";
 }
 
 TEST(PsHost, HostingNoShardStepsNothing) {
   Fixture f;
   PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
-  auto step = host.Serve(0);
+  ASSERT_TRUE(host.ReduceNorm(0).ok());
+  auto step = host.Step(0);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->lr, 0);
   EXPECT_TRUE(f.reports.empty());

@@ -6,21 +6,26 @@ namespace longhaul {
 namespace {
 
 TEST(Schedule, GpipeAllForwardsThenAllBackwards) {
-  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 3, 1, 2)),
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 3, 1, 2, false)),
             "RecvAct(0) Forward(0) SendAct(0) RecvAct(1) Forward(1) SendAct(1) "
             "RecvGrad(0) Backward(0) SendGrad(0) RecvGrad(1) Backward(1) SendGrad(1) PushGrads PullParams");
-  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2)),
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, false)),
             "Forward(0) Forward(1) Backward(0) Backward(1) PushGrads PullParams");
+}
+
+TEST(Schedule, AShardHostListsTheParameterServersExchangeBetweenPushAndPull) {
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true)),
+            "Forward(0) Forward(1) Backward(0) Backward(1) PushGrads ReduceNorm Step Broadcast PullParams");
 }
 
 TEST(Schedule, OneFOneBInterleavesAfterWarmup) {
   // Stage 0 of 3 warms up with two forwards, then alternates.
-  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 0, 4)),
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 0, 4, false)),
             "Forward(0) SendAct(0) Forward(1) SendAct(1) Forward(2) SendAct(2) RecvGrad(0) Backward(0) "
             "Forward(3) SendAct(3) RecvGrad(1) Backward(1) RecvGrad(2) Backward(2) RecvGrad(3) Backward(3) "
             "PushGrads PullParams");
   // The last stage runs forward, backward, forward, backward.
-  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 2, 2)),
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 2, 2, false)),
             "RecvAct(0) Forward(0) Backward(0) SendGrad(0) RecvAct(1) Forward(1) Backward(1) SendGrad(1) PushGrads "
             "PullParams");
   EXPECT_EQ(ActivationSlots(ScheduleKind::k1F1B, 3, 0, 8), 3);
@@ -34,7 +39,7 @@ TEST(Schedule, EveryMicroBatchForwardBeforeBackwardAndSlotsSuffice) {
         for (int M = 1; M <= 6; ++M) {
           std::vector<int> fwd(M, -1), bwd(M, -1);
           int live = 0, max_live = 0, i = 0;
-          for (const Instr& in : MakeSchedule(k, P, s, M)) {
+          for (const Instr& in : MakeSchedule(k, P, s, M, s == 0)) {
             if (in.op == Op::kForward) fwd[in.micro] = i, max_live = std::max(max_live, ++live);
             if (in.op == Op::kBackward) bwd[in.micro] = i, --live;
             ++i;
