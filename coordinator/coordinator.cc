@@ -123,8 +123,11 @@ class Service final : public proto::Coordinator::Service {
     members_.Heard(req->worker_id(), Clock::now());
     if (grpc::Status st = ToGrpc(members_.SetLinks(req->worker_id(), *req)); !st.ok()) return st;
     if (members_.profiled() && members_.linked()) {
-      network_ = MeasuredNetwork();
-      links_ = "the links the workers measured";
+      // Workers that all share one address measured nothing: a scenario's links stand then.
+      if (!MeasuredLinksJson().empty() || !network_) {
+        network_ = MeasuredNetwork();
+        links_ = "the links the workers measured";
+      }
       MakePlan();
     }
     return grpc::Status::OK;

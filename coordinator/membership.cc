@@ -71,12 +71,10 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
   std::map<int, proto::LinkMeasurement> links;
   for (const proto::LinkMeasurement& m : report.links()) {
     const int to = m.to_worker();
-    if (to == id || !workers_.count(to) || links.count(to) || SameHost(id, to)) {
+    if (to == id || !workers_.count(to) || links.count(to)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker %d reports a link to worker %d: %s", id, to,
-          to == id ? "itself"
-                   : (!workers_.count(to) ? "no such worker registered"
-                                          : (links.count(to) ? "twice" : "at its own address, which is no link"))));
+          to == id ? "itself" : (!workers_.count(to) ? "no such worker registered" : "twice")));
     }
     // NaN fails both checks too.
     if (!(m.round_trip_s() > 0 && m.round_trip_s() < 3600) || !(m.bytes_per_s() > 0 && m.bytes_per_s() < 1e13)) {
@@ -87,11 +85,11 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
     }
     links[to] = m;
   }
-  int others = 0;
-  for (const auto& [other, w] : workers_) others += other != id && !SameHost(id, other);
-  if (static_cast<int>(links.size()) != others) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "worker %d reports links to %d of the %d workers at other addresses", id, links.size(), others));
+  for (const auto& [other, w] : workers_) {
+    if (other != id && !SameHost(id, other) && !links.count(other)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("worker %d reports no link to worker %d, which is at another address", id, other));
+    }
   }
   Worker& w = workers_.at(id);
   w.links = std::move(links);

@@ -33,13 +33,13 @@ class Membership {
   bool profiled() const;
   const proto::ComputeProfile& profile(int id) const { return *workers_.at(id).profile; }
   // What registered worker `id` measured towards every worker at another address (workers at one
-  // address share a machine and talk for free). InvalidArgument for a report that misses or
-  // repeats such a worker, names itself, one at its own address or an unknown one, or holds
-  // times and rates no link has.
+  // address share a machine and talk for free, unless a dial map routes them through an emulated
+  // link, when they may be reported too). InvalidArgument for a report that misses such a worker,
+  // repeats one, names itself or an unknown one, or holds times and rates no link has.
   absl::Status SetLinks(int id, const proto::LinkReport& report);
   // Every worker reported its links.
   bool linked() const;
-  // Worker `from`'s measurement towards worker `to`: none between workers at one address.
+  // Worker `from`'s measurement towards worker `to`, where it reported one.
   std::optional<proto::LinkMeasurement> link(int from, int to) const;
   // Both registered with one host in their tensor addresses.
   bool SameHost(int a, int b) const;

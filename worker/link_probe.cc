@@ -9,11 +9,10 @@ namespace longhaul {
 namespace {
 
 absl::StatusOr<proto::LinkMeasurement> ProbeOne(const proto::Peer& peer, TransportOptions transport,
-                                                const LinkProbeOptions& opt) {
+                                                const LinkProbeOptions& opt, const std::vector<float>& data) {
   transport.connections = 1;
   transport.dtype = WireDtype::kF32;
   TensorClient client(peer.address(), transport);
-  const std::vector<float> data(std::min<size_t>(kLinkProbeMaxElements, opt.max_bytes / 4), 1.0f);
   int64_t seq = 0;
   auto header = [&] {
     proto::TensorHeader h;
@@ -68,9 +67,13 @@ absl::StatusOr<proto::LinkMeasurement> ProbeOne(const proto::Peer& peer, Transpo
 absl::StatusOr<std::vector<proto::LinkMeasurement>> ProbeLinks(const std::vector<proto::Peer>& peers,
                                                                 const TransportOptions& transport,
                                                                 const LinkProbeOptions& opt) {
+  // One buffer, read by every peer's probe: 16 MiB, not 16 MiB per peer.
+  const std::vector<float> data(std::min<size_t>(kLinkProbeMaxElements, opt.max_bytes / 4), 1.0f);
   std::vector<absl::StatusOr<proto::LinkMeasurement>> results(peers.size(), absl::UnknownError("not probed"));
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < peers.size(); ++i) threads.emplace_back([&, i] { results[i] = ProbeOne(peers[i], transport, opt); });
+  for (size_t i = 0; i < peers.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = ProbeOne(peers[i], transport, opt, data); });
+  }
   for (std::thread& t : threads) t.join();
   std::vector<proto::LinkMeasurement> out;
   for (size_t i = 0; i < peers.size(); ++i) {

@@ -84,6 +84,7 @@ class Worker {
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<NetworkChannel> channel_;
   std::unique_ptr<PsHost> ps_host_;
+  std::map<std::string, std::string> dial_map_;  // --dial-map: a peer's address -> where to dial it
   std::unique_ptr<Executor> executor_;
   Timeline timeline_;
 };
@@ -94,6 +95,9 @@ void Worker::Stop(const std::string& reason) {
 }
 
 absl::Status Worker::Join() {
+  if (!opt_.dial_map.empty()) {
+    LH_ASSIGN_OR_RETURN(dial_map_, PeerDirectory::ReadDialMap(opt_.dial_map));
+  }
   LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_,
                                                    &admission_));
   proto::RegisterRequest req;
@@ -110,6 +114,7 @@ absl::Status Worker::Join() {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(reply.config_toml(), "the job config from the coordinator"));
   // Peers probe this worker's links once every worker has reported its profile (GetPeers).
   server_->SetJobId(cfg.cluster.job_id);
+  server_->SetPartTimeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000)));
   SetThreads(cfg);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg, -1));
   const absl::StatusOr<proto::ComputeProfile> measured = MeasureCompute(cfg, device);
@@ -149,12 +154,16 @@ TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& j
 absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
   LH_ASSIGN_OR_RETURN(const proto::Peers peers, client_.AwaitPeers());
   TransportOptions transport = TransportFor(cfg, cfg.cluster.job_id);
-  // Workers at this worker's own address share its machine: no link to measure.
+  // Workers at this worker's own address share its machine: no link to measure, unless the dial
+  // map leads to them another way (an emulated link's proxy). Probes go where tensors will.
   const std::string here = SplitHostPort(server_->address())->first;
   std::vector<proto::Peer> others;
-  for (const proto::Peer& p : peers.peers()) {
+  for (proto::Peer p : peers.peers()) {
     const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(p.address());
-    if (p.worker_id() != client_.worker_id() && (!hp.ok() || hp->first != here)) others.push_back(p);
+    auto via = dial_map_.find(p.address());
+    if (p.worker_id() == client_.worker_id() || (via == dial_map_.end() && hp.ok() && hp->first == here)) continue;
+    if (via != dial_map_.end()) p.set_address(via->second);
+    others.push_back(p);
   }
   LH_ASSIGN_OR_RETURN(const std::vector<proto::LinkMeasurement> links, longhaul::ProbeLinks(others, transport));
   proto::LinkReport report;
@@ -193,11 +202,7 @@ absl::Status Worker::Setup() {
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
   LH_ASSIGN_OR_RETURN(stage_, MakeStage(StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_))));
 
-  std::map<std::string, std::string> dial_map;
-  if (!opt_.dial_map.empty()) {
-    LH_ASSIGN_OR_RETURN(dial_map, PeerDirectory::ReadDialMap(opt_.dial_map));
-  }
-  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, std::move(dial_map));
+  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);
@@ -299,7 +304,11 @@ absl::Status Worker::Run() {
   }
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
-  if (channel_) channel_->Drain().IgnoreError();
+  // The last iteration's sends report a failure only once acknowledged.
+  if (channel_) {
+    absl::Status drained = channel_->Drain();
+    if (status.ok()) status = drained;
+  }
   std::string trace;
   if (!cfg_.train.out_dir.empty()) {
     std::error_code ec;

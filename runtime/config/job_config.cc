@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "transport/tensor_transport.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -32,6 +33,7 @@ struct Range {
 Range AtLeast(double lo, const char* note = "") { return {lo, kInf, false, false, note}; }
 Range Above(double lo, const char* note = "") { return {lo, kInf, true, false, note}; }
 Range Within(double lo, double hi, const char* note = "") { return {lo, hi, false, false, note}; }
+Range AboveUpTo(double lo, double hi) { return {lo, hi, true, false, ""}; }  // (lo, hi]
 Range Fraction() { return {0, 1, false, true, ""}; }  // [0, 1)
 
 std::string Requirement(const Range& r) {
@@ -302,7 +304,7 @@ const std::vector<KeyDef>& Table() {
       Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype), ParseWireDtype, WireDtypeName),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections), Within(1, 64)),
-      Value("transport", "timeout_s", R::kFree, LH_FIELD(transport.timeout_s), Above(0)),
+      Value("transport", "timeout_s", R::kFree, LH_FIELD(transport.timeout_s), AboveUpTo(0, 86400)),
       Value("transport", "congestion_control", R::kFree, LH_FIELD(transport.congestion_control)),
   };
   return *table;
@@ -381,6 +383,10 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.lr, t.adamw.weight_decay));
   }
   if (t.out_dir.empty()) return bad("train.out_dir must not be empty (default \"runs/latest\")");
+  // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
+  if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
+    return bad(absl::StrFormat("cluster.job_id is %d bytes; give it 1 to %d", c.cluster.job_id.size(), kMaxJobIdBytes));
+  }
   if (const std::string& cc = c.transport.congestion_control;
       cc.size() > 15 || cc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
     return bad(absl::StrFormat("transport.congestion_control = \"%s\" is not a kernel congestion control name (as in "

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -27,7 +28,8 @@ int PollTimeoutMs(Deadline deadline) {
   if (deadline == Forever()) return -1;
   const auto left = deadline - std::chrono::steady_clock::now();
   if (left <= std::chrono::steady_clock::duration::zero()) return 0;
-  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+  return static_cast<int>(
+      std::min<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), std::numeric_limits<int>::max()));
 }
 
 // Waits for `events` on fd: OK, DeadlineExceeded or Cancelled.
@@ -90,6 +92,7 @@ absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound) {
   auto addr = Resolve(address);
   if (!addr.ok()) return addr.status();
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("no socket to listen on: ", strerror(errno)));
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr)) != 0 || listen(fd, 128) != 0) {
@@ -111,6 +114,7 @@ absl::StatusOr<int> ConnectTcp(const std::string& address, Deadline deadline, co
   std::string last = "no attempt";
   for (;;) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("no socket to connect with: ", strerror(errno)));
     if (!congestion_control.empty() &&
         setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion_control.data(), congestion_control.size()) != 0 &&
         warning != nullptr) {

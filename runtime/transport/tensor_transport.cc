@@ -1,5 +1,7 @@
 #include "transport/tensor_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +54,12 @@ std::string AckFrame(const absl::Status& s) {
   return frame + ack.SerializeAsString();
 }
 
+absl::Status AckStatus(const proto::TensorAck& ack) {
+  if (ack.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(ack.code());
+  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, ack.error());
+}
+
 absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
   auto n = ReadU32(fd, deadline, wake);
   if (!n.ok()) return n.status();
@@ -61,9 +70,13 @@ absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
   if (absl::Status s = ReadAll(fd, bytes.data(), bytes.size(), deadline, wake); !s.ok()) return s;
   proto::TensorAck ack;
   if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");
-  if (ack.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(ack.code());
-  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, ack.error());
+  return AckStatus(ack);
+}
+
+// Milliseconds poll may sleep until `deadline`, rounded up, and within an int.
+int PollMs(Deadline deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, std::numeric_limits<int>::max()));
 }
 
 // Says what it has to say, then lets the peer read it: closing with unread bytes in the receive
@@ -118,11 +131,25 @@ void TensorServer::AcceptLoop() {
     if (p[1].revents != 0) return;
     if (p[0].revents == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
     ReapFinished();
+    if (fd < 0) {
+      // Out of descriptors, say: the port stays readable, so wait a little rather than spin.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    // A peer whose machine vanishes is noticed within minutes even while nothing is expected.
+    const int one = 1, idle = 60, interval = 10, count = 6;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
     std::lock_guard<std::mutex> lock(conns_mu_);
     if (conns_.size() >= kMaxConnections) {
-      Refuse(absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
+      const absl::Status why = absl::ResourceExhaustedError(
+          absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
+      Refuse(std::string(why.message()));
+      const std::string ack = AckFrame(why);
+      (void)!send(fd, ack.data(), ack.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort: never block here
       close(fd);
       continue;
     }
@@ -191,7 +218,7 @@ absl::Status TensorServer::ServeHello(int fd) {
     return absl::FailedPreconditionError(
         absl::StrFormat("refused: the peer runs job '%s' with protocol version %d, this worker runs job '%s' with "
                         "protocol version %d; start every process of a job from the same config and build",
-                        job, *version, job_id(), kProtocolVersion));
+                        absl::CHexEscape(job), *version, job_id(), kProtocolVersion));
   }
   return absl::OkStatus();
 }
@@ -201,14 +228,17 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
   }
+  // Once a part has begun, all of it must come within the part timeout: a stalled or vanished
+  // sender must not hold its buffer and reservation for good.
+  const Deadline deadline = After(part_timeout());
   std::string bytes(header_bytes, '\0');
-  if (absl::Status s = ReadAll(fd, bytes.data(), bytes.size(), Forever(), stop_); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, bytes.data(), bytes.size(), deadline, stop_); !s.ok()) return s;
   proto::TensorHeader h;
   if (!h.ParseFromString(bytes)) return absl::InvalidArgumentError("unparseable tensor header");
   if (h.job_id() != job_id() || h.protocol_version() != kProtocolVersion) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d", h.job_id(),
-                        h.protocol_version(), job_id(), kProtocolVersion));
+        absl::StrFormat("tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d",
+                        absl::CHexEscape(h.job_id()), h.protocol_version(), job_id(), kProtocolVersion));
   }
   if (h.dtype() < proto::F32 || h.dtype() > proto::BF16) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", h.dtype()));
@@ -222,7 +252,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
                                                       key.DebugString(), h.total_elements(), *allowed));
   }
-  if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h);
+  if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h, deadline);
   if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
@@ -232,18 +262,18 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
   auto received = [&]() -> absl::Status {
     // Allocated once the first payload byte is here, so a peer that stops after its header holds
     // no memory.
-    if (absl::Status s = WaitReadable(fd, Forever(), stop_); !s.ok()) return s;
+    if (absl::Status s = WaitReadable(fd, deadline, stop_); !s.ok()) return s;
     values = mailbox_->Acquire(h.part_elements());
     if (h.dtype() != proto::F32) wire.resize(expected);
     uint8_t* dst = h.dtype() == proto::F32 ? reinterpret_cast<uint8_t*>(values.data()) : wire.data();
     uint32_t crc = 0;
     for (size_t at = 0; at < expected;) {
       const size_t n = std::min<size_t>(expected - at, 4 << 20);
-      if (absl::Status s = ReadAll(fd, dst + at, n, Forever(), stop_); !s.ok()) return s;
+      if (absl::Status s = ReadAll(fd, dst + at, n, deadline, stop_); !s.ok()) return s;
       crc = Crc32c(crc, dst + at, n);  // the bytes are still in cache
       at += n;
     }
-    auto sent_crc = ReadU32(fd, Forever(), stop_);
+    auto sent_crc = ReadU32(fd, deadline, stop_);
     if (!sent_crc.ok()) return sent_crc.status();
     if (crc != *sent_crc) {
       return absl::DataLossError(
@@ -263,7 +293,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
 }
 
-absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h) {
+absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline) {
   if (h.part_offset() != 0 || h.part_elements() != h.total_elements()) {
     return absl::InvalidArgumentError("a link probe comes in one part");
   }
@@ -272,15 +302,25 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h) {
   uint32_t crc = 0;
   for (size_t at = 0; at < bytes;) {
     const size_t n = std::min(bytes - at, scratch.size());
-    if (absl::Status s = ReadAll(fd, scratch.data(), n, Forever(), stop_); !s.ok()) return s;
+    if (absl::Status s = ReadAll(fd, scratch.data(), n, deadline, stop_); !s.ok()) return s;
     crc = Crc32c(crc, scratch.data(), n);
     at += n;
   }
-  auto sent_crc = ReadU32(fd, Forever(), stop_);
+  auto sent_crc = ReadU32(fd, deadline, stop_);
   if (!sent_crc.ok()) return sent_crc.status();
   if (crc != *sent_crc) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
   const std::string ok = AckFrame(absl::OkStatus());
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+}
+
+void TensorServer::SetPartTimeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  part_timeout_ = timeout;
+}
+
+std::chrono::milliseconds TensorServer::part_timeout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return part_timeout_;
 }
 
 void TensorServer::SetJobId(const std::string& job_id) {
@@ -366,23 +406,32 @@ class PeerConnection {
 
  private:
   void Run() {
+    bool cancel_handled = false;
     for (;;) {
       std::deque<OutPart> next;
       std::string cancelled;
       bool stop;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !cancelled_.empty() || !queue_.empty() || !awaiting_.empty(); });
+        // With parts awaiting acknowledgement, AwaitAcks waits instead (new parts kick it).
+        if (awaiting_.empty()) {
+          cv_.wait(lock, [&] { return stop_ || (!cancelled_.empty() && !cancel_handled) || !queue_.empty(); });
+        }
         stop = stop_;
         cancelled = cancelled_;
-        if (!queue_.empty()) next.push_back(std::move(queue_.front())), queue_.pop_front();
-        if (!cancelled.empty() || stop) next.insert(next.end(), std::make_move_iterator(queue_.begin()),
-                                                    std::make_move_iterator(queue_.end())), queue_.clear();
+        if (!cancelled.empty() || stop) {
+          next.swap(queue_);
+        } else if (!queue_.empty()) {
+          next.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
       }
       if (!cancelled.empty() || stop) {
+        // Once cancelled, every part fails at once, those queued later too.
         const absl::Status why = absl::CancelledError(stop && cancelled.empty() ? "the sender was closed" : cancelled);
         for (OutPart& p : next) p.Done(why);
         Broken(why);
+        cancel_handled = true;
         if (stop) return;
         continue;
       }
@@ -394,54 +443,127 @@ class PeerConnection {
     }
   }
 
-  // Connects and says hello if needed, then writes the part; its acknowledgement comes later.
+  // Connects and says hello if needed, then writes the part, reading acknowledgements whenever
+  // they arrive meanwhile (so each is timed when it came, and a refusal of this very part stops
+  // its bytes at once).
   void Send(OutPart p) {
     if (fd_ < 0) {
       if (absl::Status s = Open(p.deadline); !s.ok()) return p.Done(Why(s));
     }
     const Deadline deadline = p.deadline;
+    const uint8_t* data = p.data;
+    const size_t bytes = p.bytes;
+    const std::string header = p.header;
+    // Acknowledgements come in order: this part's is the one after those awaited already. Only
+    // an error takes it off the list before it is written (PumpAcks), so `self` stays valid
+    // wherever it is used below.
+    awaiting_.push_back(std::move(p));
+    OutPart* self = &awaiting_.back();
     uint32_t crc = 0;
-    absl::Status s = WriteAll(fd_, p.header.data(), p.header.size(), deadline, cancel_);
-    for (size_t at = 0; s.ok() && at < p.bytes;) {
-      const size_t n = std::min(opt_.chunk_bytes, p.bytes - at);
-      crc = Crc32c(crc, p.data + at, n);
-      s = WriteAll(fd_, p.data + at, n, deadline, cancel_);
+    absl::Status s = Write(header.data(), header.size(), deadline);
+    for (size_t at = 0; s.ok() && at < bytes;) {
+      const size_t n = std::min(opt_.chunk_bytes, bytes - at);
+      crc = Crc32c(crc, data + at, n);
+      s = Write(data + at, n, deadline);
       at += n;
     }
     if (s.ok()) {
       std::string trailer;
       PutU32(trailer, crc);
-      s = WriteAll(fd_, trailer.data(), trailer.size(), deadline, cancel_);
+      s = Write(trailer.data(), trailer.size(), deadline);
     }
     if (s.ok()) {
-      p.written = true;
-      p.op->PartWritten();
+      self->written = true;
+      self->op->PartWritten();
+      return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      awaiting_.push_back(std::move(p));
+    // A receiver that refused closes the connection: its reason may be waiting to be read.
+    if (absl::IsUnavailable(s)) {
+      if (absl::Status acks = PumpAcks(); !acks.ok()) s = acks;
     }
-    if (!s.ok()) Broken(Why(s));
+    Broken(Why(s));
   }
 
-  // Waits for the oldest part's acknowledgement, new parts, or cancellation, whichever is first.
+  // Writes n bytes by `deadline`, reading acknowledgements that arrive meanwhile. An error means
+  // the connection is finished (Broken with it).
+  absl::Status Write(const void* data, size_t n, Deadline deadline) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        p += w;
+        n -= static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("connection broken while sending: ", strerror(errno)));
+      }
+      pollfd f[2] = {{fd_, POLLOUT | POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
+      if (poll(f, 2, PollMs(deadline)) < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
+      if (f[1].revents != 0) return absl::CancelledError("woken");
+      if ((f[0].revents & POLLIN) != 0) {
+        if (absl::Status s = PumpAcks(); !s.ok()) return s;
+      }
+      if (f[0].revents == 0 && std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrFormat("could not send within %.1f s", std::chrono::duration<double>(opt_.timeout).count()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads every acknowledgement that has arrived, without waiting, and completes its part. An
+  // error means the connection is finished: the receiver closed it (after refusing a part, whose
+  // reason that part got) or sent what is no acknowledgement.
+  absl::Status PumpAcks() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t r = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+      if (r > 0) {
+        acks_.append(buf, static_cast<size_t>(r));
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      const bool closed = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+      while (acks_.size() >= 4) {
+        const uint32_t n = GetU32(reinterpret_cast<const uint8_t*>(acks_.data()));
+        if (n > kMaxAckBytes || awaiting_.empty()) {
+          return absl::DataLossError("the receiver sent what is no acknowledgement: is it a longhaul worker?");
+        }
+        if (acks_.size() < 4 + n) break;
+        proto::TensorAck ack;
+        if (!ack.ParseFromArray(acks_.data() + 4, static_cast<int>(n))) {
+          return absl::DataLossError("unparseable acknowledgement");
+        }
+        acks_.erase(0, 4 + n);
+        const absl::Status s = AckStatus(ack);
+        // A part is acknowledged after its last byte; a refusal may come sooner.
+        if (s.ok() && !awaiting_.front().written) {
+          return absl::DataLossError("the receiver acknowledged a tensor before it was sent: is it a longhaul worker?");
+        }
+        OutPart done = std::move(awaiting_.front());
+        awaiting_.pop_front();
+        done.Done(s);
+        if (!s.ok()) {
+          return absl::UnavailableError(
+              absl::StrCat("the receiver closed the connection after refusing an earlier tensor: ", s.message()));
+        }
+      }
+      if (closed) return absl::UnavailableError("the receiver closed the connection");
+      return absl::OkStatus();
+    }
+  }
+
+  // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline.
   void AwaitAcks() {
     const Deadline deadline = awaiting_.front().deadline;
     pollfd p[3] = {{fd_, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    const int r = poll(p, 3, static_cast<int>(std::max<int64_t>(0, left.count())));
+    const int r = poll(p, 3, PollMs(deadline));
     kick_.Clear();
     if (r > 0 && p[0].revents != 0) {
-      absl::Status s = ReadAck(fd_, deadline, cancel_);
-      if (!s.ok() && (absl::IsUnavailable(s) || absl::IsCancelled(s) || absl::IsDeadlineExceeded(s))) {
-        return Broken(Why(s));
-      }
-      PopAwaiting().Done(s);
-      // A refusal closes the connection at the receiver: later parts on it are lost with it.
-      if (!s.ok()) Broken(absl::UnavailableError(absl::StrCat("the receiver closed the connection after refusing an "
-                                                              "earlier tensor: ",
-                                                              s.message())));
-    } else if (std::chrono::steady_clock::now() >= deadline) {
+      if (absl::Status s = PumpAcks(); !s.ok()) Broken(s);
+    } else if (r == 0 && std::chrono::steady_clock::now() >= deadline) {
       Broken(absl::DeadlineExceededError(absl::StrFormat("no acknowledgement within %.1f s",
                                                          std::chrono::duration<double>(opt_.timeout).count())));
     }
@@ -466,30 +588,21 @@ class PeerConnection {
       return s;
     }
     fd_ = *fd;
+    acks_.clear();
     return absl::OkStatus();
   }
 
   // A cancelled wait means this connection was cancelled: say by whom.
   absl::Status Why(const absl::Status& s) {
-    if (!absl::IsCancelled(s)) return s;
+    if (!absl::IsCancelled(s) || s.message() != "woken") return s;
     std::lock_guard<std::mutex> lock(mu_);
     return absl::CancelledError(cancelled_.empty() ? "the sender was closed" : cancelled_);
-  }
-
-  OutPart PopAwaiting() {
-    std::lock_guard<std::mutex> lock(mu_);
-    OutPart p = std::move(awaiting_.front());
-    awaiting_.pop_front();
-    return p;
   }
 
   // Every part waiting for an acknowledgement fails with `why`; the next part connects afresh.
   void Broken(const absl::Status& why) {
     std::deque<OutPart> lost;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      lost.swap(awaiting_);
-    }
+    lost.swap(awaiting_);
     for (OutPart& p : lost) p.Done(why);
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
@@ -499,11 +612,14 @@ class PeerConnection {
   const TransportOptions opt_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<OutPart> queue_, awaiting_;
+  std::deque<OutPart> queue_;  // under mu_
   bool stop_ = false;
   std::string cancelled_;
   WakeFd cancel_, kick_;
-  int fd_ = -1;  // the thread's alone
+  // The thread's alone:
+  std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
+  std::string acks_;              // bytes of acknowledgements not yet whole
+  int fd_ = -1;
   std::thread thread_;
 };
 

@@ -109,6 +109,10 @@ class TensorServer {
   // The job whose peers are accepted; a worker learns it from the plan after it started listening.
   void SetJobId(const std::string& job_id);
   std::string job_id() const;
+  // How long a tensor part may take from its header to its checksum (transport.timeout_s; 120 s
+  // until set). Waits between parts have no limit: a quiet peer is a peer between iterations.
+  void SetPartTimeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds part_timeout() const;
   // Connections and parts refused so far (stranger, garbage, bad header, checksum), and the last
   // reason.
   int refused() const { return refused_.load(); }
@@ -129,7 +133,7 @@ class TensorServer {
   absl::Status ServeHello(int fd);
   absl::Status ServePart(int fd, uint32_t header_bytes);
   // A link probe the admission let in: read, checked and dropped, never held.
-  absl::Status ServeProbe(int fd, const proto::TensorHeader& h);
+  absl::Status ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline);
   void Refuse(const std::string& why);
   void ReapFinished();
 
@@ -144,6 +148,7 @@ class TensorServer {
   std::atomic<int> refused_{0};
   mutable std::mutex mu_;
   std::string last_refusal_;
+  std::chrono::milliseconds part_timeout_{120000};
 };
 
 // One send in flight: its bytes are written (the caller's buffer is free again) before the

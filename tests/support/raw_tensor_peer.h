@@ -78,8 +78,9 @@ class RawPeer {
   absl::Status Ack(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     uint8_t len[4];
     if (absl::Status s = Read(len, 4, timeout); !s.ok()) return s;
-    std::string bytes(len[0] | len[1] << 8 | len[2] << 16 | len[3] << 24, '\0');
-    if (bytes.size() > (64u << 10)) return absl::DataLossError("oversized acknowledgement");
+    const uint32_t n = uint32_t{len[0]} | uint32_t{len[1]} << 8 | uint32_t{len[2]} << 16 | uint32_t{len[3]} << 24;
+    if (n > (64u << 10)) return absl::DataLossError("oversized acknowledgement");
+    std::string bytes(n, '\0');
     if (absl::Status s = Read(bytes.data(), bytes.size(), timeout); !s.ok()) return s;
     proto::TensorAck ack;
     if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");

@@ -105,7 +105,12 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"cluster.stage_layers=[5000000000]", "cluster.stage_layers = 5000000000: must be in"},
       {"transport.chunk_mib=0", "transport.chunk_mib = 0: must be in [1, 16]"},
       {"transport.connections=65", "transport.connections = 65: must be in [1, 64]"},
-      {"transport.timeout_s=-1", "transport.timeout_s = -1: must be > 0"},
+      {"transport.timeout_s=-1", "transport.timeout_s = -1: must be in (0, 86400]"},
+      {"transport.timeout_s=1e9", "transport.timeout_s = 1e+09: must be in (0, 86400]"},
+      {"cluster.job_id=\"" + std::string(257, 'j') + "\"", "cluster.job_id is 257 bytes; give it 1 to 256"},
+      {"cluster.job_id=\"\"", "cluster.job_id is 0 bytes; give it 1 to 256"},
+      {"transport.congestion_control=\"BBR!\"", "transport.congestion_control = \"BBR!\" is not a kernel congestion"},
+      {"cluster.link_probe=\"sometimes\"", "cluster.link_probe = \"sometimes\": use \"auto\", \"on\" or \"off\""},
   };
   for (const auto& [set, want] : cases) {
     const std::string e = Error("", {set});

@@ -6,12 +6,13 @@
 #include "transport/tensor_transport.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cmath>
-
-#include "absl/strings/str_format.h"
 #include <limits>
 #include <thread>
+
+#include "absl/strings/str_format.h"
 
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
@@ -114,6 +115,46 @@ TEST(TensorTransport, GarbageOnThePortClosesOnlyThatConnection) {
   auto b = box.Take(Key(proto::PARAMS, 1), std::chrono::seconds(5));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*b, x);
+}
+
+TEST(TensorTransport, ARefusedLargeTensorReachesItsSenderWithTheReason) {
+  // The receiver refuses at the header while the sender still has most of 64 MiB to write: the
+  // reason must come back, not a reset connection.
+  Mailbox box;
+  const AnyTensorUpTo small(1 << 20);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &small);
+  ASSERT_TRUE(server.ok());
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  const std::vector<float> big(16 << 20, 1.0f);
+  const absl::Status s = TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(),
+                                                                       big.size())->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("this receiver takes 1 to 1048576"), std::string::npos) << s;
+}
+
+TEST(TensorTransport, APartThatStallsAfterItsHeaderIsDroppedAtThePartTimeout) {
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok());
+  (*server)->SetPartTimeout(std::chrono::milliseconds(300));
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_job_id("jobA");
+  h.set_protocol_version(kProtocolVersion);
+  h.set_dtype(proto::F32);
+  h.set_total_elements(1000);
+  h.set_part_elements(1000);
+  testing::RawPeer stalled((*server)->address(), "jobA");
+  ASSERT_TRUE(stalled.hello().ok());
+  stalled.Write(testing::HeaderFrame(h) + std::string(100, '\0'));  // 100 of its 4000 bytes, then nothing
+  const absl::Status s = stalled.Ack(std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  const std::vector<float> x = Ramp(1000);
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  ASSERT_TRUE(TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait().ok())
+      << "the stalled part's reservation is gone";
 }
 
 TEST(TensorTransport, UnreachablePeerFailsAtTheDeadlineNamingIt) {
@@ -324,6 +365,16 @@ TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
   EXPECT_NE(s.message().find("the coordinator stopped the job"), std::string::npos) << s;
   const absl::Status later = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
   EXPECT_EQ(later.code(), absl::StatusCode::kCancelled) << later;
+  // A cancelled connection's thread sleeps until the client goes (it once spun a core).
+  auto cpu = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double before = cpu();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::cout << "CPU time over 300 ms after the cancel: " << cpu() - before << " s\n";
+  EXPECT_LT(cpu() - before, 0.1);
 }
 
 }  // namespace
