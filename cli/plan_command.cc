@@ -26,7 +26,7 @@ constexpr LinkCost kUniformLink = {0.05e-3, 10e9 / 8, 0};
 struct PlanArgs {
   CLI::Option *workers_given = nullptr, *batch_given = nullptr;
   int workers = 0;
-  std::string device = "v100", profile, scenario;
+  std::string device = "v100", profile, scenario, links;
   double efficiency = kSeed001Efficiency;
   int global_batch = 0;
   int top = 10;
@@ -74,8 +74,12 @@ CLI::App* AddPlanCommand(CLI::App& app) {
   plan->add_option("--efficiency", g.efficiency,
                    "fraction of the named device's peak a block reaches (default: seed 001's V100 fp32 calibration)")
       ->capture_default_str();
-  plan->add_option("--scenario", g.scenario,
-                   "network scenario (netem/scenarios/*.toml); default: uniform 0.05 ms one-way, 10 Gbit/s");
+  CLI::Option* scenario = plan->add_option(
+      "--scenario", g.scenario, "network scenario (netem/scenarios/*.toml); default: uniform 0.05 ms one-way, 10 Gbit/s");
+  plan->add_option("--links", g.links,
+                   "a run's cluster.json: the links its workers probed at join (worker w is host w; --workers "
+                   "defaults to theirs) instead of a scenario")
+      ->excludes(scenario);
   g.batch_given = plan->add_option("--global-batch", g.global_batch,
                    "sequences per step over all replicas (default: the config's micro_batch_size x micro_batches x "
                    "replicas)");
@@ -119,6 +123,14 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
     }
     network = absl::StrCat(scenario->name, ": ", scenario->description);
     r.network = NetworkCost::FromScenario(*scenario);
+  }
+  if (!g.links.empty()) {
+    int hosts = 0;
+    auto measured = NetworkCost::LoadMeasured(g.links, &hosts);
+    if (!measured.ok()) return Error(std::string(measured.status().message()));
+    network = absl::StrFormat("the links %d workers measured at join (%s)", hosts, g.links);
+    r.network = *std::move(measured);
+    if (g.workers_given->count() == 0) r.workers = hosts;  // the run's own workers
   }
 
   auto result = SearchLayouts(r);

@@ -343,7 +343,7 @@ class Service final : public proto::Coordinator::Service {
     for (int a = 0; a < expected_; ++a)
       for (int b = 0; b < expected_; ++b)
         if (const std::optional<proto::LinkMeasurement> m = members_.link(a, b)) {
-          links[a][b] = {m->round_trip_s() / 2, m->bytes_per_s(), 0};
+          links[a][b] = MeasuredLink(m->round_trip_s(), m->bytes_per_s());
         }
     return NetworkCost::FromMatrix(std::move(links));
   }

@@ -6,6 +6,9 @@
 #include <limits>
 #include <sstream>
 #include <toml++/toml.h>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -243,6 +246,40 @@ NetworkCost NetworkCost::Uniform(LinkCost link) {
   NetworkCost n;
   n.uniform_ = link;
   return n;
+}
+
+LinkCost MeasuredLink(double round_trip_s, double bytes_per_s) { return {round_trip_s / 2, bytes_per_s, 0}; }
+
+absl::StatusOr<NetworkCost> NetworkCost::LoadMeasured(const std::string& path, int* hosts) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path, " (give a run's cluster.json)"));
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("links") || !j["links"].is_array() || j["links"].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " holds no measured links: a run records them in its cluster.json when its workers probe their links "
+              "(cluster.link_probe = \"on\", or \"auto\" without --scenario)"));
+  }
+  constexpr int kMaxHosts = 4096;
+  std::vector<std::tuple<int, int, double, double>> links;
+  int n = 0;
+  for (const nlohmann::json& l : j["links"]) {
+    const bool shaped = l.is_object() && l.contains("from") && l["from"].is_number_integer() && l.contains("to") &&
+                        l["to"].is_number_integer() && l.contains("round_trip_ms") && l["round_trip_ms"].is_number() &&
+                        l.contains("mbit_per_s") && l["mbit_per_s"].is_number();
+    const int a = shaped ? l["from"].get<int>() : -1, b = shaped ? l["to"].get<int>() : -1;
+    const double rtt_ms = shaped ? l["round_trip_ms"].get<double>() : -1, mbit = shaped ? l["mbit_per_s"].get<double>() : -1;
+    if (!shaped || a < 0 || b < 0 || a >= kMaxHosts || b >= kMaxHosts || a == b || !(rtt_ms > 0 && rtt_ms < 3.6e6) ||
+        !(mbit > 0 && mbit < 1e8)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": a link entry ", l.dump(),
+                                                     " is not {from, to, round_trip_ms > 0, mbit_per_s > 0}"));
+    }
+    links.emplace_back(a, b, rtt_ms / 1e3, mbit * 1e6 / 8);
+    n = std::max({n, a + 1, b + 1});
+  }
+  std::vector<std::vector<LinkCost>> matrix(n, std::vector<LinkCost>(n));
+  for (const auto& [a, b, rtt, rate] : links) matrix[a][b] = MeasuredLink(rtt, rate);
+  *hosts = n;
+  return FromMatrix(std::move(matrix));
 }
 
 NetworkCost NetworkCost::FromMatrix(std::vector<std::vector<LinkCost>> links) {

@@ -117,6 +117,9 @@ struct LinkCost {
   double SerializeSeconds(double bytes) const;
 };
 
+// A link as a probe measured it (worker/link_probe.h): one-way delay half the round trip.
+LinkCost MeasuredLink(double round_trip_s, double bytes_per_s);
+
 // Links between every pair of hosts. Two workers on one host talk for free, and so does anyone
 // with host -1, which sits beside every host (the coordinator of an emulation, on its router).
 class NetworkCost {
@@ -127,6 +130,9 @@ class NetworkCost {
   static NetworkCost Uniform(LinkCost link);
   // Measured links: links[a][b] from host a to host b (a pair outside the matrix is free).
   static NetworkCost FromMatrix(std::vector<std::vector<LinkCost>> links);
+  // The links a run's workers measured at join, from its cluster.json ("links": from, to,
+  // round_trip_ms, mbit_per_s; worker w is host w); `*hosts` gets the matrix's size.
+  static absl::StatusOr<NetworkCost> LoadMeasured(const std::string& cluster_json_path, int* hosts);
   LinkCost Between(int from_host, int to_host) const;
 
  private:

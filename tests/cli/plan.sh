@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `longhaul plan` on the source experiment's model (configs/plan-gpt3xl.toml) with 12 V100s ranks
-# layouts and names the best as --set overrides, within seconds; bad input (a device it does not
-# know, a scenario file that is not there, no workers) exits 2 with one line naming the fix.
+# layouts and names the best as --set overrides, within seconds, over a scenario's links and over
+# links a run measured (its cluster.json); bad input (a device it does not know, a scenario file
+# that is not there, a links file with a negative round trip, no workers) exits 2 with one line
+# naming the fix.
 # Usage: plan.sh path/to/longhaul (run from anywhere: paths are the source tree's)
 set -u
 bin="$1"
@@ -26,6 +28,27 @@ else
   fail=1
 fi
 
+# Three workers' measured links, as a run's cluster.json records them: 0 and 1 close, 2 far.
+cat >"$dir/cluster.json" <<'JSON'
+{"links": [{"from": 0, "to": 1, "round_trip_ms": 1.0, "mbit_per_s": 5000},
+           {"from": 1, "to": 0, "round_trip_ms": 1.0, "mbit_per_s": 5000},
+           {"from": 0, "to": 2, "round_trip_ms": 100.0, "mbit_per_s": 500},
+           {"from": 2, "to": 0, "round_trip_ms": 100.0, "mbit_per_s": 500},
+           {"from": 1, "to": 2, "round_trip_ms": 100.0, "mbit_per_s": 500},
+           {"from": 2, "to": 1, "round_trip_ms": 100.0, "mbit_per_s": 500}]}
+JSON
+"$bin" plan -c "$src/configs/demo.toml" --device cpu:50 --links "$dir/cluster.json" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+if [ "$rc" = 0 ] && grep -q "network: the links 3 workers measured at join" "$dir/out.txt" &&
+  grep -q "^Best layout: " "$dir/out.txt"; then
+  echo "ok: planned over measured links: $(grep '^Best layout' "$dir/out.txt")"
+else
+  echo "FAIL: plan --links exit $rc:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+echo '{"links": [{"from": 0, "to": 1, "round_trip_ms": -2, "mbit_per_s": 3}]}' >"$dir/bad_links.json"
+
 expect_error() {  # name, expected substring, arguments of `plan`...
   local name="$1" want="$2"
   shift 2
@@ -42,4 +65,6 @@ expect_error() {  # name, expected substring, arguments of `plan`...
 expect_error device "unknown device \"v200\": use v100, v100-32gb, a100, h100" --workers 12 --device v200
 expect_error scenario "no_such.toml.*--scenario takes a file such as" --scenario "$dir/no_such.toml"
 expect_error workers "--workers -1: give at least 1 worker" --workers -1
+expect_error links "bad_links.json: a link entry .* is not {from, to, round_trip_ms > 0" --links "$dir/bad_links.json"
+expect_error no_links "cannot open .*none.json (give a run's cluster.json)" --links "$dir/none.json"
 exit $fail
