@@ -432,24 +432,34 @@ class Service final : public proto::Coordinator::Service {
       std::map<int, proto::ComputeProfile> profiles;
       for (const auto& [id, reg] : members_.registrations()) profiles[id] = members_.profile(id);
       const Clock::time_point t0 = Clock::now();
-      const absl::StatusOr<SlotSearch> found = SearchSlots(cfg_, members_.registrations(), profiles, *network_, -1);
+      // A cut the config pins, or a checkpoint's (resume keeps the layout), stands.
+      const bool keep_cut = !cfg_.cluster.stage_layers.empty() || start_ > 0;
+      const absl::StatusOr<SlotSearch> found =
+          SearchSlots(cfg_, members_.registrations(), profiles, *network_, -1, keep_cut);
       if (!found.ok()) {
         why = absl::StrCat("the search failed: ", found.status().message());
       } else {
         worker_of_slot_ = found->worker_of_slot;
+        if (found->blocks_per_stage != cfg_.Cut()) {
+          if (absl::Status s = AdoptCut(found->blocks_per_stage); !s.ok()) {
+            why = absl::StrCat("the search's cut is no valid config: ", s.message());
+            worker_of_slot_ = RegistrationOrder(cfg_);
+          }
+        }
         record = {{"how", "search"},
                   {"predicted_iteration_seconds", found->predicted_s},
                   {"registration_order_predicted_iteration_seconds", found->registration_order_s},
-                  {"simulations", found->simulations}};
+                  {"simulations", found->simulations},
+                  {"blocks_per_stage", cfg_.Cut()}};
         std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.0f ms): predicted %.3f s per "
                                      "iteration, registration order %.3f s (%.2fx)%s\n",
                                      found->simulations,
                                      1e3 * std::chrono::duration<double>(Clock::now() - t0).count(), found->predicted_s,
                                      found->registration_order_s, found->registration_order_s / found->predicted_s,
-                                     worker_of_slot_ == RegistrationOrder(cfg_)
-                                         ? absl::StrFormat("; registration order stands (nothing %.0f%% faster)",
-                                                           100 * kPlacementMinGain)
-                                         : "");
+                                     found->searched ? ""
+                                                     : absl::StrFormat("; registration order and the config's cut "
+                                                                       "stand (nothing %.0f%% faster)",
+                                                                       100 * kPlacementMinGain));
       }
     }
     if (!why.empty()) {
@@ -458,6 +468,19 @@ class Service final : public proto::Coordinator::Service {
     }
     record["worker_of_slot"] = worker_of_slot_;
     return record;
+  }
+
+  // REQUIRES: mu_ held. The job's config from now on cuts the model as `cut`: the plan carries
+  // it to the workers, whose stages and checkpoints follow it.
+  absl::Status AdoptCut(const std::vector<int>& cut) {
+    const std::vector<int> was = cfg_.Cut();
+    absl::StatusOr<JobConfig> cfg = ParseJobConfig(cfg_.toml_text, cfg_.source_path,
+                                                   {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+    if (!cfg.ok()) return cfg.status();
+    cfg_ = *std::move(cfg);
+    std::cout << absl::StrFormat("coordinator: the search cuts the model [%s] blocks per stage, not [%s]\n",
+                                 absl::StrJoin(cut, ", "), absl::StrJoin(was, ", "));
+    return absl::OkStatus();
   }
 
   // REQUIRES: mu_ held, every worker registered and profiled.
@@ -526,6 +549,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     resume_name = fs::path(dir).filename().string();
     LH_ASSIGN_OR_RETURN(start, CheckpointStep(dir));
     const std::string state_dir = CheckpointStateDir(fs::path(dir).parent_path().string(), resume_name);
+    LH_ASSIGN_OR_RETURN(cfg, WithCheckpointCut(state_dir, std::move(cfg)));
     LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg));
   }
   const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();

@@ -43,7 +43,7 @@ std::vector<int> RegistrationOrder(const JobConfig& cfg) {
 
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
-                                       int coordinator_host) {
+                                       int coordinator_host, bool keep_cut) {
   const int W = cfg.cluster.stages * cfg.cluster.replicas;
   if (static_cast<int>(workers.size()) != W || static_cast<int>(profiles.size()) != W) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -75,9 +75,10 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
     devices.push_back(*std::move(d));
   }
   PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network, coordinator_host);
-  problem.keep_cut = true;
+  problem.keep_cut = keep_cut;
   const absl::StatusOr<PlacementResult> found = SearchPlacement(problem);
   if (!found.ok()) return found.status();
+  problem.keep_cut = true;  // registration order as the config has it
   const absl::StatusOr<PlacementResult> registration = PlaceInOrder(problem, RegistrationOrder(cfg));
   if (!registration.ok()) return registration.status();
   SlotSearch out;
@@ -87,6 +88,8 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
     out.worker_of_slot.push_back(better ? found->placement.worker[stage][replica] : k);
   }
   out.predicted_s = better ? found->iteration_s : registration->iteration_s;
+  out.blocks_per_stage = better ? found->blocks_per_stage : registration->blocks_per_stage;
+  out.searched = better;
   out.registration_order_s = registration->iteration_s;
   out.simulations = found->simulations;
   return out;

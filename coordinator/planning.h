@@ -30,21 +30,25 @@ std::vector<int> RegistrationOrder(const JobConfig& cfg);
 // The placement search over the registered workers, worker w on host w of `network`, each priced
 // by its compute profile (`profiles`, by worker id). Workers with one host name and one backend
 // are one device priced at the median of their profiles: the same hardware, each timed while the
-// others timed themselves too, so their differences are noise. The config's cut stands: workers
-// build their stages from it. `coordinator_host` as in PlacementProblem.
+// others timed themselves too, so their differences are noise. With `keep_cut` the config's cut
+// stands; else the search may cut the model unevenly (a faster device more blocks), and the
+// coordinator puts that cut into the config the workers build their stages from.
+// `coordinator_host` as in PlacementProblem.
 struct SlotSearch {
   std::vector<int> worker_of_slot;
+  std::vector<int> blocks_per_stage;  // the cut the prediction used
+  bool searched = false;  // the search's plan was enough faster to replace registration order
   double predicted_s = 0;           // the simulator's iteration time for this placement
   double registration_order_s = 0;  // and for registration order, on the same costs
   int simulations = 0;
 };
 // Measured compute and links differ by a few percent from one probe to the next: a placement the
-// search predicts less than this much faster than registration order is no better, and
-// registration order stands.
+// search predicts less than this much faster than registration order with the config's cut is no
+// better, and registration order with that cut stands.
 inline constexpr double kPlacementMinGain = 0.03;
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
-                                       int coordinator_host);
+                                       int coordinator_host, bool keep_cut);
 
 struct PlanRequest {
   int64_t start_iteration = 0;   // > 0 when resuming

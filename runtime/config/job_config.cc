@@ -206,13 +206,6 @@ absl::StatusOr<bool> ParsePlacement(const std::string& name) {
       absl::StrCat("cluster.placement = \"", name, "\": use \"search\" or \"registration\""));
 }
 
-// Blocks of each pipeline stage: cluster.stage_layers with its default (an even split) resolved.
-std::vector<int> BlocksPerStage(const JobConfig& c) {
-  std::vector<int> blocks;
-  for (int s = 0; s < c.cluster.stages; ++s) blocks.push_back(c.Stage(s).end_block - c.Stage(s).first_block);
-  return blocks;
-}
-
 #define LH_FIELD(path) [](auto& c) -> auto& { return c.path; }
 
 // Every key. Resume rules: anything that changes the math or the samples must match (the model,
@@ -277,7 +270,7 @@ const std::vector<KeyDef>& Table() {
       Choice("cluster", "link_probe", R::kFree, LH_FIELD(cluster.link_probe), ParseLinkProbe, LinkProbeName),
       {{"cluster", "stage_layers", R::kLayout},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
-       [](const JobConfig& c) { return nlohmann::json(BlocksPerStage(c)); }},
+       [](const JobConfig& c) { return nlohmann::json(c.Cut()); }},
       {{"cluster", "stage_backends", R::kFree},
        [](const Reader& r, JobConfig& c) {
          std::vector<std::string> names;
@@ -517,6 +510,12 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   text << root;
   c.toml_text = text.str();
   return c;
+}
+
+std::vector<int> JobConfig::Cut() const {
+  std::vector<int> blocks;
+  for (int s = 0; s < cluster.stages; ++s) blocks.push_back(Stage(s).end_block - Stage(s).first_block);
+  return blocks;
 }
 
 StageSpec JobConfig::Stage(int stage) const {

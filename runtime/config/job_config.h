@@ -100,6 +100,8 @@ struct JobConfig {
   }
   // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
   StageSpec Stage(int stage) const;
+  // Blocks of every stage: cluster.stage_layers, or the even split it defaults to.
+  std::vector<int> Cut() const;
   // train.backend or a cluster.stage_backends entry names a GPU.
   bool UsesGpu() const {
     return train.backend_device >= 0 ||

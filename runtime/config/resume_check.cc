@@ -78,4 +78,21 @@ absl::Status CheckCheckpointResumable(const std::string& checkpoint_dir, const J
   return CheckResumable(state.run_config, cfg, checkpoint_dir);
 }
 
+absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, JobConfig cfg) {
+  if (!cfg.cluster.stage_layers.empty()) return cfg;
+  LH_ASSIGN_OR_RETURN(CheckpointData state, ReadCheckpointState(checkpoint_dir));
+  const nlohmann::json* recorded = Find(state.run_config, "cluster", "stage_layers");
+  if (recorded == nullptr || !recorded->is_array() || recorded->size() != static_cast<size_t>(cfg.cluster.stages)) {
+    return cfg;  // another layout: CheckResumable names it
+  }
+  std::vector<int> cut;
+  for (const nlohmann::json& b : *recorded) {
+    if (!b.is_number_integer()) return cfg;
+    cut.push_back(b.get<int>());
+  }
+  if (cut == cfg.Cut()) return cfg;
+  return ParseJobConfig(cfg.toml_text, cfg.source_path,
+                        {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+}
+
 }  // namespace longhaul

@@ -24,4 +24,9 @@ absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig&
 // Reads checkpoint_dir/state.json (no tensors) and checks it as above.
 absl::Status CheckCheckpointResumable(const std::string& checkpoint_dir, const JobConfig& cfg);
 
+// A config that pins no cut (cluster.stage_layers empty) resumes with the cut the checkpoint was
+// written with, which the coordinator's placement search may have chosen; one that pins a cut,
+// or a checkpoint with the config's own even cut, leaves the config as it is.
+absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, JobConfig cfg);
+
 }  // namespace longhaul

@@ -15,7 +15,7 @@ Layout JobLayout(const JobConfig& cfg) {
   Layout L;
   L.stages = cfg.cluster.stages;
   L.replicas = cfg.cluster.replicas;
-  for (int s = 0; s < L.stages; ++s) L.blocks_per_stage.push_back(cfg.Stage(s).end_block - cfg.Stage(s).first_block);
+  L.blocks_per_stage = cfg.Cut();
   L.micro_batches = cfg.train.micro_batches;
   L.schedule = cfg.cluster.schedule;
   L.work = JobWorkShape(cfg);

@@ -87,7 +87,7 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
     p.set_head_forward_s(0.002), p.set_head_backward_s(0.004);
   }
   const absl::StatusOr<SlotSearch> found =
-      SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1);
+      SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1, /*keep_cut=*/true);
   ASSERT_TRUE(found.ok()) << found.status();
   std::cout << "predicted " << found->predicted_s << " s, registration order " << found->registration_order_s
             << " s\n";
@@ -101,8 +101,37 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
   EXPECT_GT(found->simulations, 1);
 
   profiles.erase(3);
-  EXPECT_EQ(SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1).status().code(),
+  EXPECT_EQ(SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1, true).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Two machines on a fast link, one computing three times as fast as the other: the search gives
+// the fast one more blocks, unless the cut is kept.
+TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
+  const JobConfig cfg = Config({"model.n_layer=8", "cluster.stages=2", "cluster.replicas=1"});
+  std::map<int, proto::RegisterRequest> workers = Workers(2);
+  std::map<int, proto::ComputeProfile> profiles;
+  for (int w = 0; w < 2; ++w) {
+    workers[w].set_host(w == 0 ? "fast" : "slow");
+    workers[w].set_backend("cpu");
+    const double f = w == 0 ? 1 : 3;
+    proto::ComputeProfile& p = profiles[w];
+    p.set_block_forward_s(0.010 * f), p.set_block_backward_s(0.020 * f);
+    p.set_head_forward_s(0.001 * f), p.set_head_backward_s(0.002 * f);
+  }
+  const NetworkCost fast = NetworkCost::Uniform({0.0001, 1.25e9, 0});
+  const absl::StatusOr<SlotSearch> cut = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/false);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_EQ(cut->blocks_per_stage.size(), 2u);
+  const int fast_stage = cut->worker_of_slot[0] == 0 ? 0 : 1;
+  std::cout << "cut [" << cut->blocks_per_stage[0] << ", " << cut->blocks_per_stage[1] << "], the fast worker at stage "
+            << fast_stage << ": predicted " << cut->predicted_s << " s, registration order with the even cut "
+            << cut->registration_order_s << " s\n";
+  EXPECT_GE(cut->blocks_per_stage[fast_stage], 6) << "the fast device takes most blocks";
+  EXPECT_LT(cut->predicted_s, 0.8 * cut->registration_order_s);
+  const absl::StatusOr<SlotSearch> kept = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->blocks_per_stage, cfg.Cut());
 }
 
 // Every tensor of every stage in exactly one shard, shards numbered from 0 per stage.

@@ -114,5 +114,27 @@ TEST(ResumeCheck, ChecksTheStateFileBeforeAnyTensor) {
   EXPECT_TRUE(CheckCheckpointResumable(dir, then).ok());
 }
 
+TEST(ResumeCheck, AConfigThatPinsNoCutResumesWithTheCheckpointsCut) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("resume_cut_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // The coordinator's search cut 4 blocks as [3, 1]; the user's config says nothing of a cut.
+  const JobConfig searched = Config({"cluster.stages=2", "cluster.stage_layers=[3, 1]"});
+  ModelConfig m;
+  m.vocab_size = 8, m.max_seq_len = 4, m.n_layer = 1, m.n_head = 1, m.d_model = 4;
+  ParamLayout layout(m, StageSpec::Whole(m));
+  std::vector<float> p(layout.total());
+  ASSERT_TRUE(SaveCheckpoint(root.string(), {7, searched.as_json}, layout, p.data(), nullptr, nullptr).ok());
+  const std::string dir = (root / CheckpointName(7)).string();
+  const absl::StatusOr<JobConfig> adopted = WithCheckpointCut(dir, Config({"cluster.stages=2"}));
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->Cut(), (std::vector<int>{3, 1}));
+  EXPECT_TRUE(CheckCheckpointResumable(dir, *adopted).ok());
+  // A cut the config pins stands, and the check names the difference.
+  const absl::StatusOr<JobConfig> pinned = WithCheckpointCut(dir, Config({"cluster.stages=2", "cluster.stage_layers=[2, 2]"}));
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ(pinned->Cut(), (std::vector<int>{2, 2}));
+  EXPECT_NE(CheckCheckpointResumable(dir, *pinned).message().find("cluster.stage_layers = [3,1]"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace longhaul
