@@ -4,11 +4,13 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 
@@ -459,18 +461,22 @@ class PeerConnection {
     // wherever it is used below.
     awaiting_.push_back(std::move(p));
     OutPart* self = &awaiting_.back();
+    // One gather write per chunk, the header with the first and the checksum with the last: a
+    // small tensor is one segment on the wire, not three.
     uint32_t crc = 0;
-    absl::Status s = Write(header.data(), header.size(), deadline);
-    for (size_t at = 0; s.ok() && at < bytes;) {
+    absl::Status s;
+    for (size_t at = 0;;) {
       const size_t n = std::min(opt_.chunk_bytes, bytes - at);
       crc = Crc32c(crc, data + at, n);
-      s = Write(data + at, n, deadline);
-      at += n;
-    }
-    if (s.ok()) {
+      const bool first = at == 0, last = at + n == bytes;
       std::string trailer;
-      PutU32(trailer, crc);
-      s = Write(trailer.data(), trailer.size(), deadline);
+      if (last) PutU32(trailer, crc);
+      s = Write({{first ? header.data() : nullptr, first ? header.size() : 0},
+                 {data + at, n},
+                 {trailer.data(), trailer.size()}},
+                deadline);
+      at += n;
+      if (!s.ok() || last) break;
     }
     if (s.ok()) {
       self->written = true;
@@ -484,15 +490,26 @@ class PeerConnection {
     Broken(Why(s));
   }
 
-  // Writes n bytes by `deadline`, reading acknowledgements that arrive meanwhile. An error means
-  // the connection is finished (Broken with it).
-  absl::Status Write(const void* data, size_t n, Deadline deadline) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Writes the segments, in order, by `deadline`, reading acknowledgements that arrive
+  // meanwhile. An error means the connection is finished (Broken with it).
+  absl::Status Write(std::initializer_list<std::pair<const void*, size_t>> segments, Deadline deadline) {
+    iovec iov[3];
+    int count = 0;
+    for (const auto& [p, n] : segments)
+      if (n > 0) iov[count++] = {const_cast<void*>(p), n};
+    for (int at = 0; at < count;) {
+      msghdr msg{};
+      msg.msg_iov = iov + at;
+      msg.msg_iovlen = static_cast<size_t>(count - at);
+      const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w > 0) {
-        p += w;
-        n -= static_cast<size_t>(w);
+        for (size_t left = static_cast<size_t>(w); left > 0 && at < count;) {
+          const size_t take = std::min(left, iov[at].iov_len);
+          iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + take;
+          iov[at].iov_len -= take;
+          left -= take;
+          if (iov[at].iov_len == 0) ++at;
+        }
         continue;
       }
       if (w < 0 && errno == EINTR) continue;
