@@ -123,8 +123,10 @@ class Service final : public proto::Coordinator::Service {
     members_.Heard(req->worker_id(), Clock::now());
     if (grpc::Status st = ToGrpc(members_.SetLinks(req->worker_id(), *req)); !st.ok()) return st;
     if (members_.profiled() && members_.linked()) {
-      // Workers that all share one address measured nothing: a scenario's links stand then.
-      if (!MeasuredLinksJson().empty() || !network_) {
+      // Workers that all share one address measured nothing: the links stay as they were (a
+      // scenario's, or unknown, when registration order and the config's cut stand rather than a
+      // search steered by the noise between equal workers).
+      if (!MeasuredLinksJson().empty()) {
         network_ = MeasuredNetwork();
         links_ = "the links the workers measured";
       }
@@ -425,7 +427,8 @@ class Service final : public proto::Coordinator::Service {
     if (!cfg_.cluster.search_placement) {
       why = "cluster.placement = \"registration\"";
     } else if (!network_) {
-      why = "no links known (give the coordinator --scenario, or set cluster.link_probe = \"on\")";
+      why = probing_ ? "every worker is at one address: no link between them to plan with"
+                     : "no links known (give the coordinator --scenario, or set cluster.link_probe = \"on\")";
     } else if (!cfg_.cluster.stage_backends.empty()) {
       why = "cluster.stage_backends pins a device to each stage";
     } else {

@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_format.h"
 #include "data/batch_sampler.h"
 #include "util/hash.h"
 #include "util/median.h"
@@ -74,8 +77,13 @@ absl::StatusOr<proto::ComputeProfile> MeasureCompute(const JobConfig& cfg, int d
   // Workers that share a machine time themselves one after another, each with the machine to
   // itself: timed together, 4 workers on 2 cores measured 1.5x their compute (and the placement
   // search priced them so). The lock goes with the descriptor, whatever way this returns.
-  const int lock = open(kComputeProbeLock, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (lock >= 0) flock(lock, LOCK_EX);
+  // One lock per user (another's file may not be ours to open); a probe that hangs holds the
+  // others back a minute at most, then they time themselves anyway.
+  const std::string path = absl::StrFormat("%s-%d.lock", kComputeProbeLock, getuid());
+  const int lock = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  for (int waited_ms = 0; lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) != 0 && waited_ms < 60000; waited_ms += 20) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   absl::Cleanup unlock = [lock] {
     if (lock >= 0) close(lock);
   };

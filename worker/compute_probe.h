@@ -15,8 +15,8 @@ namespace longhaul {
 
 // `device`: -1 for the CPU, N for cuda:N. Medians of the timed rounds. ResourceExhausted, before
 // anything is built on the CPU, when one block and the head do not fit this machine. Processes of
-// one machine take turns (an exclusive flock on kComputeProbeLock).
-inline constexpr char kComputeProbeLock[] = "/tmp/longhaul-compute-probe.lock";
+// one machine take turns (an exclusive flock on kComputeProbeLock-<uid>.lock).
+inline constexpr char kComputeProbeLock[] = "/tmp/longhaul-compute-probe";
 absl::StatusOr<proto::ComputeProfile> MeasureCompute(const JobConfig& cfg, int device);
 
 struct StageTimes {

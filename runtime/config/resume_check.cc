@@ -85,12 +85,15 @@ absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, J
   if (recorded == nullptr || !recorded->is_array() || recorded->size() != static_cast<size_t>(cfg.cluster.stages)) {
     return cfg;  // another layout: CheckResumable names it
   }
+  // A cut of this model only: one of another model is CheckResumable's to name (model.n_layer).
   std::vector<int> cut;
+  int64_t sum = 0;
   for (const nlohmann::json& b : *recorded) {
-    if (!b.is_number_integer()) return cfg;
-    cut.push_back(b.get<int>());
+    if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > cfg.model.n_layer) return cfg;
+    cut.push_back(static_cast<int>(b.get<int64_t>()));
+    sum += cut.back();
   }
-  if (cut == cfg.Cut()) return cfg;
+  if (sum != cfg.model.n_layer || cut == cfg.Cut()) return cfg;
   return ParseJobConfig(cfg.toml_text, cfg.source_path,
                         {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
 }

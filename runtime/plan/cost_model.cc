@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 #include <toml++/toml.h>
+#include <set>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -259,22 +260,28 @@ absl::StatusOr<NetworkCost> NetworkCost::LoadMeasured(const std::string& path, i
         path, " holds no measured links: a run records them in its cluster.json when its workers probe their links "
               "(cluster.link_probe = \"on\", or \"auto\" without --scenario)"));
   }
-  constexpr int kMaxHosts = 4096;
+  constexpr int64_t kMaxHosts = 1024;  // the matrix stays in megabytes whatever the file says
   std::vector<std::tuple<int, int, double, double>> links;
+  std::set<std::pair<int, int>> seen;
   int n = 0;
   for (const nlohmann::json& l : j["links"]) {
     const bool shaped = l.is_object() && l.contains("from") && l["from"].is_number_integer() && l.contains("to") &&
                         l["to"].is_number_integer() && l.contains("round_trip_ms") && l["round_trip_ms"].is_number() &&
                         l.contains("mbit_per_s") && l["mbit_per_s"].is_number();
-    const int a = shaped ? l["from"].get<int>() : -1, b = shaped ? l["to"].get<int>() : -1;
+    const int64_t a = shaped ? l["from"].get<int64_t>() : -1, b = shaped ? l["to"].get<int64_t>() : -1;
     const double rtt_ms = shaped ? l["round_trip_ms"].get<double>() : -1, mbit = shaped ? l["mbit_per_s"].get<double>() : -1;
     if (!shaped || a < 0 || b < 0 || a >= kMaxHosts || b >= kMaxHosts || a == b || !(rtt_ms > 0 && rtt_ms < 3.6e6) ||
         !(mbit > 0 && mbit < 1e8)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": a link entry ", l.dump(),
-                                                     " is not {from, to, round_trip_ms > 0, mbit_per_s > 0}"));
+                                                     " is not {from, to, round_trip_ms > 0, mbit_per_s > 0} of workers "
+                                                     "0 to ",
+                                                     kMaxHosts - 1));
     }
-    links.emplace_back(a, b, rtt_ms / 1e3, mbit * 1e6 / 8);
-    n = std::max({n, a + 1, b + 1});
+    if (!seen.emplace(a, b).second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the link from worker ", a, " to ", b, " appears twice"));
+    }
+    links.emplace_back(static_cast<int>(a), static_cast<int>(b), rtt_ms / 1e3, mbit * 1e6 / 8);
+    n = std::max({n, static_cast<int>(a) + 1, static_cast<int>(b) + 1});
   }
   std::vector<std::vector<LinkCost>> matrix(n, std::vector<LinkCost>(n));
   for (const auto& [a, b, rtt, rate] : links) matrix[a][b] = MeasuredLink(rtt, rate);

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "transport/crc32c.h"
@@ -483,8 +484,9 @@ class PeerConnection {
       self->op->PartWritten();
       return;
     }
-    // A receiver that refused closes the connection: its reason may be waiting to be read.
-    if (absl::IsUnavailable(s)) {
+    // A receiver that refused closes the connection: its reason may be waiting to be read (unless
+    // Write read it already, which `s` then says).
+    if (absl::IsUnavailable(s) && absl::StartsWith(s.message(), "connection broken")) {
       if (absl::Status acks = PumpAcks(); !acks.ok()) s = acks;
     }
     Broken(Why(s));
@@ -537,12 +539,10 @@ class PeerConnection {
     char buf[4096];
     for (;;) {
       const ssize_t r = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
-      if (r > 0) {
-        acks_.append(buf, static_cast<size_t>(r));
-        continue;
-      }
       if (r < 0 && errno == EINTR) continue;
-      const bool closed = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+      if (r > 0) acks_.append(buf, static_cast<size_t>(r));
+      const bool closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+      // Whole acknowledgements are taken as soon as they are in: what waits is at most one.
       while (acks_.size() >= 4) {
         const uint32_t n = GetU32(reinterpret_cast<const uint8_t*>(acks_.data()));
         if (n > kMaxAckBytes || awaiting_.empty()) {
@@ -568,7 +568,7 @@ class PeerConnection {
         }
       }
       if (closed) return absl::UnavailableError("the receiver closed the connection");
-      return absl::OkStatus();
+      if (r < 0) return absl::OkStatus();  // nothing more for now
     }
   }
 
