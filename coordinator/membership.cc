@@ -55,6 +55,11 @@ absl::Status Membership::SetProfile(int id, const proto::ComputeProfile& c) {
           id, t));
     }
   }
+  // Some petabytes is no machine either.
+  if (!(c.memory_bytes() >= 0 && c.memory_bytes() < 1e16)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("worker %d reports %g bytes of memory: a damaged or foreign client?", id, c.memory_bytes()));
+  }
   workers_.at(id).profile = c;
   return absl::OkStatus();
 }

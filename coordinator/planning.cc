@@ -68,8 +68,14 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
     const ComputeTimes head{median(&proto::ComputeProfile::head_forward_s),
                             median(&proto::ComputeProfile::head_backward_s)};
     const Backend backend = machine.second.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
+    // A stage must fit the least any of them has (0, unknown, checks nothing).
+    double memory = 0;
+    for (int id : ids) {
+      const double m = profiles.at(id).memory_bytes();
+      if (m > 0) memory = memory > 0 ? std::min(memory, m) : m;
+    }
     absl::StatusOr<DeviceCost> d =
-        JobTimedDevice(cfg, absl::StrCat(machine.first, " ", machine.second), backend, block, head);
+        JobTimedDevice(cfg, absl::StrCat(machine.first, " ", machine.second), backend, block, head, memory);
     if (!d.ok()) return d.status();
     for (int id : ids) device_of[id] = static_cast<int>(devices.size());
     devices.push_back(*std::move(d));

@@ -20,6 +20,7 @@
 #include "transport/crc32c.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
+#include "model/memory_estimate.h"
 #include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
@@ -133,6 +134,8 @@ absl::Status Worker::Join() {
   } else {
     return measured.status();
   }
+  // What the placement search may cut a stage to fit (a GPU's memory is not reported yet).
+  if (device < 0) compute.set_memory_bytes(HostMemoryAvailable().bytes);
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());

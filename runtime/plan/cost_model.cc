@@ -138,7 +138,8 @@ absl::StatusOr<DeviceCost> DeviceCost::ParseProfile(const std::string& toml_text
 }
 
 absl::StatusOr<DeviceCost> DeviceCost::Timed(const std::string& name, Backend backend, double memory_bandwidth,
-                                             const WorkShape& shape, ComputeTimes block, ComputeTimes head) {
+                                             const WorkShape& shape, ComputeTimes block, ComputeTimes head,
+                                             double memory_bytes) {
   for (const ComputeTimes& t : {block, head}) {
     if (!(t.forward_s > 0 && t.backward_s > 0)) {
       return absl::InvalidArgumentError(absl::StrCat("device ", name, ": forward and backward times must be > 0"));
@@ -148,6 +149,7 @@ absl::StatusOr<DeviceCost> DeviceCost::Timed(const std::string& name, Backend ba
   d.name_ = name;
   d.backend_ = backend;
   d.memory_bandwidth_ = memory_bandwidth;
+  d.memory_bytes_ = memory_bytes;
   d.blocks_.push_back({shape, block});
   d.heads_.push_back({shape, head});
   return d;

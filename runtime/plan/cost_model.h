@@ -68,9 +68,11 @@ class DeviceCost {
   static absl::StatusOr<DeviceCost> ParseProfile(const std::string& toml_text, const std::string& name);
   static absl::StatusOr<DeviceCost> LoadProfile(const std::string& path);
   // A device timed on one shape, as a run of the job measured it: one block and the head (each
-  // time > 0), the parameter-server step streaming at `memory_bandwidth` bytes/s.
+  // time > 0), the parameter-server step streaming at `memory_bandwidth` bytes/s, `memory_bytes`
+  // to hold a stage (0: unchecked).
   static absl::StatusOr<DeviceCost> Timed(const std::string& name, Backend backend, double memory_bandwidth,
-                                          const WorkShape& shape, ComputeTimes block, ComputeTimes head);
+                                          const WorkShape& shape, ComputeTimes block, ComputeTimes head,
+                                          double memory_bytes = 0);
 
   const std::string& name() const { return name_; }
   Backend backend() const { return backend_; }

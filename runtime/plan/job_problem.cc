@@ -24,8 +24,9 @@ Layout JobLayout(const JobConfig& cfg) {
 }
 
 absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
-                                          ComputeTimes block, ComputeTimes head) {
-  return DeviceCost::Timed(name, backend, backend == Backend::kCuda ? 2e12 : 10e9, JobWorkShape(cfg), block, head);
+                                          ComputeTimes block, ComputeTimes head, double memory_bytes) {
+  return DeviceCost::Timed(name, backend, backend == Backend::kCuda ? 2e12 : 10e9, JobWorkShape(cfg), block, head,
+                           memory_bytes);
 }
 
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,

@@ -21,7 +21,7 @@ Layout JobLayout(const JobConfig& cfg);
 // A device timed on the job's shape (a worker's profile, or a run's measured compute); its
 // parameter-server step streams fp32 at a CPU's tens of GB/s or a GPU's terabytes.
 absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
-                                          ComputeTimes block, ComputeTimes head);
+                                          ComputeTimes block, ComputeTimes head, double memory_bytes = 0);
 // The job's stages × replicas over `device_of_worker.size()` workers, worker w on host w and on
 // devices[device_of_worker[w]]. `coordinator_host`: -1 when the coordinator sits beside every
 // host (an emulation's router).

@@ -76,6 +76,13 @@ TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("compute time"), std::string::npos) << st;
   }
+  for (double bad : {-1.0, std::nan(""), 1e17}) {
+    proto::ComputeProfile c;
+    c.set_memory_bytes(bad);
+    const absl::Status st = m.SetProfile(1, c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("bytes of memory"), std::string::npos) << st;
+  }
   proto::ComputeProfile ok;
   ok.set_block_forward_s(0.01);
   ASSERT_TRUE(m.SetProfile(0, ok).ok());

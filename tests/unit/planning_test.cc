@@ -11,6 +11,7 @@
 
 #include "model/param_layout.h"
 #include "netem/scenario.h"
+#include "plan/job_problem.h"
 
 namespace longhaul {
 namespace {
@@ -132,6 +133,25 @@ TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) 
   const absl::StatusOr<SlotSearch> kept = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/true);
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_EQ(kept->blocks_per_stage, cfg.Cut());
+
+  // The fast machine reports less memory than 7 blocks and the head take: the cut must fit what
+  // each worker reported (1F1B: stage 0 holds 2 micro-batches' activations, stage 1 one).
+  const absl::StatusOr<DeviceCost> priced = JobTimedDevice(cfg, "probe", Backend::kCpu, {1, 1}, {1, 1});
+  ASSERT_TRUE(priced.ok());
+  auto needs = [&](int stage, const std::vector<int>& cut) {
+    const int first = stage == 0 ? 0 : cut[0];
+    const StageSpec spec{first, first + cut[stage], stage == 0, stage == 1};
+    return priced->StageMemory(JobWorkShape(cfg), spec, stage == 0 ? 2 : 1).total();
+  };
+  const double memory = 0.99 * needs(1, {1, 7});
+  profiles[0].set_memory_bytes(memory);
+  const absl::StatusOr<SlotSearch> fitted = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/false);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  const int stage_of_fast = fitted->worker_of_slot[0] == 0 ? 0 : 1;
+  std::cout << "with " << memory / 1e6 << " MB on the fast machine: cut [" << fitted->blocks_per_stage[0] << ", "
+            << fitted->blocks_per_stage[1] << "], the fast worker at stage " << stage_of_fast << "\n";
+  EXPECT_LE(needs(stage_of_fast, fitted->blocks_per_stage), memory);
+  EXPECT_NE(fitted->blocks_per_stage, (std::vector<int>{1, 7}));
 }
 
 // Every tensor of every stage in exactly one shard, shards numbered from 0 per stage.
