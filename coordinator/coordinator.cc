@@ -443,12 +443,14 @@ class Service final : public proto::Coordinator::Service {
         why = absl::StrCat("the search failed: ", found.status().message());
       } else {
         worker_of_slot_ = found->worker_of_slot;
-        if (found->blocks_per_stage != cfg_.Cut()) {
-          if (absl::Status s = AdoptCut(found->blocks_per_stage); !s.ok()) {
-            why = absl::StrCat("the search's cut is no valid config: ", s.message());
-            worker_of_slot_ = RegistrationOrder(cfg_);
-          }
+        absl::Status cut = absl::OkStatus();
+        if (found->blocks_per_stage != cfg_.Cut()) cut = AdoptCut(found->blocks_per_stage);
+        if (!cut.ok()) {
+          why = absl::StrCat("the search's cut is no valid config: ", cut.message());
+          worker_of_slot_ = RegistrationOrder(cfg_);
         }
+      }
+      if (found.ok() && why.empty()) {
         record = {{"how", "search"},
                   {"predicted_iteration_seconds", found->predicted_s},
                   {"registration_order_predicted_iteration_seconds", found->registration_order_s},

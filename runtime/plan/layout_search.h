@@ -29,7 +29,7 @@ struct LayoutSearchRequest {
   int global_batch = 1;  // sequences per optimizer step, over every replica
   Precision precision = Precision::kFp32;
   double wire_bytes = 4;  // per activation element on the wire
-  bool clip_norm = true;  // global-norm clipping: every step waits for the norm all-reduce
+  bool clip_norm = true;  // every step waits for the norm's all-reduce (simulator.h's Placement)
   int workers = 1;        // devices available; a layout may use fewer
   DeviceCost device;      // every worker's
   NetworkCost network;    // worker w on host w (DefaultPlacement)

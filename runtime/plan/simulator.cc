@@ -177,6 +177,10 @@ class Engine {
       if (sh.stage < 0 || sh.stage >= S || sh.worker < 0 || sh.worker >= W || !(sh.params > 0)) {
         return bad(absl::StrFormat("shard %d: stage %d, worker %d, %g parameters", i, sh.stage, sh.worker, sh.params));
       }
+      if (workers_[sh.worker].stage < 0) {
+        return bad(absl::StrFormat("shard %d is hosted by worker %d, which runs no stage (and so no exchange)", i,
+                                   sh.worker));
+      }
       stage_shards_[sh.stage].push_back(static_cast<int>(i));
       shards_[i].grads_in.assign(sim_.iterations, 0);
       if (workers_[sh.worker].hosted.empty()) ++shard_hosts_;

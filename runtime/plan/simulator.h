@@ -60,7 +60,10 @@ struct Placement {
   std::vector<int> device;               // [worker]: index into Simulation::devices; empty: all 0
   std::vector<ShardPlacement> shards;
   int coordinator_host = 0;  // -1: beside every host, as in an emulation, whose router runs it
-  bool clip_norm = true;  // global-norm clipping: every step waits for the norm all-reduce
+  // Every step waits for the global norm's all-reduce, as longhaul's parameter servers always
+  // reduce it (for clipping and for the run's records); false models a system without it (the
+  // source experiment's, bench/plan_seed001).
+  bool clip_norm = true;
 };
 
 // Worker r·stages + s runs (stage s, replica r), on host of its own number. Sharded PS: each of a

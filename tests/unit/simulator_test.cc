@@ -74,6 +74,15 @@ TEST(Simulator, OneStageIsMicroBatchesTimesForwardAndBackwardPlusTheStep) {
   EXPECT_TRUE(r.links.empty());
 }
 
+TEST(Simulator, AShardOnAWorkerThatRunsNoStageIsRefused) {
+  Simulation sim = Make(1, 1, 2);
+  sim.placement.host.push_back(1);  // worker 1: placed nowhere, so it runs no exchange either
+  sim.placement.shards[0].worker = 1;
+  const auto r = Simulate(sim);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("worker 1, which runs no stage"), std::string::npos) << r.status();
+}
+
 TEST(Simulator, GpipeWithFreeLinksFollowsTheBubbleFormula) {
   for (int P : {2, 4, 6})
     for (int M : {1, 4, 16}) {
