@@ -1,6 +1,6 @@
 #pragma once
 // `longhaul local`: a coordinator and stages × replicas workers as separate processes on this
-// machine, talking gRPC over loopback, their output in this terminal. Ctrl-C stops them all.
+// machine, talking over loopback (or emulated links), their output in this terminal. Ctrl-C stops them all.
 // With a scenario, each worker runs in its own emulated host (netem/emulated_network.h) and the
 // coordinator in the router namespace, so data-plane traffic crosses the emulated links and the
 // control plane does not. Where namespaces are not allowed (or with emulation "proxy"), workers
