@@ -91,7 +91,7 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   const double t = r.precision == Precision::kFp32 ? 4 : 2;
   e.Add("parameters", 4 * P + (t == 4 ? 0 : t * P));  // fp32 master weights (+ the compute copy)
   e.Add("gradients", 4 * P);
-  e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
+  if (r.optimizer) e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
   // Per block: ln1, atty, res2, ln2, out, q, k, v, y (1 each), qkv (3), fch, fch_gelu (4 each)
   // = 20 NC, the attention probabilities, and four fp32 statistics. Each slot holds them for every
   // block, or with recompute only each block's input.

@@ -23,6 +23,9 @@ struct StageMemoryRequest {
   int threads = 1;          // CPU threads: attention's backward scratch is per thread
   Backend backend = Backend::kCpu;
   Precision precision = Precision::kFp32;  // CUDA compute precision
+  // CUDA: the stage steps its own parameters (the one-process trainer attaches AdamW, whose
+  // moments then live on the device); a worker's stage leaves that to the parameter servers.
+  bool optimizer = false;
 };
 
 // Byte counts by part. Doubles: a config can ask for more than 2^63 bytes, and must still get a
@@ -51,8 +54,8 @@ std::string FormatBytes(double bytes);  // "12.0 KiB", "3.5 MiB", "1.2 GiB", "80
 double StageParamCount(const ModelConfig& model, const StageSpec& spec);
 
 // What the stage itself holds on its backend. CPU: parameters, gradients, activations x slots,
-// backward scratch. CUDA (device memory): the same plus the AdamW moments and flags, which live on
-// the device, the compute copy of the weights in bf16/fp16, and the cuBLAS workspace.
+// backward scratch. CUDA (device memory): the same plus the compute copy of the weights in
+// bf16/fp16, the cuBLAS workspace and, with `optimizer`, the AdamW moments and flags.
 MemoryEstimate EstimateStage(const StageMemoryRequest& r);
 
 // Memory this process may still take: /proc/meminfo's MemAvailable, or less where a cgroup (v1 or

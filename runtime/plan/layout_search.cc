@@ -12,8 +12,9 @@ namespace {
 // The layout's memory stage by stage and its compute bound; errors are the cost model's (a profile
 // that times no block of this precision).
 absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages, int replicas, int micro_batch,
-                                       ScheduleKind schedule, bool recompute) {
+                                       ScheduleKind schedule, bool recompute, bool central_ps) {
   RankedLayout c;
+  c.central_ps = central_ps;
   Layout& L = c.layout;
   L.stages = stages, L.replicas = replicas, L.schedule = schedule;
   L.micro_batches = r.global_batch / (replicas * micro_batch);
@@ -23,6 +24,9 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   for (int s = 0; s < stages; ++s) {
     const StageSpec spec = L.Spec(s);
     MemoryEstimate m = r.device.StageMemory(L.work, spec, ActivationSlots(schedule, stages, s, L.micro_batches));
+    // The shards a stage's worker hosts live beside it: fp32 parameters, the gradient sum and
+    // AdamW's moments, for the whole stage on replica 0 (central) or a replica's share of it.
+    m.Add("parameter-server shards", 16 * StageParamCount(r.model, spec) / (central_ps ? 1 : replicas));
     if (r.device.memory_bytes() > 0 && m.total() > r.device.memory_bytes()) ++over;
     if (s == 0 || m.total() > c.peak_memory.total()) c.peak_stage = s, c.peak_memory = std::move(m);
     auto t = r.device.Stage(L.work, spec);
@@ -106,13 +110,16 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
         if (per_replica % mbs != 0) continue;
         std::vector<RankedLayout> variants;
         for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
-          auto plain = Candidate(r, P, D, mbs, schedule, false);
-          if (!plain.ok()) return plain.status();
-          variants.push_back(*plain);
-          if (!plain->fits) {
-            auto recomputed = Candidate(r, P, D, mbs, schedule, true);
-            if (!recomputed.ok()) return recomputed.status();
-            variants.push_back(*recomputed);
+          // One replica: one shard per stage either way.
+          for (bool central : D > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+            auto plain = Candidate(r, P, D, mbs, schedule, false, central);
+            if (!plain.ok()) return plain.status();
+            variants.push_back(*plain);
+            if (!plain->fits) {
+              auto recomputed = Candidate(r, P, D, mbs, schedule, true, central);
+              if (!recomputed.ok()) return recomputed.status();
+              variants.push_back(*recomputed);
+            }
           }
         }
         const bool any_fits =
@@ -125,16 +132,8 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
           }));
           continue;
         }
-        for (RankedLayout& v : variants) {
-          if (!v.fits) continue;
-          // One replica: one shard per stage either way.
-          if (D > 1) {
-            RankedLayout central = v;
-            central.central_ps = true;
-            add(std::move(central));
-          }
-          add(std::move(v));
-        }
+        for (RankedLayout& v : variants)
+          if (v.fits) add(std::move(v));
       }
     }
   }

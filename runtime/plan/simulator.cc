@@ -398,16 +398,17 @@ class Engine {
       WorkerReport w;
       w.stage = k.stage, w.replica = k.replica;
       w.busy_s = k.busy, w.waiting_s = k.waiting, w.ps_busy_s = k.ps_busy;
+      // Parameters, their gradient sum and AdamW's two moments, fp32, per hosted parameter.
+      for (int i : k.hosted) w.ps_bytes += 4 * kFp32 * P_.shards[i].params;
       const DeviceCost& device = sim_.devices[k.device];
       if (k.stage >= 0) {
         w.memory = device.StageMemory(L_.work, L_.Spec(k.stage),
                                       ActivationSlots(L_.schedule, L_.stages, k.stage, L_.micro_batches));
-        w.fits = device.memory_bytes() <= 0 || w.memory.total() <= device.memory_bytes();
+        // The hosted shards live beside the stage: in host memory on a CPU, on the device on a GPU.
+        w.fits = device.memory_bytes() <= 0 || w.memory.total() + w.ps_bytes <= device.memory_bytes();
       }
       r.workers.push_back(w);
     }
-    // Parameters, their gradient sum and AdamW's two moments, fp32, per hosted parameter.
-    for (const ShardPlacement& sh : P_.shards) r.workers[sh.worker].ps_bytes += 4 * kFp32 * sh.params;
     for (int a = 0; a < hosts_; ++a)
       for (int b = 0; b < hosts_; ++b) {
         const size_t i = static_cast<size_t>(a) * hosts_ + b;

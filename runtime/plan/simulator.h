@@ -85,7 +85,7 @@ struct WorkerReport {
   double ps_busy_s = 0;     // stepping hosted shards (Step), last iteration
   MemoryEstimate memory;    // the stage on its device (memory_estimate.h)
   double ps_bytes = 0;      // hosted shards: fp32 parameters, gradient sum, AdamW m and v
-  bool fits = true;         // memory.total() within the device's memory (where it has a figure)
+  bool fits = true;         // memory.total() + ps_bytes within the device's memory (where it has one)
 };
 
 struct LinkReport {
