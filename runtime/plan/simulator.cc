@@ -218,20 +218,27 @@ class Engine {
     return (static_cast<size_t>(iter) * 2 + (grad ? 1 : 0)) * L_.micro_batches + micro;
   }
 
-  void Unblock(WorkerState& k, double t) {
+  // Worker k stops at its current instruction until `on` (WorkerState::waiting_for) happens.
+  void Block(WorkerState& k, int on) {
+    k.waiting_for = on;
+    k.blocked_since = k.t;
+  }
+
+  // Worker w, blocked, goes on at t: past the instruction it waited in (`next`), or back into it
+  // (ReduceNorm looks again at what it waits for).
+  void Resume(int w, double t, bool next) {
+    WorkerState& k = workers_[w];
     if (Last(k.iter)) k.waiting += t - k.blocked_since;
     k.waiting_for = WorkerState::kNone;
     k.t = t;
-    ++k.pc;
+    if (next) ++k.pc;
+    Push(t, EventKind::kRun, w, k.iter);
   }
 
   void Deliver(int w, size_t slot, double at) {
     WorkerState& k = workers_[w];
     k.arrival[slot] = at;
-    if (k.waiting_for == static_cast<int>(slot)) {
-      Unblock(k, at);
-      Push(at, EventKind::kRun, w, k.iter);
-    }
+    if (k.waiting_for == static_cast<int>(slot)) Resume(w, at, true);
   }
 
   // Runs worker w from its current time until it computes (it goes on at the compute's end) or
@@ -270,14 +277,12 @@ class Engine {
           const size_t slot = Slot(k.iter, in.op == Op::kRecvGrad, in.micro);
           const double at = k.arrival[slot];
           if (at < 0) {  // not sent yet: Deliver wakes it
-            k.waiting_for = static_cast<int>(slot);
-            k.blocked_since = k.t;
+            Block(k, static_cast<int>(slot));
             return;
           }
           if (at > k.t) {  // on its way
-            k.blocked_since = k.t;
-            Unblock(k, at);
-            Push(at, EventKind::kRun, w, k.iter);
+            Block(k, static_cast<int>(slot));
+            Resume(w, at, true);
             return;
           }
           ++k.pc;
@@ -292,8 +297,7 @@ class Engine {
           break;
         case Op::kReduceNorm:
           if (!PushesIn(k)) {  // GradIn wakes it
-            k.waiting_for = WorkerState::kPushes;
-            k.blocked_since = k.t;
+            Block(k, WorkerState::kPushes);
             return;
           }
           if (!P_.clip_norm) {
@@ -303,8 +307,7 @@ class Engine {
           if (!k.reported) {  // its partial squares go to the coordinator; NormIn wakes it
             k.reported = true;
             Push(k.t + ToCoordinator(k.host), EventKind::kNormIn, w, k.iter);
-            k.waiting_for = WorkerState::kNorm;
-            k.blocked_since = k.t;
+            Block(k, WorkerState::kNorm);
             return;
           }
           k.reported = false;
@@ -332,8 +335,7 @@ class Engine {
           break;
         case Op::kPullParams:
           if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {
-            k.waiting_for = WorkerState::kPull;
-            k.blocked_since = k.t;
+            Block(k, WorkerState::kPull);
             return;
           }
           ++k.pc;
@@ -355,12 +357,7 @@ class Engine {
     ++shards_[shard].grads_in[iter];
     const int w = P_.shards[shard].worker;
     WorkerState& k = workers_[w];
-    if (k.waiting_for == WorkerState::kPushes && k.iter == iter && PushesIn(k)) {
-      if (Last(iter)) k.waiting += t - k.blocked_since;
-      k.waiting_for = WorkerState::kNone;
-      k.t = t;
-      Push(t, EventKind::kRun, w, iter);
-    }
+    if (k.waiting_for == WorkerState::kPushes && k.iter == iter && PushesIn(k)) Resume(w, t, false);
   }
 
   // A host's partial norm reached the coordinator; with the last one the norm goes back to every
@@ -369,13 +366,9 @@ class Engine {
     norm_at_[iter] = std::max(norm_at_[iter], t);
     if (++norms_in_[iter] < shard_hosts_) return;
     for (size_t w = 0; w < workers_.size(); ++w) {
-      WorkerState& k = workers_[w];
-      if (k.hosted.empty()) continue;
-      const double back = norm_at_[iter] + ToCoordinator(k.host);
-      if (Last(iter)) k.waiting += back - k.blocked_since;
-      k.waiting_for = WorkerState::kNone;
-      k.t = back;
-      Push(back, EventKind::kRun, static_cast<int>(w), iter);
+      if (!workers_[w].hosted.empty()) {
+        Resume(static_cast<int>(w), norm_at_[iter] + ToCoordinator(workers_[w].host), false);
+      }
     }
   }
 
@@ -384,8 +377,7 @@ class Engine {
     ++k.params_in[iter];
     if (k.waiting_for == WorkerState::kPull && k.iter == iter &&
         k.params_in[iter] == static_cast<int>(stage_shards_[k.stage].size())) {
-      Unblock(k, t);
-      Push(t, EventKind::kRun, w, iter);
+      Resume(w, t, true);
     }
   }
 
