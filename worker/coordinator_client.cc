@@ -56,15 +56,23 @@ absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::Register
   return reply;
 }
 
+template <typename Request>
+absl::Status CoordinatorClient::Report(
+    grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&, proto::Empty*),
+    const Request& req, const char* what) {
+  proto::Empty empty;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = (stub_.get()->*rpc)(&ctx, req, &empty);
+  return st.ok() ? absl::OkStatus() : FromGrpc(st, what);
+}
+
 absl::Status CoordinatorClient::ReportProfile(const proto::ComputeProfile& compute) {
   proto::ProfileReport report;
   report.set_worker_id(id_);
   *report.mutable_compute() = compute;
-  proto::Empty empty;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline());
-  grpc::Status st = stub_->ReportProfile(&ctx, report, &empty);
-  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting this worker's compute profile to the coordinator");
+  return Report(&proto::Coordinator::Stub::ReportProfile, report,
+                "reporting this worker's compute profile to the coordinator");
 }
 
 std::chrono::system_clock::time_point CoordinatorClient::PollDeadline() const {
@@ -103,11 +111,7 @@ absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers() {
 }
 
 absl::Status CoordinatorClient::ReportLinks(const proto::LinkReport& report) {
-  proto::Empty empty;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline());
-  grpc::Status st = stub_->ReportLinks(&ctx, report, &empty);
-  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting this worker's links to the coordinator");
+  return Report(&proto::Coordinator::Stub::ReportLinks, report, "reporting this worker's links to the coordinator");
 }
 
 absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
@@ -162,19 +166,11 @@ absl::StatusOr<double> CoordinatorClient::ReduceNorm(const proto::NormReport& re
 }
 
 absl::Status CoordinatorClient::ReportIteration(const proto::IterationReport& report) {
-  proto::Empty empty;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline());
-  grpc::Status st = stub_->ReportIteration(&ctx, report, &empty);
-  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting to the coordinator");
+  return Report(&proto::Coordinator::Stub::ReportIteration, report, "reporting to the coordinator");
 }
 
 absl::Status CoordinatorClient::ReportCheckpoint(const proto::CheckpointReport& report) {
-  proto::Empty empty;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline());
-  grpc::Status st = stub_->ReportCheckpoint(&ctx, report, &empty);
-  return st.ok() ? absl::OkStatus() : FromGrpc(st, "reporting a checkpoint to the coordinator");
+  return Report(&proto::Coordinator::Stub::ReportCheckpoint, report, "reporting a checkpoint to the coordinator");
 }
 
 void CoordinatorClient::ReportDone(const proto::DoneReport& report) {

@@ -59,6 +59,11 @@ class CoordinatorClient {
   void Heartbeat(double period_s, double dead_after_s);
   std::chrono::system_clock::time_point Deadline() const;
   std::chrono::system_clock::time_point PollDeadline() const;
+  // One report the coordinator answers with Empty, within the call deadline; errors say `what`.
+  template <typename Request>
+  absl::Status Report(grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                                     proto::Empty*),
+                      const Request& req, const char* what);
   // Asks again while the coordinator answers "not yet" (NOT_FOUND) or the poll times out.
   template <typename Request, typename Reply>
   absl::StatusOr<Reply> LongPoll(grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&,
