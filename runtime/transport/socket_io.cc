@@ -20,10 +20,7 @@
 #include "absl/strings/str_format.h"
 
 namespace longhaul {
-namespace {
 
-// Milliseconds poll may sleep before `deadline` (-1: no deadline), rounded up so a wait never
-// returns just before its deadline and spins.
 int PollTimeoutMs(Deadline deadline) {
   if (deadline == Forever()) return -1;
   const auto left = deadline - std::chrono::steady_clock::now();
@@ -31,6 +28,8 @@ int PollTimeoutMs(Deadline deadline) {
   return static_cast<int>(
       std::min<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), std::numeric_limits<int>::max()));
 }
+
+namespace {
 
 // Waits for `events` on fd: OK, DeadlineExceeded or Cancelled.
 absl::Status WaitFor(int fd, short events, Deadline deadline, const WakeFd& wake) {

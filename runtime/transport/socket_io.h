@@ -51,4 +51,8 @@ absl::Status WaitReadable(int fd, Deadline deadline, const WakeFd& wake);
 
 inline Deadline Forever() { return Deadline::max(); }
 
+// Milliseconds poll may sleep before `deadline` (-1: no deadline), rounded up so a wait never
+// returns just before its deadline and spins, and within an int.
+int PollTimeoutMs(Deadline deadline);
+
 }  // namespace longhaul

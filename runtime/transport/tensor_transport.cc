@@ -12,7 +12,6 @@
 #include <deque>
 #include <initializer_list>
 #include <iostream>
-#include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -74,12 +73,6 @@ absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
   proto::TensorAck ack;
   if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");
   return AckStatus(ack);
-}
-
-// Milliseconds poll may sleep until `deadline`, rounded up, and within an int.
-int PollMs(Deadline deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, std::numeric_limits<int>::max()));
 }
 
 // Says what it has to say, then lets the peer read it: closing with unread bytes in the receive
@@ -519,7 +512,7 @@ class PeerConnection {
         return absl::UnavailableError(absl::StrCat("connection broken while sending: ", strerror(errno)));
       }
       pollfd f[2] = {{fd_, POLLOUT | POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
-      if (poll(f, 2, PollMs(deadline)) < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
+      if (poll(f, 2, PollTimeoutMs(deadline)) < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
       if (f[1].revents != 0) return absl::CancelledError("woken");
       if ((f[0].revents & POLLIN) != 0) {
         if (absl::Status s = PumpAcks(); !s.ok()) return s;
@@ -576,7 +569,7 @@ class PeerConnection {
   void AwaitAcks() {
     const Deadline deadline = awaiting_.front().deadline;
     pollfd p[3] = {{fd_, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
-    const int r = poll(p, 3, PollMs(deadline));
+    const int r = poll(p, 3, PollTimeoutMs(deadline));
     kick_.Clear();
     if (r > 0 && p[0].revents != 0) {
       if (absl::Status s = PumpAcks(); !s.ok()) Broken(s);
