@@ -479,8 +479,7 @@ class Service final : public proto::Coordinator::Service {
   // it to the workers, whose stages and checkpoints follow it.
   absl::Status AdoptCut(const std::vector<int>& cut) {
     const std::vector<int> was = cfg_.Cut();
-    absl::StatusOr<JobConfig> cfg = ParseJobConfig(cfg_.toml_text, cfg_.source_path,
-                                                   {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+    absl::StatusOr<JobConfig> cfg = cfg_.WithCut(cut);
     if (!cfg.ok()) return cfg.status();
     cfg_ = *std::move(cfg);
     std::cout << absl::StrFormat("coordinator: the search cuts the model [%s] blocks per stage, not [%s]\n",

@@ -518,6 +518,10 @@ std::vector<int> JobConfig::Cut() const {
   return blocks;
 }
 
+absl::StatusOr<JobConfig> JobConfig::WithCut(const std::vector<int>& cut) const {
+  return ParseJobConfig(toml_text, source_path, {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+}
+
 StageSpec JobConfig::Stage(int stage) const {
   if (cluster.stage_layers.empty()) return StageSpec::Even(model, stage, cluster.stages);
   int first = 0;

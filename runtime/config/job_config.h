@@ -102,6 +102,8 @@ struct JobConfig {
   StageSpec Stage(int stage) const;
   // Blocks of every stage: cluster.stage_layers, or the even split it defaults to.
   std::vector<int> Cut() const;
+  // This config with cluster.stage_layers = `cut`, its text (what workers receive) included.
+  absl::StatusOr<JobConfig> WithCut(const std::vector<int>& cut) const;
   // train.backend or a cluster.stage_backends entry names a GPU.
   bool UsesGpu() const {
     return train.backend_device >= 0 ||

@@ -94,8 +94,7 @@ absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, J
     sum += cut.back();
   }
   if (sum != cfg.model.n_layer || cut == cfg.Cut()) return cfg;
-  return ParseJobConfig(cfg.toml_text, cfg.source_path,
-                        {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+  return cfg.WithCut(cut);
 }
 
 }  // namespace longhaul
