@@ -65,11 +65,7 @@ absl::Status Membership::SetProfile(int id, const proto::ComputeProfile& c) {
 }
 
 bool Membership::SameHost(int a, int b) const {
-  auto host = [&](int id) {
-    const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(workers_.at(id).reg.address());
-    return hp.ok() ? hp->first : workers_.at(id).reg.address();
-  };
-  return host(a) == host(b);
+  return HostOf(workers_.at(a).reg.address()) == HostOf(workers_.at(b).reg.address());
 }
 
 absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {

@@ -159,12 +159,11 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
   TransportOptions transport = TransportFor(cfg, cfg.cluster.job_id);
   // Workers at this worker's own address share its machine: no link to measure, unless the dial
   // map leads to them another way (an emulated link's proxy). Probes go where tensors will.
-  const std::string here = SplitHostPort(server_->address())->first;
+  const std::string here = HostOf(server_->address());
   std::vector<proto::Peer> others;
   for (proto::Peer p : peers.peers()) {
-    const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(p.address());
     auto via = dial_map_.find(p.address());
-    if (p.worker_id() == client_.worker_id() || (via == dial_map_.end() && hp.ok() && hp->first == here)) continue;
+    if (p.worker_id() == client_.worker_id() || (via == dial_map_.end() && HostOf(p.address()) == here)) continue;
     if (via != dial_map_.end()) p.set_address(via->second);
     others.push_back(p);
   }

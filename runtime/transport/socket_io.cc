@@ -87,6 +87,11 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
   return std::make_pair(address.substr(0, colon), port);
 }
 
+std::string HostOf(const std::string& address) {
+  const absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(address);
+  return hp.ok() ? hp->first : address;
+}
+
 absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound) {
   auto addr = Resolve(address);
   if (!addr.ok()) return addr.status();

@@ -29,6 +29,9 @@ class WakeFd {
 
 // "host:port" (IPv4 or a name that resolves to one) split and checked.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+// The host of "host:port"; an address that is no host:port, whole. Workers whose tensor addresses
+// share a host share a machine.
+std::string HostOf(const std::string& address);
 
 // A listening socket on `address` (port 0: any free one); the bound "host:port" in `bound`.
 absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound);
