@@ -119,6 +119,10 @@ struct LinkCost {
   double SerializeSeconds(double bytes) const;
 };
 
+// What a parameter-server shard holds per parameter: fp32 parameters, the gradient sum and
+// AdamW's two moments.
+inline constexpr double kPsShardBytesPerParam = 16;
+
 // A link as a probe measured it (worker/link_probe.h): one-way delay half the round trip.
 LinkCost MeasuredLink(double round_trip_s, double bytes_per_s);
 

@@ -24,9 +24,10 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   for (int s = 0; s < stages; ++s) {
     const StageSpec spec = L.Spec(s);
     MemoryEstimate m = r.device.StageMemory(L.work, spec, ActivationSlots(schedule, stages, s, L.micro_batches));
-    // The shards a stage's worker hosts live beside it: fp32 parameters, the gradient sum and
-    // AdamW's moments, for the whole stage on replica 0 (central) or a replica's share of it.
-    m.Add("parameter-server shards", 16 * StageParamCount(r.model, spec) / (central_ps ? 1 : replicas));
+    // The shards a stage's worker hosts live beside it: the whole stage's on replica 0 (central)
+    // or a replica's share of it.
+    m.Add("parameter-server shards",
+          kPsShardBytesPerParam * StageParamCount(r.model, spec) / (central_ps ? 1 : replicas));
     if (r.device.memory_bytes() > 0 && m.total() > r.device.memory_bytes()) ++over;
     if (s == 0 || m.total() > c.peak_memory.total()) c.peak_stage = s, c.peak_memory = std::move(m);
     auto t = r.device.Stage(L.work, spec);

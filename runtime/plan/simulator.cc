@@ -390,8 +390,7 @@ class Engine {
       WorkerReport w;
       w.stage = k.stage, w.replica = k.replica;
       w.busy_s = k.busy, w.waiting_s = k.waiting, w.ps_busy_s = k.ps_busy;
-      // Parameters, their gradient sum and AdamW's two moments, fp32, per hosted parameter.
-      for (int i : k.hosted) w.ps_bytes += 4 * kFp32 * P_.shards[i].params;
+      for (int i : k.hosted) w.ps_bytes += kPsShardBytesPerParam * P_.shards[i].params;
       const DeviceCost& device = sim_.devices[k.device];
       if (k.stage >= 0) {
         w.memory = device.StageMemory(L_.work, L_.Spec(k.stage),
