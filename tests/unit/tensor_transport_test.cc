@@ -5,8 +5,12 @@
 // refused before anything is allocated and leave nothing behind; a cancelled send ends at once.
 #include "transport/tensor_transport.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <limits>
@@ -346,6 +350,77 @@ TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   EXPECT_EQ(box_.HeldFloats(), 0u);
   // Each refused part's reservation went with its stream.
   for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
+}
+
+// A receiver that is no longhaul worker: it reads whatever comes and answers the hello with
+// `hello_reply`, then every later read with `part_reply`.
+class FakeReceiver {
+ public:
+  FakeReceiver(std::string hello_reply, std::string part_reply)
+      : hello_reply_(std::move(hello_reply)), part_reply_(std::move(part_reply)) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    listen(listener_, 4);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    thread_ = std::thread([this] {
+      const int fd = accept(listener_, nullptr, nullptr);
+      char buf[1 << 16];
+      bool hello = true;
+      while (fd >= 0 && read(fd, buf, sizeof(buf)) > 0) {
+        const std::string& reply = hello ? hello_reply_ : part_reply_;
+        hello = false;
+        if (!reply.empty() && write(fd, reply.data(), reply.size()) < 0) break;
+      }
+      if (fd >= 0) close(fd);
+    });
+  }
+  ~FakeReceiver() {
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string hello_reply_, part_reply_, address_;
+  int listener_ = -1;
+  std::thread thread_;
+};
+
+// What a sender reads back is checked as a receiver checks what it reads: an acknowledgement that
+// claims 4 GiB fails the send, names the peer as no longhaul worker, and allocates nothing.
+TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocating) {
+  const std::string huge = std::string("\xff\xff\xff\xff") + std::string(64, 'x');
+  proto::TensorAck ok;
+  ok.set_ok(true);
+  std::string ok_frame;
+  for (int i = 0; i < 4; ++i) ok_frame.push_back(static_cast<char>((ok.ByteSizeLong() >> (8 * i)) & 0xff));
+  ok_frame += ok.SerializeAsString();
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);
+  const std::vector<float> x = Ramp(1000);
+  const int64_t rss = testing::ResidentBytes();
+  {
+    FakeReceiver at_hello(huge, "");
+    const absl::Status s = TensorClient(at_hello.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("not a longhaul worker"), std::string::npos) << s;
+  }
+  {
+    FakeReceiver at_part(ok_frame, huge);
+    const absl::Status s = TensorClient(at_part.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("no acknowledgement"), std::string::npos) << s;
+  }
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "two garbage receivers: resident memory grew by " << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 16 << 20);
 }
 
 TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
