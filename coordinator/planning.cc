@@ -14,19 +14,15 @@ namespace longhaul {
 std::vector<proto::ShardPlacement> PlanShards(const JobConfig& cfg) {
   std::vector<proto::ShardPlacement> shards;
   for (int s = 0; s < cfg.cluster.stages; ++s) {
-    const ParamLayout layout(cfg.model, cfg.Stage(s));
-    const auto cuts = cfg.cluster.central_ps
-                          ? std::vector<std::pair<int, int>>{{0, static_cast<int>(layout.tensors().size())}}
-                          : layout.SplitIntoShards(cfg.cluster.replicas);
     int shard = 0;
-    for (size_t k = 0; k < cuts.size(); ++k) {
-      if (cuts[k].first == cuts[k].second) continue;  // no tensors, no shard, no PS duty
+    for (const ParamLayout::PsShardCut& cut :
+         ParamLayout(cfg.model, cfg.Stage(s)).PsShards(cfg.cluster.replicas, cfg.cluster.central_ps)) {
       proto::ShardPlacement sp;
       sp.set_stage(s);
       sp.set_shard(shard++);
-      sp.set_owner_replica(cfg.cluster.central_ps ? 0 : static_cast<int>(k));
-      sp.set_first_tensor(cuts[k].first);
-      sp.set_end_tensor(cuts[k].second);
+      sp.set_owner_replica(cut.owner_replica);
+      sp.set_first_tensor(cut.first_tensor);
+      sp.set_end_tensor(cut.end_tensor);
       shards.push_back(sp);
     }
   }

@@ -92,12 +92,12 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
 }
 
 double HostedPsFloats(const JobConfig& cfg, int stage, int replica) {
-  const ParamLayout layout(cfg.model, cfg.Stage(stage));
-  if (cfg.cluster.central_ps) return replica == 0 ? static_cast<double>(layout.total()) : 0;
-  const auto cuts = layout.SplitIntoShards(cfg.cluster.replicas);
-  if (replica >= static_cast<int>(cuts.size())) return 0;
-  const auto [begin, end] = layout.Range(cuts[replica].first, cuts[replica].second);
-  return static_cast<double>(end - begin);
+  double floats = 0;
+  for (const ParamLayout::PsShardCut& cut :
+       ParamLayout(cfg.model, cfg.Stage(stage)).PsShards(cfg.cluster.replicas, cfg.cluster.central_ps)) {
+    if (cut.owner_replica == replica) floats += static_cast<double>(cut.floats);
+  }
+  return floats;
 }
 
 absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available) {

@@ -73,6 +73,18 @@ std::vector<std::pair<int, int>> ParamLayout::SplitIntoShards(int shards) const 
   return out;
 }
 
+std::vector<ParamLayout::PsShardCut> ParamLayout::PsShards(int replicas, bool central) const {
+  const auto cuts = central ? std::vector<std::pair<int, int>>{{0, static_cast<int>(tensors_.size())}}
+                            : SplitIntoShards(replicas);
+  std::vector<PsShardCut> out;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    if (cuts[k].first == cuts[k].second) continue;
+    const auto [begin, end] = Range(cuts[k].first, cuts[k].second);
+    out.push_back({static_cast<int>(k), cuts[k].first, cuts[k].second, end - begin});
+  }
+  return out;
+}
+
 int ParamLayout::Find(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i)
     if (tensors_[i].name == name) return static_cast<int>(i);

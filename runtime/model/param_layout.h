@@ -43,6 +43,15 @@ class ParamLayout {
   // (so each shard checkpoints whole, named tensors). Returns [first, end) tensor index pairs; a
   // shard may be empty when there are fewer tensors than shards.
   std::vector<std::pair<int, int>> SplitIntoShards(int shards) const;
+  // The stage's parameter-server shards as a job places them: all tensors on replica 0 (central),
+  // or SplitIntoShards(replicas) with replica k hosting the k-th; empty ones left out. The
+  // coordinator's plan, a worker's memory check and the simulator all size shards by this.
+  struct PsShardCut {
+    int owner_replica = 0;
+    int first_tensor = 0, end_tensor = 0;
+    size_t floats = 0;
+  };
+  std::vector<PsShardCut> PsShards(int replicas, bool central) const;
 
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/param_layout.h"
 
 namespace longhaul {
 
@@ -31,11 +32,9 @@ Placement DefaultPlacement(const Layout& layout, bool central_ps) {
       p.host.push_back(r * layout.stages + s);
     }
   for (int s = 0; s < layout.stages; ++s) {
-    const double params = StageParamCount(layout.work.model, layout.Spec(s));
-    if (central_ps) {
-      p.shards.push_back({s, params, p.worker[s][0]});
-    } else {
-      for (int r = 0; r < layout.replicas; ++r) p.shards.push_back({s, params / layout.replicas, p.worker[s][r]});
+    for (const ParamLayout::PsShardCut& cut :
+         ParamLayout(layout.work.model, layout.Spec(s)).PsShards(layout.replicas, central_ps)) {
+      p.shards.push_back({s, static_cast<double>(cut.floats), p.worker[s][cut.owner_replica]});
     }
   }
   return p;

@@ -66,8 +66,9 @@ struct Placement {
   bool clip_norm = true;
 };
 
-// Worker r·stages + s runs (stage s, replica r), on host of its own number. Sharded PS: each of a
-// stage's replicas hosts 1/replicas of its parameters; central: replica 0 hosts them all.
+// Worker r·stages + s runs (stage s, replica r), on host of its own number. The shards are the
+// runtime's (ParamLayout::PsShards): sharded, replica k hosts the k-th cut of the stage's tensors
+// (whole tensors, so the shares are uneven: the embedding is one); central, replica 0 hosts all.
 Placement DefaultPlacement(const Layout& layout, bool central_ps);
 
 struct Simulation {

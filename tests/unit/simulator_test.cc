@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+
+#include "model/param_layout.h"
 
 namespace longhaul {
 namespace {
@@ -148,18 +151,25 @@ TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
       const ComputeTimes t = *sim.devices[0].Stage(sim.layout.work, sim.layout.Spec(0));
       return t.forward_s + t.backward_s;
     }();
+    // The runtime's shards (whole tensors, so uneven): replica 0 hosts `own`, the larger sets the pace.
+    const std::vector<ParamLayout::PsShardCut> shards =
+        ParamLayout(sim.layout.work.model, sim.layout.Spec(0)).PsShards(2, central);
+    ASSERT_EQ(shards.size(), central ? 1u : 2u);
+    const double own = static_cast<double>(shards[0].floats);
+    const double larger = central ? params : std::max(own, params - own);
+    if (!central) EXPECT_NE(own, params / 2) << "a test of uneven shards wants a stage that splits unevenly";
     const SimulationReport r = Simulated(sim);
-    // Sharded: each worker sends the other half its gradient, then gets the other half's
+    // Sharded: each worker sends the other's shard of its gradient, then gets that shard's
     // parameters back, both directions at once. Central: replica 1 sends all of it and gets all of
     // it back.
-    const double moved = central ? 4 * params : 2 * params;
-    const double step = sim.devices[0].StepSeconds(central ? params : params / 2, 2);
+    const double moved = 4 * larger;
+    const double step = sim.devices[0].StepSeconds(larger, 2);
     EXPECT_NEAR(r.iteration_s, M * fb + 2 * moved / rate + step, kEps) << (central ? "central" : "sharded");
-    // Either way each direction carries one half-gradient and one half of the parameters (sharded)
+    // Either way each direction carries one shard's gradient and the other's parameters (sharded)
     // or the whole gradient one way and the whole parameters the other (central): 4 bytes each.
     EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 4 * params);
     EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * params);
-    EXPECT_NEAR(r.workers[0].ps_bytes, 16 * (central ? params : params / 2), 1e-6);
+    EXPECT_NEAR(r.workers[0].ps_bytes, 16 * own, 1e-6);
   }
 }
 
