@@ -465,6 +465,10 @@ class Service final : public proto::Coordinator::Service {
                                                      : absl::StrFormat("; registration order and the config's cut "
                                                                        "stand (nothing %.0f%% faster)",
                                                                        100 * kPlacementMinGain));
+        if (!found->why_not.empty()) {
+          std::cout << "coordinator: warning: no placement fits the memory the workers reported: " << found->why_not
+                    << "; their own checks will say what to change\n";
+        }
       }
     }
     if (!why.empty()) {

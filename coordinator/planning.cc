@@ -84,7 +84,10 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   const absl::StatusOr<PlacementResult> registration = PlaceInOrder(problem, RegistrationOrder(cfg));
   if (!registration.ok()) return registration.status();
   SlotSearch out;
-  const bool better = found->iteration_s < (1 - kPlacementMinGain) * registration->iteration_s;
+  // A plan that fits beats one that does not, however fast (the search ranks them so too).
+  const bool better = (found->fits && !registration->fits) ||
+                      (found->fits == registration->fits &&
+                       found->iteration_s < (1 - kPlacementMinGain) * registration->iteration_s);
   for (int k = 0; k < W; ++k) {
     const auto [stage, replica] = SlotOf(cfg, k);
     out.worker_of_slot.push_back(better ? found->placement.worker[stage][replica] : k);
@@ -92,6 +95,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   out.predicted_s = better ? found->iteration_s : registration->iteration_s;
   out.blocks_per_stage = better ? found->blocks_per_stage : registration->blocks_per_stage;
   out.searched = better;
+  out.why_not = better ? found->why_not : registration->why_not;
   out.registration_order_s = registration->iteration_s;
   out.simulations = found->simulations;
   return out;

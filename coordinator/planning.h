@@ -38,6 +38,7 @@ struct SlotSearch {
   std::vector<int> worker_of_slot;
   std::vector<int> blocks_per_stage;  // the cut the prediction used
   bool searched = false;  // the search's plan was enough faster to replace registration order
+  std::string why_not;    // empty where every stage fits its worker's reported memory
   double predicted_s = 0;           // the simulator's iteration time for this placement
   double registration_order_s = 0;  // and for registration order, on the same costs
   int simulations = 0;

@@ -93,7 +93,18 @@ class Scorer {
     r.placement = out;
     r.blocks_per_stage = cut;
     r.iteration_s = report->iteration_s;
-    for (const WorkerReport& w : report->workers) r.fits = r.fits && w.fits;
+    double worst_over = 0;
+    for (size_t w = 0; w < report->workers.size(); ++w) {
+      const WorkerReport& k = report->workers[w];
+      if (k.fits) continue;
+      r.fits = false;
+      const double need = k.memory.total() + k.ps_bytes, have = p_.devices[Device(static_cast<int>(w))].memory_bytes();
+      if (need - have <= worst_over) continue;
+      worst_over = need - have;
+      r.why_not = absl::StrFormat("worker %d (stage %d) needs %s and %s of parameter-server shards, %s over its %s", w,
+                                  k.stage, k.memory.ToString(), FormatBytes(k.ps_bytes), FormatBytes(worst_over),
+                                  FormatBytes(have));
+    }
     r.simulations = simulations_;
     return r;
   }

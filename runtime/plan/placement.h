@@ -39,6 +39,7 @@
 //
 // A plan whose stages do not fit in their devices' memory counts as worse than any plan that fits.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,6 +68,7 @@ struct PlacementResult {
   std::vector<int> blocks_per_stage;  // the cut the prediction used
   double iteration_s = 0;             // Simulate's prediction for this plan
   bool fits = true;                   // every stage fits its device's memory
+  std::string why_not;                // where it does not: the worker furthest over, and by how much
   int simulations = 0;                // Simulate calls spent finding it
 };
 

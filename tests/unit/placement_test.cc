@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "model/memory_estimate.h"
 #include "netem/scenario.h"
 
@@ -164,6 +165,46 @@ TEST(Placement, FasterDeviceGetsMoreBlocks) {
   PlacementProblem even = p;
   even.layout.blocks_per_stage = {4, 4};
   EXPECT_LT(r.iteration_s, Ok(RegistrationOrder(even)).iteration_s);
+}
+
+// A plan that does not fit loses to any that does, however fast: a device three times faster
+// would take six of eight blocks, but holds no more than an even stage. Forced into the faster
+// plan, the result says which worker is over and by how much.
+TEST(Placement, APlanThatFitsBeatsAFasterOneThatDoesNot) {
+  PlacementProblem p = Problem(2, 1, 4, 64, 64, Sites({{0.1}}, {{10000}}, {0, 0}));
+  p.layout.work.model.n_layer = 8;
+  p.devices = {Cpu("cpu:100"), Cpu("cpu:300")};
+  p.device = {0, 1};
+  const PlacementResult unlimited = Ok(SearchPlacement(p));
+  EXPECT_GT(*std::max_element(unlimited.blocks_per_stage.begin(), unlimited.blocks_per_stage.end()), 4);
+
+  Layout even = p.layout;
+  even.blocks_per_stage = {4, 4};
+  double most = 0;  // the larger even stage with its shard (one replica: the whole stage)
+  for (int s = 0; s < 2; ++s) {
+    most = std::max(most, p.devices[0].StageMemory(even.work, even.Spec(s), even.micro_batches).total() +
+                              kPsShardBytesPerParam * StageParamCount(even.work.model, even.Spec(s)));
+  }
+  PlacementProblem small = p;
+  for (DeviceCost& d : small.devices) {
+    auto block = d.Block(p.layout.work), head = d.Head(p.layout.work);
+    ASSERT_TRUE(block.ok() && head.ok());
+    d = *DeviceCost::Timed(d.name(), Backend::kCpu, 20e9, p.layout.work, *block, *head, most);
+  }
+  const PlacementResult r = Ok(SearchPlacement(small));
+  EXPECT_TRUE(r.fits) << r.why_not;
+  EXPECT_TRUE(r.why_not.empty());
+  EXPECT_EQ(r.blocks_per_stage, (std::vector<int>{4, 4}));
+  EXPECT_GT(r.iteration_s, unlimited.iteration_s);
+
+  small.layout.blocks_per_stage = unlimited.blocks_per_stage;
+  std::vector<int> order = {unlimited.placement.worker[0][0], unlimited.placement.worker[1][0]};
+  const PlacementResult forced = Ok(PlaceInOrder(small, order));
+  EXPECT_FALSE(forced.fits);
+  EXPECT_NE(forced.why_not.find("over its"), std::string::npos) << forced.why_not;
+  const int big = unlimited.blocks_per_stage[0] > 4 ? 0 : 1;  // the stage over the limit
+  EXPECT_NE(forced.why_not.find(absl::StrCat("worker ", order[big], " (stage ", big, ")")), std::string::npos)
+      << forced.why_not;
 }
 
 TEST(Placement, SlowSpareWorkerStaysIdle) {
