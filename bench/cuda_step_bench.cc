@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       const int T = 2048;
       const longhaul::StageSpec spec = c.whole ? longhaul::StageSpec::Whole(cfg) : longhaul::StageSpec{0, c.layers, false, false};
       longhaul::CudaStage::Options o;
-      o.B = c.B, o.T = T, o.precision = *precision, o.device = 0, o.seed = 1;
+      o.B = c.B, o.T = T, o.precision = *precision, o.device = 0, o.seed = 1, o.optimizer = true;
       auto stage = longhaul::CudaStage::Create(cfg, spec, o);
       if (!stage.ok()) {
         std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()));

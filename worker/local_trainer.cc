@@ -71,7 +71,9 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   t->data_ = std::move(data);
   // 1F1B over one stage is gradient accumulation: each micro-batch's backward right after its
   // forward, so one activation slot serves.
-  LH_ASSIGN_OR_RETURN(t->stage_, MakeStage(StageRequestFor(cfg, 0, cfg.train.backend_device, 1)));
+  StageRequest request = StageRequestFor(cfg, 0, cfg.train.backend_device, 1);
+  request.optimizer = true;
+  LH_ASSIGN_OR_RETURN(t->stage_, MakeStage(request));
   const TrainConfig& tc = cfg.train;
   LH_RETURN_IF_ERROR(t->stage_->AttachOptimizer(
       {tc.adamw, LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps}, tc.grad_clip}));

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cpu/cpu_stage.h"
+#include "model/memory_estimate.h"
 #include "util/status_macros.h"
 #ifdef LONGHAUL_WITH_CUDA
 #include "cuda/cuda_ps_shard.h"
@@ -35,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
   CudaStage::Options o;
   o.B = r.B, o.T = r.T, o.precision = r.precision, o.device = r.device, o.slots = r.slots, o.recompute = r.recompute;
   o.seed = r.seed;
+  o.optimizer = r.optimizer;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> s, CudaStage::Create(r.model, r.spec, o));
   return std::unique_ptr<Stage>(std::move(s));
 #else
@@ -42,6 +44,16 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
       "backend \"cuda:%d\" but this build has no CUDA backend (nvcc was not found when it was configured); rebuild "
       "where /usr/local/cuda/bin/nvcc exists, or use the \"cpu\" backend",
       r.device));
+#endif
+}
+
+double DeviceMemoryAvailable(int device) {
+  if (device < 0) return HostMemoryAvailable().bytes;
+#ifdef LONGHAUL_WITH_CUDA
+  const absl::StatusOr<double> free_bytes = CudaFreeMemory(device);
+  return free_bytes.ok() ? *free_bytes : 0;
+#else
+  return 0;
 #endif
 }
 

@@ -20,12 +20,18 @@ struct StageRequest {
   bool recompute = false;
   int slots = 1;
   uint64_t seed = 0;
+  bool optimizer = false;  // the stage steps itself (AttachOptimizer): its memory check counts the moments
 };
 
 // Stage `stage` of the job on `device` (BackendName), holding `slots` micro-batches.
 StageRequest StageRequestFor(const JobConfig& cfg, int stage, int device, int slots);
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r);
+
+// What a stage on `device` may use, as the worker reports it for the placement search to cut
+// stages that fit: the host's available memory for the CPU (-1), the GPU's free memory for cuda:N;
+// 0 (unknown, nothing checked) where it cannot say.
+double DeviceMemoryAvailable(int device);
 
 // A parameter-server shard of tensors [first_tensor, end_tensor) of `stage_layout`, kept where the
 // hosting worker computes: host memory for the CPU (-1), cuda:N's memory for a GPU worker.

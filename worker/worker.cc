@@ -134,8 +134,8 @@ absl::Status Worker::Join() {
   } else {
     return measured.status();
   }
-  // What the placement search may cut a stage to fit (a GPU's memory is not reported yet).
-  if (device < 0) compute.set_memory_bytes(HostMemoryAvailable().bytes);
+  // What the placement search may cut a stage to fit.
+  compute.set_memory_bytes(DeviceMemoryAvailable(device));
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());

@@ -27,6 +27,23 @@ int CudaDeviceCount(std::string* why) {
   return n;
 }
 
+absl::StatusOr<double> CudaFreeMemory(int device) {
+  std::string why;
+  const int devices = CudaDeviceCount(&why);
+  if (device < 0 || device >= devices) {
+    return absl::FailedPreconditionError(
+        devices == 0 ? why : absl::StrFormat("cuda:%d asked for, but this machine has %d CUDA devices", device, devices));
+  }
+  int was = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaError_t e = cudaGetDevice(&was);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
+  cudaSetDevice(was);
+  if (e != cudaSuccess) return absl::InternalError(absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", cudaGetErrorString(e)));
+  return static_cast<double>(free_bytes);
+}
+
 namespace {
 
 using cuda::Check;
@@ -154,6 +171,7 @@ class StageImpl final : public CudaStage {
     req.activation_slots = o_.slots;
     req.backend = Backend::kCuda;
     req.precision = o_.precision;
+    req.optimizer = o_.optimizer;
     const MemoryEstimate need = EstimateStage(req);
     if (need.total() <= static_cast<double>(free_bytes)) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(

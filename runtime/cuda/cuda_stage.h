@@ -20,6 +20,8 @@ namespace longhaul {
 
 // Number of CUDA devices (0 when there is no driver or no device); `why` says which.
 int CudaDeviceCount(std::string* why);
+// Bytes free on cuda:device (cudaMemGetInfo), or why it cannot say.
+absl::StatusOr<double> CudaFreeMemory(int device);
 
 class CudaStage : public Stage {
  public:
@@ -32,6 +34,10 @@ class CudaStage : public Stage {
     int slots = 1;           // micro-batches held between forward and backward
     bool recompute = false;  // keep each block's input only; rebuild its activations in backward
     uint64_t seed = 0;       // InitGpt2Params
+    // AttachOptimizer will follow (a trainer, not a pipeline worker whose shards live apart): the
+    // check before allocating counts AdamW's moments, so a stage that cannot hold them is refused
+    // up front instead of at the moments' cudaMalloc.
+    bool optimizer = false;
   };
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(const ModelConfig& cfg, const StageSpec& spec,
                                                            const Options& options);

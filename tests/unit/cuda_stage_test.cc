@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <utility>
 
 #include "cpu/cpu_stage.h"
 #include "data/batch_sampler.h"
+#include "model/memory_estimate.h"
 #include "tests/support/fixtures.h"
 
 namespace longhaul {
@@ -247,6 +249,32 @@ TEST(CudaStage, MissingDeviceIsAClearError) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.status().message().find(absl::StrCat("cuda:", devices)), std::string::npos) << s.status();
+}
+
+// What a worker reports for the placement search, and the check before allocating: a stage that
+// steps itself is refused with its AdamW moments counted, before any cudaMalloc.
+TEST(CudaStage, FreeMemoryIsReportedAndTheCheckCountsTheMomentsOfAStageThatStepsItself) {
+  std::string why;
+  const int devices = CudaDeviceCount(&why);
+  const absl::StatusOr<double> missing = CudaFreeMemory(devices);  // one past the last
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition) << missing.status();
+  if (devices == 0) GTEST_SKIP() << "the rest needs a GPU: " << why;
+  const absl::StatusOr<double> free_bytes = CudaFreeMemory(0);
+  ASSERT_TRUE(free_bytes.ok()) << free_bytes.status();
+  EXPECT_GT(*free_bytes, 0);
+  std::cout << "cuda:0 free: " << FormatBytes(*free_bytes) << "\n";
+
+  ModelConfig cfg;  // GPT-3 175B's shapes: no GPU of today holds a whole one
+  cfg.n_layer = 96, cfg.d_model = 12288, cfg.n_head = 96, cfg.max_seq_len = 2048, cfg.vocab_size = 50257;
+  for (bool optimizer : {false, true}) {
+    CudaStage::Options o;
+    o.B = 1, o.T = 2048, o.precision = Precision::kBf16, o.recompute = true, o.optimizer = optimizer;
+    auto s = CudaStage::Create(cfg, StageSpec::Whole(cfg), o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+    EXPECT_EQ(s.status().message().find("AdamW moments") != std::string::npos, optimizer) << s.status();
+  }
 }
 
 }  // namespace
