@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "metrics/flops.h"
+#include "model/param_layout.h"
 
 namespace longhaul {
 namespace {
@@ -25,9 +26,12 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
     const StageSpec spec = L.Spec(s);
     MemoryEstimate m = r.device.StageMemory(L.work, spec, ActivationSlots(schedule, stages, s, L.micro_batches));
     // The shards a stage's worker hosts live beside it: the whole stage's on replica 0 (central)
-    // or a replica's share of it.
-    m.Add("parameter-server shards",
-          kPsShardBytesPerParam * StageParamCount(r.model, spec) / (central_ps ? 1 : replicas));
+    // or a replica's cut of its tensors; the largest cut is the stage's peak.
+    size_t hosted = 0;
+    for (const ParamLayout::PsShardCut& cut : ParamLayout(r.model, spec).PsShards(replicas, central_ps)) {
+      hosted = std::max(hosted, cut.floats);
+    }
+    m.Add("parameter-server shards", kPsShardBytesPerParam * static_cast<double>(hosted));
     if (r.device.memory_bytes() > 0 && m.total() > r.device.memory_bytes()) ++over;
     if (s == 0 || m.total() > c.peak_memory.total()) c.peak_stage = s, c.peak_memory = std::move(m);
     auto t = r.device.Stage(L.work, spec);
