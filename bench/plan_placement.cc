@@ -55,7 +55,7 @@ absl::StatusOr<PlacementProblem> Problem(const netem::Scenario& scenario, int wo
   L.work.model.n_layer = 24, L.work.model.d_model = 2048, L.work.model.n_head = 16;
   L.work.model.max_seq_len = 2048, L.work.model.vocab_size = 50257;
   L.work.seq_len = 2048, L.work.micro_batch = 1, L.work.precision = Precision::kFp16, L.work.recompute = true;
-  L.wire_bytes = 2;
+  L.wire = WireDtype::kF16;
   auto v100 = DeviceCost::Named("v100", Precision::kFp16, 0.35);
   if (!v100.ok()) return v100.status();
   p.devices = {*v100};

@@ -71,7 +71,7 @@ absl::StatusOr<SimulationReport> Predict(double efficiency, const netem::Scenari
   L.schedule = ScheduleKind::kGpipe;
   L.work.model = Gpt3Xl(2);  // the last stage's QQP classifier
   L.work.seq_len = 2048, L.work.micro_batch = 1, L.work.precision = Precision::kFp32;
-  L.wire_bytes = 4;
+  L.wire = WireDtype::kF32;
   sim.placement = DefaultPlacement(L, /*central_ps=*/true);
   sim.placement.clip_norm = false;
   for (ShardPlacement& sh : sim.placement.shards)

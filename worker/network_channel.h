@@ -9,6 +9,7 @@
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "model/param_layout.h"
+#include "transport/error_feedback.h"
 #include "transport/mailbox.h"
 #include "worker/executor.h"
 #include "worker/peer_directory.h"
@@ -60,6 +61,9 @@ class NetworkChannel final : public Channel {
   Timeline& timeline_;
   PsHost* ps_host_ = nullptr;
   double ps_waited_ = 0;  // while the PsHost takes pushes
+  // [shard of stage_shards_]: int8 pushes carry error feedback. Not in checkpoints: a resumed int8
+  // run starts with no residual.
+  std::vector<ErrorFeedback> feedback_;
 };
 
 }  // namespace longhaul

@@ -62,11 +62,12 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
     return absl::OutOfRangeError(absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(),
                                                  it->second.micro_batches));
   }
-  if (h.dtype() != dtype_) {
-    const bool known = h.dtype() >= proto::F32 && h.dtype() <= proto::BF16;
+  const WireDtype expected = WireDtypeFor(static_cast<WireDtype>(dtype_), h.kind());
+  if (h.dtype() != static_cast<proto::WireDtype>(expected)) {
+    const bool known = h.dtype() >= proto::F32 && h.dtype() <= proto::INT8;
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s in wire dtype %s; the job's is %s (transport.wire_dtype)", key.DebugString(),
-        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(static_cast<WireDtype>(dtype_))));
+        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(expected)));
   }
   return it->second.elements;
 }

@@ -20,7 +20,11 @@ StageSpec Layout::Spec(int stage) const {
 }
 
 double Layout::BoundaryBytes() const {
-  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model * wire_bytes;
+  return WireBytesOf(static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model, proto::ACTIVATION);
+}
+
+double Layout::WireBytesOf(double elements, proto::TensorKind kind) const {
+  return static_cast<double>(WireBytes(static_cast<size_t>(elements), WireDtypeFor(wire, kind)));
 }
 
 Placement DefaultPlacement(const Layout& layout, bool central_ps) {
@@ -42,7 +46,6 @@ Placement DefaultPlacement(const Layout& layout, bool central_ps) {
 
 namespace {
 
-constexpr double kFp32 = 4;
 
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
@@ -290,7 +293,7 @@ class Engine {
         case Op::kPushGrads:
           for (int i : stage_shards_[k.stage]) {
             const ShardPlacement& sh = P_.shards[i];
-            Push(Send(k.host, workers_[sh.worker].host, kFp32 * sh.params, k.t, k.iter), EventKind::kGradIn, i, k.iter);
+            Push(Send(k.host, workers_[sh.worker].host, L_.WireBytesOf(sh.params, proto::GRAD_PUSH), k.t, k.iter), EventKind::kGradIn, i, k.iter);
           }
           ++k.pc;
           break;
@@ -327,7 +330,7 @@ class Engine {
             const ShardPlacement& sh = P_.shards[i];
             for (int r = 0; r < L_.replicas; ++r) {
               const int to = P_.worker[sh.stage][r];
-              Push(Send(k.host, workers_[to].host, kFp32 * sh.params, k.t, k.iter), EventKind::kParamsIn, to, k.iter);
+              Push(Send(k.host, workers_[to].host, L_.WireBytesOf(sh.params, proto::PARAMS), k.t, k.iter), EventKind::kParamsIn, to, k.iter);
             }
           }
           ++k.pc;

@@ -30,7 +30,9 @@
 #include "absl/status/statusor.h"
 #include "model/memory_estimate.h"
 #include "plan/cost_model.h"
+#include "longhaul.pb.h"
 #include "schedule/schedule.h"
+#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
@@ -40,11 +42,13 @@ struct Layout {
   int micro_batches = 1;
   ScheduleKind schedule = ScheduleKind::kGpipe;
   WorkShape work;                // the model, sequence length, micro-batch size, precision, recompute
-  double wire_bytes = 4;         // per activation element on the wire (wire dtype)
+  WireDtype wire = WireDtype::kF32;  // transport.wire_dtype (parameters travel in WireDtypeFor's)
 
   StageSpec Spec(int stage) const;
   // Activations (or their gradients) of one micro-batch between two stages.
   double BoundaryBytes() const;
+  // `elements` values of `kind` (proto::TensorKind) on the wire.
+  double WireBytesOf(double elements, proto::TensorKind kind) const;
 };
 
 // One parameter-server shard: `params` fp32 parameters of `stage`, hosted by worker `worker`.

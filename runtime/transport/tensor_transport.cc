@@ -236,7 +236,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
         absl::StrFormat("tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d",
                         absl::CHexEscape(h.job_id()), h.protocol_version(), job_id(), kProtocolVersion));
   }
-  if (h.dtype() < proto::F32 || h.dtype() > proto::BF16) {
+  if (h.dtype() < proto::F32 || h.dtype() > proto::INT8) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", h.dtype()));
   }
   // Every size is checked against what the plan allows, overflow-safe, and the part is reserved in
@@ -252,7 +252,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
   if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
-  const size_t expected = h.part_elements() * (h.dtype() == proto::F32 ? 4 : 2);
+  const size_t expected = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype()));
   std::vector<float> values;
   std::vector<uint8_t> wire;
   auto received = [&]() -> absl::Status {
@@ -293,7 +293,7 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
   if (h.part_offset() != 0 || h.part_elements() != h.total_elements()) {
     return absl::InvalidArgumentError("a link probe comes in one part");
   }
-  const size_t bytes = h.part_elements() * (h.dtype() == proto::F32 ? 4 : 2);
+  const size_t bytes = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype()));
   std::vector<uint8_t> scratch(std::min<size_t>(bytes, 1 << 20));
   uint32_t crc = 0;
   for (size_t at = 0; at < bytes;) {
@@ -700,13 +700,7 @@ TensorClient::~TensorClient() = default;
 
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
   auto op = std::make_shared<SendOp>();
-  const size_t bpe = WireBytesPerElement(options_.dtype);
-  const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
-  if (options_.dtype != WireDtype::kF32) {
-    op->wire_.resize(n * bpe);
-    EncodeWire(data, n, options_.dtype, op->wire_.data());
-    wire = op->wire_.data();
-  }
+  const WireDtype dtype = WireDtypeFor(options_.dtype, header.kind());
   op->start_ = std::chrono::steady_clock::now();
   op->what_ = absl::StrFormat("%s to %s", TensorKey{header.kind(), header.iteration(), header.micro_batch(),
                                                     header.from_stage(), header.from_replica(), header.shard()}
@@ -714,18 +708,31 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
                               address_);
   header.set_job_id(options_.job_id);
   header.set_protocol_version(kProtocolVersion);
-  header.set_dtype(static_cast<proto::WireDtype>(options_.dtype));
+  header.set_dtype(static_cast<proto::WireDtype>(dtype));
   header.set_total_elements(n);
-  // Split into equal parts, one per connection; tiny tensors go on one.
-  const size_t parts = std::max<size_t>(1, std::min<size_t>(connections_.size(), n * bpe / (1u << 20)));
+  // Equal parts, one per connection, cut at multiples of kWirePiece values; tiny tensors go on one.
+  // Each part is encoded on its own, so a receiver decodes it alone.
+  const size_t pieces = (n + kWirePiece - 1) / kWirePiece;
+  const size_t parts =
+      std::max<size_t>(1, std::min({connections_.size(), WireBytes(n, dtype) / (1u << 20), pieces}));
+  std::vector<size_t> lo(parts + 1), at(parts + 1, 0);
+  for (size_t p = 0; p <= parts; ++p) {
+    lo[p] = std::min(n, pieces * p / parts * kWirePiece);
+    if (p > 0) at[p] = at[p - 1] + WireBytes(lo[p] - lo[p - 1], dtype);
+  }
+  const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
+  if (dtype != WireDtype::kF32) {
+    op->wire_.resize(at[parts]);
+    for (size_t p = 0; p < parts; ++p) EncodeWire(data + lo[p], lo[p + 1] - lo[p], dtype, op->wire_.data() + at[p]);
+    wire = op->wire_.data();
+  }
   op->pending_ = op->unwritten_ = static_cast<int>(parts);
   const Deadline deadline = op->start_ + options_.timeout;
   for (size_t p = 0; p < parts; ++p) {
-    const size_t lo = n * p / parts, hi = n * (p + 1) / parts;
     proto::TensorHeader h = header;
-    h.set_part_offset(lo);
-    h.set_part_elements(hi - lo);
-    OutPart part{op, "", wire + lo * bpe, (hi - lo) * bpe, deadline};
+    h.set_part_offset(lo[p]);
+    h.set_part_elements(lo[p + 1] - lo[p]);
+    OutPart part{op, "", wire + at[p], at[p + 1] - at[p], deadline};
     PutU32(part.header, static_cast<uint32_t>(h.ByteSizeLong()));
     part.header += h.SerializeAsString();
     connections_[p]->Enqueue(std::move(part));

@@ -1,20 +1,75 @@
 #include "transport/wire_dtype.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
 namespace longhaul {
 
-size_t WireBytesPerElement(WireDtype d) { return d == WireDtype::kF32 ? 4 : 2; }
+namespace {
+
+size_t Int8Blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+
+void EncodeInt8(const float* in, size_t n, void* out) {
+  auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
+  auto* q = static_cast<int8_t*>(out) + 4 * Int8Blocks(n);
+  for (size_t b = 0; b * kInt8Block < n; ++b) {
+    const size_t lo = b * kInt8Block, hi = std::min(n, lo + kInt8Block);
+    float most = 0;
+    bool finite = true;
+    for (size_t i = lo; i < hi; ++i) {
+      const float a = std::fabs(in[i]);
+      finite = finite && std::isfinite(a);
+      most = std::max(most, a);
+    }
+    const float scale = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(scales + 4 * b, &scale, 4);
+    if (!(scale > 0)) {  // zeros, or a NaN scale
+      std::fill(q + lo, q + hi, int8_t{0});
+      continue;
+    }
+    // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
+    for (size_t i = lo; i < hi; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.0f, 127.0f));
+  }
+}
+
+void DecodeInt8(const void* in, size_t n, float* out) {
+  const auto* scales = static_cast<const uint8_t*>(in);
+  const auto* q = static_cast<const int8_t*>(in) + 4 * Int8Blocks(n);
+  for (size_t b = 0; b * kInt8Block < n; ++b) {
+    float scale;
+    std::memcpy(&scale, scales + 4 * b, 4);
+    const size_t lo = b * kInt8Block, hi = std::min(n, lo + kInt8Block);
+    for (size_t i = lo; i < hi; ++i) out[i] = std::isfinite(scale) ? scale * q[i] : scale;
+  }
+}
+
+}  // namespace
+
+size_t WireBytes(size_t n, WireDtype d) {
+  switch (d) {
+    case WireDtype::kF32: return 4 * n;
+    case WireDtype::kF16:
+    case WireDtype::kBf16: return 2 * n;
+    case WireDtype::kInt8: return n + 4 * Int8Blocks(n);
+  }
+  return 4 * n;
+}
+
+WireDtype WireDtypeFor(WireDtype job, int kind) {
+  return job == WireDtype::kInt8 && kind == 4 /* proto::PARAMS */ ? WireDtype::kBf16 : job;
+}
 
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
   if (name == "fp32") return WireDtype::kF32;
   if (name == "fp16") return WireDtype::kF16;
   if (name == "bf16") return WireDtype::kBf16;
+  if (name == "int8") return WireDtype::kInt8;
   return absl::InvalidArgumentError(
-      absl::StrCat("transport.wire_dtype = \"", name, "\": use \"fp32\", \"fp16\" or \"bf16\""));
+      absl::StrCat("transport.wire_dtype = \"", name, "\": use \"fp32\", \"fp16\", \"bf16\" or \"int8\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -22,6 +77,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kF32: return "fp32";
     case WireDtype::kF16: return "fp16";
     case WireDtype::kBf16: return "bf16";
+    case WireDtype::kInt8: return "int8";
   }
   return "?";
 }
@@ -50,6 +106,9 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
       }
       return;
     }
+    case WireDtype::kInt8:
+      EncodeInt8(in, n, out);
+      return;
   }
 }
 
@@ -72,14 +131,18 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       }
       return;
     }
+    case WireDtype::kInt8:
+      DecodeInt8(in, n, out);
+      return;
   }
 }
 
 void RoundThroughWire(float* data, size_t n, WireDtype d) {
   if (d == WireDtype::kF32) return;
-  uint16_t wire[4096];
-  for (size_t i = 0; i < n; i += 4096) {
-    const size_t k = std::min<size_t>(4096, n - i);
+  // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts.
+  alignas(4) uint8_t wire[2 * kWirePiece];
+  for (size_t i = 0; i < n; i += kWirePiece) {
+    const size_t k = std::min<size_t>(kWirePiece, n - i);
     EncodeWire(data + i, k, d, wire);
     DecodeWire(wire, k, d, data + i);
   }

@@ -264,7 +264,7 @@ TEST_P(WireDtypes, ReplicasHoldBitwiseTheSameParametersAfterEveryIteration) {
   EXPECT_LT(worst, 0.05);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16", "int8"));
 
 TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
   const std::vector<std::string> layout = {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"};

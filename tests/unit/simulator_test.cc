@@ -136,7 +136,7 @@ TEST(Simulator, BandwidthBoundSendsSerializeOnTheLink) {
 
 TEST(Simulator, WireDtypeHalvesTheBytes) {
   Simulation sim = Make(2, 1, 4, 0, 1e6);
-  sim.layout.wire_bytes = 2;
+  sim.layout.wire = WireDtype::kBf16;
   const SimulationReport r = Simulated(sim);
   EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * 16 * 64 * 2);
 }

@@ -1,4 +1,4 @@
-// The framed TCP data plane on loopback: tensors round-trip in every wire dtype and over several connections; a
+// The framed TCP data plane on loopback: tensors round-trip in every wire dtype (int8 included) and over several connections; a
 // peer of another job is refused with both job ids named; garbage bytes on the port close only
 // their own connection; crafted headers (sizes that wrap, sizes beyond what the receiver admits,
 // streams that stop after their header, duplicates, replays, iterations outside the window) are
@@ -51,7 +51,7 @@ TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<float> x = Ramp(3'000'001);  // 12 MB, odd length, several chunks per part
   int micro = 0;
-  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16}) {
+  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8}) {
     TransportOptions opt;
     opt.job_id = "jobA", opt.dtype = d, opt.connections = 3, opt.chunk_bytes = 1 << 20;
     TensorClient client((*server)->address(), opt);
@@ -60,6 +60,15 @@ TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
     auto got = box.Take(Key(proto::ACTIVATION, micro), std::chrono::seconds(10));
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->size(), x.size());
+    if (d == WireDtype::kInt8) {
+      // Parts are encoded alone, cut where int8's blocks fall in the whole tensor: what arrives is
+      // what a worker rounds its own copy to (RoundThroughWire), bit for bit.
+      std::vector<float> own = x;
+      RoundThroughWire(own.data(), own.size(), d);
+      ASSERT_EQ(*got, own);
+      ++micro;
+      continue;
+    }
     // fp16 keeps 11 significant bits, bf16 8: relative error bounds 2^-11 and 2^-8.
     const double tol = d == WireDtype::kF32 ? 0.0 : (d == WireDtype::kF16 ? 4.9e-4 : 3.9e-3);
     for (size_t i = 0; i < x.size(); i += 997) ASSERT_LE(std::abs((*got)[i] - x[i]), tol * std::abs(x[i]) + 1e-7) << i;
