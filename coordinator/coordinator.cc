@@ -24,6 +24,7 @@
 #include "config/resume_check.h"
 #include "coordinator/membership.h"
 #include "coordinator/planning.h"
+#include "transport/wire_plan.h"
 #include "coordinator/run_log.h"
 #include "netem/scenario.h"
 #include "plan/measured_prediction.h"
@@ -495,7 +496,8 @@ class Service final : public proto::Coordinator::Service {
   void MakePlan() {
     const nlohmann::json placement = Place();
     log_.SetPlacement(placement);
-    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_}, worker_of_slot_);
+    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_}, worker_of_slot_,
+                               network_ ? &*network_ : nullptr);
     nlohmann::json cluster = nlohmann::json::array();
     for (const proto::Assignment& a : plan_.assignments()) {
       const proto::RegisterRequest& reg = members_.registration(a.worker_id());
@@ -503,7 +505,22 @@ class Service final : public proto::Coordinator::Service {
                          {"address", a.address()}, {"host", reg.host()}, {"pid", reg.pid()},
                          {"blocks", {a.first_block(), a.end_block()}}});
     }
-    nlohmann::json record = {{"job_id", cfg_.cluster.job_id}, {"placement", placement}, {"workers", cluster}};
+    const WirePlan wires = WiresOf(plan_);
+    nlohmann::json narrow = nlohmann::json::array();
+    for (const auto& [pair, dtype] : wires.links) narrow.push_back({{"from", pair.first}, {"to", pair.second}, {"dtype", WireDtypeName(dtype)}});
+    std::string wire = WireDtypeName(wires.default_dtype);
+    if (!wires.links.empty()) {
+      wire = absl::StrFormat("%s; %s on %d links slower than %.0f Gbit/s; parameters %s", wire,
+                             WireDtypeName(wires.links.begin()->second), wires.links.size(), kAutoInt8Below * 8 / 1e9,
+                             WireDtypeName(wires.params_dtype));
+    }
+    nlohmann::json record = {{"job_id", cfg_.cluster.job_id},
+                             {"placement", placement},
+                             {"workers", cluster},
+                             {"wire", {{"configured", WireDtypeName(cfg_.transport.wire_dtype)},
+                                       {"default", WireDtypeName(wires.default_dtype)},
+                                       {"params", WireDtypeName(wires.params_dtype)},
+                                       {"links", narrow}}}};
     if (members_.linked()) record["links"] = MeasuredLinksJson();
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc) << record.dump(2) << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
@@ -511,8 +528,8 @@ class Service final : public proto::Coordinator::Service {
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
                                  "workers; floor = entropy of the data (nats/token)\n",
                                  cfg_.cluster.stages, cfg_.cluster.replicas, ScheduleName(cfg_.cluster.schedule),
-                                 cfg_.cluster.central_ps ? "central" : "sharded", plan_.shards_size(),
-                                 WireDtypeName(cfg_.transport.wire_dtype), FlopsFormulaName(cfg_.train.recompute),
+                                 cfg_.cluster.central_ps ? "central" : "sharded", plan_.shards_size(), wire,
+                                 FlopsFormulaName(cfg_.train.recompute),
                                  expected_)
               << std::flush;
     cv_.notify_all();

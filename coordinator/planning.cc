@@ -1,12 +1,14 @@
 #include "coordinator/planning.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
+#include "transport/wire_plan.h"
 #include "util/median.h"
 
 namespace longhaul {
@@ -102,7 +104,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
 }
 
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
-                     const PlanRequest& request, const std::vector<int>& worker_of_slot) {
+                     const PlanRequest& request, const std::vector<int>& worker_of_slot, const NetworkCost* network) {
   proto::Plan plan;
   plan.set_version(1);
   plan.set_job_id(cfg.cluster.job_id);
@@ -126,6 +128,18 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     a->set_end_block(spec.end_block);
   }
   for (const proto::ShardPlacement& sp : PlanShards(cfg)) *plan.add_shards() = sp;
+  std::vector<std::vector<int>> at(cfg.cluster.stages, std::vector<int>(cfg.cluster.replicas));
+  for (int k = 0; k < static_cast<int>(worker_of_slot.size()); ++k) {
+    const auto [stage, replica] = SlotOf(cfg, k);
+    at[stage][replica] = worker_of_slot[k];
+  }
+  // Worker w on host w of the network, as the placement search has it; unknown links are fast.
+  SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), TensorPairs(at),
+                        [&](int a, int b) {
+                          return network != nullptr ? network->Between(a, b).Rate()
+                                                    : std::numeric_limits<double>::infinity();
+                        }),
+           plan);
   return plan;
 }
 

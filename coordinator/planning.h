@@ -58,9 +58,11 @@ struct PlanRequest {
 };
 
 // Version 1 of the plan for `workers` (every one registered), by worker id; slot k runs on worker
-// worker_of_slot[k].
+// worker_of_slot[k]. The links between workers (worker w on host w; null: unknown, all fast)
+// resolve an "auto" transport.wire_dtype per link (transport/wire_plan.h).
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
-                     const PlanRequest& request, const std::vector<int>& worker_of_slot);
+                     const PlanRequest& request, const std::vector<int>& worker_of_slot,
+                     const NetworkCost* network = nullptr);
 
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);

@@ -43,7 +43,7 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {
   std::vector<float> own = mailbox_.Acquire(n);
   std::copy(data, data + n, own.begin());
-  RoundThroughWire(own.data(), n, WireDtypeFor(peers_.transport().dtype, kind));
+  RoundThroughWire(own.data(), n, peers_.WireTo(stage_, replica_, kind));
   mailbox_.Put({kind, it, 0, stage_, replica_, shard}, std::move(own));
 }
 
@@ -54,12 +54,16 @@ void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float*
 
 absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
   LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
-  const bool feedback = WireDtypeFor(peers_.transport().dtype, proto::GRAD_PUSH) == WireDtype::kInt8;
-  if (feedback && feedback_.empty()) feedback_.assign(stage_shards_.size(), ErrorFeedback(WireDtype::kInt8));
+  if (feedback_.empty()) {
+    for (const proto::ShardPlacement& sp : stage_shards_) {
+      feedback_.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
+    }
+  }
   for (size_t k = 0; k < stage_shards_.size(); ++k) {
     const proto::ShardPlacement& sp = stage_shards_[k];
     const auto [begin, end] = layout_.Range(sp.first_tensor(), sp.end_tensor());
-    const float* push = feedback ? feedback_[k].Apply(grads + begin, end - begin) : grads + begin;
+    const float* push = feedback_[k].dtype() == WireDtype::kInt8 ? feedback_[k].Apply(grads + begin, end - begin)
+                                                                 : grads + begin;
     if (sp.owner_replica() == replica_) {
       SendToSelf(proto::GRAD_PUSH, it, sp.shard(), push, end - begin);
     } else {

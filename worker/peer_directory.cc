@@ -9,7 +9,7 @@ namespace longhaul {
 
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
                              std::map<std::string, std::string> dial_map)
-    : plan_(plan), stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
+    : plan_(plan), wires_(WiresOf(plan)), stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
 
 absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(const std::string& path) {
   std::ifstream f(path);
@@ -24,6 +24,10 @@ std::string PeerDirectory::AddressOf(int stage, int replica) const {
   for (const proto::Assignment& a : plan_.assignments())
     if (a.stage() == stage && a.replica() == replica) return a.address();
   return "";
+}
+
+WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) const {
+  return wires_.Of(WorkerAt(plan_, stage_, replica_), WorkerAt(plan_, stage, replica), kind);
 }
 
 TensorClient& PeerDirectory::Client(const std::string& address) {
@@ -53,6 +57,7 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_stage(stage_);
   h.set_from_replica(replica_);
   h.set_shard(shard);
+  h.set_dtype(static_cast<proto::WireDtype>(WireTo(stage, replica, kind)));
   static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
   in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], it, micro});
 }

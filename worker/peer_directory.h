@@ -12,6 +12,7 @@
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "transport/tensor_transport.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 
@@ -25,6 +26,9 @@ class PeerDirectory {
   static absl::StatusOr<std::map<std::string, std::string>> ReadDialMap(const std::string& path);
 
   const TransportOptions& transport() const { return transport_; }
+  // What a tensor of `kind` from this worker to the one running (stage, replica) travels in: the
+  // plan's (transport/wire_plan.h).
+  WireDtype WireTo(int stage, int replica, proto::TensorKind kind) const;
   // The address of the worker running (stage, replica), or empty when the plan has none.
   std::string AddressOf(int stage, int replica) const;
 
@@ -49,6 +53,7 @@ class PeerDirectory {
   TensorClient& Client(const std::string& address);
 
   const proto::Plan plan_;
+  const WirePlan wires_;
   const int stage_, replica_;
   TransportOptions transport_;
   std::map<std::string, std::string> dial_map_;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "transport/wire_plan.h"
 #include "worker/link_probe.h"
 
 namespace longhaul {
@@ -10,8 +11,13 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   std::map<Source, Expected> expected;
   const int P = plan.stages(), M = cfg.train.micro_batches;
   const uint64_t boundary = static_cast<uint64_t>(cfg.train.micro_batch_size) * cfg.train.seq_len * cfg.model.d_model;
-  if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M};
-  if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M};
+  const WirePlan wires = WiresOf(plan);
+  const int me = WorkerAt(plan, stage, replica);
+  auto dtype = [&](proto::TensorKind kind, int from_stage, int from_replica) {
+    return wires.Of(WorkerAt(plan, from_stage, from_replica), me, kind);
+  };
+  if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M, dtype(proto::ACTIVATION, stage - 1, replica)};
+  if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M, dtype(proto::GRADIENT, stage + 1, replica)};
   const ParamLayout layout(cfg.model, cfg.Stage(stage));
   for (const proto::ShardPlacement& sp : plan.shards()) {
     if (sp.stage() != stage) continue;
@@ -19,16 +25,15 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     if (sp.owner_replica() == replica) {
       // This worker hosts the shard: every other replica of the stage pushes its gradient.
       for (int r = 0; r < plan.replicas(); ++r)
-        if (r != replica) expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, 1};
+        if (r != replica) expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, 1, dtype(proto::GRAD_PUSH, stage, r)};
     } else {
-      expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1};
+      expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, wires.params_dtype};
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
   expected_ = std::move(expected);
   plan_version_ = plan.version();
   stage_ = stage, replica_ = replica;
-  dtype_ = static_cast<proto::WireDtype>(cfg.transport.wire_dtype);
   have_plan_ = true;
 }
 
@@ -62,12 +67,11 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
     return absl::OutOfRangeError(absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(),
                                                  it->second.micro_batches));
   }
-  const WireDtype expected = WireDtypeFor(static_cast<WireDtype>(dtype_), h.kind());
-  if (h.dtype() != static_cast<proto::WireDtype>(expected)) {
+  if (h.dtype() != static_cast<proto::WireDtype>(it->second.dtype)) {
     const bool known = h.dtype() >= proto::F32 && h.dtype() <= proto::INT8;
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s in wire dtype %s; the job's is %s (transport.wire_dtype)", key.DebugString(),
-        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(expected)));
+        "%s in wire dtype %s; the plan's for it is %s (transport.wire_dtype)", key.DebugString(),
+        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(it->second.dtype)));
   }
   return it->second.elements;
 }

@@ -31,6 +31,7 @@ class PlanAdmission : public TensorAdmission {
   struct Expected {
     uint64_t elements = 0;
     int micro_batches = 1;  // micro-batch indices [0, micro_batches)
+    WireDtype dtype = WireDtype::kF32;  // the plan's for this tensor from this peer (wire_plan.h)
   };
   using Source = std::tuple<int, int, int, int>;  // kind, from stage, from replica, shard
 
@@ -38,7 +39,6 @@ class PlanAdmission : public TensorAdmission {
   bool have_plan_ = false;
   uint64_t plan_version_ = 0;
   int stage_ = 0, replica_ = 0;
-  proto::WireDtype dtype_ = proto::F32;
   std::map<Source, Expected> expected_;
 };
 

@@ -145,7 +145,6 @@ absl::Status Worker::Join() {
 TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& job_id) const {
   TransportOptions transport;
   transport.job_id = job_id;
-  transport.dtype = cfg.transport.wire_dtype;
   transport.chunk_bytes = static_cast<size_t>(cfg.transport.chunk_mib) << 20;
   transport.connections = cfg.transport.connections;
   transport.congestion_control = cfg.transport.congestion_control;

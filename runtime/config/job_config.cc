@@ -502,8 +502,6 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   const Reader r(root, source_path);
   for (const KeyDef& k : Table()) LH_RETURN_IF_ERROR(k.read(r, c));
   if (c.data.source == DataSource::kLlmc && !root["model"]["vocab_size"]) c.model.vocab_size = 50257;
-  // A GPU computes a stage in a fraction of the time its fp32 boundary tensors take on a slow link.
-  if (c.UsesGpu() && !root["transport"]["wire_dtype"]) c.transport.wire_dtype = WireDtype::kBf16;
   LH_RETURN_IF_ERROR(Validate(c, source_path));
   c.as_json = EffectiveConfigJson(c);
   std::ostringstream text;

@@ -74,7 +74,7 @@ struct ClusterConfig {
 };
 
 struct TransportConfig {
-  WireDtype wire_dtype = WireDtype::kF32;
+  WireDtype wire_dtype = WireDtype::kAuto;  // resolved per link in the plan (transport/wire_plan.h)
   int chunk_mib = 2;
   int connections = 1;       // TCP connections per peer pair
   double timeout_s = 120.0;  // longest wait for a peer's tensor or acknowledgement
@@ -105,6 +105,9 @@ struct JobConfig {
   // This config with cluster.stage_layers = `cut`, its text (what workers receive) included.
   absl::StatusOr<JobConfig> WithCut(const std::vector<int>& cut) const;
   // train.backend or a cluster.stage_backends entry names a GPU.
+  // What an "auto" wire carries on fast links: what the compute keeps (a GPU computes a stage in a
+  // fraction of the time its fp32 boundary tensors take on any real link).
+  WireDtype FastWire() const { return UsesGpu() ? WireDtype::kBf16 : WireDtype::kF32; }
   bool UsesGpu() const {
     return train.backend_device >= 0 ||
            std::any_of(cluster.stage_backends.begin(), cluster.stage_backends.end(), [](int d) { return d >= 0; });

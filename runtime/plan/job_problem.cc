@@ -19,7 +19,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.micro_batches = cfg.train.micro_batches;
   L.schedule = cfg.cluster.schedule;
   L.work = JobWorkShape(cfg);
-  L.wire = cfg.transport.wire_dtype;
+  L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire();
   return L;
 }
 

@@ -28,7 +28,7 @@ struct LayoutSearchRequest {
   int seq_len = 1;
   int global_batch = 1;  // sequences per optimizer step, over every replica
   Precision precision = Precision::kFp32;
-  WireDtype wire = WireDtype::kF32;  // transport.wire_dtype
+  WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;  // Layout's
   bool clip_norm = true;  // every step waits for the norm's all-reduce (simulator.h's Placement)
   int workers = 1;        // devices available; a layout may use fewer
   DeviceCost device;      // every worker's

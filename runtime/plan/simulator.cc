@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 
@@ -19,12 +20,13 @@ StageSpec Layout::Spec(int stage) const {
   return spec;
 }
 
-double Layout::BoundaryBytes() const {
-  return WireBytesOf(static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model, proto::ACTIVATION);
+double Layout::BoundaryElements() const {
+  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model;
 }
 
-double Layout::WireBytesOf(double elements, proto::TensorKind kind) const {
-  return static_cast<double>(WireBytes(static_cast<size_t>(elements), WireDtypeFor(wire, kind)));
+double Layout::BoundaryBytes() const {
+  return static_cast<double>(
+      WireBytes(static_cast<size_t>(BoundaryElements()), wire == WireDtype::kAuto ? WireDtype::kInt8 : wire));
 }
 
 Placement DefaultPlacement(const Layout& layout, bool central_ps) {
@@ -188,6 +190,12 @@ class Engine {
       if (workers_[sh.worker].hosted.empty()) ++shard_hosts_;
       workers_[sh.worker].hosted.push_back(static_cast<int>(i));
     }
+    // The wire dtype of each link that carries tensors, as the coordinator would resolve it.
+    std::vector<std::vector<int>> host_at = P_.worker;
+    for (auto& row : host_at)
+      for (int& w : row) w = workers_[w].host;
+    wires_ = ResolveWires(L_.wire, L_.fast_wire, TensorPairs(host_at),
+                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); });
     // Each worker runs the list its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
       if (k.stage >= 0) k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty());
@@ -204,10 +212,13 @@ class Engine {
 
   bool Last(int iter) const { return iter == sim_.iterations - 1; }
 
-  // Puts a message on the link at time t (the current time: events run in time order, so the
-  // link sees messages in the order they were sent) and returns when it arrives.
-  double Send(int from_host, int to_host, double bytes, double t, int iter) {
+  // Puts a message of `elements` values of `kind` on the link at time t (the current time: events
+  // run in time order, so the link sees messages in the order they were sent) and returns when it
+  // arrives.
+  double Send(int from_host, int to_host, double elements, proto::TensorKind kind, double t, int iter) {
     if (from_host == to_host) return t;
+    const double bytes =
+        static_cast<double>(WireBytes(static_cast<size_t>(elements), wires_.Of(from_host, to_host, kind)));
     const LinkCost link = sim_.network.Between(from_host, to_host);
     const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
     const double start = std::max(t, link_free_[i]), hold = link.SerializeSeconds(bytes);
@@ -270,7 +281,8 @@ class Engine {
           const bool grad = in.op == Op::kSendGrad;
           const int peer = P_.worker[k.stage + (grad ? -1 : 1)][k.replica];
           Deliver(peer, Slot(k.iter, grad, in.micro),
-                  Send(k.host, workers_[peer].host, L_.BoundaryBytes(), k.t, k.iter));
+                  Send(k.host, workers_[peer].host, L_.BoundaryElements(), grad ? proto::GRADIENT : proto::ACTIVATION,
+                       k.t, k.iter));
           ++k.pc;
           break;
         }
@@ -293,7 +305,7 @@ class Engine {
         case Op::kPushGrads:
           for (int i : stage_shards_[k.stage]) {
             const ShardPlacement& sh = P_.shards[i];
-            Push(Send(k.host, workers_[sh.worker].host, L_.WireBytesOf(sh.params, proto::GRAD_PUSH), k.t, k.iter), EventKind::kGradIn, i, k.iter);
+            Push(Send(k.host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, k.t, k.iter), EventKind::kGradIn, i, k.iter);
           }
           ++k.pc;
           break;
@@ -330,7 +342,7 @@ class Engine {
             const ShardPlacement& sh = P_.shards[i];
             for (int r = 0; r < L_.replicas; ++r) {
               const int to = P_.worker[sh.stage][r];
-              Push(Send(k.host, workers_[to].host, L_.WireBytesOf(sh.params, proto::PARAMS), k.t, k.iter), EventKind::kParamsIn, to, k.iter);
+              Push(Send(k.host, workers_[to].host, sh.params, proto::PARAMS, k.t, k.iter), EventKind::kParamsIn, to, k.iter);
             }
           }
           ++k.pc;
@@ -420,6 +432,7 @@ class Engine {
   std::vector<int> norms_in_;                      // [iter]: partial norms at the coordinator
   std::vector<double> norm_at_;                    // [iter]: when the last of them arrived
   int hosts_ = 0;
+  WirePlan wires_;
   std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   int64_t seq_ = 0;

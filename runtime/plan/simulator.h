@@ -42,13 +42,15 @@ struct Layout {
   int micro_batches = 1;
   ScheduleKind schedule = ScheduleKind::kGpipe;
   WorkShape work;                // the model, sequence length, micro-batch size, precision, recompute
-  WireDtype wire = WireDtype::kF32;  // transport.wire_dtype (parameters travel in WireDtypeFor's)
+  // transport.wire_dtype; "auto" is resolved per link as the coordinator does (wire_plan.h), with
+  // fast_wire on the fast links (JobConfig::FastWire).
+  WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
 
   StageSpec Spec(int stage) const;
-  // Activations (or their gradients) of one micro-batch between two stages.
+  double BoundaryElements() const;  // activations (or their gradients) of one micro-batch
+  // Their bytes between two stages; "auto" counted as int8, what it sends on the slow links that
+  // placement is about.
   double BoundaryBytes() const;
-  // `elements` values of `kind` (proto::TensorKind) on the wire.
-  double WireBytesOf(double elements, proto::TensorKind kind) const;
 };
 
 // One parameter-server shard: `params` fp32 parameters of `stage`, hosted by worker `worker`.

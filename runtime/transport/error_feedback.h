@@ -18,6 +18,7 @@ class ErrorFeedback {
   // what the wire dtype's rounding of it loses. A stream whose length changes starts afresh.
   const float* Apply(const float* g, size_t n);
   const std::vector<float>& residual() const { return residual_; }
+  WireDtype dtype() const { return dtype_; }
 
  private:
   WireDtype dtype_;

@@ -700,7 +700,8 @@ TensorClient::~TensorClient() = default;
 
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
   auto op = std::make_shared<SendOp>();
-  const WireDtype dtype = WireDtypeFor(options_.dtype, header.kind());
+  const WireDtype dtype = header.dtype() != proto::WIRE_DTYPE_UNSPECIFIED ? static_cast<WireDtype>(header.dtype())
+                                                                         : WireDtypeFor(options_.dtype, header.kind());
   op->start_ = std::chrono::steady_clock::now();
   op->what_ = absl::StrFormat("%s to %s", TensorKey{header.kind(), header.iteration(), header.micro_batch(),
                                                     header.from_stage(), header.from_replica(), header.shard()}

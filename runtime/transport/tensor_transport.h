@@ -191,8 +191,9 @@ class TensorClient {
   ~TensorClient();
   const std::string& address() const { return address_; }
 
-  // Sends n floats in the wire dtype; job id, protocol version, dtype, sizes and checksum are
-  // filled in here, the rest of `header` (kind, iteration, ...) by the caller. With the fp32 wire
+  // Sends n floats in the header's dtype, or where it names none in the options' (WireDtypeFor);
+  // job id, protocol version, sizes and checksum are filled in here, the rest of `header` (kind,
+  // iteration, ...) by the caller. With the fp32 wire
   // dtype the bytes are sent from `data` itself, which must stay unchanged until the SendOp is
   // done; fp16 and bf16 encode into the op's own buffer first.
   std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);

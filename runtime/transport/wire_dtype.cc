@@ -51,6 +51,7 @@ void DecodeInt8(const void* in, size_t n, float* out) {
 
 size_t WireBytes(size_t n, WireDtype d) {
   switch (d) {
+    case WireDtype::kAuto:  // resolved before anything is sent (wire_plan.h); fp32 is the most it takes
     case WireDtype::kF32: return 4 * n;
     case WireDtype::kF16:
     case WireDtype::kBf16: return 2 * n;
@@ -68,8 +69,9 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
   if (name == "fp16") return WireDtype::kF16;
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "int8") return WireDtype::kInt8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("transport.wire_dtype = \"", name, "\": use \"fp32\", \"fp16\", \"bf16\" or \"int8\""));
+  if (name == "auto") return WireDtype::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat("transport.wire_dtype = \"", name,
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\" or \"int8\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -78,12 +80,14 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kF16: return "fp16";
     case WireDtype::kBf16: return "bf16";
     case WireDtype::kInt8: return "int8";
+    case WireDtype::kAuto: return "auto";
   }
   return "?";
 }
 
 void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
   switch (d) {
+    case WireDtype::kAuto:
     case WireDtype::kF32:
       std::memcpy(out, in, 4 * n);
       return;
@@ -114,6 +118,7 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
 
 void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
   switch (d) {
+    case WireDtype::kAuto:
     case WireDtype::kF32:
       std::memcpy(out, in, 4 * n);
       return;
@@ -138,7 +143,7 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
 }
 
 void RoundThroughWire(float* data, size_t n, WireDtype d) {
-  if (d == WireDtype::kF32) return;
+  if (d == WireDtype::kF32 || d == WireDtype::kAuto) return;
   // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts.
   alignas(4) uint8_t wire[2 * kWirePiece];
   for (size_t i = 0; i < n; i += kWirePiece) {

@@ -16,7 +16,8 @@
 
 namespace longhaul {
 
-enum class WireDtype : uint8_t { kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4 };
+// kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
+enum class WireDtype : uint8_t { kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4 };
 
 inline constexpr size_t kInt8Block = 128;
 // A tensor split into parts (over connections) is cut at multiples of this many values, so that

@@ -119,16 +119,19 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
   }
 }
 
-TEST(JobConfig, AGpuJobSendsBf16UnlessTheConfigSaysOtherwise) {
+// The wire is "auto" unless the config names one; on its fast links a GPU job sends bf16, a CPU
+// job fp32 (the slow links are wire_plan_test's).
+TEST(JobConfig, TheWireIsAutoAndAGpuJobsFastLinksCarryBf16) {
   auto parse = [](const std::vector<std::string>& overrides) {
     auto c = ParseJobConfig("", "job.toml", overrides);
     EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? c->transport.wire_dtype : WireDtype::kF32;
+    return c.ok() ? std::make_pair(c->transport.wire_dtype, c->FastWire()) : std::make_pair(WireDtype::kF32, WireDtype::kF32);
   };
-  EXPECT_EQ(parse({}), WireDtype::kF32);
-  EXPECT_EQ(parse({"train.backend=cuda:0"}), WireDtype::kBf16);
-  EXPECT_EQ(parse({"cluster.stages=2", "cluster.stage_backends=[\"cpu\", \"cuda:1\"]"}), WireDtype::kBf16);
-  EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}), WireDtype::kF32);
+  EXPECT_EQ(parse({}), std::make_pair(WireDtype::kAuto, WireDtype::kF32));
+  EXPECT_EQ(parse({"train.backend=cuda:0"}), std::make_pair(WireDtype::kAuto, WireDtype::kBf16));
+  EXPECT_EQ(parse({"cluster.stages=2", "cluster.stage_backends=[\"cpu\", \"cuda:1\"]"}),
+            std::make_pair(WireDtype::kAuto, WireDtype::kBf16));
+  EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}).first, WireDtype::kF32);
 }
 
 TEST(JobConfig, WorkersAreBounded) {

@@ -12,6 +12,7 @@
 #include "model/param_layout.h"
 #include "netem/scenario.h"
 #include "plan/job_problem.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 namespace {
@@ -70,8 +71,9 @@ TEST(Planning, APlacementGivesEachWorkerItsSlot) {
 // each stage's replicas on one site. With activations far larger than a stage's parameters, the
 // search keeps each pipeline on one site instead, and says how much faster that is.
 TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
+  // fp32 on the wire: an "auto" wire's int8 on the slow link shrinks what placement saves.
   const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2", "train.seq_len=256",
-                                "train.micro_batch_size=8", "train.micro_batches=4"});
+                                "train.micro_batch_size=8", "train.micro_batches=4", "transport.wire_dtype=\"fp32\""});
   auto scenario = netem::ParseScenario(
       "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 100], [100, 0.1]]\n"
       "rate_mbit = [[10000, 10], [10, 10000]]\n",
@@ -110,6 +112,43 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
 
 // Two machines on a fast link, one computing three times as fast as the other: the search gives
 // the fast one more blocks, unless the cut is kept.
+// An "auto" wire: int8 on each pair of talking workers whose link is under 10 Gbit/s, the
+// compute's dtype elsewhere, parameters in bf16 to every replica once any link is int8. Without
+// known links every link counts as fast; a named dtype holds everywhere.
+TEST(Planning, AnAutoWireIsInt8OnTheSlowLinksOnly) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
+  auto scenario = netem::ParseScenario(
+      "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 10], [10, 0.1]]\n"
+      "rate_mbit = [[40000, 1000], [1000, 40000]]\nplacement = [0, 0, 1, 1]\n",
+      "two-sites");
+  ASSERT_TRUE(scenario.ok()) << scenario.status();
+  const NetworkCost network = NetworkCost::FromScenario(*scenario);
+  // Registration order: replica 0 (workers 0, 1) on site a, replica 1 (workers 2, 3) on site b.
+  const proto::Plan plan = MakePlan(cfg, Workers(4), {}, RegistrationOrder(cfg), &network);
+  EXPECT_EQ(plan.wire_dtype(), proto::F32);
+  EXPECT_EQ(plan.params_wire_dtype(), proto::BF16);
+  std::set<std::pair<int, int>> int8;
+  for (const proto::LinkWire& l : plan.link_wires()) {
+    EXPECT_EQ(l.dtype(), proto::INT8);
+    int8.insert({l.from_worker(), l.to_worker()});
+  }
+  // Only the data-parallel pairs cross the sites: stage 0's (0, 2) and stage 1's (1, 3).
+  EXPECT_EQ(int8, (std::set<std::pair<int, int>>{{0, 2}, {2, 0}, {1, 3}, {3, 1}}));
+  const WirePlan wires = WiresOf(plan);
+  EXPECT_EQ(wires.Of(0, 1, proto::ACTIVATION), WireDtype::kF32);
+  EXPECT_EQ(wires.Of(2, 0, proto::GRAD_PUSH), WireDtype::kInt8);
+  EXPECT_EQ(wires.Of(0, 1, proto::PARAMS), WireDtype::kBf16);
+
+  const proto::Plan unknown = MakePlan(cfg, Workers(4), {}, RegistrationOrder(cfg));
+  EXPECT_EQ(unknown.link_wires_size(), 0);
+  EXPECT_EQ(unknown.params_wire_dtype(), proto::F32);
+  const proto::Plan named =
+      MakePlan(Config({"cluster.stages=2", "cluster.replicas=2", "transport.wire_dtype=\"bf16\""}), Workers(4), {},
+               RegistrationOrder(cfg), &network);
+  EXPECT_EQ(named.link_wires_size(), 0);
+  EXPECT_EQ(named.wire_dtype(), proto::BF16);
+}
+
 TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
   const JobConfig cfg = Config({"model.n_layer=8", "cluster.stages=2", "cluster.replicas=1"});
   std::map<int, proto::RegisterRequest> workers = Workers(2);

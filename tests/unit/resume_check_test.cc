@@ -28,10 +28,10 @@ TEST(ResumeCheck, KeysThatChangeTheMathNameEveryDifferenceWithBothValues) {
   const JobConfig then = Config();
   const std::string e = Error(then.as_json, Config({"data.alphabet=12", "train.steps=100", "transport.wire_dtype=bf16"}));
   EXPECT_NE(e.find("checkpoint runs/x/checkpoints/step_00000060 was written with data.alphabet = 24, the config has "
-                   "12; train.steps = 200, the config has 100; transport.wire_dtype = \"fp32\", the config has \"bf16\""),
+                   "12; train.steps = 200, the config has 100; transport.wire_dtype = \"auto\", the config has \"bf16\""),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("--set data.alphabet=24 --set train.steps=200 --set transport.wire_dtype=fp32"), std::string::npos)
+  EXPECT_NE(e.find("--set data.alphabet=24 --set train.steps=200 --set transport.wire_dtype=auto"), std::string::npos)
       << e;
   EXPECT_EQ(e.find("layout"), std::string::npos) << e;
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "model/param_layout.h"
+#include "transport/wire_plan.h"
 #include "worker/link_probe.h"
 
 namespace longhaul {
@@ -49,6 +50,7 @@ proto::Plan Plan(const JobConfig& cfg) {
     sp->set_first_tensor(cuts[k].first);
     sp->set_end_tensor(cuts[k].second);
   }
+  SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), {}, [](int, int) { return 0.0; }), plan);
   return plan;
 }
 
@@ -97,6 +99,35 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
   }
   EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0)), e0 - b0);  // replica 1 pushes to the shard hosted here
   EXPECT_EQ(*a.Admit(From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
+}
+
+// An "auto" plan names each link's dtype: the activation from a peer across a slow link must come
+// in int8, the gradient from a near one in the default, parameters in the plan's.
+TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
+  const JobConfig cfg = Config("auto");
+  proto::Plan plan = Plan(cfg);
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 3; ++s) {
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(r * 3 + s), a->set_stage(s), a->set_replica(r);
+    }
+  // Worker 3 (stage 0, replica 1) to worker 4 (stage 1, replica 1) is slow.
+  SetWires(ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {5, 4}}, [](int from, int) { return from == 3 ? 1e6 : 1e12; }),
+           plan);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/1);
+  proto::TensorHeader act = From(proto::ACTIVATION, 0, 1), grad = From(proto::GRADIENT, 2, 1),
+                      params = From(proto::PARAMS, 1, 0, 0);
+  act.set_dtype(proto::INT8), grad.set_dtype(proto::F32), params.set_dtype(proto::BF16);
+  EXPECT_TRUE(a.Admit(act).ok()) << a.Admit(act).status();
+  EXPECT_TRUE(a.Admit(grad).ok()) << a.Admit(grad).status();
+  EXPECT_TRUE(a.Admit(params).ok()) << a.Admit(params).status();
+  act.set_dtype(proto::F32), grad.set_dtype(proto::INT8);
+  for (const proto::TensorHeader& h : {act, grad}) {
+    const absl::Status s = a.Admit(h).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("the plan's for it is"), std::string::npos) << s;
+  }
 }
 
 TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {

@@ -1,0 +1,70 @@
+#include "transport/wire_plan.h"
+
+namespace longhaul {
+
+WireDtype WirePlan::Of(int from, int to, int kind) const {
+  if (kind == proto::PARAMS) return params_dtype;
+  auto it = links.find({from, to});
+  return it == links.end() ? default_dtype : it->second;
+}
+
+std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>& at) {
+  std::vector<std::pair<int, int>> pairs;
+  for (size_t s = 0; s < at.size(); ++s)
+    for (size_t r = 0; r < at[s].size(); ++r) {
+      if (s + 1 < at.size()) {
+        pairs.push_back({at[s][r], at[s + 1][r]});
+        pairs.push_back({at[s + 1][r], at[s][r]});
+      }
+      for (size_t q = 0; q < at[s].size(); ++q)
+        if (q != r) pairs.push_back({at[s][r], at[s][q]});
+    }
+  return pairs;
+}
+
+WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
+                      const std::function<double(int, int)>& rate) {
+  WirePlan w;
+  if (configured != WireDtype::kAuto) {
+    w.default_dtype = configured;
+    w.params_dtype = WireDtypeFor(configured, proto::PARAMS);
+    return w;
+  }
+  w.default_dtype = w.params_dtype = fast;
+  for (const auto& [from, to] : pairs) {
+    if (from == to || rate(from, to) >= kAutoInt8Below) continue;
+    w.links[{from, to}] = WireDtype::kInt8;
+    w.params_dtype = WireDtypeFor(WireDtype::kInt8, proto::PARAMS);
+  }
+  return w;
+}
+
+void SetWires(const WirePlan& wires, proto::Plan& plan) {
+  plan.set_wire_dtype(static_cast<proto::WireDtype>(wires.default_dtype));
+  plan.set_params_wire_dtype(static_cast<proto::WireDtype>(wires.params_dtype));
+  plan.clear_link_wires();
+  for (const auto& [pair, dtype] : wires.links) {
+    proto::LinkWire* l = plan.add_link_wires();
+    l->set_from_worker(pair.first);
+    l->set_to_worker(pair.second);
+    l->set_dtype(static_cast<proto::WireDtype>(dtype));
+  }
+}
+
+WirePlan WiresOf(const proto::Plan& plan) {
+  WirePlan w;
+  w.default_dtype = static_cast<WireDtype>(plan.wire_dtype());
+  w.params_dtype = static_cast<WireDtype>(plan.params_wire_dtype());
+  for (const proto::LinkWire& l : plan.link_wires()) {
+    w.links[{l.from_worker(), l.to_worker()}] = static_cast<WireDtype>(l.dtype());
+  }
+  return w;
+}
+
+int WorkerAt(const proto::Plan& plan, int stage, int replica) {
+  for (const proto::Assignment& a : plan.assignments())
+    if (a.stage() == stage && a.replica() == replica) return a.worker_id();
+  return -1;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,48 @@
+#pragma once
+// Which wire dtype each tensor of a job travels in. transport.wire_dtype names one for every link,
+// or "auto": per link, int8 where the link is slower than kAutoInt8Below (its transfer time then
+// outweighs the encoding's), else the compute's own dtype (bf16 for a GPU job, fp32 for a CPU one,
+// JobConfig::FastWire). Parameters go in one dtype to every replica of a stage, or the replicas
+// would drift apart: bf16 wherever any link of the job is int8 (WireDtypeFor).
+//
+// The coordinator resolves it once, from the links it knows (a scenario or the link probes), and
+// the plan carries the result: a sender encodes by it, a receiver admits by it, and the simulator
+// prices each transfer by the same function.
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "longhaul.pb.h"
+#include "transport/wire_dtype.h"
+
+namespace longhaul {
+
+inline constexpr double kAutoInt8Below = 10e9 / 8;  // bytes/s: 10 Gbit/s
+
+struct WirePlan {
+  WireDtype default_dtype = WireDtype::kF32;  // any pair not in `links`
+  WireDtype params_dtype = WireDtype::kF32;   // PARAMS, on every link
+  std::map<std::pair<int, int>, WireDtype> links;  // (from, to) whose dtype differs from the default
+
+  WireDtype Of(int from, int to, int kind) const;
+};
+
+// The (from, to) pairs that carry tensors where at[stage][replica] runs each slot (a worker, or its
+// host): neighbouring stages of a replica both ways (activations, gradients), and every two
+// replicas of a stage (pushes, parameters).
+std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>& at);
+
+// `configured` (transport.wire_dtype) resolved over the pairs (from, to) that carry tensors, with
+// `rate(from, to)` in bytes/s (infinity where unknown or within a host); `fast` is the dtype of an
+// "auto" job's fast links.
+WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
+                      const std::function<double(int, int)>& rate);
+
+// In a plan, pairs by worker id.
+void SetWires(const WirePlan& wires, proto::Plan& plan);
+WirePlan WiresOf(const proto::Plan& plan);
+// The id of the worker that runs (stage, replica) in `plan`, or -1.
+int WorkerAt(const proto::Plan& plan, int stage, int replica);
+
+}  // namespace longhaul

@@ -1,0 +1,60 @@
+// Resolving transport.wire_dtype per link: which pairs carry tensors, "auto" against the link
+// rates, a named dtype everywhere, and the plan's copy of the result.
+#include "transport/wire_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace longhaul {
+namespace {
+
+TEST(WirePlan, TensorPairsAreNeighbouringStagesAndEachStagesReplicas) {
+  // 2 stages x 2 replicas: at[stage][replica].
+  const auto pairs = TensorPairs({{0, 2}, {1, 3}});
+  const std::set<std::pair<int, int>> got(pairs.begin(), pairs.end());
+  EXPECT_EQ(got, (std::set<std::pair<int, int>>{{0, 1}, {1, 0}, {2, 3}, {3, 2}, {0, 2}, {2, 0}, {1, 3}, {3, 1}}));
+}
+
+TEST(WirePlan, AutoIsInt8BelowTenGigabitAndTheFastDtypeAbove) {
+  const auto rate = [](int from, int to) { return from + to == 1 ? 1e9 / 8 : 40e9 / 8; };  // 0<->1 at 1 Gbit/s
+  const WirePlan w = ResolveWires(WireDtype::kAuto, WireDtype::kBf16, {{0, 1}, {1, 0}, {0, 2}, {2, 2}}, rate);
+  EXPECT_EQ(w.Of(0, 1, proto::ACTIVATION), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(1, 0, proto::GRAD_PUSH), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(0, 2, proto::ACTIVATION), WireDtype::kBf16);
+  EXPECT_EQ(w.Of(5, 6, proto::GRADIENT), WireDtype::kBf16);  // a pair it was not asked about
+  EXPECT_EQ(w.Of(0, 2, proto::PARAMS), WireDtype::kBf16);
+  EXPECT_EQ(w.links.size(), 2u);
+
+  const WirePlan fast = ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{0, 2}}, rate);
+  EXPECT_TRUE(fast.links.empty());
+  EXPECT_EQ(fast.params_dtype, WireDtype::kF32);
+}
+
+TEST(WirePlan, ANamedDtypeHoldsOnEveryLinkAndParametersAvoidInt8) {
+  const auto slow = [](int, int) { return 1e3; };
+  const WirePlan w = ResolveWires(WireDtype::kInt8, WireDtype::kF32, {{0, 1}}, slow);
+  EXPECT_TRUE(w.links.empty());
+  EXPECT_EQ(w.Of(0, 1, proto::ACTIVATION), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(0, 1, proto::PARAMS), WireDtype::kBf16);
+  EXPECT_EQ(ResolveWires(WireDtype::kF16, WireDtype::kF32, {{0, 1}}, slow).Of(0, 1, proto::ACTIVATION),
+            WireDtype::kF16);
+}
+
+TEST(WirePlan, APlanCarriesItAndNamesItsWorkers) {
+  const WirePlan w =
+      ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {4, 3}}, [](int, int) { return 1e6; });
+  proto::Plan plan;
+  SetWires(w, plan);
+  const WirePlan back = WiresOf(plan);
+  EXPECT_EQ(back.default_dtype, w.default_dtype);
+  EXPECT_EQ(back.params_dtype, w.params_dtype);
+  EXPECT_EQ(back.links, w.links);
+  proto::Assignment* a = plan.add_assignments();
+  a->set_worker_id(7), a->set_stage(1), a->set_replica(2);
+  EXPECT_EQ(WorkerAt(plan, 1, 2), 7);
+  EXPECT_EQ(WorkerAt(plan, 0, 0), -1);
+}
+
+}  // namespace
+}  // namespace longhaul
