@@ -3,17 +3,21 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
 #include "config/job_config.h"
 #include "netem/scenario.h"
 #include "transport/wire_dtype.h"
+#include "util/median.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -26,15 +30,46 @@ constexpr double kSourceComputeSeconds = 15.16 / (64 + 12 - 1);     // per micro
 struct Setting {
   const char* file;
   const char* label;
-  double source_seconds;
+  double source_seconds;     // DP 1
+  double source_dp_seconds;  // DP 4; 0 where the seed has no figure
 };
 constexpr Setting kSettings[] = {
-    {"source-default.toml", "default (0.05 ms, 10 Gbit/s)", 15.16},
-    {"source-1ms-5gbit.toml", "1 ms, 5 Gbit/s", 15.49},
-    {"source-5ms-2gbit.toml", "5 ms, 2 Gbit/s", 16.80},
-    {"source-10ms-1gbit.toml", "10 ms, 1 Gbit/s", 22.90},
-    {"source-50ms-1gbit.toml", "50 ms, 1 Gbit/s", 29.08},
+    {"source-default.toml", "default (0.05 ms, 10 Gbit/s)", 15.16, 16.17},
+    {"source-1ms-5gbit.toml", "1 ms, 5 Gbit/s", 15.49, 17.55},
+    {"source-5ms-2gbit.toml", "5 ms, 2 Gbit/s", 16.80, 21.99},
+    {"source-10ms-1gbit.toml", "10 ms, 1 Gbit/s", 22.90, 33.39},
+    {"source-50ms-1gbit.toml", "50 ms, 1 Gbit/s", 29.08, 0},
 };
+
+// The source ran GPipe with fp32 activations and a central parameter server, the exchange after
+// the last backward; longhaul's defaults are the job config's own.
+const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\"", "cluster.ps=\"central\""};
+
+// With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
+// machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of
+// its 64 micro-batches' activations; one of our blocks (7.1 MB) weighs that against 48
+// micro-batches of 384 KiB, so the exchange keeps the source's proportion to the pipeline's
+// transfers.
+const std::vector<std::string> kWithDataParallelism = {"cluster.replicas=2", "train.micro_batches=48"};
+
+// The median seconds of the run's steps after its first two (metrics.csv): the first steps open
+// connections and grow TCP's windows over the emulated links (at 5 ms they took 1.5 s where the
+// rest took 1.0-1.1), and one slow step on a shared machine should not move a short run's figure.
+// 0 where the file has fewer than three steps.
+double SteadyIterationSeconds(const std::string& out_dir) {
+  std::ifstream f(fs::path(out_dir) / "metrics.csv");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  const auto column = std::find(header.begin(), header.end(), "seconds") - header.begin();
+  std::vector<double> seconds;
+  for (int step = 1; std::getline(f, line); ++step) {
+    const std::vector<std::string> cells = absl::StrSplit(line, ',');
+    double v = 0;
+    if (step > 2 && column < static_cast<long>(cells.size()) && absl::SimpleAtod(cells[column], &v)) seconds.push_back(v);
+  }
+  return seconds.empty() ? 0 : Median(seconds);
+}
 
 // Runs `local` with its output in `log`; returns the run's summary.json, or null.
 nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config_path,
@@ -77,7 +112,7 @@ nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config
 }  // namespace
 
 int RunExperiment(const std::string& self_exe, const std::string& config_path,
-                  const std::vector<std::string>& overrides, const std::string& emulation) {
+                  const std::vector<std::string>& overrides, const std::string& emulation, bool with_dp) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
@@ -110,12 +145,8 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
       "  activations per micro-batch: %.0f KiB here, 16 MiB there: rates x %.4f, delays x %.3f\n",
       per_micro * 1e3, kSourceComputeSeconds * 1e3, k, boundary / 1024, rate_scale, k);
 
-  struct Row {
-    const Setting* s;
-    netem::Link link;
-    double seconds = 0, predicted = 0;
-  };
-  std::vector<Row> rows;
+  // 3. Each setting scaled, each layout, like the source and with longhaul's defaults.
+  std::vector<std::pair<const Setting*, std::string>> scaled;  // and its scenario file
   for (const Setting& s : kSettings) {
     auto src = netem::LoadScenario((fs::path(scenario_dir) / s.file).string());
     if (!src.ok()) {
@@ -127,36 +158,74 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
     l.rate_mbit *= rate_scale;
     const std::string dir = root + "/" + fs::path(s.file).stem().string();
     fs::create_directories(dir);
-    const std::string scaled = dir + "/scenario.toml";
-    std::ofstream(scaled, std::ios::trunc) << absl::StrFormat(
+    const std::string file = dir + "/scenario.toml";
+    std::ofstream(file, std::ios::trunc) << absl::StrFormat(
         "description = \"%s, scaled: delay x %.3f, rate x %.4f\"\ndelays_are = \"one-way\"\nsites = [\"cluster\"]\n"
         "delay_ms = [[%.4f]]\nrate_mbit = [[%.3f]]\n",
         s.label, k, rate_scale, l.delay_ms, l.rate_mbit);
-    std::cout << absl::StrFormat("  running %-28s as %7.3f ms, %8.2f Mbit/s ...", s.label, l.delay_ms, l.rate_mbit)
-              << std::flush;
-    nlohmann::json run = RunQuietly(self_exe, config_path, overrides, dir, scaled, emulation);
-    if (run.is_null()) return 1;
-    // The coordinator's prediction from the compute this run measured (plan/measured_prediction.h),
-    // not the loopback calibration's: on this 2-core machine the emulation (the namespaces' packet
-    // path, the delay daemon) takes CPU from the workers, 35% more compute time at 0.05 ms and up
-    // to 90% more at 50 ms, and the simulator is checked here on the schedule and the links, not
-    // on predicting that contention.
-    rows.push_back({&s, l, run["iteration_seconds"].get<double>(), run["predicted_iteration_seconds"].get<double>()});
-    std::cout << absl::StrFormat(" %.3f s per iteration (predicted %.3f s)\n", rows.back().seconds,
-                                 rows.back().predicted);
+    scaled.push_back({&s, file});
+  }
+  struct Cell {
+    double seconds = 0, predicted = 0;
+  };
+  // [layout][variant][setting]
+  const bool dp_layouts[] = {false, true};
+  const char* variants[] = {"like-source", "defaults"};
+  std::vector<std::vector<std::vector<Cell>>> cells(2, std::vector<std::vector<Cell>>(2));
+  for (bool dp : dp_layouts) {
+    if (dp && !with_dp) continue;
+    for (int v = 0; v < 2; ++v) {
+      for (const auto& [s, file] : scaled) {
+        std::vector<std::string> o = overrides;
+        if (v == 0) o.insert(o.end(), kLikeTheSource.begin(), kLikeTheSource.end());
+        if (dp) o.insert(o.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
+        const std::string dir = absl::StrCat(fs::path(file).parent_path().string(), "/", dp ? "dp2-" : "pp-", variants[v]);
+        std::cout << absl::StrFormat("  %-13s %-11s %-28s ...", dp ? "with DP" : "pipeline only", variants[v], s->label)
+                  << std::flush;
+        nlohmann::json run = RunQuietly(self_exe, config_path, o, dir, file, emulation);
+        if (run.is_null()) return 1;
+        // The coordinator's prediction from the compute this run measured (plan/measured_prediction.h),
+        // not the loopback calibration's: on this 2-core machine the emulation (the namespaces' packet
+        // path, the delay daemon) takes CPU from the workers, and the simulator is checked here on the
+        // schedule and the links, not on predicting that contention.
+        const double steady = SteadyIterationSeconds(dir);
+        cells[dp][v].push_back({steady > 0 ? steady : run["iteration_seconds"].get<double>(),
+                                run["predicted_iteration_seconds"].get<double>()});
+        std::cout << absl::StrFormat(" %.3f s per iteration (predicted %.3f s)\n", cells[dp][v].back().seconds,
+                                     cells[dp][v].back().predicted);
+      }
+    }
   }
 
-  std::cout << "\nIteration time (stage 0's wall time per iteration, mean after the first), GPipe, pipeline only:\n";
-  std::cout << absl::StrFormat("%-30s %12s %8s %24s %12s %8s %14s %10s\n", "setting", "source (s)", "ratio",
-                               "emulated here as", "longhaul (s)", "ratio", "predicted (s)", "pred/meas");
-  for (const Row& r : rows) {
-    std::cout << absl::StrFormat("%-30s %12.2f %8.2f %10.3f ms %7.1f Mb/s %12.3f %8.2f %14.3f %10.3f\n", r.s->label,
-                                 r.s->source_seconds, r.s->source_seconds / rows[0].s->source_seconds, r.link.delay_ms,
-                                 r.link.rate_mbit, r.seconds, r.seconds / rows[0].seconds, r.predicted,
-                                 r.predicted / r.seconds);
+  for (bool dp : dp_layouts) {
+    if (dp && !with_dp) continue;
+    std::cout << absl::StrFormat(
+        "\nIteration time (stage 0 replica 0's wall time per step, median after the first two), GPipe, %s; ratio = "
+        "to the default setting's in the same column:\n",
+        dp ? "with data parallelism (the source's DP 4, here 2 replicas of 48 micro-batches)" : "pipeline only");
+    std::cout << absl::StrFormat("%-30s %8s %6s %20s %6s %20s %6s %9s %9s %9s\n", "setting", "source", "ratio",
+                                 "like the source (s)", "ratio", "longhaul defaults", "ratio", "defaults/", "predicted",
+                                 "pred/meas");
+    std::cout << absl::StrFormat("%-30s %8s %6s %20s %6s %20s %6s %9s %9s %9s\n", "", "(s)", "", "", "", "(s)", "",
+                                 "like src", "(s)", "");
+    for (size_t i = 0; i < scaled.size(); ++i) {
+      const Setting& s = *scaled[i].first;
+      const double src = dp ? s.source_dp_seconds : s.source_seconds, src0 = dp ? kSettings[0].source_dp_seconds
+                                                                              : kSettings[0].source_seconds;
+      const Cell& like = cells[dp][0][i];
+      const Cell& ours = cells[dp][1][i];
+      std::cout << absl::StrFormat("%-30s %8s %6s %20.3f %6.2f %20.3f %6.2f %9.2f %9.3f %9.3f\n", s.label,
+                                   src > 0 ? absl::StrFormat("%.2f", src) : "-",
+                                   src > 0 ? absl::StrFormat("%.2f", src / src0) : "-", like.seconds,
+                                   like.seconds / cells[dp][0][0].seconds, ours.seconds,
+                                   ours.seconds / cells[dp][1][0].seconds, ours.seconds / like.seconds, ours.predicted,
+                                   ours.predicted / ours.seconds);
+    }
   }
-  std::cout << "predicted: the planner's simulator (runtime/plan/simulator.h) with the run's own compute per "
-               "micro-batch per stage and the emulated links\n";
+  std::cout << "like the source: fp32 activations, central parameter server; longhaul defaults: the config's own "
+               "(transport.wire_dtype \"auto\": int8 on these links; sharded parameter servers)\n"
+               "predicted: the planner's simulator (runtime/plan/simulator.h) with the run's own compute per "
+               "micro-batch per stage and the emulated links, for the defaults' run\n";
   std::cout << "(each run's log, timeline and metrics are under " << root << "/)\n";
   return 0;
 }

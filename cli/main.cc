@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   experiment->add_option("--emulation", emulation, "kernel, proxy or auto")
       ->check(CLI::IsMember({"auto", "kernel", "proxy"}))
       ->capture_default_str();
+  bool pipeline_only = false;
+  experiment->add_flag("--pipeline-only", pipeline_only,
+                       "skip the data-parallel runs (8 workers, 48 micro-batches: most of the experiment's time)");
 
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
@@ -180,7 +183,7 @@ int main(int argc, char** argv) {
     } else if (local->parsed()) {
       return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
     } else if (experiment->parsed()) {
-      return longhaul::RunExperiment(self_exe, config_path, overrides, emulation);
+      return longhaul::RunExperiment(self_exe, config_path, overrides, emulation, !pipeline_only);
     } else if (coord->parsed()) {
       copt.config_path = config_path;
       copt.overrides = overrides;
