@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "netem/scenario.h"
 #include "plan/simulator.h"
@@ -63,19 +64,25 @@ ModelConfig Gpt3Xl(int vocab) {
   return m;
 }
 
+// The source's job as it ran, or (defaults) as longhaul runs it by default: transport.wire_dtype
+// "auto" (a GPU job: bf16 on the 10 Gbit/s links, int8 on the slower ones, parameters bf16),
+// sharded parameter servers, and the global norm reduced through the coordinator on stage 0's host.
 absl::StatusOr<SimulationReport> Predict(double efficiency, const netem::Scenario& scenario, int replicas,
-                                         double window_bytes = 0) {
+                                         double window_bytes = 0, bool defaults = false) {
   Simulation sim;
   Layout& L = sim.layout;
   L.stages = kStages, L.replicas = replicas, L.micro_batches = kMicroBatches;
   L.schedule = ScheduleKind::kGpipe;
   L.work.model = Gpt3Xl(2);  // the last stage's QQP classifier
   L.work.seq_len = 2048, L.work.micro_batch = 1, L.work.precision = Precision::kFp32;
-  L.wire = WireDtype::kF32;
-  sim.placement = DefaultPlacement(L, /*central_ps=*/true);
-  sim.placement.clip_norm = false;
+  L.wire = defaults ? WireDtype::kAuto : WireDtype::kF32;
+  L.fast_wire = WireDtype::kBf16;
+  sim.placement = DefaultPlacement(L, /*central_ps=*/!defaults);
+  sim.placement.clip_norm = defaults;
+  // The first stage's shards hold bert-base-cased's embedding, not the 2-row one priced above.
+  const double embedding = StageParamCount(Gpt3Xl(28996), L.Spec(0)) / StageParamCount(Gpt3Xl(2), L.Spec(0));
   for (ShardPlacement& sh : sim.placement.shards)
-    if (sh.stage == 0) sh.params = StageParamCount(Gpt3Xl(28996), L.Spec(0));
+    if (sh.stage == 0) sh.params *= embedding;
   auto v100 = DeviceCost::Named("v100", Precision::kFp32, efficiency);
   if (!v100.ok()) return v100.status();
   sim.devices = {*v100};
@@ -104,8 +111,8 @@ int Main() {
     }
     scenarios.push_back(*s);
   }
-  auto time_of = [&](double efficiency, int cell, int replicas, double window = 0) {
-    auto r = Predict(efficiency, scenarios[cell], replicas, window);
+  auto time_of = [&](double efficiency, int cell, int replicas, double window = 0, bool defaults = false) {
+    auto r = Predict(efficiency, scenarios[cell], replicas, window, defaults);
     return r.ok() ? r->iteration_s : -1;
   };
   if (auto r = Predict(0.5, scenarios[0], 1); !r.ok()) {
@@ -117,7 +124,8 @@ int Main() {
   std::printf("calibrated on the default setting's DP1 time only (%.2f s): V100 fp32 efficiency %.3f = %.2f TFLOP/s "
               "per block [BlockFlops 72·B·s·h²·(1+s/6h) / time]\n\n",
               kSeed[0].dp1, eff, eff * 15.7);
-  std::printf("%-28s %4s %10s %8s %7s %10s\n", "network setting", "DP", "predicted", "seed", "ratio", "sim time");
+  std::printf("%-28s %4s %10s %8s %7s %10s   %s\n", "network setting", "DP", "predicted", "seed", "ratio", "sim time",
+              "longhaul defaults predicted, and / the same DP's default setting (seed's / its default setting)");
   int outside = 0;
   for (size_t c = 0; c < std::size(kSeed); ++c) {
     for (int replicas : {1, 4}) {
@@ -130,15 +138,21 @@ int Main() {
         return 1;
       }
       const bool calibration = c == 0 && replicas == 1;
+      const double ours = time_of(eff, static_cast<int>(c), replicas, 0, true),
+                   ours0 = time_of(eff, 0, replicas, 0, true);
+      const double seed0 = replicas == 1 ? kSeed[0].dp1 : kSeed[0].dp4;
+      const std::string defaults =
+          absl::StrFormat("   %7.2fs  %5.2fx (%s)", ours, ours / ours0,
+                          seed > 0 ? absl::StrFormat("%.2fx", seed / seed0) : std::string("-"));
       if (seed > 0) {
         const double ratio = r->iteration_s / seed;
         const bool off = !calibration && (ratio < 0.9 || ratio > 1.1);
         outside += off;
-        std::printf("%-28s %4d %9.2fs %7.2fs %7.3f %8.1fms%s\n", kSeed[c].setting, replicas, r->iteration_s, seed,
-                    ratio, ms, calibration ? "  (calibration)" : off ? "  OUTSIDE 10%" : "");
+        std::printf("%-28s %4d %9.2fs %7.2fs %7.3f %8.1fms%s%s\n", kSeed[c].setting, replicas, r->iteration_s, seed,
+                    ratio, ms, defaults.c_str(), calibration ? "  (calibration)" : off ? "  OUTSIDE 10%" : "");
       } else {
-        std::printf("%-28s %4d %9.2fs %8s %7s %8.1fms  (not in the seed)\n", kSeed[c].setting, replicas,
-                    r->iteration_s, "-", "-", ms);
+        std::printf("%-28s %4d %9.2fs %8s %7s %8.1fms%s  (not in the seed)\n", kSeed[c].setting, replicas,
+                    r->iteration_s, "-", "-", ms, defaults.c_str());
       }
     }
   }

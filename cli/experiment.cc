@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -121,50 +122,63 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   const std::string root = cfg->train.out_dir;
   const std::string scenarios = (fs::path(self_exe).parent_path().parent_path() / "netem" / "scenarios").string();
   const std::string scenario_dir = fs::exists(scenarios) ? scenarios : "netem/scenarios";
-  const int P = cfg->cluster.stages, M = cfg->train.micro_batches;
   // In fp32 whatever the job's wire dtype: the source sent fp32, and the scaled rates must keep its
   // transfer-to-compute proportion, so a narrower wire shows as the gain it is.
   const double boundary = 4.0 * cfg->train.micro_batch_size * cfg->train.seq_len * cfg->model.d_model;
-
-  // 1. This machine's compute time per micro-batch per stage, on loopback.
-  std::cout << absl::StrFormat("longhaul experiment: %d stages, %d micro-batches of %d x %d tokens, d_model %d, %s; "
-                               "calibrating on loopback...\n",
-                               P, M, cfg->train.micro_batch_size, cfg->train.seq_len, cfg->model.d_model,
-                               ScheduleName(cfg->cluster.schedule));
-  nlohmann::json calib = RunQuietly(self_exe, config_path, overrides, root + "/calibration", "", emulation);
-  if (calib.is_null()) return 1;
-  double compute = 0;
-  for (auto& w : calib["workers"]) compute = std::max(compute, w["compute_seconds"].get<double>());
-  const double per_micro = compute / M;
-  // 2. Scale the source's settings so that delay / compute and transfer / compute stay as there:
-  //    delays x k, rates x (our boundary bytes / theirs) / k, with k = our compute / theirs.
-  const double k = per_micro / kSourceComputeSeconds;
-  const double rate_scale = boundary / kSourceBoundaryBytes / k;
-  std::cout << absl::StrFormat(
-      "  compute per micro-batch per stage: %.1f ms here, %.0f ms in the source: time scale k = %.3f\n"
-      "  activations per micro-batch: %.0f KiB here, 16 MiB there: rates x %.4f, delays x %.3f\n",
-      per_micro * 1e3, kSourceComputeSeconds * 1e3, k, boundary / 1024, rate_scale, k);
-
-  // 3. Each setting scaled, each layout, like the source and with longhaul's defaults.
-  std::vector<std::pair<const Setting*, std::string>> scaled;  // and its scenario file
-  for (const Setting& s : kSettings) {
-    auto src = netem::LoadScenario((fs::path(scenario_dir) / s.file).string());
-    if (!src.ok()) {
-      std::cerr << "longhaul: error: " << src.status().message() << "\n";
-      return 2;
+  std::cout << absl::StrFormat("longhaul experiment: %d stages, micro-batches of %d x %d tokens, d_model %d, %s\n",
+                               cfg->cluster.stages, cfg->train.micro_batch_size, cfg->train.seq_len,
+                               cfg->model.d_model, ScheduleName(cfg->cluster.schedule));
+  // Each layout's settings, scaled: (setting, scenario file). The layout is first run on loopback
+  // to measure its compute per micro-batch per stage under its own sharing of this machine's cores
+  // (8 workers compute slower than 4), then the source's settings are scaled so that delay /
+  // compute and transfer / compute stay as there: delays x k, rates x (our boundary bytes /
+  // theirs) / k, with k = our compute / theirs.
+  using Scaled = std::vector<std::pair<const Setting*, std::string>>;
+  auto scale = [&](bool dp) -> std::optional<Scaled> {
+    std::vector<std::string> o = overrides;
+    if (dp) o.insert(o.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
+    auto layout = LoadJobConfig(config_path, o);
+    if (!layout.ok()) {
+      std::cerr << "longhaul: error: " << layout.status().message() << "\n";
+      return std::nullopt;
     }
-    netem::Link l = src->Between(0, 1);
-    l.delay_ms *= k;
-    l.rate_mbit *= rate_scale;
-    const std::string dir = root + "/" + fs::path(s.file).stem().string();
-    fs::create_directories(dir);
-    const std::string file = dir + "/scenario.toml";
-    std::ofstream(file, std::ios::trunc) << absl::StrFormat(
-        "description = \"%s, scaled: delay x %.3f, rate x %.4f\"\ndelays_are = \"one-way\"\nsites = [\"cluster\"]\n"
-        "delay_ms = [[%.4f]]\nrate_mbit = [[%.3f]]\n",
-        s.label, k, rate_scale, l.delay_ms, l.rate_mbit);
-    scaled.push_back({&s, file});
-  }
+    const std::string tag = dp ? "dp2" : "pp";
+    std::cout << absl::StrFormat("  %s: %d x %d, %d micro-batches; calibrating on loopback...", tag,
+                                 layout->cluster.stages, layout->cluster.replicas, layout->train.micro_batches)
+              << std::flush;
+    nlohmann::json calib = RunQuietly(self_exe, config_path, o, absl::StrCat(root, "/", tag, "/calibration"), "", emulation);
+    if (calib.is_null()) return std::nullopt;
+    double compute = 0;
+    for (auto& w : calib["workers"]) compute = std::max(compute, w["compute_seconds"].get<double>());
+    const double per_micro = compute / layout->train.micro_batches;
+    const double k = per_micro / kSourceComputeSeconds;
+    const double rate_scale = boundary / kSourceBoundaryBytes / k;
+    std::cout << absl::StrFormat(
+        "\n    compute per micro-batch per stage: %.1f ms here, %.0f ms in the source: time scale k = %.3f\n"
+        "    activations per micro-batch: %.0f KiB here, 16 MiB there: rates x %.4f, delays x %.3f\n",
+        per_micro * 1e3, kSourceComputeSeconds * 1e3, k, boundary / 1024, rate_scale, k);
+    Scaled out;
+    for (const Setting& s : kSettings) {
+      auto src = netem::LoadScenario((fs::path(scenario_dir) / s.file).string());
+      if (!src.ok()) {
+        std::cerr << "longhaul: error: " << src.status().message() << "\n";
+        return std::nullopt;
+      }
+      netem::Link l = src->Between(0, 1);
+      l.delay_ms *= k;
+      l.rate_mbit *= rate_scale;
+      const std::string dir = absl::StrCat(root, "/", tag, "/", fs::path(s.file).stem().string());
+      fs::create_directories(dir);
+      const std::string file = dir + "/scenario.toml";
+      std::ofstream(file, std::ios::trunc) << absl::StrFormat(
+          "description = \"%s, scaled: delay x %.3f, rate x %.4f\"\ndelays_are = \"one-way\"\nsites = [\"cluster\"]\n"
+          "delay_ms = [[%.4f]]\nrate_mbit = [[%.3f]]\n",
+          s.label, k, rate_scale, l.delay_ms, l.rate_mbit);
+      out.push_back({&s, file});
+    }
+    return out;
+  };
+
   struct Cell {
     double seconds = 0, predicted = 0;
   };
@@ -172,14 +186,18 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   const bool dp_layouts[] = {false, true};
   const char* variants[] = {"like-source", "defaults"};
   std::vector<std::vector<std::vector<Cell>>> cells(2, std::vector<std::vector<Cell>>(2));
+  std::vector<Scaled> scaled(2);
   for (bool dp : dp_layouts) {
     if (dp && !with_dp) continue;
+    std::optional<Scaled> settings = scale(dp);
+    if (!settings) return 1;
+    scaled[dp] = *std::move(settings);
     for (int v = 0; v < 2; ++v) {
-      for (const auto& [s, file] : scaled) {
+      for (const auto& [s, file] : scaled[dp]) {
         std::vector<std::string> o = overrides;
         if (v == 0) o.insert(o.end(), kLikeTheSource.begin(), kLikeTheSource.end());
         if (dp) o.insert(o.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
-        const std::string dir = absl::StrCat(fs::path(file).parent_path().string(), "/", dp ? "dp2-" : "pp-", variants[v]);
+        const std::string dir = absl::StrCat(fs::path(file).parent_path().string(), "/", variants[v]);
         std::cout << absl::StrFormat("  %-13s %-11s %-28s ...", dp ? "with DP" : "pipeline only", variants[v], s->label)
                   << std::flush;
         nlohmann::json run = RunQuietly(self_exe, config_path, o, dir, file, emulation);
@@ -208,8 +226,8 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
                                  "pred/meas");
     std::cout << absl::StrFormat("%-30s %8s %6s %20s %6s %20s %6s %9s %9s %9s\n", "", "(s)", "", "", "", "(s)", "",
                                  "like src", "(s)", "");
-    for (size_t i = 0; i < scaled.size(); ++i) {
-      const Setting& s = *scaled[i].first;
+    for (size_t i = 0; i < scaled[dp].size(); ++i) {
+      const Setting& s = *scaled[dp][i].first;
       const double src = dp ? s.source_dp_seconds : s.source_seconds, src0 = dp ? kSettings[0].source_dp_seconds
                                                                               : kSettings[0].source_seconds;
       const Cell& like = cells[dp][0][i];
