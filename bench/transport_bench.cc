@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "transport/tensor_transport.h"
 #include "util/median.h"
@@ -151,8 +152,8 @@ int main(int argc, char** argv) {
       "tensor transfer over loopback, fp32, median of 5-50 transfers after a warm-up (time from send to the whole "
       "tensor received and acknowledged); longhaul with %d connection(s), %d MiB chunks, CRC-32C\n",
       connections, chunk_mib);
-  std::cout << absl::StrFormat("%8s %14s %14s %8s %12s %12s\n", "size", "longhaul GB/s", "socket GB/s", "ratio",
-                               "iperf3 GB/s", "gloo GB/s");
+  std::cout << absl::StrFormat("%8s %14s %14s %8s %12s %12s %9s\n", "size", "longhaul GB/s", "socket GB/s", "ratio",
+                               "iperf3 GB/s", "gloo GB/s", "vs gloo");
   for (int mb : sizes_mb) {
     const size_t bytes = static_cast<size_t>(mb) << 20;
     const double ours = bytes / Longhaul(bytes, connections, chunk_mib) / 1e9;
@@ -163,8 +164,11 @@ int main(int argc, char** argv) {
     if (size_t at = gloo.find(key); at != std::string::npos) {
       gloo_rate = gloo.substr(at + key.size(), gloo.find('\n', at) - at - key.size());
     }
-    std::cout << absl::StrFormat("%6d MB %14.2f %14.2f %7.2fx %12s %12s\n", mb, ours, plain, ours / plain,
-                                 iperf < 0 ? "-" : absl::StrFormat("%.2f", iperf), gloo_rate);
+    double gloo_gbps = 0;
+    const bool have_gloo = absl::SimpleAtod(gloo_rate, &gloo_gbps) && gloo_gbps > 0;
+    std::cout << absl::StrFormat("%6d MB %14.2f %14.2f %7.2fx %12s %12s %9s\n", mb, ours, plain, ours / plain,
+                                 iperf < 0 ? "-" : absl::StrFormat("%.2f", iperf), gloo_rate,
+                                 have_gloo ? absl::StrFormat("%.2fx", ours / gloo_gbps) : "-");
   }
   // The fixed cost of a tensor: its header, the thread hand-offs on both sides and the
   // acknowledgement, beyond what a socket needs to carry 4 bytes and answer them.
