@@ -12,6 +12,7 @@
 #include "netem/scenario.h"
 #include "plan/layout_search.h"
 #include "transport/wire_dtype.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 namespace {
@@ -143,7 +144,11 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
       "longhaul plan: GPT %d layers, d_model %d, %d heads, vocab %d (%.2fB parameters); global batch %d x %d tokens, "
       "%s, wire %s, %s\n",
       m.n_layer, m.d_model, m.n_head, m.vocab_size, StageParamCount(m, StageSpec::Whole(m)) / 1e9, r.global_batch,
-      r.seq_len, PrecisionName(r.precision), WireDtypeName(cfg->transport.wire_dtype),
+      r.seq_len, PrecisionName(r.precision),
+      cfg->transport.wire_dtype == WireDtype::kAuto
+          ? absl::StrFormat("auto (int8 on links under %.0f Gbit/s, %s on faster ones)", kAutoInt8Below * 8 / 1e9,
+                            WireDtypeName(cfg->FastWire()))
+          : std::string(WireDtypeName(cfg->transport.wire_dtype)),
       cfg->train.grad_clip > 0 ? "global-norm clipping" : "no clipping (the norm is reduced all the same)");
   std::cout << "  " << workers << " workers of " << r.device.name();
   if (peak > 0) {
