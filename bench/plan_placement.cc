@@ -8,10 +8,14 @@
 // with 16 micro-batches of one sequence per replica and recompute, activations fp16 on the wire,
 // sharded parameter server, global-norm clipping. Why 16 micro-batches: GPipe's last stage keeps
 // each micro-batch's fp32 logits until its backward (2048 × 50257 × 4 = 412 MB), and with 32 of them
-// no cut fits a 16 GiB V100 (the table would compare plans that cannot run). With 1F1B, where 32
-// fit, every target is met as well: chosen 13.5-13.6 s on world-wide (GPipe with 16: 7.5 s),
-// random/chosen 3.5-3.8. 1F1B puts a boundary crossing between forwards and backwards, so the
-// WAN's latency counts more.
+// no cut fits a 16 GiB V100 (the table would compare plans that cannot run). With 1F1B and 32
+// micro-batches, which fit, the targets are missed on world-wide: random/chosen 2.7-2.8, the chosen
+// plans 13.2-13.3 s (1F1B puts a boundary crossing between forwards and backwards, so the WAN's
+// latency counts more than placement can hide), and at 64 workers in blocks the genetic search
+// finds 12.17 s against the search's 13.21 s: each pipeline in one region, with the shard owners
+// of the heavy stages (the embedding's, the head's) swapped into better-connected regions, a
+// basin the search's descent from either family of starts does not reach in 600 simulations
+// (nor in 2000, nor descending from each family's best with half the budget each).
 //
 // Workers are spread over the scenario's sites two ways, each worker its own host and the
 // coordinator on worker 0's host: in blocks (workers 0..W/sites-1 on the first site, and so on),
