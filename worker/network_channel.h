@@ -4,6 +4,7 @@
 // shards it hosts), and the new parameters back from them. Received tensors come out of the
 // worker's Mailbox; sends go through its PeerDirectory.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "longhaul.pb.h"
@@ -45,6 +46,14 @@ class NetworkChannel final : public Channel {
   absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int shard) {
     return Take(proto::GRAD_PUSH, it, 0, stage_, replica, shard, &ps_waited_);
   }
+  // The global norm of iteration `it` reduced over every shard host, for the PsHost (its wait
+  // counts as ReduceNorm's, as the simulator counts it).
+  absl::StatusOr<double> TakeNorm(const std::function<absl::StatusOr<double>()>& reduce) {
+    const int64_t t0 = Timeline::NowMicros();
+    absl::StatusOr<double> norm = reduce();
+    ps_waited_ += (Timeline::NowMicros() - t0) * 1e-6;
+    return norm;
+  }
   // Parameters of a hosted shard to replica `replica` of this stage, this worker's own included.
   void SendParams(int64_t it, int replica, int shard, const float* data, size_t n);
 
@@ -60,7 +69,7 @@ class NetworkChannel final : public Channel {
   PeerDirectory& peers_;
   Timeline& timeline_;
   PsHost* ps_host_ = nullptr;
-  double ps_waited_ = 0;  // while the PsHost takes pushes
+  double ps_waited_ = 0;  // while the PsHost takes pushes and waits for the global norm
   // [shard of stage_shards_]: int8 pushes carry error feedback. Not in checkpoints: a resumed int8
   // run starts with no residual.
   std::vector<ErrorFeedback> feedback_;

@@ -212,7 +212,9 @@ absl::Status Worker::Setup() {
   PsLinks links{
       [channel](int64_t it, int replica, int shard) { return channel->TakePush(it, replica, shard); },
       [this](std::vector<float> buffer) { mailbox_.Recycle(std::move(buffer)); },
-      [this](const proto::NormReport& report) { return client_.ReduceNorm(report); },
+      [this, channel](const proto::NormReport& report) {
+        return channel->TakeNorm([&] { return client_.ReduceNorm(report); });
+      },
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};
