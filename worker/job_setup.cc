@@ -86,6 +86,12 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + StageParamCount(cfg.model, spec) + (D + 1) * ps_floats));
+  // An int8 push (named, or what "auto" picks on a slow link) keeps each pushed shard's residual
+  // and its push beside the gradient (transport/error_feedback.h).
+  const WireDtype wire = cfg.transport.wire_dtype;
+  if (D > 1 && (wire == WireDtype::kInt8 || wire == WireDtype::kAuto)) {
+    e.Add("int8 error feedback", 8 * (StageParamCount(cfg.model, spec) - ps_floats));
+  }
   e.Add("checkpoint staging", 20 * ps_floats);  // resume: the parsed model file, the optimizer file and its parse
   AddProcess(cfg, e);
   return e;
