@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "longhaul.pb.h"
 
 namespace longhaul {
 
@@ -61,7 +62,7 @@ size_t WireBytes(size_t n, WireDtype d) {
 }
 
 WireDtype WireDtypeFor(WireDtype job, int kind) {
-  return job == WireDtype::kInt8 && kind == 4 /* proto::PARAMS */ ? WireDtype::kBf16 : job;
+  return job == WireDtype::kInt8 && kind == proto::PARAMS ? WireDtype::kBf16 : job;
 }
 
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
