@@ -48,7 +48,6 @@ Placement DefaultPlacement(const Layout& layout, bool central_ps) {
 
 namespace {
 
-
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
   kGradIn,     // one replica's gradient of a shard reached the shard's host
@@ -305,7 +304,8 @@ class Engine {
         case Op::kPushGrads:
           for (int i : stage_shards_[k.stage]) {
             const ShardPlacement& sh = P_.shards[i];
-            Push(Send(k.host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, k.t, k.iter), EventKind::kGradIn, i, k.iter);
+            Push(Send(k.host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, k.t, k.iter), EventKind::kGradIn, i,
+                 k.iter);
           }
           ++k.pc;
           break;
@@ -342,7 +342,8 @@ class Engine {
             const ShardPlacement& sh = P_.shards[i];
             for (int r = 0; r < L_.replicas; ++r) {
               const int to = P_.worker[sh.stage][r];
-              Push(Send(k.host, workers_[to].host, sh.params, proto::PARAMS, k.t, k.iter), EventKind::kParamsIn, to, k.iter);
+              Push(Send(k.host, workers_[to].host, sh.params, proto::PARAMS, k.t, k.iter), EventKind::kParamsIn, to,
+                   k.iter);
             }
           }
           ++k.pc;

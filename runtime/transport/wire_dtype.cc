@@ -33,7 +33,9 @@ void EncodeInt8(const float* in, size_t n, void* out) {
       continue;
     }
     // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
-    for (size_t i = lo; i < hi; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.0f, 127.0f));
+    for (size_t i = lo; i < hi; ++i) {
+      q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.0f, 127.0f));
+    }
   }
 }
 
