@@ -24,7 +24,6 @@
 #include "config/resume_check.h"
 #include "coordinator/membership.h"
 #include "coordinator/planning.h"
-#include "transport/wire_plan.h"
 #include "coordinator/run_log.h"
 #include "netem/scenario.h"
 #include "plan/measured_prediction.h"
@@ -32,6 +31,7 @@
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
 #include "transport/tensor_transport.h"
+#include "transport/wire_plan.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -507,7 +507,9 @@ class Service final : public proto::Coordinator::Service {
     }
     const WirePlan wires = WiresOf(plan_);
     nlohmann::json narrow = nlohmann::json::array();
-    for (const auto& [pair, dtype] : wires.links) narrow.push_back({{"from", pair.first}, {"to", pair.second}, {"dtype", WireDtypeName(dtype)}});
+    for (const auto& [pair, dtype] : wires.links) {
+      narrow.push_back({{"from", pair.first}, {"to", pair.second}, {"dtype", WireDtypeName(dtype)}});
+    }
     std::string wire = WireDtypeName(wires.default_dtype);
     if (!wires.links.empty()) {
       wire = absl::StrFormat("%s; %s on %d links slower than %.0f Gbit/s; parameters %s", wire,
