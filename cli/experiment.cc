@@ -10,14 +10,13 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
 #include "config/job_config.h"
 #include "netem/scenario.h"
-#include "transport/wire_dtype.h"
 #include "util/median.h"
 
 namespace longhaul {
@@ -67,7 +66,9 @@ double SteadyIterationSeconds(const std::string& out_dir) {
   for (int step = 1; std::getline(f, line); ++step) {
     const std::vector<std::string> cells = absl::StrSplit(line, ',');
     double v = 0;
-    if (step > 2 && column < static_cast<long>(cells.size()) && absl::SimpleAtod(cells[column], &v)) seconds.push_back(v);
+    if (step > 2 && column < static_cast<long>(cells.size()) && absl::SimpleAtod(cells[column], &v)) {
+      seconds.push_back(v);
+    }
   }
   return seconds.empty() ? 0 : Median(seconds);
 }
@@ -134,9 +135,7 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   // compute and transfer / compute stay as there: delays x k, rates x (our boundary bytes /
   // theirs) / k, with k = our compute / theirs.
   using Scaled = std::vector<std::pair<const Setting*, std::string>>;
-  auto scale = [&](bool dp) -> std::optional<Scaled> {
-    std::vector<std::string> o = overrides;
-    if (dp) o.insert(o.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
+  auto scale = [&](bool dp, const std::vector<std::string>& o) -> std::optional<Scaled> {
     auto layout = LoadJobConfig(config_path, o);
     if (!layout.ok()) {
       std::cerr << "longhaul: error: " << layout.status().message() << "\n";
@@ -146,7 +145,8 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
     std::cout << absl::StrFormat("  %s: %d x %d, %d micro-batches; calibrating on loopback...", tag,
                                  layout->cluster.stages, layout->cluster.replicas, layout->train.micro_batches)
               << std::flush;
-    nlohmann::json calib = RunQuietly(self_exe, config_path, o, absl::StrCat(root, "/", tag, "/calibration"), "", emulation);
+    nlohmann::json calib =
+        RunQuietly(self_exe, config_path, o, absl::StrCat(root, "/", tag, "/calibration"), "", emulation);
     if (calib.is_null()) return std::nullopt;
     double compute = 0;
     for (auto& w : calib["workers"]) compute = std::max(compute, w["compute_seconds"].get<double>());
@@ -183,20 +183,20 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
     double seconds = 0, predicted = 0;
   };
   // [layout][variant][setting]
-  const bool dp_layouts[] = {false, true};
+  const std::vector<bool> dp_layouts = with_dp ? std::vector<bool>{false, true} : std::vector<bool>{false};
   const char* variants[] = {"like-source", "defaults"};
   std::vector<std::vector<std::vector<Cell>>> cells(2, std::vector<std::vector<Cell>>(2));
   std::vector<Scaled> scaled(2);
   for (bool dp : dp_layouts) {
-    if (dp && !with_dp) continue;
-    std::optional<Scaled> settings = scale(dp);
+    std::vector<std::string> layout = overrides;
+    if (dp) layout.insert(layout.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
+    std::optional<Scaled> settings = scale(dp, layout);
     if (!settings) return 1;
     scaled[dp] = *std::move(settings);
     for (int v = 0; v < 2; ++v) {
       for (const auto& [s, file] : scaled[dp]) {
-        std::vector<std::string> o = overrides;
+        std::vector<std::string> o = layout;
         if (v == 0) o.insert(o.end(), kLikeTheSource.begin(), kLikeTheSource.end());
-        if (dp) o.insert(o.end(), kWithDataParallelism.begin(), kWithDataParallelism.end());
         const std::string dir = absl::StrCat(fs::path(file).parent_path().string(), "/", variants[v]);
         std::cout << absl::StrFormat("  %-13s %-11s %-28s ...", dp ? "with DP" : "pipeline only", variants[v], s->label)
                   << std::flush;
@@ -216,7 +216,6 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   }
 
   for (bool dp : dp_layouts) {
-    if (dp && !with_dp) continue;
     std::cout << absl::StrFormat(
         "\nIteration time (stage 0 replica 0's wall time per step, median after the first two), GPipe, %s; ratio = "
         "to the default setting's in the same column:\n",
