@@ -20,7 +20,6 @@
 #include "transport/crc32c.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
-#include "model/memory_estimate.h"
 #include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"

@@ -32,7 +32,8 @@ absl::StatusOr<double> CudaFreeMemory(int device) {
   const int devices = CudaDeviceCount(&why);
   if (device < 0 || device >= devices) {
     return absl::FailedPreconditionError(
-        devices == 0 ? why : absl::StrFormat("cuda:%d asked for, but this machine has %d CUDA devices", device, devices));
+        devices == 0 ? why
+                     : absl::StrFormat("cuda:%d asked for, but this machine has %d CUDA devices", device, devices));
   }
   int was = 0;
   size_t free_bytes = 0, total_bytes = 0;
@@ -40,7 +41,9 @@ absl::StatusOr<double> CudaFreeMemory(int device) {
   if (e == cudaSuccess) e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
   cudaSetDevice(was);
-  if (e != cudaSuccess) return absl::InternalError(absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", cudaGetErrorString(e)));
+  if (e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", cudaGetErrorString(e)));
+  }
   return static_cast<double>(free_bytes);
 }
 
