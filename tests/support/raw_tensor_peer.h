@@ -38,12 +38,16 @@ inline std::string HeaderFrame(const proto::TensorHeader& header) {
   return out + header.SerializeAsString();
 }
 
-// A well-formed part: header frame, the fp32 bytes of `values`, their CRC-32C.
-inline std::string PartFrame(const proto::TensorHeader& header, const std::vector<float>& values) {
-  const size_t size = values.size() * sizeof(float);
-  std::string out = HeaderFrame(header) + std::string(reinterpret_cast<const char*>(values.data()), size);
-  AppendU32(out, Crc32c(0, values.data(), size));
+// A well-formed part: header frame, the wire bytes `payload`, their CRC-32C.
+inline std::string PartFrame(const proto::TensorHeader& header, const std::string& payload) {
+  std::string out = HeaderFrame(header) + payload;
+  AppendU32(out, Crc32c(0, payload.data(), payload.size()));
   return out;
+}
+
+// The same with the fp32 bytes of `values`.
+inline std::string PartFrame(const proto::TensorHeader& header, const std::vector<float>& values) {
+  return PartFrame(header, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
 class RawPeer {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -359,6 +360,59 @@ TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   EXPECT_EQ(box_.HeldFloats(), 0u);
   // Each refused part's reservation went with its stream.
   for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
+}
+
+// int8 parts as a peer could craft them: sized by their blocks (a part one byte long is read as
+// a bad checksum, never past its buffer), scales that are NaN decoded to NaN without a fault, a
+// huge one refused before anything is allocated, and dtypes that do not exist (0 is the
+// config-only "auto") refused by name.
+TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
+  auto int8 = [](int64_t it, uint64_t n) {
+    proto::TensorHeader h = Crafted(it, n, 0, n);
+    h.set_dtype(proto::INT8);
+    return h;
+  };
+  const std::vector<float> x = Ramp(300);
+  std::string wire(WireBytes(x.size(), WireDtype::kInt8), '\0');
+  EncodeWire(x.data(), x.size(), WireDtype::kInt8, wire.data());
+  testing::RawPeer good(server_->address(), "jobA");
+  good.Write(testing::PartFrame(int8(5, x.size()), wire));
+  ASSERT_TRUE(good.Ack().ok()) << good.Ack();
+  auto got = box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> own = x;
+  RoundThroughWire(own.data(), own.size(), WireDtype::kInt8);
+  EXPECT_EQ(*got, own);
+
+  testing::RawPeer long_part(server_->address(), "jobA");
+  long_part.Write(testing::PartFrame(int8(6, x.size()), wire + '\x01'));
+  EXPECT_EQ(long_part.Ack().code(), absl::StatusCode::kDataLoss);
+
+  std::string nan_scales = wire;
+  for (size_t b = 0; b < 3; ++b) std::memset(&nan_scales[4 * b], 0xff, 4);  // every scale a NaN
+  testing::RawPeer nans(server_->address(), "jobA");
+  nans.Write(testing::PartFrame(int8(7, x.size()), nan_scales));
+  ASSERT_TRUE(nans.Ack().ok()) << nans.Ack();
+  auto poisoned = box_.Take({proto::ACTIVATION, 7, 0, 1, 0, 0}, std::chrono::seconds(5));
+  ASSERT_TRUE(poisoned.ok()) << poisoned.status();
+  for (float v : *poisoned) ASSERT_TRUE(std::isnan(v));
+
+  const int64_t rss = testing::ResidentBytes();
+  const uint64_t huge = uint64_t{1} << 34;
+  EXPECT_EQ(SendCrafted(server_->address(), int8(8, huge), {1.0f}).code(), absl::StatusCode::kResourceExhausted);
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "an int8 part announcing 2^34 elements: resident memory grew by " << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 16 << 20);
+
+  for (int dtype : {0, 5, 255}) {
+    proto::TensorHeader h = Crafted(9, 10, 0, 10);
+    h.set_dtype(static_cast<proto::WireDtype>(dtype));
+    const absl::Status s = SendCrafted(server_->address(), h, Ramp(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << dtype << ": " << s;
+    EXPECT_NE(s.message().find("unknown wire dtype"), std::string::npos) << s;
+  }
+  EXPECT_EQ(box_.HeldFloats(), 0u);
+  ExpectStillServes(9);
 }
 
 // A receiver that is no longhaul worker: it reads whatever comes and answers the hello with
