@@ -5,9 +5,7 @@
 // refused before anything is allocated and leave nothing behind; a cancelled send ends at once.
 #include "transport/tensor_transport.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +20,7 @@
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
 #include "tests/support/raw_tensor_peer.h"
+#include "transport/socket_io.h"
 
 namespace longhaul {
 namespace {
@@ -421,15 +420,9 @@ class FakeReceiver {
  public:
   FakeReceiver(std::string hello_reply, std::string part_reply)
       : hello_reply_(std::move(hello_reply)), part_reply_(std::move(part_reply)) {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    listen(listener_, 4);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    const absl::StatusOr<int> listener = ListenTcp("127.0.0.1:0", &address_);
+    EXPECT_TRUE(listener.ok()) << listener.status();
+    listener_ = listener.value_or(-1);
     thread_ = std::thread([this] {
       const int fd = accept(listener_, nullptr, nullptr);
       char buf[1 << 16];
