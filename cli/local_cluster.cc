@@ -20,6 +20,7 @@
 #include "netem/scenario.h"
 #include "netem/tcp_proxy.h"
 #include "util/ports.h"
+#include "transport/job_secret.h"
 #include "worker/job_setup.h"
 
 namespace longhaul {
@@ -98,6 +99,20 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   fs::create_directories(cfg->train.out_dir, ec);
   const std::string port_file = (fs::path(cfg->train.out_dir) / ".coordinator_port").string();
   fs::remove(port_file, ec);
+  // Every port of the run is authenticated: a fresh secret per run where the user gave none, which
+  // the coordinator and workers read from the environment they inherit.
+  // (`longhaul experiment` runs several clusters from one process: each gets its own.)
+  static std::string made_here;
+  const char* given_secret = std::getenv("LONGHAUL_SECRET_FILE");
+  if (given_secret == nullptr || *given_secret == '\0' || given_secret == made_here) {
+    const std::string secret_file = made_here = (fs::path(cfg->train.out_dir) / ".secret").string();
+    fs::remove(secret_file, ec);
+    if (absl::Status s = JobSecret::WriteNew(secret_file); !s.ok()) {
+      std::cerr << "longhaul: error: " << s.message() << "\n";
+      return 2;
+    }
+    setenv("LONGHAUL_SECRET_FILE", secret_file.c_str(), /*overwrite=*/1);
+  }
   // Several processes share the cores: split them, and let idle OpenMP threads sleep instead of
   // spinning, or the processes starve each other.
   setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);

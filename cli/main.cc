@@ -115,6 +115,22 @@ int main(int argc, char** argv) {
                     "the workers' links (netem/scenarios/*.toml, worker w on host w): predict the iteration time "
                     "and print it beside the measured one");
 
+  auto add_security = [](CLI::App* cmd, std::string& secret_file, longhaul::TlsFiles& tls, bool coordinator) {
+    cmd->add_option("--secret-file", secret_file,
+                    "the job secret every process of the job holds (`longhaul secret FILE` makes one; default: "
+                    "$LONGHAUL_SECRET_FILE, else none)");
+    cmd->add_option("--tls-cert", tls.cert, coordinator ? "TLS: this coordinator's certificate (PEM)"
+                                                        : "mutual TLS: this worker's certificate (PEM)");
+    cmd->add_option("--tls-key", tls.key, "TLS: the key of --tls-cert (PEM)");
+    cmd->add_option("--tls-ca", tls.ca, coordinator ? "mutual TLS: accept only workers with a certificate this CA signed"
+                                                    : "TLS: the CA that signed the coordinator's certificate");
+  };
+  add_security(coord, copt.secret_file, copt.tls, true);
+
+  std::string secret_out;
+  CLI::App* secret = app.add_subcommand("secret", "write a new random job secret to a file only its owner can read");
+  secret->add_option("file", secret_out, "where to write it (never overwritten)")->required();
+
   longhaul::WorkerOptions wopt;
   CLI::App* worker = app.add_subcommand("worker", "run one worker of a multi-worker job");
   worker->add_option("--coordinator", wopt.coordinator, "the coordinator's host:port")->required();
@@ -136,6 +152,8 @@ int main(int argc, char** argv) {
         const auto d = longhaul::ParseBackend(b, "--backend");
         return d.ok() ? std::string() : std::string(d.status().message());
       });
+
+  add_security(worker, wopt.secret_file, wopt.tls, false);
 
   CLI::App* plan = longhaul::AddPlanCommand(app);
   add_config(plan);
@@ -193,6 +211,10 @@ int main(int argc, char** argv) {
       if (absl::Status s = longhaul::RunCoordinator(copt); !s.ok()) return Fail(s, CodeFor(s));
     } else if (worker->parsed()) {
       if (absl::Status s = longhaul::RunWorker(wopt); !s.ok()) return Fail(s, 1);
+    } else if (secret->parsed()) {
+      if (absl::Status s = longhaul::JobSecret::WriteNew(secret_out); !s.ok()) return Fail(s, 1);
+      std::cout << "wrote a new job secret to " << secret_out << ": copy it to every host of the job and pass "
+                << "--secret-file (or set LONGHAUL_SECRET_FILE)\n";
     } else if (plan->parsed()) {
       return longhaul::RunPlanCommand(config_path, overrides);
     } else {

@@ -54,8 +54,9 @@ struct IterationRecord {
 class Service final : public proto::Coordinator::Service {
  public:
   Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics,
-          std::optional<NetworkCost> network)
-      : network_(std::move(network)),
+          std::optional<NetworkCost> network, JobSecret secret)
+      : verifier_(std::move(secret)),
+        network_(std::move(network)),
         probing_(cfg.cluster.stages * cfg.cluster.replicas > 1 &&
                  (cfg.cluster.link_probe == ClusterConfig::LinkProbe::kOn ||
                   (cfg.cluster.link_probe == ClusterConfig::LinkProbe::kAuto && !network_))),
@@ -65,7 +66,8 @@ class Service final : public proto::Coordinator::Service {
         members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
         log_(cfg, start_, end_, std::move(metrics)) {}
 
-  grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
+  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "Register", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     const absl::StatusOr<int> registered = members_.Register(*req, Clock::now());
     if (!registered.ok()) return ToGrpc(registered.status());
@@ -81,7 +83,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportProfile(grpc::ServerContext*, const proto::ProfileReport* req, proto::Empty*) override {
+  grpc::Status ReportProfile(grpc::ServerContext* ctx, const proto::ProfileReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportProfile", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (plan_.version() > 0) {
@@ -97,7 +100,8 @@ class Service final : public proto::Coordinator::Service {
 
   // Peers are handed out once every worker reported its profile: each has set its tensor
   // server's job id by then, and no compute probe runs beside the link probes.
-  grpc::Status GetPeers(grpc::ServerContext*, const proto::PeersRequest* req, proto::Peers* peers) override {
+  grpc::Status GetPeers(grpc::ServerContext* ctx, const proto::PeersRequest* req, proto::Peers* peers) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "GetPeers", *req); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     members_.Heard(req->worker_id(), Clock::now());
@@ -113,7 +117,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportLinks(grpc::ServerContext*, const proto::LinkReport* req, proto::Empty*) override {
+  grpc::Status ReportLinks(grpc::ServerContext* ctx, const proto::LinkReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportLinks", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (!probing_ || plan_.version() > 0) {
@@ -136,7 +141,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest* req, proto::Plan* plan) override {
+  grpc::Status GetPlan(grpc::ServerContext* ctx, const proto::PlanRequest* req, proto::Plan* plan) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "GetPlan", *req); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     members_.Heard(req->worker_id(), Clock::now());
@@ -148,7 +154,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Ready(grpc::ServerContext*, const proto::ReadyRequest* req, proto::ReadyReply* reply) override {
+  grpc::Status Ready(grpc::ServerContext* ctx, const proto::ReadyRequest* req, proto::ReadyReply* reply) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "Ready", *req); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (req->plan_version() != plan_.version()) {
@@ -167,8 +174,9 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const proto::HeartbeatRequest* req,
                          proto::HeartbeatReply* reply) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "Heartbeat", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     members_.Heard(req->worker_id(), Clock::now());
@@ -177,7 +185,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportIteration(grpc::ServerContext*, const proto::IterationReport* req, proto::Empty*) override {
+  grpc::Status ReportIteration(grpc::ServerContext* ctx, const proto::IterationReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportIteration", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
     const proto::Assignment& a = plan_.assignments(req->worker_id());
@@ -210,7 +219,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReduceNorm(grpc::ServerContext*, const proto::NormReport* req, proto::NormReply* reply) override {
+  grpc::Status ReduceNorm(grpc::ServerContext* ctx, const proto::NormReport* req, proto::NormReply* reply) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReduceNorm", *req); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
     const proto::Assignment& a = plan_.assignments(req->worker_id());
@@ -243,7 +253,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportCheckpoint(grpc::ServerContext*, const proto::CheckpointReport* req, proto::Empty*) override {
+  grpc::Status ReportCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportCheckpoint", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1); !st.ok()) return st;
     if (!HostsShard(plan_, plan_.assignments(req->worker_id()), req->stage(), req->shard()) ||
@@ -266,7 +277,8 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportDone(grpc::ServerContext*, const proto::DoneReport* req, proto::Empty*) override {
+  grpc::Status ReportDone(grpc::ServerContext* ctx, const proto::DoneReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     members_.Done(req->worker_id(), req->timeline_file());
@@ -537,6 +549,7 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
+  RpcVerifier verifier_;
   std::optional<NetworkCost> network_;  // the scenario's, or the measured once every worker reported
   const bool probing_;                  // workers measure their links before the plan
   std::string links_;                   // where network_ came from, for people
@@ -586,10 +599,16 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     LH_ASSIGN_OR_RETURN(netem::Scenario scenario, netem::LoadScenario(opt.scenario));
     network = NetworkCost::FromScenario(std::move(scenario));
   }
-  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(network));
+  LH_ASSIGN_OR_RETURN(JobSecret secret, JobSecret::FromFlagOrEnv(opt.secret_file));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, CoordinatorCredentials(opt.tls));
+  if (!secret.set()) {
+    std::cout << "coordinator: warning: no job secret (--secret-file or $LONGHAUL_SECRET_FILE): any process that can "
+                 "reach this port and the workers' can join or feed this job. `longhaul secret FILE` makes one.\n";
+  }
+  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(network), std::move(secret));
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort(opt.listen, credentials, &port);
   b.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   if (!server || port == 0) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "transport/rpc_auth.h"
 
 namespace longhaul {
 
@@ -20,6 +21,8 @@ struct CoordinatorOptions {
   // The workers' network, if known (a netem scenario, worker w on host w): the coordinator then
   // prints the planner's prediction of the iteration time beside the measured one.
   std::string scenario;
+  std::string secret_file;  // the job secret (job_secret.h); empty: $LONGHAUL_SECRET_FILE, else none
+  TlsFiles tls;             // TLS on the port (rpc_auth.h)
 };
 
 absl::Status RunCoordinator(const CoordinatorOptions& opt);

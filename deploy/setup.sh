@@ -20,7 +20,7 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
   libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libuv1-dev libnetfilter-queue-dev iproute2 iptables python3)
+  libuv1-dev libnetfilter-queue-dev libssl-dev iproute2 iptables python3)
 [ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy)
 
 missing=()

@@ -16,13 +16,18 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 
 }  // namespace
 
-CoordinatorClient::CoordinatorClient(std::string address, double connect_timeout_s,
-                                     std::function<void(const std::string&)> on_stop)
+CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls,
+                                     double connect_timeout_s, std::function<void(const std::string&)> on_stop)
     : address_(std::move(address)), connect_timeout_s_(connect_timeout_s), on_stop_(std::move(on_stop)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CoordinatorChannel(address_, secret, tls, args);
+  if (!channel.ok()) {
+    channel_status_ = channel.status();
+    return;
+  }
+  channel_ = *std::move(channel);
   stub_ = proto::Coordinator::NewStub(channel_);
 }
 
@@ -36,6 +41,7 @@ std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {
 }
 
 absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::RegisterRequest req) {
+  if (!channel_status_.ok()) return channel_status_;
   proto::RegisterReply reply;
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);  // keep trying while the coordinator starts

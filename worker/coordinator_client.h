@@ -15,14 +15,17 @@
 
 #include "absl/status/statusor.h"
 #include "longhaul.grpc.pb.h"
+#include "transport/rpc_auth.h"
 
 namespace longhaul {
 
 class CoordinatorClient {
  public:
   // `on_stop` is called once, from the heartbeat thread, with the reason when the coordinator
-  // stops the job or has not answered for the job's dead_after_s.
-  CoordinatorClient(std::string address, double connect_timeout_s, std::function<void(const std::string&)> on_stop);
+  // stops the job or has not answered for the job's dead_after_s. Every call is signed with
+  // `secret`, over TLS where `tls` names files (rpc_auth.h).
+  CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
+                    std::function<void(const std::string&)> on_stop);
   ~CoordinatorClient();  // ends the heartbeats
   CoordinatorClient(const CoordinatorClient&) = delete;
 
@@ -73,6 +76,7 @@ class CoordinatorClient {
   std::string address_;
   double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;
   std::function<void(const std::string&)> on_stop_;
+  absl::Status channel_status_;  // why no channel could be made (a TLS file), returned by Register
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   int id_ = -1;

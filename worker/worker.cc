@@ -42,8 +42,10 @@ using Clock = std::chrono::steady_clock;
 // host, executor) put together, and the loop over iterations.
 class Worker {
  public:
-  explicit Worker(const WorkerOptions& opt)
-      : opt_(opt), client_(opt.coordinator, opt.connect_timeout_s, [this](const std::string& why) { Stop(why); }) {}
+  Worker(const WorkerOptions& opt, JobSecret secret)
+      : opt_(opt),
+        secret_(std::move(secret)),
+        client_(opt.coordinator, secret_, opt.tls, opt.connect_timeout_s, [this](const std::string& why) { Stop(why); }) {}
   Worker(const Worker&) = delete;
 
   absl::Status Run();
@@ -68,6 +70,7 @@ class Worker {
   }
 
   WorkerOptions opt_;
+  const JobSecret secret_;
   // Members go in reverse order: the server before the mailbox and admission it uses, the client
   // (whose heartbeat thread may call Stop until it is joined) before the mailbox and canceller.
   Mailbox mailbox_;
@@ -99,7 +102,7 @@ absl::Status Worker::Join() {
     LH_ASSIGN_OR_RETURN(dial_map_, PeerDirectory::ReadDialMap(opt_.dial_map));
   }
   LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_,
-                                                   &admission_));
+                                                   &admission_, secret_));
   proto::RegisterRequest req;
   req.set_job_id(opt_.job_id);
   req.set_protocol_version(kProtocolVersion);
@@ -144,6 +147,7 @@ absl::Status Worker::Join() {
 TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& job_id) const {
   TransportOptions transport;
   transport.job_id = job_id;
+  transport.secret = secret_;
   transport.chunk_bytes = static_cast<size_t>(cfg.transport.chunk_mib) << 20;
   transport.connections = cfg.transport.connections;
   transport.congestion_control = cfg.transport.congestion_control;
@@ -335,7 +339,8 @@ absl::Status Worker::Run() {
 }  // namespace
 
 absl::Status RunWorker(const WorkerOptions& opt) {
-  Worker w(opt);
+  LH_ASSIGN_OR_RETURN(JobSecret secret, JobSecret::FromFlagOrEnv(opt.secret_file));
+  Worker w(opt, std::move(secret));
   return w.Run();
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "transport/rpc_auth.h"
 
 namespace longhaul {
 
@@ -18,6 +19,8 @@ struct WorkerOptions {
   double connect_timeout_s = 60;        // how long to keep trying the coordinator
   std::string dial_map;                 // file of "address dial_instead" lines: reach peers through a proxy
   int slot = -1;                        // the worker id to ask for (a launcher's host number); -1: any
+  std::string secret_file;              // the job secret (job_secret.h); empty: $LONGHAUL_SECRET_FILE, else none
+  TlsFiles tls;                         // TLS to the coordinator (rpc_auth.h)
 };
 
 // Runs until the job finishes (OK) or fails; errors name the peer or step involved.

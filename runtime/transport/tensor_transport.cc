@@ -105,14 +105,15 @@ absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) cons
   return h.total_elements();
 }
 
-TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission)
-    : job_id_(std::move(job_id)), mailbox_(mailbox), admission_(admission) {}
+TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret)
+    : job_id_(std::move(job_id)), secret_(std::move(secret)), mailbox_(mailbox), admission_(admission) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
-                                                                  Mailbox* mailbox, const TensorAdmission* admission) {
-  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission));
+                                                                  Mailbox* mailbox, const TensorAdmission* admission,
+                                                                  JobSecret secret) {
+  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission, std::move(secret)));
   auto fd = ListenTcp(address, &s->address_);
   if (!fd.ok()) return fd.status();
   s->listen_fd_ = *fd;
@@ -215,6 +216,23 @@ absl::Status TensorServer::ServeHello(int fd) {
         absl::StrFormat("refused: the peer runs job '%s' with protocol version %d, this worker runs job '%s' with "
                         "protocol version %d; start every process of a job from the same config and build",
                         absl::CHexEscape(job), *version, job_id(), kProtocolVersion));
+  }
+  // Both sides prove they hold the job secret over both nonces (job_secret.h): the server's nonce
+  // is fresh, so a recorded handshake replayed here proves nothing.
+  std::string client_nonce(kNonceBytes, '\0');
+  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, stop_); !s.ok()) return s;
+  absl::StatusOr<std::string> server_nonce = RandomNonce();
+  if (!server_nonce.ok()) return server_nonce.status();
+  const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
+                                secret_.Proof(kReceiverProofLabel, {job, client_nonce, *server_nonce});
+  if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
+  std::string proof(kProofBytes, '\0');
+  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) return s;
+  if (!ProofsEqual(proof, secret_.Proof(kSenderProofLabel, {job, *server_nonce, client_nonce}))) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "refused: the peer does not hold this job's secret (this worker's: %s); give every process of the job the "
+        "same --secret-file",
+        secret_.source()));
   }
   return absl::OkStatus();
 }
@@ -587,12 +605,7 @@ class PeerConnection {
       static std::once_flag warned;
       std::call_once(warned, [&] { std::cerr << "longhaul transport: " << warning << "\n"; });
     }
-    std::string hello(kTensorMagic, 4);
-    PutU32(hello, kProtocolVersion);
-    PutU32(hello, static_cast<uint32_t>(opt_.job_id.size()));
-    hello += opt_.job_id;
-    absl::Status s = WriteAll(*fd, hello.data(), hello.size(), deadline, cancel_);
-    if (s.ok()) s = ReadAck(*fd, deadline, cancel_);
+    absl::Status s = Handshake(*fd, deadline);
     if (!s.ok()) {
       close(*fd);
       return s;
@@ -600,6 +613,31 @@ class PeerConnection {
     fd_ = *fd;
     acks_.clear();
     return absl::OkStatus();
+  }
+
+  // The hello, then each side's proof that it holds the job secret (TensorServer::ServeHello).
+  absl::Status Handshake(int fd, Deadline deadline) {
+    absl::StatusOr<std::string> nonce = RandomNonce();
+    if (!nonce.ok()) return nonce.status();
+    std::string hello(kTensorMagic, 4);
+    PutU32(hello, kProtocolVersion);
+    PutU32(hello, static_cast<uint32_t>(opt_.job_id.size()));
+    hello += opt_.job_id;
+    hello += *nonce;
+    if (absl::Status s = WriteAll(fd, hello.data(), hello.size(), deadline, cancel_); !s.ok()) return s;
+    if (absl::Status s = ReadAck(fd, deadline, cancel_); !s.ok()) return s;
+    std::string challenge(kNonceBytes + kProofBytes, '\0');
+    if (absl::Status s = ReadAll(fd, challenge.data(), challenge.size(), deadline, cancel_); !s.ok()) return s;
+    const std::string server_nonce = challenge.substr(0, kNonceBytes);
+    if (!ProofsEqual(challenge.substr(kNonceBytes), opt_.secret.Proof(kReceiverProofLabel, {opt_.job_id, *nonce, server_nonce}))) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the peer at %s does not hold this job's secret (this worker's: %s); nothing was sent to it. Give every "
+          "process of the job the same --secret-file",
+          address_, opt_.secret.source()));
+    }
+    const std::string proof = opt_.secret.Proof(kSenderProofLabel, {opt_.job_id, server_nonce, *nonce});
+    if (absl::Status s = WriteAll(fd, proof.data(), proof.size(), deadline, cancel_); !s.ok()) return s;
+    return ReadAck(fd, deadline, cancel_);
   }
 
   // A cancelled wait means this connection was cancelled: say by whom.

@@ -5,15 +5,20 @@
 // (window updates in flight), and about a round trip more with BDP probing off; plain TCP took the
 // link's delay to the millisecond (see README, "The data plane").
 //
-// A connection opens with a hello: the magic "LHT1", the protocol version and the job id (u32
-// little-endian lengths). The receiver answers with one acknowledgement frame (u32 length, then a
-// serialized proto::TensorAck) and, on a stranger, closes. Then each tensor part is: u32 header
+// A connection opens with a hello: the magic "LHT1", the protocol version, the job id (u32
+// little-endian lengths) and the sender's nonce (32 random bytes). The receiver answers with one
+// acknowledgement frame (u32 length, then a serialized proto::TensorAck) and, on a stranger,
+// closes; else it sends its own nonce and its proof of the job secret (HMAC-SHA256 over the job id
+// and both nonces, job_secret.h), the sender checks that proof and answers with its own, and the
+// receiver acknowledges once more: a peer without the secret learns nothing and sends nothing, and a
+// recorded handshake fails against the receiver's next nonce. Then each tensor part is: u32 header
 // length (at most 4 KiB), a serialized proto::TensorHeader, the part's bytes in the wire dtype,
 // and the CRC-32C of those bytes (u32); the receiver answers each part with an acknowledgement in
 // order, so parts pipeline on one connection. A tensor may be split over several connections to
 // one peer (transport.connections), one part each, to fill a fat, long link.
 //
-// The receiver checks the magic, job id and protocol version before reading anything else; then,
+// The receiver checks the magic, job id, protocol version and the secret before reading anything
+// else; then,
 // per part, asks its TensorAdmission whether the plan lets that peer send that tensor now and how
 // many elements it must have, and reserves the part in the Mailbox, all before allocating anything
 // for it (the buffer is taken when the first payload byte arrives). Any refusal is acknowledged
@@ -33,16 +38,21 @@
 
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
+#include "transport/job_secret.h"
 #include "transport/mailbox.h"
 #include "transport/socket_io.h"
 #include "transport/wire_dtype.h"
 
 namespace longhaul {
 
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
 inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;
+// What each side's proof of the job secret is labelled with (JobSecret::Proof), so that neither
+// proof can stand for the other.
+inline constexpr char kReceiverProofLabel[] = "longhaul tensor port: receiver";
+inline constexpr char kSenderProofLabel[] = "longhaul tensor port: sender";
 
 class PeerConnection;
 struct OutPart;
@@ -68,6 +78,7 @@ class SendCanceller {
 
 struct TransportOptions {
   std::string job_id = "longhaul";
+  JobSecret secret;  // proved to every receiver, and every receiver's proof checked
   WireDtype dtype = WireDtype::kF32;
   size_t chunk_bytes = 2u << 20;  // checksummed and written at a time
   int connections = 1;  // TCP connections per peer; a tensor is split evenly over them
@@ -100,9 +111,10 @@ class AnyTensorUpTo : public TensorAdmission {
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
-  // server.
+  // server. Only senders that prove they hold `secret` get past the hello.
   static absl::StatusOr<std::unique_ptr<TensorServer>> Start(const std::string& address, const std::string& job_id,
-                                                             Mailbox* mailbox, const TensorAdmission* admission);
+                                                             Mailbox* mailbox, const TensorAdmission* admission,
+                                                             JobSecret secret = JobSecret());
   ~TensorServer();
   // host:port actually bound.
   const std::string& address() const { return address_; }
@@ -126,10 +138,11 @@ class TensorServer {
     std::thread thread;
     std::atomic<bool> done{false};
   };
-  TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission);
+  TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret);
   void AcceptLoop();
   void Serve(Connection* c);
-  // The hello, checked; then parts until the peer closes or a part is refused.
+  // The hello and the secret's proofs, checked; then parts until the peer closes or a part is
+  // refused.
   absl::Status ServeHello(int fd);
   absl::Status ServePart(int fd, uint32_t header_bytes);
   // A link probe the admission let in: read, checked and dropped, never held.
@@ -138,6 +151,7 @@ class TensorServer {
   void ReapFinished();
 
   std::string job_id_, address_;
+  const JobSecret secret_;
   Mailbox* mailbox_;
   const TensorAdmission* admission_;
   int listen_fd_ = -1;

@@ -85,7 +85,7 @@ expect_error stop_at_negative "--stop-at -3: must be a step of the run, between 
 expect_error stop_at_past_the_end "--stop-at 500: must be a step of the run, between 1 and train.steps = 200" "" \
   --stop-at 500
 expect_usage_error unknown_subcommand \
-  "unknown subcommand 'trian' (subcommands: train, local, experiment, coordinator, worker, plan, netem;" trian -c x
+  "unknown subcommand 'trian' (subcommands: train, local, experiment, coordinator, secret, worker, plan, netem;" trian -c x
 expect_usage_error unknown_option "train: The following argument was not expected: --bogus (subcommands: train," \
   train -c /dev/null --bogus
 expect_usage_error no_subcommand "A subcommand is required (subcommands: train," --set x=1
@@ -94,6 +94,29 @@ if [ $? = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL --he
 
 "$bin" train -c "$dir/none.toml" >/dev/null 2>"$dir/err.txt"
 if [ $? = 2 ] && grep -q "cannot open config file" "$dir/err.txt"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL missing config file"; fi
+
+# Job secrets: `longhaul secret` never overwrites one; a worker or coordinator refuses a secret file
+# that is missing, that others may read, or that is too short, naming the fix, before it listens.
+"$bin" secret "$dir/job.secret" >/dev/null 2>&1
+"$bin" secret "$dir/job.secret" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+check secret_exists 1 "an existing secret is never overwritten"
+worker_with_secret() {
+  "$bin" worker --coordinator 127.0.0.1:1 --connect-timeout 1 --secret-file "$1" >"$dir/out.txt" 2>"$dir/err.txt"
+  rc=$?
+}
+chmod 644 "$dir/job.secret"
+worker_with_secret "$dir/job.secret"
+check secret_readable_by_others 1 "may be read by others (mode 644); run .chmod 600"
+printf 'short\n' >"$dir/short.secret"
+chmod 600 "$dir/short.secret"
+worker_with_secret "$dir/short.secret"
+check secret_too_short 1 "holds 5 bytes; a secret has 16 to 4096"
+worker_with_secret "$dir/none.secret"
+check secret_missing 1 "cannot read the job secret file $dir/none.secret"
+"$bin" coordinator -c /dev/null --secret-file "$dir/none.secret" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+check coordinator_secret_missing 2 "cannot read the job secret file"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

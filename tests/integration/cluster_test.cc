@@ -29,6 +29,7 @@
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
 #include "tests/support/raw_tensor_peer.h"
+#include "transport/rpc_auth.h"
 #include "transport/tensor_transport.h"
 #include "util/ports.h"
 
@@ -397,6 +398,15 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   EXPECT_NE(s.message().find("'intruder'"), std::string::npos) << s;
   EXPECT_NE(s.message().find("'equivalence'"), std::string::npos) << s;
 
+  // A peer of this job that does not hold the run's secret (`longhaul local` made one): refused
+  // before its tensor is read.
+  TransportOptions no_secret;
+  no_secret.job_id = "equivalence";
+  no_secret.timeout = std::chrono::milliseconds(10000);
+  s = TensorClient(victim, no_secret).Send(h, x.data(), x.size())->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("does not hold this job's secret"), std::string::npos) << s;
+
   // Bytes that are not longhaul's protocol: the worker closes that connection.
   const std::string other = cluster["workers"][0]["address"];
   EXPECT_TRUE(testing::GarbageConnectionIsClosed(other));
@@ -417,6 +427,8 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   const std::string victim = cluster["workers"][1]["address"];
   const int pid = cluster["workers"][1]["pid"];
   ASSERT_EQ(cluster["workers"][1]["stage"], 1);
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
+  ASSERT_TRUE(secret.ok()) << secret.status();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the run
   const int64_t rss_before = testing::ResidentBytes(pid);
   ASSERT_GT(rss_before, 0);
@@ -471,7 +483,7 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
     std::vector<std::unique_ptr<testing::RawPeer>> peers;
     for (const Case& c : cases) {
       // Header only, held open, as the streams that took a worker to 3.4 GB did.
-      peers.push_back(std::make_unique<testing::RawPeer>(victim, "equivalence"));
+      peers.push_back(std::make_unique<testing::RawPeer>(victim, "equivalence", *secret));
       ASSERT_TRUE(peers.back()->hello().ok()) << peers.back()->hello();
       peers.back()->Write(testing::HeaderFrame(c.h));
     }
@@ -502,12 +514,58 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   int port = 0;
   std::ifstream(out / ".coordinator_port") >> port;
   ASSERT_GT(port, 0) << Log(out);
-  auto coordinator = proto::Coordinator::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const std::string address = "127.0.0.1:" + std::to_string(port);
   auto expect_refused = [](const char* what, const grpc::Status& s, grpc::StatusCode code) {
     EXPECT_EQ(s.error_code(), code) << what << ": " << s.error_message();
     std::cout << what << ": " << s.error_message() << "\n";
   };
+  // Calls without the run's secret (`longhaul local` made one) are refused before they are read:
+  // unsigned, signed with another secret, a signed call replayed, one signed long ago, and a
+  // signature moved onto another request.
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  const std::string other_path = (out / "other.secret").string();
+  ASSERT_TRUE(JobSecret::WriteNew(other_path).ok());
+  const absl::StatusOr<JobSecret> other = JobSecret::Load(other_path);
+  ASSERT_TRUE(other.ok()) << other.status();
+  proto::HeartbeatRequest beat;
+  beat.set_worker_id(-7);  // passes the secret's check, then fails as a worker nobody registered
+  proto::HeartbeatReply beat_reply;
+  {
+    auto plain = proto::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    expect_refused("an unsigned call", plain->Heartbeat(&ctx, beat, &beat_reply), grpc::StatusCode::UNAUTHENTICATED);
+    auto wrong = CoordinatorChannel(address, *other, TlsFiles(), grpc::ChannelArguments());
+    ASSERT_TRUE(wrong.ok());
+    grpc::ClientContext ctx2;
+    expect_refused("a call signed with another secret",
+                   proto::Coordinator::NewStub(*wrong)->Heartbeat(&ctx2, beat, &beat_reply),
+                   grpc::StatusCode::UNAUTHENTICATED);
+    const std::string method = "/longhaul.proto.Coordinator/Heartbeat";
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    const std::string signed_now = SignCall(*secret, method, beat, now_ms, std::string(kNonceBytes, 'a'));
+    for (grpc::StatusCode code : {grpc::StatusCode::NOT_FOUND, grpc::StatusCode::UNAUTHENTICATED}) {
+      grpc::ClientContext c;
+      c.AddMetadata(kRpcAuthKey, signed_now);
+      expect_refused(code == grpc::StatusCode::NOT_FOUND ? "a signed call" : "the same call replayed",
+                     plain->Heartbeat(&c, beat, &beat_reply), code);
+    }
+    grpc::ClientContext old_ctx;
+    old_ctx.AddMetadata(kRpcAuthKey, SignCall(*secret, method, beat, now_ms - 400'000, std::string(kNonceBytes, 'b')));
+    expect_refused("a call signed 400 s ago", plain->Heartbeat(&old_ctx, beat, &beat_reply),
+                   grpc::StatusCode::UNAUTHENTICATED);
+    proto::HeartbeatRequest moved = beat;
+    moved.set_worker_id(0);
+    grpc::ClientContext moved_ctx;
+    moved_ctx.AddMetadata(kRpcAuthKey, SignCall(*secret, method, beat, now_ms, std::string(kNonceBytes, 'c')));
+    expect_refused("a signature moved onto another request", plain->Heartbeat(&moved_ctx, moved, &beat_reply),
+                   grpc::StatusCode::UNAUTHENTICATED);
+  }
+  auto channel = CoordinatorChannel(address, *secret, TlsFiles(), grpc::ChannelArguments());
+  ASSERT_TRUE(channel.ok());
+  auto coordinator = proto::Coordinator::NewStub(*channel);
   proto::Empty empty;
   {
     grpc::ClientContext ctx;
@@ -673,6 +731,63 @@ TEST(Cluster, AStopEndsAWorkerBlockedOnSendsWithinAHeartbeat) {
   EXPECT_LT(took, 10) << w0_log;
   EXPECT_NE(w0_log.find("the coordinator stopped the job: interrupted"), std::string::npos) << w0_log;
   EXPECT_EQ(w0_log.find("Deadline Exceeded"), std::string::npos) << w0_log;
+}
+
+// With mutual TLS on the coordinator's port (certificates from deploy/make_certs.sh) and a job
+// secret on every port, a coordinator and two workers started by hand train to the end; a plaintext
+// client, and a TLS client without a certificate the CA signed, do not get a call through.
+TEST(Cluster, MutualTlsAndASecretOnEveryPortTrainToTheEnd) {
+  const fs::path out = Dir("tls");
+  std::ofstream(out / "hosts") << "127.0.0.1\n";
+  const fs::path certs = out / "certs";
+  const std::string make = std::string("bash ") + LONGHAUL_SOURCE_DIR + "/deploy/make_certs.sh " +
+                           (out / "hosts").string() + " " + certs.string() + " >/dev/null";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "deploy/make_certs.sh could not make certificates (openssl?)";
+  const std::string secret = (out / "job.secret").string();
+  ASSERT_TRUE(JobSecret::WriteNew(secret).ok());
+  const std::string cert = (certs / "127.0.0.1.pem").string(), key = (certs / "127.0.0.1.key").string(),
+                    ca = (certs / "ca.pem").string();
+  const std::vector<std::string> tls = {"--secret-file", secret, "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca};
+  std::vector<std::string> coord_args = {"--listen", "127.0.0.1:0", "--port-file", (out / "port").string()};
+  coord_args.insert(coord_args.end(), tls.begin(), tls.end());
+  const pid_t coordinator = Start("coordinator", out, {"cluster.stages=2", "train.steps=30"}, coord_args);
+  int port = 0;
+  for (int i = 0; i < 100 && !(std::ifstream(out / "port") >> port); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GT(port, 0) << Log(out);
+  const std::string at = "127.0.0.1:" + std::to_string(port);
+
+  proto::HeartbeatRequest beat;
+  proto::HeartbeatReply reply;
+  grpc::ClientContext plain_ctx;
+  plain_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::Status plain = proto::Coordinator::NewStub(grpc::CreateChannel(at, grpc::InsecureChannelCredentials()))
+                                 ->Heartbeat(&plain_ctx, beat, &reply);
+  EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
+  std::cout << "plaintext client: " << plain.error_message() << "\n";
+  const absl::StatusOr<JobSecret> job_secret = JobSecret::Load(secret);
+  ASSERT_TRUE(job_secret.ok()) << job_secret.status();
+  TlsFiles no_client_cert;
+  no_client_cert.ca = ca;
+  auto anonymous = CoordinatorChannel(at, *job_secret, no_client_cert, grpc::ChannelArguments());
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  grpc::ClientContext anon_ctx;
+  anon_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::Status anon = proto::Coordinator::NewStub(*anonymous)->Heartbeat(&anon_ctx, beat, &reply);
+  EXPECT_EQ(anon.error_code(), grpc::StatusCode::UNAVAILABLE) << anon.error_message();
+  std::cout << "TLS client without a certificate: " << anon.error_message() << "\n";
+
+  std::vector<pid_t> workers;
+  for (int w = 0; w < 2; ++w) {
+    std::vector<std::string> args = {LONGHAUL_BINARY, "worker", "--coordinator", at, "--threads", "1"};
+    args.insert(args.end(), tls.begin(), tls.end());
+    workers.push_back(Spawn(args, out / ("worker" + std::to_string(w) + ".txt")));
+  }
+  const int status = WaitFor(coordinator, std::chrono::seconds(120));
+  for (pid_t p : workers) WaitFor(p, std::chrono::seconds(10)), kill(p, SIGKILL), waitpid(p, nullptr, 0);
+  if (status == -1) kill(coordinator, SIGKILL), waitpid(coordinator, nullptr, 0);
+  ASSERT_EQ(status, 0) << Log(out);
+  EXPECT_EQ(Losses(out).size(), 30u) << Log(out);
 }
 
 // A worker waiting for its plan is alive, however long the last worker takes to register; the

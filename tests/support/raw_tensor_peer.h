@@ -23,7 +23,7 @@ inline void AppendU32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-// The hello a peer of `job` opens with.
+// The hello a peer of `job` opens with, up to its nonce.
 inline std::string HelloFrame(const std::string& job, uint32_t version = kProtocolVersion) {
   std::string out(kTensorMagic, 4);
   AppendU32(out, version);
@@ -50,10 +50,22 @@ inline std::string PartFrame(const proto::TensorHeader& header, const std::vecto
   return PartFrame(header, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
+// A receiver's answer to a hello that ended with `sender_nonce`: acknowledgement, its nonce, its proof.
+inline std::string ReceiverChallenge(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
+                                     const std::string& receiver_nonce) {
+  proto::TensorAck ok;
+  ok.set_ok(true);
+  std::string out;
+  AppendU32(out, static_cast<uint32_t>(ok.ByteSizeLong()));
+  return out + ok.SerializeAsString() + receiver_nonce +
+         secret.Proof(kReceiverProofLabel, {job, sender_nonce, receiver_nonce});
+}
+
 class RawPeer {
  public:
-  // Connects to a loopback `address` and, unless `job` is empty, says hello as a peer of `job`.
-  RawPeer(const std::string& address, const std::string& job) {
+  // Connects to a loopback `address` and, unless `job` is empty, says hello as a peer of `job`
+  // holding `secret` (TensorServer's handshake, every byte it wrote kept in handshake()).
+  RawPeer(const std::string& address, const std::string& job, const JobSecret& secret = JobSecret()) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -65,15 +77,14 @@ class RawPeer {
       hello_ = absl::UnavailableError("cannot connect");
       return;
     }
-    if (!job.empty()) {
-      Write(HelloFrame(job));
-      hello_ = Ack();
-    }
+    if (!job.empty()) hello_ = Handshake(job, secret);
   }
   ~RawPeer() { Close(); }
 
-  // What the receiver answered the hello.
+  // What the receiver answered the hello and the proof.
   const absl::Status& hello() const { return hello_; }
+  // What this peer wrote to get there: a recording to replay.
+  const std::string& handshake() const { return handshake_; }
   bool Write(const std::string& bytes) {
     return fd_ >= 0 && send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
   }
@@ -90,6 +101,11 @@ class RawPeer {
     if (!ack.ParseFromString(bytes)) return absl::DataLossError("unparseable acknowledgement");
     return ack.ok() ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(ack.code()), ack.error());
   }
+  // Reads and drops n bytes.
+  absl::Status Discard(size_t n) {
+    std::string sink(n, '\0');
+    return Read(sink.data(), n, std::chrono::seconds(30));
+  }
   // Whether the receiver has answered or closed (without waiting).
   bool Answered() {
     pollfd p{fd_, POLLIN, 0};
@@ -102,6 +118,19 @@ class RawPeer {
   }
 
  private:
+  absl::Status Handshake(const std::string& job, const JobSecret& secret) {
+    const std::string nonce = RandomNonce().value();
+    handshake_ = HelloFrame(job) + nonce;
+    Write(handshake_);
+    if (absl::Status s = Ack(); !s.ok()) return s;
+    std::string challenge(kNonceBytes + kProofBytes, '\0');
+    if (absl::Status s = Read(challenge.data(), challenge.size(), std::chrono::seconds(30)); !s.ok()) return s;
+    const std::string proof = secret.Proof(kSenderProofLabel, {job, challenge.substr(0, kNonceBytes), nonce});
+    handshake_ += proof;
+    Write(proof);
+    return Ack();
+  }
+
   absl::Status Read(void* data, size_t n, std::chrono::milliseconds timeout) {
     char* p = static_cast<char*>(data);
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -121,6 +150,7 @@ class RawPeer {
 
   int fd_ = -1;
   absl::Status hello_;
+  std::string handshake_;
 };
 
 }  // namespace longhaul::testing

@@ -80,7 +80,7 @@ struct StopRecorder {
 TEST(CoordinatorClient, RegistersHeartbeatsWhileWaitingForThePlanAndHearsAStop) {
   Running coordinator;
   StopRecorder stop;
-  CoordinatorClient client(coordinator.address, 5, [&](const std::string& why) { stop(why); });
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5, [&](const std::string& why) { stop(why); });
   ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
   EXPECT_EQ(client.worker_id(), 3);
   auto plan = client.AwaitPlan();
@@ -106,7 +106,7 @@ TEST(CoordinatorClient, RegistersHeartbeatsWhileWaitingForThePlanAndHearsAStop) 
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
   auto coordinator = std::make_unique<Running>();
   StopRecorder stop;
-  CoordinatorClient client(coordinator->address, 5, [&](const std::string& why) { stop(why); });
+  CoordinatorClient client(coordinator->address, JobSecret(), TlsFiles(), 5, [&](const std::string& why) { stop(why); });
   ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
   coordinator->server->Shutdown();
   coordinator.reset();
@@ -116,7 +116,7 @@ TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
 
 TEST(CoordinatorClient, AnUnreachableCoordinatorIsNamed) {
   const std::string nowhere = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  CoordinatorClient client(nowhere, 0.5, [](const std::string&) {});
+  CoordinatorClient client(nowhere, JobSecret(), TlsFiles(), 0.5, [](const std::string&) {});
   const absl::Status s = client.Register(proto::RegisterRequest()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("cannot reach the coordinator at " + nowhere), std::string::npos) << s;

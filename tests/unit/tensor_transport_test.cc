@@ -11,10 +11,14 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <iostream>
 #include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 #include "tests/support/garbage_socket.h"
@@ -95,6 +99,69 @@ TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   friendly.job_id = "jobA";
   ASSERT_TRUE(TensorClient((*server)->address(), friendly).Send(Header(proto::GRADIENT, 0), x.data(), x.size())->Wait().ok());
   EXPECT_TRUE(box.Take(Key(proto::GRADIENT, 0), std::chrono::seconds(5)).ok());
+}
+
+// A job secret written for a test (JobSecret::Load refuses files others may read).
+JobSecret TestSecret(const std::string& name) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/secret_", name, "_", getpid());
+  std::remove(path.c_str());
+  EXPECT_TRUE(JobSecret::WriteNew(path).ok());
+  auto secret = JobSecret::Load(path);
+  EXPECT_TRUE(secret.ok()) << secret.status();
+  std::remove(path.c_str());
+  return secret.value_or(JobSecret());
+}
+
+// The tensor port takes only peers that prove they hold the job secret: none, another, and a
+// recorded handshake replayed byte for byte are refused before anything is read past the hello,
+// and the receiver holds no memory for them; a sender finds out, before sending a byte of tensor,
+// that a receiver without the secret is no peer of its job.
+TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
+  const JobSecret secret = TestSecret("a"), other = TestSecret("b");
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize, secret);
+  ASSERT_TRUE(server.ok());
+  const std::vector<float> x = Ramp(1000);
+  const int64_t rss = testing::ResidentBytes();
+  for (const JobSecret* wrong : {static_cast<const JobSecret*>(nullptr), &other}) {
+    for (int i = 0; i < 50; ++i) {
+      testing::RawPeer peer((*server)->address(), "jobA", wrong == nullptr ? JobSecret() : *wrong);
+      ASSERT_EQ(peer.hello().code(), absl::StatusCode::kPermissionDenied) << peer.hello();
+      ASSERT_NE(peer.hello().message().find("does not hold this job's secret"), std::string::npos) << peer.hello();
+      // The refusal closes the connection: a tensor written after it goes nowhere.
+      peer.Write(testing::PartFrame(Header(proto::ACTIVATION, 0), x));
+      EXPECT_TRUE(absl::IsUnavailable(peer.Ack(std::chrono::seconds(5))));
+    }
+  }
+  testing::RawPeer honest((*server)->address(), "jobA", secret);
+  ASSERT_TRUE(honest.hello().ok()) << honest.hello();
+  for (int i = 0; i < 50; ++i) {
+    testing::RawPeer replay((*server)->address(), "");
+    replay.Write(honest.handshake());
+    ASSERT_TRUE(replay.Ack().ok()) << "the hello itself is fine";
+    ASSERT_TRUE(replay.Discard(kNonceBytes + kProofBytes).ok());
+    const absl::Status s = replay.Ack();
+    ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  }
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "150 refused handshakes: resident memory grew by " << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 4 << 20);
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  EXPECT_EQ((*server)->refused(), 150);
+
+  TransportOptions sender;
+  sender.job_id = "jobA";
+  sender.timeout = std::chrono::seconds(10);
+  sender.secret = other;
+  absl::Status s = TensorClient((*server)->address(), sender).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("nothing was sent"), std::string::npos) << s;
+  sender.secret = secret;
+  s = TensorClient((*server)->address(), sender).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
 }
 
 TEST(TensorTransport, PeerOfAnotherProtocolVersionIsRefusedNamingBoth) {
@@ -414,22 +481,20 @@ TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
   ExpectStillServes(9);
 }
 
-// A receiver that is no longhaul worker: it reads whatever comes and answers the hello with
-// `hello_reply`, then every later read with `part_reply`.
+// A receiver that is no longhaul worker: it reads whatever comes and answers the n-th read with
+// reply(what it read, n).
 class FakeReceiver {
  public:
-  FakeReceiver(std::string hello_reply, std::string part_reply)
-      : hello_reply_(std::move(hello_reply)), part_reply_(std::move(part_reply)) {
+  explicit FakeReceiver(std::function<std::string(const std::string&, int)> reply) : reply_(std::move(reply)) {
     const absl::StatusOr<int> listener = ListenTcp("127.0.0.1:0", &address_);
     EXPECT_TRUE(listener.ok()) << listener.status();
     listener_ = listener.value_or(-1);
     thread_ = std::thread([this] {
       const int fd = accept(listener_, nullptr, nullptr);
       char buf[1 << 16];
-      bool hello = true;
-      while (fd >= 0 && read(fd, buf, sizeof(buf)) > 0) {
-        const std::string& reply = hello ? hello_reply_ : part_reply_;
-        hello = false;
+      ssize_t got = 0;
+      for (int n = 0; fd >= 0 && (got = read(fd, buf, sizeof(buf))) > 0; ++n) {
+        const std::string reply = reply_(std::string(buf, static_cast<size_t>(got)), n);
         if (!reply.empty() && write(fd, reply.data(), reply.size()) < 0) break;
       }
       if (fd >= 0) close(fd);
@@ -443,7 +508,8 @@ class FakeReceiver {
   const std::string& address() const { return address_; }
 
  private:
-  std::string hello_reply_, part_reply_, address_;
+  std::function<std::string(const std::string&, int)> reply_;
+  std::string address_;
   int listener_ = -1;
   std::thread thread_;
 };
@@ -463,13 +529,17 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
   const std::vector<float> x = Ramp(1000);
   const int64_t rss = testing::ResidentBytes();
   {
-    FakeReceiver at_hello(huge, "");
+    FakeReceiver at_hello([&](const std::string&, int n) { return n == 0 ? huge : ""; });
     const absl::Status s = TensorClient(at_hello.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("not a longhaul worker"), std::string::npos) << s;
   }
   {
-    FakeReceiver at_part(ok_frame, huge);
+    // It knows the (empty) secret and says so, then answers the part with garbage.
+    FakeReceiver at_part([&](const std::string& got, int n) {
+      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      return n == 1 ? ok_frame : huge;
+    });
     const absl::Status s = TensorClient(at_part.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("no acknowledgement"), std::string::npos) << s;
