@@ -166,7 +166,8 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
     return full;
   };
   std::vector<std::string> coord = in_host(-1, {self_exe, "coordinator", "-c", config_path, "--listen",
-                                                net ? "0.0.0.0:0" : "127.0.0.1:0", "--port-file", port_file});
+                                                net ? "0.0.0.0:0" : "127.0.0.1:0", "--port-file", port_file,
+                                                "--metrics-listen", "127.0.0.1:0"});
   for (const std::string& o : overrides) coord.insert(coord.end(), {"--set", o});
   if (!scenario_path.empty()) coord.insert(coord.end(), {"--scenario", scenario_path});
   if (stop_at > 0) coord.insert(coord.end(), {"--stop-at", std::to_string(stop_at)});

@@ -126,6 +126,9 @@ int main(int argc, char** argv) {
                                                     : "TLS: the CA that signed the coordinator's certificate");
   };
   add_security(coord, copt.secret_file, copt.tls, true);
+  coord->add_option("--metrics-listen", copt.metrics_listen,
+                    "serve Prometheus metrics at http://ADDRESS/metrics (read-only, unauthenticated: a loopback "
+                    "or monitoring address); the run directory's metrics.prom has them either way");
 
   std::string secret_out;
   CLI::App* secret = app.add_subcommand("secret", "write a new random job secret to a file only its owner can read");

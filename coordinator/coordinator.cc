@@ -22,7 +22,9 @@
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/membership.h"
+#include "coordinator/metrics_endpoint.h"
 #include "coordinator/planning.h"
 #include "coordinator/run_log.h"
 #include "netem/scenario.h"
@@ -32,6 +34,7 @@
 #include "metrics/metrics_log.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
+#include "util/atomic_file.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -64,7 +67,11 @@ class Service final : public proto::Coordinator::Service {
         cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
         members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
-        log_(cfg, start_, end_, std::move(metrics)) {}
+        log_(cfg, start_, end_, std::move(metrics)),
+        job_metrics_(cfg) {}
+
+  // Prometheus's text for the metrics endpoint and metrics.prom (job_metrics.h).
+  std::string Metrics() const { return job_metrics_.Render(verifier_.refused()); }
 
   grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req, proto::RegisterReply* reply) override {
     if (grpc::Status st = verifier_.Check(*ctx, "Register", *req); !st.ok()) return st;
@@ -197,12 +204,16 @@ class Service final : public proto::Coordinator::Service {
                                           req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
     }
     IterationRecord& rec = iterations_[req->iteration()];
-    if (!rec.reports.emplace(req->worker_id(), *req).second) {
+    if (rec.reports.count(req->worker_id()) > 0) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                           absl::StrFormat("worker %d already reported iteration %d", req->worker_id(),
                                           req->iteration() + 1));
     }
+    if (grpc::Status st = ToGrpc(job_metrics_.Report(*req)); !st.ok()) return st;
+    rec.reports.emplace(req->worker_id(), *req);
     if (static_cast<int>(rec.reports.size()) == expected_) {
+      job_metrics_.Complete(req->iteration(), rec.reports);
+      WriteMetricsFile();
       CheckReplicasAgree(req->iteration());
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
@@ -318,6 +329,7 @@ class Service final : public proto::Coordinator::Service {
                 ? absl::StrFormat("registered from %s, waiting for its plan", address)
                 : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
                                   plan_.assignments(id).replica(), address);
+        job_metrics_.WorkerLost();
         Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it, "
                               "then %s",
                               id, where, seconds, ResumeAdvice()));
@@ -330,6 +342,7 @@ class Service final : public proto::Coordinator::Service {
     for (const std::string& t : members_.timelines())
       if (fs::exists(t)) traces.push_back(t);
     log_.Write(summary, traces);
+    WriteMetricsFile();
     if (!abort_.empty()) return absl::AbortedError(abort_);
     log_.PrintSummary(summary);
     return absl::OkStatus();
@@ -417,7 +430,13 @@ class Service final : public proto::Coordinator::Service {
                            cfg_.train.checkpoint_every);
   }
 
+  void WriteMetricsFile() const {
+    // The figures are for looking at: a full disk must not stop the job (metrics.csv would say so).
+    (void)WriteFileAtomically((fs::path(cfg_.train.out_dir) / "metrics.prom").string(), Metrics());
+  }
+
   void Abort(const std::string& why) {
+    if (!g_stop_requested) job_metrics_.Failed();
     abort_ = why;
     abort_time_ = Clock::now();
     std::cout << "coordinator: stopping the job: " << why << "\n" << std::flush;
@@ -510,6 +529,8 @@ class Service final : public proto::Coordinator::Service {
     log_.SetPlacement(placement);
     plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_}, worker_of_slot_,
                                network_ ? &*network_ : nullptr);
+    job_metrics_.SetPlan(plan_, members_.registrations());
+    if (network_) job_metrics_.SetLinks(*network_, links_);
     nlohmann::json cluster = nlohmann::json::array();
     for (const proto::Assignment& a : plan_.assignments()) {
       const proto::RegisterRequest& reg = members_.registration(a.worker_id());
@@ -571,6 +592,7 @@ class Service final : public proto::Coordinator::Service {
   std::string abort_;
   Clock::time_point abort_time_;
   RunLog log_;
+  JobMetrics job_metrics_;
 };
 
 }  // namespace
@@ -613,6 +635,13 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   if (!server || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", opt.listen, " (port in use? choose --listen)"));
+  }
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (!opt.metrics_listen.empty()) {
+    LH_ASSIGN_OR_RETURN(metrics_endpoint, MetricsEndpoint::Start(opt.metrics_listen, [&] { return service.Metrics(); }));
+    std::cout << "coordinator: Prometheus metrics at http://" << metrics_endpoint->address() << "/metrics\n";
+    LH_RETURN_IF_ERROR(WriteFileAtomically((fs::path(cfg.train.out_dir) / ".metrics_address").string(),
+                                           metrics_endpoint->address() + "\n"));
   }
   if (!opt.port_file.empty()) {
     std::ofstream(opt.port_file + ".tmp") << port << "\n";

@@ -23,6 +23,9 @@ struct CoordinatorOptions {
   std::string scenario;
   std::string secret_file;  // the job secret (job_secret.h); empty: $LONGHAUL_SECRET_FILE, else none
   TlsFiles tls;             // TLS on the port (rpc_auth.h)
+  // Where to serve Prometheus metrics (metrics_endpoint.h); empty: nowhere (metrics.prom in the
+  // run directory still has them).
+  std::string metrics_listen;
 };
 
 absl::Status RunCoordinator(const CoordinatorOptions& opt);

@@ -57,7 +57,9 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_stage(stage_);
   h.set_from_replica(replica_);
   h.set_shard(shard);
-  h.set_dtype(static_cast<proto::WireDtype>(WireTo(stage, replica, kind)));
+  const WireDtype wire = WireTo(stage, replica, kind);
+  h.set_dtype(static_cast<proto::WireDtype>(wire));
+  sent_bytes_[{stage, replica}] += WireBytes(n, wire);
   static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
   in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], it, micro});
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,9 @@ class PeerDirectory {
   // still unacknowledged reports its error at a later Flush). Not waiting for acknowledgements is
   // what lets the next iteration start a round trip earlier on a long link.
   absl::Status Flush(Timeline& timeline, bool acknowledged = false);
+  // Bytes handed to each peer, by its (stage, replica), since the last call: what the metrics
+  // report per link.
+  std::map<std::pair<int, int>, uint64_t> TakeSentBytes() { return std::exchange(sent_bytes_, {}); }
 
  private:
   struct InFlight {
@@ -58,6 +62,7 @@ class PeerDirectory {
   TransportOptions transport_;
   std::map<std::string, std::string> dial_map_;
   std::map<std::string, std::unique_ptr<TensorClient>> clients_;
+  std::map<std::pair<int, int>, uint64_t> sent_bytes_;
   std::vector<InFlight> in_flight_;
   absl::Status unaddressed_;  // a send to a (stage, replica) the plan does not have
 };

@@ -280,6 +280,13 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_lr(result.step.lr);
   rep.set_grad_norm(result.step.grad_norm);
   rep.set_params_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
+  for (const auto& [to, bytes] : peers_->TakeSentBytes()) {
+    proto::LinkBytes* link = rep.add_sent();
+    link->set_stage(to.first);
+    link->set_replica(to.second);
+    link->set_bytes(bytes);
+  }
+  rep.set_refused(server_->refused());
   return client_.ReportIteration(rep);
 }
 

@@ -131,6 +131,7 @@ grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_vie
   if (!secret_.set()) return grpc::Status::OK;
   auto refuse = [&](const std::string& why,
                     absl::string_view fix = "; start every process of the job with the same --secret-file") {
+    ++refused_;
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, absl::StrCat("refused ", method, ": ", why, fix));
   };
   const auto& md = ctx.client_metadata();

@@ -6,6 +6,7 @@
 // recorded call replayed is refused as well. With TLS (optional, the user's certificates through
 // gRPC's own credentials) the channel is encrypted too, and with a CA on the coordinator's side
 // only clients with a certificate that CA signed connect at all (mutual TLS).
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -54,9 +55,12 @@ class RpcVerifier {
   // OK, or UNAUTHENTICATED naming what is wrong and the fix. `method` is the short name ("Register").
   grpc::Status Check(const grpc::ServerContext& ctx, absl::string_view method, const google::protobuf::Message& request);
   const JobSecret& secret() const { return secret_; }
+  // Calls refused so far.
+  int64_t refused() const { return refused_.load(); }
 
  private:
   const JobSecret secret_;
+  std::atomic<int64_t> refused_{0};
   std::mutex mu_;
   absl::flat_hash_set<std::string> seen_;             // nonces accepted within the replay window
   std::deque<std::pair<int64_t, std::string>> aged_;  // (unix_ms, nonce), oldest first

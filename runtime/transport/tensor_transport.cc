@@ -227,7 +227,13 @@ absl::Status TensorServer::ServeHello(int fd) {
                                 secret_.Proof(kReceiverProofLabel, {job, client_nonce, *server_nonce});
   if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
   std::string proof(kProofBytes, '\0');
-  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
+    // A sender that finds this worker's proof wrong (it holds another secret) hangs up here.
+    if (!absl::IsUnavailable(s)) return s;
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s)",
+        secret_.source()));
+  }
   if (!ProofsEqual(proof, secret_.Proof(kSenderProofLabel, {job, *server_nonce, client_nonce}))) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "refused: the peer does not hold this job's secret (this worker's: %s); give every process of the job the "

@@ -27,7 +27,9 @@
 #include "longhaul.grpc.pb.h"
 #include "metrics/metrics_log.h"
 #include "tests/support/garbage_socket.h"
+#include "tests/support/http_get.h"
 #include "tests/support/process_memory.h"
+#include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
 #include "transport/rpc_auth.h"
 #include "transport/tensor_transport.h"
@@ -377,10 +379,12 @@ nlohmann::json WaitForCluster(const fs::path& out) {
   return cluster;
 }
 
+// ... and the coordinator's metrics, scraped while the run goes on and in metrics.prom at its end,
+// count the refusals per worker.
 TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   const fs::path out = Dir("intruders");
   auto run = std::async(std::launch::async, [&] {
-    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=60"});
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=150"});
   });
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
@@ -406,13 +410,34 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   s = TensorClient(victim, no_secret).Send(h, x.data(), x.size())->Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_NE(s.message().find("does not hold this job's secret"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("nothing was sent"), std::string::npos) << s;
 
   // Bytes that are not longhaul's protocol: the worker closes that connection.
   const std::string other = cluster["workers"][0]["address"];
   EXPECT_TRUE(testing::GarbageConnectionIsClosed(other));
 
+  std::string metrics_address;
+  std::ifstream(out / ".metrics_address") >> metrics_address;
+  const std::string scrape = testing::HttpExchange(metrics_address, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(scrape.rfind("HTTP/1.1 200 OK", 0), 0u) << scrape;
+  auto live = testing::ParsePrometheusText(scrape.substr(scrape.find("\r\n\r\n") + 4));
+  ASSERT_TRUE(live.ok()) << live.status() << "\n" << scrape;
+  EXPECT_GT(live->at("longhaul_step"), 0) << scrape;
+  EXPECT_GT(live->at(R"(longhaul_link_sent_bytes_total{from="0",to="1"})"), 0) << scrape;
+
   ASSERT_EQ(run.get(), 0) << Log(out);
-  EXPECT_EQ(Losses(out).size(), 60u) << "the run went on to the end";
+  EXPECT_EQ(Losses(out).size(), 150u) << "the run went on to the end";
+  std::ifstream f(out / "metrics.prom");
+  auto last = testing::ParsePrometheusText(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->at("longhaul_step"), 150);
+  double refused_by_1 = 0, refused_by_0 = 0;
+  for (const auto& [key, value] : *last) {
+    if (key.rfind("longhaul_worker_refused_tensor_total{worker=\"1\"", 0) == 0) refused_by_1 = value;
+    if (key.rfind("longhaul_worker_refused_tensor_total{worker=\"0\"", 0) == 0) refused_by_0 = value;
+  }
+  EXPECT_EQ(refused_by_1, 2) << "the stranger and the peer without the secret";
+  EXPECT_EQ(refused_by_0, 1) << "the garbage";
 }
 
 // What a crafted peer sends a live worker (stage 1 of replica 0 in a 2 x 2 run): each is refused
