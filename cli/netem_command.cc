@@ -29,7 +29,7 @@ struct NetemArgs {
   std::string links, scenario, hosts, dev = "eth0";
   uint64_t seed = 1;
   int self = 0, host_count = 2;
-  bool apply = false, clear = false;
+  bool apply = false, clear = false, delay_daemon = false;
 } g;
 
 int64_t MonotonicNs() {
@@ -59,6 +59,11 @@ void AddNetemCommands(CLI::App& app) {
   g.tc->add_option("--dev", g.dev, "network device")->capture_default_str();
   g.tc->add_flag("--apply", g.apply, "run the commands instead of printing them");
   g.tc->add_flag("--clear", g.clear, "remove what --apply installed");
+  g.tc->add_flag("--delay-daemon", g.delay_daemon,
+                 "for kernels without sch_netem (containers on such hosts too): htb for the rates, and iptables "
+                 "hands packets to the delay daemon, which this command then runs (with --apply) until stopped");
+  g.tc->add_option("--links", g.links,
+                   "with --delay-daemon: where to write the daemon's links file (default /tmp/longhaul-delayd-links.txt)");
 
   g.check = netem->add_subcommand("check", "build an emulated network, measure its round trips, remove it");
   g.check->add_option("--scenario", g.scenario, "scenario file")->required();
@@ -100,25 +105,43 @@ int RunNetemCommand(const std::string& self_exe) {
   }
   if (g.tc->parsed()) {
     const std::vector<std::string> hosts = absl::StrSplit(g.hosts, ',', absl::SkipEmpty());
+    const netem::DelayBy by = g.delay_daemon ? netem::DelayBy::kDaemon : netem::DelayBy::kNetem;
+    if (g.links.empty()) g.links = "/tmp/longhaul-delayd-links.txt";
     std::vector<std::string> cmds;
     if (g.clear) {
-      cmds = netem::TcClearCommands(g.dev);
+      cmds = netem::TcClearCommands(g.dev, by);
     } else {
       auto s = netem::LoadScenario(g.scenario);
       if (!s.ok()) return Error(s.status(), 2);
       if (g.self < 0 || g.self >= static_cast<int>(hosts.size())) {
         return Error(absl::InvalidArgumentError("--self must index --hosts"), 2);
       }
-      cmds = netem::TcCommandsForHost(*s, hosts, g.self, g.dev);
+      cmds = netem::TcCommandsForHost(*s, hosts, g.self, g.dev, by);
+      if (g.delay_daemon) {
+        auto links = netem::DaemonLinksForHost(*s, hosts, g.self);
+        if (!links.ok()) return Error(links.status(), 2);
+        if (absl::Status w = netem::WriteLinksFile(g.links, *links); !w.ok()) return Error(w, 1);
+      }
     }
     for (const std::string& c : cmds) {
       if (!g.apply) {
         std::cout << c << "\n";
       } else if (std::system(c.c_str()) != 0) {
-        return Error(absl::InternalError("`" + c + "` failed (does this kernel have sch_netem and sch_htb?)"), 1);
+        return Error(absl::InternalError(absl::StrCat(
+                         "`", c, "` failed (", g.delay_daemon ? "is this process allowed NET_ADMIN?" : "does this "
+                         "kernel have sch_netem and sch_htb? --delay-daemon needs no sch_netem", ")")),
+                     1);
       }
     }
-    return 0;
+    if (!g.delay_daemon || g.clear) return 0;
+    if (!g.apply) {
+      std::cout << "longhaul netem delayd --queue " << netem::kDelayQueue << " --links " << g.links << "\n";
+      return 0;
+    }
+    // Packets to the peers now wait in the queue (no bypass: without the daemon they would pass
+    // undelayed, and an experiment would measure the wrong network); serve it until stopped.
+    absl::Status d = netem::RunDelayDaemon(netem::kDelayQueue, g.links, g.seed);
+    return d.ok() ? 0 : Error(d, 1);
   }
   if (g.check->parsed()) {
     auto s = netem::LoadScenario(g.scenario);

@@ -29,7 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kQueue = 7;
 
 absl::Status Sh(const std::string& cmd) {
   const std::string full = cmd + " 2>&1";
@@ -165,9 +164,9 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     setpgid(0, 0);
     if (freopen(ready.c_str(), "w", stdout) == nullptr) _exit(127);
     execl("/usr/sbin/ip", "ip", "netns", "exec", router_.c_str(), opt.self_exe.c_str(), "netem", "delayd", "--queue",
-          std::to_string(kQueue).c_str(), "--links", links.c_str(), nullptr);
+          std::to_string(kDelayQueue).c_str(), "--links", links.c_str(), nullptr);
     execlp("ip", "ip", "netns", "exec", router_.c_str(), opt.self_exe.c_str(), "netem", "delayd", "--queue",
-           std::to_string(kQueue).c_str(), "--links", links.c_str(), nullptr);
+           std::to_string(kDelayQueue).c_str(), "--links", links.c_str(), nullptr);
     _exit(127);
   }
   for (int i = 0; i < 100; ++i) {
@@ -178,7 +177,7 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   LH_RETURN_IF_ERROR(CheckDaemon());
-  LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip netns exec %s iptables -A FORWARD -j NFQUEUE --queue-num %d", router_, kQueue)));
+  LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip netns exec %s iptables -A FORWARD -j NFQUEUE --queue-num %d", router_, kDelayQueue)));
 
   if (opt.verify && hosts >= 2) {
     const double want = s.Between(0, 1).delay_ms + s.Between(1, 0).delay_ms;

@@ -1,20 +1,35 @@
 #pragma once
-// `tc` commands that make a real host's kernel (one with sch_netem) emulate a scenario towards its
-// peers: an htb root on the device, one class per destination with the link's rate, a netem child
-// with the link's delay, jitter and loss, and a u32 filter on the destination address. Queue
+// `tc` commands that make a real host's kernel emulate a scenario towards its peers: an htb root on
+// the device, one class per destination with the link's rate, a netem child with the link's
+// delay, jitter and loss (or the delay daemon, below), and a u32 filter on the destination address. Queue
 // limits are sized to rate x delay, so the queue holds a full window instead of dropping it.
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "netem/delay_daemon.h"
 #include "netem/scenario.h"
 
 namespace longhaul::netem {
 
-// Commands for host `self` of `hosts` (their addresses, in placement order) on device `dev`.
+// How packets get their delay: netem's child qdisc, or, on kernels without sch_netem (containers
+// on such hosts included), a plain pfifo under htb's rate while iptables hands every packet that
+// arrives from a peer (chain LONGHAUL, from INPUT) to NFQUEUE kDelayQueue, where `longhaul netem
+// delayd` holds it for the link's delay (DaemonLinksForHost). On arrival, not on departure: a
+// packet held on its sender's own path still counts against the socket's TCP small queues, which
+// then let a couple of packets out per delay (4.5 Mbit/s on a 1 Gbit/s, 10 ms link).
+enum class DelayBy { kNetem, kDaemon };
+inline constexpr int kDelayQueue = 7;
+
+// Commands for host `self` of `hosts` (their addresses, in placement order; IPv4 for kDaemon) on
+// device `dev`.
 std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<std::string>& hosts, int self,
-                                           const std::string& dev);
+                                           const std::string& dev, DelayBy by = DelayBy::kNetem);
 // Removes what TcCommandsForHost installed.
-std::vector<std::string> TcClearCommands(const std::string& dev);
+std::vector<std::string> TcClearCommands(const std::string& dev, DelayBy by = DelayBy::kNetem);
+// The delay daemon's links into host `self` from every other (IPv4 addresses, else an error).
+absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, const std::vector<std::string>& hosts,
+                                                          int self);
 
 // Packets a queue must hold for a link (rate x delay, in 1500-byte packets, at least 1000).
 int QueueLimitPackets(double rate_mbit, double delay_ms);

@@ -39,6 +39,47 @@ loss = 0.001
   EXPECT_EQ(TcClearCommands("eth0"), std::vector<std::string>{"tc qdisc del dev eth0 root"});
 }
 
+// Without sch_netem: the same rates, a pfifo where netem was, and every packet from a peer through
+// the delay daemon's queue, which holds it for the link's delay and jitter and drops its loss.
+TEST(TcCommands, DelayDaemonInsteadOfNetem) {
+  auto s = ParseScenario(R"(
+delays_are = "one-way"
+sites = ["a", "b"]
+delay_ms = [[0.1, 10], [10, 0.1]]
+rate_mbit = [[10000, 1000], [1000, 10000]]
+jitter_ms = [[0, 1], [1, 0]]
+loss = 0.001
+)",
+                         "two");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<std::string> hosts = {"192.0.2.1", "192.0.2.2"};
+  const std::vector<std::string> want = {
+      "tc qdisc replace dev eth0 root handle 1: htb default 1",
+      "tc class replace dev eth0 parent 1: classid 1:1 htb rate 100gbit",
+      "tc class replace dev eth0 parent 1: classid 1:11 htb rate 1000mbit ceil 1000mbit",
+      "tc qdisc replace dev eth0 parent 1:11 handle 11: pfifo limit 1667",
+      "tc filter replace dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 192.0.2.2/32 flowid 1:11",
+      "iptables -N LONGHAUL",
+      "iptables -A INPUT -j LONGHAUL",
+      "iptables -A LONGHAUL -s 192.0.2.2/32 -j NFQUEUE --queue-num 7",
+  };
+  EXPECT_EQ(TcCommandsForHost(*s, hosts, 0, "eth0", DelayBy::kDaemon), want);
+  auto links = DaemonLinksForHost(*s, hosts, 0);
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_EQ(links->size(), 1u);
+  EXPECT_EQ((*links)[0].src, 0xC0000202u);  // what arrives from host 1
+  EXPECT_EQ((*links)[0].dst, 0xC0000201u);
+  EXPECT_EQ((*links)[0].delay_ns, 10'000'000);
+  EXPECT_EQ((*links)[0].jitter_ns, 1'000'000);
+  EXPECT_EQ((*links)[0].loss, 0.001);
+  auto named = DaemonLinksForHost(*s, {"192.0.2.1", "worker1"}, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(named.status())) << named.status();
+  EXPECT_NE(named.status().message().find("'worker1'"), std::string::npos) << named.status();
+  EXPECT_EQ(TcClearCommands("eth0", DelayBy::kDaemon),
+            (std::vector<std::string>{"tc qdisc del dev eth0 root", "iptables -D INPUT -j LONGHAUL",
+                                      "iptables -F LONGHAUL", "iptables -X LONGHAUL"}));
+}
+
 TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
   EXPECT_EQ(QueueLimitPackets(10000, 50), 83334);
   EXPECT_EQ(QueueLimitPackets(100, 1), 1000);  // never below 1000 packets
