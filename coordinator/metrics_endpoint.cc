@@ -1,10 +1,7 @@
 #include "coordinator/metrics_endpoint.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <cerrno>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -40,14 +37,11 @@ MetricsEndpoint::~MetricsEndpoint() {
 
 void MetricsEndpoint::Serve() {
   for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR) return;
-    if (p[1].revents != 0) return;
-    if (p[0].revents == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Answer(fd);
-    close(fd);
+    const std::optional<int> fd = AcceptOrStop(listen_fd_, stop_);
+    if (!fd) return;
+    if (*fd < 0) continue;
+    Answer(*fd);
+    close(*fd);
   }
 }
 

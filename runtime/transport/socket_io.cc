@@ -203,4 +203,17 @@ absl::Status ReadAll(int fd, void* data, size_t n, Deadline deadline, const Wake
 
 absl::Status WaitReadable(int fd, Deadline deadline, const WakeFd& wake) { return WaitFor(fd, POLLIN, deadline, wake); }
 
+std::optional<int> AcceptOrStop(int listen_fd, const WakeFd& stop) {
+  for (;;) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop.fd(), POLLIN, 0}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR) return std::nullopt;
+    if (p[1].revents != 0) return std::nullopt;
+    if (p[0].revents == 0) continue;
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    // Out of descriptors, say: the port stays readable, so wait a little rather than spin.
+    if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return fd;
+  }
+}
+
 }  // namespace longhaul

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -51,6 +52,11 @@ absl::Status WriteAll(int fd, const void* data, size_t n, Deadline deadline, con
 absl::Status ReadAll(int fd, void* data, size_t n, Deadline deadline, const WakeFd& wake, bool* closed = nullptr);
 // Waits until `fd` has bytes to read (or the peer closed): OK, DeadlineExceeded or Cancelled.
 absl::Status WaitReadable(int fd, Deadline deadline, const WakeFd& wake);
+
+// Waits for a connection on `listen_fd` and accepts it (non-blocking, close-on-exec): its socket,
+// or -1 where accept failed (after a short pause, so a caller that loops does not spin); nullopt
+// once `stop` is woken.
+std::optional<int> AcceptOrStop(int listen_fd, const WakeFd& stop);
 
 inline Deadline Forever() { return Deadline::max(); }
 

@@ -123,17 +123,11 @@ absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::str
 
 void TensorServer::AcceptLoop() {
   for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR) return;
-    if (p[1].revents != 0) return;
-    if (p[0].revents == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const std::optional<int> accepted = AcceptOrStop(listen_fd_, stop_);
+    if (!accepted) return;
     ReapFinished();
-    if (fd < 0) {
-      // Out of descriptors, say: the port stays readable, so wait a little rather than spin.
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
-    }
+    const int fd = *accepted;
+    if (fd < 0) continue;
     // A peer whose machine vanishes is noticed within minutes even while nothing is expected.
     const int one = 1, idle = 60, interval = 10, count = 6;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/support/grpc_server.h"
 #include "util/ports.h"
 
 namespace longhaul {
@@ -51,14 +52,7 @@ struct Running {
   FakeCoordinator service;
   std::unique_ptr<grpc::Server> server;
   std::string address;
-  Running() {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service);
-    server = b.BuildAndStart();
-    address = "127.0.0.1:" + std::to_string(port);
-  }
+  Running() { server = testing::StartLoopbackServer(&service, &address); }
 };
 
 // Records the stop reason and when it came.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "longhaul.grpc.pb.h"
+#include "tests/support/grpc_server.h"
 
 namespace longhaul {
 namespace {
@@ -33,12 +34,7 @@ class Checked : public proto::Coordinator::Service {
 
 struct Server {
   explicit Server(JobSecret secret) : service(std::move(secret)) {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service);
-    server = b.BuildAndStart();
-    address = "127.0.0.1:" + std::to_string(port);
+    server = testing::StartLoopbackServer(&service, &address);
   }
   Checked service;
   std::unique_ptr<grpc::Server> server;
