@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Installs the Debian packages longhaul needs (only those missing) and builds it into build/.
-# Usage: bash deploy/setup.sh [--with-torch] [--build-type Release|Debug]
+# Usage: bash deploy/setup.sh [--with-torch] [--with-deploy] [--build-type Release|Debug]
 # --with-torch also installs Debian's python3-torch, used only by tests/reference and bench/.
+# --with-deploy also installs what the deployment tests need (without it they skip): podman,
+# podman-compose, runc and debootstrap (tests/deploy/compose.sh), Slurm's daemons and client
+# (tests/deploy/slurm.sh), OpenSSH's server and client (tests/deploy/ssh_launch.sh), Prometheus
+# (tests/deploy/prometheus.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_torch=0
+with_deploy=0
 build_type=Release
 while [ $# -gt 0 ]; do
   case "$1" in
     --with-torch) with_torch=1 ;;
+    --with-deploy) with_deploy=1 ;;
     --build-type) build_type="$2"; shift ;;
-    *) echo "setup.sh: unknown option '$1' (known: --with-torch, --build-type T)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option '$1' (known: --with-torch, --with-deploy, --build-type T)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -22,6 +28,8 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libuv1-dev libnetfilter-queue-dev libssl-dev iproute2 iptables python3)
 [ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy)
+[ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap slurmctld slurmd slurm-client
+  openssh-server openssh-client prometheus)
 
 missing=()
 for p in "${packages[@]}"; do
