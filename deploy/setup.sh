@@ -28,7 +28,8 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libuv1-dev libnetfilter-queue-dev libssl-dev iproute2 iptables python3)
 [ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy)
-[ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap slurmctld slurmd slurm-client
+[ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap
+  golang-github-containernetworking-plugin-dnsname slurmctld slurmd slurm-client
   openssh-server openssh-client prometheus)
 
 missing=()

@@ -24,6 +24,12 @@ if command -v podman >/dev/null; then
   engine=podman
   compose=(podman-compose)
   command -v podman-compose >/dev/null || { echo "up.sh: needs podman-compose (apt-get install podman-compose)" >&2; exit 2; }
+  # The containers find each other by name, which podman's CNI networks do only with dnsname.
+  if [ "$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null)" = cni ] && [ ! -x /usr/lib/cni/dnsname ]; then
+    echo "up.sh: podman's networks here resolve no container names: apt-get install" \
+      "golang-github-containernetworking-plugin-dnsname" >&2
+    exit 2
+  fi
 elif command -v docker >/dev/null; then
   engine=docker
   compose=(docker compose)

@@ -14,6 +14,11 @@ skip() { echo "SKIPPED: $*"; exit 77; }
 command -v podman >/dev/null || skip "podman is not installed (bash deploy/setup.sh --with-deploy installs it)"
 command -v podman-compose >/dev/null || skip "podman-compose is not installed (bash deploy/setup.sh --with-deploy)"
 
+# The containers find each other by name: podman's CNI networks need the dnsname plugin for that.
+if [ "$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null)" = cni ] && [ ! -x /usr/lib/cni/dnsname ]; then
+  skip "podman's CNI networks have no name resolution here (apt-get install golang-github-containernetworking-plugin-dnsname)"
+fi
+
 # Base images: Docker Hub's where reachable; on machines without it (this project's), the same
 # Debian release made with debootstrap from Debian's own package mirror.
 base=docker.io/library/debian:bookworm
