@@ -2,8 +2,6 @@
 // Test helper: a connection to a tensor port that writes whatever bytes a test crafts, as a
 // hostile or broken peer could send them (TensorClient always fills in sizes that fit), and reads
 // the receiver's acknowledgements.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "longhaul.pb.h"
+#include "tests/support/loopback.h"
 #include "transport/crc32c.h"
 #include "transport/tensor_transport.h"
 
@@ -66,14 +65,8 @@ class RawPeer {
   // Connects to a loopback `address` and, unless `job` is empty, says hello as a peer of `job`
   // holding `secret` (TensorServer's handshake, every byte it wrote kept in handshake()).
   RawPeer(const std::string& address, const std::string& job, const JobSecret& secret = JobSecret()) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd_);
-      fd_ = -1;
+    fd_ = ConnectLoopback(address);
+    if (fd_ < 0) {
       hello_ = absl::UnavailableError("cannot connect");
       return;
     }
