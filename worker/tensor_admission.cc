@@ -68,10 +68,9 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
                                                  it->second.micro_batches));
   }
   if (h.dtype() != static_cast<proto::WireDtype>(it->second.dtype)) {
-    const bool known = h.dtype() >= proto::F32 && h.dtype() <= proto::INT8;
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s in wire dtype %s; the plan's for it is %s (transport.wire_dtype)", key.DebugString(),
-        known ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(it->second.dtype)));
+        IsWireDtype(h.dtype()) ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(it->second.dtype)));
   }
   return it->second.elements;
 }

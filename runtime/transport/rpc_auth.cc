@@ -20,7 +20,12 @@
 namespace longhaul {
 namespace {
 
-constexpr char kRpcProofLabel[] = "longhaul coordinator call";
+// What a call's metadata proves: the secret, over the call's method, time (as the metadata writes
+// it), nonce and request bytes.
+std::string CallProof(const JobSecret& secret, absl::string_view method, absl::string_view when,
+                      absl::string_view nonce, const google::protobuf::Message& request) {
+  return secret.Proof("longhaul coordinator call", {method, when, nonce, Sha256(request.SerializeAsString())});
+}
 
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -36,6 +41,15 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
     return absl::InvalidArgumentError(absl::StrFormat("the TLS %s %s is not a PEM file", what, path));
   }
   return text.str();
+}
+
+// This side's certificate and key (--tls-cert, --tls-key), read.
+absl::StatusOr<grpc::SslServerCredentialsOptions::PemKeyCertPair> ReadKeyPair(const TlsFiles& tls) {
+  absl::StatusOr<std::string> cert = ReadPem(tls.cert, "certificate");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(tls.key, "key");
+  if (!key.ok()) return key.status();
+  return grpc::SslServerCredentialsOptions::PemKeyCertPair{*key, *cert};
 }
 
 // Signs each call as it leaves: a unary call's initial metadata and its message go out in one
@@ -78,8 +92,8 @@ class SignFactory : public grpc::experimental::ClientInterceptorFactoryInterface
 std::string SignCall(const JobSecret& secret, absl::string_view method, const google::protobuf::Message& request,
                      int64_t unix_ms, absl::string_view nonce) {
   const std::string when = absl::StrCat(unix_ms);
-  const std::string proof = secret.Proof(kRpcProofLabel, {method, when, nonce, Sha256(request.SerializeAsString())});
-  return absl::StrCat(when, ".", absl::BytesToHexString(nonce), ".", absl::BytesToHexString(proof));
+  return absl::StrCat(when, ".", absl::BytesToHexString(nonce), ".",
+                      absl::BytesToHexString(CallProof(secret, method, when, nonce, request)));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
@@ -92,12 +106,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
     if (!tls.cert.empty() || !tls.key.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem(tls.cert, "certificate");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(tls.key, "key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
+      auto pair = ReadKeyPair(tls);
+      if (!pair.ok()) return pair.status();
+      ssl.pem_cert_chain = pair->cert_chain;
+      ssl.pem_private_key = pair->private_key;
     }
     creds = grpc::SslCredentials(ssl);
   }
@@ -111,13 +123,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorCredentials(
   if (tls.cert.empty() || tls.key.empty()) {
     return absl::InvalidArgumentError("a coordinator with TLS needs --tls-cert and --tls-key (deploy/make_certs.sh makes them)");
   }
-  absl::StatusOr<std::string> cert = ReadPem(tls.cert, "certificate");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(tls.key, "key");
-  if (!key.ok()) return key.status();
+  auto pair = ReadKeyPair(tls);
+  if (!pair.ok()) return pair.status();
   grpc::SslServerCredentialsOptions ssl(tls.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                                        : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  ssl.pem_key_cert_pairs.push_back(*pair);
   if (!tls.ca.empty()) {
     absl::StatusOr<std::string> ca = ReadPem(tls.ca, "CA certificate");
     if (!ca.ok()) return ca.status();
@@ -145,9 +155,9 @@ grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_vie
   }
   const std::string nonce = absl::HexStringToBytes(f[1]), proof = absl::HexStringToBytes(f[2]);
   const std::string full = absl::StrCat("/", proto::Coordinator::service_full_name(), "/", method);
-  const std::string expected = secret_.Proof(
-      kRpcProofLabel, {full, f[0], nonce, Sha256(request.SerializeAsString())});
-  if (!ProofsEqual(proof, expected)) return refuse("it does not prove the job secret this coordinator holds");
+  if (!ProofsEqual(proof, CallProof(secret_, full, f[0], nonce, request))) {
+    return refuse("it does not prove the job secret this coordinator holds");
+  }
   const int64_t now = UnixMs();
   const double skew_s = std::abs(static_cast<double>(now - when)) / 1e3;
   if (skew_s > kRpcClockSkewS) {

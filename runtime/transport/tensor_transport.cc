@@ -105,6 +105,16 @@ absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) cons
   return h.total_elements();
 }
 
+std::string ReceiverProof(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
+                          const std::string& receiver_nonce) {
+  return secret.Proof("longhaul tensor port: receiver", {job, sender_nonce, receiver_nonce});
+}
+
+std::string SenderProof(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
+                        const std::string& receiver_nonce) {
+  return secret.Proof("longhaul tensor port: sender", {job, receiver_nonce, sender_nonce});
+}
+
 TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret)
     : job_id_(std::move(job_id)), secret_(std::move(secret)), mailbox_(mailbox), admission_(admission) {}
 
@@ -218,7 +228,7 @@ absl::Status TensorServer::ServeHello(int fd) {
   absl::StatusOr<std::string> server_nonce = RandomNonce();
   if (!server_nonce.ok()) return server_nonce.status();
   const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
-                                secret_.Proof(kReceiverProofLabel, {job, client_nonce, *server_nonce});
+                                ReceiverProof(secret_, job, client_nonce, *server_nonce);
   if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
   std::string proof(kProofBytes, '\0');
   if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
@@ -228,7 +238,7 @@ absl::Status TensorServer::ServeHello(int fd) {
         "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s)",
         secret_.source()));
   }
-  if (!ProofsEqual(proof, secret_.Proof(kSenderProofLabel, {job, *server_nonce, client_nonce}))) {
+  if (!ProofsEqual(proof, SenderProof(secret_, job, client_nonce, *server_nonce))) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "refused: the peer does not hold this job's secret (this worker's: %s); give every process of the job the "
         "same --secret-file",
@@ -254,7 +264,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
         absl::StrFormat("tensor header of job '%s', protocol %d; this worker runs job '%s', protocol %d",
                         absl::CHexEscape(h.job_id()), h.protocol_version(), job_id(), kProtocolVersion));
   }
-  if (h.dtype() < proto::F32 || h.dtype() > proto::INT8) {
+  if (!IsWireDtype(h.dtype())) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", h.dtype()));
   }
   // Every size is checked against what the plan allows, overflow-safe, and the part is reserved in
@@ -629,13 +639,13 @@ class PeerConnection {
     std::string challenge(kNonceBytes + kProofBytes, '\0');
     if (absl::Status s = ReadAll(fd, challenge.data(), challenge.size(), deadline, cancel_); !s.ok()) return s;
     const std::string server_nonce = challenge.substr(0, kNonceBytes);
-    if (!ProofsEqual(challenge.substr(kNonceBytes), opt_.secret.Proof(kReceiverProofLabel, {opt_.job_id, *nonce, server_nonce}))) {
+    if (!ProofsEqual(challenge.substr(kNonceBytes), ReceiverProof(opt_.secret, opt_.job_id, *nonce, server_nonce))) {
       return absl::PermissionDeniedError(absl::StrFormat(
           "the peer at %s does not hold this job's secret (this worker's: %s); nothing was sent to it. Give every "
           "process of the job the same --secret-file",
           address_, opt_.secret.source()));
     }
-    const std::string proof = opt_.secret.Proof(kSenderProofLabel, {opt_.job_id, server_nonce, *nonce});
+    const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce);
     if (absl::Status s = WriteAll(fd, proof.data(), proof.size(), deadline, cancel_); !s.ok()) return s;
     return ReadAck(fd, deadline, cancel_);
   }

@@ -49,10 +49,12 @@ inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
 inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;
-// What each side's proof of the job secret is labelled with (JobSecret::Proof), so that neither
-// proof can stand for the other.
-inline constexpr char kReceiverProofLabel[] = "longhaul tensor port: receiver";
-inline constexpr char kSenderProofLabel[] = "longhaul tensor port: sender";
+// Each side's proof of the job secret in a tensor port's handshake, over the job id and both
+// nonces; labelled apart (JobSecret::Proof), so that neither proof can stand for the other.
+std::string ReceiverProof(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
+                          const std::string& receiver_nonce);
+std::string SenderProof(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
+                        const std::string& receiver_nonce);
 
 class PeerConnection;
 struct OutPart;

@@ -24,6 +24,10 @@ inline constexpr size_t kInt8Block = 128;
 // int8's blocks fall where they would in the whole tensor.
 inline constexpr size_t kWirePiece = 4096;
 
+// Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
+inline bool IsWireDtype(int value) {
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt8);
+}
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);
 // What tensors of `kind` (proto::TensorKind) travel in where the job's wire dtype is `job`:

@@ -57,7 +57,7 @@ inline std::string ReceiverChallenge(const JobSecret& secret, const std::string&
   std::string out;
   AppendU32(out, static_cast<uint32_t>(ok.ByteSizeLong()));
   return out + ok.SerializeAsString() + receiver_nonce +
-         secret.Proof(kReceiverProofLabel, {job, sender_nonce, receiver_nonce});
+         ReceiverProof(secret, job, sender_nonce, receiver_nonce);
 }
 
 class RawPeer {
@@ -118,7 +118,7 @@ class RawPeer {
     if (absl::Status s = Ack(); !s.ok()) return s;
     std::string challenge(kNonceBytes + kProofBytes, '\0');
     if (absl::Status s = Read(challenge.data(), challenge.size(), std::chrono::seconds(30)); !s.ok()) return s;
-    const std::string proof = secret.Proof(kSenderProofLabel, {job, challenge.substr(0, kNonceBytes), nonce});
+    const std::string proof = SenderProof(secret, job, nonce, challenge.substr(0, kNonceBytes));
     handshake_ += proof;
     Write(proof);
     return Ack();
