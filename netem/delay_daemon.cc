@@ -88,17 +88,21 @@ absl::StatusOr<std::vector<PairDelay>> ReadLinks(const std::string& path) {
     std::string src, dst;
     PairDelay p;
     if (!(in >> src >> dst >> p.delay_ns >> p.jitter_ns >> p.loss)) continue;
-    in_addr a{}, b{};
-    if (inet_pton(AF_INET, src.c_str(), &a) != 1 || inet_pton(AF_INET, dst.c_str(), &b) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("links file ", path, ": bad address in '", line, "'"));
-    }
-    p.src = ntohl(a.s_addr), p.dst = ntohl(b.s_addr);
+    const std::optional<uint32_t> a = ParseIpv4(src), b = ParseIpv4(dst);
+    if (!a || !b) return absl::InvalidArgumentError(absl::StrCat("links file ", path, ": bad address in '", line, "'"));
+    p.src = *a, p.dst = *b;
     links.push_back(p);
   }
   return links;
 }
 
 }  // namespace
+
+std::optional<uint32_t> ParseIpv4(const std::string& dotted) {
+  in_addr a{};
+  if (inet_pton(AF_INET, dotted.c_str(), &a) != 1) return std::nullopt;
+  return ntohl(a.s_addr);
+}
 
 absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay>& links) {
   std::ofstream f(path, std::ios::trunc);

@@ -12,6 +12,7 @@
 // daemon dies, packets are dropped rather than passed undelayed, and the launcher, which watches
 // it, stops the experiment.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct PairDelay {
   int64_t delay_ns = 0, jitter_ns = 0;
   double loss = 0;
 };
+
+// A dotted-quad IPv4 address in host byte order, as PairDelay holds it; nullopt for anything else.
+std::optional<uint32_t> ParseIpv4(const std::string& dotted);
 
 // Links file: one line per pair, "src dst delay_ns jitter_ns loss" (dotted quads).
 absl::Status WriteLinksFile(const std::string& path, const std::vector<PairDelay>& links);

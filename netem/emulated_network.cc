@@ -41,12 +41,6 @@ absl::Status Sh(const std::string& cmd) {
   return absl::OkStatus();
 }
 
-uint32_t Ip(const std::string& dotted) {
-  in_addr a{};
-  inet_pton(AF_INET, dotted.c_str(), &a);
-  return ntohl(a.s_addr);
-}
-
 void DeleteNamespacesWithPrefix(const std::string& prefix) {
   std::error_code ec;
   for (auto& e : fs::directory_iterator("/run/netns", ec)) {
@@ -135,8 +129,7 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     for (int i = 0; i < hosts; ++i) {
       if (i == j) continue;
       const Link l = s.Between(i, j);
-      delays.push_back({Ip(Address(i)), Ip(Address(j)), static_cast<int64_t>(l.delay_ms * 1e6),
-                        static_cast<int64_t>(l.jitter_ms * 1e6), l.loss});
+      delays.push_back(DaemonLink(l, *ParseIpv4(Address(i)), *ParseIpv4(Address(j))));
       if (l.rate_mbit <= 0) continue;
       const int cls = 10 + i;
       // A burst of 1 ms at the rate (at least a 64 KiB GSO packet) lets htb keep up with segments.

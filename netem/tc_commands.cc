@@ -1,9 +1,8 @@
 #include "netem/tc_commands.h"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 
@@ -65,21 +64,22 @@ absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, con
                                                           int self) {
   std::vector<uint32_t> ip;
   for (const std::string& h : hosts) {
-    in_addr a;
-    if (inet_pton(AF_INET, h.c_str(), &a) != 1) {
+    const std::optional<uint32_t> a = ParseIpv4(h);
+    if (!a) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "the delay daemon needs IPv4 addresses in --hosts; '%s' is none (resolve names first)", h));
     }
-    ip.push_back(ntohl(a.s_addr));
+    ip.push_back(*a);
   }
   std::vector<PairDelay> links;
   for (int from = 0; from < static_cast<int>(hosts.size()); ++from) {
-    if (from == self) continue;
-    const Link l = s.Between(from, self);
-    links.push_back({ip[from], ip[self], static_cast<int64_t>(l.delay_ms * 1e6),
-                     static_cast<int64_t>(l.jitter_ms * 1e6), l.loss});
+    if (from != self) links.push_back(DaemonLink(s.Between(from, self), ip[from], ip[self]));
   }
   return links;
+}
+
+PairDelay DaemonLink(const Link& l, uint32_t src, uint32_t dst) {
+  return {src, dst, static_cast<int64_t>(l.delay_ms * 1e6), static_cast<int64_t>(l.jitter_ms * 1e6), l.loss};
 }
 
 }  // namespace longhaul::netem

@@ -27,6 +27,8 @@ std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<
                                            const std::string& dev, DelayBy by = DelayBy::kNetem);
 // Removes what TcCommandsForHost installed.
 std::vector<std::string> TcClearCommands(const std::string& dev, DelayBy by = DelayBy::kNetem);
+// What the delay daemon holds a packet of link `l` from `src` to `dst` (ParseIpv4's) for.
+PairDelay DaemonLink(const Link& l, uint32_t src, uint32_t dst);
 // The delay daemon's links into host `self` from every other (IPv4 addresses, else an error).
 absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, const std::vector<std::string>& hosts,
                                                           int self);
