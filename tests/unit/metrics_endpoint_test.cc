@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tests/support/http_get.h"
+#include "tests/support/process_memory.h"
 
 namespace longhaul {
 namespace {
@@ -31,6 +32,13 @@ TEST(MetricsEndpoint, AScrapeGetsTheTextAndAnythingElseAShortAnswer) {
   EXPECT_EQ(testing::HttpExchange((*e)->address(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
   EXPECT_EQ(testing::HttpExchange((*e)->address(), std::string("\x16\x03\x01\x02\x00\r\n\r\n", 9)).rfind("HTTP/1.1 400", 0), 0u);
   EXPECT_EQ(testing::HttpExchange((*e)->address(), std::string(9000, 'A')), "") << "an endless request is closed unanswered";
+  // However much a client sends, the endpoint holds at most kMaxMetricsRequestBytes of it.
+  const std::string flood(4 << 20, 'A');
+  const int64_t rss = testing::ResidentBytes();
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(testing::HttpExchange((*e)->address(), flood), "");
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "20 requests of 4 MiB: resident memory grew by " << grew / 1024 << " KiB\n";
+  EXPECT_LT(grew, 16 << 20);
   EXPECT_EQ(renders.load(), 1);
 }
 
