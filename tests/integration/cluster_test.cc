@@ -384,7 +384,7 @@ nlohmann::json WaitForCluster(const fs::path& out) {
 TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   const fs::path out = Dir("intruders");
   auto run = std::async(std::launch::async, [&] {
-    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=150"});
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=400"});
   });
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
@@ -416,21 +416,29 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   const std::string other = cluster["workers"][0]["address"];
   EXPECT_TRUE(testing::GarbageConnectionIsClosed(other));
 
+  // Scraped until every worker has reported a step: the refusals above may all land before the
+  // first one does.
   std::string metrics_address;
   std::ifstream(out / ".metrics_address") >> metrics_address;
-  const std::string scrape = testing::HttpExchange(metrics_address, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-  ASSERT_EQ(scrape.rfind("HTTP/1.1 200 OK", 0), 0u) << scrape;
-  auto live = testing::ParsePrometheusText(scrape.substr(scrape.find("\r\n\r\n") + 4));
-  ASSERT_TRUE(live.ok()) << live.status() << "\n" << scrape;
+  std::string scrape;
+  absl::StatusOr<std::map<std::string, double>> live;
+  for (int i = 0; i < 500; ++i) {
+    scrape = testing::HttpExchange(metrics_address, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_EQ(scrape.rfind("HTTP/1.1 200 OK", 0), 0u) << "the endpoint answers while the run goes on: " << scrape;
+    live = testing::ParsePrometheusText(scrape.substr(scrape.find("\r\n\r\n") + 4));
+    ASSERT_TRUE(live.ok()) << live.status() << "\n" << scrape;
+    if (live->at("longhaul_step") > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_GT(live->at("longhaul_step"), 0) << scrape;
   EXPECT_GT(live->at(R"(longhaul_link_sent_bytes_total{from="0",to="1"})"), 0) << scrape;
 
   ASSERT_EQ(run.get(), 0) << Log(out);
-  EXPECT_EQ(Losses(out).size(), 150u) << "the run went on to the end";
+  EXPECT_EQ(Losses(out).size(), 400u) << "the run went on to the end";
   std::ifstream f(out / "metrics.prom");
   auto last = testing::ParsePrometheusText(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
   ASSERT_TRUE(last.ok()) << last.status();
-  EXPECT_EQ(last->at("longhaul_step"), 150);
+  EXPECT_EQ(last->at("longhaul_step"), 400);
   double refused_by_1 = 0, refused_by_0 = 0;
   for (const auto& [key, value] : *last) {
     if (key.rfind("longhaul_worker_refused_tensor_total{worker=\"1\"", 0) == 0) refused_by_1 = value;
