@@ -20,6 +20,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.schedule = cfg.cluster.schedule;
   L.work = JobWorkShape(cfg);
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire();
+  L.local_steps = cfg.train.local_steps;
   return L;
 }
 

@@ -69,7 +69,8 @@ struct Later {
 
 struct WorkerState {
   int stage = -1, replica = -1, host = 0, device = 0;
-  std::vector<Instr> program;  // one iteration
+  std::vector<Instr> program;        // one iteration; with local updates, one that exchanges
+  std::vector<Instr> local_program;  // with local updates, one between exchanges
   ComputeTimes cost;
   int iter = 0;
   size_t pc = 0;
@@ -93,7 +94,9 @@ struct ShardState {
 
 class Engine {
  public:
-  explicit Engine(const Simulation& sim) : sim_(sim), L_(sim.layout), P_(sim.placement) {}
+  explicit Engine(const Simulation& sim)
+      : sim_(sim), L_(sim.layout), P_(sim.placement), round_(std::min(std::max(L_.local_steps, 1), 4)),
+        iterations_(round_ > 1 ? 2 * round_ : sim.iterations) {}
 
   absl::StatusOr<SimulationReport> Run() {
     if (auto st = Setup(); !st.ok()) return st;
@@ -112,11 +115,11 @@ class Engine {
       }
     }
     for (const WorkerState& w : workers_) {
-      if (w.stage >= 0 && w.iter < sim_.iterations) {
+      if (w.stage >= 0 && w.iter < iterations_) {
         return absl::InternalError(absl::StrFormat(
             "simulation stalled: stage %d replica %d waits at instruction %d of iteration %d (%s); the schedules "
             "do not match",
-            w.stage, w.replica, w.pc, w.iter, ToString({w.program[w.pc]})));
+            w.stage, w.replica, w.pc, w.iter, ToString({Program(w)[w.pc]})));
       }
     }
     return Report(events);
@@ -155,7 +158,7 @@ class Engine {
       if (workers_[w].device < 0 || workers_[w].device >= static_cast<int>(sim_.devices.size())) {
         return bad(absl::StrFormat("worker %d names device %d of %d", w, workers_[w].device, sim_.devices.size()));
       }
-      workers_[w].params_in.assign(sim_.iterations, 0);
+      workers_[w].params_in.assign(iterations_, 0);
     }
     hosts_ = std::max(hosts_, P_.coordinator_host + 1);
     for (int s = 0; s < S; ++s) {
@@ -167,7 +170,7 @@ class Engine {
         if (k.stage >= 0) return bad(absl::StrFormat("worker %d runs two stages", w));
         k.stage = s;
         k.replica = r;
-        k.arrival.assign(static_cast<size_t>(sim_.iterations) * 2 * M, -1);
+        k.arrival.assign(static_cast<size_t>(iterations_) * 2 * M, -1);
         auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
         if (!cost.ok()) return cost.status();
         k.cost = *cost;
@@ -185,7 +188,7 @@ class Engine {
                                    sh.worker));
       }
       stage_shards_[sh.stage].push_back(static_cast<int>(i));
-      shards_[i].grads_in.assign(sim_.iterations, 0);
+      shards_[i].grads_in.assign(iterations_, 0);
       if (workers_[sh.worker].hosted.empty()) ++shard_hosts_;
       workers_[sh.worker].hosted.push_back(static_cast<int>(i));
     }
@@ -195,12 +198,20 @@ class Engine {
       for (int& w : row) w = workers_[w].host;
     wires_ = ResolveWires(L_.wire, L_.fast_wire, TensorPairs(host_at),
                           [&](int a, int b) { return sim_.network.Between(a, b).Rate(); });
-    // Each worker runs the list its executor would: the parameter-server exchange where it hosts.
+    // Each worker runs the lists its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
-      if (k.stage >= 0) k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty());
+      if (k.stage < 0) continue;
+      if (round_ == 1) {
+        k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty());
+        continue;
+      }
+      k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStepThenExchange);
+      k.local_program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStep);
     }
-    norms_in_.assign(sim_.iterations, 0);
-    norm_at_.assign(sim_.iterations, 0);
+    stage_params_.assign(S, 0);
+    for (const ShardPlacement& sh : P_.shards) stage_params_[sh.stage] += sh.params;
+    norms_in_.assign(iterations_, 0);
+    norm_at_.assign(iterations_, 0);
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
     link_bytes_.assign(link_free_.size(), 0);
     link_busy_.assign(link_free_.size(), 0);
@@ -209,7 +220,12 @@ class Engine {
 
   void Push(double t, EventKind kind, int who, int iter) { queue_.push({t, seq_++, kind, who, iter}); }
 
-  bool Last(int iter) const { return iter == sim_.iterations - 1; }
+  bool Last(int iter) const { return iter == iterations_ - 1; }
+
+  // The list worker k runs in its current iteration: with local updates, every round_-th exchanges.
+  const std::vector<Instr>& Program(const WorkerState& k) const {
+    return round_ == 1 || (k.iter + 1) % round_ == 0 ? k.program : k.local_program;
+  }
 
   // Puts a message of `elements` values of `kind` on the link at time t (the current time: events
   // run in time order, so the link sees messages in the order they were sent) and returns when it
@@ -257,14 +273,15 @@ class Engine {
   // blocks (it goes on when what it waits for arrives).
   void Advance(int w) {
     WorkerState& k = workers_[w];
-    while (k.iter < sim_.iterations) {
-      if (k.pc == k.program.size()) {
+    while (k.iter < iterations_) {
+      const std::vector<Instr>& program = Program(k);
+      if (k.pc == program.size()) {
         k.iteration_end.push_back(k.t);
         ++k.iter;
         k.pc = 0;
         continue;
       }
-      const Instr& in = k.program[k.pc];
+      const Instr& in = program[k.pc];
       switch (in.op) {
         case Op::kForward:
         case Op::kBackward: {
@@ -314,7 +331,7 @@ class Engine {
             Block(k, WorkerState::kPushes);
             return;
           }
-          if (!P_.clip_norm) {
+          if (!P_.clip_norm || round_ > 1) {
             ++k.pc;
             break;
           }
@@ -331,6 +348,15 @@ class Engine {
           // Sum and AdamW over the hosted shards at memory bandwidth, on the worker's own thread.
           double d = 0;
           for (int i : k.hosted) d += sim_.devices[k.device].StepSeconds(P_.shards[i].params, L_.replicas);
+          if (Last(k.iter)) k.ps_busy += d;
+          k.t += d;
+          ++k.pc;
+          Push(k.t, EventKind::kRun, w, k.iter);
+          return;
+        }
+        case Op::kLocalStep: {
+          // AdamW over the worker's whole stage, as its own parameter server.
+          const double d = sim_.devices[k.device].StepSeconds(stage_params_[k.stage], 1);
           if (Last(k.iter)) k.ps_busy += d;
           k.t += d;
           ++k.pc;
@@ -401,6 +427,12 @@ class Engine {
     r.events = events;
     const std::vector<double>& ends = workers_[P_.worker[0][0]].iteration_end;
     r.iteration_s = ends.size() == 1 ? ends[0] : ends.back() - ends[ends.size() - 2];
+    if (round_ > 1) {
+      // The second round: round_ - 1 local iterations, then the exchange; a round of H has H - 1.
+      const double local = ends[iterations_ - 2] - ends[iterations_ - 3];
+      const double exchange = ends.back() - ends[round_ - 1] - (round_ - 1) * local;
+      r.iteration_s = ((L_.local_steps - 1) * local + exchange) / L_.local_steps;
+    }
     for (const WorkerState& k : workers_) {
       WorkerReport w;
       w.stage = k.stage, w.replica = k.replica;
@@ -426,7 +458,10 @@ class Engine {
   const Simulation& sim_;
   const Layout& L_;
   const Placement& P_;
+  const int round_;       // iterations per exchange simulated: min(local_steps, 4)
+  const int iterations_;  // simulated: Simulation::iterations, or two rounds of local updates
   std::vector<WorkerState> workers_;
+  std::vector<double> stage_params_;  // [stage]
   std::vector<ShardState> shards_;
   std::vector<std::vector<int>> stage_shards_;
   int shard_hosts_ = 0;                            // workers hosting a shard

@@ -24,6 +24,11 @@
 // is done; the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
 // it, between the ends of the last two iterations (so it is the steady state, not the first
 // iteration's start-up).
+// With local updates (Layout::local_steps = H) a worker's LocalStep occupies it for AdamW over its
+// stage, and only every H-th iteration exchanges, without the norm's all-reduce (the outer step
+// does not clip). Two rounds of min(H, 4) iterations run; the iteration time is the mean over a
+// round of H, from the second round's local iterations and its exchange, and the per-worker and
+// per-link figures are the exchanging iteration's.
 #include <cstdint>
 #include <vector>
 
@@ -45,6 +50,8 @@ struct Layout {
   // transport.wire_dtype; "auto" is resolved per link as the coordinator does (wire_plan.h), with
   // fast_wire on the fast links (JobConfig::FastWire).
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
+  // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
+  int local_steps = 1;
 
   StageSpec Spec(int stage) const;
   double BoundaryElements() const;  // activations (or their gradients) of one micro-batch

@@ -14,7 +14,8 @@ absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name) {
 
 const char* ScheduleName(ScheduleKind k) { return k == ScheduleKind::kGpipe ? "gpipe" : "1f1b"; }
 
-std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards) {
+std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,
+                                IterationEnd end) {
   const bool first = stage == 0, last = stage == stages - 1;
   std::vector<Instr> s;
   auto forward = [&](int m) {
@@ -41,6 +42,8 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
     }
     while (b < micro) backward(b++);
   }
+  if (end != IterationEnd::kExchange) s.push_back({Op::kLocalStep});
+  if (end == IterationEnd::kLocalStep) return s;
   s.push_back({Op::kPushGrads});
   if (hosts_shards) {
     s.push_back({Op::kReduceNorm});
@@ -57,7 +60,7 @@ int ActivationSlots(ScheduleKind kind, int stages, int stage, int micro) {
 
 std::string ToString(const std::vector<Instr>& s) {
   static const char* names[] = {"RecvAct",   "Forward",    "SendAct", "RecvGrad",  "Backward",  "SendGrad",
-                                "PushGrads", "ReduceNorm", "Step",    "Broadcast", "PullParams"};
+                                "PushGrads", "ReduceNorm", "Step",    "Broadcast", "PullParams", "LocalStep"};
   std::string out;
   for (const Instr& i : s) {
     if (!out.empty()) out += " ";

@@ -14,6 +14,9 @@ namespace longhaul {
 // them in replica order and has the global norm reduced over every shard of every stage
 // (ReduceNorm), steps its shards (Step) and sends their parameters to every replica of its stage
 // (Broadcast); every worker then waits for its stage's parameters (PullParams).
+// With local updates (train.local_steps) a worker steps its own stage instead (LocalStep), and on
+// the iterations that exchange it pushes the change since the last exchange, which the hosts
+// average and step with the outer optimizer.
 enum class Op {
   kRecvAct,
   kForward,
@@ -25,7 +28,8 @@ enum class Op {
   kReduceNorm,
   kStep,
   kBroadcast,
-  kPullParams
+  kPullParams,
+  kLocalStep
 };
 
 struct Instr {
@@ -36,6 +40,11 @@ struct Instr {
 
 enum class ScheduleKind { kGpipe, k1F1B };
 
+// What follows an iteration's backwards: the exchange with the parameter servers (synchronous),
+// the worker's own step alone (an iteration between exchanges of local updates), or its own step
+// and then the exchange (the iteration that ends each round of local updates).
+enum class IterationEnd { kExchange, kLocalStep, kLocalStepThenExchange };
+
 absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name);
 const char* ScheduleName(ScheduleKind k);
 
@@ -44,7 +53,8 @@ const char* ScheduleName(ScheduleKind k);
 // the last's); ReduceNorm, Step and Broadcast only where the worker hosts parameter-server shards.
 // Backwards run in ascending micro-batch order in both schedules, so parameter gradients sum in
 // the same order as in one process.
-std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards);
+std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,
+                                IterationEnd end = IterationEnd::kExchange);
 
 // Micro-batches whose activations a stage holds at once under the schedule (GPipe: all of them;
 // 1F1B: at most stages - stage).

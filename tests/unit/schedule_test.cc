@@ -18,6 +18,17 @@ TEST(Schedule, AShardHostListsTheParameterServersExchangeBetweenPushAndPull) {
             "Forward(0) Forward(1) Backward(0) Backward(1) PushGrads ReduceNorm Step Broadcast PullParams");
 }
 
+// Local updates: between exchanges a worker steps its own stage and exchanges nothing; the
+// iteration that exchanges steps its own stage first, then pushes the change.
+TEST(Schedule, LocalUpdatesStepTheStageThenExchangeOnlyWhereTheyExchange) {
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true, IterationEnd::kLocalStep)),
+            "Forward(0) Forward(1) Backward(0) Backward(1) LocalStep");
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true, IterationEnd::kLocalStepThenExchange)),
+            "Forward(0) Forward(1) Backward(0) Backward(1) LocalStep PushGrads ReduceNorm Step Broadcast PullParams");
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 2, 1, 1, false, IterationEnd::kLocalStepThenExchange)),
+            "RecvAct(0) Forward(0) Backward(0) SendGrad(0) LocalStep PushGrads PullParams");
+}
+
 TEST(Schedule, OneFOneBInterleavesAfterWarmup) {
   // Stage 0 of 3 warms up with two forwards, then alternates.
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 0, 4, false)),

@@ -77,6 +77,29 @@ TEST(Simulator, OneStageIsMicroBatchesTimesForwardAndBackwardPlusTheStep) {
   EXPECT_TRUE(r.links.empty());
 }
 
+// Local updates: between exchanges an iteration is the compute and the stage's own step; the
+// exchange over a slow link costs once per round, so the mean iteration falls towards the local
+// one as the round grows, and a round of H is ((H - 1) local iterations + one exchange) / H.
+TEST(Simulator, LocalUpdatesPayTheExchangeOncePerRound) {
+  Simulation sim = Make(1, 2, 4, /*latency_s=*/0.05, /*bandwidth=*/1e6);
+  const double sync = Simulated(sim).iteration_s;
+  const double step = sim.devices[0].StepSeconds(sim.placement.shards[0].params + sim.placement.shards[1].params, 1);
+  const double local = 4 * (kF + kB) + step;
+  std::vector<double> mean;
+  for (int h : {2, 4, 16, 1000}) {
+    sim.layout.local_steps = h;
+    const SimulationReport r = Simulated(sim);
+    mean.push_back(r.iteration_s);
+    // The exchange: its iteration pays what the round saves on the others.
+    const double exchange = h * r.iteration_s - (h - 1) * local;
+    EXPECT_GT(exchange, local + 2 * 0.05) << "H = " << h << ": a push and a broadcast, one latency each";
+    EXPECT_LT(exchange, sync + step + kEps) << "H = " << h;
+  }
+  EXPECT_LT(mean[0], sync);
+  for (size_t i = 1; i < mean.size(); ++i) EXPECT_LT(mean[i], mean[i - 1]);
+  EXPECT_NEAR(mean.back(), local, 0.01 * (sync - local)) << "a long round costs about the local iteration";
+}
+
 TEST(Simulator, AShardOnAWorkerThatRunsNoStageIsRefused) {
   Simulation sim = Make(1, 1, 2);
   sim.placement.host.push_back(1);  // worker 1: placed nowhere, so it runs no exchange either
@@ -157,7 +180,9 @@ TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
     ASSERT_EQ(shards.size(), central ? 1u : 2u);
     const double own = static_cast<double>(shards[0].floats);
     const double larger = central ? params : std::max(own, params - own);
-    if (!central) EXPECT_NE(own, params / 2) << "a test of uneven shards wants a stage that splits unevenly";
+    if (!central) {
+      EXPECT_NE(own, params / 2) << "a test of uneven shards wants a stage that splits unevenly";
+    }
     const SimulationReport r = Simulated(sim);
     // Sharded: each worker sends the other's shard of its gradient, then gets that shard's
     // parameters back, both directions at once. Central: replica 1 sends all of it and gets all of
