@@ -214,7 +214,8 @@ class Service final : public proto::Coordinator::Service {
     if (static_cast<int>(rec.reports.size()) == expected_) {
       job_metrics_.Complete(req->iteration(), rec.reports);
       WriteMetricsFile();
-      CheckReplicasAgree(req->iteration());
+      // Between the exchanges of local updates each replica holds its own parameters.
+      if (cfg_.train.ExchangesAfter(req->iteration(), end_)) CheckReplicasAgree(req->iteration());
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
       }

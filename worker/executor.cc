@@ -14,7 +14,7 @@ Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vect
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), boundary_(boundary),
       grads_out_(micro_batches) {}
 
-absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs) {
+absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange) {
   if (static_cast<int>(mbs.size()) != micro_batches_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%d micro-batches for a schedule of %d", mbs.size(), micro_batches_));
@@ -24,10 +24,10 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   const int slots = stage_.slots();
   // Times one compute instruction and puts it in the timeline. On a stage that queues its work
   // this is the time to queue it; the waits for its results land in the sends.
-  auto computed = [&](const char* op, int m, int64_t t0) {
+  auto computed = [&](const std::string& name, int m, int64_t t0) {
     const int64_t t1 = Timeline::NowMicros();
     result.compute_seconds += (t1 - t0) * 1e-6;
-    timeline_.Add(absl::StrCat(op, m), Track::kCompute, t0, t1, it, m);
+    timeline_.Add(name, Track::kCompute, t0, t1, it, m);
   };
   auto send = [&](const Instr& in) -> absl::Status {
     const int m = in.micro;
@@ -50,7 +50,8 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
     return absl::OkStatus();
   };
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
-  for (const Instr& in : schedule_) {
+  bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
+  for (const Instr& in : exchange ? schedule_ : local_schedule_) {
     const int m = in.micro;
     switch (in.op) {
       case Op::kRecvAct:
@@ -66,7 +67,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % slots, mbs[m], first_ ? nullptr : inputs[m].data()));
         channel_.Recycle(std::move(inputs[m]));
         if (last_) result.loss += loss / micro_batches_;
-        computed("F", m, t0);
+        computed(absl::StrCat("F", m), m, t0);
         LH_RETURN_IF_ERROR(flush_sends());
         break;
       }
@@ -75,7 +76,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         LH_RETURN_IF_ERROR(stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
                                            1.0f / static_cast<float>(micro_batches_)));
         channel_.Recycle(std::move(grads_in[m]));
-        computed("B", m, t0);
+        computed(absl::StrCat("B", m), m, t0);
         LH_RETURN_IF_ERROR(flush_sends());
         break;
       }
@@ -97,7 +98,15 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         LH_RETURN_IF_ERROR(channel_.ReduceNorm(it, &result.wait_seconds));
         break;
       case Op::kStep: {
-        LH_ASSIGN_OR_RETURN(result.step, channel_.Step(it));
+        LH_ASSIGN_OR_RETURN(const OptimizerStepResult step, channel_.Step(it));
+        if (!stepped_locally) result.step = step;
+        break;
+      }
+      case Op::kLocalStep: {
+        const int64_t t0 = Timeline::NowMicros();
+        LH_ASSIGN_OR_RETURN(result.step, stage_.Step(it));
+        stepped_locally = true;
+        computed("local step", -1, t0);
         break;
       }
       case Op::kBroadcast:

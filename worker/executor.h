@@ -1,7 +1,8 @@
 #pragma once
 // Runs one stage's schedule (runtime/schedule: the same instruction list a cost model runs to
 // predict the iteration) for one iteration, against a Stage and a Channel: receive, forward, send;
-// receive, backward, send; push the gradients; pull the new parameters. It times compute and waits
+// receive, backward, send; push the gradients; pull the new parameters (or, with local updates,
+// step the stage itself). It times compute and waits
 // and puts both in the timeline.
 #include <cstdint>
 #include <vector>
@@ -62,14 +63,20 @@ class Executor {
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
            int stages, int micro_batches, size_t boundary);
 
-  // One iteration over `mbs`, which holds the stage's micro-batches in order.
-  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs);
+  // Local updates (train.local_steps > 1): the list of an iteration that does not exchange, the
+  // constructor's being one that does.
+  void SetLocalSchedule(std::vector<Instr> schedule) { local_schedule_ = std::move(schedule); }
+
+  // One iteration over `mbs`, which holds the stage's micro-batches in order; `exchange` false
+  // runs the local schedule.
+  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true);
 
  private:
   Stage& stage_;
   Channel& channel_;
   Timeline& timeline_;
   const std::vector<Instr> schedule_;
+  std::vector<Instr> local_schedule_;
   const bool first_, last_;
   const int micro_batches_;
   const size_t boundary_;

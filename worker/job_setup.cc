@@ -93,6 +93,12 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
     e.Add("int8 error feedback", 8 * (StageParamCount(cfg.model, spec) - ps_floats));
   }
   e.Add("checkpoint staging", 20 * ps_floats);  // resume: the parsed model file, the optimizer file and its parse
+  if (cfg.train.local_steps > 1) {
+    // The stage's own AdamW (m, v, decay flags; on a GPU, beside the stage), the parameters as
+    // last pulled and their change, and the local checkpoint's staging.
+    const double floats = StageParamCount(cfg.model, spec);
+    e.Add("local updates", (device < 0 ? 9 : 0) * floats + 8 * floats + 20 * floats);
+  }
   AddProcess(cfg, e);
   return e;
 }

@@ -5,6 +5,7 @@
 #include "config/job_config.h"
 #include "data/micro_batch.h"
 #include "data/token_dataset.h"
+#include "longhaul.pb.h"
 #include "model/memory_estimate.h"
 
 namespace longhaul {
@@ -23,6 +24,12 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
 MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);
 // Floats of the parameter-server shards replica `replica` of `stage` hosts (the coordinator's cuts).
 double HostedPsFloats(const JobConfig& cfg, int stage, int replica);
+
+// The iteration a worker's run stops before: the plan's stop (`longhaul local --stop-at`), else
+// train.steps.
+inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
+  return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
+}
 
 // ResourceExhausted, with the estimate, the memory available and the fix, when the job does not
 // fit: `longhaul train`; one worker; every process of `longhaul local` on this machine together.

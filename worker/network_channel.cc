@@ -53,7 +53,16 @@ void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float*
 }
 
 absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
-  LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
+  // What goes to the shards: the gradients, or with local updates the change since the last pull.
+  const float* grads = nullptr;
+  if (pulled_.empty()) {
+    LH_ASSIGN_OR_RETURN(grads, stage.Grads());
+  } else {
+    LH_ASSIGN_OR_RETURN(const float* params, stage.Params());
+    change_.resize(pulled_.size());
+    for (size_t i = 0; i < pulled_.size(); ++i) change_[i] = pulled_[i] - params[i];
+    grads = change_.data();
+  }
   if (feedback_.empty()) {
     for (const proto::ShardPlacement& sp : stage_shards_) {
       feedback_.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
@@ -100,7 +109,9 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
   for (const proto::ShardPlacement& sp : stage_shards_) {
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
-    LH_RETURN_IF_ERROR(stage.SetParams(layout_.Range(sp.first_tensor(), sp.end_tensor()).first, p.data(), p.size()));
+    const size_t begin = layout_.Range(sp.first_tensor(), sp.end_tensor()).first;
+    LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
+    if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
     mailbox_.Recycle(std::move(p));
   }
   timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);

@@ -26,6 +26,9 @@ class NetworkChannel final : public Channel {
                  Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline);
   // The shards this worker hosts (ReduceNorm, Step, Broadcast).
   void SetPsHost(PsHost* host) { ps_host_ = host; }
+  // Local updates (train.local_steps > 1): PushGradients pushes the change of the stage's
+  // parameters since they were last pulled, which the outer step averages.
+  void PushChanges() { pulled_.resize(layout_.total()); }
 
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
@@ -73,6 +76,8 @@ class NetworkChannel final : public Channel {
   // [shard of stage_shards_]: int8 pushes carry error feedback. Not in checkpoints: a resumed int8
   // run starts with no residual.
   std::vector<ErrorFeedback> feedback_;
+  // With PushChanges: the parameters as last pulled, and their change since then.
+  std::vector<float> pulled_, change_;
 };
 
 }  // namespace longhaul

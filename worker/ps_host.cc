@@ -8,9 +8,10 @@
 
 namespace longhaul {
 
-PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, PsLinks links)
+PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, OuterOptimizer outer,
+               PsLinks links)
     : worker_id_(worker_id), stage_(stage), replicas_(replicas), schedule_(schedule), grad_clip_(grad_clip),
-      links_(std::move(links)) {}
+      outer_(outer), links_(std::move(links)) {}
 
 absl::Status PsHost::Broadcast(int64_t it) {
   for (auto& shard : shards_) {
@@ -31,11 +32,16 @@ absl::Status PsHost::ReduceNorm(int64_t it) {
       LH_RETURN_IF_ERROR(shard->AddReplicaGradient(r, g));
       links_.recycle(std::move(g));
     }
+    if (outer_.local_updates) continue;
     proto::ShardNorm* n = report.add_shards();
     n->set_stage(stage_);
     n->set_shard(shard->shard());
     LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
     n->set_sum_squares(sum_squares);
+  }
+  if (outer_.local_updates) {
+    norm_iteration_ = it;
+    return absl::OkStatus();
   }
   LH_ASSIGN_OR_RETURN(global_norm_, links_.reduce_norm(report));
   if (!std::isfinite(global_norm_)) {
@@ -54,7 +60,11 @@ absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
         absl::StrFormat("iteration %d steps before its gradient norm was reduced (schedule out of order)", it + 1));
   }
   for (auto& shard : shards_) {
-    LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm_));
+    if (outer_.local_updates) {
+      LH_ASSIGN_OR_RETURN(result, shard->OuterStep(outer_.lr, outer_.momentum));
+    } else {
+      LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm_));
+    }
   }
   return result;
 }

@@ -32,10 +32,18 @@ struct PsLinks {
   std::function<void(int64_t it, int replica, int shard, const float* data, size_t n)> send_params;
 };
 
+// Local updates (train.local_steps > 1): what a replica pushes is its change since the last
+// exchange, and the shards step it with Nesterov momentum, unclipped, so no norm is reduced.
+struct OuterOptimizer {
+  bool local_updates = false;
+  float lr = 0.7f, momentum = 0.9f;
+};
+
 class PsHost {
  public:
   // The host of stage `stage` in a job of `replicas` replicas, run by worker `worker_id`.
-  PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, PsLinks links);
+  PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, OuterOptimizer outer,
+         PsLinks links);
 
   void Add(std::unique_ptr<PsShard> shard) { shards_.push_back(std::move(shard)); }
   const std::vector<std::unique_ptr<PsShard>>& shards() const { return shards_; }
@@ -45,8 +53,9 @@ class PsHost {
   absl::Status Broadcast(int64_t it);
   // Iteration `it`'s exchange, in the order a schedule lists it (schedule.h): ReduceNorm takes
   // every replica's push of each hosted shard, sums them in replica order and has the global norm
-  // reduced; Step steps every hosted shard with that norm and gives the norm and learning rate of
-  // the step (lr 0 when this worker hosts no shard); then Broadcast(it).
+  // reduced (not with local updates); Step steps every hosted shard with that norm (with local
+  // updates, the outer step) and gives the norm and learning rate of the step (lr 0 when this
+  // worker hosts no shard); then Broadcast(it).
   absl::Status ReduceNorm(int64_t it);
   absl::StatusOr<OptimizerStepResult> Step(int64_t it);
   // Writes every hosted shard's checkpoint of `step` under `checkpoints_root` and reports each.
@@ -57,6 +66,7 @@ class PsHost {
   const int worker_id_, stage_, replicas_;
   const LrSchedule schedule_;
   const float grad_clip_;
+  const OuterOptimizer outer_;
   PsLinks links_;
   std::vector<std::unique_ptr<PsShard>> shards_;
   int64_t norm_iteration_ = -1;  // the iteration whose global norm ReduceNorm holds

@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
+#include "worker/job_setup.h"
 #include "worker/link_probe.h"
 
 namespace longhaul {
@@ -34,6 +35,9 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   expected_ = std::move(expected);
   plan_version_ = plan.version();
   stage_ = stage, replica_ = replica;
+  train_ = cfg.train;
+  start_ = plan.start_iteration();
+  end_ = RunEnd(plan, cfg);
   have_plan_ = true;
 }
 
@@ -66,6 +70,12 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
   if (h.micro_batch() < 0 || h.micro_batch() >= it->second.micro_batches) {
     return absl::OutOfRangeError(absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(),
                                                  it->second.micro_batches));
+  }
+  if ((h.kind() == proto::GRAD_PUSH || h.kind() == proto::PARAMS) && h.iteration() != start_ - 1 &&
+      !train_.ExchangesAfter(h.iteration(), end_)) {
+    return absl::OutOfRangeError(absl::StrFormat("%s: with train.local_steps = %d the replicas exchange only after "
+                                                 "every %d-th iteration and the run's last",
+                                                 key.DebugString(), train_.local_steps, train_.local_steps));
   }
   if (h.dtype() != static_cast<proto::WireDtype>(it->second.dtype)) {
     return absl::InvalidArgumentError(absl::StrFormat(

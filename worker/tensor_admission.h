@@ -3,8 +3,9 @@
 // the previous stage of its replica, the boundary gradients of the next, its stage's other
 // replicas' gradient pushes for the shards it hosts, and the parameters of its stage's other
 // shards from their hosts; each of a size the plan fixes, in the plan's wire dtype, under the
-// plan's version. Which iterations are accepted is the Mailbox's window. Before the plan, only
-// link probes of bounded size (worker/link_probe.h).
+// plan's version; with local updates, pushes and parameters only on the iterations that exchange.
+// Which iterations are accepted is the Mailbox's window. Before the plan, only link probes of
+// bounded size (worker/link_probe.h).
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -40,6 +41,10 @@ class PlanAdmission : public TensorAdmission {
   uint64_t plan_version_ = 0;
   int stage_ = 0, replica_ = 0;
   std::map<Source, Expected> expected_;
+  // With local updates, pushes and parameters travel only on the iterations that exchange (and
+  // parameters on the one before the run's first, the initial broadcast).
+  TrainConfig train_;
+  int64_t start_ = 0, end_ = 0;
 };
 
 }  // namespace longhaul

@@ -57,6 +57,8 @@ class Worker {
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   absl::Status Setup();
   absl::Status RunIteration(int64_t it);
+  // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
+  absl::Status Checkpoint(int64_t step);
   // Ends every receive and send at once, with `reason` as their error.
   void Stop(const std::string& reason);
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
@@ -81,6 +83,7 @@ class Worker {
   proto::Plan plan_;
   JobConfig cfg_;
   int s_ = 0, r_ = 0, M_ = 1;
+  int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
   std::unique_ptr<BatchSampler> sampler_;
   std::unique_ptr<Stage> stage_;
@@ -204,13 +207,22 @@ absl::Status Worker::Setup() {
       SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
       data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
-  LH_ASSIGN_OR_RETURN(stage_, MakeStage(StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_))));
+  StageRequest request = StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_));
+  const TrainConfig& tc = cfg_.train;
+  const bool local_updates = tc.local_steps > 1;
+  request.optimizer = local_updates;
+  LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
+  const LrSchedule lr_schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
+  // Between exchanges the stage steps itself; its clipping norm is its own, which spares the
+  // replica's stages a round of their own every iteration.
+  if (local_updates) LH_RETURN_IF_ERROR(stage_->AttachOptimizer({tc.adamw, lr_schedule, tc.grad_clip}));
 
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);
   channel_ = std::make_unique<NetworkChannel>(s_, r_, stage_shards, stage_->layout(), mailbox_, *peers_, timeline_);
+  if (local_updates) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
   PsLinks links{
       [channel](int64_t it, int replica, int shard) { return channel->TakePush(it, replica, shard); },
@@ -221,10 +233,8 @@ absl::Status Worker::Setup() {
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};
-  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D,
-                                      LrSchedule{cfg_.train.lr, cfg_.train.min_lr, cfg_.train.warmup_steps,
-                                                 cfg_.train.steps},
-                                      cfg_.train.grad_clip, std::move(links));
+  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D, lr_schedule, tc.grad_clip,
+                                      OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
   LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
   for (const proto::ShardPlacement& sp : stage_shards) {
@@ -244,11 +254,23 @@ absl::Status Worker::Setup() {
     }
     ps_host_->Add(std::move(shard));
   }
+  if (local_updates && !plan_.resume_checkpoint().empty()) {
+    const std::string dir = (fs::path(LocalCheckpointRoot(checkpoints, s_, r_)) / plan_.resume_checkpoint()).string();
+    std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
+    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), params.data(), m.data(), v.data()).status());
+    LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
+  }
   channel_->SetPsHost(ps_host_.get());
   const size_t boundary = static_cast<size_t>(cfg_.train.micro_batch_size) * cfg_.train.seq_len * cfg_.model.d_model;
-  executor_ = std::make_unique<Executor>(*stage_, *channel_, timeline_,
-                                         MakeSchedule(cfg_.cluster.schedule, P, s_, M_, !ps_host_->shards().empty()),
-                                         s_, P, M_, boundary);
+  const bool hosts = !ps_host_->shards().empty();
+  executor_ = std::make_unique<Executor>(
+      *stage_, *channel_, timeline_,
+      MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
+                   local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
+      s_, P, M_, boundary);
+  if (local_updates) {
+    executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
+  }
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
                                stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
                                stage_->num_params(), server_->address(), stage_->Describe())
@@ -260,7 +282,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   const auto t_start = Clock::now();
   std::vector<MicroBatch> mbs;
   for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, r_, m));
-  LH_ASSIGN_OR_RETURN(const IterationResult result, executor_->Run(it, mbs));
+  LH_ASSIGN_OR_RETURN(const IterationResult result, executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_)));
   double floor = -1;
   if (s_ == plan_.stages() - 1) {
     floor = 0;
@@ -290,6 +312,20 @@ absl::Status Worker::RunIteration(int64_t it) {
   return client_.ReportIteration(rep);
 }
 
+absl::Status Worker::Checkpoint(int64_t step) {
+  const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  // The stage's own AdamW state first: the shards' reports make the step one to resume from.
+  if (cfg_.train.local_steps > 1) {
+    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+    std::vector<float> m(stage_->num_params()), v(m.size());
+    LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
+                                      m.data(), v.data()));
+  }
+  return ps_host_->Checkpoint(step, root, cfg_.as_json,
+                              [this](const proto::CheckpointReport& rep) { return client_.ReportCheckpoint(rep); });
+}
+
 absl::Status Worker::Run() {
   LH_RETURN_IF_ERROR(Join());
   absl::Status status = Setup();
@@ -302,18 +338,17 @@ absl::Status Worker::Run() {
     if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
-  const int64_t end = plan_.stop_iteration() > 0 ? plan_.stop_iteration() : cfg_.train.steps;
+  end_ = RunEnd(plan_, cfg_);
   int64_t it = start;
-  for (; status.ok() && it < end; ++it) {
+  for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
-    mailbox_.SetWindow(it);
+    mailbox_.SetWindow(it, std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps));
     status = RunIteration(it);
     const int64_t step = it + 1;
-    const bool due = (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end;
-    if (status.ok() && due) {
-      status = ps_host_->Checkpoint(step, (fs::path(cfg_.train.out_dir) / "checkpoints").string(), cfg_.as_json,
-                                    [this](const proto::CheckpointReport& rep) { return client_.ReportCheckpoint(rep); });
-    }
+    // With local updates only where the replicas exchanged (checkpoint_every is a multiple).
+    const bool due = ((cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end_) &&
+                     cfg_.train.ExchangesAfter(it, end_);
+    if (status.ok() && due) status = Checkpoint(step);
   }
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));

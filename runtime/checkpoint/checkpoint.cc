@@ -171,6 +171,10 @@ std::string ShardCheckpointRoot(const std::string& root, int stage, int shard) {
   return (fs::path(root) / absl::StrFormat("stage_%d_shard_%d", stage, shard)).string();
 }
 
+std::string LocalCheckpointRoot(const std::string& root, int stage, int replica) {
+  return (fs::path(root) / absl::StrFormat("local_stage_%d_replica_%d", stage, replica)).string();
+}
+
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {
   const fs::path own = fs::path(root) / name, shard = fs::path(ShardCheckpointRoot(root, 0, 0)) / name;
   std::error_code ec;

@@ -38,6 +38,9 @@ absl::StatusOr<int64_t> CheckpointStep(const std::string& dir);
 
 // Where parameter-server shard `shard` of stage `stage` keeps its checkpoints under `root`.
 std::string ShardCheckpointRoot(const std::string& root, int stage, int shard);
+// Where the worker of (stage, replica) keeps its own AdamW state under local updates
+// (train.local_steps), written beside the shards' at every checkpoint.
+std::string LocalCheckpointRoot(const std::string& root, int stage, int replica);
 
 // The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
 // records the run's config: root/name for a one-process run, else the first parameter-server

@@ -260,6 +260,9 @@ const std::vector<KeyDef>& Table() {
       Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
       Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), [](const std::string& n) { return ParseBackend(n, "train.backend"); }, BackendName),
       Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
+      Value("train", "local_steps", R::kMustMatch, LH_FIELD(train.local_steps), AtLeast(1, "1 exchanges every iteration")),
+      Value("train", "outer_lr", R::kMustMatch, LH_FIELD(train.outer_lr), AboveUpTo(0, 10)),
+      Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
       Value("cluster", "stages", R::kLayout, LH_FIELD(cluster.stages), Within(1, 65536)),
@@ -376,6 +379,13 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.lr, t.adamw.weight_decay));
   }
   if (t.out_dir.empty()) return bad("train.out_dir must not be empty (default \"runs/latest\")");
+  // A checkpoint between exchanges would hold the outer parameters under a later step's number.
+  if (t.local_steps > 1 && t.checkpoint_every % t.local_steps != 0) {
+    return bad(absl::StrFormat("train.checkpoint_every = %d is not a multiple of train.local_steps = %d: checkpoints "
+                               "are taken where the replicas exchange; set train.checkpoint_every to %d",
+                               t.checkpoint_every, t.local_steps,
+                               (t.checkpoint_every / t.local_steps + 1) * t.local_steps));
+  }
   // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
   if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
     return bad(absl::StrFormat("cluster.job_id is %d bytes; give it 1 to %d", c.cluster.job_id.size(), kMaxJobIdBytes));

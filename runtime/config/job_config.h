@@ -52,6 +52,17 @@ struct TrainConfig {
   bool resume = false;  // continue from out_dir/checkpoints/latest
   int backend_device = -1;  // train.backend: -1 = "cpu", N = "cuda:N"
   Precision precision = Precision::kFp32;
+  // Local updates (DiLoCo): each worker steps its own stage with AdamW for local_steps iterations,
+  // then the parameter servers average the replicas' change since the last exchange and take an
+  // outer Nesterov step with it. 1: synchronous data parallelism (every iteration exchanges).
+  int local_steps = 1;
+  float outer_lr = 0.7f, outer_momentum = 0.9f;
+  // Whether iteration `it` of a run that ends before iteration `end` exchanges with the parameter
+  // servers: every one when synchronous, else every local_steps-th and the run's last, so a run
+  // never ends (or checkpoints) with the replicas apart.
+  bool ExchangesAfter(int64_t it, int64_t end) const {
+    return local_steps <= 1 || (it + 1) % local_steps == 0 || it + 1 == end;
+  }
 };
 
 struct ClusterConfig {

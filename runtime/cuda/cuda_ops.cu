@@ -471,6 +471,12 @@ __global__ void AdamWKernel(float* p, const float* g, float* m, float* v, const 
   const float pi = decay[i] ? p[i] * decay_factor : p[i];
   p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
 }
+__global__ void NesterovKernel(float* p, const float* g, float* m, float lr, float momentum, long n) {
+  const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float mi = m[i] = momentum * m[i] + g[i];
+  p[i] -= lr * (g[i] + momentum * mi);
+}
 constexpr int kNormBlocks = 1024;
 }  // namespace
 
@@ -497,6 +503,9 @@ void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const u
   const float bc2_sqrt = sqrtf(1.0f - powf(beta2, static_cast<float>(step)));
   AdamWKernel<<<Blocks(n), kThreads, 0, s>>>(p, g, m, v, decay, lr, beta1, beta2, eps, 1.0f - lr * weight_decay,
                                              lr / bc1, bc2_sqrt, n);
+}
+void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, float momentum, long n) {
+  NesterovKernel<<<Blocks(n), kThreads, 0, s>>>(p, g, m, lr, momentum, n);
 }
 
 // ---- Instantiations ---------------------------------------------------------------------------

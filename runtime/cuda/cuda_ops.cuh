@@ -115,5 +115,7 @@ void Scale(cudaStream_t s, float* x, float factor, long n);
 // AdamW as torch.optim.AdamW; decay (n) flags elements that take weight decay.
 void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const uint8_t* decay, float lr, float beta1,
            float beta2, float eps, float weight_decay, int64_t step, long n);
+// optim/nesterov.h's NesterovStep: m = momentum·m + g; p -= lr·(g + momentum·m).
+void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, float momentum, long n);
 
 }  // namespace longhaul::cuda

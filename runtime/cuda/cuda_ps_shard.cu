@@ -104,6 +104,12 @@ class CudaPsShard final : public PsShard {
     return r;
   }
 
+  absl::Status ApplyOuter(float lr, float momentum) override {
+    cuda::Nesterov(stream_, params_.p, grads_.p, m_.p, lr, momentum, static_cast<long>(size()));
+    LH_CUDA(cudaGetLastError(), "Nesterov step");
+    return RefreshHostParams();
+  }
+
   const AdamWConfig adamw_;
   const int device_;
   cudaStream_t stream_ = nullptr;

@@ -1,9 +1,11 @@
 #include "ps/ps_shard.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_format.h"
 #include "optim/grad_clip.h"
+#include "optim/nesterov.h"
 
 namespace longhaul {
 
@@ -46,6 +48,17 @@ absl::StatusOr<OptimizerStepResult> PsShard::Step(const LrSchedule& schedule, fl
                                                   double global_norm) {
   next_replica_ = 0;
   return Apply(schedule, grad_clip, step, global_norm);
+}
+
+absl::StatusOr<OptimizerStepResult> PsShard::OuterStep(float lr, float momentum) {
+  absl::StatusOr<double> sum_squares = AveragedSquaredNorm();
+  if (!sum_squares.ok()) return sum_squares.status();
+  next_replica_ = 0;
+  if (absl::Status s = ApplyOuter(lr, momentum); !s.ok()) return s;
+  OptimizerStepResult r;
+  r.grad_norm = std::sqrt(*sum_squares);
+  r.lr = lr;
+  return r;
 }
 
 HostPsShard::HostPsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout, int stage, int shard,
@@ -94,6 +107,11 @@ absl::StatusOr<OptimizerStepResult> HostPsShard::Apply(const LrSchedule& schedul
                                                        double global_norm) {
   return ApplyOptimizerStepWithNorm(params_.data(), grads_.data(), grads_.size(), adamw_, schedule, grad_clip, step,
                                     global_norm);
+}
+
+absl::Status HostPsShard::ApplyOuter(float lr, float momentum) {
+  NesterovStep(params_.data(), grads_.data(), adamw_.m().data(), params_.size(), lr, momentum);
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul

@@ -37,6 +37,10 @@ class PsShard {
   // (no update when the norm is not finite); then the next iteration's gradients may come.
   absl::StatusOr<OptimizerStepResult> Step(const LrSchedule& schedule, float grad_clip, int64_t step,
                                            double global_norm);
+  // The outer step of local updates (train.local_steps), once every replica's change since the
+  // last exchange is in: their average moves the parameters by Nesterov momentum (optim/nesterov.h),
+  // whose buffer is AdamW's first moment, so checkpoints carry it. Reports the average's norm.
+  absl::StatusOr<OptimizerStepResult> OuterStep(float lr, float momentum);
 
   // The parameters in host memory, valid until the next Step or SetState.
   virtual absl::StatusOr<const float*> Params() = 0;
@@ -53,6 +57,8 @@ class PsShard {
   virtual absl::StatusOr<double> AverageAndSquaredNorm(float scale) = 0;
   virtual absl::StatusOr<OptimizerStepResult> Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
                                                     double global_norm) = 0;
+  // NesterovStep of the averaged sum.
+  virtual absl::Status ApplyOuter(float lr, float momentum) = 0;
 
  private:
   int stage_, shard_, replicas_, next_replica_ = 0;
@@ -74,6 +80,7 @@ class HostPsShard final : public PsShard {
   absl::StatusOr<double> AverageAndSquaredNorm(float scale) override;
   absl::StatusOr<OptimizerStepResult> Apply(const LrSchedule& schedule, float grad_clip, int64_t step,
                                             double global_norm) override;
+  absl::Status ApplyOuter(float lr, float momentum) override;
 
   std::vector<float> params_, grads_;
   AdamW adamw_;

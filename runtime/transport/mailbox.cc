@@ -44,10 +44,11 @@ void Mailbox::RecycleLocked(std::vector<float> buffer) {
   pool_.emplace(buffer.size(), std::move(buffer));
 }
 
-void Mailbox::SetWindow(int64_t lo) {
+void Mailbox::SetWindow(int64_t lo, int64_t width) {
   std::lock_guard<std::mutex> lock(mu_);
   windowed_ = true;
   window_lo_ = lo;
+  window_width_ = width;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->first.iteration < lo) {
       RecycleLocked(std::move(it->second.data));
@@ -64,9 +65,9 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t total, uint64_t o
         absl::StrFormat("part [%d, +%d) does not fit a tensor of %d elements", offset, n, total));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (windowed_ && (key.iteration < window_lo_ || key.iteration - window_lo_ >= kWindowIterations)) {
+  if (windowed_ && (key.iteration < window_lo_ || key.iteration - window_lo_ >= window_width_)) {
     return absl::OutOfRangeError(absl::StrFormat("%s is outside the iterations this worker accepts now ([%d, %d])",
-                                                 key.DebugString(), window_lo_, window_lo_ + kWindowIterations - 1));
+                                                 key.DebugString(), window_lo_, window_lo_ + window_width_ - 1));
   }
   Entry& e = entries_[key];
   if (e.total != 0 && e.total != total) {

@@ -4,9 +4,10 @@
 // part or a part of a tensor already taken is refused before the receiver allocates anything.
 // Take blocks until the whole tensor has arrived, the deadline passes, or the mailbox is closed.
 //
-// Only iterations inside the window [lo, lo + kWindowIterations) are accepted from the network:
-// while a worker finishes iteration lo, its peers can be at most one iteration ahead. Moving the
-// window drops whatever older tensors are still held, so a peer cannot park memory here.
+// Only iterations inside the window [lo, lo + width) are accepted from the network: while a worker
+// finishes iteration lo, its peers can be at most one iteration ahead (width 2), or with local
+// updates a replica up to train.local_steps - 1 ahead. Moving the window drops whatever older
+// tensors are still held, so a peer cannot park memory here.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -36,9 +37,9 @@ class Mailbox {
  public:
   static constexpr int64_t kWindowIterations = 2;
 
-  // Accepts network tensors of iterations [lo, lo + kWindowIterations) from now on and drops held
-  // tensors of earlier iterations. Until the first call every iteration is accepted.
-  void SetWindow(int64_t lo);
+  // Accepts network tensors of iterations [lo, lo + width) from now on and drops held tensors of
+  // earlier iterations. Until the first call every iteration is accepted.
+  void SetWindow(int64_t lo, int64_t width = kWindowIterations);
 
   // Reserves part [offset, offset + n) of `key`'s tensor of `total` elements for one incoming
   // stream. Refused (with the reason) when the iteration is outside the window, the part is empty
@@ -89,7 +90,7 @@ class Mailbox {
   std::condition_variable cv_;
   std::map<TensorKey, Entry> entries_;
   bool windowed_ = false;
-  int64_t window_lo_ = 0;
+  int64_t window_lo_ = 0, window_width_ = kWindowIterations;
   std::string closed_;
   std::multimap<size_t, std::vector<float>> pool_;  // by size
   size_t pooled_floats_ = 0;

@@ -233,6 +233,12 @@ INSTANTIATE_TEST_SUITE_P(
                true},
         Layout{"2x2_central_ps", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "cluster.ps=central"},
                false},
+        // Local updates with an outer step of rate 1 and no momentum set the parameters to what
+        // one replica's own AdamW reached: the one process's run, up to the rounding of the change.
+        Layout{"1x1_local_updates",
+               {"cluster.stages=1", "cluster.replicas=1", "train.micro_batches=4", "train.local_steps=3",
+                "train.outer_lr=1", "train.outer_momentum=0"},
+               false},
         // The head-only stage has 3 tensors for 4 replicas: one replica hosts no shard.
         Layout{"2x4_head_only_stage",
                {"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=1", "cluster.stage_layers=[4,0]"}, false}),
@@ -269,9 +275,14 @@ TEST_P(WireDtypes, ReplicasHoldBitwiseTheSameParametersAfterEveryIteration) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16", "int8"));
 
-TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
-  const std::vector<std::string> layout = {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"};
-  const fs::path full = Dir("resume_full"), split = Dir("resume_split");
+// A run stopped at step 3 and resumed matches the uninterrupted run bitwise: synchronous, and with
+// local updates, whose workers' own AdamW state the checkpoint carries beside the shards'.
+class Resume : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Resume, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
+  const std::vector<std::string>& layout = GetParam().sets;
+  const fs::path full = Dir(std::string("resume_full_") + GetParam().name),
+                 split = Dir(std::string("resume_split_") + GetParam().name);
   ASSERT_EQ(Longhaul("local", full, layout), 0) << Log(full);
   ASSERT_EQ(Longhaul("local", split, layout, {"--stop-at", "3"}), 0) << Log(split);
   const std::vector<MetricsRow> first = Metrics(split);
@@ -290,6 +301,46 @@ TEST(Cluster, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
     EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
   }
   EXPECT_EQ(Params(full), Params(split));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cluster, Resume,
+    ::testing::Values(Layout{"synchronous", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"}, true},
+                      Layout{"local_updates",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3"},
+                             true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Local updates: the replicas train apart for train.local_steps iterations, then exchange their
+// changes, and hold the same parameters again after every exchange (the coordinator compares them
+// there, and only there); each worker's timeline shows its own steps.
+TEST(Cluster, LocalUpdatesExchangeEveryLocalStepsAndTheReplicasAgreeThere) {
+  const fs::path out = Dir("local_updates");
+  ASSERT_EQ(Longhaul("local", out,
+                     {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=2",
+                      "train.steps=5"}),
+            0)
+      << Log(out);
+  std::ifstream f(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  EXPECT_EQ(summary["replica_checks"], 3) << "exchanges after steps 2, 4 and the last, 5";
+  const std::vector<double> losses = Losses(out);
+  ASSERT_EQ(losses.size(), 5u);
+  EXPECT_LT(losses.back(), losses.front()) << Log(out);
+  std::ifstream tf(out / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
+  ASSERT_FALSE(timeline.is_discarded());
+  std::map<int, int> local_steps, pulls;
+  for (const nlohmann::json& e : timeline["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["name"] == "local step") ++local_steps[e["pid"].get<int>()];
+    if (e["name"] == "pull params") ++pulls[e["pid"].get<int>()];
+  }
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_EQ(local_steps[w], 5) << "worker " << w;
+    EXPECT_EQ(pulls[w], 4) << "worker " << w << ": the initial parameters and 3 exchanges";
+  }
 }
 
 TEST(Cluster, InterruptedRunWritesEveryRecord) {

@@ -111,7 +111,15 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"cluster.job_id=\"\"", "cluster.job_id is 0 bytes; give it 1 to 256"},
       {"transport.congestion_control=\"BBR!\"", "transport.congestion_control = \"BBR!\" is not a kernel congestion"},
       {"cluster.link_probe=\"sometimes\"", "cluster.link_probe = \"sometimes\": use \"auto\", \"on\" or \"off\""},
+      {"train.local_steps=0", "train.local_steps = 0: must be >= 1 (1 exchanges every iteration)"},
+      {"train.outer_lr=0", "train.outer_lr = 0: must be in (0, 10]"},
+      {"train.outer_momentum=1", "train.outer_momentum = 1: must be in [0, 1)"},
   };
+  // Checkpoints are where the replicas exchange.
+  EXPECT_NE(Error("", {"train.local_steps=4", "train.checkpoint_every=10"})
+                .find("train.checkpoint_every = 10 is not a multiple of train.local_steps = 4: checkpoints are taken "
+                      "where the replicas exchange; set train.checkpoint_every to 12"),
+            std::string::npos);
   for (const auto& [set, want] : cases) {
     const std::string e = Error("", {set});
     EXPECT_NE(e.find("job.toml: "), std::string::npos) << set << ": " << e;

@@ -1,7 +1,7 @@
 // The parameter-server host: it sums its replicas' pushes in replica order, reports Σ g² of the
-// averaged gradient, steps with the global norm it is given, sends the parameters to every
-// replica, refuses a push of the wrong size and a norm that is not finite, and checkpoints its
-// shards.
+// averaged gradient, steps with the global norm it is given (or, with local updates, the outer
+// Nesterov step), sends the parameters to every replica, refuses a push of the wrong size and a
+// norm that is not finite, and checkpoints its shards.
 #include "worker/ps_host.h"
 
 #include <gtest/gtest.h>
@@ -61,7 +61,7 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
     f.pushes[r].resize(n);
     for (size_t i = 0; i < n; ++i) f.pushes[r][i] = std::sin(0.1f * static_cast<float>(i) + r);
   }
-  PsHost host(7, 0, 2, kSchedule, 1.0f, f.Links());
+  PsHost host(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   // What the host must compute, done by hand in the same order.
   std::vector<float> want = f.Init();
@@ -87,11 +87,47 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   EXPECT_EQ(f.sent, (std::vector<std::pair<int, size_t>>{{0, n}, {1, n}}));
 }
 
+// Local updates: the pushes are the replicas' changes since the last exchange; their average
+// moves the parameters by Nesterov momentum, with no norm reduced, and the momentum is kept (in the
+// checkpoint's first moment) from one exchange to the next.
+TEST(PsHost, LocalUpdatesStepTheAveragedChangeWithNesterovMomentum) {
+  Fixture f;
+  const size_t n = f.layout.total();
+  PsHost host(1, 0, 2, kSchedule, 1.0f, OuterOptimizer{true, 0.7f, 0.9f}, f.Links());
+  host.Add(f.Shard());
+  std::vector<float> want = f.Init(), momentum(n, 0.0f);
+  for (int exchange = 0; exchange < 2; ++exchange) {
+    for (int r = 0; r < 2; ++r) {
+      f.pushes[r].resize(n);
+      for (size_t i = 0; i < n; ++i) f.pushes[r][i] = 0.01f * std::cos(0.3f * static_cast<float>(i) + r + exchange);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float g = (f.pushes[0][i] + f.pushes[1][i]) * 0.5f;
+      momentum[i] = 0.9f * momentum[i] + g;
+      want[i] -= 0.7f * (g + 0.9f * momentum[i]);
+    }
+    ASSERT_TRUE(host.ReduceNorm(exchange).ok());
+    auto step = host.Step(exchange);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_FLOAT_EQ(step->lr, 0.7f);
+    EXPECT_GT(step->grad_norm, 0);
+  }
+  EXPECT_TRUE(f.reports.empty()) << "the outer step is not clipped: no norm is reduced";
+  const PsShard& shard = *host.shards()[0];
+  std::vector<float> params(n), m(n), v(n);
+  ASSERT_TRUE(host.shards()[0]->GetState(params.data(), m.data(), v.data()).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(params[i], want[i], 1e-6f) << "parameter " << i;
+    ASSERT_NEAR(m[i], momentum[i], 1e-7f) << "momentum " << i;
+  }
+  EXPECT_EQ(shard.size(), n);
+}
+
 TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   Fixture f;
   f.pushes[0].assign(f.layout.total(), 1.0f);
   f.pushes[1].assign(3, 1.0f);
-  PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
+  PsHost host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   EXPECT_EQ(host.ReduceNorm(0).code(), absl::StatusCode::kFailedPrecondition);
   const absl::Status early = host.Step(0).status();
@@ -102,7 +138,7 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   g.pushes[0].assign(g.layout.total(), 1.0f);
   g.pushes[1].assign(g.layout.total(), 1.0f);
   g.norm = std::nan("");
-  PsHost nan_host(0, 0, 2, kSchedule, 1.0f, g.Links());
+  PsHost nan_host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, g.Links());
   nan_host.Add(g.Shard());
   const absl::Status s = nan_host.ReduceNorm(3);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
@@ -112,7 +148,7 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
 
 TEST(PsHost, HostingNoShardStepsNothing) {
   Fixture f;
-  PsHost host(0, 0, 2, kSchedule, 1.0f, f.Links());
+  PsHost host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   ASSERT_TRUE(host.ReduceNorm(0).ok());
   auto step = host.Step(0);
   ASSERT_TRUE(step.ok());
@@ -122,7 +158,7 @@ TEST(PsHost, HostingNoShardStepsNothing) {
 
 TEST(PsHost, CheckpointsEveryShardAndReportsIt) {
   Fixture f;
-  PsHost host(2, 0, 2, kSchedule, 1.0f, f.Links());
+  PsHost host(2, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   const std::string root = ::testing::TempDir() + "/ps_host_" + std::to_string(getpid());
   std::vector<proto::CheckpointReport> reports;

@@ -101,6 +101,34 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
   EXPECT_EQ(*a.Admit(From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
 }
 
+// With local updates a replica's push and a shard's parameters come only on the iterations that
+// exchange (every train.local_steps-th and the run's last), and parameters on the one before the
+// run's first (the initial broadcast); boundary tensors on every iteration.
+TEST(PlanAdmission, LocalUpdatesAdmitPushesAndParametersOnlyWhereTheReplicasExchange) {
+  JobConfig cfg = Config();
+  cfg.train.local_steps = 4;
+  cfg.train.steps = 10;
+  proto::Plan plan = Plan(cfg);
+  plan.set_start_iteration(5);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  auto at = [](proto::TensorHeader h, int64_t it) {
+    h.set_iteration(it);
+    return h;
+  };
+  for (int64_t it : {4, 7, 9}) {
+    EXPECT_TRUE(a.Admit(at(From(proto::PARAMS, 1, 1, 1), it)).ok()) << "parameters of iteration " << it;
+  }
+  for (int64_t it : {7, 9}) EXPECT_TRUE(a.Admit(at(From(proto::GRAD_PUSH, 1, 1, 0), it)).ok()) << it;
+  for (int64_t it : {5, 6, 8}) {
+    const absl::Status push = a.Admit(at(From(proto::GRAD_PUSH, 1, 1, 0), it)).status();
+    EXPECT_EQ(push.code(), absl::StatusCode::kOutOfRange) << it;
+    EXPECT_NE(push.message().find("train.local_steps = 4"), std::string::npos) << push;
+    EXPECT_EQ(a.Admit(at(From(proto::PARAMS, 1, 1, 1), it)).status().code(), absl::StatusCode::kOutOfRange) << it;
+    EXPECT_TRUE(a.Admit(at(From(proto::ACTIVATION, 0, 0), it)).ok()) << it;
+  }
+}
+
 // An "auto" plan names each link's dtype: the activation from a peer across a slow link must come
 // in int8, the gradient from a near one in the default, parameters in the plan's.
 TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
