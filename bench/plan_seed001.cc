@@ -18,7 +18,7 @@
 //    each pair of hosts with tc (its own delay and rate per destination), which is what the
 //    simulator's per-pair links are: the three pushes into one host do not share a NIC.
 //  - No gradient clipping (the source does not mention any): shards step as soon as all replicas
-//    are in, without a norm round trip through a coordinator.
+//    are in, without the norm's exchange among the shard hosts.
 //  - Iteration time on stage 0 of replica 0 (the seed reports its rank-0 node), steady state.
 //
 // The cell outside 10% (delay 50 ms, 1 Gbit/s, DP1: predicted 0.80 of the seed): the model puts a
@@ -66,7 +66,7 @@ ModelConfig Gpt3Xl(int vocab) {
 
 // The source's job as it ran, or (defaults) as longhaul runs it by default: transport.wire_dtype
 // "auto" (a GPU job: bf16 on the 10 Gbit/s links, int8 on the slower ones, parameters bf16),
-// sharded parameter servers, and the global norm reduced through the coordinator on stage 0's host.
+// sharded parameter servers, and the global norm reduced among the shard hosts.
 absl::StatusOr<SimulationReport> Predict(double efficiency, const netem::Scenario& scenario, int replicas,
                                          double window_bytes = 0, bool defaults = false) {
   Simulation sim;

@@ -231,40 +231,6 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReduceNorm(grpc::ServerContext* ctx, const proto::NormReport* req, proto::NormReply* reply) override {
-    if (grpc::Status st = verifier_.Check(*ctx, "ReduceNorm", *req); !st.ok()) return st;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
-    const proto::Assignment& a = plan_.assignments(req->worker_id());
-    for (const proto::ShardNorm& n : req->shards()) {
-      if (!HostsShard(plan_, a, n.stage(), n.shard())) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrFormat("worker %d reports a norm for shard %d of stage %d, which the plan does "
-                                            "not give it",
-                                            req->worker_id(), n.shard(), n.stage()));
-      }
-    }
-    auto& got = norms_[req->iteration()];
-    for (const proto::ShardNorm& n : req->shards()) got[{n.stage(), n.shard()}] = n.sum_squares();
-    cv_.notify_all();
-    const bool ready = cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(cfg_.transport.timeout_s * 1000)),
-                                    [&] { return static_cast<int>(got.size()) == plan_.shards_size() || !abort_.empty(); });
-    if (!abort_.empty()) {
-      reply->set_abort(true);
-      reply->set_reason(abort_);
-      return grpc::Status::OK;
-    }
-    if (!ready) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrFormat("only %d of %d parameter-server shards reported iteration %d", got.size(),
-                                          plan_.shards_size(), req->iteration() + 1));
-    }
-    double sum = 0;
-    for (auto& [key, v] : got) sum += v;  // (stage, shard) order
-    reply->set_global_norm(std::sqrt(sum));
-    return grpc::Status::OK;
-  }
-
   grpc::Status ReportCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportCheckpoint", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
@@ -357,7 +323,7 @@ class Service final : public proto::Coordinator::Service {
     if (!network_) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByWorker();
     if (compute.empty()) return std::nullopt;
-    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, -1, worker_of_slot_);
+    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, worker_of_slot_);
     if (!p.ok()) {
       std::cout << "coordinator: no prediction: " << p.status().message() << "\n";
       return std::nullopt;
@@ -471,7 +437,7 @@ class Service final : public proto::Coordinator::Service {
       // A cut the config pins, or a checkpoint's (resume keeps the layout), stands.
       const bool keep_cut = !cfg_.cluster.stage_layers.empty() || start_ > 0;
       const absl::StatusOr<SlotSearch> found =
-          SearchSlots(cfg_, members_.registrations(), profiles, *network_, -1, keep_cut);
+          SearchSlots(cfg_, members_.registrations(), profiles, *network_, keep_cut);
       if (!found.ok()) {
         why = absl::StrCat("the search failed: ", found.status().message());
       } else {
@@ -587,7 +553,6 @@ class Service final : public proto::Coordinator::Service {
   std::vector<int> worker_of_slot_;  // slot k = replica * stages + stage runs worker worker_of_slot_[k]
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
-  std::map<int64_t, std::map<std::pair<int, int>, double>> norms_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
   int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
   std::string abort_;

@@ -41,7 +41,7 @@ std::vector<int> RegistrationOrder(const JobConfig& cfg) {
 
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
-                                       int coordinator_host, bool keep_cut) {
+                                       bool keep_cut) {
   const int W = cfg.cluster.stages * cfg.cluster.replicas;
   if (static_cast<int>(workers.size()) != W || static_cast<int>(profiles.size()) != W) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -78,7 +78,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
     for (int id : ids) device_of[id] = static_cast<int>(devices.size());
     devices.push_back(*std::move(d));
   }
-  PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network, coordinator_host);
+  PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network);
   problem.keep_cut = keep_cut;
   const absl::StatusOr<PlacementResult> found = SearchPlacement(problem);
   if (!found.ok()) return found.status();

@@ -33,7 +33,6 @@ std::vector<int> RegistrationOrder(const JobConfig& cfg);
 // others timed themselves too, so their differences are noise. With `keep_cut` the config's cut
 // stands; else the search may cut the model unevenly (a faster device more blocks), and the
 // coordinator puts that cut into the config the workers build their stages from.
-// `coordinator_host` as in PlacementProblem.
 struct SlotSearch {
   std::vector<int> worker_of_slot;
   std::vector<int> blocks_per_stage;  // the cut the prediction used
@@ -49,7 +48,7 @@ struct SlotSearch {
 inline constexpr double kPlacementMinGain = 0.03;
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
-                                       int coordinator_host, bool keep_cut);
+                                       bool keep_cut);
 
 struct PlanRequest {
   int64_t start_iteration = 0;   // > 0 when resuming

@@ -161,16 +161,6 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
   }
 }
 
-absl::StatusOr<double> CoordinatorClient::ReduceNorm(const proto::NormReport& report) {
-  proto::NormReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline());
-  grpc::Status st = stub_->ReduceNorm(&ctx, report, &reply);
-  if (!st.ok()) return FromGrpc(st, "reducing the gradient norm at the coordinator");
-  if (reply.abort()) return absl::AbortedError(reply.reason());
-  return reply.global_norm();
-}
-
 absl::Status CoordinatorClient::ReportIteration(const proto::IterationReport& report) {
   return Report(&proto::Coordinator::Stub::ReportIteration, report, "reporting to the coordinator");
 }

@@ -50,9 +50,6 @@ class CoordinatorClient {
   // Deadlines of the calls below: transport.timeout_s, once the plan is known.
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
 
-  // Σ g² of every shard this worker hosts for iteration `it`; returns the global norm over every
-  // shard of every stage, once all are in.
-  absl::StatusOr<double> ReduceNorm(const proto::NormReport& report);
   absl::Status ReportIteration(const proto::IterationReport& report);
   absl::Status ReportCheckpoint(const proto::CheckpointReport& report);
   // Best effort: the coordinator may be gone already.

@@ -9,9 +9,10 @@
 namespace longhaul {
 
 NetworkChannel::NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
-                               const ParamLayout& layout, Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline)
-    : stage_(stage), replica_(replica), stage_shards_(std::move(stage_shards)), layout_(layout), mailbox_(mailbox),
-      peers_(peers), timeline_(timeline) {}
+                               std::vector<NormHost> norm_hosts, const ParamLayout& layout, Mailbox& mailbox,
+                               PeerDirectory& peers, Timeline& timeline)
+    : stage_(stage), replica_(replica), stage_shards_(std::move(stage_shards)), norm_hosts_(std::move(norm_hosts)),
+      layout_(layout), mailbox_(mailbox), peers_(peers), timeline_(timeline) {}
 
 absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                                         int from_replica, int shard, double* waited) {
@@ -19,7 +20,7 @@ absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, 
   auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard}, peers_.transport().timeout);
   const int64_t t1 = Timeline::NowMicros();
   *waited += (t1 - t0) * 1e-6;
-  static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params"};
+  static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params", "wait probe", "wait norm"};
   if (t1 - t0 > 20) {
     timeline_.Add(names[kind], kind >= proto::GRAD_PUSH ? Track::kParams : Track::kCompute, t0, t1, it,
                   kind <= proto::GRADIENT ? micro : -1);
@@ -90,6 +91,30 @@ absl::Status NetworkChannel::ReduceNorm(int64_t it, double* waited) {
   *waited += ps_waited_;
   timeline_.Add("reduce norm", Track::kParams, t0, Timeline::NowMicros(), it);
   return s;
+}
+
+absl::StatusOr<double> NetworkChannel::ReduceNormAmongHosts(int64_t it, const std::vector<ShardSquares>& own) {
+  std::map<std::pair<int, int>, double> squares;
+  for (const ShardSquares& sq : own) squares[{sq.stage, sq.shard}] = sq.sum_squares;
+  // Ours in the order our NormHost entry lists our shards, which is how the others read them.
+  for (const NormHost& h : norm_hosts_) {
+    if (h.stage != stage_ || h.replica != replica_) continue;
+    std::vector<double> sums;
+    for (int shard : h.shards) sums.push_back(squares.at({stage_, shard}));
+    norm_out_ = EncodeSquares(sums);
+  }
+  for (const NormHost& h : norm_hosts_) {
+    if (h.stage == stage_ && h.replica == replica_) continue;
+    peers_.Send(h.stage, h.replica, proto::NORM, it, 0, 0, norm_out_.data(), norm_out_.size());
+  }
+  for (const NormHost& h : norm_hosts_) {
+    if (h.stage == stage_ && h.replica == replica_) continue;
+    LH_ASSIGN_OR_RETURN(std::vector<float> got, Take(proto::NORM, it, 0, h.stage, h.replica, 0, &ps_waited_));
+    const std::vector<double> sums = DecodeSquares(got);
+    mailbox_.Recycle(std::move(got));
+    for (size_t k = 0; k < h.shards.size(); ++k) squares[{h.stage, h.shards[k]}] = sums[k];
+  }
+  return GlobalNorm(squares);
 }
 
 absl::StatusOr<OptimizerStepResult> NetworkChannel::Step(int64_t it) {

@@ -13,6 +13,7 @@
 #include "transport/error_feedback.h"
 #include "transport/mailbox.h"
 #include "worker/executor.h"
+#include "worker/norm_exchange.h"
 #include "worker/peer_directory.h"
 #include "worker/ps_host.h"
 
@@ -22,8 +23,10 @@ class NetworkChannel final : public Channel {
  public:
   // The worker runs (stage, replica); `stage_shards` are its stage's parameter-server shards, cut
   // from `layout`. Receives wait at most the transport's timeout. The references must outlive it.
-  NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards, const ParamLayout& layout,
-                 Mailbox& mailbox, PeerDirectory& peers, Timeline& timeline);
+  // `norm_hosts`: every parameter-server host of the plan (worker/norm_exchange.h).
+  NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
+                 std::vector<NormHost> norm_hosts, const ParamLayout& layout, Mailbox& mailbox, PeerDirectory& peers,
+                 Timeline& timeline);
   // The shards this worker hosts (ReduceNorm, Step, Broadcast).
   void SetPsHost(PsHost* host) { ps_host_ = host; }
   // Local updates (train.local_steps > 1): PushGradients pushes the change of the stage's
@@ -49,14 +52,9 @@ class NetworkChannel final : public Channel {
   absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int shard) {
     return Take(proto::GRAD_PUSH, it, 0, stage_, replica, shard, &ps_waited_);
   }
-  // The global norm of iteration `it` reduced over every shard host, for the PsHost (its wait
-  // counts as ReduceNorm's, as the simulator counts it).
-  absl::StatusOr<double> TakeNorm(const std::function<absl::StatusOr<double>()>& reduce) {
-    const int64_t t0 = Timeline::NowMicros();
-    absl::StatusOr<double> norm = reduce();
-    ps_waited_ += (Timeline::NowMicros() - t0) * 1e-6;
-    return norm;
-  }
+  // The global norm of iteration `it`, for the PsHost: this host's Σ g² per shard to every other
+  // host, theirs taken (its wait counts as ReduceNorm's, as the simulator counts it).
+  absl::StatusOr<double> ReduceNormAmongHosts(int64_t it, const std::vector<ShardSquares>& own);
   // Parameters of a hosted shard to replica `replica` of this stage, this worker's own included.
   void SendParams(int64_t it, int replica, int shard, const float* data, size_t n);
 
@@ -67,6 +65,8 @@ class NetworkChannel final : public Channel {
 
   const int stage_, replica_;
   const std::vector<proto::ShardPlacement> stage_shards_;
+  const std::vector<NormHost> norm_hosts_;
+  std::vector<float> norm_out_;  // this host's partials, read by the sends until Flush
   const ParamLayout& layout_;
   Mailbox& mailbox_;
   PeerDirectory& peers_;

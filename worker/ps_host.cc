@@ -23,9 +23,7 @@ absl::Status PsHost::Broadcast(int64_t it) {
 
 absl::Status PsHost::ReduceNorm(int64_t it) {
   if (shards_.empty()) return absl::OkStatus();
-  proto::NormReport report;
-  report.set_worker_id(worker_id_);
-  report.set_iteration(it);
+  std::vector<ShardSquares> squares;
   for (auto& shard : shards_) {
     for (int r = 0; r < replicas_; ++r) {
       LH_ASSIGN_OR_RETURN(std::vector<float> g, links_.take_push(it, r, shard->shard()));
@@ -33,17 +31,14 @@ absl::Status PsHost::ReduceNorm(int64_t it) {
       links_.recycle(std::move(g));
     }
     if (outer_.local_updates) continue;
-    proto::ShardNorm* n = report.add_shards();
-    n->set_stage(stage_);
-    n->set_shard(shard->shard());
     LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
-    n->set_sum_squares(sum_squares);
+    squares.push_back({stage_, shard->shard(), sum_squares});
   }
   if (outer_.local_updates) {
     norm_iteration_ = it;
     return absl::OkStatus();
   }
-  LH_ASSIGN_OR_RETURN(global_norm_, links_.reduce_norm(report));
+  LH_ASSIGN_OR_RETURN(global_norm_, links_.reduce_norm(it, squares));
   if (!std::isfinite(global_norm_)) {
     return absl::InternalError(absl::StrFormat(
         "iteration %d: gradient norm %g is not finite: lower train.lr or set train.grad_clip", it + 1, global_norm_));

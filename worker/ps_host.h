@@ -1,8 +1,8 @@
 #pragma once
 // The parameter-server shards one worker hosts (runtime/ps/ps_shard.h). Each iteration it takes
 // every replica's push for each shard, sums them in replica order, has the global norm reduced
-// over every shard of every stage (by the coordinator), steps, and sends the new parameters to
-// every replica of its stage.
+// over every shard of every stage (among the hosts: worker/norm_exchange.h), steps, and sends the
+// new parameters to every replica of its stage.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +16,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/train_step.h"
 #include "ps/ps_shard.h"
+#include "worker/norm_exchange.h"
 
 namespace longhaul {
 
@@ -25,8 +26,9 @@ struct PsLinks {
   std::function<absl::StatusOr<std::vector<float>>(int64_t it, int replica, int shard)> take_push;
   // Hands a taken push back for reuse.
   std::function<void(std::vector<float>)> recycle;
-  // The global norm over every shard of every stage, from this host's Σ g² per shard.
-  std::function<absl::StatusOr<double>(const proto::NormReport&)> reduce_norm;
+  // The global norm of iteration `it` over every shard of every stage, from this host's Σ g² per
+  // shard (worker/norm_exchange.h).
+  std::function<absl::StatusOr<double>(int64_t it, const std::vector<ShardSquares>&)> reduce_norm;
   // The shard's parameters to replica `replica` (this worker's own included); `data` stays valid
   // until the iteration's sends are done.
   std::function<void(int64_t it, int replica, int shard, const float* data, size_t n)> send_params;
@@ -36,7 +38,7 @@ struct PsLinks {
 // exchange, and the shards step it with Nesterov momentum, unclipped, so no norm is reduced.
 struct OuterOptimizer {
   bool local_updates = false;
-  float lr = 0.7f, momentum = 0.9f;
+  float lr = 0.7f, momentum = 0.5f;
 };
 
 class PsHost {

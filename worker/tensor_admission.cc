@@ -1,10 +1,13 @@
 #include "worker/tensor_admission.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 #include "worker/job_setup.h"
 #include "worker/link_probe.h"
+#include "worker/norm_exchange.h"
 
 namespace longhaul {
 
@@ -30,6 +33,13 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     } else {
       expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, wires.params_dtype};
     }
+  }
+  // A host's norm partials, from every other host, where the norm is reduced (not with local updates).
+  const std::vector<NormHost> hosts = NormHosts(plan);
+  auto hosts_here = [&](const NormHost& h) { return h.stage == stage && h.replica == replica; };
+  if (cfg.train.local_steps <= 1 && std::any_of(hosts.begin(), hosts.end(), hosts_here)) {
+    for (const NormHost& h : hosts)
+      if (!hosts_here(h)) expected[{proto::NORM, h.stage, h.replica, 0}] = {2 * h.shards.size(), 1, WireDtype::kF32};
   }
   std::lock_guard<std::mutex> lock(mu_);
   expected_ = std::move(expected);

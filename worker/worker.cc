@@ -221,15 +221,14 @@ absl::Status Worker::Setup() {
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);
-  channel_ = std::make_unique<NetworkChannel>(s_, r_, stage_shards, stage_->layout(), mailbox_, *peers_, timeline_);
+  channel_ = std::make_unique<NetworkChannel>(s_, r_, stage_shards, NormHosts(plan_), stage_->layout(), mailbox_,
+                                              *peers_, timeline_);
   if (local_updates) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
   PsLinks links{
       [channel](int64_t it, int replica, int shard) { return channel->TakePush(it, replica, shard); },
       [this](std::vector<float> buffer) { mailbox_.Recycle(std::move(buffer)); },
-      [this, channel](const proto::NormReport& report) {
-        return channel->TakeNorm([&] { return client_.ReduceNorm(report); });
-      },
+      [channel](int64_t it, const std::vector<ShardSquares>& own) { return channel->ReduceNormAmongHosts(it, own); },
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};

@@ -56,7 +56,7 @@ struct TrainConfig {
   // then the parameter servers average the replicas' change since the last exchange and take an
   // outer Nesterov step with it. 1: synchronous data parallelism (every iteration exchanges).
   int local_steps = 1;
-  float outer_lr = 0.7f, outer_momentum = 0.9f;
+  float outer_lr = 0.7f, outer_momentum = 0.5f;
   // Whether iteration `it` of a run that ends before iteration `end` exchanges with the parameter
   // servers: every one when synchronous, else every local_steps-th and the run's last, so a run
   // never ends (or checkpoints) with the replicas apart.

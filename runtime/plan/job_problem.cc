@@ -31,7 +31,7 @@ absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::strin
 }
 
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,
-                            NetworkCost network, int coordinator_host) {
+                            NetworkCost network) {
   PlacementProblem p;
   p.layout = JobLayout(cfg);
   p.host.resize(device_of_worker.size());
@@ -41,7 +41,6 @@ PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> device
   p.network = std::move(network);
   p.central_ps = cfg.cluster.central_ps;
   p.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
-  p.coordinator_host = coordinator_host;
   return p;
 }
 

@@ -23,9 +23,8 @@ Layout JobLayout(const JobConfig& cfg);
 absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
                                           ComputeTimes block, ComputeTimes head, double memory_bytes = 0);
 // The job's stages × replicas over `device_of_worker.size()` workers, worker w on host w and on
-// devices[device_of_worker[w]]. `coordinator_host`: -1 when the coordinator sits beside every
-// host (an emulation's router).
+// devices[device_of_worker[w]].
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,
-                            NetworkCost network, int coordinator_host);
+                            NetworkCost network);
 
 }  // namespace longhaul

@@ -8,7 +8,7 @@
 namespace longhaul {
 
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
-                                                  const NetworkCost& network, int coordinator_host,
+                                                  const NetworkCost& network,
                                                   const std::vector<int>& worker_of_slot) {
   const int P = cfg.cluster.stages, W = P * cfg.cluster.replicas;
   if (static_cast<int>(per_micro_by_worker.size()) != W) {
@@ -43,7 +43,7 @@ absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const st
     device_of[w] = w;
     devices.push_back(*std::move(device));
   }
-  PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network, coordinator_host);
+  PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network);
   problem.iterations = 3;
   absl::StatusOr<PlacementResult> r =
       worker_of_slot.empty() ? RegistrationOrder(problem) : PlaceInOrder(problem, worker_of_slot);

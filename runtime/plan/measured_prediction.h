@@ -16,10 +16,9 @@
 
 namespace longhaul {
 
-// `per_micro_by_worker[w]`: worker w's compute seconds per micro-batch. `coordinator_host`: -1
-// when the coordinator sits beside every host (an emulation's router).
+// `per_micro_by_worker[w]`: worker w's compute seconds per micro-batch.
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
-                                                  const NetworkCost& network, int coordinator_host,
+                                                  const NetworkCost& network,
                                                   const std::vector<int>& worker_of_slot = {});
 
 }  // namespace longhaul

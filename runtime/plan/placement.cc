@@ -84,7 +84,6 @@ class Scorer {
     out.device = p_.device;
     out.shards = base.shards;
     for (ShardPlacement& sh : out.shards) sh.worker = order[sh.worker];
-    out.coordinator_host = p_.coordinator_host;
     out.clip_norm = p_.clip_norm;
     ++simulations_;
     auto report = Simulate(sim_);
@@ -196,11 +195,10 @@ class Search {
   }
 
   // class_[w]: workers the cost model cannot tell apart (one device, the same links to every other
-  // host and to the coordinator) share a class; swapping two of them changes nothing.
+  // host) share a class; swapping two of them changes nothing.
   void Classes() {
     const int W = scorer_.workers();
     std::vector<int> hosts = p_.host;
-    hosts.push_back(p_.coordinator_host);
     auto same = [&](int a, int b) {
       if (scorer_.Device(a) != scorer_.Device(b)) return false;
       const int ha = p_.host[a], hb = p_.host[b];

@@ -56,7 +56,6 @@ struct PlacementProblem {
   NetworkCost network;
   bool central_ps = false;  // one shard host per stage (its replica 0) instead of 1/replicas each
   bool clip_norm = true;
-  int coordinator_host = 0;
   int iterations = 2;  // simulated per candidate; 2 gives the steady state (simulator.h)
   // The layout's blocks_per_stage stands (a live job whose workers build their stages from the
   // config): only workers move.

@@ -51,7 +51,6 @@ namespace {
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
   kGradIn,     // one replica's gradient of a shard reached the shard's host
-  kNormIn,     // a host's partial norm reached the coordinator
   kParamsIn,   // one shard's parameters reached a worker
 };
 
@@ -83,7 +82,7 @@ struct WorkerState {
   std::vector<double> arrival;  // [iter][activation, gradient][micro]: when it arrives, -1 unknown
   std::vector<int> params_in;   // [iter]: shards back
   std::vector<int> hosted;      // the shards it hosts
-  bool reported = false;        // its partial norm of the current iteration is on its way
+  bool reported = false;        // its partial norm of the current iteration is on its way to the others
   std::vector<double> iteration_end;
   double busy = 0, waiting = 0, ps_busy = 0;
 };
@@ -110,7 +109,6 @@ class Engine {
       switch (e.kind) {
         case EventKind::kRun: Advance(e.who); break;
         case EventKind::kGradIn: GradIn(e.who, e.iter, e.t); break;
-        case EventKind::kNormIn: NormIn(e.iter, e.t); break;
         case EventKind::kParamsIn: ParamsIn(e.who, e.iter, e.t); break;
       }
     }
@@ -160,7 +158,6 @@ class Engine {
       }
       workers_[w].params_in.assign(iterations_, 0);
     }
-    hosts_ = std::max(hosts_, P_.coordinator_host + 1);
     for (int s = 0; s < S; ++s) {
       if (static_cast<int>(P_.worker[s].size()) != D) return bad(absl::StrFormat("stage %d needs %d replicas placed", s, D));
       for (int r = 0; r < D; ++r) {
@@ -210,8 +207,8 @@ class Engine {
     }
     stage_params_.assign(S, 0);
     for (const ShardPlacement& sh : P_.shards) stage_params_[sh.stage] += sh.params;
-    norms_in_.assign(iterations_, 0);
-    norm_at_.assign(iterations_, 0);
+    partials_in_.assign(iterations_, 0);
+    partial_at_.assign(iterations_, std::vector<double>(W, 0));
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
     link_bytes_.assign(link_free_.size(), 0);
     link_busy_.assign(link_free_.size(), 0);
@@ -335,10 +332,10 @@ class Engine {
             ++k.pc;
             break;
           }
-          if (!k.reported) {  // its partial squares go to the coordinator; NormIn wakes it
+          if (!k.reported) {  // its partial squares go to every other host; the last host's wakes all
             k.reported = true;
-            Push(k.t + ToCoordinator(k.host), EventKind::kNormIn, w, k.iter);
             Block(k, WorkerState::kNorm);
+            PartialOut(w);
             return;
           }
           k.reported = false;
@@ -385,7 +382,6 @@ class Engine {
     }
   }
 
-  double ToCoordinator(int host) const { return sim_.network.Between(host, P_.coordinator_host).latency_s; }
 
   // Every replica's push of every shard `k` hosts is in for its current iteration.
   bool PushesIn(const WorkerState& k) const {
@@ -401,15 +397,21 @@ class Engine {
     if (k.waiting_for == WorkerState::kPushes && k.iter == iter && PushesIn(k)) Resume(w, t, false);
   }
 
-  // A host's partial norm reached the coordinator; with the last one the norm goes back to every
-  // host, each waiting in ReduceNorm.
-  void NormIn(int iter, double t) {
-    norm_at_[iter] = std::max(norm_at_[iter], t);
-    if (++norms_in_[iter] < shard_hosts_) return;
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      if (!workers_[w].hosted.empty()) {
-        Resume(static_cast<int>(w), norm_at_[iter] + ToCoordinator(workers_[w].host), false);
+  // Host w sent its partial norm to every other host at its current time. Once the last host's
+  // is out, each host goes on when the last partial to reach it has arrived.
+  void PartialOut(int w) {
+    const int iter = workers_[w].iter;
+    partial_at_[iter][w] = workers_[w].t;
+    if (++partials_in_[iter] < shard_hosts_) return;
+    for (size_t j = 0; j < workers_.size(); ++j) {
+      if (workers_[j].hosted.empty()) continue;
+      double ready = partial_at_[iter][j];
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        if (i == j || workers_[i].hosted.empty()) continue;
+        const int from = workers_[i].host, to = workers_[j].host;
+        ready = std::max(ready, partial_at_[iter][i] + (from == to ? 0 : sim_.network.Between(from, to).latency_s));
       }
+      Resume(static_cast<int>(j), ready, false);
     }
   }
 
@@ -465,8 +467,8 @@ class Engine {
   std::vector<ShardState> shards_;
   std::vector<std::vector<int>> stage_shards_;
   int shard_hosts_ = 0;                            // workers hosting a shard
-  std::vector<int> norms_in_;                      // [iter]: partial norms at the coordinator
-  std::vector<double> norm_at_;                    // [iter]: when the last of them arrived
+  std::vector<int> partials_in_;                   // [iter]: hosts whose partial norm is out
+  std::vector<std::vector<double>> partial_at_;    // [iter][worker]: when it went out
   int hosts_ = 0;
   WirePlan wires_;
   std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]

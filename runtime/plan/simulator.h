@@ -15,9 +15,8 @@
 //  - The parameter-server exchange runs as listed: PushGrads sends each shard of the stage's
 //    gradients (fp32) to the shard's host and goes on. A host's ReduceNorm waits until every
 //    replica's push of each shard it hosts is in; with global-norm clipping it then sends its
-//    partial squares to the coordinator and waits for the norm, which goes back to every host
-//    once the last host's partial is in (one latency each way; control messages are latency
-//    only). Step occupies the host for the sum and AdamW of its shards at memory bandwidth
+//    partial squares to every other host and waits until every other host's have arrived (one
+//    latency each; control-sized messages are latency only). Step occupies the host for the sum and AdamW of its shards at memory bandwidth
 //    (DeviceCost::StepSeconds); Broadcast sends each hosted shard's parameters (fp32) to every
 //    replica of its stage; PullParams blocks until all of its stage's shards are back.
 // Several iterations run back to back, each worker starting the next as soon as its PullParams
@@ -72,10 +71,9 @@ struct Placement {
   std::vector<int> host;                 // [worker]: its host in the network
   std::vector<int> device;               // [worker]: index into Simulation::devices; empty: all 0
   std::vector<ShardPlacement> shards;
-  int coordinator_host = 0;  // -1: beside every host, as in an emulation, whose router runs it
-  // Every step waits for the global norm's all-reduce, as longhaul's parameter servers always
-  // reduce it (for clipping and for the run's records); false models a system without it (the
-  // source experiment's, bench/plan_seed001).
+  // Every step waits for the global norm's exchange among the shard hosts, as longhaul's
+  // parameter servers always reduce it (for clipping and for the run's records); false models a
+  // system without it (the source experiment's, bench/plan_seed001).
   bool clip_norm = true;
 };
 

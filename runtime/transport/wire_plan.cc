@@ -4,6 +4,7 @@ namespace longhaul {
 
 WireDtype WirePlan::Of(int from, int to, int kind) const {
   if (kind == proto::PARAMS) return params_dtype;
+  if (kind == proto::NORM) return WireDtype::kF32;  // doubles as float pairs, bit for bit
   auto it = links.find({from, to});
   return it == links.end() ? default_dtype : it->second;
 }

@@ -562,6 +562,10 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h = header(boundary, 0, boundary);
   h.set_kind(proto::LINK_PROBE);
   cases.push_back({"a link probe after the plan", h, absl::StatusCode::kFailedPrecondition});
+  // Another parameter-server host's norm partials: two floats per shard it hosts, no more.
+  h = header(uint64_t{1} << 34, 0, uint64_t{1} << 34);
+  h.set_kind(proto::NORM);
+  cases.push_back({"a norm of 2^34 elements", h, absl::StatusCode::kInvalidArgument});
 
   for (int round = 0; round < 20; ++round) {
     std::vector<std::unique_ptr<testing::RawPeer>> peers;
@@ -586,7 +590,7 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
 }
 
 // What a crafted peer tells a live coordinator: worker ids nobody registered, iterations outside
-// the run, norms and checkpoints of shards the worker does not host, a compute profile after the
+// the run, checkpoints of shards the worker does not host, a compute profile after the
 // plan, link reports from nobody or after the plan, a registration beyond the job's workers. Each is
 // refused with the reason, and the run trains to its end with every step recorded once.
 TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
@@ -681,20 +685,6 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     rep.set_iteration(140);
     rep.set_stage(1);
     expect_refused("report under another stage", coordinator->ReportIteration(&ctx, rep, &empty),
-                   grpc::StatusCode::INVALID_ARGUMENT);
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    proto::NormReport norm;
-    norm.set_worker_id(0);
-    norm.set_iteration(140);
-    proto::ShardNorm* n = norm.add_shards();
-    n->set_stage(1);  // worker 0 runs stage 0
-    n->set_shard(0);
-    n->set_sum_squares(1e30);
-    proto::NormReply reply;
-    expect_refused("a norm for another stage's shard", coordinator->ReduceNorm(&ctx, norm, &reply),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
   {

@@ -20,7 +20,7 @@ JobConfig Config(const std::vector<std::string>& overrides) {
 constexpr double kTolerance = 1e-3;  // the parameter servers' step of a tiny model
 
 TEST(MeasuredPrediction, OneStageIsItsMicroBatchesOneAfterAnother) {
-  const auto p = PredictFromMeasuredCompute(Config({}), {0.1}, NetworkCost::Uniform({}), -1);
+  const auto p = PredictFromMeasuredCompute(Config({}), {0.1}, NetworkCost::Uniform({}));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_NEAR(*p, 6 * 0.1, kTolerance);
 }
@@ -28,12 +28,12 @@ TEST(MeasuredPrediction, OneStageIsItsMicroBatchesOneAfterAnother) {
 TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt) {
   const JobConfig cfg = Config({"cluster.stages=2"});
   // Equal stages (the head costs nothing more here): GPipe takes (M + P - 1) slots of one stage.
-  const auto free = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}), -1);
+  const auto free = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}));
   ASSERT_TRUE(free.ok()) << free.status();
   EXPECT_NEAR(*free, (6 + 2 - 1) * 0.1, kTolerance);
   LinkCost slow;
   slow.latency_s = 0.02;
-  const auto far = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform(slow), -1);
+  const auto far = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform(slow));
   ASSERT_TRUE(far.ok()) << far.status();
   EXPECT_GT(*far, *free + 2 * 0.02 - kTolerance);
 }
@@ -41,15 +41,15 @@ TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt)
 TEST(MeasuredPrediction, TheSlowestReplicaSetsThePace) {
   // Two replicas of one stage: the parameter servers wait for both pushes every iteration.
   const JobConfig cfg = Config({"cluster.replicas=2"});
-  const auto even = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}), -1);
-  const auto uneven = PredictFromMeasuredCompute(cfg, {0.05, 0.15}, NetworkCost::Uniform({}), -1);
+  const auto even = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}));
+  const auto uneven = PredictFromMeasuredCompute(cfg, {0.05, 0.15}, NetworkCost::Uniform({}));
   ASSERT_TRUE(even.ok() && uneven.ok());
   EXPECT_NEAR(*even, 6 * 0.1, kTolerance);
   EXPECT_NEAR(*uneven, 6 * 0.15, kTolerance);
 }
 
 TEST(MeasuredPrediction, TheComputeMustCoverEveryWorker) {
-  EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {0.1}, NetworkCost::Uniform({}), -1)
+  EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {0.1}, NetworkCost::Uniform({}))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

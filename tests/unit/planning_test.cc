@@ -90,7 +90,7 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
     p.set_head_forward_s(0.002), p.set_head_backward_s(0.004);
   }
   const absl::StatusOr<SlotSearch> found =
-      SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1, /*keep_cut=*/true);
+      SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), /*keep_cut=*/true);
   ASSERT_TRUE(found.ok()) << found.status();
   std::cout << "predicted " << found->predicted_s << " s, registration order " << found->registration_order_s
             << " s\n";
@@ -106,7 +106,7 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
   EXPECT_GT(found->simulations, 1);
 
   profiles.erase(3);
-  EXPECT_EQ(SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), -1, true).status().code(),
+  EXPECT_EQ(SearchSlots(cfg, workers, profiles, NetworkCost::FromScenario(*scenario), true).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -162,7 +162,7 @@ TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) 
     p.set_head_forward_s(0.001 * f), p.set_head_backward_s(0.002 * f);
   }
   const NetworkCost fast = NetworkCost::Uniform({0.0001, 1.25e9, 0});
-  const absl::StatusOr<SlotSearch> cut = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/false);
+  const absl::StatusOr<SlotSearch> cut = SearchSlots(cfg, workers, profiles, fast, /*keep_cut=*/false);
   ASSERT_TRUE(cut.ok()) << cut.status();
   ASSERT_EQ(cut->blocks_per_stage.size(), 2u);
   const int fast_stage = cut->worker_of_slot[0] == 0 ? 0 : 1;
@@ -171,7 +171,7 @@ TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) 
             << cut->registration_order_s << " s\n";
   EXPECT_GE(cut->blocks_per_stage[fast_stage], 6) << "the fast device takes most blocks";
   EXPECT_LT(cut->predicted_s, 0.8 * cut->registration_order_s);
-  const absl::StatusOr<SlotSearch> kept = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/true);
+  const absl::StatusOr<SlotSearch> kept = SearchSlots(cfg, workers, profiles, fast, /*keep_cut=*/true);
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_EQ(kept->blocks_per_stage, cfg.Cut());
 
@@ -186,7 +186,7 @@ TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) 
   };
   const double memory = 0.99 * needs(1, {1, 7});
   profiles[0].set_memory_bytes(memory);
-  const absl::StatusOr<SlotSearch> fitted = SearchSlots(cfg, workers, profiles, fast, -1, /*keep_cut=*/false);
+  const absl::StatusOr<SlotSearch> fitted = SearchSlots(cfg, workers, profiles, fast, /*keep_cut=*/false);
   ASSERT_TRUE(fitted.ok()) << fitted.status();
   const int stage_of_fast = fitted->worker_of_slot[0] == 0 ? 0 : 1;
   std::cout << "with " << memory / 1e6 << " MB on the fast machine: cut [" << fitted->blocks_per_stage[0] << ", "

@@ -26,16 +26,16 @@ ModelConfig Cfg() {
 struct Fixture {
   ParamLayout layout{Cfg(), StageSpec::Even(Cfg(), 0, 2)};
   std::map<int, std::vector<float>> pushes;  // by replica
-  std::vector<proto::NormReport> reports;
+  std::vector<std::vector<ShardSquares>> reports;
   std::vector<std::pair<int, size_t>> sent;  // (replica, floats)
   std::optional<double> norm;                 // what the reduction answers instead of the real one
 
   PsLinks Links() {
     return {[this](int64_t, int replica, int) -> absl::StatusOr<std::vector<float>> { return pushes.at(replica); },
             [](std::vector<float>) {},
-            [this](const proto::NormReport& r) -> absl::StatusOr<double> {
-              reports.push_back(r);
-              return norm ? *norm : std::sqrt(r.shards(0).sum_squares());
+            [this](int64_t, const std::vector<ShardSquares>& own) -> absl::StatusOr<double> {
+              reports.push_back(own);
+              return norm ? *norm : std::sqrt(own[0].sum_squares);
             },
             [this](int64_t, int replica, int, const float*, size_t n) { sent.emplace_back(replica, n); }};
   }
@@ -78,8 +78,10 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   ASSERT_TRUE(f.sent.empty()) << "nothing sent before the broadcast";
   ASSERT_TRUE(host.Broadcast(0).ok());
   ASSERT_EQ(f.reports.size(), 1u);
-  EXPECT_EQ(f.reports[0].worker_id(), 7);
-  EXPECT_EQ(f.reports[0].shards(0).sum_squares(), sum_squares);
+  ASSERT_EQ(f.reports[0].size(), 1u);
+  EXPECT_EQ(f.reports[0][0].stage, 0);
+  EXPECT_EQ(f.reports[0][0].shard, 0);
+  EXPECT_EQ(f.reports[0][0].sum_squares, sum_squares);
   const float* got = *host.shards()[0]->Params();
   EXPECT_EQ(std::vector<float>(got, got + n), want);
   EXPECT_NEAR(step->grad_norm, std::sqrt(sum_squares), 1e-9);

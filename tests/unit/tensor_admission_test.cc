@@ -99,6 +99,19 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
   }
   EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0)), e0 - b0);  // replica 1 pushes to the shard hosted here
   EXPECT_EQ(*a.Admit(From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
+  // The other host's norm partial: one double, as two floats on an fp32 wire, whatever the links'.
+  proto::TensorHeader norm = From(proto::NORM, 1, 1);
+  EXPECT_EQ(a.Admit(norm).status().code(), absl::StatusCode::kInvalidArgument) << "in bf16";
+  norm.set_dtype(proto::F32);
+  EXPECT_EQ(*a.Admit(norm), 2u);
+  EXPECT_EQ(a.Admit(From(proto::NORM, 0, 0)).status().code(), absl::StatusCode::kPermissionDenied)
+      << "stage 0 has no shard in this plan: no host there";
+  // With local updates no norm is reduced.
+  JobConfig local = cfg;
+  local.train.local_steps = 2;
+  PlanAdmission b;
+  b.SetPlan(plan, local, 1, 0);
+  EXPECT_EQ(b.Admit(norm).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 // With local updates a replica's push and a shard's parameters come only on the iterations that
