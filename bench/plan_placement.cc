@@ -9,9 +9,10 @@
 // sharded parameter server, global-norm clipping. Why 16 micro-batches: GPipe's last stage keeps
 // each micro-batch's fp32 logits until its backward (2048 × 50257 × 4 = 412 MB), and with 32 of them
 // no cut fits a 16 GiB V100 (the table would compare plans that cannot run). With 1F1B and 32
-// micro-batches, which fit, the targets are missed on world-wide: random/chosen 2.7-2.8, the chosen
-// plans 13.2-13.3 s (1F1B puts a boundary crossing between forwards and backwards, so the WAN's
-// latency counts more than placement can hide), and at 64 workers in blocks the genetic search
+// micro-batches, which fit, the targets were missed on world-wide (stop 22, the norm then reduced
+// through a coordinator): random/chosen 2.7-2.8, the chosen plans 13.2-13.3 s (1F1B puts a
+// boundary crossing between forwards and backwards, so the WAN's latency counts more than
+// placement can hide), and at 64 workers in blocks the genetic search
 // finds 12.17 s against the search's 13.21 s: each pipeline in one region, with the shard owners
 // of the heavy stages (the embedding's, the head's) swapped into better-connected regions, a
 // basin the search's descent from either family of starts does not reach in 600 simulations
