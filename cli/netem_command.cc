@@ -25,6 +25,7 @@ struct NetemArgs {
   int megabytes = 64, repeat = 4;  // probe-send's tensor size, probe-sink's largest
   int kilobytes = 0;               // probe-send: a size in KiB instead of --mb
   double gap_ms = 0;               // probe-send: idle time between transfers
+  int connections = 1;             // probe-send: TCP connections each tensor is split over
   int queue = 7;
   std::string links, scenario, hosts, dev = "eth0";
   uint64_t seed = 1;
@@ -92,6 +93,9 @@ void AddNetemCommands(CLI::App& app) {
       ->check(CLI::Range(1, 65536 * 1024));
   g.send->add_option("--gap-ms", g.gap_ms, "idle time between transfers, as between a job's iterations")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  g.send->add_option("--connections", g.connections, "TCP connections each tensor is split over (as transport.connections)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   g.send->add_option("--repeat", g.repeat, "transfers; the first warms the connection up")
       ->check(CLI::PositiveNumber)
@@ -179,6 +183,7 @@ int RunNetemCommand(const std::string& self_exe) {
     TransportOptions opt;
     opt.job_id = "probe";
     opt.timeout = std::chrono::seconds(60);
+    opt.connections = g.connections;
     TensorClient client(g.to, opt);
     std::vector<float> x(g.kilobytes > 0 ? static_cast<size_t>(g.kilobytes) << 8 : static_cast<size_t>(g.megabytes) << 18,
                          1.0f);

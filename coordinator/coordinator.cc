@@ -32,6 +32,7 @@
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
+#include "transport/link_connections.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 #include "util/atomic_file.h"
@@ -516,21 +517,37 @@ class Service final : public proto::Coordinator::Service {
                              WireDtypeName(wires.links.begin()->second), wires.links.size(), kAutoInt8Below * 8 / 1e9,
                              WireDtypeName(wires.params_dtype));
     }
+    // Links split over several connections: their rate × round trip exceeds one connection's window.
+    nlohmann::json split = nlohmann::json::array();
+    int most = 1;
+    for (const auto& [pair, n] : LinkConnectionsOf(plan_)) {
+      split.push_back({{"from", pair.first}, {"to", pair.second}, {"connections", n}});
+      most = std::max(most, n);
+    }
+    std::string connections = cfg_.transport.connections > 0
+                                  ? absl::StrFormat("%d per link (transport.connections)", cfg_.transport.connections)
+                                  : "1 per link";
+    if (!split.empty()) {
+      connections = absl::StrFormat(
+          "up to %d on %d links whose rate x round trip exceeds a connection's window, else 1", most, split.size());
+    }
     nlohmann::json record = {{"job_id", cfg_.cluster.job_id},
                              {"placement", placement},
                              {"workers", cluster},
                              {"wire", {{"configured", WireDtypeName(cfg_.transport.wire_dtype)},
                                        {"default", WireDtypeName(wires.default_dtype)},
                                        {"params", WireDtypeName(wires.params_dtype)},
-                                       {"links", narrow}}}};
+                                       {"links", narrow}}},
+                             {"connections", {{"configured", cfg_.transport.connections}, {"links", split}}}};
     if (members_.linked()) record["links"] = MeasuredLinksJson();
     std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc) << record.dump(2) << "\n";
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
-                                 "(%d shards), wire %s\n"
+                                 "(%d shards), wire %s, connections %s\n"
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
                                  "workers; floor = entropy of the data (nats/token)\n",
                                  cfg_.cluster.stages, cfg_.cluster.replicas, ScheduleName(cfg_.cluster.schedule),
                                  cfg_.cluster.central_ps ? "central" : "sharded", plan_.shards_size(), wire,
+                                 connections,
                                  FlopsFormulaName(cfg_.train.recompute),
                                  expected_)
               << std::flush;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
+#include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 #include "util/median.h"
 
@@ -134,12 +135,27 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     at[stage][replica] = worker_of_slot[k];
   }
   // Worker w on host w of the network, as the placement search has it; unknown links are fast.
-  SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), TensorPairs(at),
+  const std::vector<std::pair<int, int>> pairs = TensorPairs(at);
+  SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), pairs,
                         [&](int a, int b) {
                           return network != nullptr ? network->Between(a, b).Rate()
                                                     : std::numeric_limits<double>::infinity();
                         }),
            plan);
+  if (network != nullptr && cfg.transport.connections == 0) {
+    auto limits = [&](int id) {
+      const proto::RegisterRequest& r = workers.at(id);
+      return SocketBufferLimits{r.tcp_send_buffer_max(), r.tcp_receive_buffer_max()};
+    };
+    std::map<std::pair<int, int>, int> connections;
+    for (const auto& [a, b] : pairs) {
+      if (a == b) continue;
+      const LinkCost there = network->Between(a, b), back = network->Between(b, a);
+      connections[{a, b}] = ConnectionsFor(there.Rate(), there.latency_s + back.latency_s,
+                                           ConnectionWindowBytes(limits(a), limits(b)));
+    }
+    SetLinkConnections(connections, plan);
+  }
   return plan;
 }
 

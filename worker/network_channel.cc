@@ -20,7 +20,8 @@ absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, 
   auto got = mailbox_.Take({kind, it, micro, from_stage, from_replica, shard}, peers_.transport().timeout);
   const int64_t t1 = Timeline::NowMicros();
   *waited += (t1 - t0) * 1e-6;
-  static const char* names[] = {"?", "wait act", "wait grad", "wait grad push", "wait params", "wait probe", "wait norm"};
+  static const char* names[] = {"?",           "wait act",   "wait grad", "wait grad push",
+                                "wait params", "wait probe", "wait norm"};
   if (t1 - t0 > 20) {
     timeline_.Add(names[kind], kind >= proto::GRAD_PUSH ? Track::kParams : Track::kCompute, t0, t1, it,
                   kind <= proto::GRADIENT ? micro : -1);

@@ -9,7 +9,8 @@ namespace longhaul {
 
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
                              std::map<std::string, std::string> dial_map)
-    : plan_(plan), wires_(WiresOf(plan)), stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
+    : plan_(plan), wires_(WiresOf(plan)), connections_(LinkConnectionsOf(plan)), stage_(stage), replica_(replica),
+      transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
 
 absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(const std::string& path) {
   std::ifstream f(path);
@@ -30,11 +31,15 @@ WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) 
   return wires_.Of(WorkerAt(plan_, stage_, replica_), WorkerAt(plan_, stage, replica), kind);
 }
 
-TensorClient& PeerDirectory::Client(const std::string& address) {
+TensorClient& PeerDirectory::Client(int to, const std::string& address) {
   std::unique_ptr<TensorClient>& c = clients_[address];
   if (!c) {
     auto via = dial_map_.find(address);
-    c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport_);
+    TransportOptions transport = transport_;
+    if (auto n = connections_.find({WorkerAt(plan_, stage_, replica_), to}); n != connections_.end()) {
+      transport.connections = n->second;
+    }
+    c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport);
   }
   return *c;
 }
@@ -60,8 +65,9 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   const WireDtype wire = WireTo(stage, replica, kind);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
-  static const char* names[] = {"?", "send act", "send grad", "push grads", "send params"};
-  in_flight_.push_back({Client(to).Send(h, data, n), names[kind >= 0 && kind <= 4 ? kind : 0], it, micro});
+  static const char* names[] = {"?", "send act", "send grad", "push grads", "send params", "send probe", "send norm"};
+  in_flight_.push_back({Client(WorkerAt(plan_, stage, replica), to).Send(h, data, n),
+                        names[kind >= 0 && kind <= proto::NORM ? kind : 0], it, micro});
 }
 
 absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged) {

@@ -13,6 +13,7 @@
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "transport/tensor_transport.h"
+#include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {
@@ -54,10 +55,12 @@ class PeerDirectory {
     int64_t iteration;
     int micro;
   };
-  TensorClient& Client(const std::string& address);
+  // The client of the worker `to` at `address`, over as many connections as the plan gives the link.
+  TensorClient& Client(int to, const std::string& address);
 
   const proto::Plan plan_;
   const WirePlan wires_;
+  const std::map<std::pair<int, int>, int> connections_;  // (from, to) worker: the plan's, where more than one
   const int stage_, replica_;
   TransportOptions transport_;
   std::map<std::string, std::string> dial_map_;

@@ -2,10 +2,10 @@
 // What the plan lets each peer send one worker (stage s, replica r): the boundary activations of
 // the previous stage of its replica, the boundary gradients of the next, its stage's other
 // replicas' gradient pushes for the shards it hosts, the parameters of its stage's other shards
-// from their hosts, and where it hosts shards the other hosts' norm partials; each of a size the plan fixes, in the plan's wire dtype, under the
-// plan's version; with local updates, pushes and parameters only on the iterations that exchange.
-// Which iterations are accepted is the Mailbox's window. Before the plan, only link probes of
-// bounded size (worker/link_probe.h).
+// from their hosts, and where it hosts shards the other hosts' norm partials; each of a size the
+// plan fixes, in the plan's wire dtype, under the plan's version; with local updates, pushes and
+// parameters only on the iterations that exchange. Which iterations are accepted is the Mailbox's
+// window. Before the plan, only link probes of bounded size (worker/link_probe.h).
 #include <cstdint>
 #include <map>
 #include <mutex>

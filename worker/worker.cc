@@ -18,6 +18,7 @@
 #include "metrics/timeline.h"
 #include "schedule/schedule.h"
 #include "transport/crc32c.h"
+#include "transport/link_connections.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
 #include "worker/compute_probe.h"
@@ -116,6 +117,9 @@ absl::Status Worker::Join() {
   req.set_backend(opt_.backend);
   req.set_pid(getpid());
   if (opt_.slot >= 0) req.set_slot(opt_.slot);
+  const SocketBufferLimits limits = ReadSocketBufferLimits();
+  req.set_tcp_send_buffer_max(limits.send_max);
+  req.set_tcp_receive_buffer_max(limits.receive_max);
   LH_ASSIGN_OR_RETURN(const proto::RegisterReply reply, client_.Register(req));
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(reply.config_toml(), "the job config from the coordinator"));
   // Peers probe this worker's links once every worker has reported its profile (GetPeers).
@@ -152,7 +156,8 @@ TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& j
   transport.job_id = job_id;
   transport.secret = secret_;
   transport.chunk_bytes = static_cast<size_t>(cfg.transport.chunk_mib) << 20;
-  transport.connections = cfg.transport.connections;
+  // The plan may split a link over more (PeerDirectory); link probes use one.
+  transport.connections = std::max(1, cfg.transport.connections);
   transport.congestion_control = cfg.transport.congestion_control;
   transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000));
   transport.canceller = canceller_;

@@ -260,7 +260,8 @@ const std::vector<KeyDef>& Table() {
       Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
       Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), [](const std::string& n) { return ParseBackend(n, "train.backend"); }, BackendName),
       Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
-      Value("train", "local_steps", R::kMustMatch, LH_FIELD(train.local_steps), AtLeast(1, "1 exchanges every iteration")),
+      Value("train", "local_steps", R::kMustMatch, LH_FIELD(train.local_steps),
+            AtLeast(1, "1 exchanges every iteration")),
       Value("train", "outer_lr", R::kMustMatch, LH_FIELD(train.outer_lr), AboveUpTo(0, 10)),
       Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
 
@@ -299,7 +300,8 @@ const std::vector<KeyDef>& Table() {
 
       Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype), ParseWireDtype, WireDtypeName),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
-      Value("transport", "connections", R::kFree, LH_FIELD(transport.connections), Within(1, 64)),
+      Value("transport", "connections", R::kFree, LH_FIELD(transport.connections),
+            Within(0, 64, "0: per link, from its rate x round trip")),
       Value("transport", "timeout_s", R::kFree, LH_FIELD(transport.timeout_s), AboveUpTo(0, 86400)),
       Value("transport", "congestion_control", R::kFree, LH_FIELD(transport.congestion_control)),
   };

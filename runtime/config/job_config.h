@@ -87,7 +87,9 @@ struct ClusterConfig {
 struct TransportConfig {
   WireDtype wire_dtype = WireDtype::kAuto;  // resolved per link in the plan (transport/wire_plan.h)
   int chunk_mib = 2;
-  int connections = 1;       // TCP connections per peer pair
+  // TCP connections per peer pair; 0: per link from its rate × round trip where the coordinator
+  // knows the links (transport/link_connections.h), else 1.
+  int connections = 0;
   double timeout_s = 120.0;  // longest wait for a peer's tensor or acknowledgement
   // Of the tensor connections' sending side; "" keeps the system's default. Cubic, since BBR paced
   // the bursts of a pipeline (a few hundred KiB, then idle) at a fraction of the link on long

@@ -104,7 +104,7 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"cluster.dead_after_s=0.5", "cluster.dead_after_s = 0.5 must be longer than cluster.heartbeat_s = 1"},
       {"cluster.stage_layers=[5000000000]", "cluster.stage_layers = 5000000000: must be in"},
       {"transport.chunk_mib=0", "transport.chunk_mib = 0: must be in [1, 16]"},
-      {"transport.connections=65", "transport.connections = 65: must be in [1, 64]"},
+      {"transport.connections=65", "transport.connections = 65: must be in [0, 64] (0: per link, from its rate x round trip)"},
       {"transport.timeout_s=-1", "transport.timeout_s = -1: must be in (0, 86400]"},
       {"transport.timeout_s=1e9", "transport.timeout_s = 1e+09: must be in (0, 86400]"},
       {"cluster.job_id=\"" + std::string(257, 'j') + "\"", "cluster.job_id is 257 bytes; give it 1 to 256"},

@@ -12,6 +12,7 @@
 #include "model/param_layout.h"
 #include "netem/scenario.h"
 #include "plan/job_problem.h"
+#include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {
@@ -147,6 +148,30 @@ TEST(Planning, AnAutoWireIsInt8OnTheSlowLinksOnly) {
                RegistrationOrder(cfg), &network);
   EXPECT_EQ(named.link_wires_size(), 0);
   EXPECT_EQ(named.wire_dtype(), proto::BF16);
+}
+
+// transport.connections = 0: a link whose rate × round trip exceeds one connection's window (the
+// hosts' reported buffers) is split over enough connections; one within a site needs one.
+TEST(Planning, ALongFatLinkIsSplitOverEnoughConnections) {
+  auto scenario = netem::ParseScenario(
+      "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 50], [50, 0.1]]\n"
+      "rate_mbit = [[40000, 1000], [1000, 40000]]\nplacement = [0, 0, 1, 1]\n",
+      "two-sites");
+  ASSERT_TRUE(scenario.ok()) << scenario.status();
+  const NetworkCost network = NetworkCost::FromScenario(*scenario);
+  std::map<int, proto::RegisterRequest> workers = Workers(4);
+  for (auto& [id, r] : workers) r.set_tcp_send_buffer_max(4 << 20), r.set_tcp_receive_buffer_max(6 << 20);
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
+  // 1 Gbit/s x 100 ms = 12.5 MB over windows of 2.8 MiB (70% of the sender's 4 MiB): 5 connections.
+  const proto::Plan plan = MakePlan(cfg, workers, {}, RegistrationOrder(cfg), &network);
+  EXPECT_EQ(LinkConnectionsOf(plan),
+            (std::map<std::pair<int, int>, int>{{{0, 2}, 5}, {{2, 0}, 5}, {{1, 3}, 5}, {{3, 1}, 5}}));
+  EXPECT_EQ(MakePlan(Config({"cluster.stages=2", "cluster.replicas=2", "transport.connections=2"}), workers, {},
+                     RegistrationOrder(cfg), &network)
+                .link_connections_size(),
+            0)
+      << "a configured count holds on every link";
+  EXPECT_EQ(MakePlan(cfg, workers, {}, RegistrationOrder(cfg)).link_connections_size(), 0) << "links unknown";
 }
 
 TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
