@@ -29,7 +29,8 @@ struct LayoutSearchRequest {
   int global_batch = 1;  // sequences per optimizer step, over every replica
   Precision precision = Precision::kFp32;
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;  // Layout's
-  bool clip_norm = true;  // every step waits for the norm's all-reduce (simulator.h's Placement)
+  bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
+  int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
   int workers = 1;        // devices available; a layout may use fewer
   DeviceCost device;      // every worker's
   NetworkCost network;    // worker w on host w (DefaultPlacement)
