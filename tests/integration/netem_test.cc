@@ -51,6 +51,17 @@ class NetemTest : public ::testing::Test {
     EXPECT_TRUE(n.ok()) << n.status();
     return n.ok() ? std::move(*n) : nullptr;
   }
+  // `longhaul netem probe-sink` on host 1 of `net`, listening at `address`, its output in `log`.
+  static pid_t StartProbeSink(const EmulatedNetwork& net, const std::string& address, const std::string& log) {
+    const pid_t sink = fork();
+    if (sink == 0) {
+      if (freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
+      execlp("ip", "ip", "netns", "exec", net.netns(1).c_str(), LONGHAUL_BINARY, "netem", "probe-sink", "--listen",
+             address.c_str(), nullptr);
+      _exit(127);
+    }
+    return sink;
+  }
   // Reno round trips between hosts 0 and 1 of a network with one-way delay `delay_ms`, printed.
   // With `plain`, the router forwards without the delay daemon.
   testing::RoundTrips RoundTripsAt(double delay_ms, int rounds, bool plain = false);
@@ -200,13 +211,8 @@ TEST_F(NetemTest, TensorThroughLonghaulTransportTakesHalfARoundTripPlusSizeOverR
   ASSERT_NE(net, nullptr);
   const std::string sink_addr = EmulatedNetwork::Address(1) + ":7099";
   const std::string out = ::testing::TempDir() + "/probe_" + std::to_string(getpid());
-  const pid_t sink = fork();
-  if (sink == 0) {
-    if (freopen((out + ".sink").c_str(), "w", stdout) == nullptr) _exit(127);
-    execlp("ip", "ip", "netns", "exec", net->netns(1).c_str(), LONGHAUL_BINARY, "netem", "probe-sink", "--listen",
-           sink_addr.c_str(), nullptr);
-    _exit(127);
-  }
+  const pid_t sink = StartProbeSink(*net, sink_addr, out + ".sink");
+  ASSERT_GT(sink, 0);
   const std::string send = absl::StrFormat("ip netns exec %s %s netem probe-send --to %s --mb 64 --repeat 4 > %s.send",
                                            net->netns(0), LONGHAUL_BINARY, sink_addr, out);
   const int rc = std::system(send.c_str());
@@ -253,13 +259,8 @@ TEST_F(NetemTest, AWindowCappedLinkRunsAtItsRateOverTheConnectionsItIsGiven) {
   EXPECT_EQ(auto_connections, kMaxAutoConnections);
   const std::string sink_addr = EmulatedNetwork::Address(1) + ":7098";
   const std::string out = ::testing::TempDir() + "/conns_" + std::to_string(getpid());
-  const pid_t sink = fork();
-  if (sink == 0) {
-    if (freopen((out + ".sink").c_str(), "w", stdout) == nullptr) _exit(127);
-    execlp("ip", "ip", "netns", "exec", net->netns(1).c_str(), LONGHAUL_BINARY, "netem", "probe-sink", "--listen",
-           sink_addr.c_str(), nullptr);
-    _exit(127);
-  }
+  const pid_t sink = StartProbeSink(*net, sink_addr, out + ".sink");
+  ASSERT_GT(sink, 0);
   // The fastest of three warm 16 MiB transfers over n connections, in seconds.
   auto fastest = [&](int n) {
     const std::string file = absl::StrFormat("%s.send%d", out, n);
