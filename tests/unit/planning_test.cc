@@ -9,6 +9,7 @@
 #include <iostream>
 #include <set>
 
+#include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "netem/scenario.h"
 #include "plan/job_problem.h"
@@ -116,14 +117,20 @@ TEST(Planning, TheSearchKeepsPipelinesOffASlowLink) {
 // An "auto" wire: int8 on each pair of talking workers whose link is under 10 Gbit/s, the
 // compute's dtype elsewhere, parameters in bf16 to every replica once any link is int8. Without
 // known links every link counts as fast; a named dtype holds everywhere.
+// Two sites joined at 1 Gbit/s with `one_way_ms` of delay, workers 0 and 1 at the first.
+NetworkCost TwoSites(double one_way_ms) {
+  auto scenario = netem::ParseScenario(
+      absl::StrFormat("delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, %g], [%g, 0.1]]\n"
+                      "rate_mbit = [[40000, 1000], [1000, 40000]]\nplacement = [0, 0, 1, 1]\n",
+                      one_way_ms, one_way_ms),
+      "two-sites");
+  EXPECT_TRUE(scenario.ok()) << scenario.status();
+  return NetworkCost::FromScenario(*scenario);
+}
+
 TEST(Planning, AnAutoWireIsInt8OnTheSlowLinksOnly) {
   const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
-  auto scenario = netem::ParseScenario(
-      "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 10], [10, 0.1]]\n"
-      "rate_mbit = [[40000, 1000], [1000, 40000]]\nplacement = [0, 0, 1, 1]\n",
-      "two-sites");
-  ASSERT_TRUE(scenario.ok()) << scenario.status();
-  const NetworkCost network = NetworkCost::FromScenario(*scenario);
+  const NetworkCost network = TwoSites(10);
   // Registration order: replica 0 (workers 0, 1) on site a, replica 1 (workers 2, 3) on site b.
   const proto::Plan plan = MakePlan(cfg, Workers(4), {}, RegistrationOrder(cfg), &network);
   EXPECT_EQ(plan.wire_dtype(), proto::F32);
@@ -153,12 +160,7 @@ TEST(Planning, AnAutoWireIsInt8OnTheSlowLinksOnly) {
 // transport.connections = 0: a link whose rate × round trip exceeds one connection's window (the
 // hosts' reported buffers) is split over enough connections; one within a site needs one.
 TEST(Planning, ALongFatLinkIsSplitOverEnoughConnections) {
-  auto scenario = netem::ParseScenario(
-      "delays_are = \"one-way\"\nsites = [\"a\", \"b\"]\ndelay_ms = [[0.1, 50], [50, 0.1]]\n"
-      "rate_mbit = [[40000, 1000], [1000, 40000]]\nplacement = [0, 0, 1, 1]\n",
-      "two-sites");
-  ASSERT_TRUE(scenario.ok()) << scenario.status();
-  const NetworkCost network = NetworkCost::FromScenario(*scenario);
+  const NetworkCost network = TwoSites(50);
   std::map<int, proto::RegisterRequest> workers = Workers(4);
   for (auto& [id, r] : workers) r.set_tcp_send_buffer_max(4 << 20), r.set_tcp_receive_buffer_max(6 << 20);
   const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
