@@ -41,7 +41,7 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   } else {
     while (workers_.count(id)) ++id;
   }
-  workers_[id] = Worker{req, now, false, {}};
+  workers_[id] = Worker{.reg = req, .last_seen = now};
   return id;
 }
 
