@@ -41,7 +41,9 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   } else {
     while (workers_.count(id)) ++id;
   }
-  workers_[id] = Worker{.reg = req, .last_seen = now};
+  Worker& w = workers_[id] = Worker();
+  w.reg = req;
+  w.last_seen = now;
   return id;
 }
 
