@@ -58,6 +58,12 @@ class Worker {
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   absl::Status Setup();
   absl::Status RunIteration(int64_t it);
+  // Iterations the mailbox accepts from the one under way: the next too, or with local updates the
+  // next local_steps, as far as another replica can run ahead of this one: to the exchange after
+  // the last one this worker took part in (at the start, the initial broadcast).
+  int64_t WindowIterations() const {
+    return std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps + 1);
+  }
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
   // Ends every receive and send at once, with `reason` as their error.
@@ -203,7 +209,7 @@ absl::Status Worker::Setup() {
   TransportOptions transport = TransportFor(cfg_, plan_.job_id());
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
   // what each peer may send.
-  mailbox_.SetWindow(plan_.start_iteration() - 1);
+  mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
 
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg_));
@@ -346,7 +352,7 @@ absl::Status Worker::Run() {
   int64_t it = start;
   for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
-    mailbox_.SetWindow(it, std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps));
+    mailbox_.SetWindow(it, WindowIterations());
     status = RunIteration(it);
     const int64_t step = it + 1;
     // With local updates only where the replicas exchanged (checkpoint_every is a multiple).

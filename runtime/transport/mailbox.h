@@ -6,7 +6,7 @@
 //
 // Only iterations inside the window [lo, lo + width) are accepted from the network: while a worker
 // finishes iteration lo, its peers can be at most one iteration ahead (width 2), or with local
-// updates a replica up to train.local_steps - 1 ahead. Moving the window drops whatever older
+// updates another replica up to train.local_steps ahead. Moving the window drops whatever older
 // tensors are still held, so a peer cannot park memory here.
 #include <chrono>
 #include <condition_variable>
