@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,10 +10,12 @@
 namespace longhaul {
 
 std::string TensorKey::DebugString() const {
-  static const char* kinds[] = {"?", "activation", "gradient", "gradient push", "parameters"};
+  // By proto::TensorKind.
+  static const char* kinds[] = {"?",          "activation", "gradient",     "gradient push",
+                                "parameters", "link probe", "norm partials"};
+  const bool named = kind >= 0 && kind < static_cast<int>(std::size(kinds));
   return absl::StrFormat("%s of iteration %d, micro-batch %d, from stage %d replica %d, shard %d",
-                         kinds[kind >= 0 && kind <= 4 ? kind : 0], iteration, micro_batch, from_stage, from_replica,
-                         shard);
+                         kinds[named ? kind : 0], iteration, micro_batch, from_stage, from_replica, shard);
 }
 
 namespace {
