@@ -9,8 +9,8 @@ namespace longhaul {
 
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
                              std::map<std::string, std::string> dial_map)
-    : plan_(plan), wires_(WiresOf(plan)), connections_(LinkConnectionsOf(plan)), stage_(stage), replica_(replica),
-      transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
+    : plan_(plan), self_(WorkerAt(plan, stage, replica)), wires_(WiresOf(plan)), connections_(LinkConnectionsOf(plan)),
+      stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
 
 absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(const std::string& path) {
   std::ifstream f(path);
@@ -28,7 +28,7 @@ std::string PeerDirectory::AddressOf(int stage, int replica) const {
 }
 
 WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) const {
-  return wires_.Of(WorkerAt(plan_, stage_, replica_), WorkerAt(plan_, stage, replica), kind);
+  return wires_.Of(self_, WorkerAt(plan_, stage, replica), kind);
 }
 
 TensorClient& PeerDirectory::Client(int to, const std::string& address) {
@@ -36,7 +36,7 @@ TensorClient& PeerDirectory::Client(int to, const std::string& address) {
   if (!c) {
     auto via = dial_map_.find(address);
     TransportOptions transport = transport_;
-    if (auto n = connections_.find({WorkerAt(plan_, stage_, replica_), to}); n != connections_.end()) {
+    if (auto n = connections_.find({self_, to}); n != connections_.end()) {
       transport.connections = n->second;
     }
     c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport);
@@ -62,12 +62,13 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_stage(stage_);
   h.set_from_replica(replica_);
   h.set_shard(shard);
-  const WireDtype wire = WireTo(stage, replica, kind);
+  const int to_worker = WorkerAt(plan_, stage, replica);
+  const WireDtype wire = wires_.Of(self_, to_worker, kind);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
   static const char* names[] = {"?", "send act", "send grad", "push grads", "send params", "send probe", "send norm"};
-  in_flight_.push_back({Client(WorkerAt(plan_, stage, replica), to).Send(h, data, n),
-                        names[kind >= 0 && kind <= proto::NORM ? kind : 0], it, micro});
+  in_flight_.push_back({Client(to_worker, to).Send(h, data, n), names[kind >= 0 && kind <= proto::NORM ? kind : 0],
+                        it, micro});
 }
 
 absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged) {

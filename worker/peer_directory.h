@@ -59,6 +59,7 @@ class PeerDirectory {
   TensorClient& Client(int to, const std::string& address);
 
   const proto::Plan plan_;
+  const int self_;  // this worker's id in the plan
   const WirePlan wires_;
   const std::map<std::pair<int, int>, int> connections_;  // (from, to) worker: the plan's, where more than one
   const int stage_, replica_;
