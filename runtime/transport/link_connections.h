@@ -3,11 +3,11 @@
 // window in flight per round trip, and the window is capped by the sender's send buffer (the
 // maximum of the host's tcp_wmem, of which the kernel's own overhead leaves about 70% for data:
 // 72-80% measured, netem_test) and by about half the receiver's receive buffer (tcp_rmem's
-// maximum, the same overhead). A link whose rate × round trip is
-// larger runs below its rate on one connection (measured on an emulated link: send buffer / round
-// trip, netem_test) and needs ceil(rate × round trip / window) of them. The coordinator decides per
-// link from the links it knows (a scenario or the link probes) and each host's buffer limits,
-// which its worker reports at registration; the plan carries the result.
+// maximum, the same overhead). A link whose rate × round trip is larger runs below its rate on
+// one connection (measured on an emulated link: send buffer / round trip, netem_test) and needs
+// ceil(rate × round trip / window) of them. The coordinator decides per link from the links it
+// knows (a scenario or the link probes) and each host's buffer limits, which its worker reports
+// at registration; the plan carries the result.
 #include <cstdint>
 #include <map>
 #include <utility>
