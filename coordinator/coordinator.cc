@@ -371,18 +371,20 @@ class Service final : public proto::Coordinator::Service {
   }
 
   // REQUIRES: mu_ held. Every replica of a stage must hold the same parameters after a step; a
-  // difference means the replicas train different models, so the job stops.
+  // difference means the replicas train different models, so the job stops. A report may give the
+  // previous step's parameters (IterationReport.params_iteration): replicas are compared at the
+  // same step.
   void CheckReplicasAgree(int64_t it) {
-    std::map<int, const proto::IterationReport*> first_of_stage;
+    std::map<std::pair<int, int64_t>, const proto::IterationReport*> first_of_stage;
     for (auto& [id, r] : iterations_.at(it).reports) {
-      auto [first, inserted] = first_of_stage.emplace(r.stage(), &r);
+      auto [first, inserted] = first_of_stage.emplace(std::pair(r.stage(), r.params_iteration()), &r);
       if (inserted || first->second->params_crc32c() == r.params_crc32c()) continue;
       if (abort_.empty()) {
         Abort(absl::StrFormat("after iteration %d, replica %d of stage %d holds parameters with CRC-32C %08x and "
                               "replica %d %08x: the replicas no longer train the same model (a bug: please report it "
                               "with the config)",
-                              it + 1, first->second->replica(), r.stage(), first->second->params_crc32c(), r.replica(),
-                              r.params_crc32c()));
+                              r.params_iteration() + 1, first->second->replica(), r.stage(),
+                              first->second->params_crc32c(), r.replica(), r.params_crc32c()));
       }
     }
     replica_checks_ += cfg_.cluster.replicas > 1;

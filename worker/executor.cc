@@ -1,6 +1,7 @@
 #include "worker/executor.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,9 +13,24 @@ Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vect
                    int stages, int micro_batches, size_t boundary)
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), boundary_(boundary),
-      grads_out_(micro_batches) {}
+      grads_out_(micro_batches) {
+  hooks_.before_forward = [this](size_t end) {
+    if (pull_pending_ >= 0 && hook_status_.ok()) {
+      hook_status_ = channel_.PullParameters(pull_pending_, stage_, pull_waited_, end);
+    }
+  };
+  hooks_.after_backward = [this](size_t begin) {
+    if (push_early_ >= 0 && hook_status_.ok()) hook_status_ = channel_.PushGradients(push_early_, stage_, begin);
+  };
+  hooked_ = stage_.SetExchangeHooks(&hooks_);
+}
 
-absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange) {
+Executor::~Executor() {
+  if (hooked_) stage_.SetExchangeHooks(nullptr);
+}
+
+absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange,
+                                              bool defer_pull) {
   if (static_cast<int>(mbs.size()) != micro_batches_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%d micro-batches for a schedule of %d", mbs.size(), micro_batches_));
@@ -49,9 +65,21 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
     deferred.clear();
     return absl::OkStatus();
   };
+  // A hook's failure, once the Forward or Backward that called it has returned.
+  auto hooked = [&]() {
+    absl::Status s = std::move(hook_status_);
+    hook_status_ = absl::OkStatus();
+    return s;
+  };
+  hook_status_ = absl::OkStatus();
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
+  const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
+  // Gradients are complete in the last backward (schedules run them in ascending micro-batch
+  // order); with local updates what is pushed is the change after the local step instead.
+  const bool push_early = hooked_ && local_schedule_.empty() &&
+                          std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
   bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
-  for (const Instr& in : exchange ? schedule_ : local_schedule_) {
+  for (const Instr& in : program) {
     const int m = in.micro;
     switch (in.op) {
       case Op::kRecvAct:
@@ -64,7 +92,13 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kForward: {
         const int64_t t0 = Timeline::NowMicros();
+        pull_waited_ = &result.wait_seconds;
         LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % slots, mbs[m], first_ ? nullptr : inputs[m].data()));
+        LH_RETURN_IF_ERROR(hooked());
+        if (pull_pending_ >= 0) {  // the shards no block asked for (none, where every one holds a block)
+          LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &result.wait_seconds, SIZE_MAX));
+          pull_pending_ = -1;
+        }
         channel_.Recycle(std::move(inputs[m]));
         if (last_) result.loss += loss / micro_batches_;
         computed(absl::StrCat("F", m), m, t0);
@@ -73,8 +107,12 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kBackward: {
         const int64_t t0 = Timeline::NowMicros();
-        LH_RETURN_IF_ERROR(stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
-                                           1.0f / static_cast<float>(micro_batches_)));
+        if (push_early && m == micro_batches_ - 1) push_early_ = it;
+        const absl::Status backward = stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
+                                                      1.0f / static_cast<float>(micro_batches_));
+        push_early_ = -1;
+        LH_RETURN_IF_ERROR(backward);
+        LH_RETURN_IF_ERROR(hooked());
         channel_.Recycle(std::move(grads_in[m]));
         computed(absl::StrCat("B", m), m, t0);
         LH_RETURN_IF_ERROR(flush_sends());
@@ -90,7 +128,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         break;
       case Op::kPushGrads: {
         LH_RETURN_IF_ERROR(flush_sends());
-        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_));
+        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0));
         break;
       }
       case Op::kReduceNorm:
@@ -109,12 +147,13 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         computed("local step", -1, t0);
         break;
       }
-      case Op::kBroadcast:
-        LH_RETURN_IF_ERROR(channel_.Broadcast(it));
-        break;
       case Op::kPullParams:
         LH_RETURN_IF_ERROR(flush_sends());
-        LH_RETURN_IF_ERROR(channel_.PullParameters(it, stage_, &result.wait_seconds));
+        if (hooked_ && defer_pull) {
+          pull_pending_ = it;
+        } else {
+          LH_RETURN_IF_ERROR(channel_.PullParameters(it, stage_, &result.wait_seconds, SIZE_MAX));
+        }
         break;
     }
   }

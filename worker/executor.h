@@ -31,19 +31,21 @@ class Channel {
   virtual void Recycle(std::vector<float> buffer) = 0;
   // To the next stage (ACTIVATION) or the previous (GRADIENT); `data` stays unchanged until Flush.
   virtual void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) = 0;
-  // The stage's gradients (its whole flat buffer) to the parameter servers; the stage's gradients
-  // stay unchanged until Flush.
-  virtual absl::Status PushGradients(int64_t it, Stage& stage) = 0;
-  // The shards this process hosts (schedule.h's ReduceNorm, Step, Broadcast): every replica's
-  // push of each taken and summed, and the global norm reduced over every shard of every stage
-  // (the seconds waited for pushes go into `*waited`); each stepped with it, giving the norm and
-  // learning rate of the step; each one's new parameters sent to every replica of the stage.
+  // The stage's gradients of each parameter-server shard that begins at float `from` of the
+  // stage or later and was not pushed yet in iteration `it` (from 0: every one left), to the
+  // shards' hosts; the pushed gradients stay unchanged until Flush.
+  virtual absl::Status PushGradients(int64_t it, Stage& stage, size_t from) = 0;
+  // The shards this process hosts (schedule.h's ReduceNorm, Step): every replica's push of each
+  // taken and summed, and the global norm reduced over every shard of every stage (the seconds
+  // waited for pushes go into `*waited`); then each stepped with it and its new parameters sent
+  // to every replica of the stage at once, in the stage's order, giving the norm and learning
+  // rate of the step.
   virtual absl::Status ReduceNorm(int64_t it, double* waited) = 0;
   virtual absl::StatusOr<OptimizerStepResult> Step(int64_t it) = 0;
-  virtual absl::Status Broadcast(int64_t it) = 0;
-  // The stage's new parameters, from every shard's host, written into it; the seconds waited go
-  // into `*waited`.
-  virtual absl::Status PullParameters(int64_t it, Stage& stage, double* waited) = 0;
+  // The stage's new parameters of iteration `it` from the shards' hosts, written into it: every
+  // shard that begins before float `upto` of the stage and is not in yet (SIZE_MAX: all). The
+  // seconds waited go into `*waited`.
+  virtual absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) = 0;
   // Waits until the data of every send of iteration `it` may change (the bytes left this process);
   // reports a failed send of this or an earlier iteration.
   virtual absl::Status Flush(int64_t it) = 0;
@@ -62,14 +64,21 @@ class Executor {
   // `boundary` floats. The references must outlive the executor.
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
            int stages, int micro_batches, size_t boundary);
+  ~Executor();
 
   // Local updates (train.local_steps > 1): the list of an iteration that does not exchange, the
   // constructor's being one that does.
   void SetLocalSchedule(std::vector<Instr> schedule) { local_schedule_ = std::move(schedule); }
 
   // One iteration over `mbs`, which holds the stage's micro-batches in order; `exchange` false
-  // runs the local schedule.
-  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true);
+  // runs the local schedule. Where the stage takes exchange hooks (model/exchange_hooks.h), the
+  // last micro-batch's backward pushes each shard's gradients as soon as they are complete, and
+  // with `defer_pull` the iteration's new parameters are pulled during the next Run's first
+  // forward, each shard just before a block reads it (until then the stage holds the previous
+  // iteration's parameters, and pull_pending() names the iteration).
+  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true,
+                                      bool defer_pull = false);
+  int64_t pull_pending() const { return pull_pending_; }
 
  private:
   Stage& stage_;
@@ -83,6 +92,13 @@ class Executor {
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done.
   std::vector<std::vector<float>> grads_out_;
+  // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in
+  // hook_status_ until its Forward or Backward returns.
+  ExchangeHooks hooks_;
+  bool hooked_ = false;
+  int64_t pull_pending_ = -1, push_early_ = -1;
+  double* pull_waited_ = nullptr;
+  absl::Status hook_status_;
 };
 
 }  // namespace longhaul

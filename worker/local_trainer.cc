@@ -38,12 +38,11 @@ class LocalChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
+  absl::Status PushGradients(int64_t, Stage&, size_t) override { return absl::OkStatus(); }
   // The stage's attached optimizer reduces its own norm and steps in place.
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override { return stage_.Step(it); }
-  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
-  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*, size_t) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 
  private:

@@ -54,12 +54,17 @@ void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float*
   peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n);
 }
 
-absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
+absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from) {
+  if (it != push_it_) {
+    push_it_ = it;
+    pushed_.assign(stage_shards_.size(), false);
+  }
   // What goes to the shards: the gradients, or with local updates the change since the last pull.
   const float* grads = nullptr;
   if (pulled_.empty()) {
     LH_ASSIGN_OR_RETURN(grads, stage.Grads());
   } else {
+    if (from > 0) return absl::InternalError("local updates push their change after the local step, not during backward");
     LH_ASSIGN_OR_RETURN(const float* params, stage.Params());
     change_.resize(pulled_.size());
     for (size_t i = 0; i < pulled_.size(); ++i) change_[i] = pulled_[i] - params[i];
@@ -73,6 +78,8 @@ absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage) {
   for (size_t k = 0; k < stage_shards_.size(); ++k) {
     const proto::ShardPlacement& sp = stage_shards_[k];
     const auto [begin, end] = layout_.Range(sp.first_tensor(), sp.end_tensor());
+    if (pushed_[k] || begin < from) continue;
+    pushed_[k] = true;
     const float* push = feedback_[k].dtype() == WireDtype::kInt8 ? feedback_[k].Apply(grads + begin, end - begin)
                                                                  : grads + begin;
     if (sp.owner_replica() == replica_) {
@@ -126,21 +133,25 @@ absl::StatusOr<OptimizerStepResult> NetworkChannel::Step(int64_t it) {
   return step;
 }
 
-absl::Status NetworkChannel::Broadcast(int64_t it) {
-  return ps_host_ != nullptr ? ps_host_->Broadcast(it) : absl::OkStatus();
-}
-
-absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited) {
+absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) {
+  if (it != pull_it_) {
+    pull_it_ = it;
+    shards_pulled_ = 0;
+  }
   const int64_t t0 = Timeline::NowMicros();
-  for (const proto::ShardPlacement& sp : stage_shards_) {
+  const size_t before = shards_pulled_;
+  // Shards in the stage's order, so the ones a forward needs first come first.
+  for (; shards_pulled_ < stage_shards_.size(); ++shards_pulled_) {
+    const proto::ShardPlacement& sp = stage_shards_[shards_pulled_];
+    const size_t begin = layout_.Range(sp.first_tensor(), sp.end_tensor()).first;
+    if (begin >= upto) break;
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
-    const size_t begin = layout_.Range(sp.first_tensor(), sp.end_tensor()).first;
     LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
     if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
     mailbox_.Recycle(std::move(p));
   }
-  timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
+  if (shards_pulled_ > before) timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
   return absl::OkStatus();
 }
 

@@ -27,7 +27,7 @@ class NetworkChannel final : public Channel {
   NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
                  std::vector<NormHost> norm_hosts, const ParamLayout& layout, Mailbox& mailbox, PeerDirectory& peers,
                  Timeline& timeline);
-  // The shards this worker hosts (ReduceNorm, Step, Broadcast).
+  // The shards this worker hosts (ReduceNorm, Step).
   void SetPsHost(PsHost* host) { ps_host_ = host; }
   // Local updates (train.local_steps > 1): PushGradients pushes the change of the stage's
   // parameters since they were last pulled, which the outer step averages.
@@ -36,11 +36,10 @@ class NetworkChannel final : public Channel {
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
-  absl::Status PushGradients(int64_t it, Stage& stage) override;
+  absl::Status PushGradients(int64_t it, Stage& stage, size_t from) override;
   absl::Status ReduceNorm(int64_t it, double* waited) override;
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;
-  absl::Status Broadcast(int64_t it) override;
-  absl::Status PullParameters(int64_t it, Stage& stage, double* waited) override;
+  absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) override;
   absl::Status Flush(int64_t) override { return peers_.Flush(timeline_); }
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
@@ -78,6 +77,11 @@ class NetworkChannel final : public Channel {
   std::vector<ErrorFeedback> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.
   std::vector<float> pulled_, change_;
+  // The shards of stage_shards_ pushed in iteration push_it_, and how many of them (a prefix) are
+  // pulled in pull_it_: an iteration's exchange may come in several calls.
+  int64_t push_it_ = -1, pull_it_ = -1;
+  std::vector<bool> pushed_;
+  size_t shards_pulled_ = 0;
 };
 
 }  // namespace longhaul

@@ -13,11 +13,14 @@ PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, floa
     : worker_id_(worker_id), stage_(stage), replicas_(replicas), schedule_(schedule), grad_clip_(grad_clip),
       outer_(outer), links_(std::move(links)) {}
 
+absl::Status PsHost::Send(int64_t it, PsShard& shard) {
+  LH_ASSIGN_OR_RETURN(const float* params, shard.Params());
+  for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard.shard(), params, shard.size());
+  return absl::OkStatus();
+}
+
 absl::Status PsHost::Broadcast(int64_t it) {
-  for (auto& shard : shards_) {
-    LH_ASSIGN_OR_RETURN(const float* params, shard->Params());
-    for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard->shard(), params, shard->size());
-  }
+  for (auto& shard : shards_) LH_RETURN_IF_ERROR(Send(it, *shard));
   return absl::OkStatus();
 }
 
@@ -60,6 +63,7 @@ absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
     } else {
       LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm_));
     }
+    LH_RETURN_IF_ERROR(Send(it, *shard));
   }
   return result;
 }

@@ -55,9 +55,10 @@ class PsHost {
   absl::Status Broadcast(int64_t it);
   // Iteration `it`'s exchange, in the order a schedule lists it (schedule.h): ReduceNorm takes
   // every replica's push of each hosted shard, sums them in replica order and has the global norm
-  // reduced (not with local updates); Step steps every hosted shard with that norm (with local
-  // updates, the outer step) and gives the norm and learning rate of the step (lr 0 when this
-  // worker hosts no shard); then Broadcast(it).
+  // reduced (not with local updates); Step steps each hosted shard with that norm (with local
+  // updates, the outer step) and sends its new parameters to every replica before it steps the
+  // next, in the stage's order, so the first blocks' parameters are on their way first; it gives
+  // the norm and learning rate of the step (lr 0 when this worker hosts no shard).
   absl::Status ReduceNorm(int64_t it);
   absl::StatusOr<OptimizerStepResult> Step(int64_t it);
   // Writes every hosted shard's checkpoint of `step` under `checkpoints_root` and reports each.
@@ -65,6 +66,8 @@ class PsHost {
                           const std::function<absl::Status(const proto::CheckpointReport&)>& report);
 
  private:
+  absl::Status Send(int64_t it, PsShard& shard);
+
   const int worker_id_, stage_, replicas_;
   const LrSchedule schedule_;
   const float grad_clip_;

@@ -58,6 +58,13 @@ class Worker {
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   absl::Status Setup();
   absl::Status RunIteration(int64_t it);
+  // After iteration `it`; with local updates only where the replicas exchanged (checkpoint_every
+  // is a multiple).
+  bool CheckpointDue(int64_t it) const {
+    const int64_t step = it + 1;
+    return ((cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end_) &&
+           cfg_.train.ExchangesAfter(it, end_);
+  }
   // Iterations the mailbox accepts from the one under way: the next too, or with local updates the
   // next local_steps, as far as another replica can run ahead of this one: to the exchange after
   // the last one this worker took part in (at the start, the initial broadcast).
@@ -292,7 +299,11 @@ absl::Status Worker::RunIteration(int64_t it) {
   const auto t_start = Clock::now();
   std::vector<MicroBatch> mbs;
   for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, r_, m));
-  LH_ASSIGN_OR_RETURN(const IterationResult result, executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_)));
+  // In step (no local updates) the new parameters may arrive while the next iteration computes,
+  // unless nothing follows or a checkpoint reads them first.
+  const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_ && !CheckpointDue(it);
+  LH_ASSIGN_OR_RETURN(const IterationResult result,
+                      executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
   double floor = -1;
   if (s_ == plan_.stages() - 1) {
     floor = 0;
@@ -312,6 +323,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_lr(result.step.lr);
   rep.set_grad_norm(result.step.grad_norm);
   rep.set_params_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
+  rep.set_params_iteration(executor_->pull_pending() == it ? it - 1 : it);
   for (const auto& [to, bytes] : peers_->TakeSentBytes()) {
     proto::LinkBytes* link = rep.add_sent();
     link->set_stage(to.first);
@@ -345,20 +357,18 @@ absl::Status Worker::Run() {
     // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
     status = ps_host_->Broadcast(start - 1);
     double waited = 0;
-    if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited);
+    if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   end_ = RunEnd(plan_, cfg_);
   int64_t it = start;
   for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
-    mailbox_.SetWindow(it, WindowIterations());
+    // The previous iteration's parameters too, while they are still to be pulled.
+    const int64_t behind = executor_->pull_pending() >= 0 ? 1 : 0;
+    mailbox_.SetWindow(it - behind, WindowIterations() + behind);
     status = RunIteration(it);
-    const int64_t step = it + 1;
-    // With local updates only where the replicas exchanged (checkpoint_every is a multiple).
-    const bool due = ((cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end_) &&
-                     cfg_.train.ExchangesAfter(it, end_);
-    if (status.ok() && due) status = Checkpoint(step);
+    if (status.ok() && CheckpointDue(it)) status = Checkpoint(it + 1);
   }
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));

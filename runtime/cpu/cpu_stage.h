@@ -21,6 +21,10 @@ class CpuStage final : public Stage {
   const StageSpec& spec() const override { return stage_->spec(); }
   std::string Describe() const override;
   int slots() const override { return static_cast<int>(acts_.size()); }
+  bool SetExchangeHooks(const ExchangeHooks* hooks) override {
+    stage_->SetExchangeHooks(hooks);
+    return true;
+  }
 
   absl::Status ZeroGrads() override;
   absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override;

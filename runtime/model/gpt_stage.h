@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/micro_batch.h"
+#include "model/exchange_hooks.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 
@@ -63,6 +64,9 @@ class GptStage {
   // stage.
   const float* Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale);
 
+  // Called between blocks by every later Forward and Backward; null: none. Must outlive the stage.
+  void SetExchangeHooks(const ExchangeHooks* hooks) { hooks_ = hooks; }
+
  private:
   struct BlockActs;
   GptStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, bool recompute);
@@ -71,6 +75,15 @@ class GptStage {
   // g_resid (N, C): ∂L/∂block output on entry, ∂L/∂block input on exit.
   void BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix);
   const float* BlockInput(const Activations& act, int layer) const;
+  // Float offset of tensor `tensor` in the buffers, and of the end of block `layer`'s tensors.
+  size_t Offset(int tensor) const { return layout_.tensors()[tensor].offset; }
+  size_t BlockEnd(int layer) const;
+  void ForwardNeeds(size_t end) const {
+    if (hooks_ != nullptr && hooks_->before_forward) hooks_->before_forward(end);
+  }
+  void BackwardDone(size_t begin) const {
+    if (hooks_ != nullptr && hooks_->after_backward) hooks_->after_backward(begin);
+  }
 
   const float* P(int tensor) const { return params_.data() + layout_.tensors()[tensor].offset; }
   float* G(int tensor) { return grads_.data() + layout_.tensors()[tensor].offset; }
@@ -83,6 +96,7 @@ class GptStage {
   int B_, T_;
   bool recompute_;
   std::vector<float> params_, grads_;
+  const ExchangeHooks* hooks_ = nullptr;
 
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   std::unique_ptr<BlockActs> recompute_acts_;

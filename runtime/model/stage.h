@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/micro_batch.h"
+#include "model/exchange_hooks.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 #include "optim/optimizer_settings.h"
@@ -39,6 +40,10 @@ class Stage {
   // Waits until everything queued has run (a device backend; on the CPU the work is done when
   // each call returns). Benchmarks time whole steps with it.
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  // Makes every later Forward and Backward call `hooks` between blocks (null: stop); false where
+  // the backend cannot: one that queues its work has no block boundary on the caller's thread,
+  // and its exchange waits for whole iterations instead. `hooks` must outlive the stage's use of it.
+  virtual bool SetExchangeHooks(const ExchangeHooks* /*hooks*/) { return false; }
   size_t num_params() const { return layout().total(); }
 
   virtual absl::Status ZeroGrads() = 0;

@@ -51,7 +51,8 @@ namespace {
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
   kGradIn,     // one replica's gradient of a shard reached the shard's host
-  kParamsIn,   // one shard's parameters reached a worker
+  kPushOut,    // a worker's backward finished a shard's gradients: they leave for the host
+  kParamsOut,  // a host stepped a shard: its parameters leave for every replica
 };
 
 struct Event {
@@ -60,6 +61,7 @@ struct Event {
   EventKind kind;
   int who;  // worker or shard
   int iter;
+  int from = -1;  // kPushOut: the worker that pushes
 };
 
 struct Later {
@@ -74,13 +76,22 @@ struct WorkerState {
   int iter = 0;
   size_t pc = 0;
   double t = 0;
-  // Blocked on the receive into arrival[waiting_for], on PullParams (kPull), on its shards'
-  // pushes (kPushes) or on the global norm (kNorm) in ReduceNorm; kNone when running.
+  // Blocked on the receive into arrival[waiting_for], on its stage's parameters (kPull: in
+  // PullParams, or in the first Forward after a deferred pull until every shard is on its way),
+  // on its shards' pushes (kPushes) or on the global norm (kNorm) in ReduceNorm; kNone when
+  // running.
   static constexpr int kNone = -1, kPull = -2, kPushes = -3, kNorm = -4;
   int waiting_for = kNone;
   double blocked_since = 0;
   std::vector<double> arrival;  // [iter][activation, gradient][micro]: when it arrives, -1 unknown
-  std::vector<int> params_in;   // [iter]: shards back
+  // The exchange overlaps its compute (a CPU backend's block hooks, in step): the last backward
+  // pushes each shard when its gradients are complete, and the next iteration's first forward
+  // pulls each shard just before it reads it.
+  bool overlaps = false;
+  int pushed_early = -1;                      // the iteration whose pushes left during backward
+  int deferred_pull = -1;                     // the iteration whose parameters the next forward pulls
+  std::vector<std::vector<double>> param_at;  // [iter][shard of the stage]: when it arrives, -1 unknown
+  std::vector<int> params_sent;               // [iter]: shards on their way
   std::vector<int> hosted;      // the shards it hosts
   bool reported = false;        // its partial norm of the current iteration is on its way to the others
   std::vector<double> iteration_end;
@@ -109,7 +120,13 @@ class Engine {
       switch (e.kind) {
         case EventKind::kRun: Advance(e.who); break;
         case EventKind::kGradIn: GradIn(e.who, e.iter, e.t); break;
-        case EventKind::kParamsIn: ParamsIn(e.who, e.iter, e.t); break;
+        case EventKind::kPushOut: {
+          const ShardPlacement& sh = P_.shards[e.who];
+          Push(Send(workers_[e.from].host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, e.t, e.iter),
+               EventKind::kGradIn, e.who, e.iter);
+          break;
+        }
+        case EventKind::kParamsOut: ParamsOut(e.who, e.iter, e.t); break;
       }
     }
     for (const WorkerState& w : workers_) {
@@ -156,7 +173,7 @@ class Engine {
       if (workers_[w].device < 0 || workers_[w].device >= static_cast<int>(sim_.devices.size())) {
         return bad(absl::StrFormat("worker %d names device %d of %d", w, workers_[w].device, sim_.devices.size()));
       }
-      workers_[w].params_in.assign(iterations_, 0);
+      workers_[w].params_sent.assign(iterations_, 0);
     }
     for (int s = 0; s < S; ++s) {
       if (static_cast<int>(P_.worker[s].size()) != D) return bad(absl::StrFormat("stage %d needs %d replicas placed", s, D));
@@ -171,6 +188,7 @@ class Engine {
         auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
         if (!cost.ok()) return cost.status();
         k.cost = *cost;
+        k.overlaps = round_ == 1 && sim_.devices[k.device].backend() == Backend::kCpu;
       }
     }
     stage_shards_.assign(S, {});
@@ -184,6 +202,8 @@ class Engine {
         return bad(absl::StrFormat("shard %d is hosted by worker %d, which runs no stage (and so no exchange)", i,
                                    sh.worker));
       }
+      shard_begin_.push_back(0);
+      for (int j : stage_shards_[sh.stage]) shard_begin_.back() += P_.shards[j].params;
       stage_shards_[sh.stage].push_back(static_cast<int>(i));
       shards_[i].grads_in.assign(iterations_, 0);
       if (workers_[sh.worker].hosted.empty()) ++shard_hosts_;
@@ -207,6 +227,8 @@ class Engine {
     }
     stage_params_.assign(S, 0);
     for (const ShardPlacement& sh : P_.shards) stage_params_[sh.stage] += sh.params;
+    for (WorkerState& k : workers_)
+      if (k.stage >= 0) k.param_at.assign(iterations_, std::vector<double>(stage_shards_[k.stage].size(), -1));
     partials_in_.assign(iterations_, 0);
     partial_at_.assign(iterations_, std::vector<double>(W, 0));
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
@@ -283,8 +305,29 @@ class Engine {
         case Op::kForward:
         case Op::kBackward: {
           const double d = in.op == Op::kForward ? k.cost.forward_s : k.cost.backward_s;
-          if (Last(k.iter)) k.busy += d;
-          k.t += d;
+          const double P = stage_params_[k.stage];
+          double end = k.t + d;
+          if (in.op == Op::kForward && k.deferred_pull >= 0) {
+            const int from = k.deferred_pull;
+            if (k.params_sent[from] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamsOut wakes it
+              Block(k, WorkerState::kPull);
+              return;
+            }
+            // The forward reaches shard j's first parameter after the share of its compute before it.
+            for (size_t j = 0; j < stage_shards_[k.stage].size(); ++j) {
+              end = std::max(end, k.param_at[from][j] + d * (1 - shard_begin_[stage_shards_[k.stage][j]] / P));
+            }
+            k.deferred_pull = -1;
+          }
+          if (in.op == Op::kBackward && k.overlaps && in.micro == L_.micro_batches - 1) {
+            // Backward finishes the stage's gradients from its last parameter to its first.
+            for (int i : stage_shards_[k.stage]) {
+              queue_.push({k.t + d * (1 - shard_begin_[i] / P), seq_++, EventKind::kPushOut, i, k.iter, w});
+            }
+            k.pushed_early = k.iter;
+          }
+          if (Last(k.iter)) k.busy += d, k.waiting += end - (k.t + d);
+          k.t = end;
           ++k.pc;
           Push(k.t, EventKind::kRun, w, k.iter);
           return;
@@ -317,6 +360,7 @@ class Engine {
         }
         case Op::kPushGrads:
           for (int i : stage_shards_[k.stage]) {
+            if (k.pushed_early == k.iter) break;  // they left during the last backward
             const ShardPlacement& sh = P_.shards[i];
             Push(Send(k.host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, k.t, k.iter), EventKind::kGradIn, i,
                  k.iter);
@@ -342,9 +386,13 @@ class Engine {
           ++k.pc;
           break;
         case Op::kStep: {
-          // Sum and AdamW over the hosted shards at memory bandwidth, on the worker's own thread.
+          // Sum and AdamW over each hosted shard at memory bandwidth, on the worker's own thread;
+          // each shard's parameters leave once it is stepped.
           double d = 0;
-          for (int i : k.hosted) d += sim_.devices[k.device].StepSeconds(P_.shards[i].params, L_.replicas);
+          for (int i : k.hosted) {
+            d += sim_.devices[k.device].StepSeconds(P_.shards[i].params, L_.replicas);
+            Push(k.t + d, EventKind::kParamsOut, i, k.iter);
+          }
           if (Last(k.iter)) k.ps_busy += d;
           k.t += d;
           ++k.pc;
@@ -360,24 +408,25 @@ class Engine {
           Push(k.t, EventKind::kRun, w, k.iter);
           return;
         }
-        case Op::kBroadcast:
-          for (int i : k.hosted) {
-            const ShardPlacement& sh = P_.shards[i];
-            for (int r = 0; r < L_.replicas; ++r) {
-              const int to = P_.worker[sh.stage][r];
-              Push(Send(k.host, workers_[to].host, sh.params, proto::PARAMS, k.t, k.iter), EventKind::kParamsIn, to,
-                   k.iter);
-            }
+        case Op::kPullParams: {
+          if (k.overlaps) {
+            k.deferred_pull = k.iter;
+            ++k.pc;
+            break;
           }
-          ++k.pc;
-          break;
-        case Op::kPullParams:
-          if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {
+          if (k.params_sent[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamsOut wakes it
             Block(k, WorkerState::kPull);
+            return;
+          }
+          const double back = ParamsBack(k, k.iter);
+          if (back > k.t) {  // on their way
+            Block(k, WorkerState::kPull);
+            Resume(w, back, true);
             return;
           }
           ++k.pc;
           break;
+        }
       }
     }
   }
@@ -415,12 +464,28 @@ class Engine {
     }
   }
 
-  void ParamsIn(int w, int iter, double t) {
-    WorkerState& k = workers_[w];
-    ++k.params_in[iter];
-    if (k.waiting_for == WorkerState::kPull && k.iter == iter &&
-        k.params_in[iter] == static_cast<int>(stage_shards_[k.stage].size())) {
-      Resume(w, t, true);
+  // When the last of the stage's shards of iteration `iter` reaches worker k (all on their way).
+  double ParamsBack(const WorkerState& k, int iter) const {
+    return *std::max_element(k.param_at[iter].begin(), k.param_at[iter].end());
+  }
+
+  // Shard `shard`'s host sends its parameters to every replica of the stage at t; a worker that
+  // waits for its stage's parameters goes on once the last is on its way: at its arrival in
+  // PullParams, and back into its Forward, which works out its own waits, after a deferred pull.
+  void ParamsOut(int shard, int iter, double t) {
+    const ShardPlacement& sh = P_.shards[shard];
+    const std::vector<int>& of_stage = stage_shards_[sh.stage];
+    const size_t j = std::find(of_stage.begin(), of_stage.end(), shard) - of_stage.begin();
+    for (int r = 0; r < L_.replicas; ++r) {
+      const int w = P_.worker[sh.stage][r];
+      WorkerState& k = workers_[w];
+      k.param_at[iter][j] = Send(workers_[sh.worker].host, k.host, sh.params, proto::PARAMS, t, iter);
+      if (++k.params_sent[iter] < static_cast<int>(of_stage.size()) || k.waiting_for != WorkerState::kPull) continue;
+      if (k.deferred_pull == iter) {
+        Resume(w, t, false);
+      } else if (k.iter == iter) {
+        Resume(w, std::max(t, ParamsBack(k, iter)), true);
+      }
     }
   }
 
@@ -466,6 +531,7 @@ class Engine {
   std::vector<double> stage_params_;  // [stage]
   std::vector<ShardState> shards_;
   std::vector<std::vector<int>> stage_shards_;
+  std::vector<double> shard_begin_;  // [shard]: parameters of its stage before it
   int shard_hosts_ = 0;                            // workers hosting a shard
   std::vector<int> partials_in_;                   // [iter]: hosts whose partial norm is out
   std::vector<std::vector<double>> partial_at_;    // [iter][worker]: when it went out

@@ -13,14 +13,22 @@
 //    host's NIC is not modelled); workers on one host talk for free.
 //  - RecvAct and RecvGrad block until the message has arrived.
 //  - The parameter-server exchange runs as listed: PushGrads sends each shard of the stage's
-//    gradients (fp32) to the shard's host and goes on. A host's ReduceNorm waits until every
-//    replica's push of each shard it hosts is in; with global-norm clipping it then sends its
-//    partial squares to every other host and waits until every other host's have arrived (one
-//    latency each; control-sized messages are latency only). Step occupies the host for the sum and AdamW of its shards at memory bandwidth
-//    (DeviceCost::StepSeconds); Broadcast sends each hosted shard's parameters (fp32) to every
-//    replica of its stage; PullParams blocks until all of its stage's shards are back.
+//    gradients to the shard's host and goes on. A host's ReduceNorm waits until every replica's
+//    push of each shard it hosts is in; with global-norm clipping it then sends its partial
+//    squares to every other host and waits until every other host's have arrived (one latency
+//    each; control-sized messages are latency only). Step occupies the host for the sum and AdamW
+//    of each of its shards in turn at memory bandwidth (DeviceCost::StepSeconds), and each shard's
+//    parameters leave for every replica of its stage as soon as it is stepped; PullParams blocks
+//    until all of its stage's shards are back.
+//  - On a CPU worker in step (no local updates) the exchange overlaps compute as the executor's
+//    block hooks make it (model/exchange_hooks.h): the last micro-batch's Backward sends each
+//    shard once the backward has passed the shard's first parameter (the backward's time spread
+//    over the stage's parameters, back to front), PushGrads sends nothing more, and PullParams
+//    does not wait: the next iteration's first Forward reaches shard j's first parameter after the
+//    share of its time that the parameters before it take, and waits there until shard j is in.
+//    A GPU worker queues its work and exchanges whole iterations, as listed.
 // Several iterations run back to back, each worker starting the next as soon as its PullParams
-// is done; the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
+// is done (or, overlapped, at once); the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
 // it, between the ends of the last two iterations (so it is the steady state, not the first
 // iteration's start-up).
 // With local updates (Layout::local_steps = H) a worker's LocalStep occupies it for AdamW over its

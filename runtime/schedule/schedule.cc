@@ -48,7 +48,6 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
   if (hosts_shards) {
     s.push_back({Op::kReduceNorm});
     s.push_back({Op::kStep});
-    s.push_back({Op::kBroadcast});
   }
   s.push_back({Op::kPullParams});
   return s;
@@ -60,7 +59,7 @@ int ActivationSlots(ScheduleKind kind, int stages, int stage, int micro) {
 
 std::string ToString(const std::vector<Instr>& s) {
   static const char* names[] = {"RecvAct",   "Forward",    "SendAct", "RecvGrad",  "Backward",  "SendGrad",
-                                "PushGrads", "ReduceNorm", "Step",    "Broadcast", "PullParams", "LocalStep"};
+                                "PushGrads", "ReduceNorm", "Step",    "PullParams", "LocalStep"};
   std::string out;
   for (const Instr& i : s) {
     if (!out.empty()) out += " ";

@@ -12,8 +12,11 @@ namespace longhaul {
 // The parameter-server part of an iteration: every worker pushes its gradient of each shard to
 // the shard's host (PushGrads); a host takes every replica's push of each shard it hosts, sums
 // them in replica order and has the global norm reduced over every shard of every stage
-// (ReduceNorm), steps its shards (Step) and sends their parameters to every replica of its stage
-// (Broadcast); every worker then waits for its stage's parameters (PullParams).
+// (ReduceNorm), steps its shards one by one and sends each one's parameters to every replica of
+// its stage as soon as it is stepped (Step); every worker then waits for its stage's parameters
+// (PullParams). Where a stage's backend lets the exchange in between its blocks
+// (model/exchange_hooks.h), the last Backward pushes each shard as soon as its gradients are
+// complete, and PullParams may leave the parameters to the next iteration's first Forward.
 // With local updates (train.local_steps) a worker steps its own stage instead (LocalStep), and on
 // the iterations that exchange it pushes the change since the last exchange, which the hosts
 // average and step with the outer optimizer.
@@ -27,7 +30,6 @@ enum class Op {
   kPushGrads,
   kReduceNorm,
   kStep,
-  kBroadcast,
   kPullParams,
   kLocalStep
 };
@@ -50,7 +52,7 @@ const char* ScheduleName(ScheduleKind k);
 
 // Instructions of a worker of stage `stage` of `stages` for `micro` micro-batches. Receives and
 // sends are implied by the stage's position (none before the first stage's forward, none after
-// the last's); ReduceNorm, Step and Broadcast only where the worker hosts parameter-server shards.
+// the last's); ReduceNorm and Step only where the worker hosts parameter-server shards.
 // Backwards run in ascending micro-batch order in both schedules, so parameter gradients sum in
 // the same order as in one process.
 std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,

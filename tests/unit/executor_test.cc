@@ -64,15 +64,14 @@ class MemoryChannel final : public Channel {
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override {
     wires_.Put({kind, it, micro, kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1}, std::vector<float>(data, data + n));
   }
-  absl::Status PushGradients(int64_t, Stage& stage) override {
+  absl::Status PushGradients(int64_t, Stage& stage, size_t) override {
     LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
     pushed.assign(grads, grads + params_);
     return absl::OkStatus();
   }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
-  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
-  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*, size_t) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 
   std::vector<float> pushed;
@@ -206,11 +205,10 @@ class ClosedChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t, Stage&) override { return absl::OkStatus(); }
+  absl::Status PushGradients(int64_t, Stage&, size_t) override { return absl::OkStatus(); }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
-  absl::Status Broadcast(int64_t) override { return absl::OkStatus(); }
-  absl::Status PullParameters(int64_t, Stage&, double*) override { return absl::OkStatus(); }
+  absl::Status PullParameters(int64_t, Stage&, double*, size_t) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 };
 

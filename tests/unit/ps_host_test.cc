@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "optim/grad_clip.h"
@@ -73,10 +74,9 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   ApplyOptimizerStepWithNorm(want.data(), g.data(), n, adamw, kSchedule, 1.0f, 0, std::sqrt(sum_squares));
 
   ASSERT_TRUE(host.ReduceNorm(0).ok());
+  ASSERT_TRUE(f.sent.empty()) << "nothing sent before the step";
   auto step = host.Step(0);
   ASSERT_TRUE(step.ok()) << step.status();
-  ASSERT_TRUE(f.sent.empty()) << "nothing sent before the broadcast";
-  ASSERT_TRUE(host.Broadcast(0).ok());
   ASSERT_EQ(f.reports.size(), 1u);
   ASSERT_EQ(f.reports[0].size(), 1u);
   EXPECT_EQ(f.reports[0][0].stage, 0);
@@ -87,6 +87,36 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   EXPECT_NEAR(step->grad_norm, std::sqrt(sum_squares), 1e-9);
   EXPECT_GT(step->lr, 0);
   EXPECT_EQ(f.sent, (std::vector<std::pair<int, size_t>>{{0, n}, {1, n}}));
+}
+
+// Each shard's parameters leave as soon as it is stepped, before the next shard steps, in the
+// stage's order: the next forward needs the first blocks first.
+TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
+  Fixture f;
+  const int tensors = static_cast<int>(f.layout.tensors().size());
+  const size_t cut = f.layout.Range(0, tensors / 2).second, n = f.layout.total();
+  for (int r = 0; r < 2; ++r) f.pushes[r].assign(cut, 0.5f);
+  PsHost* host_ptr = nullptr;
+  std::vector<std::pair<int, bool>> sends;  // (shard, whether the second shard had stepped)
+  PsLinks links = f.Links();
+  links.take_push = [&](int64_t, int, int shard) -> absl::StatusOr<std::vector<float>> {
+    return std::vector<float>(shard == 0 ? cut : n - cut, 0.5f);
+  };
+  links.send_params = [&](int64_t, int, int shard, const float*, size_t) {
+    const float* second = *host_ptr->shards()[1]->Params();
+    sends.emplace_back(shard, *second != f.Init()[cut]);
+  };
+  PsHost host(3, 0, 2, kSchedule, 0.0f, OuterOptimizer{}, links);
+  host_ptr = &host;
+  const std::vector<float> init = f.Init();
+  for (auto [first, end, owner_shard] : {std::tuple{0, tensors / 2, 0}, std::tuple{tensors / 2, tensors, 1}}) {
+    auto shard = std::make_unique<HostPsShard>(AdamWConfig{}, f.layout, 0, owner_shard, first, end, 2);
+    ASSERT_TRUE(shard->SetState(init.data() + f.layout.Range(first, end).first, nullptr, nullptr).ok());
+    host.Add(std::move(shard));
+  }
+  ASSERT_TRUE(host.ReduceNorm(0).ok());
+  ASSERT_TRUE(host.Step(0).ok());
+  EXPECT_EQ(sends, (std::vector<std::pair<int, bool>>{{0, false}, {0, false}, {1, true}, {1, true}}));
 }
 
 // Local updates: the pushes are the replicas' changes since the last exchange; their average

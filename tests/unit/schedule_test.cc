@@ -15,7 +15,7 @@ TEST(Schedule, GpipeAllForwardsThenAllBackwards) {
 
 TEST(Schedule, AShardHostListsTheParameterServersExchangeBetweenPushAndPull) {
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true)),
-            "Forward(0) Forward(1) Backward(0) Backward(1) PushGrads ReduceNorm Step Broadcast PullParams");
+            "Forward(0) Forward(1) Backward(0) Backward(1) PushGrads ReduceNorm Step PullParams");
 }
 
 // Local updates: between exchanges a worker steps its own stage and exchanges nothing; the
@@ -24,7 +24,7 @@ TEST(Schedule, LocalUpdatesStepTheStageThenExchangeOnlyWhereTheyExchange) {
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true, IterationEnd::kLocalStep)),
             "Forward(0) Forward(1) Backward(0) Backward(1) LocalStep");
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 2, true, IterationEnd::kLocalStepThenExchange)),
-            "Forward(0) Forward(1) Backward(0) Backward(1) LocalStep PushGrads ReduceNorm Step Broadcast PullParams");
+            "Forward(0) Forward(1) Backward(0) Backward(1) LocalStep PushGrads ReduceNorm Step PullParams");
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 2, 1, 1, false, IterationEnd::kLocalStepThenExchange)),
             "RecvAct(0) Forward(0) Backward(0) SendGrad(0) LocalStep PushGrads PullParams");
 }
