@@ -42,8 +42,9 @@ constexpr Setting kSettings[] = {
 };
 
 // The source ran GPipe with fp32 activations and a central parameter server, the exchange after
-// the last backward; longhaul's defaults are the job config's own.
-const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\"", "cluster.ps=\"central\""};
+// the last backward and before the next forward; longhaul's defaults are the job config's own.
+const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\"", "cluster.ps=\"central\"",
+                                                 "cluster.overlap_exchange=false"};
 
 // With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
 // machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of
@@ -239,8 +240,9 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
                                    ours.predicted / ours.seconds);
     }
   }
-  std::cout << "like the source: fp32 activations, central parameter server; longhaul defaults: the config's own "
-               "(transport.wire_dtype \"auto\": int8 on these links; sharded parameter servers)\n"
+  std::cout << "like the source: fp32 activations, central parameter server, no overlap of the exchange with "
+               "compute; longhaul defaults: the config's own (transport.wire_dtype \"auto\": int8 on these links; "
+               "sharded parameter servers; the exchange overlapped)\n"
                "predicted: the planner's simulator (runtime/plan/simulator.h) with the run's own compute per "
                "micro-batch per stage and the emulated links, for the defaults' run\n";
   std::cout << "(each run's log, timeline and metrics are under " << root << "/)\n";

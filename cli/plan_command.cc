@@ -107,6 +107,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   r.precision = cfg->train.precision;
   r.wire = cfg->transport.wire_dtype, r.fast_wire = cfg->FastWire();
   r.local_steps = cfg->train.local_steps;
+  r.overlap = cfg->cluster.overlap_exchange;
   r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
   r.workers = workers;
   r.top = g.top;

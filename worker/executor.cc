@@ -39,10 +39,11 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   std::vector<std::vector<float>> inputs(micro_batches_), grads_in(micro_batches_);
   const int slots = stage_.slots();
   // Times one compute instruction and puts it in the timeline. On a stage that queues its work
-  // this is the time to queue it; the waits for its results land in the sends.
-  auto computed = [&](const std::string& name, int m, int64_t t0) {
+  // this is the time to queue it; the waits for its results land in the sends. A forward that
+  // pulled parameters between its blocks waited `waited` seconds of it, counted as waiting.
+  auto computed = [&](const std::string& name, int m, int64_t t0, double waited = 0) {
     const int64_t t1 = Timeline::NowMicros();
-    result.compute_seconds += (t1 - t0) * 1e-6;
+    result.compute_seconds += (t1 - t0) * 1e-6 - waited;
     timeline_.Add(name, Track::kCompute, t0, t1, it, m);
   };
   auto send = [&](const Instr& in) -> absl::Status {
@@ -92,6 +93,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kForward: {
         const int64_t t0 = Timeline::NowMicros();
+        const double waited_before = result.wait_seconds;
         pull_waited_ = &result.wait_seconds;
         LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % slots, mbs[m], first_ ? nullptr : inputs[m].data()));
         LH_RETURN_IF_ERROR(hooked());
@@ -101,7 +103,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         }
         channel_.Recycle(std::move(inputs[m]));
         if (last_) result.loss += loss / micro_batches_;
-        computed(absl::StrCat("F", m), m, t0);
+        computed(absl::StrCat("F", m), m, t0, result.wait_seconds - waited_before);
         LH_RETURN_IF_ERROR(flush_sends());
         break;
       }

@@ -79,6 +79,9 @@ class Executor {
   absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true,
                                       bool defer_pull = false);
   int64_t pull_pending() const { return pull_pending_; }
+  // cluster.overlap_exchange false: every iteration pushes after its backwards and pulls before it
+  // ends, as a backend without hooks does.
+  void SetOverlap(bool overlap) { hooked_ = stage_.SetExchangeHooks(overlap ? &hooks_ : nullptr) && overlap; }
 
  private:
   Stage& stage_;

@@ -285,6 +285,7 @@ absl::Status Worker::Setup() {
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
       s_, P, M_, boundary);
+  executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   if (local_updates) {
     executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
   }

@@ -272,6 +272,7 @@ const std::vector<KeyDef>& Table() {
       Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
       Choice("cluster", "placement", R::kFree, LH_FIELD(cluster.search_placement), ParsePlacement, PlacementName),
       Choice("cluster", "link_probe", R::kFree, LH_FIELD(cluster.link_probe), ParseLinkProbe, LinkProbeName),
+      Value("cluster", "overlap_exchange", R::kFree, LH_FIELD(cluster.overlap_exchange)),
       {{"cluster", "stage_layers", R::kLayout},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(c.Cut()); }},

@@ -78,6 +78,9 @@ struct ClusterConfig {
   // the tensor transport) for the coordinator to plan with: "auto" where it has no scenario's
   // links, "on" always (measured links replace a scenario's), "off" never.
   enum class LinkProbe { kAuto, kOn, kOff } link_probe = LinkProbe::kAuto;
+  // Whether the data-parallel exchange overlaps compute where a stage's backend allows it
+  // (model/exchange_hooks.h: pushes during the last backward, pulls during the next first forward).
+  bool overlap_exchange = true;
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;

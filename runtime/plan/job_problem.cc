@@ -21,6 +21,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.work = JobWorkShape(cfg);
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire();
   L.local_steps = cfg.train.local_steps;
+  L.overlap = cfg.cluster.overlap_exchange;
   return L;
 }
 

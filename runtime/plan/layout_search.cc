@@ -22,6 +22,7 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   L.work = {r.model, r.seq_len, micro_batch, r.precision, recompute};
   L.wire = r.wire, L.fast_wire = r.fast_wire;
   L.local_steps = r.local_steps;
+  L.overlap = r.overlap;
   int over = 0;
   for (int s = 0; s < stages; ++s) {
     const StageSpec spec = L.Spec(s);

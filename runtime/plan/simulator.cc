@@ -188,7 +188,7 @@ class Engine {
         auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
         if (!cost.ok()) return cost.status();
         k.cost = *cost;
-        k.overlaps = round_ == 1 && sim_.devices[k.device].backend() == Backend::kCpu;
+        k.overlaps = L_.overlap && round_ == 1 && sim_.devices[k.device].backend() == Backend::kCpu;
       }
     }
     stage_shards_.assign(S, {});

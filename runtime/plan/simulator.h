@@ -59,6 +59,8 @@ struct Layout {
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
+  // cluster.overlap_exchange: CPU workers overlap the exchange with compute (see above).
+  bool overlap = true;
 
   StageSpec Spec(int stage) const;
   double BoundaryElements() const;  // activations (or their gradients) of one micro-batch

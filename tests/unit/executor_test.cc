@@ -1,11 +1,13 @@
 // The executor runs a schedule against a Stage and a Channel. Two stages, each in its own thread
 // and joined by an in-memory channel, give bitwise the whole model's loss and gradients under
 // GPipe and 1F1B, also when the stages queue their work as a device does (and then each result is
-// asked for only after the next compute is queued); a channel's error ends the iteration with it.
+// asked for only after the next compute is queued); a channel's error ends the iteration with it;
+// the exchange overlaps compute through a CPU stage's hooks and computes the same.
 #include "worker/executor.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -196,6 +198,103 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
                            return std::string(ScheduleName(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_Queued" : "_Immediate");
                          });
+
+// One stage's channel to three parameter-server shards: it keeps what each push carried and when,
+// and a pull writes `next` into the shards it is asked for.
+class ShardChannel final : public Channel {
+ public:
+  ShardChannel(const ParamLayout& layout, std::vector<float> next) : next_(std::move(next)) {
+    for (auto [first, end] : layout.SplitIntoShards(3)) shards_.push_back(layout.Range(first, end));
+  }
+  absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
+    return absl::InternalError("one stage receives nothing");
+  }
+  void Recycle(std::vector<float>) override {}
+  void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
+  absl::Status PushGradients(int64_t it, Stage& stage, size_t from) override {
+    LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      const auto [begin, end] = shards_[k];
+      if (begin < from || pushes.count({it, k}) > 0) continue;
+      pushes[{it, k}] = {from, std::vector<float>(grads + begin, grads + end)};
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
+  absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
+  absl::Status PullParameters(int64_t it, Stage& stage, double*, size_t upto) override {
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      const auto [begin, end] = shards_[k];
+      if (begin >= upto || pulled.count({it, k}) > 0) continue;
+      pulled[{it, k}] = upto;
+      LH_RETURN_IF_ERROR(stage.SetParams(begin, next_.data() + begin, end - begin));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Flush(int64_t) override { return absl::OkStatus(); }
+
+  std::vector<std::pair<size_t, size_t>> shards_;  // [begin, end) floats
+  std::map<std::pair<int64_t, size_t>, std::pair<size_t, std::vector<float>>> pushes;  // (it, shard): (from, grads)
+  std::map<std::pair<int64_t, size_t>, size_t> pulled;                                 // (it, shard): upto
+
+ private:
+  std::vector<float> next_;
+};
+
+// With a CPU stage's hooks the last backward pushes each shard as soon as its gradients are
+// complete (the last shards first), and a deferred pull lands shard by shard inside the next
+// iteration's first forward, which then computes exactly what it computes after a whole pull.
+// Without overlap every push waits for PushGrads and every pull for PullParams.
+TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  auto batches = [&](int64_t it) {
+    std::vector<MicroBatch> mbs;
+    for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(it, 0, m));
+    return mbs;
+  };
+  auto stage = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, M, 11);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  const size_t n = (*stage)->num_params();
+  std::vector<float> next(n);
+  for (size_t i = 0; i < n; ++i) next[i] = 0.02f * std::sin(0.37f * static_cast<float>(i));
+  // What iteration 1 computes on `next`, pulled whole before it starts.
+  auto reference = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, M, 11);
+  ASSERT_TRUE(reference.ok());
+  ASSERT_TRUE((*reference)->SetParams(0, next.data(), n).ok());
+  Timeline timeline;
+  ShardChannel ref_channel((*reference)->layout(), next);
+  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, 0);
+  ref.SetOverlap(false);
+  auto want = ref.Run(1, batches(1));
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  ShardChannel channel((*stage)->layout(), next);
+  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, 0);
+  const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
+  auto first = ex.Run(0, batches(0), true, /*defer_pull=*/true);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(ex.pull_pending(), 0);
+  EXPECT_TRUE(std::equal(init.begin(), init.end(), *(*stage)->Params())) << "nothing pulled yet";
+  const float* grads = *(*stage)->Grads();
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& [from, pushed] = channel.pushes.at({0, k});
+    const auto [begin, end] = channel.shards_[k];
+    EXPECT_TRUE(std::equal(pushed.begin(), pushed.end(), grads + begin)) << "shard " << k << " pushed incomplete";
+    EXPECT_EQ(from > 0, k > 0) << "shard " << k << " left during the backward (from " << from << ")";
+  }
+  EXPECT_GT(channel.pushes.at({0, 1}).first, 0u);
+
+  auto second = ex.Run(1, batches(1), true, /*defer_pull=*/false);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(ex.pull_pending(), -1);
+  EXPECT_LT(channel.pulled.at({0, 0}), n) << "the first shard was pulled when the embedding asked for it";
+  EXPECT_EQ(second->loss, want->loss) << "the forward read every shard's new parameters";
+  EXPECT_EQ(channel.pushes.at({1, 2}).second, ref_channel.pushes.at({1, 2}).second);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(ref_channel.pushes.at({1, k}).first, 0u) << "without overlap";
+}
 
 // A channel whose receives fail, as a stopped job's do.
 class ClosedChannel final : public Channel {

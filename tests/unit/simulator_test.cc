@@ -198,6 +198,29 @@ TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
   }
 }
 
+// A CPU worker's exchange overlaps compute: the last backward pushes the later shard before it
+// has finished, and the next forward computes the earlier shard's blocks while the later one's
+// parameters are still on their way. It can hide at most one forward and one backward; on free
+// links there is nothing to hide, and a GPU worker exchanges whole iterations.
+TEST(Simulator, OverlapHidesPartOfTheExchangeOnCpuWorkersOnly) {
+  const int M = 2;
+  auto iteration = [&](const char* backend, double rate, bool overlap, double latency = 0.002) {
+    Simulation sim = Make(1, 2, M, latency, rate);
+    sim.devices = {TestDevice(1e9, backend)};
+    sim.layout.overlap = overlap;
+    sim.iterations = 4;
+    return Simulated(sim).iteration_s;
+  };
+  const double rate = 1e6;
+  const double off = iteration("cpu", rate, false), on = iteration("cpu", rate, true);
+  const ComputeTimes t = *TestDevice(1e9, "cpu").Stage(Make(1, 2, M).layout.work, Make(1, 2, M).layout.Spec(0));
+  EXPECT_LT(on, off - 0.1 * (t.forward_s + t.backward_s)) << "overlapped " << on << " s, not " << off << " s";
+  EXPECT_GE(on, off - (t.forward_s + t.backward_s) - kEps);
+  EXPECT_NEAR(iteration("cuda", rate, true), iteration("cuda", rate, false), kEps);
+  EXPECT_NEAR(iteration("cuda", rate, true), off, kEps) << "the same device but for the backend";
+  EXPECT_NEAR(iteration("cpu", 0, true, 0), iteration("cpu", 0, false, 0), kEps) << "free links leave nothing to hide";
+}
+
 TEST(Simulator, CentralPsTakesEachReplicaOnItsOwnLink) {
   // Four replicas push to replica 0's worker over three host pairs at once (no shared NIC), and
   // get the parameters back the same way: one transfer time each way, not three.
