@@ -1,6 +1,7 @@
 // Tensor transfer throughput on loopback: longhaul's transport (framed TCP, checksums, pooled
 // receive buffers) against a plain TCP socket pair moving the same bytes, in the same run; iperf3
-// and torch.distributed (gloo) send/recv too where installed; and the fixed cost of one tensor.
+// and torch.distributed (gloo) send/recv too where installed; and the fixed cost of one tensor,
+// acknowledged, and one way as a pipeline's boundary tensors pay it.
 //
 //   build/bench/transport_bench [--sizes-mb 1,16,256] [--connections 1] [--chunk-mib 2]
 #include <arpa/inet.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -57,6 +59,89 @@ double Longhaul(size_t bytes, int connections, int chunk_mib) {
     if (i >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     box.Recycle(std::move(*got));  // as the worker does with consumed tensors
   }
+  return Median(times);
+}
+
+// One way (median half round trip) of a one-element tensor bounced between two longhaul
+// endpoints, each answering what its mailbox got: what a pipeline pays per boundary tensor beyond
+// the bytes, with no acknowledgement waited for.
+double LonghaulPingPong(int reps) {
+  longhaul::Mailbox box_a, box_b;
+  const longhaul::AnyTensorUpTo admission(1);
+  auto server_a = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box_a, &admission);
+  auto server_b = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box_b, &admission);
+  longhaul::TransportOptions opt;
+  opt.job_id = "bench";
+  longhaul::TensorClient to_a((*server_a)->address(), opt), to_b((*server_b)->address(), opt);
+  const float x = 1.5f;
+  auto send = [&](longhaul::TensorClient& c, int i) {
+    longhaul::proto::TensorHeader h;
+    h.set_kind(longhaul::proto::ACTIVATION);
+    h.set_iteration(i);
+    return c.Send(h, &x, 1);
+  };
+  auto take = [](longhaul::Mailbox& box, int i) {
+    auto got = box.Take({longhaul::proto::ACTIVATION, i, 0, 0, 0, 0}, std::chrono::seconds(60));
+    if (!got.ok()) {
+      std::cerr << "transport error: " << got.status() << "\n";
+      std::exit(1);
+    }
+    box.Recycle(std::move(*got));
+  };
+  std::vector<std::shared_ptr<longhaul::SendOp>> ops;
+  std::thread echo([&] {
+    for (int i = 0; i <= reps; ++i) {
+      take(box_b, i);
+      ops.push_back(send(to_a, i));
+    }
+  });
+  std::vector<std::shared_ptr<longhaul::SendOp>> mine;
+  std::vector<double> times;
+  for (int i = 0; i <= reps; ++i) {  // i = 0 opens the connections
+    const auto t0 = Clock::now();
+    mine.push_back(send(to_b, i));
+    take(box_a, i);
+    if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2);
+  }
+  echo.join();
+  for (auto& op : ops) (void)op->Wait();
+  for (auto& op : mine) (void)op->Wait();
+  return Median(times);
+}
+
+// The same over a plain TCP socket pair: 4 bytes each way.
+double PlainPingPong(int reps) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, 1);
+  int one = 1;
+  std::thread echo([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[4];
+    for (int i = 0; i <= reps; ++i) {
+      if (read(fd, buf, 4) != 4 || write(fd, buf, 4) != 4) break;
+    }
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<double> times;
+  char buf[4] = {1, 2, 3, 4};
+  for (int i = 0; i <= reps; ++i) {
+    const auto t0 = Clock::now();
+    if (write(fd, buf, 4) != 4 || read(fd, buf, 4) != 4) break;
+    if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2);
+  }
+  close(fd);
+  echo.join();
+  close(listener);
   return Median(times);
 }
 
@@ -177,6 +262,12 @@ int main(int argc, char** argv) {
       "fixed cost: a one-element tensor sent, received and acknowledged in %.0f us (median of 50); a plain socket's 4 "
       "bytes and 1-byte answer in %.0f us: %.0f us more per tensor\n",
       ours_small * 1e6, plain_small * 1e6, (ours_small - plain_small) * 1e6);
+  const double ours_one_way = LonghaulPingPong(200), plain_one_way = PlainPingPong(200);
+  std::cout << absl::StrFormat(
+      "fixed cost one way: a one-element tensor bounced between two endpoints, each sending on what its mailbox "
+      "got, %.0f us per crossing (median of 200 half round trips); a plain socket's 4 bytes bounced, %.0f us: %.0f "
+      "us more per tensor\n",
+      ours_one_way * 1e6, plain_one_way * 1e6, (ours_one_way - plain_one_way) * 1e6);
   if (gloo.empty()) std::cout << "gloo: skipped (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)\n";
   if (Run("command -v iperf3").empty()) std::cout << "iperf3: skipped (not installed: apt-get install iperf3)\n";
   return 0;
