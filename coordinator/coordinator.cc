@@ -50,6 +50,11 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// How long a worker another saw leave mid-run may stay silent before it is lost: five heartbeats
+// (a slow worker keeps sending them; a killed one sends none), at least 2 s for a loaded machine's
+// scheduling, at most the silence that loses any worker.
+double SuspectSilentSeconds(const ClusterConfig& c) { return std::min(c.dead_after_s, std::max(2.0, 5 * c.heartbeat_s)); }
+
 // Per-iteration reports of every worker.
 struct IterationRecord {
   std::map<int, proto::IterationReport> reports;  // by worker id
@@ -67,7 +72,7 @@ class Service final : public proto::Coordinator::Service {
         links_(network_ ? "the scenario's links" : ""),
         cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
-        members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s),
+        members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s, SuspectSilentSeconds(cfg.cluster)),
         log_(cfg, start_, end_, std::move(metrics)),
         job_metrics_(cfg) {}
 
@@ -256,6 +261,20 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ReportSuspect(grpc::ServerContext* ctx, const proto::SuspectReport* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ReportSuspect", *req); !st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
+    for (const proto::Assignment& a : plan_.assignments()) {
+      if (a.stage() != req->stage() || a.replica() != req->replica()) continue;
+      if (a.worker_id() != req->worker_id()) members_.Suspect(a.worker_id(), req->worker_id(), Clock::now());
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
+  }
+
   grpc::Status ReportDone(grpc::ServerContext* ctx, const proto::DoneReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
@@ -290,7 +309,7 @@ class Service final : public proto::Coordinator::Service {
         last_wait_note = Clock::now();
       }
       if (const auto silent = members_.Silent(Clock::now()); silent && abort_.empty()) {
-        const auto [id, seconds] = *silent;
+        const int id = silent->id;
         const std::string& address = members_.registration(id).address();
         const std::string where =
             plan_.version() == 0
@@ -298,9 +317,13 @@ class Service final : public proto::Coordinator::Service {
                 : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
                                   plan_.assignments(id).replica(), address);
         job_metrics_.WorkerLost();
-        Abort(absl::StrFormat("worker %d (%s) sent no heartbeat for %.0f s: it died or is unreachable; restart it, "
-                              "then %s",
-                              id, where, seconds, ResumeAdvice()));
+        const std::string why =
+            silent->reporter < 0
+                ? absl::StrFormat("sent no heartbeat for %.0f s", silent->silent_s)
+                : absl::StrFormat("closed its connection to worker %d mid-run and sent no heartbeat for %.1f s since",
+                                  silent->reporter, silent->silent_s);
+        Abort(absl::StrFormat("worker %d (%s) %s: it died or is unreachable; restart it, then %s", id, where, why,
+                              ResumeAdvice()));
       }
     }
     if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);

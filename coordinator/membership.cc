@@ -9,8 +9,9 @@
 
 namespace longhaul {
 
-Membership::Membership(std::string job_id, int expected, double dead_after_s)
-    : job_id_(std::move(job_id)), expected_(expected), dead_after_s_(dead_after_s) {}
+Membership::Membership(std::string job_id, int expected, double dead_after_s, double suspect_silent_s)
+    : job_id_(std::move(job_id)), expected_(expected), dead_after_s_(dead_after_s),
+      suspect_silent_s_(suspect_silent_s) {}
 
 absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Clock::time_point now) {
   if (req.protocol_version() != kProtocolVersion) {
@@ -131,10 +132,19 @@ int Membership::done() const {
   return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.done; }));
 }
 
-std::optional<std::pair<int, double>> Membership::Silent(Clock::time_point now) const {
+void Membership::Suspect(int id, int reporter, Clock::time_point now) {
+  Worker& w = workers_.at(id);
+  if (!w.suspected) w.suspected = std::make_pair(now, reporter);
+}
+
+std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const {
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (const auto& [id, w] : workers_) {
-    const double silent = std::chrono::duration<double>(now - w.last_seen).count();
-    if (!w.done && silent > dead_after_s_) return std::make_pair(id, silent);
+    if (w.done) continue;
+    if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
+    if (!w.suspected) continue;
+    const double since = seconds(now - std::max(w.last_seen, w.suspected->first));
+    if (since > suspect_silent_s_) return Lost{id, since, w.suspected->second};
   }
   return std::nullopt;
 }

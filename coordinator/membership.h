@@ -18,8 +18,9 @@ class Membership {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // A job of `expected` workers; one silent for longer than `dead_after_s` is dead.
-  Membership(std::string job_id, int expected, double dead_after_s);
+  // A job of `expected` workers; one silent for longer than `dead_after_s` is dead, and so is a
+  // suspect silent for longer than `suspect_silent_s` since it was suspected.
+  Membership(std::string job_id, int expected, double dead_after_s, double suspect_silent_s);
 
   // The new worker's id: the slot it asks for, else the lowest free one (so 0, 1, ... in
   // registration order); or why it is refused: another protocol version or job
@@ -53,8 +54,16 @@ class Membership {
   int registered() const { return static_cast<int>(workers_.size()); }
   bool full() const { return registered() == expected_; }
   int done() const;
-  // A worker not done and silent for longer than the limit at `now`, with its seconds of silence.
-  std::optional<std::pair<int, double>> Silent(Clock::time_point now) const;
+  // Worker `reporter` saw evidence that worker `id` is gone (SuspectReport). A heartbeat after
+  // this makes the silence count from there: a slow worker is not a dead one.
+  void Suspect(int id, int reporter, Clock::time_point now);
+  struct Lost {
+    int id = -1;
+    double silent_s = 0;  // since it was last heard from, or since it was suspected
+    int reporter = -1;    // who suspected it, where that is why it is lost
+  };
+  // A worker not done and silent past its limit at `now`.
+  std::optional<Lost> Silent(Clock::time_point now) const;
   const proto::RegisterRequest& registration(int id) const { return workers_.at(id).reg; }
   std::map<int, proto::RegisterRequest> registrations() const;
   // The slots no worker holds yet.
@@ -71,10 +80,11 @@ class Membership {
     std::optional<proto::ComputeProfile> profile;
     std::map<int, proto::LinkMeasurement> links;  // by peer at another address
     bool links_reported = false;
+    std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
   };
   const std::string job_id_;
   const int expected_;
-  const double dead_after_s_;
+  const double dead_after_s_, suspect_silent_s_;
   std::map<int, Worker> workers_;
 };
 

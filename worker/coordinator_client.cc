@@ -169,6 +169,14 @@ absl::Status CoordinatorClient::ReportCheckpoint(const proto::CheckpointReport& 
   return Report(&proto::Coordinator::Stub::ReportCheckpoint, report, "reporting a checkpoint to the coordinator");
 }
 
+absl::Status CoordinatorClient::ReportSuspect(int stage, int replica) {
+  proto::SuspectReport report;
+  report.set_worker_id(id_);
+  report.set_stage(stage);
+  report.set_replica(replica);
+  return Report(&proto::Coordinator::Stub::ReportSuspect, report, "reporting a peer that left to the coordinator");
+}
+
 void CoordinatorClient::ReportDone(const proto::DoneReport& report) {
   if (id_ < 0) return;
   proto::Empty empty;

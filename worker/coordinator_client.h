@@ -54,6 +54,8 @@ class CoordinatorClient {
   absl::Status ReportCheckpoint(const proto::CheckpointReport& report);
   // Best effort: the coordinator may be gone already.
   void ReportDone(const proto::DoneReport& report);
+  // The worker of (stage, replica) closed its connection to this one mid-run (SuspectReport).
+  absl::Status ReportSuspect(int stage, int replica);
 
  private:
   void Heartbeat(double period_s, double dead_after_s);

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -89,6 +90,9 @@ class Worker {
   const JobSecret secret_;
   // Members go in reverse order: the server before the mailbox and admission it uses, the client
   // (whose heartbeat thread may call Stop until it is joined) before the mailbox and canceller.
+  // While the iterations run, a peer's connection that closes is evidence of its death
+  // (TensorServer::SetSenderLeftObserver); before and after, peers come and go.
+  std::atomic<bool> running_{false};
   Mailbox mailbox_;
   PlanAdmission admission_;
   std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
@@ -205,6 +209,10 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 absl::Status Worker::Setup() {
   LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
   server_->SetJobId(plan_.job_id());
+  server_->SetSenderLeftObserver([this](int stage, int replica) {
+    // Best effort: the heartbeats find a dead worker without it, only later.
+    if (running_) (void)client_.ReportSuspect(stage, replica);
+  });
   for (const proto::Assignment& a : plan_.assignments())
     if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
   const int P = plan_.stages(), D = plan_.replicas();
@@ -362,6 +370,7 @@ absl::Status Worker::Run() {
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   end_ = RunEnd(plan_, cfg_);
+  running_ = true;
   int64_t it = start;
   for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
@@ -371,6 +380,7 @@ absl::Status Worker::Run() {
     status = RunIteration(it);
     if (status.ok() && CheckpointDue(it)) status = Checkpoint(it + 1);
   }
+  running_ = false;
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
   // The last iteration's sends report a failure only once acknowledged.

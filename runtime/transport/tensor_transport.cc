@@ -178,14 +178,26 @@ void TensorServer::Serve(Connection* c) {
     const std::string ok = AckFrame(absl::OkStatus());
     s = WriteAll(c->fd, ok.data(), ok.size(), After(kHelloTimeout), stop_);
   }
+  std::optional<std::pair<int, int>> sender;
+  bool left = false;  // the sender closed the connection, or it broke
   while (s.ok()) {
     bool closed = false;
     auto header_bytes = ReadU32(c->fd, Forever(), stop_, &closed);
     if (!header_bytes.ok()) {
+      left = closed || absl::IsUnavailable(header_bytes.status());
       s = closed ? absl::OkStatus() : header_bytes.status();  // closing between parts is how a peer leaves
       break;
     }
-    s = ServePart(c->fd, *header_bytes);
+    s = ServePart(c->fd, *header_bytes, &sender);
+    left = absl::IsUnavailable(s);
+  }
+  if (left && sender) {
+    std::function<void(int, int)> observer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      observer = sender_left_;
+    }
+    if (observer) observer(sender->first, sender->second);
   }
   // Shutting down or a broken connection: nobody to tell. A refusal: the peer hears why.
   if (s.ok() || absl::IsCancelled(s) || absl::IsUnavailable(s)) {
@@ -247,7 +259,7 @@ absl::Status TensorServer::ServeHello(int fd) {
   return absl::OkStatus();
 }
 
-absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
+absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender) {
   if (header_bytes == 0 || header_bytes > kMaxTensorHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
@@ -277,6 +289,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes) {
                                                       key.DebugString(), h.total_elements(), *allowed));
   }
   if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h, deadline);
+  *sender = std::pair(h.from_stage(), h.from_replica());
   if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
@@ -335,6 +348,11 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
   if (crc != *sent_crc) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
   const std::string ok = AckFrame(absl::OkStatus());
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+}
+
+void TensorServer::SetSenderLeftObserver(std::function<void(int stage, int replica)> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sender_left_ = std::move(observer);
 }
 
 void TensorServer::SetPartTimeout(std::chrono::milliseconds timeout) {

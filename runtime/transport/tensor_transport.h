@@ -30,7 +30,9 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -127,6 +129,11 @@ class TensorServer {
   // until set). Waits between parts have no limit: a quiet peer is a peer between iterations.
   void SetPartTimeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds part_timeout() const;
+  // Called, from the connection's thread, when a sender whose tensors this server admitted closes
+  // its connection or the connection breaks (not at Shutdown): `stage` and `replica` are what its
+  // last admitted header said it was. A killed process's connections close at once, so this is
+  // the first evidence of its death.
+  void SetSenderLeftObserver(std::function<void(int stage, int replica)> observer);
   // Connections and parts refused so far (stranger, garbage, bad header, checksum), and the last
   // reason.
   int refused() const { return refused_.load(); }
@@ -146,7 +153,8 @@ class TensorServer {
   // The hello and the secret's proofs, checked; then parts until the peer closes or a part is
   // refused.
   absl::Status ServeHello(int fd);
-  absl::Status ServePart(int fd, uint32_t header_bytes);
+  // `sender` becomes the (stage, replica) of an admitted tensor's header.
+  absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.
   absl::Status ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline);
   void Refuse(const std::string& why);
@@ -165,6 +173,7 @@ class TensorServer {
   mutable std::mutex mu_;
   std::string last_refusal_;
   std::chrono::milliseconds part_timeout_{120000};
+  std::function<void(int, int)> sender_left_;
 };
 
 // One send in flight: its bytes are written (the caller's buffer is free again) before the

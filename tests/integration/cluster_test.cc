@@ -766,6 +766,44 @@ TEST(Cluster, ADeadWorkerIsNamedAndTheAdviceFitsTheCheckpoints) {
   EXPECT_EQ(log.find("resume from the last checkpoint"), std::string::npos) << log;
 }
 
+// A worker killed mid-run is named within a few heartbeats, long before the silence that loses any
+// worker (cluster.dead_after_s, here 600 s): its peers' servers see the connections it had opened
+// close, report it, and its silence since confirms it.
+TEST(Cluster, AKilledWorkerIsNamedByTheConnectionsItClosed) {
+  const fs::path out = Dir("killed");
+  const pid_t launcher = Start("local", out,
+                               {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=100000",
+                                "cluster.dead_after_s=600", "transport.timeout_s=600"});
+  ASSERT_GT(launcher, 0);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0 && kill(-pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+    }
+  } reaper{launcher};
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  for (int i = 0; i < 600 && ReadMetrics((out / "metrics.csv").string()).value_or(std::vector<MetricsRow>{}).size() < 3;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(cluster["workers"][3]["pid"].get<int>(), SIGKILL), 0);
+  const int status = WaitFor(launcher, std::chrono::seconds(120));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = Log(out);
+  ASSERT_NE(status, -1) << "still running 120 s after a worker was killed\n" << log;
+  reaper.pid = 0;
+  std::cout << "the job stopped " << took << " s after worker 3 was killed (heartbeat 1 s)\n";
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  const std::regex named(R"(worker 3 \(stage \d+, replica \d+ at [^)]*\) closed its connection to worker \d+ mid-run)");
+  EXPECT_TRUE(std::regex_search(log, named)) << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "failed") << summary.dump(2);
+}
+
 // A stop reaches every worker within a heartbeat and cancels its sends: a worker whose sends
 // cannot reach their peer does not wait out transport.timeout_s once the job is stopped. Here
 // worker 0 (replica 0, the central parameter server) dials replica 1 at a port where nobody

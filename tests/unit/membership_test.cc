@@ -27,7 +27,7 @@ proto::RegisterRequest Request(const std::string& job, uint32_t version = kProto
 }
 
 TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
-  Membership m("job", 2, 5);
+  Membership m("job", 2, 5, 2);
   const Clock::time_point t0 = Clock::now();
   auto wrong_version = m.Register(Request("job", kProtocolVersion + 1), t0);
   EXPECT_EQ(wrong_version.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -47,7 +47,7 @@ TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
 }
 
 TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
-  Membership m("job", 3, 5);
+  Membership m("job", 3, 5, 2);
   const Clock::time_point t0 = Clock::now();
   proto::RegisterRequest r = Request("job");
   r.set_slot(2);
@@ -65,7 +65,7 @@ TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
 }
 
 TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
-  Membership m("job", 2, 5);
+  Membership m("job", 2, 5, 2);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -105,7 +105,7 @@ proto::LinkReport Links(int from, std::vector<std::tuple<int, double, double>> l
 }
 
 TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
-  Membership m("job", 3, 5);
+  Membership m("job", 3, 5, 2);
   const Clock::time_point t0 = Clock::now();
   for (const char* address : {"10.0.0.1:7071", "10.0.0.2:7071", "10.0.0.2:7072"}) {
     proto::RegisterRequest r = Request("job");
@@ -143,7 +143,7 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
 }
 
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
-  Membership m("job", 2, 5);
+  Membership m("job", 2, 5, 2);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -151,13 +151,39 @@ TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
   m.Heard(0, t0 + std::chrono::seconds(4));
   const auto silent = m.Silent(t0 + std::chrono::seconds(6));
   ASSERT_TRUE(silent.has_value());
-  EXPECT_EQ(silent->first, 1);
-  EXPECT_NEAR(silent->second, 6, 1e-6);
+  EXPECT_EQ(silent->id, 1);
+  EXPECT_NEAR(silent->silent_s, 6, 1e-6);
+  EXPECT_EQ(silent->reporter, -1) << "nobody suspected it: its silence alone";
   m.Done(1, "/tmp/w1.json");
   EXPECT_FALSE(m.Silent(t0 + std::chrono::seconds(6)).has_value());
   EXPECT_EQ(m.done(), 1);
   EXPECT_EQ(m.timelines(), std::vector<std::string>{"/tmp/w1.json"});
   EXPECT_TRUE(m.Silent(t0 + std::chrono::seconds(10)).has_value());  // worker 0, heard at 4 s
+}
+
+// A worker another saw leave (a connection from it closed) is dead after the shorter silence, counted
+// from the suspicion, or from a heartbeat after it: a slow worker keeps its heartbeats and lives.
+TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
+  Membership m("job", 3, 20, 2);
+  const Clock::time_point t0 = Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  for (int i = 0; i < 3; ++i) m.Heard(i, at(9));
+  m.Suspect(2, 0, at(10));
+  m.Suspect(1, 0, at(10));
+  m.Suspect(2, 1, at(11));  // the first suspicion stands
+  EXPECT_FALSE(m.Silent(at(11.9)).has_value());
+  for (double t = 10.5; t < 16; t += 1) m.Heard(1, at(t));  // slow, not dead
+  const auto lost = m.Silent(at(12.1));
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(lost->id, 2);
+  EXPECT_EQ(lost->reporter, 0);
+  EXPECT_NEAR(lost->silent_s, 2.1, 1e-6);
+  m.Done(2, "");
+  EXPECT_FALSE(m.Silent(at(16)).has_value()) << "worker 1 heard at 15.5 s; worker 2 finished";
+  const auto late = m.Silent(at(17.6));
+  ASSERT_TRUE(late.has_value()) << "worker 1 silent since 15.5 s, suspected";
+  EXPECT_EQ(late->id, 1);
 }
 
 }  // namespace
