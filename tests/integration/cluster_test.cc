@@ -20,6 +20,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "checkpoint/safetensors.h"
 #include <grpcpp/grpcpp.h>
@@ -737,6 +738,23 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::RegisterReply reply;
     expect_refused("a fifth worker for slot 99", coordinator->Register(&ctx, reg, &reply),
                    grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  for (auto [reporter, stage, code] : {std::tuple{1000, 1, grpc::StatusCode::NOT_FOUND},
+                                       std::tuple{0, 7, grpc::StatusCode::INVALID_ARGUMENT}}) {
+    grpc::ClientContext ctx;
+    proto::SuspectReport suspect;
+    suspect.set_worker_id(reporter);
+    suspect.set_stage(stage);
+    expect_refused("a suspect report", coordinator->ReportSuspect(&ctx, suspect, &empty), code);
+  }
+  {
+    // A false suspicion of a live worker: it keeps its heartbeats, so the run goes on to its end.
+    grpc::ClientContext ctx;
+    proto::SuspectReport suspect;
+    suspect.set_worker_id(0);
+    suspect.set_stage(1);
+    suspect.set_replica(1);
+    EXPECT_TRUE(coordinator->ReportSuspect(&ctx, suspect, &empty).ok());
   }
   ASSERT_EQ(run.get(), 0) << Log(out);
   const std::vector<MetricsRow> rows = Metrics(out);
