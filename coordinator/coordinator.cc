@@ -27,6 +27,7 @@
 #include "coordinator/metrics_endpoint.h"
 #include "coordinator/planning.h"
 #include "coordinator/run_log.h"
+#include "coordinator/stragglers.h"
 #include "netem/scenario.h"
 #include "plan/measured_prediction.h"
 #include "longhaul.grpc.pb.h"
@@ -225,6 +226,15 @@ class Service final : public proto::Coordinator::Service {
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
       }
+      for (const auto& [id, s] : stragglers_.Add(rec.reports)) {
+        const proto::IterationReport& r = rec.reports.at(id);
+        std::cout << absl::StrFormat("coordinator: worker %d (stage %d, replica %d) straggles: its compute per "
+                                     "iteration, median of the last %d, is %.2fx its own at the start of the run and "
+                                     "%.2fx its stage's other replicas'; it keeps its place (slow, not dead)\n",
+                                     id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start, s.vs_peers)
+                  << std::flush;
+      }
+      job_metrics_.SetSlowdowns(stragglers_.Current());
       if (req->iteration() == start_ + 2) {
         if (const std::optional<double> p = Predict()) {
           std::cout << absl::StrFormat("coordinator: the planner predicts %.3f s per iteration from the compute "
@@ -327,6 +337,11 @@ class Service final : public proto::Coordinator::Service {
       }
     }
     if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);
+    nlohmann::json stragglers = nlohmann::json::array();
+    for (const auto& [id, s] : stragglers_.worst()) {
+      stragglers.push_back({{"worker", id}, {"slowdown_vs_start", s.vs_start}, {"slowdown_vs_peers", s.vs_peers}});
+    }
+    log_.SetStragglers(std::move(stragglers));
     const nlohmann::json summary =
         log_.Summary(abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed", abort_, replica_checks_);
     std::vector<std::string> traces;
@@ -597,6 +612,7 @@ class Service final : public proto::Coordinator::Service {
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
   int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
+  StragglerWatch stragglers_;
   std::string abort_;
   Clock::time_point abort_time_;
   RunLog log_;

@@ -92,6 +92,18 @@ std::string JobMetrics::Render(int64_t refused_calls) const {
     for (const auto& [id, w] : workers_)
       if (w.last) t.Sample(worker_labels(id, w), m.value(*w.last, tokens_per_replica_));
   }
+  t.Family("longhaul_worker_slowdown", "gauge",
+           "The worker's compute per iteration (median of its last 20) against its own at the start of the run "
+           "(against=\"start\") and against its stage's other replicas' (against=\"peers\"); above 1.5 for 20 "
+           "iterations in a row it straggles.");
+  for (const auto& [id, s] : slowdowns_) {
+    if (workers_.count(id) == 0) continue;
+    for (auto [against, value] : {std::pair{"start", s.vs_start}, std::pair{"peers", s.vs_peers}}) {
+      PrometheusText::Labels labels = worker_labels(id, workers_.at(id));
+      labels.emplace_back("against", against);
+      t.Sample(labels, value);
+    }
+  }
   t.Family("longhaul_worker_refused_tensor_total", "counter",
            "Connections and tensor parts the worker's tensor port refused (strangers, wrong secret, bad headers).");
   for (const auto& [id, w] : workers_)

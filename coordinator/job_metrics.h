@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "config/job_config.h"
+#include "coordinator/stragglers.h"
 #include "longhaul.pb.h"
 #include "plan/cost_model.h"
 
@@ -31,6 +32,11 @@ class JobMetrics {
   // Every worker has reported iteration `it`.
   void Complete(int64_t it, const std::map<int, proto::IterationReport>& reports);
   void WorkerLost() { std::lock_guard<std::mutex> lock(mu_); ++lost_; }
+  // Each worker's slowdown (stragglers.h), as the run measures it.
+  void SetSlowdowns(std::map<int, Slowdown> slowdowns) {
+    std::lock_guard<std::mutex> lock(mu_);
+    slowdowns_ = std::move(slowdowns);
+  }
   void Failed() { std::lock_guard<std::mutex> lock(mu_); failed_ = true; }
   // Everything above, and `refused_calls` made to the coordinator's port without the job secret.
   std::string Render(int64_t refused_calls) const;
@@ -47,6 +53,7 @@ class JobMetrics {
   std::map<int, Worker> workers_;
   std::map<std::pair<int, int>, int> worker_at_;  // (stage, replica) -> worker id
   std::map<std::pair<int, int>, uint64_t> sent_;  // (from worker, to worker) -> bytes
+  std::map<int, Slowdown> slowdowns_;
   std::optional<NetworkCost> network_;
   std::string links_source_;
   int64_t step_ = 0;

@@ -75,6 +75,7 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
                       {"tokens_per_second", nullptr},
                       {"replica_checks", replica_checks},
                       {"placement", placement_},
+                      {"stragglers", stragglers_},
                       {"workers", nlohmann::json::array()}};
   if (!reason.empty()) s["reason"] = reason;
   if (timed_ > 0) {

@@ -43,6 +43,8 @@ class RunLog {
   void SetPrediction(double seconds) { predicted_ = seconds; }
   // How the plan placed the workers (the coordinator's record), which Summary carries.
   void SetPlacement(nlohmann::json placement) { placement_ = std::move(placement); }
+  // The workers that were ever stragglers (stragglers.h), which Summary carries.
+  void SetStragglers(nlohmann::json stragglers) { stragglers_ = std::move(stragglers); }
 
  private:
   struct WorkerTimes {
@@ -61,6 +63,7 @@ class RunLog {
   std::map<int, WorkerTimes> times_;  // by worker id, iterations after the first
   double predicted_ = -1;
   nlohmann::json placement_;
+  nlohmann::json stragglers_ = nlohmann::json::array();
 };
 
 }  // namespace longhaul

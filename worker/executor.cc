@@ -76,8 +76,10 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
   // Gradients are complete in the last backward (schedules run them in ascending micro-batch
-  // order); with local updates what is pushed is the change after the local step instead.
-  const bool push_early = hooked_ && local_schedule_.empty() &&
+  // order); with local updates what is pushed is the change after the local step instead. Only
+  // the first stage pushes during that backward: a later one would encode its pushes on the
+  // critical path of the previous stage, which waits for its input gradient.
+  const bool push_early = hooked_ && first_ && local_schedule_.empty() &&
                           std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
   bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
   for (const Instr& in : program) {

@@ -72,7 +72,7 @@ class Executor {
 
   // One iteration over `mbs`, which holds the stage's micro-batches in order; `exchange` false
   // runs the local schedule. Where the stage takes exchange hooks (model/exchange_hooks.h), the
-  // last micro-batch's backward pushes each shard's gradients as soon as they are complete, and
+  // first stage's last backward pushes each shard's gradients as soon as they are complete, and
   // with `defer_pull` the iteration's new parameters are pulled during the next Run's first
   // forward, each shard just before a block reads it (until then the stage holds the previous
   // iteration's parameters, and pull_pending() names the iteration).

@@ -88,6 +88,10 @@ struct WorkerState {
   // pushes each shard when its gradients are complete, and the next iteration's first forward
   // pulls each shard just before it reads it.
   bool overlaps = false;
+  bool pushes_early = false;  // only stage 0: a later stage's last backward holds up its input gradient
+  std::vector<double> needed_after;           // [shard of the stage]: forward seconds before it is read
+  std::vector<double> complete_after;         // [shard of the stage]: backward seconds until it is complete
+  double forward_from = -1;                   // where a forward blocked on a deferred pull began
   int pushed_early = -1;                      // the iteration whose pushes left during backward
   int deferred_pull = -1;                     // the iteration whose parameters the next forward pulls
   std::vector<std::vector<double>> param_at;  // [iter][shard of the stage]: when it arrives, -1 unknown
@@ -189,6 +193,7 @@ class Engine {
         if (!cost.ok()) return cost.status();
         k.cost = *cost;
         k.overlaps = L_.overlap && round_ == 1 && sim_.devices[k.device].backend() == Backend::kCpu;
+        k.pushes_early = k.overlaps && s == 0;
       }
     }
     stage_shards_.assign(S, {});
@@ -227,8 +232,11 @@ class Engine {
     }
     stage_params_.assign(S, 0);
     for (const ShardPlacement& sh : P_.shards) stage_params_[sh.stage] += sh.params;
-    for (WorkerState& k : workers_)
-      if (k.stage >= 0) k.param_at.assign(iterations_, std::vector<double>(stage_shards_[k.stage].size(), -1));
+    for (WorkerState& k : workers_) {
+      if (k.stage < 0) continue;
+      k.param_at.assign(iterations_, std::vector<double>(stage_shards_[k.stage].size(), -1));
+      if (absl::Status st = BlockTimes(k); !st.ok()) return st;
+    }
     partials_in_.assign(iterations_, 0);
     partial_at_.assign(iterations_, std::vector<double>(W, 0));
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
@@ -305,28 +313,37 @@ class Engine {
         case Op::kForward:
         case Op::kBackward: {
           const double d = in.op == Op::kForward ? k.cost.forward_s : k.cost.backward_s;
-          const double P = stage_params_[k.stage];
-          double end = k.t + d;
+          double start = k.t, end = k.t + d;
           if (in.op == Op::kForward && k.deferred_pull >= 0) {
             const int from = k.deferred_pull;
             if (k.params_sent[from] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamsOut wakes it
+              k.forward_from = k.t;
               Block(k, WorkerState::kPull);
               return;
             }
-            // The forward reaches shard j's first parameter after the share of its compute before it.
+            // The forward computed its first blocks while it waited for the last shards to leave:
+            // it started where it blocked, and that wait counts by what the forward itself waits.
+            if (k.forward_from >= 0) {
+              start = k.forward_from;
+              if (Last(k.iter)) k.waiting -= k.t - start;
+              k.forward_from = -1;
+            }
+            end = start + d;
+            // It reaches shard j's first block after the blocks before it.
             for (size_t j = 0; j < stage_shards_[k.stage].size(); ++j) {
-              end = std::max(end, k.param_at[from][j] + d * (1 - shard_begin_[stage_shards_[k.stage][j]] / P));
+              end = std::max(end, k.param_at[from][j] + d - k.needed_after[j]);
             }
             k.deferred_pull = -1;
           }
-          if (in.op == Op::kBackward && k.overlaps && in.micro == L_.micro_batches - 1) {
-            // Backward finishes the stage's gradients from its last parameter to its first.
-            for (int i : stage_shards_[k.stage]) {
-              queue_.push({k.t + d * (1 - shard_begin_[i] / P), seq_++, EventKind::kPushOut, i, k.iter, w});
+          if (in.op == Op::kBackward && k.pushes_early && in.micro == L_.micro_batches - 1) {
+            // Backward completes the stage's gradients from its last block to its first.
+            for (size_t j = 0; j < stage_shards_[k.stage].size(); ++j) {
+              queue_.push({start + k.complete_after[j], seq_++, EventKind::kPushOut, stage_shards_[k.stage][j], k.iter,
+                           w});
             }
             k.pushed_early = k.iter;
           }
-          if (Last(k.iter)) k.busy += d, k.waiting += end - (k.t + d);
+          if (Last(k.iter)) k.busy += d, k.waiting += end - (start + d);
           k.t = end;
           ++k.pc;
           Push(k.t, EventKind::kRun, w, k.iter);
@@ -462,6 +479,38 @@ class Engine {
       }
       Resume(static_cast<int>(j), ready, false);
     }
+  }
+
+  // Where worker k's forward needs, and its backward completes, each shard of its stage: the stage
+  // calls the executor's hooks between blocks (model/exchange_hooks.h). The embedding costs
+  // nothing (cost_model.h), each block its own time, the head after the blocks.
+  absl::Status BlockTimes(WorkerState& k) {
+    const DeviceCost& device = sim_.devices[k.device];
+    auto block = device.Block(L_.work);
+    if (!block.ok()) return block.status();
+    ComputeTimes head;
+    const StageSpec spec = L_.Spec(k.stage);
+    if (spec.has_head) {
+      auto h = device.Head(L_.work);
+      if (!h.ok()) return h.status();
+      head = *h;
+    }
+    const ParamLayout layout(L_.work.model, spec);
+    for (int i : stage_shards_[k.stage]) {
+      const double begin = shard_begin_[i];
+      double needed = 0, complete = head.backward_s;
+      for (int b = spec.first_block; b < spec.end_block; ++b) {
+        const ParamTensor& last = layout.tensors()[layout.block(b).fc_proj_b];
+        if (static_cast<double>(last.offset + last.size) <= begin) {
+          needed += block->forward_s;  // a block wholly before the shard
+        } else {
+          complete += block->backward_s;  // the shard's gradients are complete after this one
+        }
+      }
+      k.needed_after.push_back(needed);
+      k.complete_after.push_back(begin == 0 ? k.cost.backward_s : complete);
+    }
+    return absl::OkStatus();
   }
 
   // When the last of the stage's shards of iteration `iter` reaches worker k (all on their way).

@@ -21,12 +21,12 @@
 //    parameters leave for every replica of its stage as soon as it is stepped; PullParams blocks
 //    until all of its stage's shards are back.
 //  - On a CPU worker in step (no local updates) the exchange overlaps compute as the executor's
-//    block hooks make it (model/exchange_hooks.h): the last micro-batch's Backward sends each
-//    shard once the backward has passed the shard's first parameter (the backward's time spread
-//    over the stage's parameters, back to front), PushGrads sends nothing more, and PullParams
-//    does not wait: the next iteration's first Forward reaches shard j's first parameter after the
-//    share of its time that the parameters before it take, and waits there until shard j is in.
-//    A GPU worker queues its work and exchanges whole iterations, as listed.
+//    block hooks make it (model/exchange_hooks.h), block by block: on stage 0 the last
+//    micro-batch's Backward sends each shard once the head and every block that holds part of it
+//    are done (PushGrads then sends nothing more); on every stage PullParams does not wait, and
+//    the next iteration's first Forward reaches shard j after the blocks wholly before it (the
+//    embedding costs nothing) and waits there until shard j is in. A GPU worker queues its work
+//    and exchanges whole iterations, as listed.
 // Several iterations run back to back, each worker starting the next as soon as its PullParams
 // is done (or, overlapped, at once); the iteration time is measured on stage 0 of replica 0, as ../shared/DESIGN.md defines
 // it, between the ends of the last two iterations (so it is the steady state, not the first

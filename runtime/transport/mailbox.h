@@ -6,7 +6,9 @@
 //
 // Only iterations inside the window [lo, lo + width) are accepted from the network: while a worker
 // finishes iteration lo, its peers can be at most one iteration ahead (width 2), or with local
-// updates another replica up to train.local_steps ahead. Moving the window drops whatever older
+// updates another replica up to train.local_steps ahead; while the previous iteration's
+// parameters are still to be pulled (an overlapped exchange), lo is that iteration and the width
+// one more. Moving the window drops whatever older
 // tensors are still held, so a peer cannot park memory here.
 #include <chrono>
 #include <condition_variable>

@@ -434,11 +434,12 @@ class PeerConnection {
   void Enqueue(OutPart p) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // The thread sleeps with nothing in flight, so the socket's buffer is empty: a small part
-      // is written from the caller's thread at once, sparing it the thread's wake-up (tens of
-      // microseconds on a virtual CPU, the larger share of a small tensor's cost). The thread
-      // then only reads the acknowledgement.
-      if (idle_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ && p.bytes <= kDirectWriteBytes) {
+      // The thread sleeps with nothing in flight and no other caller writes, so the socket's
+      // buffer is empty: a small part is written from the caller's thread at once, sparing it the
+      // thread's wake-up (tens of microseconds on a virtual CPU, the larger share of a small
+      // tensor's cost). The thread then only reads the acknowledgement.
+      if (idle_ && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
+          p.bytes <= kDirectWriteBytes) {
         claimed_ = true;
         lock.unlock();
         Send(std::move(p));

@@ -209,7 +209,9 @@ class SendOp {
 
 // Sends tensors to one peer over transport.connections connections, each with its own thread
 // that connects (waiting for a peer still starting up, until the send's deadline), writes parts in
-// order and reads their acknowledgements. Wait for every SendOp before destroying the client.
+// order and reads their acknowledgements; where that thread is idle, a part of at most 16 KiB is
+// written by the caller itself and the thread only reads its acknowledgement. Wait for every
+// SendOp before destroying the client.
 class TensorClient {
  public:
   TensorClient(const std::string& address, const TransportOptions& options);

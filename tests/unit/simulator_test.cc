@@ -198,14 +198,20 @@ TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
   }
 }
 
-// A CPU worker's exchange overlaps compute: the last backward pushes the later shard before it
-// has finished, and the next forward computes the earlier shard's blocks while the later one's
-// parameters are still on their way. It can hide at most one forward and one backward; on free
-// links there is nothing to hide, and a GPU worker exchanges whole iterations.
+// A CPU worker's exchange overlaps compute block by block: the last backward pushes the later
+// shard once its blocks are done, and the next forward computes the earlier shard's blocks while
+// the later one's parameters are still on their way. It can hide at most one forward and one
+// backward; on free links there is nothing to hide, and a GPU worker exchanges whole iterations.
 TEST(Simulator, OverlapHidesPartOfTheExchangeOnCpuWorkersOnly) {
   const int M = 2;
+  // One stage of 4 blocks over 2 replicas: each replica hosts the shard of about half the blocks.
+  auto four_blocks = [](Simulation sim) {
+    sim.layout.work.model.n_layer = 4;
+    sim.placement = DefaultPlacement(sim.layout, false);
+    return sim;
+  };
   auto iteration = [&](const char* backend, double rate, bool overlap, double latency = 0.002) {
-    Simulation sim = Make(1, 2, M, latency, rate);
+    Simulation sim = four_blocks(Make(1, 2, M, latency, rate));
     sim.devices = {TestDevice(1e9, backend)};
     sim.layout.overlap = overlap;
     sim.iterations = 4;
@@ -213,7 +219,8 @@ TEST(Simulator, OverlapHidesPartOfTheExchangeOnCpuWorkersOnly) {
   };
   const double rate = 1e6;
   const double off = iteration("cpu", rate, false), on = iteration("cpu", rate, true);
-  const ComputeTimes t = *TestDevice(1e9, "cpu").Stage(Make(1, 2, M).layout.work, Make(1, 2, M).layout.Spec(0));
+  const Simulation shape = four_blocks(Make(1, 2, M));
+  const ComputeTimes t = *TestDevice(1e9, "cpu").Stage(shape.layout.work, shape.layout.Spec(0));
   EXPECT_LT(on, off - 0.1 * (t.forward_s + t.backward_s)) << "overlapped " << on << " s, not " << off << " s";
   EXPECT_GE(on, off - (t.forward_s + t.backward_s) - kEps);
   EXPECT_NEAR(iteration("cuda", rate, true), iteration("cuda", rate, false), kEps);

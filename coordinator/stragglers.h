@@ -1,0 +1,57 @@
+#pragma once
+// Which workers compute slower than they should, measured as the run goes. A worker's pace is
+// the median compute time of its last kWindow iterations; it is compared with its own at the start
+// of the run (the median of its first kWindow iterations after the first: a machine that slowed
+// down, a noisy neighbour) and with the median pace of its stage's other replicas, which do the
+// same work (a machine slower than its peers). Over kThreshold by either measure for kWindow
+// iterations in a row, it straggles: processes sharing a machine's cores drift by a third and more
+// for a while (the README's demo, 4 workers on 2 cores, did), a straggler stays slow. A straggler
+// is slow, not dead: it keeps its place and is reported (a console line, the metrics endpoint,
+// summary.json) so that a person or a later plan can move blocks off it.
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "longhaul.pb.h"
+
+namespace longhaul {
+
+struct Slowdown {
+  double vs_start = 1;  // pace now / its pace at the start
+  double vs_peers = 1;  // pace now / its stage's other replicas' median pace (1 without peers)
+  double worst() const { return vs_start > vs_peers ? vs_start : vs_peers; }
+};
+
+class StragglerWatch {
+ public:
+  static constexpr int kWindow = 20;
+  static constexpr double kThreshold = 1.5;
+
+  // Every iteration's reports, by worker id (each names its stage and replica). Returns the
+  // workers that became stragglers with this iteration: each once, until it is back under the
+  // threshold.
+  std::vector<std::pair<int, Slowdown>> Add(const std::map<int, proto::IterationReport>& reports);
+  // Each worker's slowdown now, once it has a pace.
+  std::map<int, Slowdown> Current() const;
+  // Each worker that was ever a straggler, with its worst slowdown.
+  const std::map<int, Slowdown>& worst() const { return worst_; }
+
+ private:
+  struct Worker {
+    int stage = 0;
+    std::vector<double> start;   // compute seconds of its first kWindow timed iterations
+    std::vector<double> recent;  // of its last kWindow, oldest first
+    int slow_for = 0;  // iterations in a row over the threshold
+    bool straggling = false;
+  };
+  // Median of the recent window; 0 until it is full.
+  static double Pace(const Worker& w);
+  Slowdown Of(int id) const;
+
+  std::map<int, Worker> workers_;
+  std::map<int, Slowdown> worst_;
+  int64_t seen_ = 0;  // iterations added
+};
+
+}  // namespace longhaul

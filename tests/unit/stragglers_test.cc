@@ -1,0 +1,73 @@
+// The straggler watch: a worker whose compute per iteration stays past 1.5x its own at the start,
+// or past its stage's other replicas', is reported once until it recovers; noise does not make one.
+#include "coordinator/stragglers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace longhaul {
+namespace {
+
+// Iteration reports of a 2-stage x 2-replica job, each worker computing `seconds(id)`.
+template <typename F>
+std::map<int, proto::IterationReport> Reports(F seconds) {
+  std::map<int, proto::IterationReport> out;
+  for (int id = 0; id < 4; ++id) {
+    proto::IterationReport& r = out[id];
+    r.set_worker_id(id);
+    r.set_stage(id % 2);
+    r.set_replica(id / 2);
+    r.set_compute_seconds(seconds(id));
+  }
+  return out;
+}
+
+TEST(StragglerWatch, ASlowedWorkerIsReportedOnceAgainstItsStartAndItsPeers) {
+  StragglerWatch watch;
+  int it = 0;
+  // Stage 1 does twice stage 0's work; a few percent of noise everywhere.
+  auto normal = [&](int id) { return (id % 2 == 0 ? 0.010 : 0.020) * (1 + 0.05 * std::sin(7.0 * it + id)); };
+  for (; it < 50; ++it) EXPECT_TRUE(watch.Add(Reports(normal)).empty()) << "iteration " << it;
+  for (const auto& [id, s] : watch.Current()) {
+    EXPECT_NEAR(s.vs_start, 1, 0.1) << "worker " << id;
+    EXPECT_NEAR(s.vs_peers, 1, 0.1) << "worker " << id << ": compared within its stage only";
+  }
+  // Worker 3 (stage 1, replica 1) slows to twice its pace: once the median moves (half a window)
+  // and it stays slow for a window, it is reported.
+  std::vector<std::pair<int, Slowdown>> reported;
+  auto slowed = [&](int id) { return normal(id) * (id == 3 ? 2.0 : 1.0); };
+  for (int k = 0; k < 40; ++k, ++it)
+    for (const auto& r : watch.Add(Reports(slowed))) reported.push_back(r);
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0].first, 3);
+  EXPECT_GT(reported[0].second.worst(), StragglerWatch::kThreshold);
+  EXPECT_NEAR(watch.Current().at(3).vs_start, 2, 0.2);
+  EXPECT_NEAR(watch.Current().at(3).vs_peers, 2, 0.2);
+  EXPECT_NEAR(watch.Current().at(1).vs_peers, 0.5, 0.05) << "its peer, worker 3, is the slow one";
+  // Back to its pace: no longer a straggler; its worst stays on record.
+  for (int k = 0; k < 40; ++k, ++it) EXPECT_TRUE(watch.Add(Reports(normal)).empty());
+  EXPECT_LT(watch.Current().at(3).worst(), StragglerWatch::kThreshold);
+  ASSERT_EQ(watch.worst().size(), 1u);
+  EXPECT_NEAR(watch.worst().at(3).vs_start, 2, 0.2);
+  // Slowed again: reported again.
+  int again = 0;
+  for (int k = 0; k < 40; ++k, ++it) again += static_cast<int>(watch.Add(Reports(slowed)).size());
+  EXPECT_EQ(again, 1);
+}
+
+TEST(StragglerWatch, AFirstSlowIterationAndShortSpikesMakeNoStraggler) {
+  StragglerWatch watch;
+  for (int it = 0; it < 200; ++it) {
+    // The first iteration is ten times slower (start-up); every tenth a worker spikes 3x, and for
+    // 15 iterations in a row one runs at 1.8x.
+    auto seconds = [&](int id) {
+      return it == 0 ? 0.1 : (it % 10 == id ? 0.03 : (id == 2 && it >= 100 && it < 115 ? 0.018 : 0.01));
+    };
+    EXPECT_TRUE(watch.Add(Reports(seconds)).empty()) << "iteration " << it;
+  }
+  EXPECT_TRUE(watch.worst().empty());
+}
+
+}  // namespace
+}  // namespace longhaul
