@@ -210,6 +210,7 @@ class Service final : public proto::Coordinator::Service {
                                           "replica %d",
                                           req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
     }
+    if (grpc::Status st = CheckParamsIterations(*req); !st.ok()) return st;
     IterationRecord& rec = iterations_[req->iteration()];
     if (rec.reports.count(req->worker_id()) > 0) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -217,12 +218,11 @@ class Service final : public proto::Coordinator::Service {
                                           req->iteration() + 1));
     }
     if (grpc::Status st = ToGrpc(job_metrics_.Report(*req)); !st.ok()) return st;
+    CheckReplicasAgree(*req);
     rec.reports.emplace(req->worker_id(), *req);
     if (static_cast<int>(rec.reports.size()) == expected_) {
       job_metrics_.Complete(req->iteration(), rec.reports);
       WriteMetricsFile();
-      // Between the exchanges of local updates each replica holds its own parameters.
-      if (cfg_.train.ExchangesAfter(req->iteration(), end_)) CheckReplicasAgree(req->iteration());
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
       }
@@ -408,24 +408,41 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  // A report's parameter CRCs name this iteration or the one before, each at most once.
+  static grpc::Status CheckParamsIterations(const proto::IterationReport& r) {
+    for (int i = 0; i < r.params_size(); ++i) {
+      const proto::ParamsCrc& p = r.params(i);
+      if (p.iteration() > r.iteration() || p.iteration() < r.iteration() - 1 ||
+          (i > 0 && p.iteration() == r.params(0).iteration())) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("worker %d's report of iteration %d carries the parameters of iteration "
+                                            "%d; only this iteration's or the one before may come",
+                                            r.worker_id(), r.iteration() + 1, p.iteration() + 1));
+      }
+    }
+    return grpc::Status::OK;
+  }
   // REQUIRES: mu_ held. Every replica of a stage must hold the same parameters after a step; a
-  // difference means the replicas train different models, so the job stops. A report may give the
-  // previous step's parameters (IterationReport.params_iteration): replicas are compared at the
-  // same step.
-  void CheckReplicasAgree(int64_t it) {
-    std::map<std::pair<int, int64_t>, const proto::IterationReport*> first_of_stage;
-    for (auto& [id, r] : iterations_.at(it).reports) {
-      auto [first, inserted] = first_of_stage.emplace(std::pair(r.stage(), r.params_iteration()), &r);
-      if (inserted || first->second->params_crc32c() == r.params_crc32c()) continue;
-      if (abort_.empty()) {
+  // difference means the replicas train different models, so the job stops. A report carries the
+  // CRC of the steps whose parameters its worker holds complete since its last report (one may
+  // come a report late, IterationReport.params): each is compared with the first replica's of the
+  // same stage and step, and a step counts as checked once every worker's is in.
+  void CheckReplicasAgree(const proto::IterationReport& r) {
+    for (const proto::ParamsCrc& p : r.params()) {
+      auto [first, inserted] = first_crc_.emplace(std::pair(r.stage(), p.iteration()), std::pair(r.replica(), p.crc32c()));
+      if (!inserted && first->second.second != p.crc32c() && abort_.empty()) {
         Abort(absl::StrFormat("after iteration %d, replica %d of stage %d holds parameters with CRC-32C %08x and "
                               "replica %d %08x: the replicas no longer train the same model (a bug: please report it "
                               "with the config)",
-                              r.params_iteration() + 1, first->second->replica(), r.stage(),
-                              first->second->params_crc32c(), r.replica(), r.params_crc32c()));
+                              p.iteration() + 1, first->second.first, r.stage(), first->second.second, r.replica(),
+                              p.crc32c()));
+      }
+      if (++crcs_in_[p.iteration()] == expected_) {
+        replica_checks_ += cfg_.cluster.replicas > 1;
+        crcs_in_.erase(p.iteration());
+        for (int s = 0; s < cfg_.cluster.stages; ++s) first_crc_.erase({s, p.iteration()});
       }
     }
-    replica_checks_ += cfg_.cluster.replicas > 1;
   }
 
   // What a person should do after the job stopped early.
@@ -611,7 +628,11 @@ class Service final : public proto::Coordinator::Service {
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
-  int64_t replica_checks_ = 0;  // iterations whose replicas were checked to agree
+  int64_t replica_checks_ = 0;  // steps whose replicas were checked to agree
+  // By (stage, iteration): the first replica's parameters CRC reported; by iteration: how many
+  // workers' are in. A step leaves both once every worker's is.
+  std::map<std::pair<int, int64_t>, std::pair<int, uint32_t>> first_crc_;
+  std::map<int64_t, int> crcs_in_;
   StragglerWatch stragglers_;
   std::string abort_;
   Clock::time_point abort_time_;

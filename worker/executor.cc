@@ -101,6 +101,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         LH_RETURN_IF_ERROR(hooked());
         if (pull_pending_ >= 0) {  // the shards no block asked for (none, where every one holds a block)
           LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &result.wait_seconds, SIZE_MAX));
+          if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
           pull_pending_ = -1;
         }
         channel_.Recycle(std::move(inputs[m]));

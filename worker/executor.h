@@ -5,6 +5,7 @@
 // step the stage itself). It times compute and waits
 // and puts both in the timeline.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,6 +80,9 @@ class Executor {
   absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true,
                                       bool defer_pull = false);
   int64_t pull_pending() const { return pull_pending_; }
+  // Called with the iteration whose deferred pull just completed, before anything changes the
+  // stage's parameters again.
+  void SetOnDeferredPull(std::function<void(int64_t it)> f) { on_deferred_pull_ = std::move(f); }
   // cluster.overlap_exchange false: every iteration pushes after its backwards and pulls before it
   // ends, as a backend without hooks does.
   void SetOverlap(bool overlap) { hooked_ = stage_.SetExchangeHooks(overlap ? &hooks_ : nullptr) && overlap; }
@@ -101,6 +105,7 @@ class Executor {
   bool hooked_ = false;
   int64_t pull_pending_ = -1, push_early_ = -1;
   double* pull_waited_ = nullptr;
+  std::function<void(int64_t)> on_deferred_pull_;
   absl::Status hook_status_;
 };
 

@@ -110,6 +110,8 @@ class Worker {
   std::unique_ptr<PsHost> ps_host_;
   std::map<std::string, std::string> dial_map_;  // --dial-map: a peer's address -> where to dial it
   std::unique_ptr<Executor> executor_;
+  // The CRC of the parameters a deferred pull completed, for the next report.
+  std::optional<proto::ParamsCrc> pulled_crc_;
   Timeline timeline_;
 };
 
@@ -294,6 +296,13 @@ absl::Status Worker::Setup() {
                    local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
       s_, P, M_, boundary);
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
+  executor_->SetOnDeferredPull([this](int64_t it) {
+    const absl::StatusOr<const float*> params = stage_->Params();
+    if (!params.ok()) return;
+    pulled_crc_.emplace();
+    pulled_crc_->set_iteration(it);
+    pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
+  });
   if (local_updates) {
     executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
   }
@@ -320,6 +329,14 @@ absl::Status Worker::RunIteration(int64_t it) {
   }
   LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
   proto::IterationReport rep;
+  if (pulled_crc_) *rep.add_params() = *pulled_crc_;
+  pulled_crc_.reset();
+  // Replicas between the exchanges of local updates hold their own parameters.
+  if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_)) {
+    proto::ParamsCrc* now = rep.add_params();
+    now->set_iteration(it);
+    now->set_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
+  }
   rep.set_worker_id(client_.worker_id());
   rep.set_stage(s_);
   rep.set_replica(r_);
@@ -331,8 +348,6 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_wait_seconds(result.wait_seconds);
   rep.set_lr(result.step.lr);
   rep.set_grad_norm(result.step.grad_norm);
-  rep.set_params_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
-  rep.set_params_iteration(executor_->pull_pending() == it ? it - 1 : it);
   for (const auto& [to, bytes] : peers_->TakeSentBytes()) {
     proto::LinkBytes* link = rep.add_sent();
     link->set_stage(to.first);

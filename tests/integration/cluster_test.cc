@@ -690,6 +690,15 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   }
   {
     grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_iteration(140);
+    rep.add_params()->set_iteration(3);
+    expect_refused("a report with the parameters of long ago", coordinator->ReportIteration(&ctx, rep, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
     proto::CheckpointReport ck;
     ck.set_worker_id(0);
     ck.set_stage(0);
