@@ -70,6 +70,10 @@ double LonghaulPingPong(int reps) {
   const longhaul::AnyTensorUpTo admission(1);
   auto server_a = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box_a, &admission);
   auto server_b = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box_b, &admission);
+  if (!server_a.ok() || !server_b.ok()) {
+    std::cerr << "transport error: " << server_a.status() << " " << server_b.status() << "\n";
+    std::exit(1);
+  }
   longhaul::TransportOptions opt;
   opt.job_id = "bench";
   longhaul::TensorClient to_a((*server_a)->address(), opt), to_b((*server_b)->address(), opt);
@@ -109,16 +113,22 @@ double LonghaulPingPong(int reps) {
   return Median(times);
 }
 
+// A listening socket on a free loopback port, whose address goes into `*addr`.
+int LoopbackListener(sockaddr_in* addr) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  addr->sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &addr->sin_addr);
+  bind(listener, reinterpret_cast<sockaddr*>(addr), sizeof(*addr));
+  socklen_t len = sizeof(*addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(addr), &len);
+  listen(listener, 1);
+  return listener;
+}
+
 // The same over a plain TCP socket pair: 4 bytes each way.
 double PlainPingPong(int reps) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, 1);
+  const int listener = LoopbackListener(&addr);
   int one = 1;
   std::thread echo([&] {
     int fd = accept(listener, nullptr, nullptr);
@@ -148,14 +158,8 @@ double PlainPingPong(int reps) {
 // Seconds per transfer (median), plain TCP: write all bytes, the receiver reads them all into a
 // buffer and answers one byte.
 double PlainSocket(size_t bytes) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, 1);
+  const int listener = LoopbackListener(&addr);
   const int reps = Repeats(bytes) + 1;
   std::thread receiver([&] {
     int fd = accept(listener, nullptr, nullptr);

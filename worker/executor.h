@@ -66,6 +66,8 @@ class Executor {
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
            int stages, int micro_batches, size_t boundary);
   ~Executor();
+  Executor(const Executor&) = delete;  // the stage's hooks call back into this object
+  Executor& operator=(const Executor&) = delete;
 
   // Local updates (train.local_steps > 1): the list of an iteration that does not exchange, the
   // constructor's being one that does.
