@@ -276,13 +276,13 @@ class Service final : public proto::Coordinator::Service {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
-    for (const proto::Assignment& a : plan_.assignments()) {
-      if (a.stage() != req->stage() || a.replica() != req->replica()) continue;
-      if (a.worker_id() != req->worker_id()) members_.Suspect(a.worker_id(), req->worker_id(), Clock::now());
-      return grpc::Status::OK;
+    const int suspect = WorkerAt(plan_, req->stage(), req->replica());
+    if (suspect < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
     }
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
+    if (suspect != req->worker_id()) members_.Suspect(suspect, req->worker_id(), Clock::now());
+    return grpc::Status::OK;
   }
 
   grpc::Status ReportDone(grpc::ServerContext* ctx, const proto::DoneReport* req, proto::Empty*) override {

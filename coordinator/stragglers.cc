@@ -10,19 +10,6 @@ double StragglerWatch::Pace(const Worker& w) {
   return static_cast<int>(w.recent.size()) < kWindow ? 0 : Median(w.recent);
 }
 
-Slowdown StragglerWatch::Of(int id) const {
-  const Worker& w = workers_.at(id);
-  Slowdown s;
-  const double pace = Pace(w);
-  if (pace <= 0) return s;
-  if (static_cast<int>(w.start.size()) == kWindow && Median(w.start) > 0) s.vs_start = pace / Median(w.start);
-  std::vector<double> peers;
-  for (const auto& [other, p] : workers_)
-    if (other != id && p.stage == w.stage && Pace(p) > 0) peers.push_back(Pace(p));
-  if (!peers.empty() && Median(peers) > 0) s.vs_peers = pace / Median(peers);
-  return s;
-}
-
 std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, proto::IterationReport>& reports) {
   // The first iteration opens connections and warms caches: no pace of anyone's.
   if (seen_++ == 0) return {};
@@ -33,9 +20,24 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
     w.recent.push_back(r.compute_seconds());
     if (static_cast<int>(w.recent.size()) > kWindow) w.recent.erase(w.recent.begin());
   }
+  // Each pace once (a median of the window), then each worker against its start and its peers'.
+  std::map<int, double> paces;
+  for (const auto& [id, w] : workers_)
+    if (const double pace = Pace(w); pace > 0) paces[id] = pace;
+  current_.clear();
+  for (const auto& [id, pace] : paces) {
+    const Worker& w = workers_.at(id);
+    Slowdown& s = current_[id];
+    if (static_cast<int>(w.start.size()) == kWindow && Median(w.start) > 0) s.vs_start = pace / Median(w.start);
+    std::vector<double> peers;
+    for (const auto& [other, other_pace] : paces)
+      if (other != id && workers_.at(other).stage == w.stage) peers.push_back(other_pace);
+    if (!peers.empty()) s.vs_peers = pace / Median(peers);
+  }
   std::vector<std::pair<int, Slowdown>> became;
   for (auto& [id, w] : workers_) {
-    const Slowdown s = Of(id);
+    const auto now = current_.find(id);
+    const Slowdown s = now == current_.end() ? Slowdown{} : now->second;
     w.slow_for = s.worst() > kThreshold ? w.slow_for + 1 : 0;
     const bool straggling = w.slow_for >= kWindow;
     if (straggling) {
@@ -47,13 +49,6 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
     if (straggling || w.slow_for == 0) w.straggling = straggling;
   }
   return became;
-}
-
-std::map<int, Slowdown> StragglerWatch::Current() const {
-  std::map<int, Slowdown> out;
-  for (const auto& [id, w] : workers_)
-    if (Pace(w) > 0) out[id] = Of(id);
-  return out;
 }
 
 }  // namespace longhaul

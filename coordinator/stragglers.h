@@ -32,8 +32,8 @@ class StragglerWatch {
   // workers that became stragglers with this iteration: each once, until it is back under the
   // threshold.
   std::vector<std::pair<int, Slowdown>> Add(const std::map<int, proto::IterationReport>& reports);
-  // Each worker's slowdown now, once it has a pace.
-  std::map<int, Slowdown> Current() const;
+  // Each worker's slowdown as of the last Add, once it has a pace.
+  const std::map<int, Slowdown>& Current() const { return current_; }
   // Each worker that was ever a straggler, with its worst slowdown.
   const std::map<int, Slowdown>& worst() const { return worst_; }
 
@@ -47,10 +47,9 @@ class StragglerWatch {
   };
   // Median of the recent window; 0 until it is full.
   static double Pace(const Worker& w);
-  Slowdown Of(int id) const;
 
   std::map<int, Worker> workers_;
-  std::map<int, Slowdown> worst_;
+  std::map<int, Slowdown> current_, worst_;
   int64_t seen_ = 0;  // iterations added
 };
 

@@ -142,11 +142,6 @@ void GptStage::BlockBackward(int layer, const float* x, const BlockActs& a, cons
                          N, C);
 }
 
-size_t GptStage::BlockEnd(int layer) const {
-  const int last = layout_.block(layer).fc_proj_b;
-  return Offset(last) + layout_.tensors()[last].size;
-}
-
 float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* input) {
   const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? mb.prefix_len.data() : nullptr;
@@ -158,7 +153,7 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
   }
   for (int l = spec_.first_block; l < spec_.end_block; ++l) {
     const int i = l - spec_.first_block;
-    ForwardNeeds(BlockEnd(l));
+    ForwardNeeds(layout_.BlockRange(l).second);
     if (recompute_) {
       BlockForward(l, BlockInput(act, l), *recompute_acts_, prefix);
       act.outs[i] = recompute_acts_->out;
@@ -198,7 +193,7 @@ const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const fl
     } else {
       BlockBackward(l, x, act.blocks[l - spec_.first_block], prefix);
     }
-    BackwardDone(Offset(layout_.block(l).ln1_w));
+    BackwardDone(layout_.BlockRange(l).first);
   }
   if (!spec_.has_embedding) return g_resid_.data();
   cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), g_resid_.data(), mb.tokens.data(), B_, T_, C);

@@ -75,9 +75,8 @@ class GptStage {
   // g_resid (N, C): ∂L/∂block output on entry, ∂L/∂block input on exit.
   void BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix);
   const float* BlockInput(const Activations& act, int layer) const;
-  // Float offset of tensor `tensor` in the buffers, and of the end of block `layer`'s tensors.
+  // Float offset of tensor `tensor` in the buffers.
   size_t Offset(int tensor) const { return layout_.tensors()[tensor].offset; }
-  size_t BlockEnd(int layer) const;
   void ForwardNeeds(size_t end) const {
     if (hooks_ != nullptr && hooks_->before_forward) hooks_->before_forward(end);
   }

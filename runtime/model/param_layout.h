@@ -61,6 +61,8 @@ class ParamLayout {
   int lm_head() const { return lm_head_; }
   // Tensors of block `b` of the model (must belong to this stage).
   const BlockTensors& block(int b) const { return blocks_[b - first_block_]; }
+  // Float offsets [begin, end) of block `b`'s tensors, which are contiguous.
+  std::pair<size_t, size_t> BlockRange(int b) const { return Range(block(b).ln1_w, block(b).fc_proj_b + 1); }
 
  private:
   ParamLayout() = default;

@@ -500,8 +500,7 @@ class Engine {
       const double begin = shard_begin_[i];
       double needed = 0, complete = head.backward_s;
       for (int b = spec.first_block; b < spec.end_block; ++b) {
-        const ParamTensor& last = layout.tensors()[layout.block(b).fc_proj_b];
-        if (static_cast<double>(last.offset + last.size) <= begin) {
+        if (static_cast<double>(layout.BlockRange(b).second) <= begin) {
           needed += block->forward_s;  // a block wholly before the shard
         } else {
           complete += block->backward_s;  // the shard's gradients are complete after this one

@@ -112,6 +112,26 @@ pid_t Start(const std::string& sub, const fs::path& out, const std::vector<std::
   return Spawn(args, out / "log.txt");
 }
 
+// Kills a launcher's process group when it goes out of scope, whatever failed before: nothing keeps
+// running. A test that saw the launcher exit sets `pid` to 0.
+struct Reaper {
+  pid_t pid;
+  ~Reaper() {
+    if (pid > 0 && kill(-pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+  }
+};
+
+// Rows in the run's metrics.csv once it has `steps` of them, or fewer after a minute.
+size_t WaitForSteps(const fs::path& out, size_t steps) {
+  size_t reported = 0;
+  for (int i = 0; i < 600 && reported < steps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto rows = ReadMetrics((out / "metrics.csv").string());
+    reported = rows.ok() ? rows->size() : 0;
+  }
+  return reported;
+}
+
 // The wait status of `pid` once it exits, or -1 if it still runs after `limit`.
 int WaitFor(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -349,19 +369,8 @@ TEST(Cluster, InterruptedRunWritesEveryRecord) {
   const pid_t launcher = Start(
       "local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=100000"});
   ASSERT_GT(launcher, 0);
-  struct Reaper {  // whatever fails below, nothing keeps running
-    pid_t pid;
-    ~Reaper() {
-      if (pid > 0 && kill(-pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-    }
-  } reaper{launcher};
-  size_t reported = 0;
-  for (int i = 0; i < 600 && reported < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    auto rows = ReadMetrics((out / "metrics.csv").string());
-    reported = rows.ok() ? rows->size() : 0;
-  }
-  ASSERT_GE(reported, 5u) << Log(out);
+  Reaper reaper{launcher};
+  ASSERT_GE(WaitForSteps(out, 5), 5u) << Log(out);
 
   // What a terminal's Ctrl-C does: SIGINT to the whole foreground process group.
   const auto t0 = std::chrono::steady_clock::now();
@@ -802,18 +811,10 @@ TEST(Cluster, AKilledWorkerIsNamedByTheConnectionsItClosed) {
                                {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=100000",
                                 "cluster.dead_after_s=600", "transport.timeout_s=600"});
   ASSERT_GT(launcher, 0);
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      if (pid > 0 && kill(-pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-    }
-  } reaper{launcher};
+  Reaper reaper{launcher};
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
-  for (int i = 0; i < 600 && ReadMetrics((out / "metrics.csv").string()).value_or(std::vector<MetricsRow>{}).size() < 3;
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  WaitForSteps(out, 3);
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(cluster["workers"][3]["pid"].get<int>(), SIGKILL), 0);
   const int status = WaitFor(launcher, std::chrono::seconds(120));

@@ -26,6 +26,10 @@ TEST(ParamLayout, LayerMajorAndContiguous) {
   // Per block: 12·C² + 13·C parameters, as in GPT-2.
   const size_t per_block = 12 * 64 + 13 * 8;
   EXPECT_EQ(whole.total(), 50 * 8 + 16 * 8 + 5 * per_block + 2 * 8 + 50 * 8);
+  // A block's tensors are one contiguous range, right after the previous block's.
+  EXPECT_EQ(whole.BlockRange(0).first, static_cast<size_t>(50 * 8 + 16 * 8));
+  for (int b = 0; b < 5; ++b) EXPECT_EQ(whole.BlockRange(b).second - whole.BlockRange(b).first, per_block);
+  EXPECT_EQ(whole.BlockRange(3).first, whole.BlockRange(2).second);
 }
 
 TEST(ParamLayout, StagesConcatenateToTheWholeModel) {
