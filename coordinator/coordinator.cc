@@ -73,7 +73,9 @@ class Service final : public proto::Coordinator::Service {
         links_(network_ ? "the scenario's links" : ""),
         cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
-        members_(cfg.cluster.job_id, expected_, cfg.cluster.dead_after_s, SuspectSilentSeconds(cfg.cluster)),
+        members_(cfg.cluster.job_id, expected_, cfg.cluster.spares, cfg.cluster.dead_after_s,
+                 SuspectSilentSeconds(cfg.cluster)),
+        latest_step_(start_), latest_name_(resume_name_),
         log_(cfg, start_, end_, std::move(metrics)),
         job_metrics_(cfg) {}
 
@@ -86,14 +88,17 @@ class Service final : public proto::Coordinator::Service {
     const absl::StatusOr<int> registered = members_.Register(*req, Clock::now());
     if (!registered.ok()) return ToGrpc(registered.status());
     const int id = *registered;
-    std::cout << absl::StrFormat("coordinator: worker %d registered from %s (%s, pid %d), %d/%d\n", id,
-                                 req->address(), req->host(), req->pid(), id + 1, expected_)
+    const bool spare = plan_.version() > 0 || id >= expected_;
+    std::cout << (spare ? absl::StrFormat("coordinator: worker %d registered from %s (%s, pid %d) as a spare\n", id,
+                                          req->address(), req->host(), req->pid())
+                        : absl::StrFormat("coordinator: worker %d registered from %s (%s, pid %d), %d/%d\n", id,
+                                          req->address(), req->host(), req->pid(), id + 1, expected_))
               << std::flush;
     reply->set_worker_id(id);
     reply->set_heartbeat_s(cfg_.cluster.heartbeat_s);
     reply->set_dead_after_s(cfg_.cluster.dead_after_s);
     reply->set_config_toml(cfg_.toml_text);
-    reply->set_probe_links(probing_);
+    reply->set_probe_links(probing_ && !spare);
     return grpc::Status::OK;
   }
 
@@ -101,13 +106,14 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportProfile", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    if (plan_.version() > 0) {
+    if (AssignmentOf(plan_, req->worker_id()) != nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrFormat("worker %d reports a profile after the plan was made", req->worker_id()));
     }
     members_.Heard(req->worker_id(), Clock::now());
     if (grpc::Status st = ToGrpc(members_.SetProfile(req->worker_id(), req->compute())); !st.ok()) return st;
-    if (members_.profiled() && !probing_) MakePlan();
+    if (plan_.version() == 0 && members_.profiled() && !probing_) MakePlan();
+    if (!vacant_.empty()) Replan();  // a spare some lost worker's place waited for
     cv_.notify_all();  // GetPeers waits for every profile
     return grpc::Status::OK;
   }
@@ -160,12 +166,17 @@ class Service final : public proto::Coordinator::Service {
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     members_.Heard(req->worker_id(), Clock::now());
-    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return plan_.version() > 0 || !abort_.empty(); })) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet: waiting for workers");
-    }
+    auto placed = [&] { return plan_.version() > req->known_version() && AssignmentOf(plan_, req->worker_id()); };
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] { return placed() || finished_ || !abort_.empty(); });
     if (!abort_.empty()) return grpc::Status(grpc::StatusCode::ABORTED, abort_);
-    *plan = plan_;
-    return grpc::Status::OK;
+    if (placed()) {
+      *plan = plan_;
+      return grpc::Status::OK;
+    }
+    if (finished_) return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the job finished");
+    if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;  // lost while it waited
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, plan_.version() == 0 ? "no plan yet: waiting for workers"
+                                                                          : "no place for this worker yet");
   }
 
   grpc::Status Ready(grpc::ServerContext* ctx, const proto::ReadyRequest* req, proto::ReadyReply* reply) override {
@@ -179,9 +190,15 @@ class Service final : public proto::Coordinator::Service {
     }
     ready_.insert(req->worker_id());
     cv_.notify_all();
-    if (!cv_.wait_for(lock, std::chrono::seconds(5),
-                      [&] { return static_cast<int>(ready_.size()) == expected_ || !abort_.empty(); })) {
+    const uint64_t version = plan_.version();
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] {
+          return static_cast<int>(ready_.size()) == expected_ || !abort_.empty() || plan_.version() != version;
+        })) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "waiting for every worker to install the plan");
+    }
+    if (plan_.version() != version) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("plan version %d replaced version %d", plan_.version(), version));
     }
     reply->set_abort(!abort_.empty());
     reply->set_reason(abort_);
@@ -196,14 +213,15 @@ class Service final : public proto::Coordinator::Service {
     members_.Heard(req->worker_id(), Clock::now());
     reply->set_abort(!abort_.empty());
     reply->set_reason(abort_);
+    reply->set_plan_version(plan_.version());
     return grpc::Status::OK;
   }
 
   grpc::Status ReportIteration(grpc::ServerContext* ctx, const proto::IterationReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportIteration", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
-    if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration()); !st.ok()) return st;
-    const proto::Assignment& a = plan_.assignments(req->worker_id());
+    if (grpc::Status st = CheckAssigned(req->worker_id(), req->iteration(), req->plan_version()); !st.ok()) return st;
+    const proto::Assignment& a = *AssignmentOf(plan_, req->worker_id());
     if (req->stage() != a.stage() || req->replica() != a.replica()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("worker %d reports as stage %d replica %d; the plan has it at stage %d "
@@ -211,6 +229,7 @@ class Service final : public proto::Coordinator::Service {
                                           req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
     }
     if (grpc::Status st = CheckParamsIterations(*req); !st.ok()) return st;
+    if (grpc::Status st = CheckMicroBatches(*req); !st.ok()) return st;
     IterationRecord& rec = iterations_[req->iteration()];
     if (rec.reports.count(req->worker_id()) > 0) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -221,6 +240,7 @@ class Service final : public proto::Coordinator::Service {
     CheckReplicasAgree(*req);
     rec.reports.emplace(req->worker_id(), *req);
     if (static_cast<int>(rec.reports.size()) == expected_) {
+      Audit(req->iteration(), rec.reports);
       job_metrics_.Complete(req->iteration(), rec.reports);
       WriteMetricsFile();
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
@@ -250,8 +270,8 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status ReportCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportCheckpoint", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
-    if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1); !st.ok()) return st;
-    if (!HostsShard(plan_, plan_.assignments(req->worker_id()), req->stage(), req->shard()) ||
+    if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1, req->plan_version()); !st.ok()) return st;
+    if (!HostsShard(plan_, *AssignmentOf(plan_, req->worker_id()), req->stage(), req->shard()) ||
         !checkpointed_[req->step()].insert({req->stage(), req->shard()}).second) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("worker %d reports a checkpoint of shard %d of stage %d at step %d, which "
@@ -267,6 +287,10 @@ class Service final : public proto::Coordinator::Service {
       std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n",
                                    CheckpointName(req->step()), plan_.shards_size(), root)
                 << std::flush;
+      latest_step_ = req->step();
+      latest_name_ = CheckpointName(req->step());
+      checkpointed_.erase(checkpointed_.begin(), checkpointed_.find(req->step()));
+      CheckFinished();
     }
     return grpc::Status::OK;
   }
@@ -304,7 +328,11 @@ class Service final : public proto::Coordinator::Service {
       cv_.wait_for(lock, std::chrono::milliseconds(250));
       if (g_stop_requested && abort_.empty()) Abort(absl::StrCat("interrupted; ", ResumeAdvice()));
       const int done = members_.done();
-      if (done == expected_) break;
+      // The plan's workers and the spares heard that the job finished (GetPlan); one that died
+      // since is not waited for.
+      if (finished_ && (done == members_.registered() || Clock::now() - finished_time_ > std::chrono::seconds(5))) {
+        break;
+      }
       if (!abort_.empty() && (done == members_.registered() ||
                               Clock::now() - abort_time_ > std::chrono::seconds(5))) {
         break;  // the workers heard it through their heartbeats; don't wait for a dead one
@@ -318,23 +346,10 @@ class Service final : public proto::Coordinator::Service {
                   << std::flush;
         last_wait_note = Clock::now();
       }
-      if (const auto silent = members_.Silent(Clock::now()); silent && abort_.empty()) {
-        const int id = silent->id;
-        const std::string& address = members_.registration(id).address();
-        const std::string where =
-            plan_.version() == 0
-                ? absl::StrFormat("registered from %s, waiting for its plan", address)
-                : absl::StrFormat("stage %d, replica %d at %s", plan_.assignments(id).stage(),
-                                  plan_.assignments(id).replica(), address);
-        job_metrics_.WorkerLost();
-        const std::string why =
-            silent->reporter < 0
-                ? absl::StrFormat("sent no heartbeat for %.0f s", silent->silent_s)
-                : absl::StrFormat("closed its connection to worker %d mid-run and sent no heartbeat for %.1f s since",
-                                  silent->reporter, silent->silent_s);
-        Abort(absl::StrFormat("worker %d (%s) %s: it died or is unreachable; restart it, then %s", id, where, why,
-                              ResumeAdvice()));
+      if (const auto silent = members_.Silent(Clock::now()); silent && abort_.empty() && !finished_) {
+        Lose(*silent);
       }
+      if (!vacant_.empty() && abort_.empty()) Replan();
     }
     if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);
     nlohmann::json stragglers = nlohmann::json::array();
@@ -342,8 +357,11 @@ class Service final : public proto::Coordinator::Service {
       stragglers.push_back({{"worker", id}, {"slowdown_vs_start", s.vs_start}, {"slowdown_vs_peers", s.vs_peers}});
     }
     log_.SetStragglers(std::move(stragglers));
-    const nlohmann::json summary =
-        log_.Summary(abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed", abort_, replica_checks_);
+    nlohmann::json summary =
+        log_.Summary(abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed", abort_,
+                     static_cast<int64_t>(replica_checked_.size()));
+    summary["audit"] = AuditSummary();
+    summary["recoveries"] = recoveries_;
     std::vector<std::string> traces;
     for (const std::string& t : members_.timelines())
       if (fs::exists(t)) traces.push_back(t);
@@ -397,10 +415,20 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
   grpc::Status CheckWorker(int id) const { return ToGrpc(members_.Check(id)); }
 
-  // REQUIRES: mu_ held. A registered worker of the plan, reporting an iteration of this run.
-  grpc::Status CheckAssigned(int id, int64_t iteration) const {
+  // REQUIRES: mu_ held. A registered worker of the plan, reporting an iteration of this run under
+  // the plan's version: a report of a replaced plan's iteration must not count for the new one's.
+  grpc::Status CheckAssigned(int id, int64_t iteration, uint64_t version) const {
     if (grpc::Status st = CheckWorker(id); !st.ok()) return st;
     if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
+    if (version != plan_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d reports under plan version %d; the plan is version %d", id,
+                                          version, plan_.version()));
+    }
+    if (AssignmentOf(plan_, id) == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d has no place in plan version %d", id, plan_.version()));
+    }
     if (iteration < start_ || iteration >= end_) {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                           absl::StrFormat("iteration %d is outside this run's [%d, %d)", iteration, start_, end_));
@@ -438,11 +466,183 @@ class Service final : public proto::Coordinator::Service {
                               p.crc32c()));
       }
       if (++crcs_in_[p.iteration()] == expected_) {
-        replica_checks_ += cfg_.cluster.replicas > 1;
+        if (cfg_.cluster.replicas > 1) replica_checked_.insert(p.iteration());
         crcs_in_.erase(p.iteration());
         for (int s = 0; s < cfg_.cluster.stages; ++s) first_crc_.erase({s, p.iteration()});
       }
     }
+  }
+
+  // A report's micro-batches are global indices of the iteration, at most the replica's count:
+  // what the audit keeps is bounded by the plan.
+  grpc::Status CheckMicroBatches(const proto::IterationReport& r) const {
+    const int64_t all = static_cast<int64_t>(cfg_.cluster.replicas) * cfg_.train.micro_batches;
+    bool ok = r.micro_batches_size() <= cfg_.train.micro_batches;
+    for (int64_t g : r.micro_batches()) ok = ok && g >= 0 && g < all;
+    if (ok) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("worker %d's report of iteration %d names %d micro-batches outside [0, %d) or "
+                                        "more than the %d a replica runs",
+                                        r.worker_id(), r.iteration() + 1, r.micro_batches_size(), all,
+                                        cfg_.train.micro_batches));
+  }
+
+  // REQUIRES: mu_ held. Every worker reported iteration `it`: each stage ran each of the
+  // iteration's global micro-batches once. A rollback forgets the iterations it redoes, so what
+  // stays is what the final parameters saw.
+  void Audit(int64_t it, const std::map<int, proto::IterationReport>& reports) {
+    const int all = cfg_.cluster.replicas * cfg_.train.micro_batches;
+    std::vector<std::vector<int>> seen(cfg_.cluster.stages, std::vector<int>(all, 0));
+    for (const auto& [id, r] : reports)
+      for (int64_t g : r.micro_batches()) ++seen[r.stage()][g];
+    AuditEntry entry;
+    for (const std::vector<int>& stage : seen) {
+      for (int n : stage) entry.lost += n == 0, entry.repeated += std::max(0, n - 1);
+    }
+    if ((entry.lost > 0 || entry.repeated > 0) && abort_.empty()) {
+      Abort(absl::StrFormat("iteration %d: %d (stage, micro-batch) pairs not run and %d run twice (a bug: please "
+                            "report it with the config)",
+                            it + 1, entry.lost, entry.repeated));
+    }
+    audit_[it] = entry;
+    if (it == end_ - 1) last_recorded_ = true;
+    if (recovering_) {
+      recovering_ = false;
+      nlohmann::json& event = recoveries_.back();
+      const double stall = std::chrono::duration<double>(Clock::now() - failed_at_).count();
+      event["stall_s"] = stall;
+      std::cout << absl::StrFormat("coordinator: recovered: iteration %d completed %.2f s after worker %d was last "
+                                   "heard from (found lost after %.2f s)\n",
+                                   it + 1, stall, event["worker"].get<int>(), event["detection_s"].get<double>())
+                << std::flush;
+    }
+    CheckFinished();
+  }
+
+  nlohmann::json AuditSummary() const {
+    int64_t lost = 0, repeated = 0;
+    for (const auto& [it, e] : audit_) lost += e.lost, repeated += e.repeated;
+    return {{"iterations", audit_.size()},
+            {"pairs_per_iteration", cfg_.cluster.stages * cfg_.cluster.replicas * cfg_.train.micro_batches},
+            {"lost", lost},
+            {"repeated", repeated},
+            {"redone_iterations", redone_}};
+  }
+
+  // REQUIRES: mu_ held. The last iteration is in and so is its checkpoint: nothing a lost worker
+  // could take with it remains, and the workers may go.
+  void CheckFinished() {
+    if (finished_ || !last_recorded_ || latest_step_ != end_) return;
+    finished_ = true;
+    finished_time_ = Clock::now();
+    cv_.notify_all();
+  }
+
+  // REQUIRES: mu_ held. Worker `lost.id` is dead. A spare's loss costs nothing; a plan worker's
+  // place waits for a spare (Replan).
+  void Lose(const Membership::Lost& lost) {
+    const int id = lost.id;
+    const std::string& address = members_.registration(id).address();
+    const proto::Assignment* a = AssignmentOf(plan_, id);
+    const std::string where =
+        plan_.version() == 0 ? absl::StrFormat("registered from %s, waiting for its plan", address)
+        : a == nullptr       ? absl::StrFormat("a spare at %s", address)
+                             : absl::StrFormat("stage %d, replica %d at %s", a->stage(), a->replica(), address);
+    const std::string why =
+        lost.reporter < 0
+            ? absl::StrFormat("sent no heartbeat for %.0f s", lost.silent_s)
+            : absl::StrFormat("closed its connection to worker %d mid-run and sent no heartbeat for %.1f s since",
+                              lost.reporter, lost.silent_s);
+    const std::string what = absl::StrFormat("worker %d (%s) %s", id, where, why);
+    job_metrics_.WorkerLost();
+    if (plan_.version() == 0) {
+      Abort(absl::StrFormat("%s: it died or is unreachable; restart it, then %s", what, ResumeAdvice()));
+      return;
+    }
+    members_.Lose(id);
+    std::cout << "coordinator: " << what << (a == nullptr ? ": one spare fewer\n" : ": its place goes to a spare\n")
+              << std::flush;
+    if (a == nullptr) return;
+    if (vacant_.empty()) vacant_since_ = Clock::now();
+    vacant_[id] = what;
+    nlohmann::json event = {{"worker", id},
+                            {"stage", a->stage()},
+                            {"replica", a->replica()},
+                            {"detection_s", lost.silent_s},
+                            {"reporter", lost.reporter},
+                            {"plan_version", plan_.version()}};
+    recoveries_.push_back(std::move(event));
+    failed_at_ = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lost.silent_s));
+  }
+
+  // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
+  // lost workers' places in the next plan version, which rolls every worker back to the last
+  // complete checkpoint (or the run's start); without enough spares for cluster.spare_wait_s the
+  // job stops.
+  void Replan() {
+    std::vector<int> spares;
+    for (const auto& [id, reg] : members_.registrations())
+      if (AssignmentOf(plan_, id) == nullptr && members_.HasProfile(id)) spares.push_back(id);
+    if (spares.size() < vacant_.size()) {
+      const double waited = std::chrono::duration<double>(Clock::now() - vacant_since_).count();
+      if (waited >= cfg_.cluster.spare_wait_s) {
+        Abort(absl::StrFormat("%s: it died or is unreachable, and no spare took its place within "
+                              "cluster.spare_wait_s = %g s; restart it, then %s",
+                              vacant_.begin()->second, cfg_.cluster.spare_wait_s, ResumeAdvice()));
+      } else if (!spare_wait_noted_) {
+        spare_wait_noted_ = true;
+        std::cout << absl::StrFormat("coordinator: waiting up to %g s (cluster.spare_wait_s) for a spare: start one "
+                                     "with `longhaul worker --coordinator <this host>:<port>`\n",
+                                     cfg_.cluster.spare_wait_s)
+                  << std::flush;
+      }
+      return;
+    }
+    std::map<int, int> replace;
+    auto spare = spares.begin();
+    for (const auto& [id, what] : vacant_) replace[id] = *spare++;
+    const int64_t reached = iterations_.empty() ? start_ : std::max(start_, iterations_.rbegin()->first + 1);
+    redone_ += std::max<int64_t>(0, reached - latest_step_);
+    start_ = latest_step_;
+    resume_name_ = latest_name_;
+    plan_ = NextPlan(plan_, replace, members_.registrations(), {start_, resume_name_, end_});
+    for (int& w : worker_of_slot_)
+      if (replace.count(w)) w = replace.at(w);
+    iterations_.erase(iterations_.lower_bound(start_), iterations_.end());
+    audit_.erase(audit_.lower_bound(start_), audit_.end());
+    checkpointed_.erase(checkpointed_.upper_bound(start_), checkpointed_.end());
+    first_crc_.clear();
+    crcs_in_.clear();
+    replica_checked_.erase(replica_checked_.lower_bound(start_), replica_checked_.end());
+    ready_.clear();
+    last_recorded_ = false;
+    stragglers_ = StragglerWatch();
+    job_metrics_.SetPlan(plan_, members_.registrations());
+    if (absl::Status st = log_.Rewind(start_); !st.ok()) {
+      Abort(std::string(st.message()));
+      return;
+    }
+    std::vector<std::string> moves;
+    for (const auto& [lost, by] : replace) {
+      const proto::Assignment& a = *AssignmentOf(plan_, by);
+      moves.push_back(absl::StrFormat("worker %d takes stage %d replica %d from worker %d", by, a.stage(), a.replica(),
+                                      lost));
+    }
+    std::cout << absl::StrFormat("coordinator: plan v%d: %s; every worker goes back to step %d (%s) and redoes %d "
+                                 "iterations\n",
+                                 plan_.version(), absl::StrJoin(moves, "; "), start_,
+                                 resume_name_.empty() ? "the initial parameters" : resume_name_,
+                                 reached - start_)
+              << std::flush;
+    nlohmann::json& event = recoveries_.back();
+    event["spare"] = replace.rbegin()->second;
+    event["new_plan_version"] = plan_.version();
+    event["rollback_to_step"] = start_;
+    event["redone_iterations"] = reached - start_;
+    recovering_ = true;
+    vacant_.clear();
+    spare_wait_noted_ = false;
+    cv_.notify_all();
   }
 
   // What a person should do after the job stopped early.
@@ -468,6 +668,14 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
+  // REQUIRES: mu_ held. The workers the first plan places (ids below stages x replicas; any more
+  // that registered before it wait as spares).
+  std::map<int, proto::RegisterRequest> FirstWorkers() const {
+    std::map<int, proto::RegisterRequest> first = members_.registrations();
+    first.erase(first.lower_bound(expected_), first.end());
+    return first;
+  }
+
   // REQUIRES: mu_ held. The worker ids nobody has registered as yet.
   std::string UnfilledSlots() const {
     return absl::StrCat("not yet worker ids ", absl::StrJoin(members_.Unfilled(), ", "),
@@ -490,12 +698,12 @@ class Service final : public proto::Coordinator::Service {
       why = "cluster.stage_backends pins a device to each stage";
     } else {
       std::map<int, proto::ComputeProfile> profiles;
-      for (const auto& [id, reg] : members_.registrations()) profiles[id] = members_.profile(id);
+      for (const auto& [id, reg] : FirstWorkers()) profiles[id] = members_.profile(id);
       const Clock::time_point t0 = Clock::now();
       // A cut the config pins, or a checkpoint's (resume keeps the layout), stands.
       const bool keep_cut = !cfg_.cluster.stage_layers.empty() || start_ > 0;
       const absl::StatusOr<SlotSearch> found =
-          SearchSlots(cfg_, members_.registrations(), profiles, *network_, keep_cut);
+          SearchSlots(cfg_, FirstWorkers(), profiles, *network_, keep_cut);
       if (!found.ok()) {
         why = absl::StrCat("the search failed: ", found.status().message());
       } else {
@@ -552,7 +760,7 @@ class Service final : public proto::Coordinator::Service {
   void MakePlan() {
     const nlohmann::json placement = Place();
     log_.SetPlacement(placement);
-    plan_ = longhaul::MakePlan(cfg_, members_.registrations(), {start_, resume_name_, end_}, worker_of_slot_,
+    plan_ = longhaul::MakePlan(cfg_, FirstWorkers(), {start_, resume_name_, end_}, worker_of_slot_,
                                network_ ? &*network_ : nullptr);
     job_metrics_.SetPlan(plan_, members_.registrations());
     if (network_) job_metrics_.SetLinks(*network_, links_);
@@ -617,8 +825,9 @@ class Service final : public proto::Coordinator::Service {
   std::string links_;                   // where network_ came from, for people
   JobConfig cfg_;
   const int expected_;
-  const int64_t start_, end_;
-  const std::string resume_name_;
+  int64_t start_;  // the plan's first iteration: the run's, or where a replan went back to
+  const int64_t end_;
+  std::string resume_name_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -628,12 +837,31 @@ class Service final : public proto::Coordinator::Service {
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
-  int64_t replica_checks_ = 0;  // steps whose replicas were checked to agree
+  std::set<int64_t> replica_checked_;  // iterations whose replicas were checked to agree
   // By (stage, iteration): the first replica's parameters CRC reported; by iteration: how many
   // workers' are in. A step leaves both once every worker's is.
   std::map<std::pair<int, int64_t>, std::pair<int, uint32_t>> first_crc_;
   std::map<int64_t, int> crcs_in_;
   StragglerWatch stragglers_;
+  // The last step whose every shard is on disk: where a lost worker sends every worker back to.
+  int64_t latest_step_;
+  std::string latest_name_;
+  // Lost workers of the plan whose places wait for spares (by id: what happened), since when.
+  std::map<int, std::string> vacant_;
+  Clock::time_point vacant_since_;
+  bool spare_wait_noted_ = false;
+  // Per committed iteration, the (stage, micro-batch) pairs not run and run twice.
+  struct AuditEntry {
+    int64_t lost = 0, repeated = 0;
+  };
+  std::map<int64_t, AuditEntry> audit_;
+  int64_t redone_ = 0;  // iterations begun and then rolled back
+  nlohmann::json recoveries_ = nlohmann::json::array();
+  bool recovering_ = false;      // since a replan, until an iteration completes
+  Clock::time_point failed_at_;  // when the worker lost last was last heard from
+  bool last_recorded_ = false;   // every worker reported the run's last iteration
+  bool finished_ = false;        // ... and its checkpoint is complete
+  Clock::time_point finished_time_;
   std::string abort_;
   Clock::time_point abort_time_;
   RunLog log_;

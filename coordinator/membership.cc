@@ -9,8 +9,8 @@
 
 namespace longhaul {
 
-Membership::Membership(std::string job_id, int expected, double dead_after_s, double suspect_silent_s)
-    : job_id_(std::move(job_id)), expected_(expected), dead_after_s_(dead_after_s),
+Membership::Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s)
+    : job_id_(std::move(job_id)), expected_(expected), spares_(spares), dead_after_s_(dead_after_s),
       suspect_silent_s_(suspect_silent_s) {}
 
 absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Clock::time_point now) {
@@ -23,8 +23,9 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
     return absl::FailedPreconditionError(
         absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req.job_id(), job_id_));
   }
-  if (full()) {
-    return absl::ResourceExhaustedError(absl::StrFormat("job '%s' already has its %d workers", job_id_, expected_));
+  if (registered() >= expected_ + spares_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job '%s' already has its %d workers and %d spares (cluster.spares)", job_id_, expected_, spares_));
   }
   int id = 0;
   if (req.has_slot()) {
@@ -90,7 +91,7 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
     links[to] = m;
   }
   for (const auto& [other, w] : workers_) {
-    if (other != id && !SameHost(id, other) && !links.count(other)) {
+    if (other < expected_ && other != id && !SameHost(id, other) && !links.count(other)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("worker %d reports no link to worker %d, which is at another address", id, other));
     }
@@ -102,7 +103,8 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
 }
 
 bool Membership::linked() const {
-  return full() && std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.links_reported; });
+  return full() && std::all_of(workers_.begin(), workers_.end(),
+                               [&](const auto& w) { return w.first >= expected_ || w.second.links_reported; });
 }
 
 std::optional<proto::LinkMeasurement> Membership::link(int from, int to) const {
@@ -112,13 +114,34 @@ std::optional<proto::LinkMeasurement> Membership::link(int from, int to) const {
 }
 
 bool Membership::profiled() const {
-  return full() && std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.profile; });
+  return full() && std::all_of(workers_.begin(), workers_.end(),
+                               [&](const auto& w) { return w.first >= expected_ || w.second.profile; });
+}
+
+bool Membership::full() const {
+  return std::count_if(workers_.begin(), workers_.end(), [&](const auto& w) { return w.first < expected_; }) ==
+         expected_;
+}
+
+int Membership::registered() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return !w.second.lost; }));
 }
 
 absl::Status Membership::Check(int id) const {
-  if (workers_.count(id)) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrFormat("no worker %d has registered with job '%s'", id, job_id_));
+  auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrFormat("no worker %d has registered with job '%s'", id, job_id_));
+  }
+  if (it->second.lost) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %d of job '%s' was declared lost and its place given to another; a process that was only cut off "
+        "must start again to join as a spare",
+        id, job_id_));
+  }
+  return absl::OkStatus();
 }
+
+void Membership::Lose(int id) { workers_.at(id).lost = true; }
 
 void Membership::Heard(int id, Clock::time_point now) { workers_.at(id).last_seen = now; }
 
@@ -129,7 +152,8 @@ void Membership::Done(int id, const std::string& timeline) {
 }
 
 int Membership::done() const {
-  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.done; }));
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.done && !w.second.lost; }));
 }
 
 void Membership::Suspect(int id, int reporter, Clock::time_point now) {
@@ -140,7 +164,7 @@ void Membership::Suspect(int id, int reporter, Clock::time_point now) {
 std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const {
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (const auto& [id, w] : workers_) {
-    if (w.done) continue;
+    if (w.done || w.lost) continue;
     if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
     if (!w.suspected) continue;
     const double since = seconds(now - std::max(w.last_seen, w.suspected->first));
@@ -151,7 +175,8 @@ std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const 
 
 std::map<int, proto::RegisterRequest> Membership::registrations() const {
   std::map<int, proto::RegisterRequest> r;
-  for (const auto& [id, w] : workers_) r[id] = w.reg;
+  for (const auto& [id, w] : workers_)
+    if (!w.lost) r[id] = w.reg;
   return r;
 }
 

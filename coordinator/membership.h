@@ -18,42 +18,52 @@ class Membership {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // A job of `expected` workers; one silent for longer than `dead_after_s` is dead, and so is a
-  // suspect silent for longer than `suspect_silent_s` since it was suspected.
-  Membership(std::string job_id, int expected, double dead_after_s, double suspect_silent_s);
+  // A job of `expected` workers and at most `spares` more waiting to take a lost one's place; one
+  // silent for longer than `dead_after_s` is dead, and so is a suspect silent for longer than
+  // `suspect_silent_s` since it was suspected.
+  Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s);
 
-  // The new worker's id: the slot it asks for, else the lowest free one (so 0, 1, ... in
-  // registration order); or why it is refused: another protocol version or job
-  // (FailedPrecondition), every slot taken (ResourceExhausted), a slot out of range
+  // The new worker's id: the slot it asks for, else the lowest id never given (so 0, 1, ... in
+  // registration order; a lost worker's id is never given again, so a late message of the lost
+  // process cannot pass for its successor's); or why it is refused: another protocol version or
+  // job (FailedPrecondition), every slot and spare taken (ResourceExhausted), a slot out of range
   // (InvalidArgument) or taken (AlreadyExists).
   absl::StatusOr<int> Register(const proto::RegisterRequest& req, Clock::time_point now);
   // What registered worker `id` measured of its backend (InvalidArgument for times no device
   // takes: negative, NaN, an hour or more).
   absl::Status SetProfile(int id, const proto::ComputeProfile& compute);
-  // Every worker registered and reported its profile: the plan can be made.
+  // The job's first `expected` workers (ids below it) registered and reported their profiles: the
+  // first plan can be made.
   bool profiled() const;
   const proto::ComputeProfile& profile(int id) const { return *workers_.at(id).profile; }
+  bool HasProfile(int id) const { return workers_.at(id).profile.has_value(); }
   // What registered worker `id` measured towards every worker at another address (workers at one
   // address share a machine and talk for free, unless a dial map routes them through an emulated
   // link, when they may be reported too). InvalidArgument for a report that misses such a worker,
   // repeats one, names itself or an unknown one, or holds times and rates no link has.
   absl::Status SetLinks(int id, const proto::LinkReport& report);
-  // Every worker reported its links.
+  // The first `expected` workers reported their links.
   bool linked() const;
   // Worker `from`'s measurement towards worker `to`, where it reported one.
   std::optional<proto::LinkMeasurement> link(int from, int to) const;
   // Both registered with one host in their tensor addresses.
   bool SameHost(int a, int b) const;
-  // NotFound for an id no worker registered with: ids come from the network.
+  // NotFound for an id no worker registered with (ids come from the network), FailedPrecondition
+  // for a lost one's.
   absl::Status Check(int id) const;
   void Heard(int id, Clock::time_point now);
   // The worker finished (or failed); `timeline` is its trace file, if it wrote one.
   void Done(int id, const std::string& timeline);
 
   int expected() const { return expected_; }
-  int registered() const { return static_cast<int>(workers_.size()); }
-  bool full() const { return registered() == expected_; }
+  // Workers registered and not lost.
+  int registered() const;
+  // Ids [0, expected) are registered.
+  bool full() const;
+  // Of the workers not lost, those done.
   int done() const;
+  // Worker `id` is dead: it leaves every count and check, and its id is never given again.
+  void Lose(int id);
   // Worker `reporter` saw evidence that worker `id` is gone (SuspectReport). A heartbeat after
   // this makes the silence count from there: a slow worker is not a dead one.
   void Suspect(int id, int reporter, Clock::time_point now);
@@ -62,11 +72,12 @@ class Membership {
     double silent_s = 0;  // since it was last heard from, or since it was suspected
     int reporter = -1;    // who suspected it, where that is why it is lost
   };
-  // A worker not done and silent past its limit at `now`.
+  // A worker not lost, not done and silent past its limit at `now`.
   std::optional<Lost> Silent(Clock::time_point now) const;
   const proto::RegisterRequest& registration(int id) const { return workers_.at(id).reg; }
+  // Of the workers not lost.
   std::map<int, proto::RegisterRequest> registrations() const;
-  // The slots no worker holds yet.
+  // The slots of the first plan no worker holds yet.
   std::vector<int> Unfilled() const;
   // The trace files the finished workers reported.
   std::vector<std::string> timelines() const;
@@ -81,9 +92,10 @@ class Membership {
     std::map<int, proto::LinkMeasurement> links;  // by peer at another address
     bool links_reported = false;
     std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
+    bool lost = false;
   };
   const std::string job_id_;
-  const int expected_;
+  const int expected_, spares_;
   const double dead_after_s_, suspect_silent_s_;
   std::map<int, Worker> workers_;
 };

@@ -159,6 +159,32 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
   return plan;
 }
 
+proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
+                     const std::map<int, proto::RegisterRequest>& workers, const PlanRequest& request) {
+  proto::Plan plan = old;
+  plan.set_version(old.version() + 1);
+  plan.set_start_iteration(request.start_iteration);
+  plan.set_resume_checkpoint(request.resume_checkpoint);
+  plan.set_stop_iteration(request.stop_iteration);
+  auto now = [&](int id) {
+    auto it = replace.find(id);
+    return it == replace.end() ? id : it->second;
+  };
+  for (proto::Assignment& a : *plan.mutable_assignments()) {
+    a.set_worker_id(now(a.worker_id()));
+    a.set_address(workers.at(a.worker_id()).address());
+  }
+  for (proto::LinkWire& w : *plan.mutable_link_wires()) {
+    w.set_from_worker(now(w.from_worker()));
+    w.set_to_worker(now(w.to_worker()));
+  }
+  for (proto::LinkConnections& c : *plan.mutable_link_connections()) {
+    c.set_from_worker(now(c.from_worker()));
+    c.set_to_worker(now(c.to_worker()));
+  }
+  return plan;
+}
+
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard) {
   for (const proto::ShardPlacement& sp : plan.shards())
     if (sp.stage() == stage && sp.shard() == shard) return sp.stage() == a.stage() && sp.owner_replica() == a.replica();

@@ -63,6 +63,13 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
                      const PlanRequest& request, const std::vector<int>& worker_of_slot,
                      const NetworkCost* network = nullptr);
 
+// The version after `old`: each worker `lost` of `replace` (lost -> spare) gives its place, its
+// links' wire dtypes and connection counts to the spare, registered as `workers` has it (a spare
+// inherits the slot whole, so the run's numerics stay those of the plan before); the run goes on
+// from `request`'s start iteration and checkpoint.
+proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
+                     const std::map<int, proto::RegisterRequest>& workers, const PlanRequest& request);
+
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);
 

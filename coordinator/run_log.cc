@@ -20,12 +20,20 @@ namespace {
 }  // namespace
 
 RunLog::RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metrics)
-    : cfg_(cfg), start_(start), end_(end), workers_(cfg.cluster.stages * cfg.cluster.replicas),
+    : cfg_(cfg), first_(start), start_(start), end_(end), workers_(cfg.cluster.stages * cfg.cluster.replicas),
       flops_(ModelFlopsPerIteration(cfg.model,
                                     static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.train.micro_batches *
                                         cfg.cluster.replicas,
                                     cfg.train.seq_len, cfg.train.recompute)),
       metrics_(std::move(metrics)) {}
+
+absl::Status RunLog::Rewind(int64_t step) {
+  absl::StatusOr<MetricsLog> rewound = MetricsLog::Resume(metrics_.path(), step);
+  if (!rewound.ok()) return rewound.status();
+  metrics_ = *std::move(rewound);
+  start_ = step;
+  return absl::OkStatus();
+}
 
 std::string RunLog::LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
 
@@ -67,8 +75,8 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
   const std::vector<MetricsRow>& rows = metrics_.rows();
   nlohmann::json s = {{"status", status},
                       {"steps", cfg_.train.steps},
-                      {"first_step", start_ + 1},
-                      {"last_step", rows.empty() ? start_ : rows.back().step},
+                      {"first_step", first_ + 1},
+                      {"last_step", rows.empty() ? first_ : rows.back().step},
                       {"final_loss", rows.empty() ? nlohmann::json() : nlohmann::json(rows.back().loss)},
                       {"iteration_seconds", nullptr},
                       {"predicted_iteration_seconds", predicted_ >= 0 ? nlohmann::json(predicted_) : nlohmann::json()},
@@ -124,7 +132,7 @@ void RunLog::PrintSummary(const nlohmann::json& s) const {
   std::cout << absl::StrFormat(
       "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
       "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
-      end_ - start_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / workers_,
+      end_ - first_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / workers_,
       FlopsFormulaName(cfg_.train.recompute), workers_, DaysFor100BTokens(tps));
   if (s["predicted_iteration_seconds"].is_number()) {
     const double predicted = s["predicted_iteration_seconds"];

@@ -27,6 +27,10 @@ class RunLog {
   // the file's) and prints the progress line when one is due.
   absl::Status Record(int64_t it, const std::map<int, proto::IterationReport>& reports);
 
+  // A replan sent every worker back to step `step`: metrics.csv forgets the rows after it, and the
+  // next iteration, which waits for the new plan's setup, is not timed.
+  absl::Status Rewind(int64_t step);
+
   // What is known of the run, finished or not. `status`: "completed", "interrupted" or "failed",
   // with `reason` unless completed; `replica_checks`: iterations whose replicas were compared.
   nlohmann::json Summary(const std::string& status, const std::string& reason, int64_t replica_checks) const;
@@ -54,7 +58,9 @@ class RunLog {
   std::string LossSvg() const;
 
   const JobConfig cfg_;
-  const int64_t start_, end_;
+  const int64_t first_;  // the run's first iteration
+  int64_t start_;        // the current plan's
+  const int64_t end_;
   const int workers_;
   const double flops_;  // per iteration, every replica
   MetricsLog metrics_;

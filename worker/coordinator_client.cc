@@ -1,6 +1,7 @@
 #include "worker/coordinator_client.h"
 
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,7 +18,8 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 }  // namespace
 
 CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls,
-                                     double connect_timeout_s, std::function<void(const std::string&)> on_stop)
+                                     double connect_timeout_s,
+                                     std::function<void(const std::string&, uint64_t)> on_stop)
     : address_(std::move(address)), connect_timeout_s_(connect_timeout_s), on_stop_(std::move(on_stop)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
@@ -90,24 +92,36 @@ std::chrono::system_clock::time_point CoordinatorClient::PollDeadline() const {
 template <typename Request, typename Reply>
 absl::StatusOr<Reply> CoordinatorClient::LongPoll(
     grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&, Reply*), const Request& req,
-    const std::string& waiting_for) {
+    const std::string& waiting_for, double max_wait_s) {
+  const auto give_up = max_wait_s > 0 ? std::chrono::system_clock::now() +
+                                            std::chrono::milliseconds(static_cast<int64_t>(max_wait_s * 1000))
+                                      : std::chrono::system_clock::time_point::max();
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(PollDeadline());
+    ctx.set_deadline(std::min(PollDeadline(), give_up));
     Reply reply;
     grpc::Status st = (stub_.get()->*rpc)(&ctx, req, &reply);
     if (st.ok()) return reply;
     if (st.error_code() == grpc::StatusCode::ABORTED) return absl::AbortedError(st.error_message());
-    if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && st.error_code() != grpc::StatusCode::NOT_FOUND) {
-      return FromGrpc(st, absl::StrCat("waiting for ", waiting_for, " from ", address_));
+    if (st.error_code() == grpc::StatusCode::OUT_OF_RANGE) return absl::OutOfRangeError(st.error_message());
+    const bool not_yet = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                         st.error_code() == grpc::StatusCode::NOT_FOUND ||
+                         (max_wait_s > 0 && st.error_code() == grpc::StatusCode::UNAVAILABLE);
+    if (!not_yet) return FromGrpc(st, absl::StrCat("waiting for ", waiting_for, " from ", address_));
+    if (std::chrono::system_clock::now() >= give_up) {
+      return absl::UnavailableError(absl::StrFormat("no %s from %s within %.0f s: %s", waiting_for, address_,
+                                                    max_wait_s, st.error_message()));
     }
+    // An unreachable coordinator answers at once: ask again after a moment, not in a spin.
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
 
-absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan() {
+absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version, double max_wait_s) {
   proto::PlanRequest req;
   req.set_worker_id(id_);
-  return LongPoll(&proto::Coordinator::Stub::GetPlan, req, "the plan");
+  req.set_known_version(known_version);
+  return LongPoll(&proto::Coordinator::Stub::GetPlan, req, "a plan with a place for this worker", max_wait_s);
 }
 
 absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers() {
@@ -138,6 +152,7 @@ absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
 
 void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
   auto last_ok = Clock::now();
+  uint64_t replaced = 0;  // the newest plan version on_stop was called for
   const auto period = std::chrono::milliseconds(static_cast<int64_t>(period_s * 1000));
   while (!stop_) {
     grpc::ClientContext ctx;
@@ -150,10 +165,19 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
     grpc::Status st = stub_->Heartbeat(&ctx, req, &reply);
     if (st.ok()) {
       last_ok = Clock::now();
-      if (reply.abort()) return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()));
+      if (reply.abort()) return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);
+      const uint64_t running = plan_version_;
+      if (running > 0 && reply.plan_version() > running && reply.plan_version() > replaced) {
+        replaced = reply.plan_version();
+        on_stop_(absl::StrFormat("plan version %d replaces version %d", replaced, running), replaced);
+      }
+    } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // This worker was declared lost: its place is another's now.
+      return on_stop_(absl::StrCat("the coordinator refused this worker: ", st.error_message()), 0);
     } else if (std::chrono::duration<double>(Clock::now() - last_ok).count() > dead_after_s) {
       return on_stop_(absl::StrFormat("lost the coordinator at %s (no answer for %.0f s): %s", address_, dead_after_s,
-                                      st.error_message()));
+                                      st.error_message()),
+                      0);
     }
     for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(50)) {
       std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), period - slept));

@@ -21,11 +21,12 @@ namespace longhaul {
 
 class CoordinatorClient {
  public:
-  // `on_stop` is called once, from the heartbeat thread, with the reason when the coordinator
-  // stops the job or has not answered for the job's dead_after_s. Every call is signed with
+  // `on_stop` is called from the heartbeat thread with the reason when the coordinator stops the
+  // job or has not answered for the job's dead_after_s (newer_plan 0), or has a plan newer than the
+  // one this worker runs (SetPlanVersion; once per version, which newer_plan names). Every call is signed with
   // `secret`, over TLS where `tls` names files (rpc_auth.h).
   CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
-                    std::function<void(const std::string&)> on_stop);
+                    std::function<void(const std::string& reason, uint64_t newer_plan)> on_stop);
   ~CoordinatorClient();  // ends the heartbeats
   CoordinatorClient(const CoordinatorClient&) = delete;
 
@@ -37,8 +38,12 @@ class CoordinatorClient {
   absl::StatusOr<proto::RegisterReply> Register(proto::RegisterRequest req);
   // What this worker's backend measured (compute_probe.h); the plan waits for every worker's.
   absl::Status ReportProfile(const proto::ComputeProfile& compute);
-  // Waits as long as it takes for every worker to register; the plan.
-  absl::StatusOr<proto::Plan> AwaitPlan();
+  // A plan newer than `known_version` with a place for this worker: waits as long as it takes
+  // (every worker to register; a spare, a lost worker's place), or at most `max_wait_s` where that
+  // is positive (Unavailable past it). OutOfRange: the job finished without one.
+  absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0);
+  // The plan version this worker runs: a heartbeat that sees a newer one calls on_stop.
+  void SetPlanVersion(uint64_t version) { plan_version_ = version; }
   // Waits as long as it takes for every worker to register; their addresses (link_probe.h).
   absl::StatusOr<proto::Peers> AwaitPeers();
   // What this worker measured of its links; the plan waits for every worker's where it asked.
@@ -67,19 +72,21 @@ class CoordinatorClient {
                                                                      proto::Empty*),
                       const Request& req, const char* what);
   // Asks again while the coordinator answers "not yet" (NOT_FOUND) or the poll times out.
+  // At most `max_wait_s` where that is positive.
   template <typename Request, typename Reply>
   absl::StatusOr<Reply> LongPoll(grpc::Status (proto::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Request&,
                                                                                Reply*),
-                                 const Request& req, const std::string& waiting_for);
+                                 const Request& req, const std::string& waiting_for, double max_wait_s = 0);
 
   std::string address_;
   double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;
-  std::function<void(const std::string&)> on_stop_;
+  std::function<void(const std::string&, uint64_t)> on_stop_;
   absl::Status channel_status_;  // why no channel could be made (a TLS file), returned by Register
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   int id_ = -1;
   std::atomic<int64_t> iteration_{0};
+  std::atomic<uint64_t> plan_version_{0};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,8 @@ class Worker {
   Worker(const WorkerOptions& opt, JobSecret secret)
       : opt_(opt),
         secret_(std::move(secret)),
-        client_(opt.coordinator, secret_, opt.tls, opt.connect_timeout_s, [this](const std::string& why) { Stop(why); }) {}
+        client_(opt.coordinator, secret_, opt.tls, opt.connect_timeout_s,
+                [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }) {}
   Worker(const Worker&) = delete;
 
   absl::Status Run();
@@ -57,7 +59,11 @@ class Worker {
   // Measures the links to every other worker and reports them (link_probe.h).
   absl::Status ProbeLinks(const JobConfig& cfg);
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
+  // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
+  // move to plan_, then its parts are built.
   absl::Status Setup();
+  // plan_ from its start barrier to its last iteration, or to a failure.
+  absl::Status RunPlan();
   absl::Status RunIteration(int64_t it);
   // After iteration `it`; with local updates only where the replicas exchanged (checkpoint_every
   // is a multiple).
@@ -74,8 +80,15 @@ class Worker {
   }
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
-  // Ends every receive and send at once, with `reason` as their error.
-  void Stop(const std::string& reason);
+  // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
+  // only if this worker runs an older plan than that (it may have moved to it already).
+  void Stop(const std::string& reason, uint64_t newer_plan = 0);
+  // A failure a lost peer may explain (a closed connection, a receive or report that could not
+  // complete): the coordinator may answer it with a new plan.
+  static bool PeerMayExplain(const absl::Status& s) {
+    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
+           absl::IsDataLoss(s) || absl::IsFailedPrecondition(s);
+  }
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
   void SetThreads(const JobConfig& cfg) const {
     omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
@@ -95,6 +108,9 @@ class Worker {
   std::atomic<bool> running_{false};
   Mailbox mailbox_;
   PlanAdmission admission_;
+  // Guards canceller_'s replacement and the installed plan version against Stop.
+  std::mutex stop_mu_;
+  uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
   std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
   CoordinatorClient client_;
   std::unique_ptr<TensorServer> server_;
@@ -115,7 +131,9 @@ class Worker {
   Timeline timeline_;
 };
 
-void Worker::Stop(const std::string& reason) {
+void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  if (newer_plan > 0 && installed_ >= newer_plan) return;
   mailbox_.Close(reason);
   canceller_->Cancel(reason);
 }
@@ -166,7 +184,11 @@ absl::Status Worker::Join() {
   compute.set_memory_bytes(DeviceMemoryAvailable(device));
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
-  LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan());
+  if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
+    std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place\n", client_.worker_id())
+              << std::flush;
+  }
+  LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan(0));
   return absl::OkStatus();
 }
 
@@ -209,6 +231,21 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 }
 
 absl::Status Worker::Setup() {
+  executor_.reset();
+  ps_host_.reset();
+  channel_.reset();
+  peers_.reset();
+  stage_.reset();
+  sampler_.reset();
+  data_.reset();
+  pulled_crc_.reset();
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    installed_ = plan_.version();
+    client_.SetPlanVersion(installed_);
+    mailbox_.Reopen(installed_);
+    canceller_ = std::make_shared<SendCanceller>();
+  }
   LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
   server_->SetJobId(plan_.job_id());
   server_->SetSenderLeftObserver([this](int stage, int replica) {
@@ -338,6 +375,8 @@ absl::Status Worker::RunIteration(int64_t it) {
     now->set_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
   }
   rep.set_worker_id(client_.worker_id());
+  rep.set_plan_version(plan_.version());
+  for (const MicroBatch& mb : mbs) rep.add_micro_batches(mb.global_index);
   rep.set_stage(s_);
   rep.set_replica(r_);
   rep.set_iteration(it);
@@ -368,12 +407,13 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
                                       m.data(), v.data()));
   }
-  return ps_host_->Checkpoint(step, root, cfg_.as_json,
-                              [this](const proto::CheckpointReport& rep) { return client_.ReportCheckpoint(rep); });
+  return ps_host_->Checkpoint(step, root, cfg_.as_json, [this](proto::CheckpointReport rep) {
+    rep.set_plan_version(plan_.version());
+    return client_.ReportCheckpoint(rep);
+  });
 }
 
-absl::Status Worker::Run() {
-  LH_RETURN_IF_ERROR(Join());
+absl::Status Worker::RunPlan() {
   absl::Status status = Setup();
   if (status.ok()) status = client_.AwaitStart(plan_.version());
   const int64_t start = plan_.start_iteration();
@@ -399,9 +439,39 @@ absl::Status Worker::Run() {
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
   // The last iteration's sends report a failure only once acknowledged.
-  if (channel_) {
-    absl::Status drained = channel_->Drain();
-    if (status.ok()) status = drained;
+  if (!channel_) return status;
+  absl::Status drained = channel_->Drain();
+  return status.ok() ? drained : status;
+}
+
+absl::Status Worker::Run() {
+  absl::Status status = Join();
+  if (absl::IsOutOfRange(status)) {
+    std::cout << absl::StrFormat("[worker %d] the job finished without needing this spare\n", client_.worker_id());
+    proto::DoneReport done;
+    done.set_worker_id(client_.worker_id());
+    done.set_ok(true);
+    client_.ReportDone(done);
+    return absl::OkStatus();
+  }
+  while (status.ok()) {
+    status = RunPlan();
+    // After the last iteration the coordinator says the job finished, once every worker's is in
+    // (or sends every worker back, where one was lost before); after a failure a lost peer may
+    // explain, it sends the next plan within the silence that loses a worker, or stops the job.
+    if (!status.ok() && !PeerMayExplain(status)) break;
+    const double wait_s = status.ok() ? 0 : 2 * cfg_.cluster.dead_after_s;
+    absl::StatusOr<proto::Plan> next = client_.AwaitPlan(plan_.version(), wait_s);
+    if (!next.ok()) {
+      if (status.ok() && !absl::IsOutOfRange(next.status())) status = next.status();
+      break;
+    }
+    std::cout << absl::StrFormat("%s plan version %d replaces version %d%s: back to step %d\n", Who(), next->version(),
+                                 plan_.version(), status.ok() ? "" : absl::StrCat(" (", status.message(), ")"),
+                                 next->start_iteration())
+              << std::flush;
+    plan_ = *std::move(next);
+    status = absl::OkStatus();
   }
   std::string trace;
   if (!cfg_.train.out_dir.empty()) {

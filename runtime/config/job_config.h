@@ -84,7 +84,13 @@ struct ClusterConfig {
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;
-  double dead_after_s = 20.0;       // a worker silent this long is declared dead and the job stops
+  double dead_after_s = 20.0;       // a worker silent this long is declared dead
+  // Workers beyond stages x replicas that the coordinator keeps waiting to take a lost worker's
+  // place (worker/worker.cc runs each plan version); more are refused.
+  int spares = 4;
+  // How long the coordinator waits for a spare to join once a worker is lost and none waits; past
+  // it (0: at once) the job stops, naming the lost worker.
+  double spare_wait_s = 60.0;
 };
 
 struct TransportConfig {

@@ -62,12 +62,26 @@ void Mailbox::SetWindow(int64_t lo, int64_t width) {
   }
 }
 
-absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t total, uint64_t offset, uint64_t n) {
+void Mailbox::Reopen(uint64_t plan_version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, entry] : entries_) RecycleLocked(std::move(entry.data));
+  entries_.clear();
+  windowed_ = false;
+  closed_.clear();
+  plan_version_ = plan_version;
+}
+
+absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t plan_version, uint64_t total, uint64_t offset,
+                                uint64_t n) {
   if (n == 0 || offset >= total || n > total - offset) {
     return absl::InvalidArgumentError(
         absl::StrFormat("part [%d, +%d) does not fit a tensor of %d elements", offset, n, total));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (plan_version_ != 0 && plan_version != plan_version_) {
+    return absl::FailedPreconditionError(absl::StrFormat("%s is of plan version %d; this worker runs plan version %d",
+                                                         key.DebugString(), plan_version, plan_version_));
+  }
   if (windowed_ && (key.iteration < window_lo_ || key.iteration - window_lo_ >= window_width_)) {
     return absl::OutOfRangeError(absl::StrFormat("%s is outside the iterations this worker accepts now ([%d, %d])",
                                                  key.DebugString(), window_lo_, window_lo_ + window_width_ - 1));
@@ -85,15 +99,16 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t total, uint64_t o
     }
   }
   e.total = total;
-  e.parts[offset] = {n, false};
+  e.parts[offset] = {n, false, plan_version};
   return absl::OkStatus();
 }
 
-absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t offset, std::vector<float> data) {
+absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t plan_version, uint64_t offset,
+                                   std::vector<float> data) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.parts.count(offset) || it->second.parts[offset].arrived ||
-      it->second.parts[offset].elements != data.size()) {
+      it->second.parts[offset].elements != data.size() || it->second.parts[offset].plan_version != plan_version) {
     RecycleLocked(std::move(data));
     return absl::OutOfRangeError(absl::StrCat(key.DebugString(), " arrived after this worker moved past it"));
   }
@@ -111,13 +126,13 @@ absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t offset, std::v
   return absl::OkStatus();
 }
 
-void Mailbox::AbandonPart(const TensorKey& key, uint64_t offset) {
+void Mailbox::AbandonPart(const TensorKey& key, uint64_t plan_version, uint64_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& e = it->second;
   auto part = e.parts.find(offset);
-  if (part == e.parts.end() || part->second.arrived) return;
+  if (part == e.parts.end() || part->second.arrived || part->second.plan_version != plan_version) return;
   e.parts.erase(part);
   if (e.parts.empty()) {
     RecycleLocked(std::move(e.data));

@@ -43,16 +43,23 @@ class Mailbox {
   // earlier iterations. Until the first call every iteration is accepted.
   void SetWindow(int64_t lo, int64_t width = kWindowIterations);
 
-  // Reserves part [offset, offset + n) of `key`'s tensor of `total` elements for one incoming
-  // stream. Refused (with the reason) when the iteration is outside the window, the part is empty
+  // Forgets every tensor, reservation and window, ends a Close, and from now on accepts only parts
+  // of plan version `plan_version`: a worker's next plan starts from nothing, and a part of the old
+  // plan whose header passed admission just before cannot slip in after.
+  void Reopen(uint64_t plan_version);
+
+  // Reserves part [offset, offset + n) of `key`'s tensor of `total` elements, sent under plan
+  // version `plan_version`, for one incoming stream. Refused (with the reason) when the plan
+  // version is not the one Reopen set (any until then), the iteration is outside the window, the part is empty
   // or does not fit (overflow-safe), `total` disagrees with an earlier part's, or the range
   // overlaps a part already reserved or received.
-  absl::Status BeginPart(const TensorKey& key, uint64_t total, uint64_t offset, uint64_t n);
-  // The reserved part's data (n floats). Refused when the window moved past the key meanwhile.
-  absl::Status CompletePart(const TensorKey& key, uint64_t offset, std::vector<float> data);
+  absl::Status BeginPart(const TensorKey& key, uint64_t plan_version, uint64_t total, uint64_t offset, uint64_t n);
+  // The reserved part's data (n floats). Refused when the window moved past the key meanwhile, or
+  // a Reopen forgot the reservation (another plan version's part may hold its place now).
+  absl::Status CompletePart(const TensorKey& key, uint64_t plan_version, uint64_t offset, std::vector<float> data);
   // The reserved part's stream failed or was abandoned: its reservation goes, and the tensor's
   // entry too when nothing else of it is reserved or held.
-  void AbandonPart(const TensorKey& key, uint64_t offset);
+  void AbandonPart(const TensorKey& key, uint64_t plan_version, uint64_t offset);
 
   // Delivers a whole tensor from this process itself (no window, no reservation).
   void Put(const TensorKey& key, std::vector<float> tensor);
@@ -79,6 +86,7 @@ class Mailbox {
   struct Part {
     uint64_t elements = 0;
     bool arrived = false;
+    uint64_t plan_version = 0;  // of the part's header
   };
   struct Entry {
     uint64_t total = 0;
@@ -94,6 +102,7 @@ class Mailbox {
   bool windowed_ = false;
   int64_t window_lo_ = 0, window_width_ = kWindowIterations;
   std::string closed_;
+  uint64_t plan_version_ = 0;  // 0: any
   std::multimap<size_t, std::vector<float>> pool_;  // by size
   size_t pooled_floats_ = 0;
 };

@@ -290,7 +290,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   }
   if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h, deadline);
   *sender = std::pair(h.from_stage(), h.from_replica());
-  if (absl::Status s = mailbox_->BeginPart(key, h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
+  if (absl::Status s = mailbox_->BeginPart(key, h.plan_version(), h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
   const size_t expected = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype()));
@@ -319,10 +319,10 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
                           crc, *sent_crc, expected));
     }
     if (h.dtype() != proto::F32) DecodeWire(wire.data(), values.size(), static_cast<WireDtype>(h.dtype()), values.data());
-    return mailbox_->CompletePart(key, h.part_offset(), std::move(values));
+    return mailbox_->CompletePart(key, h.plan_version(), h.part_offset(), std::move(values));
   }();
   if (!received.ok()) {
-    mailbox_->AbandonPart(key, h.part_offset());
+    mailbox_->AbandonPart(key, h.plan_version(), h.part_offset());
     mailbox_->Recycle(std::move(values));
     return received;
   }

@@ -68,4 +68,10 @@ int WorkerAt(const proto::Plan& plan, int stage, int replica) {
   return -1;
 }
 
+const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id) {
+  for (const proto::Assignment& a : plan.assignments())
+    if (a.worker_id() == id) return &a;
+  return nullptr;
+}
+
 }  // namespace longhaul

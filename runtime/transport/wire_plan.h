@@ -44,5 +44,7 @@ void SetWires(const WirePlan& wires, proto::Plan& plan);
 WirePlan WiresOf(const proto::Plan& plan);
 // The id of the worker that runs (stage, replica) in `plan`, or -1.
 int WorkerAt(const proto::Plan& plan, int stage, int replica);
+// Worker `id`'s assignment in `plan`, or null where the plan has none for it (a spare).
+const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
 
 }  // namespace longhaul

@@ -1,5 +1,6 @@
 // The worker's coordinator client against a coordinator faked in-process: it registers, waits
-// out "no plan yet", heartbeats from registration on, hears a stop within a heartbeat, notices a
+// out "no plan yet", heartbeats from registration on, hears a stop within a heartbeat and a newer
+// plan once, hears that the job finished, gives up waiting for a plan when told to, notices a
 // coordinator that went away after dead_after_s, and names an unreachable one.
 #include "worker/coordinator_client.h"
 
@@ -10,6 +11,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tests/support/grpc_server.h"
 #include "util/ports.h"
@@ -27,7 +29,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   }
   grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest* req, proto::Plan* plan) override {
     if (req->worker_id() != 3) return grpc::Status(grpc::StatusCode::NOT_FOUND, "who?");
-    if (++plan_polls < 3) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet");
+    if (finished) return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the job finished");
+    if (++plan_polls < 3 || req->known_version() >= 9) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no plan yet");
     plan->set_version(9);
     return grpc::Status::OK;
   }
@@ -37,11 +40,13 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     last_iteration = req->iteration();
     reply->set_abort(abort);
     reply->set_reason("worker 1 failed");
+    reply->set_plan_version(plan_version);
     return grpc::Status::OK;
   }
   std::atomic<int> plan_polls{0}, heartbeats{0};
   std::atomic<int64_t> last_iteration{-1};
-  std::atomic<bool> abort{false};
+  std::atomic<bool> abort{false}, finished{false};
+  std::atomic<uint64_t> plan_version{0};
 };
 
 struct Running {
@@ -56,9 +61,11 @@ struct StopRecorder {
   std::mutex mu;
   std::condition_variable cv;
   std::string reason;
-  void operator()(const std::string& why) {
+  std::vector<uint64_t> newer_plans;
+  void operator()(const std::string& why, uint64_t newer_plan) {
     std::lock_guard<std::mutex> lock(mu);
     reason = why;
+    if (newer_plan > 0) newer_plans.push_back(newer_plan);
     cv.notify_all();
   }
   bool Await(std::chrono::milliseconds limit) {
@@ -70,10 +77,10 @@ struct StopRecorder {
 TEST(CoordinatorClient, RegistersHeartbeatsWhileWaitingForThePlanAndHearsAStop) {
   Running coordinator;
   StopRecorder stop;
-  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5, [&](const std::string& why) { stop(why); });
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5, [&](const std::string& why, uint64_t newer) { stop(why, newer); });
   ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
   EXPECT_EQ(client.worker_id(), 3);
-  auto plan = client.AwaitPlan();
+  auto plan = client.AwaitPlan(0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->version(), 9u);
   EXPECT_GE(coordinator.service.plan_polls, 3);
@@ -90,10 +97,42 @@ TEST(CoordinatorClient, RegistersHeartbeatsWhileWaitingForThePlanAndHearsAStop) 
   EXPECT_EQ(stop.reason, "the coordinator stopped the job: worker 1 failed");
 }
 
+// A worker of plan 9 hears of plan 10 from the heartbeats once, and keeps heartbeating: it goes on
+// to ask for the new plan. One waiting for a plan newer than the newest gives up when told to,
+// and hears when the job finished.
+TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
+  Running coordinator;
+  StopRecorder stop;
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5,
+                           [&](const std::string& why, uint64_t newer) { stop(why, newer); });
+  ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
+  client.SetPlanVersion(9);
+  coordinator.service.plan_version = 9;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(stop.reason.empty()) << stop.reason;
+  coordinator.service.plan_version = 10;
+  ASSERT_TRUE(stop.Await(std::chrono::seconds(5)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int beats = coordinator.service.heartbeats;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_GT(coordinator.service.heartbeats, beats) << "the heartbeats go on after a newer plan";
+  {
+    std::lock_guard<std::mutex> lock(stop.mu);
+    EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
+    EXPECT_EQ(stop.reason, "plan version 10 replaces version 9");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status none = client.AwaitPlan(9, 0.3).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable) << none;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  coordinator.service.finished = true;
+  EXPECT_EQ(client.AwaitPlan(9).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
   auto coordinator = std::make_unique<Running>();
   StopRecorder stop;
-  CoordinatorClient client(coordinator->address, JobSecret(), TlsFiles(), 5, [&](const std::string& why) { stop(why); });
+  CoordinatorClient client(coordinator->address, JobSecret(), TlsFiles(), 5, [&](const std::string& why, uint64_t newer) { stop(why, newer); });
   ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
   coordinator->server->Shutdown();
   coordinator.reset();
@@ -103,7 +142,7 @@ TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
 
 TEST(CoordinatorClient, AnUnreachableCoordinatorIsNamed) {
   const std::string nowhere = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  CoordinatorClient client(nowhere, JobSecret(), TlsFiles(), 0.5, [](const std::string&) {});
+  CoordinatorClient client(nowhere, JobSecret(), TlsFiles(), 0.5, [](const std::string&, uint64_t) {});
   const absl::Status s = client.Register(proto::RegisterRequest()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("cannot reach the coordinator at " + nowhere), std::string::npos) << s;

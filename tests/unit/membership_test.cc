@@ -27,7 +27,7 @@ proto::RegisterRequest Request(const std::string& job, uint32_t version = kProto
 }
 
 TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
-  Membership m("job", 2, 5, 2);
+  Membership m("job", 2, 0, 5, 2);
   const Clock::time_point t0 = Clock::now();
   auto wrong_version = m.Register(Request("job", kProtocolVersion + 1), t0);
   EXPECT_EQ(wrong_version.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -47,7 +47,7 @@ TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
 }
 
 TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
-  Membership m("job", 3, 5, 2);
+  Membership m("job", 3, 0, 5, 2);
   const Clock::time_point t0 = Clock::now();
   proto::RegisterRequest r = Request("job");
   r.set_slot(2);
@@ -65,7 +65,7 @@ TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
 }
 
 TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
-  Membership m("job", 2, 5, 2);
+  Membership m("job", 2, 0, 5, 2);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -105,7 +105,7 @@ proto::LinkReport Links(int from, std::vector<std::tuple<int, double, double>> l
 }
 
 TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
-  Membership m("job", 3, 5, 2);
+  Membership m("job", 3, 0, 5, 2);
   const Clock::time_point t0 = Clock::now();
   for (const char* address : {"10.0.0.1:7071", "10.0.0.2:7071", "10.0.0.2:7072"}) {
     proto::RegisterRequest r = Request("job");
@@ -143,7 +143,7 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
 }
 
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
-  Membership m("job", 2, 5, 2);
+  Membership m("job", 2, 0, 5, 2);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -164,7 +164,7 @@ TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
 // A worker another saw leave (a connection from it closed) is dead after the shorter silence, counted
 // from the suspicion, or from a heartbeat after it: a slow worker keeps its heartbeats and lives.
 TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
-  Membership m("job", 3, 20, 2);
+  Membership m("job", 3, 0, 20, 2);
   const Clock::time_point t0 = Clock::now();
   auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
