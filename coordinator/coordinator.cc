@@ -27,6 +27,7 @@
 #include "coordinator/metrics_endpoint.h"
 #include "coordinator/planning.h"
 #include "coordinator/run_log.h"
+#include "coordinator/sample_audit.h"
 #include "coordinator/stragglers.h"
 #include "netem/scenario.h"
 #include "plan/measured_prediction.h"
@@ -47,6 +48,25 @@ namespace {
 std::atomic<bool> g_stop_requested{false};
 using Clock = std::chrono::steady_clock;
 
+std::string JobStatePath(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "job_state.pb").string(); }
+
+absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobConfig& cfg) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  proto::JobState state;
+  if (!in.good() && !in.eof()) return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  if (!state.ParseFromString(bytes) || state.plan().version() == 0) {
+    return absl::DataLossError(absl::StrCat(path, " is damaged: remove it to start the job anew, or to resume from "
+                                                  "the last checkpoint with --set train.resume=true"));
+  }
+  if (state.plan().job_id() != cfg.cluster.job_id) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s holds the state of job '%s', not '%s': give this job another train.out_dir, or remove the file", path,
+        state.plan().job_id(), cfg.cluster.job_id));
+  }
+  return state;
+}
+
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
@@ -63,8 +83,11 @@ struct IterationRecord {
 
 class Service final : public proto::Coordinator::Service {
  public:
+  // `restored`: the job state a coordinator before this one left (job_state.pb), whose next plan
+  // version this one publishes at once.
   Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics,
-          std::optional<NetworkCost> network, JobSecret secret)
+          SampleAudit samples, std::optional<NetworkCost> network, JobSecret secret,
+          const std::optional<proto::JobState>& restored)
       : verifier_(std::move(secret)),
         network_(std::move(network)),
         probing_(cfg.cluster.stages * cfg.cluster.replicas > 1 &&
@@ -76,8 +99,11 @@ class Service final : public proto::Coordinator::Service {
         members_(cfg.cluster.job_id, expected_, cfg.cluster.spares, cfg.cluster.dead_after_s,
                  SuspectSilentSeconds(cfg.cluster)),
         latest_step_(start_), latest_name_(resume_name_),
+        samples_(std::move(samples)),
         log_(cfg, start_, end_, std::move(metrics)),
-        job_metrics_(cfg) {}
+        job_metrics_(cfg) {
+    if (restored) Restore(*restored);
+  }
 
   // Prometheus's text for the metrics endpoint and metrics.prom (job_metrics.h).
   std::string Metrics() const { return job_metrics_.Render(verifier_.refused()); }
@@ -99,6 +125,7 @@ class Service final : public proto::Coordinator::Service {
     reply->set_dead_after_s(cfg_.cluster.dead_after_s);
     reply->set_config_toml(cfg_.toml_text);
     reply->set_probe_links(probing_ && !spare);
+    if (plan_.version() > 0) WriteJobState();
     return grpc::Status::OK;
   }
 
@@ -113,6 +140,7 @@ class Service final : public proto::Coordinator::Service {
     members_.Heard(req->worker_id(), Clock::now());
     if (grpc::Status st = ToGrpc(members_.SetProfile(req->worker_id(), req->compute())); !st.ok()) return st;
     if (plan_.version() == 0 && members_.profiled() && !probing_) MakePlan();
+    if (plan_.version() > 0) WriteJobState();
     if (!vacant_.empty()) Replan();  // a spare some lost worker's place waited for
     cv_.notify_all();  // GetPeers waits for every profile
     return grpc::Status::OK;
@@ -289,6 +317,9 @@ class Service final : public proto::Coordinator::Service {
                 << std::flush;
       latest_step_ = req->step();
       latest_name_ = CheckpointName(req->step());
+      if (absl::Status st = PruneCheckpoints(root, latest_step_, cfg_.train.keep_checkpoints); !st.ok()) {
+        std::cout << "coordinator: warning: " << st.message() << "\n";
+      }
       checkpointed_.erase(checkpointed_.begin(), checkpointed_.find(req->step()));
       CheckFinished();
     }
@@ -367,6 +398,10 @@ class Service final : public proto::Coordinator::Service {
       if (fs::exists(t)) traces.push_back(t);
     log_.Write(summary, traces);
     WriteMetricsFile();
+    // The job ended here, whatever ended it: a coordinator started on this directory starts anew
+    // (or resumes from a checkpoint where train.resume says so).
+    std::error_code ec;
+    fs::remove(JobStatePath(cfg_), ec);
     if (!abort_.empty()) return absl::AbortedError(abort_);
     log_.PrintSummary(summary);
     return absl::OkStatus();
@@ -491,41 +526,33 @@ class Service final : public proto::Coordinator::Service {
   // iteration's global micro-batches once. A rollback forgets the iterations it redoes, so what
   // stays is what the final parameters saw.
   void Audit(int64_t it, const std::map<int, proto::IterationReport>& reports) {
-    const int all = cfg_.cluster.replicas * cfg_.train.micro_batches;
-    std::vector<std::vector<int>> seen(cfg_.cluster.stages, std::vector<int>(all, 0));
-    for (const auto& [id, r] : reports)
-      for (int64_t g : r.micro_batches()) ++seen[r.stage()][g];
-    AuditEntry entry;
-    for (const std::vector<int>& stage : seen) {
-      for (int n : stage) entry.lost += n == 0, entry.repeated += std::max(0, n - 1);
-    }
-    if ((entry.lost > 0 || entry.repeated > 0) && abort_.empty()) {
+    const absl::StatusOr<SampleAudit::Count> c = samples_.Record(it, reports);
+    if (!c.ok() && abort_.empty()) Abort(std::string(c.status().message()));
+    if (c.ok() && (c->lost > 0 || c->repeated > 0) && abort_.empty()) {
       Abort(absl::StrFormat("iteration %d: %d (stage, micro-batch) pairs not run and %d run twice (a bug: please "
                             "report it with the config)",
-                            it + 1, entry.lost, entry.repeated));
+                            it + 1, c->lost, c->repeated));
     }
-    audit_[it] = entry;
     if (it == end_ - 1) last_recorded_ = true;
     if (recovering_) {
       recovering_ = false;
       nlohmann::json& event = recoveries_.back();
       const double stall = std::chrono::duration<double>(Clock::now() - failed_at_).count();
       event["stall_s"] = stall;
-      std::cout << absl::StrFormat("coordinator: recovered: iteration %d completed %.2f s after worker %d was last "
-                                   "heard from (found lost after %.2f s)\n",
-                                   it + 1, stall, event["worker"].get<int>(), event["detection_s"].get<double>())
+      std::cout << absl::StrFormat("coordinator: recovered: iteration %d completed %.2f s after %s\n", it + 1, stall,
+                                   failure_)
                 << std::flush;
     }
     CheckFinished();
   }
 
   nlohmann::json AuditSummary() const {
-    int64_t lost = 0, repeated = 0;
-    for (const auto& [it, e] : audit_) lost += e.lost, repeated += e.repeated;
-    return {{"iterations", audit_.size()},
-            {"pairs_per_iteration", cfg_.cluster.stages * cfg_.cluster.replicas * cfg_.train.micro_batches},
-            {"lost", lost},
-            {"repeated", repeated},
+    const SampleAudit::Totals t = samples_.totals();
+    return {{"file", samples_.path()},
+            {"steps", t.steps},
+            {"pairs_per_step", cfg_.cluster.stages * cfg_.cluster.replicas * cfg_.train.micro_batches},
+            {"lost", t.lost},
+            {"repeated", t.repeated},
             {"redone_iterations", redone_}};
   }
 
@@ -560,6 +587,7 @@ class Service final : public proto::Coordinator::Service {
       return;
     }
     members_.Lose(id);
+    WriteJobState();
     std::cout << "coordinator: " << what << (a == nullptr ? ": one spare fewer\n" : ": its place goes to a spare\n")
               << std::flush;
     if (a == nullptr) return;
@@ -573,6 +601,7 @@ class Service final : public proto::Coordinator::Service {
                             {"plan_version", plan_.version()}};
     recoveries_.push_back(std::move(event));
     failed_at_ = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lost.silent_s));
+    failure_ = absl::StrFormat("worker %d was last heard from (found lost after %.2f s)", id, lost.silent_s);
   }
 
   // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
@@ -609,7 +638,10 @@ class Service final : public proto::Coordinator::Service {
     for (int& w : worker_of_slot_)
       if (replace.count(w)) w = replace.at(w);
     iterations_.erase(iterations_.lower_bound(start_), iterations_.end());
-    audit_.erase(audit_.lower_bound(start_), audit_.end());
+    if (absl::Status st = samples_.Rewind(start_); !st.ok()) {
+      Abort(std::string(st.message()));
+      return;
+    }
     checkpointed_.erase(checkpointed_.upper_bound(start_), checkpointed_.end());
     first_crc_.clear();
     crcs_in_.clear();
@@ -642,7 +674,51 @@ class Service final : public proto::Coordinator::Service {
     recovering_ = true;
     vacant_.clear();
     spare_wait_noted_ = false;
+    WriteJobState();
     cv_.notify_all();
+  }
+
+  // REQUIRES: mu_ held. The job state file for a coordinator started after this one: written
+  // aside and renamed, so it is whole or the previous one.
+  void WriteJobState() {
+    proto::JobState state;
+    *state.mutable_plan() = plan_;
+    for (proto::WorkerRecord& r : members_.Records()) *state.add_workers() = std::move(r);
+    std::string bytes;
+    state.SerializeToString(&bytes);
+    if (absl::Status st = WriteFileAtomically(JobStatePath(cfg_), bytes); !st.ok() && abort_.empty()) {
+      Abort(absl::StrCat("cannot keep the job state: ", st.message()));
+    }
+  }
+
+  // The job state a coordinator before this one left: its workers and the next version of its
+  // plan, from the last complete checkpoint (start_). The workers' heartbeats find this one at the
+  // same address and their next GetPlan the new version.
+  void Restore(const proto::JobState& state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const proto::WorkerRecord& r : state.workers()) members_.Restore(r, Clock::now());
+    const int64_t reached = state.plan().start_iteration();
+    plan_ = NextPlan(state.plan(), {}, members_.registrations(), {start_, resume_name_, end_});
+    worker_of_slot_.assign(expected_, -1);
+    for (const proto::Assignment& a : plan_.assignments()) {
+      worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
+      if (!members_.Check(a.worker_id()).ok()) vacant_[a.worker_id()] = absl::StrFormat("worker %d", a.worker_id());
+    }
+    if (!vacant_.empty()) vacant_since_ = Clock::now();
+    job_metrics_.SetPlan(plan_, members_.registrations());
+    recoveries_.push_back({{"coordinator_restart", true},
+                           {"plan_version", state.plan().version()},
+                           {"new_plan_version", plan_.version()},
+                           {"rollback_to_step", start_}});
+    recovering_ = true;
+    failed_at_ = Clock::now();
+    failure_ = "this coordinator started again";
+    std::cout << absl::StrFormat("coordinator: resuming job '%s' from its job state (plan v%d, %d workers, that plan "
+                                 "from step %d): plan v%d sends every worker back to step %d\n",
+                                 cfg_.cluster.job_id, state.plan().version(), plan_.assignments_size(), reached,
+                                 plan_.version(), start_)
+              << std::flush;
+    WriteJobState();
   }
 
   // What a person should do after the job stopped early.
@@ -816,6 +892,7 @@ class Service final : public proto::Coordinator::Service {
                                  FlopsFormulaName(cfg_.train.recompute),
                                  expected_)
               << std::flush;
+    WriteJobState();
     cv_.notify_all();
   }
 
@@ -850,15 +927,12 @@ class Service final : public proto::Coordinator::Service {
   std::map<int, std::string> vacant_;
   Clock::time_point vacant_since_;
   bool spare_wait_noted_ = false;
-  // Per committed iteration, the (stage, micro-batch) pairs not run and run twice.
-  struct AuditEntry {
-    int64_t lost = 0, repeated = 0;
-  };
-  std::map<int64_t, AuditEntry> audit_;
+  SampleAudit samples_;
   int64_t redone_ = 0;  // iterations begun and then rolled back
   nlohmann::json recoveries_ = nlohmann::json::array();
   bool recovering_ = false;      // since a replan, until an iteration completes
   Clock::time_point failed_at_;  // when the worker lost last was last heard from
+  std::string failure_;          // what happened then, for people
   bool last_recorded_ = false;   // every worker reported the run's last iteration
   bool finished_ = false;        // ... and its checkpoint is complete
   Clock::time_point finished_time_;
@@ -879,7 +953,18 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", cfg.train.out_dir, ": ", ec.message()));
   int64_t start = 0;
   std::string resume_name;
-  if (cfg.train.resume) {
+  // A coordinator before this one ran the job from here and did not end it: it goes on under the
+  // config of that job's plan (the placement search's cut included), from its last checkpoint.
+  std::optional<proto::JobState> restored;
+  if (fs::exists(JobStatePath(cfg))) {
+    LH_ASSIGN_OR_RETURN(restored, ReadJobState(JobStatePath(cfg), cfg));
+    LH_ASSIGN_OR_RETURN(cfg, ParseJobConfig(restored->plan().config_toml(), "the job state's plan"));
+    if (absl::StatusOr<std::string> dir = LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string());
+        dir.ok()) {
+      resume_name = fs::path(*dir).filename().string();
+      LH_ASSIGN_OR_RETURN(start, CheckpointStep(*dir));
+    }
+  } else if (cfg.train.resume) {
     LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));
     resume_name = fs::path(dir).filename().string();
     LH_ASSIGN_OR_RETURN(start, CheckpointStep(dir));
@@ -888,7 +973,11 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg));
   }
   const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
-  LH_ASSIGN_OR_RETURN(MetricsLog metrics, cfg.train.resume ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
+  const bool goes_on = cfg.train.resume || restored;
+  LH_ASSIGN_OR_RETURN(MetricsLog metrics, goes_on ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
+  LH_ASSIGN_OR_RETURN(SampleAudit samples,
+                      SampleAudit::Open((fs::path(cfg.train.out_dir) / "samples.csv").string(), cfg.cluster.stages,
+                                        cfg.cluster.replicas * cfg.train.micro_batches, goes_on ? start : 0));
   std::optional<NetworkCost> network;
   if (!opt.scenario.empty()) {
     LH_ASSIGN_OR_RETURN(netem::Scenario scenario, netem::LoadScenario(opt.scenario));
@@ -900,7 +989,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     std::cout << "coordinator: warning: no job secret (--secret-file or $LONGHAUL_SECRET_FILE): any process that can "
                  "reach this port and the workers' can join or feed this job. `longhaul secret FILE` makes one.\n";
   }
-  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(network), std::move(secret));
+  Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(samples), std::move(network),
+                  std::move(secret), restored);
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(opt.listen, credentials, &port);

@@ -187,6 +187,26 @@ std::vector<int> Membership::Unfilled() const {
   return free;
 }
 
+std::vector<proto::WorkerRecord> Membership::Records() const {
+  std::vector<proto::WorkerRecord> out;
+  for (const auto& [id, w] : workers_) {
+    proto::WorkerRecord& r = out.emplace_back();
+    r.set_id(id);
+    *r.mutable_registration() = w.reg;
+    if (w.profile) *r.mutable_profile() = *w.profile;
+    r.set_lost(w.lost);
+  }
+  return out;
+}
+
+void Membership::Restore(const proto::WorkerRecord& record, Clock::time_point now) {
+  Worker& w = workers_[record.id()] = Worker();
+  w.reg = record.registration();
+  w.last_seen = now;
+  if (record.has_profile()) w.profile = record.profile();
+  w.lost = record.lost();
+}
+
 std::vector<std::string> Membership::timelines() const {
   std::vector<std::string> t;
   for (const auto& [id, w] : workers_)

@@ -79,6 +79,10 @@ class Membership {
   std::map<int, proto::RegisterRequest> registrations() const;
   // The slots of the first plan no worker holds yet.
   std::vector<int> Unfilled() const;
+  // Every worker ever registered, lost ones too, for the job state file.
+  std::vector<proto::WorkerRecord> Records() const;
+  // A worker of the job state file, heard from `now` (it has dead_after_s to be heard again).
+  void Restore(const proto::WorkerRecord& record, Clock::time_point now);
   // The trace files the finished workers reported.
   std::vector<std::string> timelines() const;
 

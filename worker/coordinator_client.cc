@@ -96,24 +96,32 @@ absl::StatusOr<Reply> CoordinatorClient::LongPoll(
   const auto give_up = max_wait_s > 0 ? std::chrono::system_clock::now() +
                                             std::chrono::milliseconds(static_cast<int64_t>(max_wait_s * 1000))
                                       : std::chrono::system_clock::time_point::max();
+  // A coordinator restarted from its job state is back at the same address within the job's
+  // silence limit; one unreachable for longer is gone.
+  auto reachable_since = std::chrono::system_clock::now();
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(PollDeadline(), give_up));
+    ctx.set_wait_for_ready(true);  // through a reconnect's backoff, to the deadline
     Reply reply;
     grpc::Status st = (stub_.get()->*rpc)(&ctx, req, &reply);
     if (st.ok()) return reply;
     if (st.error_code() == grpc::StatusCode::ABORTED) return absl::AbortedError(st.error_message());
     if (st.error_code() == grpc::StatusCode::OUT_OF_RANGE) return absl::OutOfRangeError(st.error_message());
+    const auto now = std::chrono::system_clock::now();
+    const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!unreachable) reachable_since = now;
     const bool not_yet = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                          st.error_code() == grpc::StatusCode::NOT_FOUND ||
-                         (max_wait_s > 0 && st.error_code() == grpc::StatusCode::UNAVAILABLE);
+                         (unreachable && now - reachable_since < std::chrono::milliseconds(
+                                                                    static_cast<int64_t>(dead_after_s_ * 1000)));
     if (!not_yet) return FromGrpc(st, absl::StrCat("waiting for ", waiting_for, " from ", address_));
-    if (std::chrono::system_clock::now() >= give_up) {
+    if (now >= give_up) {
       return absl::UnavailableError(absl::StrFormat("no %s from %s within %.0f s: %s", waiting_for, address_,
                                                     max_wait_s, st.error_message()));
     }
     // An unreachable coordinator answers at once: ask again after a moment, not in a spin.
-    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (unreachable) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
 
@@ -153,6 +161,7 @@ absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
 void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
   auto last_ok = Clock::now();
   uint64_t replaced = 0;  // the newest plan version on_stop was called for
+  bool outage = false;    // on_stop was called for the silence since last_ok
   const auto period = std::chrono::milliseconds(static_cast<int64_t>(period_s * 1000));
   while (!stop_) {
     grpc::ClientContext ctx;
@@ -165,7 +174,11 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
     grpc::Status st = stub_->Heartbeat(&ctx, req, &reply);
     if (st.ok()) {
       last_ok = Clock::now();
-      if (reply.abort()) return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);
+      outage = false;
+      if (reply.abort()) {
+        job_stopped_ = true;
+        return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);
+      }
       const uint64_t running = plan_version_;
       if (running > 0 && reply.plan_version() > running && reply.plan_version() > replaced) {
         replaced = reply.plan_version();
@@ -173,11 +186,14 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
       }
     } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       // This worker was declared lost: its place is another's now.
+      job_stopped_ = true;
       return on_stop_(absl::StrCat("the coordinator refused this worker: ", st.error_message()), 0);
-    } else if (std::chrono::duration<double>(Clock::now() - last_ok).count() > dead_after_s) {
-      return on_stop_(absl::StrFormat("lost the coordinator at %s (no answer for %.0f s): %s", address_, dead_after_s,
-                                      st.error_message()),
-                      0);
+    } else if (!outage && std::chrono::duration<double>(Clock::now() - last_ok).count() > dead_after_s) {
+      // The heartbeats go on: a coordinator restarted from its job state file knows this worker.
+      outage = true;
+      on_stop_(absl::StrFormat("lost the coordinator at %s (no answer for %.0f s): %s", address_, dead_after_s,
+                               st.error_message()),
+               0);
     }
     for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(50)) {
       std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), period - slept));

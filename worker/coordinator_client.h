@@ -22,7 +22,7 @@ namespace longhaul {
 class CoordinatorClient {
  public:
   // `on_stop` is called from the heartbeat thread with the reason when the coordinator stops the
-  // job or has not answered for the job's dead_after_s (newer_plan 0), or has a plan newer than the
+  // job or has not answered for the job's dead_after_s (once per silence; newer_plan 0), or has a plan newer than the
   // one this worker runs (SetPlanVersion; once per version, which newer_plan names). Every call is signed with
   // `secret`, over TLS where `tls` names files (rpc_auth.h).
   CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
@@ -44,6 +44,8 @@ class CoordinatorClient {
   absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0);
   // The plan version this worker runs: a heartbeat that sees a newer one calls on_stop.
   void SetPlanVersion(uint64_t version) { plan_version_ = version; }
+  // The coordinator stopped the job or refused this worker: no plan will come.
+  bool job_stopped() const { return job_stopped_; }
   // Waits as long as it takes for every worker to register; their addresses (link_probe.h).
   absl::StatusOr<proto::Peers> AwaitPeers();
   // What this worker measured of its links; the plan waits for every worker's where it asked.
@@ -87,6 +89,7 @@ class CoordinatorClient {
   int id_ = -1;
   std::atomic<int64_t> iteration_{0};
   std::atomic<uint64_t> plan_version_{0};
+  std::atomic<bool> job_stopped_{false};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };

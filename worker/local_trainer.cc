@@ -215,6 +215,7 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     const bool stop = g_stop_requested.exchange(false) && !last;
     if ((tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0) || last || stop) {
       LH_RETURN_IF_ERROR(SaveCheckpointNow());
+      LH_RETURN_IF_ERROR(PruneCheckpoints(CheckpointRoot(cfg_), step_, tc.keep_checkpoints));
     }
     if (stop) {
       LH_RETURN_IF_ERROR(WriteFigures());

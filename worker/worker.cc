@@ -459,11 +459,15 @@ absl::Status Worker::Run() {
     // After the last iteration the coordinator says the job finished, once every worker's is in
     // (or sends every worker back, where one was lost before); after a failure a lost peer may
     // explain, it sends the next plan within the silence that loses a worker, or stops the job.
-    if (!status.ok() && !PeerMayExplain(status)) break;
+    if (!status.ok() && (!PeerMayExplain(status) || client_.job_stopped())) break;
     const double wait_s = status.ok() ? 0 : 2 * cfg_.cluster.dead_after_s;
     absl::StatusOr<proto::Plan> next = client_.AwaitPlan(plan_.version(), wait_s);
     if (!next.ok()) {
-      if (status.ok() && !absl::IsOutOfRange(next.status())) status = next.status();
+      if (!absl::IsOutOfRange(next.status())) {
+        status = status.ok() ? next.status()
+                             : absl::Status(status.code(), absl::StrCat(status.message(), "; and no next plan came: ",
+                                                                        next.status().message()));
+      }
       break;
     }
     std::cout << absl::StrFormat("%s plan version %d replaces version %d%s: back to step %d\n", Who(), next->version(),

@@ -167,6 +167,25 @@ absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
   return step;
 }
 
+absl::Status PruneCheckpoints(const std::string& root, int64_t newest, int keep) {
+  if (keep <= 0) return absl::OkStatus();
+  std::error_code ec;
+  auto prune = [&](const fs::path& dir) {
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const absl::StatusOr<int64_t> step = CheckpointStep(e.path().string());
+      if (e.is_directory() && step.ok() && *step <= newest) steps.emplace_back(*step, e.path());
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(steps[i].second, ec);
+  };
+  prune(root);  // a one-process run's steps
+  for (const fs::directory_entry& dir : fs::directory_iterator(root, ec))
+    if (dir.is_directory() && !CheckpointStep(dir.path().string()).ok()) prune(dir.path());
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove old checkpoints under ", root, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 std::string ShardCheckpointRoot(const std::string& root, int stage, int shard) {
   return (fs::path(root) / absl::StrFormat("stage_%d_shard_%d", stage, shard)).string();
 }

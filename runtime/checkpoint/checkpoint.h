@@ -36,6 +36,11 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
 // The step of a checkpoint directory from its name (".../step_00000042" -> 42).
 absl::StatusOr<int64_t> CheckpointStep(const std::string& dir);
 
+// Under each directory of `root` that holds steps (a shard's, a replica's own), removes the step
+// directories older than the `keep` newest up to `newest` (complete everywhere); later ones, still
+// being written, stay. keep 0 keeps everything.
+absl::Status PruneCheckpoints(const std::string& root, int64_t newest, int keep);
+
 // Where parameter-server shard `shard` of stage `stage` keeps its checkpoints under `root`.
 std::string ShardCheckpointRoot(const std::string& root, int stage, int shard);
 // Where the worker of (stage, replica) keeps its own AdamW state under local updates

@@ -256,6 +256,7 @@ const std::vector<KeyDef>& Table() {
       Value("train", "eval_every", R::kFree, LH_FIELD(train.eval_every), AtLeast(0, "0 disables evaluation")),
       Value("train", "eval_batches", R::kFree, LH_FIELD(train.eval_batches), AtLeast(1)),
       Value("train", "checkpoint_every", R::kFree, LH_FIELD(train.checkpoint_every), AtLeast(0, "0: only at the end")),
+      Value("train", "keep_checkpoints", R::kFree, LH_FIELD(train.keep_checkpoints), AtLeast(0, "0 keeps all")),
       Value("train", "out_dir", R::kFree, LH_FIELD(train.out_dir)),
       Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
       Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), [](const std::string& n) { return ParseBackend(n, "train.backend"); }, BackendName),

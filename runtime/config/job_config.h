@@ -48,6 +48,7 @@ struct TrainConfig {
   int eval_every = 50;  // 0 disables
   int eval_batches = 4;
   int checkpoint_every = 0;  // 0: only at the end
+  int keep_checkpoints = 0;  // the newest complete checkpoints kept; 0: all
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
   int backend_device = -1;  // train.backend: -1 = "cpu", N = "cuda:N"

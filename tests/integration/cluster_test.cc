@@ -684,6 +684,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
+    rep.set_plan_version(1);
     rep.set_iteration(1'000'000);
     expect_refused("report of iteration 1000001", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::OUT_OF_RANGE);
@@ -692,6 +693,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
+    rep.set_plan_version(1);
     rep.set_iteration(140);
     rep.set_stage(1);
     expect_refused("report under another stage", coordinator->ReportIteration(&ctx, rep, &empty),
@@ -701,6 +703,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
+    rep.set_plan_version(1);
     rep.set_iteration(140);
     rep.add_params()->set_iteration(3);
     expect_refused("a report with the parameters of long ago", coordinator->ReportIteration(&ctx, rep, &empty),
@@ -708,8 +711,28 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   }
   {
     grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_plan_version(1);
+    rep.set_iteration(140);
+    for (int64_t g : {0, 1'000'000'000}) rep.add_micro_batches(g);
+    expect_refused("a report of micro-batches the iteration does not have",
+                   coordinator->ReportIteration(&ctx, rep, &empty), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_plan_version(7);
+    rep.set_iteration(140);
+    expect_refused("a report under a plan version never made", coordinator->ReportIteration(&ctx, rep, &empty),
+                   grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
     proto::CheckpointReport ck;
     ck.set_worker_id(0);
+    ck.set_plan_version(1);
     ck.set_stage(0);
     ck.set_shard(1);  // hosted by replica 1
     ck.set_step(150);
@@ -755,7 +778,21 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     reg.set_slot(99);
     proto::RegisterReply reply;
     expect_refused("a fifth worker for slot 99", coordinator->Register(&ctx, reg, &reply),
-                   grpc::StatusCode::RESOURCE_EXHAUSTED);
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    // Spares, up to cluster.spares (4); they never report a profile, so none takes a place, and
+    // once silent they are dropped without touching the run.
+    proto::RegisterRequest reg;
+    reg.set_protocol_version(kProtocolVersion);
+    reg.set_address("127.0.0.1:1");
+    proto::RegisterReply reply;
+    for (int i = 0; i < 4; ++i) {
+      grpc::ClientContext ctx;
+      EXPECT_TRUE(coordinator->Register(&ctx, reg, &reply).ok()) << "spare " << i;
+    }
+    grpc::ClientContext ctx;
+    expect_refused("a fifth spare", coordinator->Register(&ctx, reg, &reply), grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
   for (auto [reporter, stage, code] : {std::tuple{1000, 1, grpc::StatusCode::NOT_FOUND},
                                        std::tuple{0, 7, grpc::StatusCode::INVALID_ARGUMENT}}) {
@@ -787,7 +824,7 @@ TEST(Cluster, ADeadWorkerIsNamedAndTheAdviceFitsTheCheckpoints) {
   auto run = std::async(std::launch::async, [&] {
     return Longhaul("local", out,
                     {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=100000",
-                     "cluster.heartbeat_s=0.5", "cluster.dead_after_s=3"});
+                     "cluster.heartbeat_s=0.5", "cluster.dead_after_s=3", "cluster.spare_wait_s=0"});
   });
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
@@ -809,7 +846,7 @@ TEST(Cluster, AKilledWorkerIsNamedByTheConnectionsItClosed) {
   const fs::path out = Dir("killed");
   const pid_t launcher = Start("local", out,
                                {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=100000",
-                                "cluster.dead_after_s=600", "transport.timeout_s=600"});
+                                "cluster.dead_after_s=600", "transport.timeout_s=600", "cluster.spare_wait_s=0"});
   ASSERT_GT(launcher, 0);
   Reaper reaper{launcher};
   const nlohmann::json cluster = WaitForCluster(out);

@@ -135,6 +135,25 @@ TEST_F(CheckpointTest, DifferentModelIsRefusedWithTheTensorNamed) {
   EXPECT_NE(s.message().find("wte.weight has shape [16, 8] but the model expects [16, 16]"), std::string::npos) << s;
 }
 
+// Pruning keeps the newest complete steps in the root and in each shard's directory, never a step
+// newer than the one complete everywhere (it may still be written), and keeps all with keep 0.
+TEST_F(CheckpointTest, PruningKeepsTheNewestCompleteSteps) {
+  const fs::path shard = root_ / "stage_0_shard_0";
+  for (int64_t step : {10, 20, 30, 40}) {
+    fs::create_directories(shard / CheckpointName(step));
+    fs::create_directories(root_ / CheckpointName(step));
+  }
+  ASSERT_TRUE(PruneCheckpoints(root_.string(), 30, 0).ok());
+  EXPECT_TRUE(fs::exists(shard / CheckpointName(10)));
+  ASSERT_TRUE(PruneCheckpoints(root_.string(), 30, 2).ok());
+  for (const fs::path& dir : {shard, root_}) {
+    EXPECT_FALSE(fs::exists(dir / CheckpointName(10))) << dir;
+    EXPECT_TRUE(fs::exists(dir / CheckpointName(20))) << dir;
+    EXPECT_TRUE(fs::exists(dir / CheckpointName(30))) << dir;
+    EXPECT_TRUE(fs::exists(dir / CheckpointName(40))) << dir << ": newer than the complete step";
+  }
+}
+
 TEST(Safetensors, RejectsGarbage) {
   EXPECT_EQ(ParseSafetensors("x", "abc").status().code(), absl::StatusCode::kDataLoss);
   std::string huge_header("\xff\xff\xff\xff\x00\x00\x00\x00{}", 10);
