@@ -684,6 +684,8 @@ class Service final : public proto::Coordinator::Service {
     proto::JobState state;
     *state.mutable_plan() = plan_;
     for (proto::WorkerRecord& r : members_.Records()) *state.add_workers() = std::move(r);
+    state.set_recoveries_json(recoveries_.dump());
+    state.set_redone_iterations(redone_);
     std::string bytes;
     state.SerializeToString(&bytes);
     if (absl::Status st = WriteFileAtomically(JobStatePath(cfg_), bytes); !st.ok() && abort_.empty()) {
@@ -697,6 +699,9 @@ class Service final : public proto::Coordinator::Service {
   void Restore(const proto::JobState& state) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const proto::WorkerRecord& r : state.workers()) members_.Restore(r, Clock::now());
+    recoveries_ = nlohmann::json::parse(state.recoveries_json(), nullptr, false);
+    if (!recoveries_.is_array()) recoveries_ = nlohmann::json::array();
+    redone_ = state.redone_iterations();
     const int64_t reached = state.plan().start_iteration();
     plan_ = NextPlan(state.plan(), {}, members_.registrations(), {start_, resume_name_, end_});
     worker_of_slot_.assign(expected_, -1);

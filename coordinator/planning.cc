@@ -171,6 +171,7 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
     return it == replace.end() ? id : it->second;
   };
   for (proto::Assignment& a : *plan.mutable_assignments()) {
+    if (!replace.count(a.worker_id())) continue;
     a.set_worker_id(now(a.worker_id()));
     a.set_address(workers.at(a.worker_id()).address());
   }

@@ -64,7 +64,7 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
                      const NetworkCost* network = nullptr);
 
 // The version after `old`: each worker `lost` of `replace` (lost -> spare) gives its place, its
-// links' wire dtypes and connection counts to the spare, registered as `workers` has it (a spare
+// links' wire dtypes and connection counts to the spare, registered in `workers` (a spare
 // inherits the slot whole, so the run's numerics stay those of the plan before); the run goes on
 // from `request`'s start iteration and checkpoint.
 proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,

@@ -186,5 +186,39 @@ TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
   EXPECT_EQ(late->id, 1);
 }
 
+// Spares register beyond the plan's workers up to cluster.spares; a lost worker leaves every count
+// and check, its id is never given again (a late message of the lost process cannot pass for its
+// successor's), and the job state file's records bring the same members back.
+TEST(Membership, SparesWaitBeyondThePlanAndALostWorkersIdIsNeverGivenAgain) {
+  Membership m("job", 2, 1, 5, 2);
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*m.Register(Request("job"), t0), i);
+  const absl::Status full = m.Register(Request("job"), t0).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("cluster.spares"), std::string::npos) << full;
+  EXPECT_TRUE(m.full());
+  proto::ComputeProfile profile;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(m.SetProfile(i, profile).ok());
+  EXPECT_TRUE(m.profiled()) << "the spare's profile is not needed for the first plan";
+  EXPECT_FALSE(m.HasProfile(2));
+
+  m.Lose(1);
+  EXPECT_EQ(m.registered(), 2);
+  const absl::Status lost = m.Check(1);
+  EXPECT_EQ(lost.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(lost.message().find("declared lost"), std::string::npos) << lost;
+  EXPECT_EQ(m.registrations().count(1), 0u);
+  EXPECT_FALSE(m.Silent(t0 + std::chrono::seconds(4)).has_value());
+  EXPECT_EQ(*m.Register(Request("job"), t0), 3) << "id 1 is the lost worker's";
+
+  Membership again("job", 2, 1, 5, 2);
+  for (const proto::WorkerRecord& r : m.Records()) again.Restore(r, t0);
+  EXPECT_EQ(again.registered(), 3);
+  EXPECT_EQ(again.Check(1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(again.HasProfile(0));
+  EXPECT_EQ(again.Register(Request("job"), t0).status().code(), absl::StatusCode::kResourceExhausted)
+      << "two workers and a spare again";
+}
+
 }  // namespace
 }  // namespace longhaul

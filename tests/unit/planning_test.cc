@@ -176,6 +176,33 @@ TEST(Planning, ALongFatLinkIsSplitOverEnoughConnections) {
   EXPECT_EQ(MakePlan(cfg, workers, {}, RegistrationOrder(cfg)).link_connections_size(), 0) << "links unknown";
 }
 
+// A spare takes a lost worker's slot whole: its blocks, its shards, its links' wire dtypes and
+// connection counts; every other worker keeps its own, and the run goes back to the checkpoint.
+TEST(Planning, TheNextVersionGivesALostWorkersPlaceToASpare) {
+  const NetworkCost network = TwoSites(50);
+  std::map<int, proto::RegisterRequest> workers = Workers(4);
+  for (auto& [id, r] : workers) r.set_tcp_send_buffer_max(4 << 20), r.set_tcp_receive_buffer_max(6 << 20);
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
+  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg), &network);
+  workers.erase(3);
+  workers[7].set_address("10.0.0.7:7000");
+  const proto::Plan v2 = NextPlan(v1, {{3, 7}}, workers, {40, "step_00000040", 100});
+  EXPECT_EQ(v2.version(), 2u);
+  EXPECT_EQ(v2.start_iteration(), 40);
+  EXPECT_EQ(v2.resume_checkpoint(), "step_00000040");
+  EXPECT_EQ(WorkerAt(v2, 1, 1), 7);
+  EXPECT_EQ(AssignmentOf(v2, 3), nullptr);
+  EXPECT_EQ(AssignmentOf(v2, 7)->address(), "10.0.0.7:7000");
+  EXPECT_EQ(AssignmentOf(v2, 7)->first_block(), AssignmentOf(v1, 3)->first_block());
+  for (int id : {0, 1, 2}) EXPECT_EQ(AssignmentOf(v2, id)->DebugString(), AssignmentOf(v1, id)->DebugString());
+  EXPECT_EQ(LinkConnectionsOf(v2),
+            (std::map<std::pair<int, int>, int>{{{0, 2}, 5}, {{2, 0}, 5}, {{1, 7}, 5}, {{7, 1}, 5}}));
+  const WirePlan before = WiresOf(v1), after = WiresOf(v2);
+  EXPECT_EQ(after.Of(7, 1, proto::GRAD_PUSH), before.Of(3, 1, proto::GRAD_PUSH));
+  EXPECT_EQ(after.Of(1, 7, proto::GRAD_PUSH), before.Of(1, 3, proto::GRAD_PUSH));
+  EXPECT_EQ(v2.shards_size(), v1.shards_size());
+}
+
 TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
   const JobConfig cfg = Config({"model.n_layer=8", "cluster.stages=2", "cluster.replicas=1"});
   std::map<int, proto::RegisterRequest> workers = Workers(2);
