@@ -101,6 +101,42 @@ TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   EXPECT_TRUE(box.Take(Key(proto::GRADIENT, 0), std::chrono::seconds(5)).ok());
 }
 
+// A worker moving to the next plan version reopens its mailbox: what it held and a Close are gone,
+// a part sent under the old version is refused with both versions named, and one of the new is
+// taken; a reservation the reopen forgot cannot be completed or abandoned by its old stream.
+TEST(TensorTransport, AReopenedMailboxTakesOnlyTheNewPlanVersion) {
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok());
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  const std::vector<float> x = Ramp(1000);
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_plan_version(1);
+  ASSERT_TRUE(TensorClient((*server)->address(), opt).Send(h, x.data(), x.size())->Wait().ok());
+  box.Close("plan version 2 replaces version 1");
+  box.Reopen(2);
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  const absl::Status old = TensorClient((*server)->address(), opt).Send(h, x.data(), x.size())->Wait();
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition) << old;
+  EXPECT_NE(old.message().find("is of plan version 1; this worker runs plan version 2"), std::string::npos) << old;
+  h.set_plan_version(2);
+  ASSERT_TRUE(TensorClient((*server)->address(), opt).Send(h, x.data(), x.size())->Wait().ok());
+  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+
+  ASSERT_TRUE(box.BeginPart(Key(proto::GRADIENT, 0), 2, 10, 0, 10).ok());
+  box.Reopen(3);
+  ASSERT_TRUE(box.BeginPart(Key(proto::GRADIENT, 0), 3, 10, 0, 10).ok());
+  box.AbandonPart(Key(proto::GRADIENT, 0), 2, 0);
+  EXPECT_FALSE(box.CompletePart(Key(proto::GRADIENT, 0), 2, 0, std::vector<float>(10, 1.0f)).ok());
+  ASSERT_TRUE(box.CompletePart(Key(proto::GRADIENT, 0), 3, 0, std::vector<float>(10, 2.0f)).ok());
+  auto mine = box.Take(Key(proto::GRADIENT, 0), std::chrono::seconds(1));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ((*mine)[0], 2.0f);
+}
+
 // A job secret written for a test (JobSecret::Load refuses files others may read).
 JobSecret TestSecret(const std::string& name) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/secret_", name, "_", getpid());
