@@ -534,15 +534,15 @@ class Service final : public proto::Coordinator::Service {
                             it + 1, c->lost, c->repeated));
     }
     if (it == end_ - 1) last_recorded_ = true;
-    if (recovering_) {
-      recovering_ = false;
-      nlohmann::json& event = recoveries_.back();
-      const double stall = std::chrono::duration<double>(Clock::now() - failed_at_).count();
-      event["stall_s"] = stall;
+    for (const Pending& p : pending_) {
+      const double stall = std::chrono::duration<double>(Clock::now() - p.failed_at).count();
+      recoveries_[p.event]["stall_s"] = stall;
       std::cout << absl::StrFormat("coordinator: recovered: iteration %d completed %.2f s after %s\n", it + 1, stall,
-                                   failure_)
+                                   p.what)
                 << std::flush;
     }
+    if (!pending_.empty()) WriteJobState();  // the stalls outlive this coordinator
+    pending_.clear();
     CheckFinished();
   }
 
@@ -600,8 +600,10 @@ class Service final : public proto::Coordinator::Service {
                             {"reporter", lost.reporter},
                             {"plan_version", plan_.version()}};
     recoveries_.push_back(std::move(event));
-    failed_at_ = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lost.silent_s));
-    failure_ = absl::StrFormat("worker %d was last heard from (found lost after %.2f s)", id, lost.silent_s);
+    pending_.push_back(
+        {recoveries_.size() - 1, id,
+         Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lost.silent_s)),
+         absl::StrFormat("worker %d was last heard from (found lost after %.2f s)", id, lost.silent_s)});
   }
 
   // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
@@ -666,12 +668,14 @@ class Service final : public proto::Coordinator::Service {
                                  resume_name_.empty() ? "the initial parameters" : resume_name_,
                                  reached - start_)
               << std::flush;
-    nlohmann::json& event = recoveries_.back();
-    event["spare"] = replace.rbegin()->second;
-    event["new_plan_version"] = plan_.version();
-    event["rollback_to_step"] = start_;
-    event["redone_iterations"] = reached - start_;
-    recovering_ = true;
+    for (const Pending& p : pending_) {
+      nlohmann::json& event = recoveries_[p.event];
+      if (!replace.count(p.worker) || event.contains("new_plan_version")) continue;
+      event["spare"] = replace.at(p.worker);
+      event["new_plan_version"] = plan_.version();
+      event["rollback_to_step"] = start_;
+      event["redone_iterations"] = reached - start_;
+    }
     vacant_.clear();
     spare_wait_noted_ = false;
     WriteJobState();
@@ -715,9 +719,7 @@ class Service final : public proto::Coordinator::Service {
                            {"plan_version", state.plan().version()},
                            {"new_plan_version", plan_.version()},
                            {"rollback_to_step", start_}});
-    recovering_ = true;
-    failed_at_ = Clock::now();
-    failure_ = "this coordinator started again";
+    pending_.push_back({recoveries_.size() - 1, -1, Clock::now(), "this coordinator started again"});
     std::cout << absl::StrFormat("coordinator: resuming job '%s' from its job state (plan v%d, %d workers, that plan "
                                  "from step %d): plan v%d sends every worker back to step %d\n",
                                  cfg_.cluster.job_id, state.plan().version(), plan_.assignments_size(), reached,
@@ -935,9 +937,16 @@ class Service final : public proto::Coordinator::Service {
   SampleAudit samples_;
   int64_t redone_ = 0;  // iterations begun and then rolled back
   nlohmann::json recoveries_ = nlohmann::json::array();
-  bool recovering_ = false;      // since a replan, until an iteration completes
-  Clock::time_point failed_at_;  // when the worker lost last was last heard from
-  std::string failure_;          // what happened then, for people
+  // Failures not recovered from yet (no iteration completed since): their events in recoveries_,
+  // the lost worker (-1: this coordinator's own restart), when it was last heard from, and what
+  // happened, for people.
+  struct Pending {
+    size_t event;
+    int worker;
+    Clock::time_point failed_at;
+    std::string what;
+  };
+  std::vector<Pending> pending_;
   bool last_recorded_ = false;   // every worker reported the run's last iteration
   bool finished_ = false;        // ... and its checkpoint is complete
   Clock::time_point finished_time_;

@@ -1,9 +1,7 @@
 // Multi-worker runs as real processes (`longhaul local`: coordinator + workers talking gRPC over
 // loopback) against the single-process trainer on the same samples.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +28,7 @@
 #include "tests/support/garbage_socket.h"
 #include "tests/support/http_get.h"
 #include "tests/support/process_memory.h"
+#include "tests/support/processes.h"
 #include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
 #include "transport/rpc_auth.h"
@@ -79,28 +78,8 @@ std::string ConfigFile() {
   return path;
 }
 
-// Starts `args` with its output in `log`, in a process group of its own as a shell starts a job;
-// returns its pid.
-pid_t Spawn(std::vector<std::string> args, const fs::path& log_path) {
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string log = log_path.string();
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&files);
-  EXPECT_EQ(rc, 0) << "cannot start " << args[0] << ": " << std::strerror(rc);
-  return rc == 0 ? pid : -1;
-}
+using testing::Spawn;
+using testing::WaitFor;
 
 // Starts longhaul with the given subcommand, overrides and further arguments, its output in
 // out/log.txt.
@@ -130,17 +109,6 @@ size_t WaitForSteps(const fs::path& out, size_t steps) {
     reported = rows.ok() ? rows->size() : 0;
   }
   return reported;
-}
-
-// The wait status of `pid` once it exits, or -1 if it still runs after `limit`.
-int WaitFor(pid_t pid, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return status;
 }
 
 // Runs longhaul to its end; returns the wait status (0: exit status 0).

@@ -1,0 +1,322 @@
+// Failures recovered without a person: a 2 x 2 job with one spare on loopback, its processes
+// started as a supervisor would (a coordinator at a fixed port, workers that find it), killed with
+// SIGKILL at random moments: workers (each hosts a parameter-server shard), a second worker while
+// the first one's recovery is under way, and the coordinator, which the supervisor starts again.
+// A killed worker is started again too and joins as the next spare. The run must end as the
+// uninterrupted one does, bitwise, and the audit of every committed step's (stage, micro-batch)
+// pairs must show none lost and none repeated.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/safetensors.h"
+#include "longhaul.pb.h"
+#include "metrics/metrics_log.h"
+#include "tests/support/processes.h"
+#include "transport/job_secret.h"
+#include "util/ports.h"
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+using testing::Spawn;
+using testing::WaitFor;
+
+constexpr int kSteps = 1200;
+
+// The cluster_test model; a checkpoint every 10 steps bounds what a failure costs to 10
+// iterations. dead_after_s bounds how long the workers wait for a restarted coordinator.
+constexpr char kConfig[] = R"(
+[model]
+n_layer = 4
+d_model = 32
+n_head = 2
+max_seq_len = 16
+[data]
+alphabet = 12
+train_tokens = 100000
+val_tokens = 1000
+[train]
+steps = 1200
+seq_len = 16
+micro_batch_size = 2
+micro_batches = 2
+lr = 3e-3
+warmup_steps = 20
+log_every = 100
+eval_every = 0
+threads = 1
+checkpoint_every = 10
+keep_checkpoints = 3
+[cluster]
+job_id = "chaos"
+stages = 2
+replicas = 2
+heartbeat_s = 0.2
+dead_after_s = 6
+spare_wait_s = 60
+)";
+
+fs::path Dir(const std::string& name) {
+  fs::path d = fs::path(::testing::TempDir()) / ("chaos_" + std::to_string(getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string Read(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A job's processes, started and restarted as a supervisor would; everything is killed at the end.
+class Supervisor {
+ public:
+  explicit Supervisor(fs::path out) : out_(std::move(out)), port_(FreeLoopbackPort()) {
+    std::ofstream(out_ / "job.toml") << kConfig;
+  }
+  ~Supervisor() {
+    for (pid_t p : all_) kill(p, SIGKILL), waitpid(p, nullptr, WNOHANG);
+  }
+
+  void StartCoordinator() {
+    const fs::path log = out_ / absl::StrCat("coordinator_", ++coordinators_, ".txt");
+    coordinator_ = Spawn({LONGHAUL_BINARY, "coordinator", "-c", (out_ / "job.toml").string(), "--set",
+                          "train.out_dir=" + out_.string(), "--listen", absl::StrCat("127.0.0.1:", port_)},
+                         log);
+    all_.push_back(coordinator_);
+  }
+  void StartWorker() {
+    const fs::path log = out_ / absl::StrCat("worker_process_", ++workers_, ".txt");
+    all_.push_back(Spawn({LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_), "--listen",
+                          "127.0.0.1:0", "--threads", "1"},
+                         log));
+  }
+  pid_t coordinator() const { return coordinator_; }
+  // Every coordinator's output so far, in order.
+  std::string CoordinatorLogs() const {
+    std::string all;
+    for (int i = 1; i <= coordinators_; ++i) all += Read(out_ / absl::StrCat("coordinator_", i, ".txt"));
+    return all;
+  }
+  // The coordinator's job state (its plan and workers), when one is on disk and whole.
+  std::optional<proto::JobState> State() const {
+    proto::JobState state;
+    if (!state.ParseFromString(Read(out_ / "job_state.pb")) || state.plan().version() == 0) return std::nullopt;
+    return state;
+  }
+  // Rows in metrics.csv now (a rollback takes some back).
+  size_t Steps() const {
+    auto rows = ReadMetrics((out_ / "metrics.csv").string());
+    return rows.ok() ? rows->size() : 0;
+  }
+  // Waits until `done` holds, for `limit` at most.
+  template <typename F>
+  bool Await(F done, std::chrono::seconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+ private:
+  const fs::path out_;
+  const int port_;
+  int coordinators_ = 0, workers_ = 0;
+  pid_t coordinator_ = -1;
+  std::vector<pid_t> all_;
+};
+
+// A worker the current plan places (not `not_worker`), chosen by `rng`.
+struct Victim {
+  int worker = -1;
+  pid_t pid = -1;
+  int stage = 0, replica = 0;
+};
+Victim Choose(const proto::JobState& state, std::mt19937& rng, int not_worker = -1) {
+  std::vector<Victim> placed;
+  for (const proto::Assignment& a : state.plan().assignments()) {
+    if (a.worker_id() == not_worker) continue;
+    for (const proto::WorkerRecord& r : state.workers())
+      if (r.id() == a.worker_id()) placed.push_back({a.worker_id(), r.registration().pid(), a.stage(), a.replica()});
+  }
+  return placed[std::uniform_int_distribution<size_t>(0, placed.size() - 1)(rng)];
+}
+
+// Whether the worker at (stage, replica) hosts a parameter-server shard in `plan`.
+bool HostsAShard(const proto::Plan& plan, const Victim& v) {
+  for (const proto::ShardPlacement& sp : plan.shards())
+    if (sp.stage() == v.stage && sp.owner_replica() == v.replica) return true;
+  return false;
+}
+
+// Every model.safetensors of the latest checkpoint, merged by tensor name.
+std::map<std::string, std::vector<float>> Params(const fs::path& out) {
+  std::map<std::string, std::vector<float>> params;
+  std::string step;
+  std::ifstream(out / "checkpoints" / "latest") >> step;
+  for (auto& e : fs::recursive_directory_iterator(out / "checkpoints")) {
+    if (e.path().filename() != "model.safetensors" || e.path().parent_path().filename() != step) continue;
+    auto st = ReadSafetensors(e.path().string());
+    EXPECT_TRUE(st.ok()) << st.status();
+    for (auto& [name, t] : st->tensors) params[name] = t.data;
+  }
+  return params;
+}
+
+// Runs the job with `spares` workers beyond its four; `chaos` meanwhile does what it does to the
+// supervisor's processes. Returns the final coordinator's wait status.
+template <typename Chaos>
+int RunJob(const fs::path& out, int spares, Chaos chaos) {
+  Supervisor sup(out);
+  sup.StartCoordinator();
+  for (int i = 0; i < 4 + spares; ++i) sup.StartWorker();
+  chaos(sup);
+  // The killed coordinators were reaped; the one running now ends the job.
+  return WaitFor(sup.coordinator(), std::chrono::seconds(300));
+}
+
+TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUninterruptedOne) {
+  const fs::path base = Dir("");
+  const std::string secret = (base / "secret").string();
+  ASSERT_TRUE(JobSecret::WriteNew(secret).ok());
+  setenv("LONGHAUL_SECRET_FILE", secret.c_str(), 1);
+
+  const fs::path calm = Dir("uninterrupted");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}), 0) << Read(calm / "coordinator_1.txt");
+
+  const char* seed_env = std::getenv("LONGHAUL_CHAOS_SEED");
+  const unsigned seed = seed_env != nullptr ? static_cast<unsigned>(std::atoi(seed_env)) : std::random_device()();
+  std::cout << "chaos seed " << seed << " (LONGHAUL_CHAOS_SEED repeats a run)\n";
+  std::mt19937 rng(seed);
+  const fs::path out = Dir("chaos");
+  std::vector<std::string> events;
+  const int status = RunJob(out, 1, [&](Supervisor& sup) {
+    auto recovered = [&] { return Count(sup.CoordinatorLogs(), "coordinator: recovered:"); };
+    // A while into the run: 15 to 80 more steps than now.
+    auto run_a_while = [&] {
+      const size_t target = sup.Steps() + std::uniform_int_distribution<size_t>(15, 80)(rng);
+      ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= target; }, std::chrono::seconds(120)))
+          << sup.CoordinatorLogs();
+    };
+    auto kill_worker = [&](const proto::Plan& plan, const Victim& v, const char* when) {
+      ASSERT_EQ(kill(v.pid, SIGKILL), 0) << "worker " << v.worker;
+      waitpid(v.pid, nullptr, 0);
+      events.push_back(absl::StrCat("killed worker ", v.worker, " (stage ", v.stage, ", replica ", v.replica,
+                                    HostsAShard(plan, v) ? ", a shard owner) " : ") ", when, " at step ", sup.Steps()));
+      sup.StartWorker();  // the supervisor starts it again: it joins as a spare
+    };
+    ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() > 0; }, std::chrono::seconds(120)))
+        << sup.CoordinatorLogs();
+    for (const char* what : {"worker", "worker, then another during its recovery", "coordinator", "worker", "worker"}) {
+      run_a_while();
+      if (::testing::Test::HasFatalFailure()) return;
+      const size_t before = recovered();
+      const std::string kind = what;
+      if (kind == "coordinator") {
+        ASSERT_EQ(kill(sup.coordinator(), SIGKILL), 0);
+        waitpid(sup.coordinator(), nullptr, 0);
+        events.push_back(absl::StrCat("killed the coordinator at step ", sup.Steps()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 1500)(rng)));
+        sup.StartCoordinator();
+      } else {
+        const proto::JobState state = *sup.State();
+        const Victim first = Choose(state, rng);
+        kill_worker(state.plan(), first, "mid-run");
+        if (kind != "worker") {
+          // Within 2 s of the first kill the coordinator is still making sure the first worker is
+          // gone (a suspect is lost after 2 s of silence at least): the recovery is under way.
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 1800)(rng)));
+          ASSERT_EQ(recovered(), before) << "the recovery finished before the second kill";
+          const proto::JobState now = *sup.State();
+          kill_worker(now.plan(), Choose(now, rng, first.worker), "during the recovery from that");
+        }
+      }
+      ASSERT_TRUE(sup.Await([&] { return recovered() > before; }, std::chrono::seconds(120))) << sup.CoordinatorLogs();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  });
+  const std::string log = Read(out / "coordinator_2.txt");
+  for (const std::string& e : events) std::cout << e << "\n";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "completed");
+  const nlohmann::json& recoveries = summary["recoveries"];
+  ASSERT_GE(recoveries.size(), 6u) << summary.dump(2);
+  for (const std::string& e : events)
+    if (e.rfind("killed worker", 0) == 0) EXPECT_NE(e.find("a shard owner"), std::string::npos) << e;
+  for (const nlohmann::json& r : recoveries) {
+    std::cout << "recovery: " << r.dump() << "\n";
+    EXPECT_TRUE(r.contains("stall_s")) << r.dump();
+  }
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
+  EXPECT_EQ(summary["audit"]["steps"], kSteps);
+
+  // The audit file itself: every step's every stage ran micro-batches 0..3 once each.
+  std::map<std::pair<int64_t, int>, std::multiset<int64_t>> ran;
+  std::ifstream audit(out / "samples.csv");
+  std::string line;
+  std::getline(audit, line);
+  while (std::getline(audit, line)) {
+    const std::vector<std::string> cells = absl::StrSplit(line, ',');
+    ASSERT_EQ(cells.size(), 5u) << line;
+    int64_t step = 0;
+    int stage = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(cells[0], &step) && absl::SimpleAtoi(cells[1], &stage)) << line;
+    for (absl::string_view g : absl::StrSplit(cells[4], ' ', absl::SkipEmpty())) {
+      int64_t index = 0;
+      ASSERT_TRUE(absl::SimpleAtoi(g, &index)) << line;
+      ran[{step, stage}].insert(index);
+    }
+  }
+  ASSERT_EQ(ran.size(), 2u * kSteps);
+  for (const auto& [at, mbs] : ran)
+    ASSERT_EQ(mbs, (std::multiset<int64_t>{0, 1, 2, 3})) << "step " << at.first << " stage " << at.second;
+
+  // The same losses at every step and the same final parameters, bit for bit.
+  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(b->size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_EQ((*b)[i].step, i + 1);
+    ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
+  }
+  const auto want = Params(calm), got = Params(out);
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
+}
+
+}  // namespace
+}  // namespace longhaul
