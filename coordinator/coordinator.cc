@@ -689,6 +689,8 @@ class Service final : public proto::Coordinator::Service {
     *state.mutable_plan() = plan_;
     for (proto::WorkerRecord& r : members_.Records()) *state.add_workers() = std::move(r);
     state.set_recoveries_json(recoveries_.dump());
+    state.set_cluster_json(cluster_record_.dump());
+    WriteClusterRecord();
     state.set_redone_iterations(redone_);
     std::string bytes;
     state.SerializeToString(&bytes);
@@ -703,6 +705,8 @@ class Service final : public proto::Coordinator::Service {
   void Restore(const proto::JobState& state) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const proto::WorkerRecord& r : state.workers()) members_.Restore(r, Clock::now());
+    cluster_record_ = nlohmann::json::parse(state.cluster_json(), nullptr, false);
+    if (!cluster_record_.is_object()) cluster_record_ = nlohmann::json::object();
     recoveries_ = nlohmann::json::parse(state.recoveries_json(), nullptr, false);
     if (!recoveries_.is_array()) recoveries_ = nlohmann::json::array();
     redone_ = state.redone_iterations();
@@ -839,6 +843,25 @@ class Service final : public proto::Coordinator::Service {
     return absl::OkStatus();
   }
 
+  // REQUIRES: mu_ held. cluster.json: how the job was placed and who runs what under the current
+  // plan version, and who waits as a spare.
+  void WriteClusterRecord() {
+    nlohmann::json workers = nlohmann::json::array(), spares = nlohmann::json::array();
+    for (const auto& [id, reg] : members_.registrations()) {
+      const proto::Assignment* a = AssignmentOf(plan_, id);
+      if (a == nullptr) {
+        spares.push_back({{"worker", id}, {"address", reg.address()}, {"host", reg.host()}, {"pid", reg.pid()}});
+        continue;
+      }
+      workers.push_back({{"worker", id}, {"stage", a->stage()}, {"replica", a->replica()}, {"address", a->address()},
+                         {"host", reg.host()}, {"pid", reg.pid()}, {"blocks", {a->first_block(), a->end_block()}}});
+    }
+    cluster_record_["plan_version"] = plan_.version();
+    cluster_record_["workers"] = std::move(workers);
+    cluster_record_["spares"] = std::move(spares);
+    (void)WriteFileAtomically((fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster_record_.dump(2) + "\n");
+  }
+
   // REQUIRES: mu_ held, every worker registered and profiled.
   void MakePlan() {
     const nlohmann::json placement = Place();
@@ -847,13 +870,6 @@ class Service final : public proto::Coordinator::Service {
                                network_ ? &*network_ : nullptr);
     job_metrics_.SetPlan(plan_, members_.registrations());
     if (network_) job_metrics_.SetLinks(*network_, links_);
-    nlohmann::json cluster = nlohmann::json::array();
-    for (const proto::Assignment& a : plan_.assignments()) {
-      const proto::RegisterRequest& reg = members_.registration(a.worker_id());
-      cluster.push_back({{"worker", a.worker_id()}, {"stage", a.stage()}, {"replica", a.replica()},
-                         {"address", a.address()}, {"host", reg.host()}, {"pid", reg.pid()},
-                         {"blocks", {a.first_block(), a.end_block()}}});
-    }
     const WirePlan wires = WiresOf(plan_);
     nlohmann::json narrow = nlohmann::json::array();
     for (const auto& [pair, dtype] : wires.links) {
@@ -879,16 +895,14 @@ class Service final : public proto::Coordinator::Service {
       connections = absl::StrFormat(
           "up to %d on %d links whose rate x round trip exceeds a connection's window, else 1", most, split.size());
     }
-    nlohmann::json record = {{"job_id", cfg_.cluster.job_id},
+    cluster_record_ = {{"job_id", cfg_.cluster.job_id},
                              {"placement", placement},
-                             {"workers", cluster},
                              {"wire", {{"configured", WireDtypeName(cfg_.transport.wire_dtype)},
                                        {"default", WireDtypeName(wires.default_dtype)},
                                        {"params", WireDtypeName(wires.params_dtype)},
                                        {"links", narrow}}},
                              {"connections", {{"configured", cfg_.transport.connections}, {"links", split}}}};
-    if (members_.linked()) record["links"] = MeasuredLinksJson();
-    std::ofstream(fs::path(cfg_.train.out_dir) / "cluster.json", std::ios::trunc) << record.dump(2) << "\n";
+    if (members_.linked()) cluster_record_["links"] = MeasuredLinksJson();
     std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
                                  "(%d shards), wire %s, connections %s\n"
                                  "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "
@@ -947,6 +961,7 @@ class Service final : public proto::Coordinator::Service {
     std::string what;
   };
   std::vector<Pending> pending_;
+  nlohmann::json cluster_record_ = nlohmann::json::object();  // cluster.json
   bool last_recorded_ = false;   // every worker reported the run's last iteration
   bool finished_ = false;        // ... and its checkpoint is complete
   Clock::time_point finished_time_;

@@ -56,6 +56,9 @@ absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationRepo
   const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .lr = lr, .grad_norm = norm, .seconds = sec,
                           .tokens_per_s = cfg_.tokens_per_step() / sec};
   const absl::Status appended = metrics_.Append(row);
+  last_done_ = std::chrono::steady_clock::now();
+  last_done_step_ = step;
+  if (first_done_step_ < 0) first_done_ = last_done_, first_done_step_ = step;
   if (step % cfg_.train.log_every == 0 || step == end_ || it == start_) {
     std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
                                        steps, loss);
@@ -86,6 +89,10 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
                       {"stragglers", stragglers_},
                       {"workers", nlohmann::json::array()}};
   if (!reason.empty()) s["reason"] = reason;
+  if (last_done_step_ > first_done_step_) {
+    const double wall = std::chrono::duration<double>(last_done_ - first_done_).count();
+    s["wall_seconds_per_step"] = wall / static_cast<double>(last_done_step_ - first_done_step_);
+  }
   if (timed_ > 0) {
     const double sec = timed_seconds_ / timed_;
     s["iteration_seconds"] = sec;

@@ -4,6 +4,7 @@
 // time; and at the end summary.json, the loss curve, the workers' merged timeline and the summary
 // lines. Iteration time is stage 0 of replica 0's, as in the source experiment; means are over
 // the iterations after this process's first.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,6 +68,10 @@ class RunLog {
   double timed_seconds_ = 0;
   int64_t timed_ = 0;
   std::map<int, WorkerTimes> times_;  // by worker id, iterations after the first
+  // When the first and the latest iteration of this run completed, and the latter's step: wall
+  // time per committed step, whatever was redone between.
+  std::chrono::steady_clock::time_point first_done_, last_done_;
+  int64_t first_done_step_ = -1, last_done_step_ = -1;
   double predicted_ = -1;
   nlohmann::json placement_;
   nlohmann::json stragglers_ = nlohmann::json::array();

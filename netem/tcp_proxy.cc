@@ -282,6 +282,9 @@ absl::Status RunProxy(const std::vector<ProxyRoute>& routes) {
   std::fprintf(stderr,
                "longhaul netem proxy: userspace emulation; it splits TCP, so window limits and slow start of the "
                "emulated link are NOT reproduced (use kernel-level emulation, as root, to validate transport tuning)\n");
+  // An endpoint that dies mid-stream (a killed worker) must cost its own connections, not every
+  // route: a write to its closed socket fails with EPIPE instead of killing the proxy.
+  signal(SIGPIPE, SIG_IGN);
   // As the delay daemon: on a busy machine an ordinary process waits milliseconds for its wake-ups.
   if (const absl::Status rt = RaiseToRealTime(); !rt.ok()) {
     std::fprintf(stderr, "longhaul netem proxy: %s; delays grow by up to milliseconds while the machine is busy\n",

@@ -136,4 +136,30 @@ TEST_F(ProxyTest, BulkFlowGetsTheRate) {
   EXPECT_LT(mbit, 1.03 * 200);
 }
 
+// An endpoint killed mid-stream (its socket reset while the proxy still writes to it) costs that
+// connection only: the proxy lives on and carries the next one.
+TEST_F(ProxyTest, AnEndpointThatDiesMidStreamDoesNotTakeTheProxyDown) {
+  Start(1, 1000);
+  const linger reset{1, 0};
+  setsockopt(accepted_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  close(accepted_);
+  accepted_ = -1;
+  const std::vector<char> chunk(1 << 16, 'x');
+  for (int i = 0; i < 64; ++i) {
+    if (send(client_, chunk.data(), chunk.size(), MSG_NOSIGNAL) < 0) break;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(waitpid(pid_, nullptr, WNOHANG), 0) << "the proxy died with the endpoint";
+  const int next = ConnectLoopback(proxy_port_);
+  ASSERT_GE(next, 0);
+  const int served = accept(server_, nullptr, nullptr);
+  ASSERT_GE(served, 0);
+  ASSERT_EQ(send(next, "ping", 4, MSG_NOSIGNAL), 4);
+  char got[4] = {};
+  ASSERT_EQ(recv(served, got, 4, MSG_WAITALL), 4);
+  EXPECT_EQ(std::string(got, 4), "ping");
+  close(next);
+  close(served);
+}
+
 }  // namespace

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Failures under slow links, side by side in one run: the demo job (2 stages x 2 replicas) with one
+# spare, every tensor through the userspace link proxy (`longhaul netem proxy`, the scenario's delay
+# and rate on each pair), its processes started as a supervisor would. Three runs of the same steps:
+#   calm:        no checkpoints, no failures (the baseline);
+#   checkpoints: train.checkpoint_every = C, no failures (what the recovery design costs per step);
+#   failures:    the same, and a worker killed (SIGKILL) every K committed steps, each started again
+#                as the next spare.
+# Prints per failure the detection time (silence until the coordinator declared the worker lost)
+# and the stall (from the worker's last sign of life to the next completed iteration) against
+# detection + one iteration, then each run's wall time per committed step and its ratio to calm
+# (throughput retained = calm / failures).
+#
+# Usage: bash bench/recovery.sh [scenario] [failures] [every] [checkpoint_every]
+#   scenario:         a file under netem/scenarios without .toml (default source-10ms-1gbit)
+#   failures:         workers killed (default 25)
+#   every:            committed steps between kills (default 30)
+#   checkpoint_every: C (default 1: a failure redoes at most one step)
+# No root needed; about 5 to 10 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scenario=${1:-source-10ms-1gbit}
+failures=${2:-25}
+every=${3:-30}
+ckpt=${4:-1}
+steps=$(( (failures + 1) * every + 20 ))
+bin=$PWD/build/longhaul
+out=$(mktemp -d /tmp/longhaul-recovery.XXXXXX)
+export LONGHAUL_SECRET_FILE=$out/secret
+"$bin" secret "$LONGHAUL_SECRET_FILE" > /dev/null
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Five slots (four workers and a spare), each a fixed port; every ordered pair through the proxy.
+slots=5
+ports=()
+for ((i = 0; i < slots; i++)); do ports+=("$(free_port)"); done
+python3 - "$scenario" "$out" "${ports[@]}" <<'PY'
+import sys, tomllib, socket
+scenario, out, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
+s = tomllib.load(open(f"netem/scenarios/{scenario}.toml", "rb"))
+delay = s["delay_ms"][0][0] / (1 if s.get("delays_are", "one-way") == "one-way" else 2)
+rate = s["rate_mbit"][0][0]
+def free():
+    k = socket.socket(); k.bind(("127.0.0.1", 0)); p = k.getsockname()[1]; k.close(); return p
+with open(f"{out}/routes", "w") as routes:
+    for i, _ in enumerate(ports):
+        with open(f"{out}/dial_map_{i}", "w") as m:
+            for j, pj in enumerate(ports):
+                if i == j: continue
+                via = free()
+                routes.write(f"127.0.0.1:{via} 127.0.0.1:{pj} {delay} {rate}\n")
+                m.write(f"127.0.0.1:{pj} 127.0.0.1:{via}\n")
+PY
+"$bin" netem proxy --routes "$out/routes" > "$out/proxy.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q ready "$out/proxy.log" && break; sleep 0.1; done
+
+worker_pid=()
+start_worker() {  # slot, run directory
+  "$bin" worker --coordinator "127.0.0.1:$coord_port" --listen "127.0.0.1:${ports[$1]}" \
+    --dial-map "$out/dial_map_$1" --threads 1 >> "$2/worker_$1.log" 2>&1 &
+  worker_pid[$1]=$!
+  pids+=($!)
+}
+run() {  # name, checkpoint_every (0: none), kills
+  local name=$1 dir=$out/$1
+  mkdir -p "$dir"
+  coord_port=$(free_port)
+  "$bin" coordinator -c configs/demo.toml --listen "127.0.0.1:$coord_port" --set train.steps=$steps \
+    --set train.out_dir="\"$dir\"" --set train.checkpoint_every="$2" --set train.keep_checkpoints=2 \
+    --set train.log_every=100 --set cluster.heartbeat_s=0.2 --set cluster.link_probe=\"off\" \
+    > "$dir/coordinator.log" 2>&1 &
+  local coord=$!
+  pids+=($coord)
+  for ((i = 0; i < slots; i++)); do start_worker "$i" "$dir"; done
+  local killed=0 next=$every
+  while kill -0 "$coord" 2> /dev/null; do
+    if ((killed < $3)); then
+      local rows
+      rows=0
+      [ -f "$dir/metrics.csv" ] && rows=$(($(wc -l < "$dir/metrics.csv") - 1))
+      if ((rows >= next)); then
+        # The slot of a worker the current plan places (cluster.json lists them with their pids).
+        local victim
+        victim=$(python3 - "$dir/cluster.json" "${worker_pid[@]}" <<'PY'
+import json, random, sys
+placed = {w["pid"] for w in json.load(open(sys.argv[1]))["workers"]}
+print(random.choice([i for i, p in enumerate(sys.argv[2:]) if int(p) in placed]))
+PY
+)
+        kill -9 "${worker_pid[$victim]}"
+        wait "${worker_pid[$victim]}" 2> /dev/null || true
+        killed=$((killed + 1))
+        echo "recovery: $name: failure $killed of $3 at step $rows (slot $victim)" >&2
+        start_worker "$victim" "$dir"
+        # The next failure comes `every` committed steps after this one's recovery.
+        until grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
+          sleep 0.1
+          kill -0 "$coord" 2> /dev/null || break
+        done
+        next=$(($(wc -l < "$dir/metrics.csv") - 1 + every))
+      fi
+    fi
+    sleep 0.1
+  done
+  wait "$coord" || { echo "recovery: $name failed; its logs: $dir" >&2; exit 1; }
+  for ((i = 0; i < slots; i++)); do kill -9 "${worker_pid[$i]}" 2> /dev/null || true; done
+}
+echo "recovery: demo 2x2 + 1 spare over $scenario (proxy), $steps steps per run" >&2
+run calm 0 0
+run checkpoints "$ckpt" 0
+run failures "$ckpt" "$failures"
+python3 - "$out" "$every" "$ckpt" <<'PY'
+import json, sys, statistics
+out, every, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = {n: json.load(open(f"{out}/{n}/summary.json")) for n in ("calm", "checkpoints", "failures")}
+it = s["calm"]["iteration_seconds"]
+print(f"{'failure':>8}{'detection s':>12}{'stall s':>9}{'detection + 1 it':>17}{'within':>8}{'redone':>8}")
+events = [e for e in s["failures"]["recoveries"] if "worker" in e]
+ok = 0
+for i, e in enumerate(events):
+    bound = e["detection_s"] + it
+    within = e.get("stall_s", float("inf")) <= bound
+    ok += within
+    print(f"{i + 1:>8}{e['detection_s']:>12.2f}{e.get('stall_s', float('nan')):>9.2f}{bound:>17.2f}"
+          f"{'yes' if within else 'no':>8}{e.get('redone_iterations', 0):>8}")
+print(f"stall within detection + 1 iteration ({it:.3f} s): {ok} of {len(events)}; "
+      f"median detection {statistics.median(e['detection_s'] for e in events):.2f} s, "
+      f"median stall {statistics.median(e.get('stall_s', 0) for e in events):.2f} s")
+def per_step(n):
+    return s[n]["wall_seconds_per_step"]
+base = per_step("calm")
+print(f"{'run':<32}{'wall s/step':>12}{'vs calm':>9}")
+for n, label in (("calm", "calm (no checkpoints)"), ("checkpoints", f"checkpoint every {ckpt}"),
+                 ("failures", f"+ a failure every {every} steps")):
+    print(f"{label:<32}{per_step(n):>12.3f}{per_step(n) / base:>9.2f}")
+print(f"throughput retained with failures: {base / per_step('failures'):.1%} of calm "
+      f"({base / per_step('checkpoints'):.1%} with checkpoints alone)")
+print(f"audit of the failure run: {s['failures']['audit']}")
+PY
+echo "recovery: logs and run directories in $out" >&2
