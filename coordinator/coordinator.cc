@@ -75,6 +75,11 @@ grpc::Status ToGrpc(const absl::Status& s) {
 // (a slow worker keeps sending them; a killed one sends none), at least 2 s for a loaded machine's
 // scheduling, at most the silence that loses any worker.
 double SuspectSilentSeconds(const ClusterConfig& c) { return std::min(c.dead_after_s, std::max(2.0, 5 * c.heartbeat_s)); }
+// A worker whose own lifeline to the coordinator closed (Lifeline) is gone unless a heartbeat says
+// otherwise within two periods (a live worker's channel reconnects): half a second at least.
+double CutOffSilentSeconds(const ClusterConfig& c) {
+  return std::min(SuspectSilentSeconds(c), std::max(0.5, 2 * c.heartbeat_s));
+}
 
 // Per-iteration reports of every worker.
 struct IterationRecord {
@@ -97,7 +102,7 @@ class Service final : public proto::Coordinator::Service {
         cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
         members_(cfg.cluster.job_id, expected_, cfg.cluster.spares, cfg.cluster.dead_after_s,
-                 SuspectSilentSeconds(cfg.cluster)),
+                 SuspectSilentSeconds(cfg.cluster), CutOffSilentSeconds(cfg.cluster)),
         latest_step_(start_), latest_name_(resume_name_),
         samples_(std::move(samples)),
         log_(cfg, start_, end_, std::move(metrics)),
@@ -340,6 +345,22 @@ class Service final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
+  // ends; a worker of the job whose lifeline closes is cut off (Membership::CutOff).
+  grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest* req,
+                        grpc::ServerWriter<proto::Empty>*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "Lifeline", *req); !st.ok()) return st;
+    std::unique_lock<std::mutex> lock(mu_);
+    const int id = req->worker_id();
+    if (grpc::Status st = CheckWorker(id); !st.ok()) return st;
+    members_.Reconnected(id);
+    while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    if (ctx->IsCancelled() && members_.Check(id).ok()) members_.CutOff(id, Clock::now());
+    return grpc::Status::OK;
+  }
+
   grpc::Status ReportDone(grpc::ServerContext* ctx, const proto::DoneReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
@@ -576,7 +597,10 @@ class Service final : public proto::Coordinator::Service {
         : a == nullptr       ? absl::StrFormat("a spare at %s", address)
                              : absl::StrFormat("stage %d, replica %d at %s", a->stage(), a->replica(), address);
     const std::string why =
-        lost.reporter < 0
+        lost.reporter == Membership::kCutOff
+            ? absl::StrFormat("closed its connection to the coordinator and sent no heartbeat for %.1f s since",
+                              lost.silent_s)
+        : lost.reporter < 0
             ? absl::StrFormat("sent no heartbeat for %.0f s", lost.silent_s)
             : absl::StrFormat("closed its connection to worker %d mid-run and sent no heartbeat for %.1f s since",
                               lost.reporter, lost.silent_s);

@@ -9,9 +9,10 @@
 
 namespace longhaul {
 
-Membership::Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s)
+Membership::Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s,
+                       double cut_off_silent_s)
     : job_id_(std::move(job_id)), expected_(expected), spares_(spares), dead_after_s_(dead_after_s),
-      suspect_silent_s_(suspect_silent_s) {}
+      suspect_silent_s_(suspect_silent_s), cut_off_silent_s_(cut_off_silent_s) {}
 
 absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Clock::time_point now) {
   if (req.protocol_version() != kProtocolVersion) {
@@ -143,6 +144,10 @@ absl::Status Membership::Check(int id) const {
 
 void Membership::Lose(int id) { workers_.at(id).lost = true; }
 
+void Membership::CutOff(int id, Clock::time_point now) { workers_.at(id).cut_off = now; }
+
+void Membership::Reconnected(int id) { workers_.at(id).cut_off.reset(); }
+
 void Membership::Heard(int id, Clock::time_point now) { workers_.at(id).last_seen = now; }
 
 void Membership::Done(int id, const std::string& timeline) {
@@ -166,6 +171,10 @@ std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const 
   for (const auto& [id, w] : workers_) {
     if (w.done || w.lost) continue;
     if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
+    if (w.cut_off) {
+      const double since = seconds(now - std::max(w.last_seen, *w.cut_off));
+      if (since > cut_off_silent_s_) return Lost{id, since, kCutOff};
+    }
     if (!w.suspected) continue;
     const double since = seconds(now - std::max(w.last_seen, w.suspected->first));
     if (since > suspect_silent_s_) return Lost{id, since, w.suspected->second};

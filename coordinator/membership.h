@@ -19,9 +19,11 @@ class Membership {
   using Clock = std::chrono::steady_clock;
 
   // A job of `expected` workers and at most `spares` more waiting to take a lost one's place; one
-  // silent for longer than `dead_after_s` is dead, and so is a suspect silent for longer than
-  // `suspect_silent_s` since it was suspected.
-  Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s);
+  // silent for longer than `dead_after_s` is dead, so is a suspect silent for longer than
+  // `suspect_silent_s` since it was suspected, and one whose lifeline to the coordinator closed
+  // and that is silent for longer than `cut_off_silent_s` since.
+  Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s,
+             double cut_off_silent_s);
 
   // The new worker's id: the slot it asks for, else the lowest id never given (so 0, 1, ... in
   // registration order; a lost worker's id is never given again, so a late message of the lost
@@ -67,10 +69,15 @@ class Membership {
   // Worker `reporter` saw evidence that worker `id` is gone (SuspectReport). A heartbeat after
   // this makes the silence count from there: a slow worker is not a dead one.
   void Suspect(int id, int reporter, Clock::time_point now);
+  // Worker `id`'s lifeline to the coordinator closed (a killed process's sockets close at once);
+  // one that opens again (a reconnect) ends that.
+  void CutOff(int id, Clock::time_point now);
+  void Reconnected(int id);
+  static constexpr int kCutOff = -2;  // Lost::reporter of a worker lost by its closed lifeline
   struct Lost {
     int id = -1;
-    double silent_s = 0;  // since it was last heard from, or since it was suspected
-    int reporter = -1;    // who suspected it, where that is why it is lost
+    double silent_s = 0;  // since it was last heard from, or since it was suspected or cut off
+    int reporter = -1;    // who suspected it, where that is why it is lost (kCutOff: its lifeline)
   };
   // A worker not lost, not done and silent past its limit at `now`.
   std::optional<Lost> Silent(Clock::time_point now) const;
@@ -97,10 +104,11 @@ class Membership {
     bool links_reported = false;
     std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
     bool lost = false;
+    std::optional<Clock::time_point> cut_off;  // its lifeline closed then
   };
   const std::string job_id_;
   const int expected_, spares_;
-  const double dead_after_s_, suspect_silent_s_;
+  const double dead_after_s_, suspect_silent_s_, cut_off_silent_s_;
   std::map<int, Worker> workers_;
 };
 

@@ -34,8 +34,33 @@ CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secre
 }
 
 CoordinatorClient::~CoordinatorClient() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(lifeline_mu_);
+    stop_ = true;
+    if (lifeline_ctx_) lifeline_ctx_->TryCancel();
+  }
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (lifeline_.joinable()) lifeline_.join();
+}
+
+void CoordinatorClient::HoldLifeline() {
+  proto::LifelineRequest req;
+  req.set_worker_id(id_);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(lifeline_mu_);
+      if (stop_) return;
+      lifeline_ctx_ = std::make_unique<grpc::ClientContext>();
+      lifeline_ctx_->set_wait_for_ready(true);  // through a coordinator's restart
+    }
+    std::unique_ptr<grpc::ClientReader<proto::Empty>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
+    proto::Empty nothing;
+    while (reader->Read(&nothing)) {
+    }
+    (void)reader->Finish();
+    // The job ended, or the coordinator went: hold it again, a moment later.
+    for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {
@@ -61,6 +86,7 @@ absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::Register
   heartbeat_ = std::thread([this, period = reply.heartbeat_s(), dead_after = reply.dead_after_s()] {
     Heartbeat(period, dead_after);
   });
+  lifeline_ = std::thread([this] { HoldLifeline(); });
   return reply;
 }
 

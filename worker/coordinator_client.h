@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -66,6 +67,8 @@ class CoordinatorClient {
 
  private:
   void Heartbeat(double period_s, double dead_after_s);
+  // Holds the Lifeline call open (again after each end) until this client ends.
+  void HoldLifeline();
   std::chrono::system_clock::time_point Deadline() const;
   std::chrono::system_clock::time_point PollDeadline() const;
   // One report the coordinator answers with Empty, within the call deadline; errors say `what`.
@@ -92,6 +95,9 @@ class CoordinatorClient {
   std::atomic<bool> job_stopped_{false};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
+  std::mutex lifeline_mu_;  // guards lifeline_ctx_'s replacement and its cancellation at the end
+  std::unique_ptr<grpc::ClientContext> lifeline_ctx_;
+  std::thread lifeline_;
 };
 
 }  // namespace longhaul

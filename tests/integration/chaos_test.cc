@@ -251,9 +251,9 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
         const Victim first = Choose(state, rng);
         kill_worker(state.plan(), first, "mid-run");
         if (kind != "worker") {
-          // Within 2 s of the first kill the coordinator is still making sure the first worker is
-          // gone (a suspect is lost after 2 s of silence at least): the recovery is under way.
-          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 1800)(rng)));
+          // Within half a second of the first kill the coordinator is still making sure the first
+          // worker is gone (one cut off is lost after 0.5 s of silence): the recovery is under way.
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(20, 400)(rng)));
           ASSERT_EQ(recovered(), before) << "the recovery finished before the second kill";
           const proto::JobState now = *sup.State();
           kill_worker(now.plan(), Choose(now, rng, first.worker), "during the recovery from that");

@@ -27,7 +27,7 @@ proto::RegisterRequest Request(const std::string& job, uint32_t version = kProto
 }
 
 TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
-  Membership m("job", 2, 0, 5, 2);
+  Membership m("job", 2, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   auto wrong_version = m.Register(Request("job", kProtocolVersion + 1), t0);
   EXPECT_EQ(wrong_version.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -47,7 +47,7 @@ TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
 }
 
 TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
-  Membership m("job", 3, 0, 5, 2);
+  Membership m("job", 3, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   proto::RegisterRequest r = Request("job");
   r.set_slot(2);
@@ -65,7 +65,7 @@ TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
 }
 
 TEST(Membership, ThePlanWaitsForSaneProfilesFromEveryWorker) {
-  Membership m("job", 2, 0, 5, 2);
+  Membership m("job", 2, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -105,7 +105,7 @@ proto::LinkReport Links(int from, std::vector<std::tuple<int, double, double>> l
 }
 
 TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
-  Membership m("job", 3, 0, 5, 2);
+  Membership m("job", 3, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   for (const char* address : {"10.0.0.1:7071", "10.0.0.2:7071", "10.0.0.2:7072"}) {
     proto::RegisterRequest r = Request("job");
@@ -143,7 +143,7 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
 }
 
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
-  Membership m("job", 2, 0, 5, 2);
+  Membership m("job", 2, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
   ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -164,7 +164,7 @@ TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
 // A worker another saw leave (a connection from it closed) is dead after the shorter silence, counted
 // from the suspicion, or from a heartbeat after it: a slow worker keeps its heartbeats and lives.
 TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
-  Membership m("job", 3, 0, 20, 2);
+  Membership m("job", 3, 0, 20, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
@@ -190,7 +190,7 @@ TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
 // and check, its id is never given again (a late message of the lost process cannot pass for its
 // successor's), and the job state file's records bring the same members back.
 TEST(Membership, SparesWaitBeyondThePlanAndALostWorkersIdIsNeverGivenAgain) {
-  Membership m("job", 2, 1, 5, 2);
+  Membership m("job", 2, 1, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(*m.Register(Request("job"), t0), i);
   const absl::Status full = m.Register(Request("job"), t0).status();
@@ -211,13 +211,33 @@ TEST(Membership, SparesWaitBeyondThePlanAndALostWorkersIdIsNeverGivenAgain) {
   EXPECT_FALSE(m.Silent(t0 + std::chrono::seconds(4)).has_value());
   EXPECT_EQ(*m.Register(Request("job"), t0), 3) << "id 1 is the lost worker's";
 
-  Membership again("job", 2, 1, 5, 2);
+  Membership again("job", 2, 1, 5, 2, 0.5);
   for (const proto::WorkerRecord& r : m.Records()) again.Restore(r, t0);
   EXPECT_EQ(again.registered(), 3);
   EXPECT_EQ(again.Check(1).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(again.HasProfile(0));
   EXPECT_EQ(again.Register(Request("job"), t0).status().code(), absl::StatusCode::kResourceExhausted)
       << "two workers and a spare again";
+}
+
+// A worker whose lifeline to the coordinator closed is lost after the shortest silence, counted
+// from the close or from a heartbeat after it; one that reconnects is not.
+TEST(Membership, AWorkerCutOffIsLostAfterAHalfSecondOfSilenceUnlessItReconnects) {
+  Membership m("job", 2, 0, 20, 2, 0.5);
+  const Clock::time_point t0 = Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  m.CutOff(0, at(1));
+  m.CutOff(1, at(1));
+  m.Heard(1, at(1.3));
+  m.Reconnected(1);
+  EXPECT_FALSE(m.Silent(at(1.4)).has_value());
+  const auto lost = m.Silent(at(1.6));
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(lost->id, 0);
+  EXPECT_EQ(lost->reporter, Membership::kCutOff);
+  m.Lose(0);
+  EXPECT_FALSE(m.Silent(at(5)).has_value()) << "worker 1 reconnected: only dead_after_s loses it";
 }
 
 }  // namespace
