@@ -279,13 +279,20 @@ class Service final : public proto::Coordinator::Service {
       if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
       }
+      std::optional<std::pair<int, std::string>> move;  // a straggler a spare replaces, once the report is in
       for (const auto& [id, s] : stragglers_.Add(rec.reports)) {
         const proto::IterationReport& r = rec.reports.at(id);
-        std::cout << absl::StrFormat("coordinator: worker %d (stage %d, replica %d) straggles: its compute per "
-                                     "iteration, median of the last %d, is %.2fx its own at the start of the run and "
-                                     "%.2fx its stage's other replicas'; it keeps its place (slow, not dead)\n",
-                                     id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start, s.vs_peers)
+        const std::string what = absl::StrFormat(
+            "worker %d (stage %d, replica %d) straggles: its compute per iteration, median of the last %d, is %.2fx "
+            "its own at the start of the run and %.2fx its stage's other replicas'",
+            id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start, s.vs_peers);
+        const bool moved = cfg_.cluster.replace_stragglers && !move && !Spares().empty();
+        std::cout << "coordinator: " << what
+                  << (moved ? "; a spare takes its place and it waits as a spare\n"
+                            : "; it keeps its place (slow, not dead; no spare waits, or cluster.replace_stragglers is "
+                              "false)\n")
                   << std::flush;
+        if (moved) move.emplace(id, what);
       }
       job_metrics_.SetSlowdowns(stragglers_.Current());
       if (req->iteration() == start_ + 2) {
@@ -295,6 +302,18 @@ class Service final : public proto::Coordinator::Service {
                                        *p, links_)
                     << std::flush;
         }
+      }
+      if (move) {
+        slow_.insert(move->first);
+        vacant_since_ = Clock::now();
+        vacant_[move->first] = move->second;
+        recoveries_.push_back({{"worker", move->first},
+                               {"stage", AssignmentOf(plan_, move->first)->stage()},
+                               {"replica", AssignmentOf(plan_, move->first)->replica()},
+                               {"straggler", true},
+                               {"plan_version", plan_.version()}});
+        pending_.push_back({recoveries_.size() - 1, move->first, Clock::now(), move->second});
+        Replan();
       }
     }
     return grpc::Status::OK;
@@ -630,14 +649,22 @@ class Service final : public proto::Coordinator::Service {
          absl::StrFormat("worker %d was last heard from (found lost after %.2f s)", id, lost.silent_s)});
   }
 
+  // REQUIRES: mu_ held. The workers that may take a place (registered, profiled, in no place), the
+  // ones moved off for straggling last.
+  std::vector<int> Spares() const {
+    std::vector<int> fast, slow;
+    for (const auto& [id, reg] : members_.registrations())
+      if (AssignmentOf(plan_, id) == nullptr && members_.HasProfile(id)) (slow_.count(id) ? slow : fast).push_back(id);
+    fast.insert(fast.end(), slow.begin(), slow.end());
+    return fast;
+  }
+
   // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
   // lost workers' places in the next plan version, which rolls every worker back to the last
   // complete checkpoint (or the run's start); without enough spares for cluster.spare_wait_s the
   // job stops.
   void Replan() {
-    std::vector<int> spares;
-    for (const auto& [id, reg] : members_.registrations())
-      if (AssignmentOf(plan_, id) == nullptr && members_.HasProfile(id)) spares.push_back(id);
+    const std::vector<int> spares = Spares();
     if (spares.size() < vacant_.size()) {
       const double waited = std::chrono::duration<double>(Clock::now() - vacant_since_).count();
       if (waited >= cfg_.cluster.spare_wait_s) {
@@ -674,7 +701,6 @@ class Service final : public proto::Coordinator::Service {
     replica_checked_.erase(replica_checked_.lower_bound(start_), replica_checked_.end());
     ready_.clear();
     last_recorded_ = false;
-    stragglers_ = StragglerWatch();
     job_metrics_.SetPlan(plan_, members_.registrations());
     if (absl::Status st = log_.Rewind(start_); !st.ok()) {
       Abort(std::string(st.message()));
@@ -970,6 +996,7 @@ class Service final : public proto::Coordinator::Service {
   std::string latest_name_;
   // Lost workers of the plan whose places wait for spares (by id: what happened), since when.
   std::map<int, std::string> vacant_;
+  std::set<int> slow_;  // workers moved off their place for straggling
   Clock::time_point vacant_since_;
   bool spare_wait_noted_ = false;
   SampleAudit samples_;

@@ -155,7 +155,14 @@ absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version,
   proto::PlanRequest req;
   req.set_worker_id(id_);
   req.set_known_version(known_version);
-  return LongPoll(&proto::Coordinator::Stub::GetPlan, req, "a plan with a place for this worker", max_wait_s);
+  absl::StatusOr<proto::Plan> plan =
+      LongPoll(&proto::Coordinator::Stub::GetPlan, req, "a plan with a place for this worker", max_wait_s);
+  // A newer plan without a place for this worker (it straggled, and a spare took its place): it
+  // waits as a spare now, as long as it takes.
+  if (absl::IsUnavailable(plan.status()) && max_wait_s > 0 && newest_plan_ > known_version) {
+    plan = LongPoll(&proto::Coordinator::Stub::GetPlan, req, "a plan with a place for this worker");
+  }
+  return plan;
 }
 
 absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers() {
@@ -201,6 +208,7 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
     if (st.ok()) {
       last_ok = Clock::now();
       outage = false;
+      newest_plan_ = reply.plan_version();
       if (reply.abort()) {
         job_stopped_ = true;
         return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);

@@ -92,6 +92,7 @@ class CoordinatorClient {
   int id_ = -1;
   std::atomic<int64_t> iteration_{0};
   std::atomic<uint64_t> plan_version_{0};
+  std::atomic<uint64_t> newest_plan_{0};  // the newest plan version the heartbeats heard of
   std::atomic<bool> job_stopped_{false};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;

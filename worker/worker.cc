@@ -462,6 +462,11 @@ absl::Status Worker::Run() {
     if (!status.ok() && (!PeerMayExplain(status) || client_.job_stopped())) break;
     const double wait_s = status.ok() ? 0 : 2 * cfg_.cluster.dead_after_s;
     absl::StatusOr<proto::Plan> next = client_.AwaitPlan(plan_.version(), wait_s);
+    if (absl::IsOutOfRange(next.status()) && !status.ok()) {
+      // Replaced (its place went to a spare while it straggled) and the job finished without it.
+      std::cout << absl::StrFormat("%s the job finished under a plan without this worker\n", Who()) << std::flush;
+      status = absl::OkStatus();
+    }
     if (!next.ok()) {
       if (!absl::IsOutOfRange(next.status())) {
         status = status.ok() ? next.status()

@@ -301,6 +301,7 @@ const std::vector<KeyDef>& Table() {
       Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), Above(0)),
       Value("cluster", "spares", R::kFree, LH_FIELD(cluster.spares), Within(0, 1024)),
       Value("cluster", "spare_wait_s", R::kFree, LH_FIELD(cluster.spare_wait_s), Within(0.0, 86400.0)),
+      Value("cluster", "replace_stragglers", R::kFree, LH_FIELD(cluster.replace_stragglers)),
 
       Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype), ParseWireDtype, WireDtypeName),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),

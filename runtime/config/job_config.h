@@ -92,6 +92,9 @@ struct ClusterConfig {
   // How long the coordinator waits for a spare to join once a worker is lost and none waits; past
   // it (0: at once) the job stops, naming the lost worker.
   double spare_wait_s = 60.0;
+  // A straggler (coordinator/stragglers.h) gives its place to a waiting spare at the next plan
+  // version and waits as a spare itself; false: it keeps its place.
+  bool replace_stragglers = true;
 };
 
 struct TransportConfig {
