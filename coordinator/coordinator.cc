@@ -365,15 +365,27 @@ class Service final : public proto::Coordinator::Service {
   }
 
   // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
-  // ends; a worker of the job whose lifeline closes is cut off (Membership::CutOff).
+  // ends, carrying each new plan version; a worker of the job whose lifeline closes is cut off
+  // (Membership::CutOff).
   grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest* req,
-                        grpc::ServerWriter<proto::Empty>*) override {
+                        grpc::ServerWriter<proto::LifelineNews>* news) override {
     if (grpc::Status st = verifier_.Check(*ctx, "Lifeline", *req); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(mu_);
     const int id = req->worker_id();
     if (grpc::Status st = CheckWorker(id); !st.ok()) return st;
     members_.Reconnected(id);
+    uint64_t told = plan_.version();
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
+      if (plan_.version() > told) {
+        told = plan_.version();
+        proto::LifelineNews n;
+        n.set_plan_version(told);
+        lock.unlock();
+        const bool sent = news->Write(n);
+        lock.lock();
+        if (!sent) break;
+        continue;
+      }
       cv_.wait_for(lock, std::chrono::milliseconds(50));
     }
     if (ctx->IsCancelled() && members_.Check(id).ok()) members_.CutOff(id, Clock::now());

@@ -43,6 +43,15 @@ CoordinatorClient::~CoordinatorClient() {
   if (lifeline_.joinable()) lifeline_.join();
 }
 
+void CoordinatorClient::HeardOfPlan(uint64_t version) {
+  std::lock_guard<std::mutex> lock(news_mu_);
+  newest_plan_ = std::max<uint64_t>(newest_plan_, version);
+  const uint64_t running = plan_version_;
+  if (running == 0 || version <= running || version <= replaced_) return;
+  replaced_ = version;
+  on_stop_(absl::StrFormat("plan version %d replaces version %d", version, running), version);
+}
+
 void CoordinatorClient::HoldLifeline() {
   proto::LifelineRequest req;
   req.set_worker_id(id_);
@@ -53,10 +62,9 @@ void CoordinatorClient::HoldLifeline() {
       lifeline_ctx_ = std::make_unique<grpc::ClientContext>();
       lifeline_ctx_->set_wait_for_ready(true);  // through a coordinator's restart
     }
-    std::unique_ptr<grpc::ClientReader<proto::Empty>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
-    proto::Empty nothing;
-    while (reader->Read(&nothing)) {
-    }
+    std::unique_ptr<grpc::ClientReader<proto::LifelineNews>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
+    proto::LifelineNews news;
+    while (reader->Read(&news)) HeardOfPlan(news.plan_version());
     (void)reader->Finish();
     // The job ended, or the coordinator went: hold it again, a moment later.
     for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -193,7 +201,6 @@ absl::Status CoordinatorClient::AwaitStart(uint64_t version) {
 
 void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
   auto last_ok = Clock::now();
-  uint64_t replaced = 0;  // the newest plan version on_stop was called for
   bool outage = false;    // on_stop was called for the silence since last_ok
   const auto period = std::chrono::milliseconds(static_cast<int64_t>(period_s * 1000));
   while (!stop_) {
@@ -208,16 +215,11 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
     if (st.ok()) {
       last_ok = Clock::now();
       outage = false;
-      newest_plan_ = reply.plan_version();
       if (reply.abort()) {
         job_stopped_ = true;
         return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);
       }
-      const uint64_t running = plan_version_;
-      if (running > 0 && reply.plan_version() > running && reply.plan_version() > replaced) {
-        replaced = reply.plan_version();
-        on_stop_(absl::StrFormat("plan version %d replaces version %d", replaced, running), replaced);
-      }
+      HeardOfPlan(reply.plan_version());
     } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       // This worker was declared lost: its place is another's now.
       job_stopped_ = true;

@@ -69,6 +69,8 @@ class CoordinatorClient {
   void Heartbeat(double period_s, double dead_after_s);
   // Holds the Lifeline call open (again after each end) until this client ends.
   void HoldLifeline();
+  // The heartbeats or the lifeline heard of plan `version`: on_stop once for a newer one than runs.
+  void HeardOfPlan(uint64_t version);
   std::chrono::system_clock::time_point Deadline() const;
   std::chrono::system_clock::time_point PollDeadline() const;
   // One report the coordinator answers with Empty, within the call deadline; errors say `what`.
@@ -92,7 +94,9 @@ class CoordinatorClient {
   int id_ = -1;
   std::atomic<int64_t> iteration_{0};
   std::atomic<uint64_t> plan_version_{0};
-  std::atomic<uint64_t> newest_plan_{0};  // the newest plan version the heartbeats heard of
+  std::atomic<uint64_t> newest_plan_{0};  // the newest plan version heard of
+  std::mutex news_mu_;     // HeardOfPlan's, from two threads
+  uint64_t replaced_ = 0;  // the newest plan version on_stop was called for
   std::atomic<bool> job_stopped_{false};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;

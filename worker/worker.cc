@@ -119,6 +119,7 @@ class Worker {
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
+  std::string data_config_;  // the job config data_ was loaded for
   std::unique_ptr<BatchSampler> sampler_;
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<PeerDirectory> peers_;
@@ -237,7 +238,6 @@ absl::Status Worker::Setup() {
   peers_.reset();
   stage_.reset();
   sampler_.reset();
-  data_.reset();
   pulled_crc_.reset();
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
@@ -266,8 +266,12 @@ absl::Status Worker::Setup() {
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
 
-  LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg_));
-  data_ = std::move(data);
+  // A plan version after the first keeps the job's config, and so its data.
+  if (!data_ || data_config_ != plan_.config_toml()) {
+    LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg_));
+    data_ = std::move(data);
+    data_config_ = plan_.config_toml();
+  }
   sampler_ = std::make_unique<BatchSampler>(
       SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
       data_->train());

@@ -28,9 +28,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/safetensors.h"
 #include "longhaul.pb.h"
 #include "metrics/metrics_log.h"
+#include "tests/support/checkpoint_params.h"
 #include "tests/support/processes.h"
 #include "transport/job_secret.h"
 #include "util/ports.h"
@@ -177,20 +177,6 @@ bool HostsAShard(const proto::Plan& plan, const Victim& v) {
   return false;
 }
 
-// Every model.safetensors of the latest checkpoint, merged by tensor name.
-std::map<std::string, std::vector<float>> Params(const fs::path& out) {
-  std::map<std::string, std::vector<float>> params;
-  std::string step;
-  std::ifstream(out / "checkpoints" / "latest") >> step;
-  for (auto& e : fs::recursive_directory_iterator(out / "checkpoints")) {
-    if (e.path().filename() != "model.safetensors" || e.path().parent_path().filename() != step) continue;
-    auto st = ReadSafetensors(e.path().string());
-    EXPECT_TRUE(st.ok()) << st.status();
-    for (auto& [name, t] : st->tensors) params[name] = t.data;
-  }
-  return params;
-}
-
 // Runs the job with `spares` workers beyond its four; `chaos` meanwhile does what it does to the
 // supervisor's processes. Returns the final coordinator's wait status.
 template <typename Chaos>
@@ -313,7 +299,7 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
     ASSERT_EQ((*b)[i].step, i + 1);
     ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
   }
-  const auto want = Params(calm), got = Params(out);
+  const auto want = testing::LatestParams(calm), got = testing::LatestParams(out);
   ASSERT_FALSE(want.empty());
   EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
 }

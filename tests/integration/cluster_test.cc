@@ -20,7 +20,6 @@
 #include <thread>
 #include <tuple>
 
-#include "checkpoint/safetensors.h"
 #include <grpcpp/grpcpp.h>
 
 #include "longhaul.grpc.pb.h"
@@ -28,6 +27,7 @@
 #include "tests/support/garbage_socket.h"
 #include "tests/support/http_get.h"
 #include "tests/support/process_memory.h"
+#include "tests/support/checkpoint_params.h"
 #include "tests/support/processes.h"
 #include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
@@ -137,21 +137,6 @@ std::vector<double> Losses(const fs::path& out) {
   return losses;
 }
 
-// Every model.safetensors of the latest checkpoint (one for `train`, one per PS shard for a
-// cluster), merged by tensor name.
-std::map<std::string, std::vector<float>> Params(const fs::path& out) {
-  std::map<std::string, std::vector<float>> params;
-  std::string step;
-  std::ifstream(out / "checkpoints" / "latest") >> step;
-  for (auto& e : fs::recursive_directory_iterator(out / "checkpoints")) {
-    if (e.path().filename() != "model.safetensors" || e.path().parent_path().filename() != step) continue;
-    auto st = ReadSafetensors(e.path().string());
-    EXPECT_TRUE(st.ok()) << st.status();
-    for (auto& [name, t] : st->tensors) params[name] = t.data;
-  }
-  return params;
-}
-
 struct Reference {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> params;
@@ -162,7 +147,7 @@ const Reference& SingleProcess() {
   static const Reference ref = [] {
     const fs::path out = Dir("reference");
     EXPECT_EQ(Longhaul("train", out, {"train.micro_batches=4"}), 0) << Log(out);
-    return Reference{Losses(out), Params(out)};
+    return Reference{Losses(out), testing::LatestParams(out)};
   }();
   return ref;
 }
@@ -186,7 +171,7 @@ TEST_P(Equivalence, SameLossesAndParametersAsOneProcess) {
   ASSERT_EQ(Longhaul("local", out, GetParam().sets), 0) << Log(out);
   const std::vector<double> losses = Losses(out);
   ASSERT_EQ(losses.size(), ref.losses.size()) << Log(out);
-  const auto params = Params(out);
+  const auto params = testing::LatestParams(out);
   ASSERT_EQ(params.size(), ref.params.size());
   double max_loss_diff = 0, num = 0, den = 0;
   for (size_t i = 0; i < losses.size(); ++i) max_loss_diff = std::max(max_loss_diff, std::abs(losses[i] - ref.losses[i]));
@@ -289,7 +274,7 @@ TEST_P(Resume, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
     EXPECT_EQ(b[i].step, static_cast<int64_t>(i + 1));
     EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
   }
-  EXPECT_EQ(Params(full), Params(split));
+  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
 }
 
 INSTANTIATE_TEST_SUITE_P(

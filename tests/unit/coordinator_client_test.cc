@@ -23,7 +23,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
  public:
   grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest*, proto::RegisterReply* reply) override {
     reply->set_worker_id(3);
-    reply->set_heartbeat_s(0.05);
+    reply->set_heartbeat_s(heartbeat_s);
     reply->set_dead_after_s(0.5);
     return grpc::Status::OK;
   }
@@ -43,6 +43,22 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     reply->set_plan_version(plan_version);
     return grpc::Status::OK;
   }
+  // Writes each new plan version until the client ends the call.
+  grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest*,
+                        grpc::ServerWriter<proto::LifelineNews>* writer) override {
+    uint64_t told = plan_version;
+    while (!ctx->IsCancelled()) {
+      if (plan_version > told) {
+        told = plan_version;
+        proto::LifelineNews news;
+        news.set_plan_version(told);
+        if (!writer->Write(news)) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<double> heartbeat_s{0.05};
   std::atomic<int> plan_polls{0}, heartbeats{0};
   std::atomic<int64_t> last_iteration{-1};
   std::atomic<bool> abort{false}, finished{false};
@@ -98,8 +114,8 @@ TEST(CoordinatorClient, RegistersHeartbeatsWhileWaitingForThePlanAndHearsAStop) 
 }
 
 // A worker of plan 9 hears of plan 10 from the heartbeats once, and keeps heartbeating: it goes on
-// to ask for the new plan. One waiting for a plan newer than the newest gives up when told to,
-// and hears when the job finished.
+// to ask for the new plan. One waiting for a plan newer than the newest gives up when told to; one
+// left out of a newer plan waits on as a spare and hears when the job finished.
 TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
   Running coordinator;
   StopRecorder stop;
@@ -121,12 +137,43 @@ TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
     EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
     EXPECT_EQ(stop.reason, "plan version 10 replaces version 9");
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const absl::Status none = client.AwaitPlan(9, 0.3).status();
+  auto t0 = std::chrono::steady_clock::now();
+  const absl::Status none = client.AwaitPlan(10, 0.3).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable) << none;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  coordinator.service.finished = true;
-  EXPECT_EQ(client.AwaitPlan(9).status().code(), absl::StatusCode::kOutOfRange);
+
+  // Plan 10 has no place for this worker of plan 9 (a spare took it): it waits on past max_wait_s,
+  // as a spare, until the job finishes.
+  t0 = std::chrono::steady_clock::now();
+  std::thread finish([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    coordinator.service.finished = true;
+  });
+  const absl::Status spare = client.AwaitPlan(9, 0.3).status();
+  finish.join();
+  EXPECT_EQ(spare.code(), absl::StatusCode::kOutOfRange) << spare;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(800));
+}
+
+// With heartbeats 5 s apart, a newer plan still reaches the worker at once: on its lifeline.
+TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
+  Running coordinator;
+  coordinator.service.heartbeat_s = 5;
+  StopRecorder stop;
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5,
+                           [&](const std::string& why, uint64_t newer) { stop(why, newer); });
+  ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
+  client.SetPlanVersion(9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int beats = coordinator.service.heartbeats;
+  const auto t0 = std::chrono::steady_clock::now();
+  coordinator.service.plan_version = 10;
+  ASSERT_TRUE(stop.Await(std::chrono::seconds(3))) << "the lifeline carried no news";
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "plan 10 reached the worker " << took << " s after it was made (heartbeats 5 s apart)\n";
+  EXPECT_EQ(coordinator.service.heartbeats, beats) << "no heartbeat came between: the lifeline carried it";
+  std::lock_guard<std::mutex> lock(stop.mu);
+  EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
 }
 
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
