@@ -9,7 +9,9 @@
 # Prints per failure the detection time (silence until the coordinator declared the worker lost)
 # and the stall (from the worker's last sign of life to the next completed iteration) against
 # detection + one iteration, then each run's wall time per committed step and its ratio to calm
-# (throughput retained = calm / failures).
+# (throughput retained = calm / failures), and the wall time each failure cost (the failure run's
+# time beyond the checkpoint run's, per failure), from which the throughput retained at exactly
+# one failure per `every` steps follows.
 #
 # Usage: bash bench/recovery.sh [scenario] [failures] [every] [checkpoint_every]
 #   scenario:         a file under netem/scenarios without .toml (default source-10ms-1gbit)
@@ -23,7 +25,8 @@ scenario=${1:-source-10ms-1gbit}
 failures=${2:-25}
 every=${3:-30}
 ckpt=${4:-1}
-steps=$(( (failures + 1) * every + 20 ))
+# Room for every failure: `every` steps after each recovery, and the few steps each redoes.
+steps=$(( (failures + 1) * (every + 3) + 20 ))
 bin=$PWD/build/longhaul
 out=$(mktemp -d /tmp/longhaul-recovery.XXXXXX)
 export LONGHAUL_SECRET_FILE=$out/secret
@@ -138,8 +141,12 @@ print(f"{'run':<32}{'wall s/step':>12}{'vs calm':>9}")
 for n, label in (("calm", "calm (no checkpoints)"), ("checkpoints", f"checkpoint every {ckpt}"),
                  ("failures", f"+ a failure every {every} steps")):
     print(f"{label:<32}{per_step(n):>12.3f}{per_step(n) / base:>9.2f}")
-print(f"throughput retained with failures: {base / per_step('failures'):.1%} of calm "
+steps = s["failures"]["audit"]["steps"]
+print(f"throughput retained with {len(events)} failures in {steps} steps: {base / per_step('failures'):.1%} of calm "
       f"({base / per_step('checkpoints'):.1%} with checkpoints alone)")
+cost = (per_step("failures") - per_step("checkpoints")) * steps / max(1, len(events))
+print(f"each failure cost {cost:.2f} s of wall time ({cost / base:.1f} calm steps); at one failure per {every} "
+      f"steps: {base / (per_step('checkpoints') + cost / every):.1%} of calm retained")
 print(f"audit of the failure run: {s['failures']['audit']}")
 PY
 echo "recovery: logs and run directories in $out" >&2

@@ -75,11 +75,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
 // (a slow worker keeps sending them; a killed one sends none), at least 2 s for a loaded machine's
 // scheduling, at most the silence that loses any worker.
 double SuspectSilentSeconds(const ClusterConfig& c) { return std::min(c.dead_after_s, std::max(2.0, 5 * c.heartbeat_s)); }
-// A worker whose own lifeline to the coordinator closed (Lifeline) is gone unless a heartbeat says
-// otherwise within two periods (a live worker's channel reconnects): half a second at least.
-double CutOffSilentSeconds(const ClusterConfig& c) {
-  return std::min(SuspectSilentSeconds(c), std::max(0.5, 2 * c.heartbeat_s));
-}
 
 // Per-iteration reports of every worker.
 struct IterationRecord {
@@ -102,7 +97,7 @@ class Service final : public proto::Coordinator::Service {
         cfg_(cfg), expected_(cfg.cluster.stages * cfg.cluster.replicas), start_(start_iteration),
         end_(stop_at > 0 ? std::min(stop_at, cfg.train.steps) : cfg.train.steps), resume_name_(std::move(resume_name)),
         members_(cfg.cluster.job_id, expected_, cfg.cluster.spares, cfg.cluster.dead_after_s,
-                 SuspectSilentSeconds(cfg.cluster), CutOffSilentSeconds(cfg.cluster)),
+                 SuspectSilentSeconds(cfg.cluster), cfg.cluster.lifeline_grace_s),
         latest_step_(start_), latest_name_(resume_name_),
         samples_(std::move(samples)),
         log_(cfg, start_, end_, std::move(metrics)),

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "netem/delay_daemon.h"
 #include "netem/netns.h"
 #include "netem/tc_commands.h"
@@ -64,6 +66,18 @@ absl::StatusOr<std::unique_ptr<EmulatedNetwork>> EmulatedNetwork::Create(const S
   if (!CanCreateNamespaces(&why)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "kernel-level link emulation ", why, "; run as root, or use the userspace proxy (longhaul netem proxy)"));
+  }
+  // Inside a namespace the kernel refuses (EPERM) a congestion control not on this list.
+  std::ifstream allowed_file("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+  std::string allowed;
+  std::getline(allowed_file, allowed);
+  if (const std::vector<std::string> names = absl::StrSplit(allowed, ' ', absl::SkipEmpty());
+      allowed_file && std::find(names.begin(), names.end(), opt.congestion_control) == names.end()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "congestion control \"%s\" cannot be chosen inside a network namespace here "
+        "(net.ipv4.tcp_allowed_congestion_control = \"%s\"): choose one of those, or allow it with "
+        "sysctl -w net.ipv4.tcp_allowed_congestion_control=\"%s %s\"",
+        opt.congestion_control, allowed, allowed, opt.congestion_control));
   }
   std::unique_ptr<EmulatedNetwork> n(new EmulatedNetwork());
   n->prefix_ = absl::StrCat("lh", getpid(), "-");

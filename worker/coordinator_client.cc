@@ -62,11 +62,15 @@ void CoordinatorClient::HoldLifeline() {
       lifeline_ctx_ = std::make_unique<grpc::ClientContext>();
       lifeline_ctx_->set_wait_for_ready(true);  // through a coordinator's restart
     }
+    const auto held = Clock::now();
     std::unique_ptr<grpc::ClientReader<proto::LifelineNews>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
     proto::LifelineNews news;
     while (reader->Read(&news)) HeardOfPlan(news.plan_version());
     (void)reader->Finish();
-    // The job ended, or the coordinator went: hold it again, a moment later.
+    // A lifeline held a while and then lost (its connection reset) is held again at once: the
+    // coordinator loses this worker if it is not back within cluster.lifeline_grace_s. One refused
+    // at once (the job ended) is asked again a moment later, not in a spin.
+    if (Clock::now() - held > std::chrono::seconds(1)) continue;
     for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

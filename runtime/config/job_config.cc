@@ -299,6 +299,7 @@ const std::vector<KeyDef>& Table() {
        }},
       Value("cluster", "heartbeat_s", R::kFree, LH_FIELD(cluster.heartbeat_s), Above(0)),
       Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), Above(0)),
+      Value("cluster", "lifeline_grace_s", R::kFree, LH_FIELD(cluster.lifeline_grace_s), Above(0)),
       Value("cluster", "spares", R::kFree, LH_FIELD(cluster.spares), Within(0, 1024)),
       Value("cluster", "spare_wait_s", R::kFree, LH_FIELD(cluster.spare_wait_s), Within(0.0, 86400.0)),
       Value("cluster", "replace_stragglers", R::kFree, LH_FIELD(cluster.replace_stragglers)),
@@ -446,6 +447,11 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
   if (k.dead_after_s <= k.heartbeat_s) {
     return bad(absl::StrFormat("cluster.dead_after_s = %g must be longer than cluster.heartbeat_s = %g", k.dead_after_s,
                                k.heartbeat_s));
+  }
+  if (k.lifeline_grace_s > k.dead_after_s) {
+    return bad(absl::StrFormat("cluster.lifeline_grace_s = %g is longer than cluster.dead_after_s = %g, which "
+                               "loses any silent worker: make it shorter",
+                               k.lifeline_grace_s, k.dead_after_s));
   }
   if (c.data.source != DataSource::kLlmc && c.model.vocab_size < 256) {
     return bad(absl::StrFormat("model.vocab_size = %d: byte-level data needs at least 256", c.model.vocab_size));

@@ -86,6 +86,10 @@ struct ClusterConfig {
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;
   double dead_after_s = 20.0;       // a worker silent this long is declared dead
+  // A worker whose lifeline to the coordinator closed (its process ended: the kernel closed its
+  // sockets) is lost unless it holds the lifeline again, or heartbeats, within this: a live
+  // worker's channel reconnects within a round trip or two.
+  double lifeline_grace_s = 0.25;
   // Workers beyond stages x replicas that the coordinator keeps waiting to take a lost worker's
   // place (worker/worker.cc runs each plan version); more are refused.
   int spares = 4;

@@ -247,7 +247,7 @@ TEST_F(NetemTest, TensorThroughLonghaulTransportTakesHalfARoundTripPlusSizeOverR
 // A long fat link whose sender's buffer caps one connection far below the link's rate: the
 // connections link_connections.h gives it carry a tensor at close to the rate again.
 TEST_F(NetemTest, AWindowCappedLinkRunsAtItsRateOverTheConnectionsItIsGiven) {
-  auto net = Make(25, 1000, 2, "cubic");  // 50 ms round trip, 6.25 MB in flight at the rate
+  auto net = Make(25, 1000);  // 50 ms round trip, 6.25 MB in flight at the rate
   ASSERT_NE(net, nullptr);
   const int send_max = 512 << 10;
   ASSERT_EQ(std::system(absl::StrFormat("ip netns exec %s sysctl -qw net.ipv4.tcp_wmem='4096 16384 %d'",
@@ -289,6 +289,20 @@ TEST_F(NetemTest, AWindowCappedLinkRunsAtItsRateOverTheConnectionsItIsGiven) {
   // One window of about 360 KiB per 50 ms is some 60 Mbit/s (72 measured); 16 carried 511 Mbit/s
   // here, a 16 MiB tensor being short beside slow start. A busy neighbour slows both: a wide margin.
   EXPECT_LT(many, 0.4 * one);
+}
+
+// The kernel refuses a congestion control a namespace may not choose: named, with the fix.
+TEST_F(NetemTest, ACongestionControlTheNamespacesMayNotUseIsNamed) {
+  auto s = ParseScenario("delays_are = \"one-way\"\nsites = [\"x\"]\ndelay_ms = [[1]]\nrate_mbit = [[100]]\n", "test");
+  ASSERT_TRUE(s.ok()) << s.status();
+  NetworkOptions opt;
+  opt.self_exe = LONGHAUL_BINARY;
+  opt.congestion_control = "no-such-cc";
+  auto n = EmulatedNetwork::Create(*s, 2, opt);
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("congestion control \"no-such-cc\" cannot be chosen"), std::string::npos)
+      << n.status();
+  EXPECT_NE(n.status().message().find("net.ipv4.tcp_allowed_congestion_control"), std::string::npos) << n.status();
 }
 
 TEST_F(NetemTest, DeadDaemonIsDetected) {
