@@ -403,7 +403,8 @@ class Service final : public proto::Coordinator::Service {
     std::unique_lock<std::mutex> lock(mu_);
     auto last_wait_note = Clock::now();
     while (true) {
-      cv_.wait_for(lock, std::chrono::milliseconds(250));
+      // Often enough that a lost worker's detection is not this loop's period.
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
       if (g_stop_requested && abort_.empty()) Abort(absl::StrCat("interrupted; ", ResumeAdvice()));
       const int done = members_.done();
       // The plan's workers and the spares heard that the job finished (GetPlan); one that died

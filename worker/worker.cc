@@ -58,6 +58,8 @@ class Worker {
   absl::Status Join();
   // Measures the links to every other worker and reports them (link_probe.h).
   absl::Status ProbeLinks(const JobConfig& cfg);
+  // The job's data, loaded once for `config_toml` (the job config's text).
+  absl::Status LoadData(const JobConfig& cfg, const std::string& config_toml);
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
   // move to plan_, then its parts are built.
@@ -185,11 +187,22 @@ absl::Status Worker::Join() {
   compute.set_memory_bytes(DeviceMemoryAvailable(device));
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
+  // While the plan is made, or, for a spare, before its place comes: not on a recovery's path.
+  LH_RETURN_IF_ERROR(LoadData(cfg, reply.config_toml()));
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place\n", client_.worker_id())
               << std::flush;
   }
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan(0));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::LoadData(const JobConfig& cfg, const std::string& config_toml) {
+  // Every plan version of a job keeps its config, and so its data.
+  if (data_ && data_config_ == config_toml) return absl::OkStatus();
+  LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
+  data_ = std::move(data);
+  data_config_ = config_toml;
   return absl::OkStatus();
 }
 
@@ -266,12 +279,7 @@ absl::Status Worker::Setup() {
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
 
-  // A plan version after the first keeps the job's config, and so its data.
-  if (!data_ || data_config_ != plan_.config_toml()) {
-    LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg_));
-    data_ = std::move(data);
-    data_config_ = plan_.config_toml();
-  }
+  LH_RETURN_IF_ERROR(LoadData(cfg_, plan_.config_toml()));
   sampler_ = std::make_unique<BatchSampler>(
       SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
       data_->train());
@@ -418,8 +426,11 @@ absl::Status Worker::Checkpoint(int64_t step) {
 }
 
 absl::Status Worker::RunPlan() {
+  const auto t0 = Clock::now();
   absl::Status status = Setup();
+  const auto set_up = Clock::now();
   if (status.ok()) status = client_.AwaitStart(plan_.version());
+  const auto started = Clock::now();
   const int64_t start = plan_.start_iteration();
   if (status.ok()) {
     // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
@@ -427,6 +438,14 @@ absl::Status Worker::RunPlan() {
     double waited = 0;
     if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
     if (status.ok()) status = channel_->Flush(start - 1);
+  }
+  if (status.ok() && plan_.version() > 1) {
+    // Where a recovery's stall goes, past the detection.
+    auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    std::cout << absl::StrFormat("%s plan version %d: set up in %.3f s, every worker ready %.3f s later, "
+                                 "parameters in %.3f s more\n",
+                                 Who(), plan_.version(), s(set_up - t0), s(started - set_up), s(Clock::now() - started))
+              << std::flush;
   }
   end_ = RunEnd(plan_, cfg_);
   running_ = true;
