@@ -220,7 +220,8 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
     const uint64_t version = plan_.version();
     if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] {
-          return static_cast<int>(ready_.size()) == expected_ || !abort_.empty() || plan_.version() != version;
+          return static_cast<int>(ready_.size()) == plan_.assignments_size() || !abort_.empty() ||
+                 plan_.version() != version;
         })) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "waiting for every worker to install the plan");
     }
@@ -267,7 +268,7 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = ToGrpc(job_metrics_.Report(*req)); !st.ok()) return st;
     CheckReplicasAgree(*req);
     rec.reports.emplace(req->worker_id(), *req);
-    if (static_cast<int>(rec.reports.size()) == expected_) {
+    if (static_cast<int>(rec.reports.size()) == plan_.assignments_size()) {
       Audit(req->iteration(), rec.reports);
       job_metrics_.Complete(req->iteration(), rec.reports);
       WriteMetricsFile();
@@ -460,7 +461,8 @@ class Service final : public proto::Coordinator::Service {
   // links (the scenario's or the measured; the coordinator beside every host, as an emulation's
   // router is), if the links are known.
   std::optional<double> Predict() const {
-    if (!network_) return std::nullopt;
+    // The planner prices the config's layout, not a shrunk one.
+    if (!network_ || plan_.replicas() != cfg_.cluster.replicas) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByWorker();
     if (compute.empty()) return std::nullopt;
     const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, worker_of_slot_);
@@ -548,8 +550,8 @@ class Service final : public proto::Coordinator::Service {
                               p.iteration() + 1, first->second.first, r.stage(), first->second.second, r.replica(),
                               p.crc32c()));
       }
-      if (++crcs_in_[p.iteration()] == expected_) {
-        if (cfg_.cluster.replicas > 1) replica_checked_.insert(p.iteration());
+      if (++crcs_in_[p.iteration()] == plan_.assignments_size()) {
+        if (plan_.replicas() > 1) replica_checked_.insert(p.iteration());
         crcs_in_.erase(p.iteration());
         for (int s = 0; s < cfg_.cluster.stages; ++s) first_crc_.erase({s, p.iteration()});
       }
@@ -560,14 +562,15 @@ class Service final : public proto::Coordinator::Service {
   // what the audit keeps is bounded by the plan.
   grpc::Status CheckMicroBatches(const proto::IterationReport& r) const {
     const int64_t all = static_cast<int64_t>(cfg_.cluster.replicas) * cfg_.train.micro_batches;
-    bool ok = r.micro_batches_size() <= cfg_.train.micro_batches;
+    const int per_replica = ReplicaMicroBatches(plan_, cfg_);
+    bool ok = r.micro_batches_size() <= per_replica;
     for (int64_t g : r.micro_batches()) ok = ok && g >= 0 && g < all;
     if (ok) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrFormat("worker %d's report of iteration %d names %d micro-batches outside [0, %d) or "
                                         "more than the %d a replica runs",
                                         r.worker_id(), r.iteration() + 1, r.micro_batches_size(), all,
-                                        cfg_.train.micro_batches));
+                                        per_replica));
   }
 
   // REQUIRES: mu_ held. Every worker reported iteration `it`: each stage ran each of the
@@ -670,15 +673,29 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
   // lost workers' places in the next plan version, which rolls every worker back to the last
   // complete checkpoint (or the run's start); without enough spares for cluster.spare_wait_s the
-  // job stops.
+  // layout shrinks to fewer replicas (ShrinkPlan), or, where none can run, the job stops.
   void Replan() {
     const std::vector<int> spares = Spares();
     if (spares.size() < vacant_.size()) {
       const double waited = std::chrono::duration<double>(Clock::now() - vacant_since_).count();
       if (waited >= cfg_.cluster.spare_wait_s) {
-        Abort(absl::StrFormat("%s: it died or is unreachable, and no spare took its place within "
-                              "cluster.spare_wait_s = %g s; restart it, then %s",
-                              vacant_.begin()->second, cfg_.cluster.spare_wait_s, ResumeAdvice()));
+        std::vector<int> lost;
+        for (const auto& [id, what] : vacant_) lost.push_back(id);
+        const int64_t reached = Rollback();
+        absl::StatusOr<proto::Plan> shrunk =
+            ShrinkPlan(plan_, lost, spares, members_.registrations(), {start_, resume_name_, end_});
+        if (!shrunk.ok()) {
+          Abort(absl::StrFormat("%s: it died or is unreachable, no spare took its place within "
+                                "cluster.spare_wait_s = %g s, and the layout cannot shrink (%s); restart it, then %s",
+                                vacant_.begin()->second, cfg_.cluster.spare_wait_s, shrunk.status().message(),
+                                ResumeAdvice()));
+          return;
+        }
+        const std::string change = absl::StrFormat(
+            "no spare came within cluster.spare_wait_s = %g s: %d replicas of %d micro-batches each instead of %d "
+            "(the same global batch)",
+            cfg_.cluster.spare_wait_s, shrunk->replicas(), ReplicaMicroBatches(*shrunk, cfg_), plan_.replicas());
+        Adopt(*std::move(shrunk), reached, change, {});
       } else if (!spare_wait_noted_) {
         spare_wait_noted_ = true;
         std::cout << absl::StrFormat("coordinator: waiting up to %g s (cluster.spare_wait_s) for a spare: start one "
@@ -691,13 +708,34 @@ class Service final : public proto::Coordinator::Service {
     std::map<int, int> replace;
     auto spare = spares.begin();
     for (const auto& [id, what] : vacant_) replace[id] = *spare++;
+    const int64_t reached = Rollback();
+    std::vector<std::string> moves;
+    for (const auto& [lost, by] : replace) {
+      const proto::Assignment& a = *AssignmentOf(plan_, lost);
+      moves.push_back(absl::StrFormat("worker %d takes stage %d replica %d from worker %d", by, a.stage(), a.replica(),
+                                      lost));
+    }
+    Adopt(NextPlan(plan_, replace, members_.registrations(), {start_, resume_name_, end_}), reached,
+          absl::StrJoin(moves, "; "), replace);
+  }
+
+  // REQUIRES: mu_ held. The run goes back to the last complete checkpoint (or its start): the
+  // iteration reached before it.
+  int64_t Rollback() {
     const int64_t reached = iterations_.empty() ? start_ : std::max(start_, iterations_.rbegin()->first + 1);
     redone_ += std::max<int64_t>(0, reached - latest_step_);
     start_ = latest_step_;
     resume_name_ = latest_name_;
-    plan_ = NextPlan(plan_, replace, members_.registrations(), {start_, resume_name_, end_});
-    for (int& w : worker_of_slot_)
-      if (replace.count(w)) w = replace.at(w);
+    return reached;
+  }
+
+  // REQUIRES: mu_ held, Rollback() done. `next` replaces the plan for the lost workers of vacant_
+  // (`replace`: lost -> the spare in its place); `change` says how, for the log.
+  void Adopt(proto::Plan next, int64_t reached, const std::string& change, const std::map<int, int>& replace) {
+    plan_ = std::move(next);
+    worker_of_slot_.assign(expected_, -1);
+    for (const proto::Assignment& a : plan_.assignments())
+      worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
     iterations_.erase(iterations_.lower_bound(start_), iterations_.end());
     if (absl::Status st = samples_.Rewind(start_); !st.ok()) {
       Abort(std::string(st.message()));
@@ -714,22 +752,20 @@ class Service final : public proto::Coordinator::Service {
       Abort(std::string(st.message()));
       return;
     }
-    std::vector<std::string> moves;
-    for (const auto& [lost, by] : replace) {
-      const proto::Assignment& a = *AssignmentOf(plan_, by);
-      moves.push_back(absl::StrFormat("worker %d takes stage %d replica %d from worker %d", by, a.stage(), a.replica(),
-                                      lost));
-    }
     std::cout << absl::StrFormat("coordinator: plan v%d: %s; every worker goes back to step %d (%s) and redoes %d "
                                  "iterations\n",
-                                 plan_.version(), absl::StrJoin(moves, "; "), start_,
+                                 plan_.version(), change, start_,
                                  resume_name_.empty() ? "the initial parameters" : resume_name_,
                                  reached - start_)
               << std::flush;
     for (const Pending& p : pending_) {
       nlohmann::json& event = recoveries_[p.event];
-      if (!replace.count(p.worker) || event.contains("new_plan_version")) continue;
-      event["spare"] = replace.at(p.worker);
+      if (!vacant_.count(p.worker) || event.contains("new_plan_version")) continue;
+      if (replace.count(p.worker)) {
+        event["spare"] = replace.at(p.worker);
+      } else {
+        event["shrunk_to_replicas"] = plan_.replicas();
+      }
       event["new_plan_version"] = plan_.version();
       event["rollback_to_step"] = start_;
       event["redone_iterations"] = reached - start_;

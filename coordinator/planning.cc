@@ -11,6 +11,7 @@
 #include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 #include "util/median.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 
@@ -182,6 +183,91 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
   for (proto::LinkConnections& c : *plan.mutable_link_connections()) {
     c.set_from_worker(now(c.from_worker()));
     c.set_to_worker(now(c.to_worker()));
+  }
+  return plan;
+}
+
+absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
+                                       const std::vector<int>& spares,
+                                       const std::map<int, proto::RegisterRequest>& workers,
+                                       const PlanRequest& request) {
+  LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
+  const int P = old.stages(), D = old.replicas(), M = ReplicaMicroBatches(old, cfg);
+  if (cfg.train.local_steps > 1) {
+    return absl::FailedPreconditionError("with train.local_steps > 1 each replica keeps its own optimizer state, "
+                                         "which a smaller layout would lose");
+  }
+  // at[r][s]: the worker at (stage s, replica r) that lives, or -1.
+  std::vector<std::vector<int>> at(D, std::vector<int>(P, -1));
+  for (const proto::Assignment& a : old.assignments())
+    if (std::find(lost.begin(), lost.end(), a.worker_id()) == lost.end()) at[a.replica()][a.stage()] = a.worker_id();
+  int alive = static_cast<int>(spares.size());
+  for (const auto& row : at) alive += static_cast<int>(std::count_if(row.begin(), row.end(), [](int w) { return w >= 0; }));
+  int keep = std::min(D - 1, alive / P);
+  while (keep > 0 && (D * M) % keep != 0) --keep;
+  if (keep < 1) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d workers left for a layout of %d stages: no smaller data-parallel layout runs the global batch of %d "
+        "micro-batches",
+        alive, P, D * M));
+  }
+  // Replicas with the most of their workers alive first (the lower index on a tie): the fewest moves.
+  std::vector<int> order(D);
+  std::iota(order.begin(), order.end(), 0);
+  auto living = [&](int r) { return std::count_if(at[r].begin(), at[r].end(), [](int w) { return w >= 0; }); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return living(a) > living(b); });
+  // The workers that may fill a hole of stage s: the dropped replicas' worker of that stage first
+  // (it holds that stage's data and code paths warm), then any dropped replica's, then spares.
+  std::vector<int> pool;
+  for (int s = 0; s < P; ++s)
+    for (int k = keep; k < D; ++k)
+      if (at[order[k]][s] >= 0) pool.push_back(at[order[k]][s]);
+  pool.insert(pool.end(), spares.begin(), spares.end());
+  std::vector<std::vector<int>> kept(keep, std::vector<int>(P, -1));
+  std::vector<int> new_index(D, -1);
+  for (int k = 0; k < keep; ++k) {
+    new_index[order[k]] = k;
+    kept[k] = at[order[k]];
+  }
+  for (int s = 0; s < P; ++s)
+    for (int k = 0; k < keep; ++k) {
+      if (kept[k][s] >= 0) continue;
+      auto same_stage = std::find_if(pool.begin(), pool.end(), [&](int w) {
+        for (int r = 0; r < D; ++r)
+          if (at[r][s] == w) return true;
+        return false;
+      });
+      auto take = same_stage != pool.end() ? same_stage : pool.begin();
+      kept[k][s] = *take;
+      pool.erase(take);
+    }
+
+  proto::Plan plan = old;
+  plan.set_version(old.version() + 1);
+  plan.set_replicas(keep);
+  plan.set_micro_batches(D * M / keep);
+  plan.set_start_iteration(request.start_iteration);
+  plan.set_resume_checkpoint(request.resume_checkpoint);
+  plan.set_stop_iteration(request.stop_iteration);
+  plan.clear_assignments();
+  for (int k = 0; k < keep; ++k)
+    for (int s = 0; s < P; ++s) {
+      const proto::Assignment* before = nullptr;
+      for (const proto::Assignment& a : old.assignments())
+        if (a.stage() == s) before = &a;
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(kept[k][s]);
+      a->set_stage(s);
+      a->set_replica(k);
+      a->set_address(workers.at(kept[k][s]).address());
+      a->set_first_block(before->first_block());
+      a->set_end_block(before->end_block());
+    }
+  // A dropped replica's shards go round the replicas left, in order.
+  int next = 0;
+  for (proto::ShardPlacement& sp : *plan.mutable_shards()) {
+    const int r = new_index[sp.owner_replica()];
+    sp.set_owner_replica(r >= 0 ? r : next++ % keep);
   }
   return plan;
 }

@@ -70,6 +70,21 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
 proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
                      const std::map<int, proto::RegisterRequest>& workers, const PlanRequest& request);
 
+// The version after `old` with fewer data-parallel replicas, for when workers `lost` left places no
+// spare took: whole replicas stay together (the ones with fewest losses first, renumbered from 0),
+// their holes filled by the surviving workers of the replicas dropped and then by `spares`; the
+// rest wait as spares. The global batch stays: each of the D' replicas left runs D·M / D'
+// micro-batches (D' the most replicas the workers fill that divides D·M), so replica r' samples
+// global micro-batches [r'·M', (r'+1)·M') and every one of the step's is still run once; sums run
+// in another order, so the run is no longer bitwise the uninterrupted one. The config stays the
+// job's (its checkpoints resume as the job's: Plan.micro_batches carries M'); the
+// parameter-server shards keep their cut (the checkpoint's) and move to the replicas left. FailedPrecondition
+// where no smaller layout can run (one replica, or local updates).
+absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
+                                       const std::vector<int>& spares,
+                                       const std::map<int, proto::RegisterRequest>& workers,
+                                       const PlanRequest& request);
+
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);
 

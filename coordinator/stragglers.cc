@@ -13,11 +13,16 @@ double StragglerWatch::Pace(const Worker& w) {
 std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, proto::IterationReport>& reports) {
   // The first iteration opens connections and warms caches: no pace of anyone's.
   if (seen_++ == 0) return {};
+  // Workers of an earlier plan (lost, or waiting as spares) are no one's peers now.
+  for (auto it = workers_.begin(); it != workers_.end();) it = reports.count(it->first) ? std::next(it) : workers_.erase(it);
   for (const auto& [id, r] : reports) {
     Worker& w = workers_[id];
-    w.stage = r.stage();
-    if (static_cast<int>(w.start.size()) < kWindow) w.start.push_back(r.compute_seconds());
-    w.recent.push_back(r.compute_seconds());
+    // A worker moved to another stage does other work: its pace starts again.
+    if (w.stage != r.stage()) w = Worker{r.stage()};
+    // Per micro-batch: a plan with fewer replicas gives each more of them (ShrinkPlan).
+    const double compute = r.compute_seconds() / std::max(1, r.micro_batches_size());
+    if (static_cast<int>(w.start.size()) < kWindow) w.start.push_back(compute);
+    w.recent.push_back(compute);
     if (static_cast<int>(w.recent.size()) > kWindow) w.recent.erase(w.recent.begin());
   }
   // Each pace once (a median of the window), then each worker against its start and its peers'.

@@ -1,6 +1,6 @@
 #pragma once
 // Which workers compute slower than they should, measured as the run goes. A worker's pace is
-// the median compute time of its last kWindow iterations; it is compared with its own at the start
+// the median compute time per micro-batch of its last kWindow iterations; it is compared with its own at the start
 // of the run (the median of its first kWindow iterations after the first: a machine that slowed
 // down, a noisy neighbour) and with the median pace of its stage's other replicas, which do the
 // same work (a machine slower than its peers). Over kThreshold by either measure for kWindow
@@ -39,7 +39,7 @@ class StragglerWatch {
 
  private:
   struct Worker {
-    int stage = 0;
+    int stage = -1;
     std::vector<double> start;   // compute seconds of its first kWindow timed iterations
     std::vector<double> recent;  // of its last kWindow, oldest first
     int slow_for = 0;  // iterations in a row over the threshold

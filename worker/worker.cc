@@ -268,7 +268,7 @@ absl::Status Worker::Setup() {
   for (const proto::Assignment& a : plan_.assignments())
     if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
   const int P = plan_.stages(), D = plan_.replicas();
-  M_ = cfg_.train.micro_batches;
+  M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads(), device));

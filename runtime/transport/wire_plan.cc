@@ -68,6 +68,10 @@ int WorkerAt(const proto::Plan& plan, int stage, int replica) {
   return -1;
 }
 
+int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg) {
+  return plan.micro_batches() > 0 ? plan.micro_batches() : cfg.train.micro_batches;
+}
+
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id) {
   for (const proto::Assignment& a : plan.assignments())
     if (a.worker_id() == id) return &a;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "config/job_config.h"
 #include "longhaul.pb.h"
 #include "transport/wire_dtype.h"
 
@@ -46,5 +47,7 @@ WirePlan WiresOf(const proto::Plan& plan);
 int WorkerAt(const proto::Plan& plan, int stage, int replica);
 // Worker `id`'s assignment in `plan`, or null where the plan has none for it (a spare).
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
+// The micro-batches each replica of `plan` runs: Plan.micro_batches, or the config's.
+int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul

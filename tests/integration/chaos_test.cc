@@ -237,9 +237,9 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
         const Victim first = Choose(state, rng);
         kill_worker(state.plan(), first, "mid-run");
         if (kind != "worker") {
-          // Within half a second of the first kill the coordinator is still making sure the first
-          // worker is gone (one cut off is lost after 0.5 s of silence): the recovery is under way.
-          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(20, 400)(rng)));
+          // Within cluster.lifeline_grace_s (0.25 s) of the first kill the coordinator is still making
+          // sure the first worker is gone: the recovery is under way.
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(10, 120)(rng)));
           ASSERT_EQ(recovered(), before) << "the recovery finished before the second kill";
           const proto::JobState now = *sup.State();
           kill_worker(now.plan(), Choose(now, rng, first.worker), "during the recovery from that");
@@ -259,8 +259,11 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   EXPECT_EQ(summary["status"], "completed");
   const nlohmann::json& recoveries = summary["recoveries"];
   ASSERT_GE(recoveries.size(), 6u) << summary.dump(2);
-  for (const std::string& e : events)
-    if (e.rfind("killed worker", 0) == 0) EXPECT_NE(e.find("a shard owner"), std::string::npos) << e;
+  for (const std::string& e : events) {
+    if (e.rfind("killed worker", 0) == 0) {
+      EXPECT_NE(e.find("a shard owner"), std::string::npos) << e;
+    }
+  }
   for (const nlohmann::json& r : recoveries) {
     std::cout << "recovery: " << r.dump() << "\n";
     EXPECT_TRUE(r.contains("stall_s")) << r.dump();

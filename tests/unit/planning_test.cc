@@ -203,6 +203,61 @@ TEST(Planning, TheNextVersionGivesALostWorkersPlaceToASpare) {
   EXPECT_EQ(v2.shards_size(), v1.shards_size());
 }
 
+// 2 stages x 3 replicas, 2 micro-batches each: worker 4 (stage 1, replica 1) is lost with no spare.
+// Two replicas of 3 micro-batches keep the global batch of 6: replica 0 stays, replica 2 becomes
+// replica 1, and the lost worker's replica's survivor waits as a spare. Every global micro-batch
+// is sampled once; every shard has an owner left, its cut unchanged.
+TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
+  std::map<int, proto::RegisterRequest> workers = Workers(6);
+  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg));
+  workers.erase(3);
+  absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {3}, {}, workers, {40, "step_00000040", 100});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->version(), 2u);
+  EXPECT_EQ(v2->start_iteration(), 40);
+  EXPECT_EQ(v2->replicas(), 2);
+  EXPECT_EQ(ReplicaMicroBatches(*v2, cfg), 3);
+  EXPECT_EQ(v2->config_toml(), v1.config_toml()) << "the job's config, so its checkpoints resume as the job's";
+  ASSERT_EQ(v2->assignments_size(), 4);
+  EXPECT_EQ(WorkerAt(*v2, 0, 0), 0);
+  EXPECT_EQ(WorkerAt(*v2, 1, 0), 1);
+  EXPECT_EQ(WorkerAt(*v2, 0, 1), 4);
+  EXPECT_EQ(WorkerAt(*v2, 1, 1), 5);
+  EXPECT_EQ(AssignmentOf(*v2, 2), nullptr) << "the survivor of the broken replica waits as a spare";
+  EXPECT_EQ(AssignmentOf(*v2, 5)->first_block(), AssignmentOf(v1, 5)->first_block());
+  // Replica r' samples global micro-batches r' * 3 + m: 0..5, each once, as before the loss.
+  std::set<int> global;
+  for (int r = 0; r < v2->replicas(); ++r)
+    for (int m = 0; m < ReplicaMicroBatches(*v2, cfg); ++m) EXPECT_TRUE(global.insert(r * 3 + m).second);
+  EXPECT_EQ(global.size(), 6u);
+  ASSERT_EQ(v2->shards_size(), v1.shards_size());
+  for (int i = 0; i < v1.shards_size(); ++i) {
+    EXPECT_EQ(v2->shards(i).first_tensor(), v1.shards(i).first_tensor());
+    EXPECT_EQ(v2->shards(i).end_tensor(), v1.shards(i).end_tensor());
+    EXPECT_LT(v2->shards(i).owner_replica(), 2);
+  }
+
+  // Two losses in two replicas and one spare: replica 2 stays whole, and replica 0 (its worker 1
+  // lost) is filled from the dropped replica 1's survivor; two replicas again, neither lost worker.
+  workers.erase(1);
+  workers[9].set_address("10.0.0.9:7000");
+  v2 = ShrinkPlan(v1, {1, 3}, {9}, workers, {40, "step_00000040", 100});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->replicas(), 2);
+  std::set<int> placed;
+  for (const proto::Assignment& a : v2->assignments()) placed.insert(a.worker_id());
+  EXPECT_EQ(placed.size(), 4u);
+  EXPECT_FALSE(placed.count(1) || placed.count(3));
+
+  // One replica cannot shrink; nor can a replica count that does not divide the global batch.
+  const JobConfig one = Config({"cluster.stages=2", "cluster.replicas=1"});
+  const proto::Plan solo = MakePlan(one, Workers(2), {0, "", 100}, RegistrationOrder(one));
+  const absl::Status none = ShrinkPlan(solo, {1}, {}, Workers(1), {0, "", 100}).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition) << none;
+  EXPECT_NE(none.message().find("no smaller data-parallel layout"), std::string::npos) << none;
+}
+
 TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
   const JobConfig cfg = Config({"model.n_layer=8", "cluster.stages=2", "cluster.replicas=1"});
   std::map<int, proto::RegisterRequest> workers = Workers(2);

@@ -1,4 +1,4 @@
-// The straggler watch: a worker whose compute per iteration stays past 1.5x its own at the start,
+// The straggler watch: a worker whose compute per micro-batch stays past 1.5x its own at the start,
 // or past its stage's other replicas', is reported once until it recovers; noise does not make one.
 #include "coordinator/stragglers.h"
 
@@ -67,6 +67,28 @@ TEST(StragglerWatch, AFirstSlowIterationAndShortSpikesMakeNoStraggler) {
     EXPECT_TRUE(watch.Add(Reports(seconds)).empty()) << "iteration " << it;
   }
   EXPECT_TRUE(watch.worst().empty());
+}
+
+// A layout shrunk to one replica (ShrinkPlan) gives workers 0 and 1 both replicas' micro-batches:
+// twice the compute per iteration, the same per micro-batch, and no straggler. Workers 2 and 3 left
+// the plan and are no one's peers.
+TEST(StragglerWatch, MoreMicroBatchesAfterAShrinkMakeNoStragglerAndTheWorkersGoneAreForgotten) {
+  StragglerWatch watch;
+  auto reports = [](int workers, int micro_batches) {
+    std::map<int, proto::IterationReport> out;
+    for (int id = 0; id < workers; ++id) {
+      proto::IterationReport& r = out[id];
+      r.set_stage(id % 2);
+      r.set_replica(id / 2);
+      r.set_compute_seconds(0.01 * micro_batches);
+      for (int m = 0; m < micro_batches; ++m) r.add_micro_batches(r.replica() * micro_batches + m);
+    }
+    return out;
+  };
+  for (int it = 0; it < 50; ++it) EXPECT_TRUE(watch.Add(reports(4, 2)).empty());
+  for (int it = 0; it < 60; ++it) EXPECT_TRUE(watch.Add(reports(2, 4)).empty()) << "iteration " << it;
+  EXPECT_EQ(watch.Current().size(), 2u);
+  for (const auto& [id, s] : watch.Current()) EXPECT_NEAR(s.worst(), 1, 1e-9) << "worker " << id;
 }
 
 }  // namespace
