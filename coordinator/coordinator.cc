@@ -342,6 +342,7 @@ class Service final : public proto::Coordinator::Service {
       }
       checkpointed_.erase(checkpointed_.begin(), checkpointed_.find(req->step()));
       CheckFinished();
+      Grow();
     }
     return grpc::Status::OK;
   }
@@ -681,9 +682,8 @@ class Service final : public proto::Coordinator::Service {
       if (waited >= cfg_.cluster.spare_wait_s) {
         std::vector<int> lost;
         for (const auto& [id, what] : vacant_) lost.push_back(id);
-        const int64_t reached = Rollback();
         absl::StatusOr<proto::Plan> shrunk =
-            ShrinkPlan(plan_, lost, spares, members_.registrations(), {start_, resume_name_, end_});
+            ShrinkPlan(plan_, lost, spares, members_.registrations(), {latest_step_, latest_name_, end_});
         if (!shrunk.ok()) {
           Abort(absl::StrFormat("%s: it died or is unreachable, no spare took its place within "
                                 "cluster.spare_wait_s = %g s, and the layout cannot shrink (%s); restart it, then %s",
@@ -695,6 +695,7 @@ class Service final : public proto::Coordinator::Service {
             "no spare came within cluster.spare_wait_s = %g s: %d replicas of %d micro-batches each instead of %d "
             "(the same global batch)",
             cfg_.cluster.spare_wait_s, shrunk->replicas(), ReplicaMicroBatches(*shrunk, cfg_), plan_.replicas());
+        const int64_t reached = Rollback();
         Adopt(*std::move(shrunk), reached, change, {});
       } else if (!spare_wait_noted_) {
         spare_wait_noted_ = true;
@@ -717,6 +718,28 @@ class Service final : public proto::Coordinator::Service {
     }
     Adopt(NextPlan(plan_, replace, members_.registrations(), {start_, resume_name_, end_}), reached,
           absl::StrJoin(moves, "; "), replace);
+  }
+
+  // REQUIRES: mu_ held, a checkpoint just completed. A shrunk layout takes back replicas from the
+  // spares that joined since (GrowPlan) at this step: the iterations under way past it are redone.
+  void Grow() {
+    if (finished_ || !abort_.empty() || !vacant_.empty() || plan_.replicas() >= cfg_.cluster.replicas) return;
+    const std::vector<int> spares = Spares();
+    if (static_cast<int>(spares.size()) < plan_.stages()) return;
+    absl::StatusOr<proto::Plan> grown =
+        GrowPlan(plan_, spares, members_.registrations(), {latest_step_, latest_name_, end_});
+    if (!grown.ok()) return;  // the global batch divides among no count the spares reach yet
+    const int64_t reached = Rollback();
+    const std::string change =
+        absl::StrFormat("%d spares join: %d replicas of %d micro-batches each instead of %d",
+                        (grown->replicas() - plan_.replicas()) * plan_.stages(), grown->replicas(),
+                        ReplicaMicroBatches(*grown, cfg_), plan_.replicas());
+    recoveries_.push_back({{"grown_to_replicas", grown->replicas()},
+                           {"plan_version", plan_.version()},
+                           {"new_plan_version", grown->version()},
+                           {"rollback_to_step", start_},
+                           {"redone_iterations", reached - start_}});
+    Adopt(*std::move(grown), reached, change, {});
   }
 
   // REQUIRES: mu_ held. The run goes back to the last complete checkpoint (or its start): the

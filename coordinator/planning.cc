@@ -272,6 +272,46 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   return plan;
 }
 
+absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
+                                     const std::map<int, proto::RegisterRequest>& workers,
+                                     const PlanRequest& request) {
+  LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
+  const int P = old.stages(), D = old.replicas(), total = cfg.cluster.replicas * cfg.train.micro_batches;
+  int grow = std::min(cfg.cluster.replicas, D + static_cast<int>(spares.size()) / P);
+  while (grow > D && total % grow != 0) --grow;
+  if (grow <= D) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d spares make no replica more of %d stages beside the %d that run", spares.size(), P, D));
+  }
+  proto::Plan plan = old;
+  plan.set_version(old.version() + 1);
+  plan.set_replicas(grow);
+  plan.set_micro_batches(grow == cfg.cluster.replicas ? 0 : total / grow);
+  plan.set_start_iteration(request.start_iteration);
+  plan.set_resume_checkpoint(request.resume_checkpoint);
+  plan.set_stop_iteration(request.stop_iteration);
+  auto spare = spares.begin();
+  for (int r = D; r < grow; ++r)
+    for (int s = 0; s < P; ++s) {
+      const proto::Assignment& peer = *AssignmentOf(old, WorkerAt(old, s, 0));
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(*spare);
+      a->set_stage(s);
+      a->set_replica(r);
+      a->set_address(workers.at(*spare++).address());
+      a->set_first_block(peer.first_block());
+      a->set_end_block(peer.end_block());
+    }
+  if (grow == cfg.cluster.replicas) {
+    // The cut never changed (ShrinkPlan keeps it): the first plan's owners, one shard a replica.
+    const std::vector<proto::ShardPlacement> first = PlanShards(cfg);
+    for (int i = 0; i < plan.shards_size() && i < static_cast<int>(first.size()); ++i) {
+      plan.mutable_shards(i)->set_owner_replica(first[i].owner_replica());
+    }
+  }
+  return plan;
+}
+
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard) {
   for (const proto::ShardPlacement& sp : plan.shards())
     if (sp.stage() == stage && sp.shard() == shard) return sp.stage() == a.stage() && sp.owner_replica() == a.replica();

@@ -85,6 +85,14 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
                                        const std::map<int, proto::RegisterRequest>& workers,
                                        const PlanRequest& request);
 
+// The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
+// replicas, up to the config's count, as many as the global batch divides among; at the config's
+// count each runs train.micro_batches again and every shard goes back to its first owner.
+// FailedPrecondition where the spares make no replica more.
+absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
+                                     const std::map<int, proto::RegisterRequest>& workers,
+                                     const PlanRequest& request);
+
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);
 

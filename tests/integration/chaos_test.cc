@@ -32,6 +32,7 @@
 #include "metrics/metrics_log.h"
 #include "tests/support/checkpoint_params.h"
 #include "tests/support/processes.h"
+#include "tests/support/tiny_model.h"
 #include "transport/job_secret.h"
 #include "util/ports.h"
 
@@ -43,18 +44,9 @@ using testing::WaitFor;
 
 constexpr int kSteps = 1200;
 
-// The cluster_test model; a checkpoint every 10 steps bounds what a failure costs to 10
+// The tests' tiny model (tiny_model.h); a checkpoint every 10 steps bounds what a failure costs to 10
 // iterations. dead_after_s bounds how long the workers wait for a restarted coordinator.
-constexpr char kConfig[] = R"(
-[model]
-n_layer = 4
-d_model = 32
-n_head = 2
-max_seq_len = 16
-[data]
-alphabet = 12
-train_tokens = 100000
-val_tokens = 1000
+constexpr char kJob[] = R"(
 [train]
 steps = 1200
 seq_len = 16
@@ -97,8 +89,10 @@ size_t Count(const std::string& text, const std::string& what) {
 // A job's processes, started and restarted as a supervisor would; everything is killed at the end.
 class Supervisor {
  public:
-  explicit Supervisor(fs::path out) : out_(std::move(out)), port_(FreeLoopbackPort()) {
-    std::ofstream(out_ / "job.toml") << kConfig;
+  // `sets`: the coordinator's --set overrides of the job config.
+  Supervisor(fs::path out, std::vector<std::string> sets)
+      : out_(std::move(out)), sets_(std::move(sets)), port_(FreeLoopbackPort()) {
+    std::ofstream(out_ / "job.toml") << testing::kTinyModelToml << kJob;
   }
   ~Supervisor() {
     for (pid_t p : all_) kill(p, SIGKILL), waitpid(p, nullptr, WNOHANG);
@@ -106,9 +100,10 @@ class Supervisor {
 
   void StartCoordinator() {
     const fs::path log = out_ / absl::StrCat("coordinator_", ++coordinators_, ".txt");
-    coordinator_ = Spawn({LONGHAUL_BINARY, "coordinator", "-c", (out_ / "job.toml").string(), "--set",
-                          "train.out_dir=" + out_.string(), "--listen", absl::StrCat("127.0.0.1:", port_)},
-                         log);
+    std::vector<std::string> args = {LONGHAUL_BINARY, "coordinator", "-c", (out_ / "job.toml").string(), "--set",
+                                     "train.out_dir=" + out_.string(), "--listen", absl::StrCat("127.0.0.1:", port_)};
+    for (const std::string& s : sets_) args.insert(args.end(), {"--set", s});
+    coordinator_ = Spawn(args, log);
     all_.push_back(coordinator_);
   }
   void StartWorker() {
@@ -148,6 +143,7 @@ class Supervisor {
 
  private:
   const fs::path out_;
+  const std::vector<std::string> sets_;
   const int port_;
   int coordinators_ = 0, workers_ = 0;
   pid_t coordinator_ = -1;
@@ -177,11 +173,12 @@ bool HostsAShard(const proto::Plan& plan, const Victim& v) {
   return false;
 }
 
-// Runs the job with `spares` workers beyond its four; `chaos` meanwhile does what it does to the
-// supervisor's processes. Returns the final coordinator's wait status.
+// Runs the job with `spares` workers beyond its four (`sets` override its config); `chaos`
+// meanwhile does what it does to the supervisor's processes. Returns the final coordinator's wait
+// status.
 template <typename Chaos>
-int RunJob(const fs::path& out, int spares, Chaos chaos) {
-  Supervisor sup(out);
+int RunJob(const fs::path& out, int spares, Chaos chaos, const std::vector<std::string>& sets = {}) {
+  Supervisor sup(out, sets);
   sup.StartCoordinator();
   for (int i = 0; i < 4 + spares; ++i) sup.StartWorker();
   chaos(sup);
@@ -189,11 +186,15 @@ int RunJob(const fs::path& out, int spares, Chaos chaos) {
   return WaitFor(sup.coordinator(), std::chrono::seconds(300));
 }
 
-TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUninterruptedOne) {
-  const fs::path base = Dir("");
-  const std::string secret = (base / "secret").string();
+// Every process of the test's jobs reads this job secret.
+void UseNewSecret() {
+  const std::string secret = (Dir("") / "secret").string();
   ASSERT_TRUE(JobSecret::WriteNew(secret).ok());
   setenv("LONGHAUL_SECRET_FILE", secret.c_str(), 1);
+}
+
+TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUninterruptedOne) {
+  UseNewSecret();
 
   const fs::path calm = Dir("uninterrupted");
   ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}), 0) << Read(calm / "coordinator_1.txt");
@@ -305,6 +306,67 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   const auto want = testing::LatestParams(calm), got = testing::LatestParams(out);
   ASSERT_FALSE(want.empty());
   EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
+}
+
+// No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
+// 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
+// makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run
+// completes with every (step, stage, micro-batch) once, its losses close to the uninterrupted
+// run's (the sums of the shrunk steps run in another order).
+TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
+  UseNewSecret();
+  const std::vector<std::string> sets = {"cluster.spare_wait_s=0"};
+  const fs::path calm = Dir("calm"), out = Dir("shrink");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
+  const int status = RunJob(
+      out, 0,
+      [&](Supervisor& sup) {
+        auto logged = [&](const std::string& what) {
+          return sup.Await([&] { return Count(sup.CoordinatorLogs(), what) > 0; }, std::chrono::seconds(120));
+        };
+        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 100; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        std::mt19937 rng(std::random_device{}());
+        const Victim v = Choose(*sup.State(), rng);
+        ASSERT_EQ(kill(v.pid, SIGKILL), 0);
+        waitpid(v.pid, nullptr, 0);
+        std::cout << "killed worker " << v.worker << " (stage " << v.stage << ", replica " << v.replica << ") at step "
+                  << sup.Steps() << "\n";
+        ASSERT_TRUE(logged("1 replicas of 4 micro-batches each instead of 2")) << sup.CoordinatorLogs();
+        const size_t shrunk_at = sup.Steps();
+        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= shrunk_at + 100; }, std::chrono::seconds(120)));
+        sup.StartWorker();
+        ASSERT_TRUE(logged("2 spares join: 2 replicas of 2 micro-batches each instead of 1")) << sup.CoordinatorLogs();
+        std::cout << "grew back by step " << sup.Steps() << "\n";
+      },
+      sets);
+  const std::string log = Read(out / "coordinator_1.txt");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "completed");
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
+  EXPECT_EQ(summary["audit"]["steps"], kSteps);
+  std::vector<std::string> changes;
+  for (const nlohmann::json& r : summary["recoveries"]) {
+    std::cout << "plan change: " << r.dump() << "\n";
+    if (r.contains("shrunk_to_replicas")) changes.push_back("shrunk to " + r["shrunk_to_replicas"].dump());
+    if (r.contains("grown_to_replicas")) changes.push_back("grown to " + r["grown_to_replicas"].dump());
+  }
+  EXPECT_EQ(changes, (std::vector<std::string>{"shrunk to 1", "grown to 2"})) << summary.dump(2);
+
+  auto before = ReadMetrics((calm / "metrics.csv").string()), after = ReadMetrics((out / "metrics.csv").string());
+  ASSERT_TRUE(before.ok() && after.ok());
+  ASSERT_EQ(after->size(), before->size());
+  double worst = 0;
+  for (size_t i = 0; i < after->size(); ++i) {
+    worst = std::max(worst, std::abs((*after)[i].loss - (*before)[i].loss) / (*before)[i].loss);
+  }
+  std::cout << "losses within " << worst << " (relative) of the uninterrupted run's; final " << after->back().loss
+            << " against " << before->back().loss << "\n";
+  EXPECT_LT(worst, 1e-4);
 }
 
 }  // namespace

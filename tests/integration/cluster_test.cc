@@ -31,6 +31,7 @@
 #include "tests/support/processes.h"
 #include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
+#include "tests/support/tiny_model.h"
 #include "transport/rpc_auth.h"
 #include "transport/tensor_transport.h"
 #include "util/ports.h"
@@ -39,16 +40,7 @@ namespace longhaul {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr char kConfig[] = R"(
-[model]
-n_layer = 4
-d_model = 32
-n_head = 2
-max_seq_len = 16
-[data]
-alphabet = 12
-train_tokens = 100000
-val_tokens = 1000
+constexpr char kJob[] = R"(
 [train]
 steps = 6
 seq_len = 16
@@ -72,7 +64,7 @@ fs::path Dir(const std::string& name) {
 std::string ConfigFile() {
   static const std::string path = [] {
     fs::path p = Dir("config") / "job.toml";
-    std::ofstream(p) << kConfig;
+    std::ofstream(p) << testing::kTinyModelToml << kJob;
     return p.string();
   }();
   return path;

@@ -258,6 +258,33 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   EXPECT_NE(none.message().find("no smaller data-parallel layout"), std::string::npos) << none;
 }
 
+// The layout shrunk above grows back once two spares (a whole replica) wait: three replicas of 2
+// micro-batches again, the spares as replica 2, every shard with its first owner.
+TEST(Planning, AShrunkLayoutGrowsBackWhenSparesMakeAWholeReplica) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
+  std::map<int, proto::RegisterRequest> workers = Workers(6);
+  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg));
+  workers.erase(3);
+  const absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {3}, {}, workers, {40, "step_00000040", 100});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  workers[7].set_address("10.0.0.7:7000");
+  const absl::Status one = GrowPlan(*v2, {7}, workers, {50, "step_00000050", 100}).status();
+  EXPECT_EQ(one.code(), absl::StatusCode::kFailedPrecondition) << "one spare makes no replica of 2 stages";
+  workers[8].set_address("10.0.0.8:7000");
+  const absl::StatusOr<proto::Plan> v3 = GrowPlan(*v2, {7, 8}, workers, {50, "step_00000050", 100});
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->version(), 3u);
+  EXPECT_EQ(v3->start_iteration(), 50);
+  EXPECT_EQ(v3->replicas(), 3);
+  EXPECT_EQ(ReplicaMicroBatches(*v3, cfg), 2);
+  EXPECT_EQ(WorkerAt(*v3, 0, 2), 7);
+  EXPECT_EQ(WorkerAt(*v3, 1, 2), 8);
+  EXPECT_EQ(AssignmentOf(*v3, 8)->first_block(), AssignmentOf(v1, 1)->first_block());
+  for (int id : {0, 1, 4, 5}) EXPECT_EQ(AssignmentOf(*v3, id)->DebugString(), AssignmentOf(*v2, id)->DebugString());
+  ASSERT_EQ(v3->shards_size(), v1.shards_size());
+  for (int i = 0; i < v1.shards_size(); ++i) EXPECT_EQ(v3->shards(i).DebugString(), v1.shards(i).DebugString());
+}
+
 TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) {
   const JobConfig cfg = Config({"model.n_layer=8", "cluster.stages=2", "cluster.replicas=1"});
   std::map<int, proto::RegisterRequest> workers = Workers(2);
