@@ -132,11 +132,13 @@ class Worker {
   // The CRC of the parameters a deferred pull completed, for the next report.
   std::optional<proto::ParamsCrc> pulled_crc_;
   Timeline timeline_;
+  Clock::time_point heard_of_plan_{};  // when a newer plan version stopped the one running (stop_mu_)
 };
 
 void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (newer_plan > 0 && installed_ >= newer_plan) return;
+  if (newer_plan > 0) heard_of_plan_ = Clock::now();
   mailbox_.Close(reason);
   canceller_->Cancel(reason);
 }
@@ -442,9 +444,19 @@ absl::Status Worker::RunPlan() {
   if (status.ok() && plan_.version() > 1) {
     // Where a recovery's stall goes, past the detection.
     auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-    std::cout << absl::StrFormat("%s plan version %d: set up in %.3f s, every worker ready %.3f s later, "
+    Clock::time_point heard;
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      heard = heard_of_plan_;
+    }
+    const std::string left = heard == Clock::time_point{}
+                                 ? std::string()
+                                 : absl::StrFormat("left the version before %.3f s after hearing of this one, ",
+                                                   s(t0 - heard));
+    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s, every worker ready %.3f s later, "
                                  "parameters in %.3f s more\n",
-                                 Who(), plan_.version(), s(set_up - t0), s(started - set_up), s(Clock::now() - started))
+                                 Who(), plan_.version(), left, s(set_up - t0), s(started - set_up),
+                                 s(Clock::now() - started))
               << std::flush;
   }
   end_ = RunEnd(plan_, cfg_);
