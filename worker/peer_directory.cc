@@ -1,5 +1,6 @@
 #include "worker/peer_directory.h"
 
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,14 @@ TensorClient& PeerDirectory::Client(int to, const std::string& address) {
     c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport);
   }
   return *c;
+}
+
+void PeerDirectory::OpenLinks() {
+  for (const proto::Assignment& a : plan_.assignments()) {
+    const bool neighbour = a.replica() == replica_ && std::abs(a.stage() - stage_) == 1;
+    const bool same_stage = a.stage() == stage_ && a.replica() != replica_;
+    if (neighbour || same_stage) Client(a.worker_id(), a.address()).OpenSoon();
+  }
 }
 
 void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard,

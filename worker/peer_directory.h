@@ -34,6 +34,11 @@ class PeerDirectory {
   // The address of the worker running (stage, replica), or empty when the plan has none.
   std::string AddressOf(int stage, int replica) const;
 
+  // Opens the connections every iteration uses now (TensorClient::OpenSoon): to this replica's
+  // neighbouring stages and to this stage's other replicas (pushes and parameters). A new plan
+  // version's first iteration then does not wait for them.
+  void OpenLinks();
+
   // Sends n floats to the worker running (stage, replica) as a tensor of `kind`; with the fp32
   // wire, `data` is read in place and must stay unchanged until Flush.
   void Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,

@@ -297,6 +297,7 @@ absl::Status Worker::Setup() {
   if (local_updates) LH_RETURN_IF_ERROR(stage_->AttachOptimizer({tc.adamw, lr_schedule, tc.grad_clip}));
 
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
+  peers_->OpenLinks();
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);

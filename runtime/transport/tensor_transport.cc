@@ -12,6 +12,7 @@
 #include <deque>
 #include <initializer_list>
 #include <iostream>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -431,6 +432,15 @@ class PeerConnection {
     thread_.join();
   }
 
+  // Connects and says hello on the connection's thread now, not at the first part.
+  void OpenSoon() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_soon_ = true;
+    }
+    cv_.notify_all();
+  }
+
   void Enqueue(OutPart p) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -469,7 +479,7 @@ class PeerConnection {
     for (;;) {
       std::deque<OutPart> next;
       std::string cancelled;
-      bool stop;
+      bool stop, open;
       {
         std::unique_lock<std::mutex> lock(mu_);
         // With parts awaiting acknowledgement, AwaitAcks waits instead (new parts kick it). While
@@ -478,11 +488,12 @@ class PeerConnection {
         if (awaiting_.empty()) {
           idle_ = true;
           cv_.wait(lock, [&] {
-            return !claimed_ &&
-                   (stop_ || (!cancelled_.empty() && !cancel_handled) || !queue_.empty() || !awaiting_.empty());
+            return !claimed_ && (stop_ || (!cancelled_.empty() && !cancel_handled) || !queue_.empty() ||
+                                 !awaiting_.empty() || open_soon_);
           });
           idle_ = false;
         }
+        open = std::exchange(open_soon_, false);
         stop = stop_;
         cancelled = cancelled_;
         if (!cancelled.empty() || stop) {
@@ -503,6 +514,11 @@ class PeerConnection {
       }
       if (!next.empty()) {
         Send(std::move(next.front()));
+        continue;
+      }
+      if (open) {
+        // A failure here is the first send's to report, when it tries again.
+        if (fd_ < 0) (void)Open(std::chrono::steady_clock::now() + opt_.timeout);
         continue;
       }
       AwaitAcks();
@@ -717,6 +733,7 @@ class PeerConnection {
   std::string cancelled_;
   bool idle_ = false;     // the thread waits for work, with nothing awaiting acknowledgement
   bool claimed_ = false;  // a caller writes a part on the idle thread's behalf
+  bool open_soon_ = false;  // OpenSoon asked the thread to connect
   WakeFd cancel_, kick_;
   // The thread's alone, or the caller's that claimed it:
   std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
@@ -789,6 +806,10 @@ TensorClient::TensorClient(const std::string& address, const TransportOptions& o
 }
 
 TensorClient::~TensorClient() = default;
+
+void TensorClient::OpenSoon() {
+  for (auto& c : connections_) c->OpenSoon();
+}
 
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
   auto op = std::make_shared<SendOp>();

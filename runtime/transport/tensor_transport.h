@@ -224,6 +224,10 @@ class TensorClient {
   // dtype the bytes are sent from `data` itself, which must stay unchanged until the SendOp is
   // done; fp16 and bf16 encode into the op's own buffer first.
   std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);
+  // Opens every connection now, each on its own thread, so the first tensor does not pay for the
+  // connection and the hello (round trips on a long link); returns at once. A connection that
+  // cannot open now opens at its first send, which reports the error.
+  void OpenSoon();
 
  private:
   std::string address_;

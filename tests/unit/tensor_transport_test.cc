@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -552,6 +555,35 @@ class FakeReceiver {
 
 // What a sender reads back is checked as a receiver checks what it reads: an acknowledgement that
 // claims 4 GiB fails the send, names the peer as no longhaul worker, and allocates nothing.
+// OpenSoon connects and says hello before the first tensor, which then waits for neither (a new
+// plan version's first iteration on long links); without it nothing connects until a tensor.
+TEST(TensorTransport, OpenSoonConnectsBeforeTheFirstTensor) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len), 0);
+  TransportOptions opt;
+  opt.timeout = std::chrono::seconds(2);
+  {
+    TensorClient client(absl::StrCat("127.0.0.1:", ntohs(at.sin_port)), opt);
+    pollfd p{listener, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 300), 0) << "a connection before any tensor or OpenSoon";
+    client.OpenSoon();
+    ASSERT_EQ(poll(&p, 1, 5000), 1) << "OpenSoon did not connect";
+    const int conn = accept(listener, nullptr, nullptr);
+    ASSERT_GE(conn, 0);
+    char hello[8];
+    EXPECT_GT(recv(conn, hello, sizeof(hello), 0), 0) << "it connected but said no hello";
+    close(conn);
+  }
+  close(listener);
+}
+
 TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocating) {
   const std::string huge = std::string("\xff\xff\xff\xff") + std::string(64, 'x');
   proto::TensorAck ok;
