@@ -370,8 +370,9 @@ absl::Status Worker::RunIteration(int64_t it) {
   std::vector<MicroBatch> mbs;
   for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, r_, m));
   // In step (no local updates) the new parameters may arrive while the next iteration computes,
-  // unless nothing follows or a checkpoint reads them first.
-  const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_ && !CheckpointDue(it);
+  // unless nothing follows. A checkpoint does not wait for them: it writes the shards' own state,
+  // stepped already (the stage's parameters are read only with local updates, which never defer).
+  const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_;
   LH_ASSIGN_OR_RETURN(const IterationResult result,
                       executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
   double floor = -1;
