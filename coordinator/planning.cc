@@ -160,13 +160,37 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
   return plan;
 }
 
-proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
-                     const std::map<int, proto::RegisterRequest>& workers, const PlanRequest& request) {
+namespace {
+
+// `old` as its next version, going on from `request`'s start iteration and checkpoint.
+proto::Plan NextVersion(const proto::Plan& old, const PlanRequest& request) {
   proto::Plan plan = old;
   plan.set_version(old.version() + 1);
   plan.set_start_iteration(request.start_iteration);
   plan.set_resume_checkpoint(request.resume_checkpoint);
   plan.set_stop_iteration(request.stop_iteration);
+  return plan;
+}
+
+// Worker `id` (registered in `workers`) at (stage, replica) of `plan`, with the blocks the stage
+// has in `old`.
+void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int replica,
+           const std::map<int, proto::RegisterRequest>& workers) {
+  const proto::Assignment& peer = *AssignmentOf(old, WorkerAt(old, stage, 0));
+  proto::Assignment* a = plan.add_assignments();
+  a->set_worker_id(id);
+  a->set_stage(stage);
+  a->set_replica(replica);
+  a->set_address(workers.at(id).address());
+  a->set_first_block(peer.first_block());
+  a->set_end_block(peer.end_block());
+}
+
+}  // namespace
+
+proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
+                     const std::map<int, proto::RegisterRequest>& workers, const PlanRequest& request) {
+  proto::Plan plan = NextVersion(old, request);
   auto now = [&](int id) {
     auto it = replace.find(id);
     return it == replace.end() ? id : it->second;
@@ -201,8 +225,9 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   std::vector<std::vector<int>> at(D, std::vector<int>(P, -1));
   for (const proto::Assignment& a : old.assignments())
     if (std::find(lost.begin(), lost.end(), a.worker_id()) == lost.end()) at[a.replica()][a.stage()] = a.worker_id();
+  auto living = [&](int r) { return static_cast<int>(std::count_if(at[r].begin(), at[r].end(), [](int w) { return w >= 0; })); };
   int alive = static_cast<int>(spares.size());
-  for (const auto& row : at) alive += static_cast<int>(std::count_if(row.begin(), row.end(), [](int w) { return w >= 0; }));
+  for (int r = 0; r < D; ++r) alive += living(r);
   int keep = std::min(D - 1, alive / P);
   while (keep > 0 && (D * M) % keep != 0) --keep;
   if (keep < 1) {
@@ -214,7 +239,6 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   // Replicas with the most of their workers alive first (the lower index on a tie): the fewest moves.
   std::vector<int> order(D);
   std::iota(order.begin(), order.end(), 0);
-  auto living = [&](int r) { return std::count_if(at[r].begin(), at[r].end(), [](int w) { return w >= 0; }); };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return living(a) > living(b); });
   // The workers that may fill a hole of stage s: the dropped replicas' worker of that stage first
   // (it holds that stage's data and code paths warm), then any dropped replica's, then spares.
@@ -242,27 +266,12 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
       pool.erase(take);
     }
 
-  proto::Plan plan = old;
-  plan.set_version(old.version() + 1);
+  proto::Plan plan = NextVersion(old, request);
   plan.set_replicas(keep);
   plan.set_micro_batches(D * M / keep);
-  plan.set_start_iteration(request.start_iteration);
-  plan.set_resume_checkpoint(request.resume_checkpoint);
-  plan.set_stop_iteration(request.stop_iteration);
   plan.clear_assignments();
   for (int k = 0; k < keep; ++k)
-    for (int s = 0; s < P; ++s) {
-      const proto::Assignment* before = nullptr;
-      for (const proto::Assignment& a : old.assignments())
-        if (a.stage() == s) before = &a;
-      proto::Assignment* a = plan.add_assignments();
-      a->set_worker_id(kept[k][s]);
-      a->set_stage(s);
-      a->set_replica(k);
-      a->set_address(workers.at(kept[k][s]).address());
-      a->set_first_block(before->first_block());
-      a->set_end_block(before->end_block());
-    }
+    for (int s = 0; s < P; ++s) Place(plan, old, kept[k][s], s, k, workers);
   // A dropped replica's shards go round the replicas left, in order.
   int next = 0;
   for (proto::ShardPlacement& sp : *plan.mutable_shards()) {
@@ -283,25 +292,12 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
     return absl::FailedPreconditionError(absl::StrFormat(
         "%d spares make no replica more of %d stages beside the %d that run", spares.size(), P, D));
   }
-  proto::Plan plan = old;
-  plan.set_version(old.version() + 1);
+  proto::Plan plan = NextVersion(old, request);
   plan.set_replicas(grow);
   plan.set_micro_batches(grow == cfg.cluster.replicas ? 0 : total / grow);
-  plan.set_start_iteration(request.start_iteration);
-  plan.set_resume_checkpoint(request.resume_checkpoint);
-  plan.set_stop_iteration(request.stop_iteration);
   auto spare = spares.begin();
   for (int r = D; r < grow; ++r)
-    for (int s = 0; s < P; ++s) {
-      const proto::Assignment& peer = *AssignmentOf(old, WorkerAt(old, s, 0));
-      proto::Assignment* a = plan.add_assignments();
-      a->set_worker_id(*spare);
-      a->set_stage(s);
-      a->set_replica(r);
-      a->set_address(workers.at(*spare++).address());
-      a->set_first_block(peer.first_block());
-      a->set_end_block(peer.end_block());
-    }
+    for (int s = 0; s < P; ++s) Place(plan, old, *spare++, s, r, workers);
   if (grow == cfg.cluster.replicas) {
     // The cut never changed (ShrinkPlan keeps it): the first plan's owners, one shard a replica.
     const std::vector<proto::ShardPlacement> first = PlanShards(cfg);
