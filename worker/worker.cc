@@ -270,6 +270,7 @@ absl::Status Worker::Setup() {
   for (const proto::Assignment& a : plan_.assignments())
     if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
   const int P = plan_.stages(), D = plan_.replicas();
+  LH_RETURN_IF_ERROR(CheckReplicaBatches(plan_, cfg_));
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
@@ -449,7 +450,7 @@ absl::Status Worker::RunPlan() {
     Clock::time_point heard;
     {
       std::lock_guard<std::mutex> lock(stop_mu_);
-      heard = heard_of_plan_;
+      heard = std::exchange(heard_of_plan_, Clock::time_point{});  // not a later version's news
     }
     const std::string left = heard == Clock::time_point{}
                                  ? std::string()

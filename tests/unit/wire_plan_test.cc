@@ -56,5 +56,28 @@ TEST(WirePlan, APlanCarriesItAndNamesItsWorkers) {
   EXPECT_EQ(WorkerAt(plan, 0, 0), -1);
 }
 
+// A plan's replicas run the job's global batch: the config's, or a shrunk layout's fewer replicas
+// of more micro-batches; anything else (a coordinator of another build) is refused, named.
+TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
+  auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 4\n[train]\nmicro_batches = 2\n", "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  proto::Plan plan;
+  plan.set_version(3);
+  plan.set_replicas(4);
+  EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
+  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg), 2);
+  plan.set_replicas(2);
+  plan.set_micro_batches(4);
+  EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
+  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg), 4);
+  for (const auto& [replicas, micro] : std::vector<std::pair<int, int>>{{2, 0}, {2, 1000000}, {8, 1}, {0, 8}, {3, 3}, {2, -4}}) {
+    plan.set_replicas(replicas);
+    plan.set_micro_batches(micro);
+    const absl::Status s = CheckReplicaBatches(plan, *cfg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << replicas << " x " << micro;
+    EXPECT_NE(s.message().find("not the job's global batch of 8"), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace longhaul
