@@ -4,19 +4,16 @@
 // (median of 100 seeds) and a DT-FM-style genetic search.
 //
 // The job: GPT-3 XL blocks (24, d_model 2048, 16 heads, seq 2048, vocab 50257), fp16 on V100s
-// (16 GiB) at 35% of the tensor-core peak, 8 stages (DT-FM's pipeline depth) × W/8 replicas, GPipe
-// with 16 micro-batches of one sequence per replica and recompute, activations fp16 on the wire,
-// sharded parameter server, global-norm clipping. Why 16 micro-batches: GPipe's last stage keeps
-// each micro-batch's fp32 logits until its backward (2048 × 50257 × 4 = 412 MB), and with 32 of them
-// no cut fits a 16 GiB V100 (the table would compare plans that cannot run). With 1F1B and 32
-// micro-batches, which fit, the targets were missed on world-wide (stop 22, the norm then reduced
-// through a coordinator): random/chosen 2.7-2.8, the chosen plans 13.2-13.3 s (1F1B puts a
-// boundary crossing between forwards and backwards, so the WAN's latency counts more than
-// placement can hide), and at 64 workers in blocks the genetic search
-// finds 12.17 s against the search's 13.21 s: each pipeline in one region, with the shard owners
-// of the heavy stages (the embedding's, the head's) swapped into better-connected regions, a
-// basin the search's descent from either family of starts does not reach in 600 simulations
-// (nor in 2000, nor descending from each family's best with half the budget each).
+// (16 GiB) at 35% of the tensor-core peak, 8 stages (DT-FM's pipeline depth) × W/8 replicas,
+// micro-batches of one sequence and recompute, activations fp16 on the wire, sharded parameter
+// server, global-norm clipping; two schedules, each with the most micro-batches whose plans fit:
+// GPipe with 16 (its last stage keeps each micro-batch's fp32 logits until its backward, 2048 ×
+// 50257 × 4 = 412 MB, and with 32 of them no cut fits a 16 GiB V100) and 1F1B with 32. 1F1B keeps
+// at most P micro-batches in flight, so each crossing of the WAN inside a pipeline costs more
+// than under GPipe: with 64 workers each pipeline fits in one region and each stage's replicas
+// exchange over the WAN, where the hosts of the heavy shards (the first stage's embedding, the
+// last stage's head, whole tensors) are best in the better-connected regions; with 16 or 32 a
+// pipeline must span regions whatever the placement.
 //
 // Workers are spread over the scenario's sites two ways, each worker its own host and the
 // coordinator on worker 0's host: in blocks (workers 0..W/sites-1 on the first site, and so on),
@@ -28,8 +25,9 @@
 //
 // Registration order, random placement and the genetic search keep the even cut (as DT-FM's
 // baselines do); the search picks its cut. The column "genetic, cut" gives the genetic search the
-// search's cut, to compare placement alone. The search gets 600 simulations, the genetic search
-// 1280 (32 x 40). A chosen plan that does not fit is marked, with the worker furthest over.
+// search's cut, to compare placement alone; neither moves a shard off its own replica, which the
+// search does. The search gets 600 simulations, the genetic search 1280 (32 x 40). A chosen plan
+// that does not fit is marked, with the worker furthest over.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -44,19 +42,28 @@
 namespace longhaul {
 namespace {
 
-constexpr int kStages = 8, kMicroBatches = 16, kRandomSeeds = 100;
+constexpr int kStages = 8, kRandomSeeds = 100;
+
+// The two schedules, each with the most micro-batches whose plans fit 16 GiB.
+struct Config {
+  ScheduleKind schedule;
+  int micro_batches;
+  const char* name;
+};
+constexpr Config kConfigs[] = {{ScheduleKind::kGpipe, 16, "GPipe"}, {ScheduleKind::k1F1B, 32, "1F1B"}};
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-absl::StatusOr<PlacementProblem> Problem(const netem::Scenario& scenario, int workers, bool blocks) {
+absl::StatusOr<PlacementProblem> Problem(const Config& config, const netem::Scenario& scenario, int workers,
+                                          bool blocks) {
   PlacementProblem p;
   Layout& L = p.layout;
   L.stages = kStages;
   L.replicas = workers / L.stages;
-  L.micro_batches = kMicroBatches;
-  L.schedule = ScheduleKind::kGpipe;
+  L.micro_batches = config.micro_batches;
+  L.schedule = config.schedule;
   L.work.model.n_layer = 24, L.work.model.d_model = 2048, L.work.model.n_head = 16;
   L.work.model.max_seq_len = 2048, L.work.model.vocab_size = 50257;
   L.work.seq_len = 2048, L.work.micro_batch = 1, L.work.precision = Precision::kFp16, L.work.recompute = true;
@@ -75,27 +82,29 @@ absl::StatusOr<PlacementProblem> Problem(const netem::Scenario& scenario, int wo
   return p;
 }
 
-int Table(bool blocks);
+int Table(const Config& config, bool blocks);
 
 int Main() {
-  std::printf("placement: GPT-3 XL on V100 16 GiB (fp16, 35%% of peak), %d stages, GPipe, %d micro-batches of 1 x 2048, "
+  std::printf("placement: GPT-3 XL on V100 16 GiB (fp16, 35%% of peak), %d stages, micro-batches of 1 x 2048, "
               "recompute, sharded PS.\nTimes are predicted seconds per iteration; random is the median of %d seeds; the "
               "genetic search keeps the even cut, \"gen,cut\" runs it on the chosen plan's cut.\n",
-              kStages, kMicroBatches, kRandomSeeds);
+              kStages, kRandomSeeds);
   int missed = 0;
-  for (bool blocks : {true, false}) {
-    std::printf("\nworkers spread over the sites %s\n", blocks ? "in blocks" : "round-robin");
-    const int m = Table(blocks);
-    if (m < 0) return 1;
-    missed += m;
-  }
+  for (const Config& config : kConfigs)
+    for (bool blocks : {true, false}) {
+      std::printf("\n%s, %d micro-batches; workers spread over the sites %s\n", config.name, config.micro_batches,
+                  blocks ? "in blocks" : "round-robin");
+      const int m = Table(config, blocks);
+      if (m < 0) return 1;
+      missed += m;
+    }
   std::printf("\ntargets: random/chosen >= 3 on world-eight-regions; chosen no slower than the genetic search "
               "(either cut) anywhere; every chosen plan fits. %d case(s) missed.\n", missed);
   return 0;
 }
 
 // Prints one table; returns the cases that miss a target, or -1 on an error.
-int Table(bool blocks) {
+int Table(const Config& config, bool blocks) {
   std::printf("%-20s %3s %5s %8s %8s %8s %8s %8s %7s %7s %6s %5s %6s  %s\n", "scenario", "W", "PxD", "chosen",
               "regist.", "random", "genetic", "gen,cut", "rnd/ch", "gen/ch", "search", "sims", "GA", "cut");
   int missed = 0;
@@ -106,7 +115,7 @@ int Table(bool blocks) {
       return -1;
     }
     for (int workers : {16, 32, 64}) {
-      auto problem = Problem(*scenario, workers, blocks);
+      auto problem = Problem(config, *scenario, workers, blocks);
       if (!problem.ok()) {
         std::fprintf(stderr, "%s\n", std::string(problem.status().message()).c_str());
         return -1;

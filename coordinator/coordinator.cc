@@ -466,7 +466,8 @@ class Service final : public proto::Coordinator::Service {
     if (!network_ || plan_.replicas() != cfg_.cluster.replicas) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByWorker();
     if (compute.empty()) return std::nullopt;
-    const absl::StatusOr<double> p = PredictFromMeasuredCompute(cfg_, compute, *network_, worker_of_slot_);
+    const absl::StatusOr<double> p =
+        PredictFromMeasuredCompute(cfg_, compute, *network_, worker_of_slot_, ShardOwners(plan_));
     if (!p.ok()) {
       std::cout << "coordinator: no prediction: " << p.status().message() << "\n";
       return std::nullopt;
@@ -891,6 +892,7 @@ class Service final : public proto::Coordinator::Service {
   // coordinator beside every host as an emulation's router is), else registration order.
   nlohmann::json Place() {
     worker_of_slot_ = RegistrationOrder(cfg_);
+    shard_owner_.clear();
     nlohmann::json record = {{"how", "registration"}};
     std::string why;
     if (!cfg_.cluster.search_placement) {
@@ -912,11 +914,13 @@ class Service final : public proto::Coordinator::Service {
         why = absl::StrCat("the search failed: ", found.status().message());
       } else {
         worker_of_slot_ = found->worker_of_slot;
+        shard_owner_ = found->shard_owner;
         absl::Status cut = absl::OkStatus();
         if (found->blocks_per_stage != cfg_.Cut()) cut = AdoptCut(found->blocks_per_stage);
         if (!cut.ok()) {
           why = absl::StrCat("the search's cut is no valid config: ", cut.message());
           worker_of_slot_ = RegistrationOrder(cfg_);
+          shard_owner_.clear();
         }
       }
       if (found.ok() && why.empty()) {
@@ -924,7 +928,8 @@ class Service final : public proto::Coordinator::Service {
                   {"predicted_iteration_seconds", found->predicted_s},
                   {"registration_order_predicted_iteration_seconds", found->registration_order_s},
                   {"simulations", found->simulations},
-                  {"blocks_per_stage", cfg_.Cut()}};
+                  {"blocks_per_stage", cfg_.Cut()},
+                  {"shard_owner", shard_owner_}};
         std::cout << absl::StrFormat("coordinator: placement by search (%d simulations, %.0f ms): predicted %.3f s per "
                                      "iteration, registration order %.3f s (%.2fx)%s\n",
                                      found->simulations,
@@ -984,7 +989,7 @@ class Service final : public proto::Coordinator::Service {
     const nlohmann::json placement = Place();
     log_.SetPlacement(placement);
     plan_ = longhaul::MakePlan(cfg_, FirstWorkers(), {start_, resume_name_, end_}, worker_of_slot_,
-                               network_ ? &*network_ : nullptr);
+                               network_ ? &*network_ : nullptr, shard_owner_);
     job_metrics_.SetPlan(plan_, members_.registrations());
     if (network_) job_metrics_.SetLinks(*network_, links_);
     const WirePlan wires = WiresOf(plan_);
@@ -1049,6 +1054,7 @@ class Service final : public proto::Coordinator::Service {
   Membership members_;
   proto::Plan plan_;
   std::vector<int> worker_of_slot_;  // slot k = replica * stages + stage runs worker worker_of_slot_[k]
+  std::vector<std::vector<int>> shard_owner_;  // the placement search's, for MakePlan (empty: shard k on replica k)
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk

@@ -98,6 +98,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   }
   out.predicted_s = better ? found->iteration_s : registration->iteration_s;
   out.blocks_per_stage = better ? found->blocks_per_stage : registration->blocks_per_stage;
+  out.shard_owner = better ? found->shard_owner : registration->shard_owner;
   out.searched = better;
   out.why_not = better ? found->why_not : registration->why_not;
   out.registration_order_s = registration->iteration_s;
@@ -106,7 +107,8 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
 }
 
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
-                     const PlanRequest& request, const std::vector<int>& worker_of_slot, const NetworkCost* network) {
+                     const PlanRequest& request, const std::vector<int>& worker_of_slot, const NetworkCost* network,
+                     const std::vector<std::vector<int>>& shard_owner) {
   proto::Plan plan;
   plan.set_version(1);
   plan.set_job_id(cfg.cluster.job_id);
@@ -129,7 +131,11 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     a->set_first_block(spec.first_block);
     a->set_end_block(spec.end_block);
   }
-  for (const proto::ShardPlacement& sp : PlanShards(cfg)) *plan.add_shards() = sp;
+  for (proto::ShardPlacement sp : PlanShards(cfg)) {
+    if (!shard_owner.empty()) sp.set_owner_replica(shard_owner[sp.stage()][sp.shard()]);
+    sp.set_home_replica(sp.owner_replica());
+    *plan.add_shards() = sp;
+  }
   std::vector<std::vector<int>> at(cfg.cluster.stages, std::vector<int>(cfg.cluster.replicas));
   for (int k = 0; k < static_cast<int>(worker_of_slot.size()); ++k) {
     const auto [stage, replica] = SlotOf(cfg, k);
@@ -299,13 +305,32 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
   for (int r = D; r < grow; ++r)
     for (int s = 0; s < P; ++s) Place(plan, old, *spare++, s, r, workers);
   if (grow == cfg.cluster.replicas) {
-    // The cut never changed (ShrinkPlan keeps it): the first plan's owners, one shard a replica.
-    const std::vector<proto::ShardPlacement> first = PlanShards(cfg);
-    for (int i = 0; i < plan.shards_size() && i < static_cast<int>(first.size()); ++i) {
-      plan.mutable_shards(i)->set_owner_replica(first[i].owner_replica());
-    }
+    for (proto::ShardPlacement& sp : *plan.mutable_shards()) sp.set_owner_replica(sp.home_replica());
   }
   return plan;
+}
+
+std::vector<std::vector<int>> ShardOwners(const proto::Plan& plan) {
+  const int P = plan.stages(), D = plan.replicas();
+  std::vector<std::vector<int>> owners(P, std::vector<int>(D, -1));
+  std::vector<std::vector<bool>> hosts(P, std::vector<bool>(D, false));
+  for (const proto::ShardPlacement& sp : plan.shards()) {
+    if (sp.stage() < 0 || sp.stage() >= P || sp.shard() < 0 || sp.shard() >= D || sp.owner_replica() < 0 ||
+        sp.owner_replica() >= D) {
+      continue;
+    }
+    owners[sp.stage()][sp.shard()] = sp.owner_replica();
+    hosts[sp.stage()][sp.owner_replica()] = true;
+  }
+  for (int s = 0; s < P; ++s) {
+    int idle = 0;
+    for (int& r : owners[s]) {
+      if (r >= 0) continue;
+      while (idle < D && hosts[s][idle]) ++idle;
+      r = idle < D ? idle++ : 0;
+    }
+  }
+  return owners;
 }
 
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard) {

@@ -35,6 +35,7 @@ std::vector<int> RegistrationOrder(const JobConfig& cfg);
 // coordinator puts that cut into the config the workers build their stages from.
 struct SlotSearch {
   std::vector<int> worker_of_slot;
+  std::vector<std::vector<int>> shard_owner;  // PlacementResult's: [stage][k], the replica hosting shard k
   std::vector<int> blocks_per_stage;  // the cut the prediction used
   bool searched = false;  // the search's plan was enough faster to replace registration order
   std::string why_not;    // empty where every stage fits its worker's reported memory
@@ -57,11 +58,16 @@ struct PlanRequest {
 };
 
 // Version 1 of the plan for `workers` (every one registered), by worker id; slot k runs on worker
-// worker_of_slot[k]. The links between workers (worker w on host w; null: unknown, all fast)
-// resolve an "auto" transport.wire_dtype per link (transport/wire_plan.h).
+// worker_of_slot[k], and shard k of stage s on replica shard_owner[s][k] (empty: on replica k).
+// The links between workers (worker w on host w; null: unknown, all fast) resolve an "auto"
+// transport.wire_dtype per link (transport/wire_plan.h).
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                      const PlanRequest& request, const std::vector<int>& worker_of_slot,
-                     const NetworkCost* network = nullptr);
+                     const NetworkCost* network = nullptr, const std::vector<std::vector<int>>& shard_owner = {});
+
+// The plan's shard owners as PlacementResult has them: [stage][k], the replica that hosts shard k,
+// and the replicas hosting no shard of the stage on the numbers of the shards it lacks, in order.
+std::vector<std::vector<int>> ShardOwners(const proto::Plan& plan);
 
 // The version after `old`: each worker `lost` of `replace` (lost -> spare) gives its place, its
 // links' wire dtypes and connection counts to the spare, registered in `workers` (a spare
@@ -87,7 +93,7 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
 // replicas, up to the config's count, as many as the global batch divides among; at the config's
-// count each runs train.micro_batches again and every shard goes back to its first owner.
+// count each runs train.micro_batches again and every shard goes back to its home replica.
 // FailedPrecondition where the spares make no replica more.
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,

@@ -18,7 +18,10 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
   for (const auto& [id, r] : reports) {
     Worker& w = workers_[id];
     // A worker moved to another stage does other work: its pace starts again.
-    if (w.stage != r.stage()) w = Worker{r.stage()};
+    if (w.stage != r.stage()) {
+      w = Worker{};
+      w.stage = r.stage();
+    }
     // Per micro-batch: a plan with fewer replicas gives each more of them (ShrinkPlan).
     const double compute = r.compute_seconds() / std::max(1, r.micro_batches_size());
     if (static_cast<int>(w.start.size()) < kWindow) w.start.push_back(compute);

@@ -103,11 +103,16 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   return e;
 }
 
-double HostedPsFloats(const JobConfig& cfg, int stage, int replica) {
+double HostedPsFloats(const JobConfig& cfg, int stage, int replica, const proto::Plan* plan) {
   double floats = 0;
   for (const ParamLayout::PsShardCut& cut :
        ParamLayout(cfg.model, cfg.Stage(stage)).PsShards(cfg.cluster.replicas, cfg.cluster.central_ps)) {
-    if (cut.owner_replica == replica) floats += static_cast<double>(cut.floats);
+    int owner = cut.owner_replica;  // also the shard's number
+    if (plan != nullptr) {
+      for (const proto::ShardPlacement& sp : plan->shards())
+        if (sp.stage() == stage && sp.shard() == cut.owner_replica) owner = sp.owner_replica();
+    }
+    if (owner == replica) floats += static_cast<double>(cut.floats);
   }
   return floats;
 }
@@ -119,10 +124,10 @@ absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& availab
                    "with cluster.stages (longhaul coordinator and worker)");
 }
 
-absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads, int device,
-                               const MemoryLimit& available) {
+absl::Status CheckWorkerMemory(const JobConfig& cfg, const proto::Plan* plan, int stage, int replica, int threads,
+                               int device, const MemoryLimit& available) {
   return CheckFits(absl::StrFormat("stage %d replica %d", stage, replica),
-                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica), threads, device), available, cfg,
+                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica, plan), threads, device), available, cfg,
                    "or split the model over more cluster.stages");
 }
 

@@ -22,8 +22,9 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
 // Every process of `longhaul local` together: the workers (with `threads` threads each) and the
 // coordinator.
 MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);
-// Floats of the parameter-server shards replica `replica` of `stage` hosts (the coordinator's cuts).
-double HostedPsFloats(const JobConfig& cfg, int stage, int replica);
+// Floats of the parameter-server shards replica `replica` of `stage` hosts: the coordinator's cuts,
+// each on the replica `plan` gives it (null: shard k on replica k, the config's own layout).
+double HostedPsFloats(const JobConfig& cfg, int stage, int replica, const proto::Plan* plan = nullptr);
 
 // The iteration a worker's run stops before: the plan's stop (`longhaul local --stop-at`), else
 // train.steps.
@@ -35,8 +36,8 @@ inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
 // fit: `longhaul train`; one worker; every process of `longhaul local` on this machine together.
 absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());
 // `device`: -1 for a CPU stage (held in host memory), N for one on cuda:N (only its host copies).
-absl::Status CheckWorkerMemory(const JobConfig& cfg, int stage, int replica, int threads, int device,
-                               const MemoryLimit& available = HostMemoryAvailable());
+absl::Status CheckWorkerMemory(const JobConfig& cfg, const proto::Plan* plan, int stage, int replica, int threads,
+                               int device, const MemoryLimit& available = HostMemoryAvailable());
 // A stage of `spec` holding one micro-batch, on the CPU (`device` -1; a GPU stage checks its own
 // device): the compute probe's stages, before any is built.
 absl::Status CheckProbeStageMemory(const JobConfig& cfg, const StageSpec& spec, int threads, int device,

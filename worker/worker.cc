@@ -274,7 +274,7 @@ absl::Status Worker::Setup() {
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
-  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, s_, r_, omp_get_max_threads(), device));
+  LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, &plan_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
   TransportOptions transport = TransportFor(cfg_, plan_.job_id());
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says

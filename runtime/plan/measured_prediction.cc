@@ -1,6 +1,7 @@
 #include "plan/measured_prediction.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_format.h"
 #include "plan/job_problem.h"
@@ -9,7 +10,8 @@ namespace longhaul {
 
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
                                                   const NetworkCost& network,
-                                                  const std::vector<int>& worker_of_slot) {
+                                                  const std::vector<int>& worker_of_slot,
+                                                  const std::vector<std::vector<int>>& shard_owner) {
   const int P = cfg.cluster.stages, W = P * cfg.cluster.replicas;
   if (static_cast<int>(per_micro_by_worker.size()) != W) {
     return absl::InvalidArgumentError(
@@ -45,8 +47,12 @@ absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const st
   }
   PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network);
   problem.iterations = 3;
-  absl::StatusOr<PlacementResult> r =
-      worker_of_slot.empty() ? RegistrationOrder(problem) : PlaceInOrder(problem, worker_of_slot);
+  std::vector<int> order = worker_of_slot;
+  if (order.empty()) {
+    order.resize(W);
+    std::iota(order.begin(), order.end(), 0);
+  }
+  absl::StatusOr<PlacementResult> r = PlaceInOrder(problem, order, shard_owner);
   if (!r.ok()) return r.status();
   return r->iteration_s;
 }

@@ -6,8 +6,9 @@
 // stage's mean, so a replica that computes slower (on a shared machine, the ones that compute at
 // the same moments) sets the pace as it did. The job's layout runs over `network` with worker w
 // on host w (as `longhaul local` places them) and slot k = replica·stages + stage run by worker
-// worker_of_slot[k] (empty: by worker k, registration order). What it checks is the schedule and
-// the links, with compute taken as it was.
+// worker_of_slot[k] (empty: by worker k, registration order), each parameter-server shard on the
+// replica shard_owner gives it (PlacementResult's; empty: shard k on replica k). What it checks is
+// the schedule and the links, with compute taken as it was.
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,7 @@ namespace longhaul {
 // `per_micro_by_worker[w]`: worker w's compute seconds per micro-batch.
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
                                                   const NetworkCost& network,
-                                                  const std::vector<int>& worker_of_slot = {});
+                                                  const std::vector<int>& worker_of_slot = {},
+                                                  const std::vector<std::vector<int>>& shard_owner = {});
 
 }  // namespace longhaul

@@ -1,6 +1,7 @@
 #include "plan/placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -73,7 +74,25 @@ class Scorer {
   int Device(int w) const { return p_.device.empty() ? 0 : p_.device[w]; }
   int simulations() const { return simulations_; }
 
-  absl::StatusOr<PlacementResult> Score(const std::vector<int>& order, const std::vector<int>& cut) {
+  // The identity: shard k of every stage on replica k.
+  std::vector<std::vector<int>> DefaultOwners() const {
+    std::vector<int> replicas(p_.layout.replicas);
+    std::iota(replicas.begin(), replicas.end(), 0);
+    return std::vector<std::vector<int>>(p_.layout.stages, replicas);
+  }
+
+  // [stage][k]: the floats of the shard PsShards gives replica k under `cut` (0 where none).
+  std::vector<std::vector<double>> ShardFloats(const std::vector<int>& cut) {
+    sim_.layout.blocks_per_stage = cut;
+    std::vector<std::vector<double>> floats(p_.layout.stages, std::vector<double>(p_.layout.replicas, 0));
+    for (const ShardPlacement& sh : DefaultPlacement(sim_.layout, p_.central_ps).shards) {
+      floats[sh.stage][sh.worker / p_.layout.stages] = sh.params;
+    }
+    return floats;
+  }
+
+  absl::StatusOr<PlacementResult> Score(const std::vector<int>& order, const std::vector<int>& cut,
+                                        const std::vector<std::vector<int>>& owners) {
     sim_.layout.blocks_per_stage = cut;
     const Placement base = DefaultPlacement(sim_.layout, p_.central_ps);
     Placement& out = sim_.placement;
@@ -83,7 +102,11 @@ class Scorer {
     out.host = p_.host;
     out.device = p_.device;
     out.shards = base.shards;
-    for (ShardPlacement& sh : out.shards) sh.worker = order[sh.worker];
+    const int P = p_.layout.stages;
+    for (ShardPlacement& sh : out.shards) {
+      // DefaultPlacement numbers the worker of (stage s, replica r) r·P + s.
+      sh.worker = order[owners[sh.stage][sh.worker / P] * P + sh.stage];
+    }
     out.clip_norm = p_.clip_norm;
     ++simulations_;
     auto report = Simulate(sim_);
@@ -91,6 +114,7 @@ class Scorer {
     PlacementResult r;
     r.placement = out;
     r.blocks_per_stage = cut;
+    r.shard_owner = owners;
     r.iteration_s = report->iteration_s;
     double worst_over = 0;
     for (size_t w = 0; w < report->workers.size(); ++w) {
@@ -114,13 +138,16 @@ class Scorer {
   int simulations_ = 0;
 };
 
-absl::Status CheckOrder(const std::vector<int>& order, int workers) {
-  std::vector<bool> seen(workers, false);
-  if (static_cast<int>(order.size()) != workers) {
-    return absl::InvalidArgumentError(absl::StrFormat("placement: order has %d entries for %d workers", order.size(), workers));
+// `what` names the n things (workers, a stage's replicas) that `order` must be a permutation of.
+absl::Status CheckOrder(const std::vector<int>& order, int n, const std::string& what) {
+  std::vector<bool> seen(n, false);
+  if (static_cast<int>(order.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrFormat("placement: %d entries for %d %s", order.size(), n, what));
   }
   for (int w : order) {
-    if (w < 0 || w >= workers || seen[w]) return absl::InvalidArgumentError("placement: order is not a permutation of the workers");
+    if (w < 0 || w >= n || seen[w]) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: not a permutation of the ", what));
+    }
     seen[w] = true;
   }
   return absl::OkStatus();
@@ -140,32 +167,49 @@ class Search {
     // Starts: registration order with the layout's own cut and with the balanced one (so that no
     // baseline's plan is better than the start, and where nothing is better registration order
     // stands: only a strict improvement replaces a start), then the constructed plans.
-    std::vector<std::pair<std::vector<int>, std::vector<int>>> starts;
+    struct Start {
+      std::vector<int> order, cut;
+      int family;  // 0: registration order, and stages grouped by fast exchange links; 1: pipelines grouped
+    };
+    std::vector<Start> starts;
     std::vector<int> registration(W);
     std::iota(registration.begin(), registration.end(), 0);
-    starts.push_back({registration, LayoutCut()});
+    starts.push_back({registration, LayoutCut(), 0});
     auto cut = Balanced(registration);
     if (!cut.ok()) return cut.status();
-    starts.push_back({registration, *cut});
+    starts.push_back({registration, *cut, 0});
     for (bool hardest_first : {false, true}) {
       groups_ = Groups(p_.layout.stages, p_.layout.replicas, dp_, hardest_first);
       const std::vector<int> path = GroupPath();
       const std::vector<int> pipeline = FirstPipeline(hardest_first);
-      for (const std::vector<int>& order : {Chain(path), Chain({path.rbegin(), path.rend()}), AlignReplicas(pipeline),
-                                            AlignReplicas({pipeline.rbegin(), pipeline.rend()})}) {
-        auto balanced = Balanced(order);
+      const std::vector<std::vector<int>> orders = {Chain(path), Chain({path.rbegin(), path.rend()}),
+                                                    AlignReplicas(pipeline),
+                                                    AlignReplicas({pipeline.rbegin(), pipeline.rend()})};
+      for (size_t k = 0; k < orders.size(); ++k) {
+        auto balanced = Balanced(orders[k]);
         if (!balanced.ok()) return balanced.status();
-        starts.push_back({order, *balanced});
+        starts.push_back({orders[k], *balanced, k < 2 ? 0 : 1});
       }
     }
-    PlacementResult best;
-    std::vector<int> order;
-    for (const auto& [start, start_cut] : starts) {
-      auto r = scorer_.Score(start, start_cut);
+    std::vector<PlacementResult> best(2);
+    std::vector<std::vector<int>> order(2);
+    for (const Start& start : starts) {
+      auto r = scorer_.Score(start.order, start.cut, scorer_.DefaultOwners());
       if (!r.ok()) return r.status();
-      if (order.empty() || Better(*r, best)) best = *r, order = start;
+      const int f = start.family;
+      if (order[f].empty() || Better(*r, best[f])) best[f] = *r, order[f] = start.order;
     }
-    return LocalSearch(std::move(best), std::move(order), options);
+    // The families' optima lie in different basins (a stage's replicas on one site against a
+    // pipeline on one site) that the descent's single moves do not cross: each family descends
+    // from its best start with half of what the budget has left, the better start first.
+    const int first = Better(best[1], best[0]) ? 1 : 0;
+    const int half = scorer_.simulations() + (options.max_simulations - scorer_.simulations()) / 2;
+    auto a = LocalSearch(std::move(best[first]), std::move(order[first]), options.seed, half);
+    if (!a.ok()) return a.status();
+    auto b = LocalSearch(std::move(best[1 - first]), std::move(order[1 - first]), options.seed + 1,
+                         options.max_simulations);
+    if (!b.ok()) return b.status();
+    return Done(Better(*b, *a) ? *b : *a);
   }
 
  private:
@@ -426,26 +470,34 @@ class Search {
   // budget is spent; best and order end as the local optimum.
   absl::Status Descend(PlacementResult& best, std::vector<int>& order, int budget, std::mt19937_64& rng) {
     const int P = p_.layout.stages, W = scorer_.workers(), slots = scorer_.slots();
-    enum class Kind { kBlock, kGroupSwap, kSwap };
+    const int D = p_.layout.replicas;
+    enum class Kind { kBlock, kOwnerSwap, kGroupSwap, kSwap };
     struct Move {
       Kind kind;
       // Swaps: positions in the order. A block: stage a gives one to stage b (blocks cost the same
-      // wherever they are, so the stages between keep their counts and shift by one).
-      int a, b;
+      // wherever they are, so the stages between keep their counts and shift by one). An owner
+      // swap: the shards PsShards gives replicas a and b of stage `stage` trade hosts.
+      int a, b, stage = 0;
     };
     // Each pass tries the block moves first (few, and a swap is judged on the cut they leave),
-    // then the group swaps (few that apply, and they reach what single swaps cannot), then swaps.
-    std::vector<std::vector<Move>> kinds(3);
+    // then the owner swaps (few: shards of unequal size), then the group swaps (few that apply,
+    // and they reach what single swaps cannot), then swaps.
+    std::vector<std::vector<Move>> kinds(4);
     for (int from = 0; from < P; ++from)
       for (int to = 0; to < P; ++to)
         if (from != to) kinds[0].push_back({Kind::kBlock, from, to});
+    for (int st = 0; st < P; ++st)
+      for (int i = 0; i < D; ++i)
+        for (int j = i + 1; j < D; ++j) kinds[1].push_back({Kind::kOwnerSwap, i, j, st});
     for (int i = 0; i < slots; ++i)
       for (int j = i + 1; j < W; ++j) {
-        kinds[1].push_back({Kind::kGroupSwap, i, j});
-        kinds[2].push_back({Kind::kSwap, i, j});
+        kinds[2].push_back({Kind::kGroupSwap, i, j});
+        kinds[3].push_back({Kind::kSwap, i, j});
       }
     for (bool improved = true; improved;) {
       improved = false;
+      // Shards of (nearly) one size cost the same wherever they live: their swaps are skipped.
+      const std::vector<std::vector<double>> floats = scorer_.ShardFloats(best.blocks_per_stage);
       std::vector<Move> pass;
       for (std::vector<Move>& moves : kinds) {
         std::vector<int> index(moves.size());
@@ -456,9 +508,14 @@ class Search {
       for (const Move& mv : pass) {
         if (scorer_.simulations() >= budget) return absl::OkStatus();
         std::vector<int> trial = order, cut = best.blocks_per_stage;
+        std::vector<std::vector<int>> owners = best.shard_owner;
         if (mv.kind == Kind::kBlock) {
           if (cut[mv.a] <= 1 || p_.keep_cut) continue;
           --cut[mv.a], ++cut[mv.b];
+        } else if (mv.kind == Kind::kOwnerSwap) {
+          const double x = floats[mv.stage][mv.a], y = floats[mv.stage][mv.b];
+          if (std::abs(x - y) <= 0.01 * std::max(x, y)) continue;
+          std::swap(owners[mv.stage][mv.a], owners[mv.stage][mv.b]);
         } else {
           if (class_[order[mv.a]] == class_[order[mv.b]]) continue;
           if (mv.kind == Kind::kSwap) {
@@ -473,7 +530,7 @@ class Search {
             cut = *balanced;
           }
         }
-        auto r = scorer_.Score(trial, cut);
+        auto r = scorer_.Score(trial, cut, owners);
         if (!r.ok()) return r.status();
         if (Better(*r, best)) best = *r, order = trial, improved = true;
       }
@@ -485,12 +542,12 @@ class Search {
   // (group swaps where they apply) and descend again, keeping what improves. The descent's moves
   // change one thing at a time; the optimum can need two (two stages trading halves of their
   // sites at once).
-  absl::StatusOr<PlacementResult> LocalSearch(PlacementResult best, std::vector<int> order,
-                                              const SearchOptions& options) {
-    std::mt19937_64 rng(options.seed);
-    if (auto st = Descend(best, order, options.max_simulations, rng); !st.ok()) return st;
+  absl::StatusOr<PlacementResult> LocalSearch(PlacementResult best, std::vector<int> order, uint64_t seed,
+                                              int budget) {
+    std::mt19937_64 rng(seed);
+    if (auto st = Descend(best, order, budget, rng); !st.ok()) return st;
     const int slots = scorer_.slots(), W = scorer_.workers();
-    while (scorer_.simulations() < options.max_simulations) {
+    while (scorer_.simulations() < budget) {
       std::vector<int> trial = order;
       int kicks = 0;
       for (int tries = 0; kicks < 2 && tries < 100; ++tries) {
@@ -502,13 +559,13 @@ class Search {
       if (kicks == 0) break;  // every worker alike: no placement differs from this one
       auto cut = Balanced(trial);
       if (!cut.ok()) return cut.status();
-      auto kicked = scorer_.Score(trial, *cut);
+      auto kicked = scorer_.Score(trial, *cut, best.shard_owner);
       if (!kicked.ok()) return kicked.status();
       PlacementResult local = *kicked;
-      if (auto st = Descend(local, trial, options.max_simulations, rng); !st.ok()) return st;
+      if (auto st = Descend(local, trial, budget, rng); !st.ok()) return st;
       if (Better(local, best)) best = local, order = trial;
     }
-    return Done(best);
+    return best;
   }
 
   PlacementResult Done(PlacementResult best) const {
@@ -573,11 +630,20 @@ std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, dou
   return cut;
 }
 
-absl::StatusOr<PlacementResult> PlaceInOrder(const PlacementProblem& problem, const std::vector<int>& order) {
+absl::StatusOr<PlacementResult> PlaceInOrder(const PlacementProblem& problem, const std::vector<int>& order,
+                                             const std::vector<std::vector<int>>& shard_owner) {
   Scorer scorer(problem);
   if (auto st = scorer.Validate(); !st.ok()) return st;
-  if (auto st = CheckOrder(order, scorer.workers()); !st.ok()) return st;
-  return scorer.Score(order, problem.layout.blocks_per_stage);
+  if (auto st = CheckOrder(order, scorer.workers(), "workers"); !st.ok()) return st;
+  if (shard_owner.empty()) return scorer.Score(order, problem.layout.blocks_per_stage, scorer.DefaultOwners());
+  if (static_cast<int>(shard_owner.size()) != problem.layout.stages) {
+    return absl::InvalidArgumentError(absl::StrFormat("placement: shard owners for %d stages, the layout has %d",
+                                                      shard_owner.size(), problem.layout.stages));
+  }
+  for (const std::vector<int>& owners : shard_owner) {
+    if (auto st = CheckOrder(owners, problem.layout.replicas, "replicas of a stage (shard owners)"); !st.ok()) return st;
+  }
+  return scorer.Score(order, problem.layout.blocks_per_stage, shard_owner);
 }
 
 absl::StatusOr<PlacementResult> RegistrationOrder(const PlacementProblem& problem) {
@@ -616,7 +682,7 @@ absl::StatusOr<PlacementResult> GeneticPlacement(const PlacementProblem& problem
     PlacementResult result;
   };
   auto score = [&](std::vector<int> order) -> absl::StatusOr<Individual> {
-    auto r = scorer.Score(order, problem.layout.blocks_per_stage);
+    auto r = scorer.Score(order, problem.layout.blocks_per_stage, scorer.DefaultOwners());
     if (!r.ok()) return r.status();
     return Individual{std::move(order), *std::move(r)};
   };

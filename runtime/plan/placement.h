@@ -21,7 +21,11 @@
 //  3. The stage cut: blocks per stage balanced on each stage's slowest device (the last stage
 //     also runs the head), so a faster device gets more blocks.
 //  4. Local search scored by Simulate, first improvement in a seeded random order, each pass
-//     trying in turn: moves of one block from any stage to any other; group swaps (the workers of
+//     trying in turn: moves of one block from any stage to any other; swaps of two shards' hosts
+//     within a stage, where the shards differ in size (shards are cut at whole tensors, so the
+//     first stage's embedding and the last stage's head make one heavy shard, and its host, which
+//     takes every replica's gradient of it and sends them its parameters, is best on the stage's
+//     best-connected site; with a central parameter server, which replica hosts it); group swaps (the workers of
 //     one site in a stage trade places with as many of another site's in another stage: with few
 //     workers per site, moving one alone spreads a stage over one more site and never looks
 //     better); and swaps of two workers between slots (idle workers included). Swaps of workers
@@ -65,6 +69,9 @@ struct PlacementProblem {
 struct PlacementResult {
   Placement placement;                // workers beyond stages × replicas stay idle
   std::vector<int> blocks_per_stage;  // the cut the prediction used
+  // [stage][k]: the replica that hosts the shard ParamLayout::PsShards gives replica k (a
+  // permutation of the replicas; the identity but where the search moved shards).
+  std::vector<std::vector<int>> shard_owner;
   double iteration_s = 0;             // Simulate's prediction for this plan
   bool fits = true;                   // every stage fits its device's memory
   std::string why_not;                // where it does not: the worker furthest over, and by how much
@@ -79,8 +86,10 @@ struct SearchOptions {
 absl::StatusOr<PlacementResult> SearchPlacement(const PlacementProblem& problem, const SearchOptions& options = {});
 
 // Slot k = replica · stages + stage runs worker order[k] (DefaultPlacement's numbering: the
-// identity is registration order); order is a permutation of every worker.
-absl::StatusOr<PlacementResult> PlaceInOrder(const PlacementProblem& problem, const std::vector<int>& order);
+// identity is registration order); order is a permutation of every worker. shard_owner as
+// PlacementResult has it (empty: shard k on replica k).
+absl::StatusOr<PlacementResult> PlaceInOrder(const PlacementProblem& problem, const std::vector<int>& order,
+                                             const std::vector<std::vector<int>>& shard_owner = {});
 absl::StatusOr<PlacementResult> RegistrationOrder(const PlacementProblem& problem);
 absl::StatusOr<PlacementResult> RandomPlacement(const PlacementProblem& problem, uint64_t seed);
 

@@ -49,7 +49,18 @@ TEST(MemoryCheck, WorkerCountsItsScheduleSlotsAndItsShard) {
   const JobConfig central = Config({"cluster.stages=2", "cluster.replicas=2", "cluster.ps=central"});
   EXPECT_EQ(HostedPsFloats(central, 1, 0), StageParamCount(central.model, central.Stage(1)));
   EXPECT_EQ(HostedPsFloats(central, 1, 1), 0);
-  absl::Status s = CheckWorkerMemory(Config({"model.d_model=8192", "cluster.stages=2"}), 1, 0, 1, -1, kOneGiB);
+  // A plan that moved stage 0's shard 1 to replica 0: replica 0 counts both, replica 1 none.
+  proto::Plan moved;
+  for (int k = 0; k < 2; ++k) {
+    proto::ShardPlacement* sp = moved.add_shards();
+    sp->set_stage(0);
+    sp->set_shard(k);
+    sp->set_owner_replica(0);
+  }
+  EXPECT_EQ(HostedPsFloats(gpipe, 0, 0, &moved), stage_floats);
+  EXPECT_EQ(HostedPsFloats(gpipe, 0, 1, &moved), 0);
+  absl::Status s =
+      CheckWorkerMemory(Config({"model.d_model=8192", "cluster.stages=2"}), nullptr, 1, 0, 1, -1, kOneGiB);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("stage 1 replica 0 needs about"), std::string::npos) << s;
   EXPECT_NE(s.message().find("more cluster.stages"), std::string::npos) << s;

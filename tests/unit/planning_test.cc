@@ -259,11 +259,12 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
 }
 
 // The layout shrunk above grows back once two spares (a whole replica) wait: three replicas of 2
-// micro-batches again, the spares as replica 2, every shard with its first owner.
+// micro-batches again, the spares as replica 2, every shard with the owner the first plan gave it
+// (here the placement's, which moved stage 0's shards).
 TEST(Planning, AShrunkLayoutGrowsBackWhenSparesMakeAWholeReplica) {
   const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
   std::map<int, proto::RegisterRequest> workers = Workers(6);
-  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg));
+  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg), nullptr, {{2, 0, 1}, {0, 1, 2}});
   workers.erase(3);
   const absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {3}, {}, workers, {40, "step_00000040", 100});
   ASSERT_TRUE(v2.ok()) << v2.status();
@@ -364,6 +365,27 @@ TEST(Planning, ShardedParameterServersSpreadEachStageOverItsReplicas) {
     }
   }
   EXPECT_FALSE(HostsShard(plan, plan.assignments(0), 0, 99));
+}
+
+// The placement search may host a stage's shards on other replicas than their numbers: the plan
+// carries its owners (and keeps them as each shard's home), and ShardOwners reads them back.
+TEST(Planning, ThePlacementsShardOwnersGoIntoThePlan) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3"});
+  const std::vector<std::vector<int>> owners = {{1, 2, 0}, {0, 2, 1}};
+  const proto::Plan plan = MakePlan(cfg, Workers(6), {}, RegistrationOrder(cfg), nullptr, owners);
+  ASSERT_EQ(plan.shards_size(), 6);
+  for (const proto::ShardPlacement& sp : plan.shards()) {
+    EXPECT_EQ(sp.owner_replica(), owners[sp.stage()][sp.shard()]);
+    EXPECT_EQ(sp.home_replica(), sp.owner_replica());
+  }
+  EXPECT_EQ(ShardOwners(plan), owners);
+  EXPECT_EQ(ShardOwners(MakePlan(cfg, Workers(6), {}, RegistrationOrder(cfg))),
+            (std::vector<std::vector<int>>{{0, 1, 2}, {0, 1, 2}}));
+  // A central parameter server: stage s's one shard on replica 2, the numbers it lacks on the rest.
+  const JobConfig central = Config({"cluster.stages=2", "cluster.replicas=3", "cluster.ps=\"central\""});
+  const proto::Plan one = MakePlan(central, Workers(6), {}, RegistrationOrder(central), nullptr, {{2, 0, 1}, {2, 1, 0}});
+  for (const proto::ShardPlacement& sp : one.shards()) EXPECT_EQ(sp.owner_replica(), 2);
+  EXPECT_EQ(ShardOwners(one), (std::vector<std::vector<int>>{{2, 0, 1}, {2, 0, 1}}));
 }
 
 TEST(Planning, ACentralParameterServerIsReplicaZeroWithTheWholeStage) {
