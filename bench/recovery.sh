@@ -13,7 +13,9 @@
 # time beyond the checkpoint run's, per failure), from which the throughput retained at exactly
 # one failure per `every` steps follows.
 #
-# Usage: bash bench/recovery.sh [scenario] [failures] [every] [checkpoint_every]
+# Usage: [RECOVERY_SET="key=value ..."] bash bench/recovery.sh [scenario] [failures] [every] [checkpoint_every]
+#   RECOVERY_SET:     config overrides for every run, e.g. a larger model (model.d_model=512): the
+#                     stall's parts are fixed times, so longer iterations weigh them less
 #   scenario:         a file under netem/scenarios without .toml (default source-10ms-1gbit)
 #   failures:         workers killed (default 25)
 #   every:            committed steps between kills (default 30)
@@ -28,6 +30,8 @@ ckpt=${4:-1}
 # Room for every failure: `every` steps after each recovery, and the few steps each redoes.
 steps=$(( (failures + 1) * (every + 3) + 20 ))
 bin=$PWD/build/longhaul
+overrides=()
+for kv in ${RECOVERY_SET:-}; do overrides+=(--set "$kv"); done
 out=$(mktemp -d /tmp/longhaul-recovery.XXXXXX)
 export LONGHAUL_SECRET_FILE=$out/secret
 "$bin" secret "$LONGHAUL_SECRET_FILE" > /dev/null
@@ -76,7 +80,7 @@ run() {  # name, checkpoint_every (0: none), kills
   "$bin" coordinator -c configs/demo.toml --listen "127.0.0.1:$coord_port" --set train.steps=$steps \
     --set train.out_dir="\"$dir\"" --set train.checkpoint_every="$2" --set train.keep_checkpoints=2 \
     --set train.log_every=100 --set cluster.heartbeat_s=0.2 --set cluster.link_probe=\"off\" \
-    > "$dir/coordinator.log" 2>&1 &
+    "${overrides[@]}" > "$dir/coordinator.log" 2>&1 &
   local coord=$!
   pids+=($coord)
   for ((i = 0; i < slots; i++)); do start_worker "$i" "$dir"; done
@@ -113,7 +117,7 @@ PY
   wait "$coord" || { echo "recovery: $name failed; its logs: $dir" >&2; exit 1; }
   for ((i = 0; i < slots; i++)); do kill -9 "${worker_pid[$i]}" 2> /dev/null || true; done
 }
-echo "recovery: demo 2x2 + 1 spare over $scenario (proxy), $steps steps per run" >&2
+echo "recovery: demo 2x2 + 1 spare over $scenario (proxy), $steps steps per run${RECOVERY_SET:+, $RECOVERY_SET}" >&2
 run calm 0 0
 run checkpoints "$ckpt" 0
 run failures "$ckpt" "$failures"

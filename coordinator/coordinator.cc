@@ -280,13 +280,19 @@ class Service final : public proto::Coordinator::Service {
         const proto::IterationReport& r = rec.reports.at(id);
         const std::string what = absl::StrFormat(
             "worker %d (stage %d, replica %d) straggles: its compute per iteration, median of the last %d, is %.2fx "
-            "its own at the start of the run and %.2fx its stage's other replicas'",
+            "its own at the start of the run (beyond the other workers' drift) and %.2fx its stage's other replicas'",
             id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start, s.vs_peers);
-        const bool moved = cfg_.cluster.replace_stragglers && !move && !Spares().empty();
+        // A move sends every worker back to the last complete checkpoint: worth it only where that
+        // redoes fewer iterations than the straggler was watched for.
+        const int64_t redo = req->iteration() + 1 - latest_step_;
+        const bool moved =
+            cfg_.cluster.replace_stragglers && !move && !Spares().empty() && redo <= StragglerWatch::kWindow;
         std::cout << "coordinator: " << what
                   << (moved ? "; a spare takes its place and it waits as a spare\n"
-                            : "; it keeps its place (slow, not dead; no spare waits, or cluster.replace_stragglers is "
-                              "false)\n")
+                            : absl::StrFormat("; it keeps its place (slow, not dead; it moves to a waiting spare where "
+                                              "cluster.replace_stragglers is on and the last complete checkpoint is "
+                                              "at most %d iterations back, here %d)\n",
+                                              StragglerWatch::kWindow, redo))
                   << std::flush;
         if (moved) move.emplace(id, what);
       }

@@ -305,7 +305,9 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
   for (int r = D; r < grow; ++r)
     for (int s = 0; s < P; ++s) Place(plan, old, *spare++, s, r, workers);
   if (grow == cfg.cluster.replicas) {
-    for (proto::ShardPlacement& sp : *plan.mutable_shards()) sp.set_owner_replica(sp.home_replica());
+    for (proto::ShardPlacement& sp : *plan.mutable_shards()) {
+      sp.set_owner_replica(sp.has_home_replica() ? sp.home_replica() : sp.shard());
+    }
   }
   return plan;
 }

@@ -32,11 +32,21 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
   std::map<int, double> paces;
   for (const auto& [id, w] : workers_)
     if (const double pace = Pace(w); pace > 0) paces[id] = pace;
+  std::map<int, double> drift;  // pace now / pace at the start
+  for (const auto& [id, pace] : paces) {
+    const Worker& w = workers_.at(id);
+    if (static_cast<int>(w.start.size()) == kWindow && Median(w.start) > 0) drift[id] = pace / Median(w.start);
+  }
   current_.clear();
   for (const auto& [id, pace] : paces) {
     const Worker& w = workers_.at(id);
     Slowdown& s = current_[id];
-    if (static_cast<int>(w.start.size()) == kWindow && Median(w.start) > 0) s.vs_start = pace / Median(w.start);
+    if (const auto own = drift.find(id); own != drift.end()) {
+      std::vector<double> others;
+      for (const auto& [other, d] : drift)
+        if (other != id) others.push_back(d);
+      s.vs_start = own->second / std::max(1.0, others.empty() ? 1.0 : Median(others));
+    }
     std::vector<double> peers;
     for (const auto& [other, other_pace] : paces)
       if (other != id && workers_.at(other).stage == w.stage) peers.push_back(other_pace);

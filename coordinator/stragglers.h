@@ -2,8 +2,11 @@
 // Which workers compute slower than they should, measured as the run goes. A worker's pace is
 // the median compute time per micro-batch of its last kWindow iterations; it is compared with its own at the start
 // of the run (the median of its first kWindow iterations after the first: a machine that slowed
-// down, a noisy neighbour) and with the median pace of its stage's other replicas, which do the
-// same work (a machine slower than its peers). Over kThreshold by either measure for kWindow
+// down, a noisy neighbour), beyond the drift of the other workers (the median of theirs, where it
+// is a slowdown: when every worker of an emulated cluster sharing one machine's cores computes
+// twice as slowly as at the start, no machine is to blame, and a demo at d_model 512 had every
+// stage-1 worker replaced in turn), and with the median pace of its stage's other replicas, which
+// do the same work (a machine slower than its peers). Over kThreshold by either measure for kWindow
 // iterations in a row, it straggles: processes sharing a machine's cores drift by a third and more
 // for a while (the README's demo, 4 workers on 2 cores, did), a straggler stays slow. A straggler
 // is slow, not dead: it keeps its place and is reported (a console line, the metrics endpoint,
@@ -18,7 +21,7 @@
 namespace longhaul {
 
 struct Slowdown {
-  double vs_start = 1;  // pace now / its pace at the start
+  double vs_start = 1;  // pace now / its pace at the start, over the other workers' (where > 1)
   double vs_peers = 1;  // pace now / its stage's other replicas' median pace (1 without peers)
   double worst() const { return vs_start > vs_peers ? vs_start : vs_peers; }
 };

@@ -271,6 +271,7 @@ absl::Status Worker::Setup() {
     if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
   const int P = plan_.stages(), D = plan_.replicas();
   LH_RETURN_IF_ERROR(CheckReplicaBatches(plan_, cfg_));
+  LH_RETURN_IF_ERROR(CheckPlanShards(plan_, cfg_));
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));

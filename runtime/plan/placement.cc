@@ -480,8 +480,8 @@ class Search {
       int a, b, stage = 0;
     };
     // Each pass tries the block moves first (few, and a swap is judged on the cut they leave),
-    // then the owner swaps (few: shards of unequal size), then the group swaps (few that apply,
-    // and they reach what single swaps cannot), then swaps.
+    // then the owner swaps (shards of unequal size on workers the cost model tells apart), then
+    // the group swaps (few that apply, and they reach what single swaps cannot), then swaps.
     std::vector<std::vector<Move>> kinds(4);
     for (int from = 0; from < P; ++from)
       for (int to = 0; to < P; ++to)
@@ -514,7 +514,10 @@ class Search {
           --cut[mv.a], ++cut[mv.b];
         } else if (mv.kind == Kind::kOwnerSwap) {
           const double x = floats[mv.stage][mv.a], y = floats[mv.stage][mv.b];
-          if (std::abs(x - y) <= 0.01 * std::max(x, y)) continue;
+          // Workers the cost model cannot tell apart host either shard at the same cost.
+          const int host_a = order[owners[mv.stage][mv.a] * P + mv.stage],
+                    host_b = order[owners[mv.stage][mv.b] * P + mv.stage];
+          if (std::abs(x - y) <= 0.01 * std::max(x, y) || class_[host_a] == class_[host_b]) continue;
           std::swap(owners[mv.stage][mv.a], owners[mv.stage][mv.b]);
         } else {
           if (class_[order[mv.a]] == class_[order[mv.b]]) continue;

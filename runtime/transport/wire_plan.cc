@@ -1,6 +1,9 @@
 #include "transport/wire_plan.h"
 
+#include <map>
+
 #include "absl/strings/str_format.h"
+#include "model/param_layout.h"
 
 namespace longhaul {
 
@@ -85,6 +88,42 @@ absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg) 
       "the coordinator and this worker disagree; run one longhaul version on every host",
       plan.version(), plan.replicas(), ReplicaMicroBatches(plan, cfg), global, cfg.cluster.replicas,
       cfg.train.micro_batches));
+}
+
+absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan version %d: %s; the coordinator and this worker disagree: run one longhaul version on every host",
+        plan.version(), why));
+  };
+  std::map<std::pair<int, int>, const proto::ShardPlacement*> shards;  // (stage, shard)
+  for (const proto::ShardPlacement& sp : plan.shards()) {
+    if (!shards.insert({{sp.stage(), sp.shard()}, &sp}).second) {
+      return bad(absl::StrFormat("shard %d of stage %d is listed twice", sp.shard(), sp.stage()));
+    }
+    if (sp.owner_replica() < 0 || sp.owner_replica() >= plan.replicas()) {
+      return bad(absl::StrFormat("shard %d of stage %d is on replica %d of %d", sp.shard(), sp.stage(),
+                                 sp.owner_replica(), plan.replicas()));
+    }
+  }
+  size_t expected = 0;
+  for (int s = 0; s < cfg.cluster.stages; ++s) {
+    for (const ParamLayout::PsShardCut& cut :
+         ParamLayout(cfg.model, cfg.Stage(s)).PsShards(cfg.cluster.replicas, cfg.cluster.central_ps)) {
+      ++expected;
+      auto it = shards.find({s, cut.owner_replica});  // PsShards numbers a shard by its first owner
+      if (it == shards.end()) return bad(absl::StrFormat("no host for shard %d of stage %d", cut.owner_replica, s));
+      if (it->second->first_tensor() != cut.first_tensor || it->second->end_tensor() != cut.end_tensor) {
+        return bad(absl::StrFormat("shard %d of stage %d holds tensors [%d, %d), the job's cut [%d, %d)",
+                                   cut.owner_replica, s, it->second->first_tensor(), it->second->end_tensor(),
+                                   cut.first_tensor, cut.end_tensor));
+      }
+    }
+  }
+  if (shards.size() != expected) {
+    return bad(absl::StrFormat("%d parameter-server shards, the job has %d", shards.size(), expected));
+  }
+  return absl::OkStatus();
 }
 
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id) {

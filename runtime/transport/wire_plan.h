@@ -52,5 +52,10 @@ int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
 // A plan's replicas run the job's global batch (cfg.cluster.replicas x cfg.train.micro_batches),
 // no more replicas than the config's: what a worker checks before it sizes anything by the plan.
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);
+// A plan's parameter-server shards are the job's cuts (ParamLayout::PsShards of each stage: the
+// same numbers and tensor ranges, each once), each on a replica the plan runs: a shard hosted
+// nowhere, twice or on a replica that does not exist would leave the workers waiting for
+// parameters nobody sends, or step tensors twice.
+absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul

@@ -69,6 +69,27 @@ TEST(StragglerWatch, AFirstSlowIterationAndShortSpikesMakeNoStraggler) {
   EXPECT_TRUE(watch.worst().empty());
 }
 
+// Every worker computing twice as slowly as at the start (processes sharing one machine's cores,
+// whose contention grows as the pipeline fills) is no straggler; one of them slowing down further
+// still is, against the others' drift.
+TEST(StragglerWatch, AJobWideSlowdownMakesNoStraggler) {
+  StragglerWatch watch;
+  for (int it = 0; it < 200; ++it) {
+    auto seconds = [&](int id) {
+      const double job = it < 40 ? 1 : 2;  // every worker from iteration 40 on
+      return 0.01 * job * (id == 1 && it >= 120 ? 2 : 1);
+    };
+    const auto became = watch.Add(Reports(seconds));
+    if (it < 120) {
+      EXPECT_TRUE(became.empty()) << "iteration " << it;
+    }
+  }
+  ASSERT_EQ(watch.worst().size(), 1u);
+  EXPECT_EQ(watch.worst().begin()->first, 1);
+  EXPECT_NEAR(watch.Current().at(1).vs_start, 2, 0.05);
+  EXPECT_NEAR(watch.Current().at(0).vs_start, 1, 0.05);
+}
+
 // A layout shrunk to one replica (ShrinkPlan) gives workers 0 and 1 both replicas' micro-batches:
 // twice the compute per iteration, the same per micro-batch, and no straggler. Workers 2 and 3 left
 // the plan and are no one's peers.

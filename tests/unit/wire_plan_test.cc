@@ -6,6 +6,8 @@
 
 #include <set>
 
+#include "model/param_layout.h"
+
 namespace longhaul {
 namespace {
 
@@ -77,6 +79,51 @@ TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << replicas << " x " << micro;
     EXPECT_NE(s.message().find("not the job's global batch of 8"), std::string::npos) << s;
   }
+}
+
+// A plan's shards are the job's cuts, each hosted once by a replica the plan runs; a coordinator
+// of another build that disagrees is named, before the worker waits for parameters nobody sends.
+TEST(WirePlan, APlansShardsMustBeTheJobsCutsEachOnAReplicaItRuns) {
+  auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 2\n", "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  proto::Plan plan;
+  plan.set_version(2);
+  plan.set_replicas(2);
+  for (int s = 0; s < 2; ++s)
+    for (const ParamLayout::PsShardCut& cut : ParamLayout(cfg->model, cfg->Stage(s)).PsShards(2, false)) {
+      proto::ShardPlacement* sp = plan.add_shards();
+      sp->set_stage(s);
+      sp->set_shard(cut.owner_replica);
+      sp->set_owner_replica(1 - cut.owner_replica);  // moved, as the placement search may
+      sp->set_first_tensor(cut.first_tensor);
+      sp->set_end_tensor(cut.end_tensor);
+    }
+  ASSERT_EQ(plan.shards_size(), 4);
+  EXPECT_TRUE(CheckPlanShards(plan, *cfg).ok()) << CheckPlanShards(plan, *cfg);
+  auto refused = [&](proto::Plan p, const std::string& why) {
+    const absl::Status s = CheckPlanShards(p, *cfg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  };
+  proto::Plan p = plan;
+  p.mutable_shards(1)->set_owner_replica(2);
+  refused(p, "shard 1 of stage 0 is on replica 2 of 2");
+  p = plan;
+  p.mutable_shards(3)->set_owner_replica(-1);
+  refused(p, "is on replica -1 of 2");
+  p = plan;
+  *p.add_shards() = plan.shards(0);
+  refused(p, "shard 0 of stage 0 is listed twice");
+  p = plan;
+  p.mutable_shards()->RemoveLast();
+  refused(p, "no host for shard 1 of stage 1");
+  p = plan;
+  p.mutable_shards(0)->set_end_tensor(plan.shards(0).end_tensor() + 1);
+  refused(p, "the job's cut");
+  p = plan;
+  proto::ShardPlacement* extra = p.add_shards();
+  extra->set_stage(5);
+  refused(p, "5 parameter-server shards, the job has 4");
 }
 
 }  // namespace
