@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cpu/blas.h"
+#include "cpu/denormals.h"
 #include "cpu/ops.h"
 #include "util/status_macros.h"
 
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const ModelConfig& cf
   LH_RETURN_IF_ERROR(cfg.Validate());
   LH_RETURN_IF_ERROR(spec.Validate(cfg));
   LH_RETURN_IF_ERROR(cpu::LoadBlas());
+  cpu::FlushDenormals();
   if (B <= 0) return absl::InvalidArgumentError("micro-batch size must be positive");
   if (T <= 0 || T > cfg.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrFormat(
