@@ -364,6 +364,7 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
     }
     if (suspect != req->worker_id()) members_.Suspect(suspect, req->worker_id(), Clock::now());
+    cv_.notify_all();  // with its lifeline closed too, it is lost now (Supervise)
     return grpc::Status::OK;
   }
 
@@ -389,9 +390,13 @@ class Service final : public proto::Coordinator::Service {
         if (!sent) break;
         continue;
       }
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      // A closed lifeline is noticed here only: its delay is part of every failure's detection.
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
     }
-    if (ctx->IsCancelled() && members_.Check(id).ok()) members_.CutOff(id, Clock::now());
+    if (ctx->IsCancelled() && members_.Check(id).ok()) {
+      members_.CutOff(id, Clock::now());
+      cv_.notify_all();
+    }
     return grpc::Status::OK;
   }
 
@@ -635,7 +640,11 @@ class Service final : public proto::Coordinator::Service {
         : a == nullptr       ? absl::StrFormat("a spare at %s", address)
                              : absl::StrFormat("stage %d, replica %d at %s", a->stage(), a->replica(), address);
     const std::string why =
-        lost.reporter == Membership::kCutOff
+        lost.reporter == Membership::kCutOff && lost.also_reporter >= 0
+            ? absl::StrFormat("closed its connection to the coordinator and one to worker %d, and sent no heartbeat "
+                              "since (%.3f s ago)",
+                              lost.also_reporter, lost.silent_s)
+        : lost.reporter == Membership::kCutOff
             ? absl::StrFormat("closed its connection to the coordinator and sent no heartbeat for %.1f s since",
                               lost.silent_s)
         : lost.reporter < 0

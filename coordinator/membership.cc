@@ -163,7 +163,7 @@ int Membership::done() const {
 
 void Membership::Suspect(int id, int reporter, Clock::time_point now) {
   Worker& w = workers_.at(id);
-  if (!w.suspected) w.suspected = std::make_pair(now, reporter);
+  if (!w.suspected || w.suspected->first <= w.last_seen) w.suspected = std::make_pair(now, reporter);
 }
 
 std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const {
@@ -171,6 +171,9 @@ std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const 
   for (const auto& [id, w] : workers_) {
     if (w.done || w.lost) continue;
     if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
+    if (w.cut_off && w.suspected && w.last_seen < std::min(*w.cut_off, w.suspected->first)) {
+      return Lost{id, seconds(now - std::min(*w.cut_off, w.suspected->first)), kCutOff, w.suspected->second};
+    }
     if (w.cut_off) {
       const double since = seconds(now - std::max(w.last_seen, *w.cut_off));
       if (since > cut_off_silent_s_) return Lost{id, since, kCutOff};

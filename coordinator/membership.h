@@ -67,10 +67,13 @@ class Membership {
   // Worker `id` is dead: it leaves every count and check, and its id is never given again.
   void Lose(int id);
   // Worker `reporter` saw evidence that worker `id` is gone (SuspectReport). A heartbeat after
-  // this makes the silence count from there: a slow worker is not a dead one.
+  // this makes the silence count from there: a slow worker is not a dead one. A suspicion a
+  // heartbeat answered gives way to the next one.
   void Suspect(int id, int reporter, Clock::time_point now);
   // Worker `id`'s lifeline to the coordinator closed (a killed process's sockets close at once);
-  // one that opens again (a reconnect) ends that.
+  // one that opens again (a reconnect) ends that. Cut off and suspected, with no heartbeat since
+  // either, it is lost at once: a live process may lose one connection, but its lifeline and a
+  // connection to a peer both closed by its kernel is a process that ended.
   void CutOff(int id, Clock::time_point now);
   void Reconnected(int id);
   static constexpr int kCutOff = -2;  // Lost::reporter of a worker lost by its closed lifeline
@@ -78,6 +81,7 @@ class Membership {
     int id = -1;
     double silent_s = 0;  // since it was last heard from, or since it was suspected or cut off
     int reporter = -1;    // who suspected it, where that is why it is lost (kCutOff: its lifeline)
+    int also_reporter = -1;  // with kCutOff: the worker that saw a connection from it close too
   };
   // A worker not lost, not done and silent past its limit at `now`.
   std::optional<Lost> Silent(Clock::time_point now) const;

@@ -240,5 +240,42 @@ TEST(Membership, AWorkerCutOffIsLostAfterAHalfSecondOfSilenceUnlessItReconnects)
   EXPECT_FALSE(m.Silent(at(5)).has_value()) << "worker 1 reconnected: only dead_after_s loses it";
 }
 
+// A closed lifeline and a closed connection to a peer, with no heartbeat since either, are a
+// process that ended: lost at once, whichever came first. Either alone, or a heartbeat after
+// them, is not enough; a suspicion a heartbeat answered gives way to a later one.
+TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
+  Membership m("job", 3, 0, 20, 2, 0.5);
+  const Clock::time_point t0 = Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  for (int i = 0; i < 3; ++i) m.Heard(i, at(1));
+  m.Suspect(0, 1, at(2));  // a plan version's change closes connections of live workers
+  m.Heard(0, at(2.5));
+  m.CutOff(0, at(3));
+  EXPECT_FALSE(m.Silent(at(3.01)).has_value()) << "the suspicion was answered by a heartbeat";
+  m.Suspect(0, 2, at(3.005));
+  const auto lost = m.Silent(at(3.01));
+  ASSERT_TRUE(lost.has_value()) << "a fresh suspicion after the heartbeat, and the lifeline closed";
+  EXPECT_EQ(lost->id, 0);
+  EXPECT_EQ(lost->reporter, Membership::kCutOff);
+  EXPECT_EQ(lost->also_reporter, 2);
+  EXPECT_NEAR(lost->silent_s, 0.01, 1e-6);
+  m.Lose(0);
+
+  m.Suspect(1, 2, at(4));
+  EXPECT_FALSE(m.Silent(at(4.2)).has_value()) << "suspected alone: suspect_silent_s applies";
+  m.CutOff(1, at(4.1));
+  const auto both = m.Silent(at(4.2));
+  ASSERT_TRUE(both.has_value()) << "suspected first, cut off after";
+  EXPECT_EQ(both->id, 1);
+  EXPECT_EQ(both->also_reporter, 2);
+  m.Lose(1);
+
+  m.CutOff(2, at(5));
+  m.Heard(2, at(5.1));
+  m.Suspect(2, 1, at(5.2));
+  EXPECT_FALSE(m.Silent(at(5.3)).has_value()) << "heard after its lifeline closed: the cut-off's grace applies";
+}
+
 }  // namespace
 }  // namespace longhaul
