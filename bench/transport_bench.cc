@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -272,6 +273,17 @@ int main(int argc, char** argv) {
       "got, %.0f us per crossing (median of 200 half round trips); a plain socket's 4 bytes bounced, %.0f us: %.0f "
       "us more per tensor\n",
       ours_one_way * 1e6, plain_one_way * 1e6, (ours_one_way - plain_one_way) * 1e6);
+  // The socket pair's two threads share one CPU; a tensor hops between threads on both sides, and a
+  // hop to an idle CPU waits for it to wake: on a virtual machine whose idle CPUs halt at once, a
+  // hypervisor's interrupt (20-35 us each in `perf sched timehist` here).
+  if (std::ifstream poll_ns("/sys/module/haltpoll/parameters/guest_halt_poll_ns"); poll_ns) {
+    long ns = -1;
+    poll_ns >> ns;
+    std::cout << absl::StrFormat(
+        "idle CPUs poll %d us before they halt (/sys/module/haltpoll/parameters/guest_halt_poll_ns)%s\n", ns / 1000,
+        ns == 0 ? ": each hand-off to a sleeping thread on the other CPU waits for the hypervisor to wake that CPU"
+                : "");
+  }
   if (gloo.empty()) std::cout << "gloo: skipped (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)\n";
   if (Run("command -v iperf3").empty()) std::cout << "iperf3: skipped (not installed: apt-get install iperf3)\n";
   return 0;
