@@ -4,6 +4,7 @@
 //   worker       one worker of a multi-worker job
 //   local        a coordinator and its workers as processes on this machine
 //   plan         the fastest layouts of a job on N devices over a network, by simulation
+//   export, sample, tokenize   models in and out (cli/model_commands.h)
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 
 #include "cli/experiment.h"
 #include "cli/local_cluster.h"
+#include "cli/model_commands.h"
 #include "cli/netem_command.h"
 #include "cli/plan_command.h"
 #include "config/job_config.h"
@@ -162,6 +164,7 @@ int main(int argc, char** argv) {
   add_config(plan);
 
   longhaul::AddNetemCommands(app);
+  longhaul::AddModelCommands(app);
 
   try {
     app.parse(argc, argv);
@@ -220,6 +223,8 @@ int main(int argc, char** argv) {
                 << "--secret-file (or set LONGHAUL_SECRET_FILE)\n";
     } else if (plan->parsed()) {
       return longhaul::RunPlanCommand(config_path, overrides);
+    } else if (const int code = longhaul::RunModelCommand(); code >= 0) {
+      return code;
     } else {
       return longhaul::RunNetemCommand(self_exe);
     }

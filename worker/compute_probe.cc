@@ -39,6 +39,7 @@ absl::StatusOr<StageTimes> TimeProbeStage(const JobConfig& cfg, int device, cons
   LH_RETURN_IF_ERROR(CheckProbeStageMemory(cfg, spec, omp_get_max_threads(), device));
   StageRequest r = StageRequestFor(cfg, 0, device, 1);
   r.spec = spec;
+  r.init_from.clear();  // timed, never trained: the seed's parameters do
   LH_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeStage(r));
   return TimeStage(*stage, RandomMicroBatch(cfg), cfg.model.d_model, {.warmups = 1, .rounds = 3, .enough_s = 2.0});
 }

@@ -1,6 +1,10 @@
 #include "worker/stage_factory.h"
 
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/hf_gpt2.h"
 #include "cpu/cpu_stage.h"
 #include "model/memory_estimate.h"
 #include "util/status_macros.h"
@@ -23,10 +27,13 @@ StageRequest StageRequestFor(const JobConfig& cfg, int stage, int device, int sl
   r.recompute = cfg.train.recompute;
   r.slots = slots;
   r.seed = cfg.train.seed;
+  r.init_from = cfg.train.init_from;
   return r;
 }
 
-absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeBackendStage(const StageRequest& r) {
   if (r.device < 0) {
     LH_ASSIGN_OR_RETURN(std::unique_ptr<CpuStage> s,
                         CpuStage::Create(r.model, r.spec, r.B, r.T, r.recompute, r.slots, r.seed));
@@ -45,6 +52,19 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
       "where /usr/local/cuda/bin/nvcc exists, or use the \"cpu\" backend",
       r.device));
 #endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageRequest& r) {
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeBackendStage(r));
+  if (r.init_from.empty()) return stage;
+  std::vector<float> params(stage->layout().total());
+  if (absl::Status s = ImportHfGpt2(r.init_from, r.model, stage->layout(), params.data()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("train.init_from = \"", r.init_from, "\": ", s.message()));
+  }
+  LH_RETURN_IF_ERROR(stage->SetParams(0, params.data(), params.size()));
+  return stage;
 }
 
 double DeviceMemoryAvailable(int device) {

@@ -20,6 +20,7 @@ struct StageRequest {
   bool recompute = false;
   int slots = 1;
   uint64_t seed = 0;
+  std::string init_from;  // train.init_from: parameters from this GPT-2 checkpoint, not the seed's
   bool optimizer = false;  // the stage steps itself (AttachOptimizer): its memory check counts the moments
 };
 

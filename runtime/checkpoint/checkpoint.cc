@@ -205,30 +205,42 @@ absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir) {
   return st.data;
 }
 
+namespace {
+
+// One of the files state.json lists, its size and CRC-32 checked before it is parsed.
+absl::StatusOr<Safetensors> LoadListed(const std::string& dir, const State& state, const std::string& file) {
+  const std::string path = (fs::path(dir) / file).string();
+  auto listed = state.files.find(file);
+  if (listed == state.files.end()) {
+    return absl::DataLossError(absl::StrCat((fs::path(dir) / "state.json").string(), " does not list ", file));
+  }
+  LH_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  if (bytes.size() != listed->second.bytes) {
+    return absl::DataLossError(absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d", path,
+                                               bytes.size(), listed->second.bytes));
+  }
+  if (Crc32(bytes) != listed->second.crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint file %s is corrupt: CRC-32 %08x, expected %08x (restore it or resume from an earlier step)", path,
+        Crc32(bytes), listed->second.crc));
+  }
+  return ParseSafetensors(path, bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir) {
+  LH_ASSIGN_OR_RETURN(State state, ReadState(dir));
+  return LoadListed(dir, state, "model.safetensors");
+}
+
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
                                               float* m, float* v) {
   LH_ASSIGN_OR_RETURN(State state, ReadState(dir));
-  const std::string state_path = (fs::path(dir) / "state.json").string();
-  auto load = [&](const std::string& file) -> absl::StatusOr<Safetensors> {
-    const std::string path = (fs::path(dir) / file).string();
-    auto listed = state.files.find(file);
-    if (listed == state.files.end()) return absl::DataLossError(absl::StrCat(state_path, " does not list ", file));
-    LH_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
-    if (bytes.size() != listed->second.bytes) {
-      return absl::DataLossError(absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d", path,
-                                                 bytes.size(), listed->second.bytes));
-    }
-    if (Crc32(bytes) != listed->second.crc) {
-      return absl::DataLossError(absl::StrFormat(
-          "checkpoint file %s is corrupt: CRC-32 %08x, expected %08x (restore it or resume from an earlier step)",
-          path, Crc32(bytes), listed->second.crc));
-    }
-    return ParseSafetensors(path, bytes);
-  };
-  LH_ASSIGN_OR_RETURN(Safetensors model, load("model.safetensors"));
+  LH_ASSIGN_OR_RETURN(Safetensors model, LoadListed(dir, state, "model.safetensors"));
   LH_RETURN_IF_ERROR(CopyInto(model, (fs::path(dir) / "model.safetensors").string(), layout, "", params));
   if (m != nullptr && v != nullptr) {
-    LH_ASSIGN_OR_RETURN(Safetensors opt, load("optimizer.safetensors"));
+    LH_ASSIGN_OR_RETURN(Safetensors opt, LoadListed(dir, state, "optimizer.safetensors"));
     const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
     LH_RETURN_IF_ERROR(CopyInto(opt, opt_path, layout, "exp_avg.", m));
     LH_RETURN_IF_ERROR(CopyInto(opt, opt_path, layout, "exp_avg_sq.", v));

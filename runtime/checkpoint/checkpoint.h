@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/safetensors.h"
 #include "model/param_layout.h"
 
 namespace longhaul {
@@ -55,6 +56,10 @@ std::string CheckpointStateDir(const std::string& root, const std::string& name)
 // Reads dir/state.json alone (no tensors): the step and the config the checkpoint was written
 // with. A state.json that is not what longhaul writes is DataLoss, naming the file.
 absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir);
+
+// The parameters of a checkpoint directory by name, their file's size and CRC-32 verified against
+// state.json: a shard's or a stage's tensors, whatever layout wrote them.
+absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir);
 
 // Loads a checkpoint directory into buffers laid out by `layout`, verifying sizes, checksums,
 // tensor names and shapes; errors name the file and the fix.

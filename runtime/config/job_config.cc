@@ -259,6 +259,7 @@ const std::vector<KeyDef>& Table() {
       Value("train", "keep_checkpoints", R::kFree, LH_FIELD(train.keep_checkpoints), AtLeast(0, "0 keeps all")),
       Value("train", "out_dir", R::kFree, LH_FIELD(train.out_dir)),
       Value("train", "resume", R::kFree, LH_FIELD(train.resume)),
+      Value("train", "init_from", R::kFree, LH_FIELD(train.init_from)),
       Choice("train", "backend", R::kFree, LH_FIELD(train.backend_device), [](const std::string& n) { return ParseBackend(n, "train.backend"); }, BackendName),
       Choice("train", "precision", R::kMustMatch, LH_FIELD(train.precision), ParsePrecision, PrecisionName),
       Value("train", "local_steps", R::kMustMatch, LH_FIELD(train.local_steps),

@@ -51,6 +51,9 @@ struct TrainConfig {
   int keep_checkpoints = 0;  // the newest complete checkpoints kept; 0: all
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
+  // A Hugging Face GPT-2 checkpoint directory (model.safetensors, config.json) every stage starts
+  // from instead of the seed's initialisation; empty: none.
+  std::string init_from;
   int backend_device = -1;  // train.backend: -1 = "cpu", N = "cuda:N"
   Precision precision = Precision::kFp32;
   // Local updates (DiLoCo): each worker steps its own stage with AdamW for local_steps iterations,

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Models in and out with real processes: a one-process run and a 2-stage x 2-replica cluster run
+# (coordinator and workers over loopback) are exported as Hugging Face GPT-2 directories; a new run
+# of either layout started from the export (train.init_from) begins at the exported model's loss,
+# not at a fresh model's; `longhaul sample` writes text. Where Debian's python3-torch is installed,
+# the exported directory is loaded in PyTorch (transformers' GPT2LMHeadModel where installed, else
+# tests/reference/hf_gpt2.py's GPT-2) and its greedy continuation must equal `longhaul sample
+# --greedy`'s, byte for byte.
+# Usage: models.sh path/to/longhaul
+set -u
+bin="$1"
+here="$(cd "$(dirname "$0")/../.." && pwd)"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/job.toml" <<'TOML'
+[model]
+n_layer = 2
+d_model = 64
+n_head = 4
+max_seq_len = 32
+[data]
+train_tokens = 100000
+val_tokens = 2000
+[train]
+steps = 40
+seq_len = 32
+micro_batch_size = 4
+micro_batches = 2
+lr = 3e-3
+log_every = 1
+eval_every = 0
+threads = 1
+[cluster]
+job_id = "models"
+stages = 2
+replicas = 2
+TOML
+failures=0
+check() {  # description, condition exit status
+  if [ "$2" = 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; failures=$((failures + 1)); fi
+}
+# Losses from a run directory's metrics.csv (step,loss,...), which both layouts write.
+first_loss() { awk -F, 'NR == 2 { print $2 }' "$1/metrics.csv" 2>/dev/null; }
+last_loss() { awk -F, 'NR > 1 { l = $2 } END { print l }' "$1/metrics.csv" 2>/dev/null; }
+# Both must be numbers: a missing loss fails the check.
+below() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && a + 0 < b + 0) }'; }
+near() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && d < 0.3 && d > -0.3) }'; }
+
+"$bin" train -c "$dir/job.toml" --set "train.out_dir=$dir/one" >"$dir/one.txt" 2>&1
+check "a one-process run trains (status $?)" $?
+"$bin" local -c "$dir/job.toml" --set "train.out_dir=$dir/cluster" >"$dir/cluster.txt" 2>&1
+rc=$?
+check "a 2 x 2 cluster run trains (status $rc)" $rc
+[ "$rc" = 0 ] || tail -20 "$dir/cluster.txt"
+for run in one cluster; do
+  "$bin" export "$dir/$run" --out "$dir/hf_$run" >"$dir/export_$run.txt" 2>&1
+  check "longhaul export of the $run run's checkpoint (status $?)" $?
+  check "it wrote model.safetensors and config.json" $([ -s "$dir/hf_$run/model.safetensors" ] && [ -s "$dir/hf_$run/config.json" ]; echo $?)
+done
+fresh=$(first_loss "$dir/one")
+for run in one cluster; do
+  end=$(last_loss "$dir/$run")
+  "$bin" train -c "$dir/job.toml" --set "train.out_dir=$dir/from_$run" --set train.steps=1 \
+    --set "train.init_from=\"$dir/hf_$run\"" >"$dir/from_$run.txt" 2>&1
+  start=$(first_loss "$dir/from_$run")
+  echo "the $run run: a fresh model's first loss $fresh, the run's last $end, a run from its export starts at $start"
+  check "a run from the $run export starts below a fresh model's loss" $(below "$start" "$fresh"; echo $?)
+  check "and within 0.3 of the loss the $run run ended at" $(near "$start" "$end"; echo $?)
+done
+"$bin" local -c "$dir/job.toml" --set "train.out_dir=$dir/cluster_from" --set train.steps=1 \
+  --set "train.init_from=\"$dir/hf_one\"" >"$dir/cluster_from.txt" 2>&1
+check "a cluster run starts from an export too (status $?)" $?
+start=$(first_loss "$dir/cluster_from")
+echo "the cluster run from the one-process export starts at $start"
+check "below a fresh model's loss, within 0.3 of the one-process run's last" $(below "$start" "$fresh" && near "$start" "$(last_loss "$dir/one")"; echo $?)
+
+"$bin" sample "$dir/one" --prompt "ab" --tokens 40 --greedy >"$dir/greedy.txt" 2>&1
+check "longhaul sample --greedy (status $?)" $?
+"$bin" sample "$dir/cluster" --prompt "ab" --tokens 40 --temperature 0.8 --top-k 8 --seed 3 >"$dir/drawn.txt" 2>&1
+check "longhaul sample from the cluster's checkpoint, drawn (status $?)" $?
+check "40 tokens after the prompt" $([ "$(head -c 42 "$dir/drawn.txt" | wc -c)" = 42 ]; echo $?)
+"$bin" sample "$dir/one" --prompt "" --tokens 4 >"$dir/empty.txt" 2>&1
+rc=$?
+check "an empty prompt is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q 'empty prompt' "$dir/empty.txt"; echo $?)
+"$bin" export "$dir/nothing" --out "$dir/x" >"$dir/none.txt" 2>&1
+rc=$?
+check "exporting a directory without checkpoints is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q 'no checkpoint' "$dir/none.txt"; echo $?)
+
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  /usr/bin/python3 "$here/tests/reference/hf_gpt2.py" greedy "$dir/hf_one" --prompt ab --tokens 40 >"$dir/torch.txt" 2>"$dir/torch_err.txt"
+  check "PyTorch loads the export ($(tail -1 "$dir/torch_err.txt"))" $?
+  echo "longhaul: $(head -1 "$dir/greedy.txt")"
+  echo "PyTorch:  $(head -1 "$dir/torch.txt")"
+  check "PyTorch's greedy continuation equals longhaul's" $([ "$(head -1 "$dir/greedy.txt")" = "$(head -1 "$dir/torch.txt")" ]; echo $?)
+else
+  echo "skipped: the PyTorch comparison (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)"
+fi
+[ "$failures" = 0 ] || { echo "$failures check(s) failed"; exit 1; }
+echo "all checks passed"

@@ -1,0 +1,191 @@
+// Hugging Face GPT-2 checkpoints in and out. The fixture (tests/reference/hf_gpt2.py make-fixture)
+// is a small GPT-2 saved as the Hub's gpt2 is (no "transformer." prefix, the attention mask
+// buffers, a tied head) with the logits PyTorch computes for 20 tokens: imported, longhaul's
+// model gives the same distribution; exported again, every tensor is bitwise the file's.
+#include "checkpoint/hf_gpt2.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "checkpoint/safetensors.h"
+#include "model/gpt_stage.h"
+#include "worker/stage_factory.h"
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+
+const std::string kFixture = std::string(LONGHAUL_FIXTURES) + "/hf_gpt2";
+
+fs::path TempDir(const std::string& what) {
+  const fs::path d = fs::path(::testing::TempDir()) / ("hf_gpt2_" + std::to_string(::getpid()) + "_" + what);
+  fs::remove_all(d);
+  return d;
+}
+
+std::vector<float> Imported(const ModelConfig& cfg, const std::string& dir = kFixture) {
+  const ParamLayout whole(cfg, StageSpec::Whole(cfg));
+  std::vector<float> params(whole.total());
+  const absl::Status s = ImportHfGpt2(dir, cfg, whole, params.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return params;
+}
+
+TEST(HfGpt2, TheImportedModelGivesPyTorchsDistribution) {
+  const absl::StatusOr<ModelConfig> cfg = ReadHfGpt2Config(kFixture);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->tied_head);
+  EXPECT_EQ(cfg->n_layer, 2);
+  const std::vector<float> params = Imported(*cfg);
+  const absl::StatusOr<Safetensors> ref = ReadSafetensors(kFixture + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const std::vector<float>& tokens = ref->tensors.at("tokens").data;
+  const std::vector<float>& logits = ref->tensors.at("logits").data;
+  const int T = static_cast<int>(tokens.size()), V = cfg->vocab_size;
+  auto stage = GptStage::Create(*cfg, StageSpec::Whole(*cfg), 1, T, false);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  std::copy(params.begin(), params.end(), (*stage)->params());
+  MicroBatch mb;
+  mb.B = 1, mb.T = T;
+  for (float t : tokens) mb.tokens.push_back(static_cast<int>(t));
+  mb.targets.assign(T, 0);
+  mb.loss_weight.assign(T, 1.0f);
+  mb.prefix_len.assign(1, 0);
+  auto act = (*stage)->NewActivations();
+  (*stage)->Forward(*act, mb, nullptr);
+  const float* probs = (*stage)->Probs(*act);
+  double worst = 0;
+  for (int t = 0; t < T; ++t) {
+    const float* row = &logits[static_cast<size_t>(t) * V];
+    const double top = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(row[v] - top);
+    for (int v = 0; v < V; ++v) worst = std::max(worst, std::abs(std::exp(row[v] - top) / sum - probs[t * V + v]));
+  }
+  std::cout << "largest difference of a probability from PyTorch's (float64): " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(HfGpt2, AnExportedImportHoldsTheFilesTensorsBitwise) {
+  const ModelConfig cfg = *ReadHfGpt2Config(kFixture);
+  const std::vector<float> params = Imported(cfg);
+  const fs::path out = TempDir("export");
+  ASSERT_TRUE(ExportHfGpt2(cfg, params.data(), out.string()).ok());
+  const Safetensors original = *ReadSafetensors(kFixture + "/model.safetensors");
+  const absl::StatusOr<Safetensors> exported = ReadSafetensors((out / "model.safetensors").string());
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  size_t compared = 0;
+  for (const auto& [name, t] : original.tensors) {
+    if (absl::EndsWith(name, ".attn.bias")) continue;  // a mask buffer, not a parameter
+    auto it = exported->tensors.find("transformer." + name);
+    ASSERT_NE(it, exported->tensors.end()) << name;
+    EXPECT_EQ(it->second.shape, t.shape) << name;
+    ASSERT_EQ(it->second.data.size(), t.data.size()) << name;
+    EXPECT_EQ(std::memcmp(it->second.data.data(), t.data.data(), t.data.size() * sizeof(float)), 0) << name;
+    ++compared;
+  }
+  EXPECT_EQ(exported->tensors.size(), compared) << "a tied head writes no lm_head.weight";
+  const absl::StatusOr<ModelConfig> again = ReadHfGpt2Config(out.string());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->vocab_size, cfg.vocab_size);
+  EXPECT_EQ(again->max_seq_len, cfg.max_seq_len);
+  EXPECT_EQ(again->d_model, cfg.d_model);
+  EXPECT_TRUE(again->tied_head);
+}
+
+TEST(HfGpt2, AnUntiedHeadStartsFromTheEmbeddingAndIsExportedAsItsOwn) {
+  ModelConfig cfg = *ReadHfGpt2Config(kFixture);
+  cfg.tied_head = false;
+  const ParamLayout whole(cfg, StageSpec::Whole(cfg));
+  std::vector<float> params = Imported(cfg);
+  const ParamTensor& wte = whole.tensors()[whole.wte()];
+  const ParamTensor& head = whole.tensors()[whole.lm_head()];
+  EXPECT_TRUE(std::equal(params.begin() + wte.offset, params.begin() + wte.offset + wte.size,
+                         params.begin() + head.offset));
+  params[head.offset] += 1.0f;  // trained apart
+  const fs::path out = TempDir("untied");
+  ASSERT_TRUE(ExportHfGpt2(cfg, params.data(), out.string()).ok());
+  EXPECT_FALSE(ReadHfGpt2Config(out.string())->tied_head);
+  EXPECT_EQ(Imported(cfg, out.string()), params);
+  ModelConfig tied = cfg;
+  tied.tied_head = true;
+  std::vector<float> unused(ParamLayout(tied, StageSpec::Whole(tied)).total());
+  const absl::Status s = ImportHfGpt2(out.string(), tied, ParamLayout(tied, StageSpec::Whole(tied)), unused.data());
+  EXPECT_NE(s.message().find("--set model.tied_head=false"), std::string::npos) << s;
+}
+
+TEST(HfGpt2, ACheckpointOfAnotherShapeOrAnotherGpt2IsRefusedWithTheFix) {
+  ModelConfig cfg = *ReadHfGpt2Config(kFixture);
+  cfg.n_layer = 3, cfg.max_seq_len = 64;
+  std::vector<float> params(ParamLayout(cfg, StageSpec::Whole(cfg)).total());
+  absl::Status s = ImportHfGpt2(kFixture, cfg, ParamLayout(cfg, StageSpec::Whole(cfg)), params.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* part : {"model.n_layer = 2 (the config has 3)", "--set model.n_layer=2", "--set model.max_seq_len=24"})
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << "\n" << s;
+
+  const fs::path other = TempDir("relu");
+  fs::create_directories(other);
+  fs::copy_file(kFixture + "/model.safetensors", other / "model.safetensors");
+  std::ofstream(other / "config.json") << R"({"model_type": "gpt2", "vocab_size": 64, "n_positions": 24, "n_embd": 32,
+      "n_layer": 2, "n_head": 4, "activation_function": "relu"})";
+  s = ReadHfGpt2Config(other.string()).status();
+  EXPECT_NE(s.message().find("activation_function is \"relu\""), std::string::npos) << s;
+  std::ofstream(other / "config.json") << "[1, 2]";
+  EXPECT_EQ(ReadHfGpt2Config(other.string()).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A file lacking a tensor, and one whose tensor has another shape.
+  const ModelConfig good = *ReadHfGpt2Config(kFixture);
+  Safetensors st = *ReadSafetensors(kFixture + "/model.safetensors");
+  fs::copy_file(kFixture + "/config.json", other / "config.json", fs::copy_options::overwrite_existing);
+  auto write_without = [&](const std::string& drop, const std::string& reshape) {
+    std::vector<TensorView> views;
+    for (const auto& [name, t] : st.tensors) {
+      if (name == drop) continue;
+      std::vector<int64_t> shape = t.shape;
+      if (name == reshape) std::swap(shape[0], shape[1]);
+      views.push_back({name, shape, t.data.data()});
+    }
+    ASSERT_TRUE(WriteSafetensors((other / "model.safetensors").string(), views, {}).ok());
+  };
+  std::vector<float> buf(ParamLayout(good, StageSpec::Whole(good)).total());
+  write_without("h.1.mlp.c_fc.weight", "");
+  s = ImportHfGpt2(other.string(), good, ParamLayout(good, StageSpec::Whole(good)), buf.data());
+  EXPECT_NE(s.message().find("has no tensor transformer.h.1.mlp.c_fc.weight"), std::string::npos) << s;
+  write_without("", "h.0.attn.c_proj.weight");
+  EXPECT_TRUE(ImportHfGpt2(other.string(), good, ParamLayout(good, StageSpec::Whole(good)), buf.data()).ok())
+      << "a square matrix's shape reads the same either way";
+  write_without("", "h.0.mlp.c_fc.weight");
+  s = ImportHfGpt2(other.string(), good, ParamLayout(good, StageSpec::Whole(good)), buf.data());
+  EXPECT_NE(s.message().find("has shape [128, 32], GPT-2's of this config is [32, 128]"), std::string::npos) << s;
+}
+
+// train.init_from reaches every stage of any cut: a later stage holds the whole import's tensors
+// of its blocks and head.
+TEST(HfGpt2, InitFromStartsAnyStageFromTheCheckpoint) {
+  JobConfig cfg;
+  cfg.model = *ReadHfGpt2Config(kFixture);
+  cfg.model.tied_head = false;
+  cfg.cluster.stages = 2;
+  cfg.train.seq_len = 8;
+  cfg.train.init_from = kFixture;
+  const std::vector<float> whole_params = Imported(cfg.model);
+  const ParamLayout whole(cfg.model, StageSpec::Whole(cfg.model));
+  auto stage = MakeStage(StageRequestFor(cfg, 1, -1, 1));
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  const float* params = *(*stage)->Params();
+  for (const ParamTensor& t : (*stage)->layout().tensors()) {
+    const ParamTensor& w = whole.tensors()[whole.Find(t.name)];
+    EXPECT_TRUE(std::equal(params + t.offset, params + t.offset + t.size, whole_params.begin() + w.offset)) << t.name;
+  }
+  cfg.train.init_from = "/nonexistent";
+  const absl::Status s = MakeStage(StageRequestFor(cfg, 1, -1, 1)).status();
+  EXPECT_NE(s.message().find("train.init_from = \"/nonexistent\""), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace longhaul

@@ -1,0 +1,110 @@
+// A run's whole model from its checkpoints, whatever layout wrote them: a one-process run's single
+// file, or a 2-stage, 2-replica cluster's four parameter-server shards, give the same tensors
+// bitwise; a missing shard, a mixed-up run directory or an unknown step is named with the fix.
+#include "checkpoint/run_model.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "config/job_config.h"
+#include "model/param_layout.h"
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+
+class RunModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.model.vocab_size = 256, cfg_.model.max_seq_len = 8, cfg_.model.n_layer = 3, cfg_.model.n_head = 2;
+    cfg_.model.d_model = 8;
+    cfg_.train.seq_len = 8;
+    cfg_.cluster.stages = 2, cfg_.cluster.replicas = 2;
+    run_ = fs::path(::testing::TempDir()) / ("run_model_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(run_);
+    const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+    params_.resize(whole.total());
+    for (size_t i = 0; i < params_.size(); ++i) params_[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  }
+
+  // Every stage's shards, as the workers of a 2 x 2 cluster write them at `step`.
+  void WriteCluster(int64_t step) {
+    const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+    const std::string root = (run_ / "checkpoints").string();
+    for (int s = 0; s < cfg_.cluster.stages; ++s) {
+      const ParamLayout stage(cfg_.model, cfg_.Stage(s));
+      std::vector<float> stage_params(stage.total());
+      for (const ParamTensor& t : stage.tensors()) {
+        const ParamTensor& w = whole.tensors()[whole.Find(t.name)];
+        std::copy_n(params_.begin() + w.offset, t.size, stage_params.begin() + t.offset);
+      }
+      int k = 0;
+      for (const auto& [first, end] : stage.SplitIntoShards(cfg_.cluster.replicas)) {
+        const ParamLayout shard = stage.Slice(first, end);
+        ASSERT_TRUE(SaveCheckpoint(ShardCheckpointRoot(root, s, k++), {step, EffectiveConfigJson(cfg_)}, shard,
+                                   stage_params.data() + stage.Range(first, end).first, nullptr, nullptr)
+                        .ok());
+      }
+    }
+    ASSERT_TRUE(SetLatestCheckpoint(root, step).ok());
+  }
+
+  JobConfig cfg_;
+  fs::path run_;
+  std::vector<float> params_;
+};
+
+TEST_F(RunModelTest, AClustersShardsMakeTheWholeModel) {
+  WriteCluster(40);
+  const absl::StatusOr<RunModel> m = LoadRunModel(run_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step, 40);
+  EXPECT_EQ(m->checkpoint, "step_00000040");
+  EXPECT_EQ(m->model.n_layer, 3);
+  EXPECT_EQ(m->params, params_);
+}
+
+TEST_F(RunModelTest, AOneProcessRunsCheckpointIsTheWholeModel) {
+  const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+  const std::string root = (run_ / "checkpoints").string();
+  ASSERT_TRUE(SaveCheckpoint(root, {7, EffectiveConfigJson(cfg_)}, whole, params_.data(), nullptr, nullptr).ok());
+  ASSERT_TRUE(SaveCheckpoint(root, {9, EffectiveConfigJson(cfg_)}, whole, params_.data(), nullptr, nullptr).ok());
+  for (const std::string& dir : {run_.string(), root}) {
+    const absl::StatusOr<RunModel> m = LoadRunModel(dir, 7);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->step, 7);
+    EXPECT_EQ(m->params, params_);
+  }
+  EXPECT_EQ(LoadRunModel(run_.string())->step, 9) << "the newest by default";
+  const absl::Status s = LoadRunModel(run_.string(), 8).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("no checkpoint step_00000008"), std::string::npos) << s;
+}
+
+TEST_F(RunModelTest, AMissingShardOrAMixedUpDirectoryIsNamed) {
+  WriteCluster(40);
+  const fs::path shard = run_ / "checkpoints" / "stage_1_shard_1";
+  fs::rename(shard, run_ / "elsewhere");
+  absl::Status s = LoadRunModel(run_.string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  for (const char* part : {"lacks", "lm_head.weight", "copy every shard's directory into one"})
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << "\n" << s;
+  fs::rename(run_ / "elsewhere", shard);
+  fs::copy(run_ / "checkpoints" / "stage_0_shard_0", run_ / "checkpoints" / "stage_0_shard_9",
+           fs::copy_options::recursive);
+  s = LoadRunModel(run_.string()).status();
+  EXPECT_NE(s.message().find("mixes two runs' checkpoints"), std::string::npos) << s;
+  fs::remove_all(run_ / "checkpoints" / "stage_0_shard_9");
+  // A corrupt file is caught by its CRC-32 before anything is read from it.
+  const fs::path file = run_ / "checkpoints" / "stage_0_shard_0" / "step_00000040" / "model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 4);
+  s = LoadRunModel(run_.string()).status();
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace longhaul
