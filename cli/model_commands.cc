@@ -1,21 +1,31 @@
 #include "cli/model_commands.h"
 
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/run_model.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/token_dataset.h"
 #include "model/generate.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
 
+namespace fs = std::filesystem;
+
 struct Args {
-  CLI::App *export_cmd = nullptr, *sample = nullptr;
-  std::string run_dir, out_dir, prompt;
+  CLI::App *export_cmd = nullptr, *sample = nullptr, *tokenize = nullptr;
+  std::string run_dir, out_dir, prompt, tokenizer;
+  std::vector<std::string> files, val_files;
+  int64_t shard_tokens = 100'000'000;
   int64_t step = -1;
   SampleOptions sample_opt;
   bool greedy = false;
@@ -44,25 +54,97 @@ int RunExport() {
   return 0;
 }
 
-// The prompt's bytes are its tokens: the byte-level vocabulary longhaul trains on without a
-// tokenizer.
+// Without a tokenizer the prompt's bytes are its tokens: the byte-level vocabulary longhaul trains
+// on without one.
 int RunSample() {
   absl::StatusOr<RunModel> m = LoadRunModel(g.run_dir, Step());
   if (!m.ok()) return Error(m.status());
-  if (m->model.vocab_size > 256) {
+  std::optional<Gpt2Tokenizer> tokenizer;
+  if (!g.tokenizer.empty()) {
+    absl::StatusOr<Gpt2Tokenizer> t = Gpt2Tokenizer::Load(g.tokenizer);
+    if (!t.ok()) return Error(t.status());
+    if (t->vocab_size() > m->model.vocab_size) {
+      return Error(absl::InvalidArgumentError(absl::StrFormat(
+          "the tokenizer in %s has %d tokens, the model's vocabulary %d: not the tokenizer its data was made with",
+          g.tokenizer, t->vocab_size(), m->model.vocab_size)));
+    }
+    tokenizer = std::move(*t);
+  } else if (m->model.vocab_size > 256) {
     return Error(absl::InvalidArgumentError(absl::StrCat(
         "the model's vocabulary has ", m->model.vocab_size,
         " tokens, not bytes: give --tokenizer DIR with the vocab.json and merges.txt its data was tokenised with")));
   }
   std::vector<int> prompt;
-  for (unsigned char c : g.prompt) prompt.push_back(c);
+  if (tokenizer) {
+    prompt = tokenizer->Encode(g.prompt);
+  } else {
+    for (unsigned char c : g.prompt) prompt.push_back(c);
+  }
   if (g.greedy) g.sample_opt.temperature = 0;
   std::cout << g.prompt << std::flush;
-  const absl::StatusOr<std::vector<int>> out = Generate(m->model, m->params.data(), prompt, g.sample_opt, [](int t) {
-    std::cout << static_cast<char>(t) << std::flush;
+  absl::Status shown;
+  const absl::StatusOr<std::vector<int>> out = Generate(m->model, m->params.data(), prompt, g.sample_opt, [&](int t) {
+    if (!tokenizer) {
+      std::cout << static_cast<char>(t) << std::flush;
+      return;
+    }
+    // A token outside the tokenizer's ids (the model's vocabulary may be padded) shows as such.
+    const absl::StatusOr<std::string> text = tokenizer->Decode({t});
+    std::cout << (text.ok() ? *text : absl::StrCat("<", t, ">")) << std::flush;
   });
   std::cout << "\n";
   return out.ok() ? 0 : Error(out.status());
+}
+
+// Each file is one document, its tokens after <|endoftext|> where the vocabulary has it (as
+// llm.c's data scripts do), written into shards of at most --shard-tokens tokens.
+int RunTokenize() {
+  absl::StatusOr<Gpt2Tokenizer> t = Gpt2Tokenizer::Load(g.tokenizer);
+  if (!t.ok()) return Error(t.status());
+  if (t->vocab_size() > 65536) {
+    return Error(absl::InvalidArgumentError(absl::StrFormat(
+        "the tokenizer has %d tokens; llm.c shards hold 16-bit tokens (at most 65536)", t->vocab_size())));
+  }
+  std::error_code ec;
+  fs::create_directories(g.out_dir, ec);
+  if (ec) return Error(absl::InternalError(absl::StrCat("cannot create ", g.out_dir, ": ", ec.message())));
+  auto write_split = [&](const std::string& split, const std::vector<std::string>& files) -> absl::StatusOr<int64_t> {
+    std::vector<uint16_t> shard;
+    int index = 0;
+    int64_t total = 0;
+    auto flush = [&]() -> absl::Status {
+      const std::string path = (fs::path(g.out_dir) / absl::StrFormat("%s_%06d.bin", split, index++)).string();
+      LH_RETURN_IF_ERROR(WriteLlmcShard(path, shard));
+      std::cout << "tokenize: wrote " << path << " (" << shard.size() << " tokens)\n";
+      shard.clear();
+      return absl::OkStatus();
+    };
+    for (const std::string& file : files) {
+      LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(file));
+      std::vector<int> ids = t->Encode(text);
+      if (t->end_of_text()) ids.insert(ids.begin(), *t->end_of_text());
+      std::cout << "tokenize: " << file << ": " << text.size() << " bytes, " << ids.size() << " tokens\n" << std::flush;
+      total += static_cast<int64_t>(ids.size());
+      for (int id : ids) {
+        shard.push_back(static_cast<uint16_t>(id));
+        if (static_cast<int64_t>(shard.size()) == g.shard_tokens) LH_RETURN_IF_ERROR(flush());
+      }
+    }
+    if (!shard.empty()) LH_RETURN_IF_ERROR(flush());
+    return total;
+  };
+  absl::StatusOr<int64_t> train = write_split("train", g.files);
+  if (!train.ok()) return Error(train.status());
+  std::string val_path;
+  if (!g.val_files.empty()) {
+    absl::StatusOr<int64_t> val = write_split("val", g.val_files);
+    if (!val.ok()) return Error(val.status());
+    val_path = absl::StrCat("--set data.val_path=", (fs::path(g.out_dir) / "val_*.bin").string(), " ");
+  }
+  std::cout << "tokenize: " << *train << " training tokens. Train on them with --set data.source=llmc --set data.path="
+            << (fs::path(g.out_dir) / "train_*.bin").string() << " " << val_path
+            << "--set model.vocab_size=" << t->vocab_size() << "\n";
+  return 0;
 }
 
 }  // namespace
@@ -89,11 +171,26 @@ void AddModelCommands(CLI::App& app) {
   g.sample->add_flag("--greedy", g.greedy, "always the most likely token (temperature 0)");
   g.sample->add_option("--seed", g.sample_opt.seed, "the draws' seed")->capture_default_str();
   g.sample->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)");
+  g.sample->add_option("--tokenizer", g.tokenizer,
+                       "the directory with the vocab.json and merges.txt the model's data was tokenised with (default: "
+                       "the prompt's bytes are its tokens)");
+
+  g.tokenize = app.add_subcommand(
+      "tokenize", "text files into llm.c token shards with GPT-2's tokenizer (data.source = \"llmc\")");
+  g.tokenize->add_option("files", g.files, "text files, each one document")->required()->check(CLI::ExistingFile);
+  g.tokenize->add_option("--tokenizer", g.tokenizer, "the directory with vocab.json and merges.txt (e.g. gpt2's)")
+      ->required();
+  g.tokenize->add_option("--out", g.out_dir, "the directory for train_NNNNNN.bin (and val_NNNNNN.bin)")->required();
+  g.tokenize->add_option("--val", g.val_files, "text files for the validation shards")->check(CLI::ExistingFile);
+  g.tokenize->add_option("--shard-tokens", g.shard_tokens, "tokens per shard at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
 }
 
 int RunModelCommand() {
   if (g.export_cmd->parsed()) return RunExport();
   if (g.sample->parsed()) return RunSample();
+  if (g.tokenize->parsed()) return RunTokenize();
   return -1;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages longhaul needs (only those missing) and builds it into build/.
 # Usage: bash deploy/setup.sh [--with-torch] [--with-deploy] [--build-type Release|Debug]
-# --with-torch also installs Debian's python3-torch, used only by tests/reference and bench/.
+# --with-torch also installs Debian's python3-torch (and python3-regex, which runs GPT-2's own
+# pre-tokenizer pattern), used only by tests/reference, tests/cli/models.sh's comparison and bench/.
 # --with-deploy also installs what the deployment tests need (without it they skip): podman,
 # podman-compose, runc and debootstrap (tests/deploy/compose.sh), Slurm's daemons and client
 # (tests/deploy/slurm.sh), OpenSSH's server and client (tests/deploy/ssh_launch.sh), Prometheus
@@ -27,7 +28,7 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libuv1-dev libnetfilter-queue-dev libssl-dev iproute2 iptables python3)
-[ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy)
+[ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy python3-regex)
 [ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap
   golang-github-containernetworking-plugin-dnsname slurmctld slurmd slurm-client
   openssh-server openssh-client prometheus)

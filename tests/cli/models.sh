@@ -5,7 +5,9 @@
 # not at a fresh model's; `longhaul sample` writes text. Where Debian's python3-torch is installed,
 # the exported directory is loaded in PyTorch (transformers' GPT2LMHeadModel where installed, else
 # tests/reference/hf_gpt2.py's GPT-2) and its greedy continuation must equal `longhaul sample
-# --greedy`'s, byte for byte.
+# --greedy`'s, byte for byte. `longhaul tokenize` turns text into llm.c shards with a tokenizer
+# (tests/reference/fixtures/gpt2_bpe, a tiny GPT-2-style one), a run trains on them and `longhaul
+# sample --tokenizer` writes text; with python3-regex the shards' ids equal the reference's.
 # Usage: models.sh path/to/longhaul
 set -u
 bin="$1"
@@ -86,9 +88,44 @@ check "an empty prompt is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && gr
 rc=$?
 check "exporting a directory without checkpoints is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q 'no checkpoint' "$dir/none.txt"; echo $?)
 
+tok="$here/tests/reference/fixtures/gpt2_bpe"
+"$bin" tokenize --tokenizer "$tok" --out "$dir/tokens" "$here/README.md" --val "$tok/corpus.txt" --shard-tokens 60000 \
+  >"$dir/tokenize.txt" 2>&1
+check "longhaul tokenize (status $?)" $?
+check "it wrote train and val shards" $([ -s "$dir/tokens/train_000000.bin" ] && [ -s "$dir/tokens/train_000001.bin" ] && [ -s "$dir/tokens/val_000000.bin" ]; echo $?)
+"$bin" train -c "$dir/job.toml" --set "train.out_dir=$dir/bpe" --set data.source=llmc \
+  --set "data.path=\"$dir/tokens/train_*.bin\"" --set "data.val_path=\"$dir/tokens/val_*.bin\"" \
+  --set model.vocab_size=458 --set train.eval_every=20 >"$dir/bpe.txt" 2>&1
+rc=$?
+check "a run trains on the shards, with validation (status $rc)" $([ "$rc" = 0 ] && grep -qE '\| val [0-9.]+ ' "$dir/bpe.txt"; echo $?)
+"$bin" sample "$dir/bpe" --tokenizer "$tok" --prompt "The planner" --tokens 30 --seed 2 >"$dir/bpe_sample.txt" 2>&1
+rc=$?
+check "longhaul sample --tokenizer (status $rc): $(head -c 120 "$dir/bpe_sample.txt" | tr '\n' ' ')" $rc
+"$bin" sample "$dir/bpe" --prompt "The planner" --tokens 3 >"$dir/bpe_bytes.txt" 2>&1
+rc=$?
+check "without the tokenizer, a model of 458 tokens is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q -- '--tokenizer' "$dir/bpe_bytes.txt"; echo $?)
+if /usr/bin/python3 -c 'import regex' 2>/dev/null; then
+  /usr/bin/python3 - "$dir/tokens" "$tok" "$here/README.md" <<'PY' >"$dir/ids.txt" 2>&1
+import glob, struct, subprocess, sys
+out, tok, text = sys.argv[1:]
+ids = []
+for path in sorted(glob.glob(out + "/train_*.bin")):
+    b = open(path, "rb").read()
+    n = struct.unpack("<256i", b[:1024])[2]
+    ids += struct.unpack(f"<{n}H", b[1024:1024 + 2 * n])
+ref = [int(x) for x in subprocess.check_output(
+    ["/usr/bin/python3", tok + "/../../gpt2_bpe.py", "encode", tok, text]).split()]
+print(len(ref), "tokens;", "equal" if list(ids[1:]) == ref else "DIFFERENT")
+PY
+  check "the shards hold the reference tokenizer's ids for README.md ($(cat "$dir/ids.txt"))" $(grep -q 'equal' "$dir/ids.txt"; echo $?)
+else
+  echo "skipped: the tokenizer comparison (needs python3-regex: bash deploy/setup.sh --with-torch)"
+fi
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$here/tests/reference/hf_gpt2.py" greedy "$dir/hf_one" --prompt ab --tokens 40 >"$dir/torch.txt" 2>"$dir/torch_err.txt"
-  check "PyTorch loads the export ($(tail -1 "$dir/torch_err.txt"))" $?
+  rc=$?
+  check "PyTorch loads the export ($(tail -1 "$dir/torch_err.txt"))" $rc
   echo "longhaul: $(head -1 "$dir/greedy.txt")"
   echo "PyTorch:  $(head -1 "$dir/torch.txt")"
   check "PyTorch's greedy continuation equals longhaul's" $([ "$(head -1 "$dir/greedy.txt")" = "$(head -1 "$dir/torch.txt")" ]; echo $?)
