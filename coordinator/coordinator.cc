@@ -259,6 +259,7 @@ class Service final : public proto::Coordinator::Service {
     }
     if (grpc::Status st = CheckParamsIterations(*req); !st.ok()) return st;
     if (grpc::Status st = CheckMicroBatches(*req); !st.ok()) return st;
+    if (grpc::Status st = CheckValidation(*req); !st.ok()) return st;
     IterationRecord& rec = iterations_[req->iteration()];
     if (rec.reports.count(req->worker_id()) > 0) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -573,6 +574,26 @@ class Service final : public proto::Coordinator::Service {
 
   // A report's micro-batches are global indices of the iteration, at most the replica's count:
   // what the audit keeps is bounded by the plan.
+  // Only the last stage evaluates, only the steps train.eval_every names, and only its replica's
+  // share of train.eval_batches.
+  grpc::Status CheckValidation(const proto::IterationReport& r) const {
+    if (r.val_batches() == 0 && r.val_loss_sum() == 0) return grpc::Status::OK;
+    const int share = cfg_.train.EvalShare(plan_.replicas(), r.replica());
+    if (r.stage() == plan_.stages() - 1 && cfg_.train.EvalDue(r.iteration() + 1, RunEnd(plan_, cfg_)) &&
+        r.val_batches() == share) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("worker %d's report of iteration %d holds %d validation micro-batches; the plan "
+                                        "has %d there for stage %d replica %d",
+                                        r.worker_id(), r.iteration() + 1, r.val_batches(),
+                                        r.stage() == plan_.stages() - 1 &&
+                                                cfg_.train.EvalDue(r.iteration() + 1, RunEnd(plan_, cfg_))
+                                            ? share
+                                            : 0,
+                                        r.stage(), r.replica()));
+  }
+
   grpc::Status CheckMicroBatches(const proto::IterationReport& r) const {
     const int64_t all = static_cast<int64_t>(cfg_.cluster.replicas) * cfg_.train.micro_batches;
     const int per_replica = ReplicaMicroBatches(plan_, cfg_);

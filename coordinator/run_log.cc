@@ -38,10 +38,11 @@ absl::Status RunLog::Rewind(int64_t step) {
 std::string RunLog::LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
 
 absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationReport>& reports) {
-  double loss = 0, floor = 0, norm = 0, lr = 0, sec = 0;
-  int last_stages = 0;
+  double loss = 0, floor = 0, norm = 0, lr = 0, sec = 0, val_sum = 0;
+  int last_stages = 0, val_batches = 0;
   for (const auto& [id, r] : reports) {
     if (r.stage() == cfg_.cluster.stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
+    val_sum += r.val_loss_sum(), val_batches += r.val_batches();
     if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
     if (r.stage() == 0 && r.replica() == 0) sec = r.seconds();
     if (it == start_) continue;
@@ -53,8 +54,9 @@ absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationRepo
   if (it > start_) timed_seconds_ += sec, ++timed_;
   const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
   const int64_t step = it + 1, steps = cfg_.train.steps;
-  const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .lr = lr, .grad_norm = norm, .seconds = sec,
-                          .tokens_per_s = cfg_.tokens_per_step() / sec};
+  const double val = val_batches > 0 ? val_sum / val_batches : -1;
+  const MetricsRow row = {.step = step, .loss = loss, .floor = floor, .val_loss = val, .lr = lr, .grad_norm = norm,
+                          .seconds = sec, .tokens_per_s = cfg_.tokens_per_step() / sec};
   const absl::Status appended = metrics_.Append(row);
   last_done_ = std::chrono::steady_clock::now();
   last_done_step_ = step;
@@ -63,6 +65,7 @@ absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationRepo
     std::string line = absl::StrFormat("iter %*d/%d | loss %.4f", static_cast<int>(std::to_string(steps).size()), step,
                                        steps, loss);
     if (floor >= 0) absl::StrAppend(&line, absl::StrFormat(" (floor %.4f)", floor));
+    if (val >= 0) absl::StrAppend(&line, absl::StrFormat(" | val %.4f", val));
     absl::StrAppend(&line, absl::StrFormat(" | lr %.2e | norm %.3f | %.3f s/it | %.0f tok/s | %.4f TFLOPs/worker | "
                                            "%.1f days/100B tok | ETA %s",
                                            lr, norm, sec, cfg_.tokens_per_step() / mean, flops_ / mean / 1e12 / workers_,

@@ -167,4 +167,36 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   return result;
 }
 
+absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBatch>& mbs) {
+  double waited = 0;
+  if (pull_pending_ >= 0) {
+    // The report of `it` then carries these parameters' CRC itself: no deferred-pull callback.
+    LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &waited, SIZE_MAX));
+    pull_pending_ = -1;
+  }
+  const int64_t t0 = Timeline::NowMicros();
+  double loss_sum = 0;
+  // Sent from copies: the next forward overwrites the slot's output before the sends are done.
+  std::vector<std::vector<float>> outputs(mbs.size());
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    const int micro = static_cast<int>(m);
+    std::vector<float> input;
+    if (!first_) {
+      LH_ASSIGN_OR_RETURN(input, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
+    }
+    LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(0, mbs[m], first_ ? nullptr : input.data()));
+    if (!first_) channel_.Recycle(std::move(input));
+    if (last_) {
+      loss_sum += loss;
+      continue;
+    }
+    LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(0));
+    outputs[m].assign(out, out + boundary_);
+    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), boundary_);
+  }
+  LH_RETURN_IF_ERROR(channel_.Flush(it));
+  timeline_.Add("validation", Track::kCompute, t0, Timeline::NowMicros(), it, -1);
+  return loss_sum;
+}
+
 }  // namespace longhaul

@@ -82,6 +82,10 @@ class Executor {
   absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true,
                                       bool defer_pull = false);
   int64_t pull_pending() const { return pull_pending_; }
+  // Forward only over validation micro-batches `mbs` with the parameters of iteration `it`'s step
+  // (a deferred pull completes first): receive, forward, send, as EVAL_ACTIVATION. Returns the
+  // sum of their losses on the last stage, else 0.
+  absl::StatusOr<double> Evaluate(int64_t it, const std::vector<MicroBatch>& mbs);
   // Called with the iteration whose deferred pull just completed, before anything changes the
   // stage's parameters again.
   void SetOnDeferredPull(std::function<void(int64_t it)> f) { on_deferred_pull_ = std::move(f); }

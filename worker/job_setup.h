@@ -26,12 +26,6 @@ MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);
 // each on the replica `plan` gives it (null: shard k on replica k, the config's own layout).
 double HostedPsFloats(const JobConfig& cfg, int stage, int replica, const proto::Plan* plan = nullptr);
 
-// The iteration a worker's run stops before: the plan's stop (`longhaul local --stop-at`), else
-// train.steps.
-inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
-  return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
-}
-
 // ResourceExhausted, with the estimate, the memory available and the fix, when the job does not
 // fit: `longhaul train`; one worker; every process of `longhaul local` on this machine together.
 absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available = HostMemoryAvailable());

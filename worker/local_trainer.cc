@@ -192,7 +192,7 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     if (step_ > first_step + 1) timed_seconds += rec.seconds, ++timed_steps;
 
     const bool last = step_ == end;
-    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || last)) {
+    if (tc.EvalDue(step_, end)) {
       LH_ASSIGN_OR_RETURN(rec.val_loss, EvalLoss());
     }
     LH_RETURN_IF_ERROR(metrics_->Append(rec));

@@ -21,10 +21,10 @@ absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, 
   const int64_t t1 = Timeline::NowMicros();
   *waited += (t1 - t0) * 1e-6;
   static const char* names[] = {"?",           "wait act",   "wait grad", "wait grad push",
-                                "wait params", "wait probe", "wait norm"};
+                                "wait params", "wait probe", "wait norm", "wait validation act"};
   if (t1 - t0 > 20) {
-    timeline_.Add(names[kind], kind >= proto::GRAD_PUSH ? Track::kParams : Track::kCompute, t0, t1, it,
-                  kind <= proto::GRADIENT ? micro : -1);
+    const bool boundary = kind <= proto::GRADIENT || kind == proto::EVAL_ACTIVATION;
+    timeline_.Add(names[kind], boundary ? Track::kCompute : Track::kParams, t0, t1, it, boundary ? micro : -1);
   }
   if (!got.ok()) {
     return absl::Status(got.status().code(), absl::StrCat(got.status().message(), " [peer ",
@@ -35,11 +35,13 @@ absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, 
 
 absl::StatusOr<std::vector<float>> NetworkChannel::Receive(proto::TensorKind kind, int64_t it, int micro,
                                                            double* waited) {
-  return Take(kind, it, micro, kind == proto::ACTIVATION ? stage_ - 1 : stage_ + 1, replica_, 0, waited);
+  const bool forward = kind == proto::ACTIVATION || kind == proto::EVAL_ACTIVATION;
+  return Take(kind, it, micro, forward ? stage_ - 1 : stage_ + 1, replica_, 0, waited);
 }
 
 void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) {
-  peers_.Send(kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
+  const bool forward = kind == proto::ACTIVATION || kind == proto::EVAL_ACTIVATION;
+  peers_.Send(forward ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
 }
 
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {

@@ -21,6 +21,9 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     return wires.Of(WorkerAt(plan, from_stage, from_replica), me, kind);
   };
   if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M, dtype(proto::ACTIVATION, stage - 1, replica)};
+  if (const int evals = cfg.train.EvalShare(plan.replicas(), replica); stage > 0 && evals > 0) {
+    expected[{proto::EVAL_ACTIVATION, stage - 1, replica, 0}] = {boundary, evals, dtype(proto::ACTIVATION, stage - 1, replica)};
+  }
   if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M, dtype(proto::GRADIENT, stage + 1, replica)};
   const ParamLayout layout(cfg.model, cfg.Stage(stage));
   for (const proto::ShardPlacement& sp : plan.shards()) {

@@ -123,6 +123,7 @@ class Worker {
   std::optional<TokenDataset> data_;
   std::string data_config_;  // the job config data_ was loaded for
   std::unique_ptr<BatchSampler> sampler_;
+  std::vector<MicroBatch> val_mbs_;  // this replica's share of the validation micro-batches
   std::unique_ptr<Stage> stage_;
   std::string stage_key_;  // what stage_ was built for: stage, device, slots, the job config
   std::unique_ptr<PeerDirectory> peers_;
@@ -288,6 +289,13 @@ absl::Status Worker::Setup() {
       SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
       data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
+  val_mbs_.clear();
+  if (const int share = cfg_.train.EvalShare(D, r_); share > 0) {
+    BatchSampler val({cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
+                     data_->val());
+    LH_RETURN_IF_ERROR(val.Check("validation"));
+    for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, 0, i));
+  }
   StageRequest request = StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_));
   const TrainConfig& tc = cfg_.train;
   const bool local_updates = tc.local_steps > 1;
@@ -386,6 +394,11 @@ absl::Status Worker::RunIteration(int64_t it) {
   const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_;
   LH_ASSIGN_OR_RETURN(const IterationResult result,
                       executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
+  double val_loss_sum = 0;
+  const bool evaluate = cfg_.train.EvalDue(it + 1, end_) && !val_mbs_.empty();
+  if (evaluate) {
+    LH_ASSIGN_OR_RETURN(val_loss_sum, executor_->Evaluate(it, val_mbs_));
+  }
   double floor = -1;
   if (s_ == plan_.stages() - 1) {
     floor = 0;
@@ -409,6 +422,10 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_iteration(it);
   rep.set_loss(result.loss);
   rep.set_floor(floor);
+  if (evaluate && s_ == plan_.stages() - 1) {
+    rep.set_val_loss_sum(val_loss_sum);
+    rep.set_val_batches(static_cast<int>(val_mbs_.size()));
+  }
   rep.set_seconds(std::chrono::duration<double>(Clock::now() - t_start).count());
   rep.set_compute_seconds(result.compute_seconds);
   rep.set_wait_seconds(result.wait_seconds);

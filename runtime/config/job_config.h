@@ -67,6 +67,14 @@ struct TrainConfig {
   bool ExchangesAfter(int64_t it, int64_t end) const {
     return local_steps <= 1 || (it + 1) % local_steps == 0 || it + 1 == end;
   }
+  // Whether step `step` of a run ending before `end` is evaluated on the validation data.
+  bool EvalDue(int64_t step, int64_t end) const { return eval_every > 0 && (step % eval_every == 0 || step == end); }
+  // The validation micro-batches i < eval_batches with i % replicas == replica are replica
+  // `replica`'s to run: the micro-batches `longhaul train` evaluates, shared out, so that every
+  // layout reports the same validation loss for the same parameters.
+  int EvalShare(int replicas, int replica) const {
+    return eval_every > 0 ? eval_batches / replicas + (replica < eval_batches % replicas ? 1 : 0) : 0;
+  }
 };
 
 struct ClusterConfig {

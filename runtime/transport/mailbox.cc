@@ -12,7 +12,7 @@ namespace longhaul {
 std::string TensorKey::DebugString() const {
   // By proto::TensorKind.
   static const char* kinds[] = {"?",          "activation", "gradient",     "gradient push",
-                                "parameters", "link probe", "norm partials"};
+                                "parameters", "link probe", "norm partials", "validation activation"};
   const bool named = kind >= 0 && kind < static_cast<int>(std::size(kinds));
   return absl::StrFormat("%s of iteration %d, micro-batch %d, from stage %d replica %d, shard %d",
                          kinds[named ? kind : 0], iteration, micro_batch, from_stage, from_replica, shard);

@@ -49,6 +49,11 @@ int WorkerAt(const proto::Plan& plan, int stage, int replica);
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
 // The micro-batches each replica of `plan` runs: Plan.micro_batches, or the config's.
 int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
+// The iteration a plan's run stops before: the plan's stop (`longhaul local --stop-at`), else
+// train.steps.
+inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
+  return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
+}
 // A plan's replicas run the job's global batch (cfg.cluster.replicas x cfg.train.micro_batches),
 // no more replicas than the config's: what a worker checks before it sizes anything by the plan.
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);

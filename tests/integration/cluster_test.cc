@@ -48,7 +48,7 @@ micro_batch_size = 2
 lr = 3e-3
 warmup_steps = 2
 log_every = 1
-eval_every = 0
+eval_every = 3
 threads = 1
 [cluster]
 job_id = "equivalence"
@@ -129,8 +129,15 @@ std::vector<double> Losses(const fs::path& out) {
   return losses;
 }
 
-struct Reference {
+// The validation losses of metrics.csv (-1 where a step was not evaluated).
+std::vector<double> ValLosses(const fs::path& out) {
   std::vector<double> losses;
+  for (const MetricsRow& r : Metrics(out)) losses.push_back(r.val_loss);
+  return losses;
+}
+
+struct Reference {
+  std::vector<double> losses, val_losses;
   std::map<std::string, std::vector<float>> params;
 };
 
@@ -139,7 +146,7 @@ const Reference& SingleProcess() {
   static const Reference ref = [] {
     const fs::path out = Dir("reference");
     EXPECT_EQ(Longhaul("train", out, {"train.micro_batches=4"}), 0) << Log(out);
-    return Reference{Losses(out), testing::LatestParams(out)};
+    return Reference{Losses(out), ValLosses(out), testing::LatestParams(out)};
   }();
   return ref;
 }
@@ -161,8 +168,12 @@ TEST_P(Equivalence, SameLossesAndParametersAsOneProcess) {
   ASSERT_EQ(ref.losses.size(), 6u);
   const fs::path out = Dir(GetParam().name);
   ASSERT_EQ(Longhaul("local", out, GetParam().sets), 0) << Log(out);
-  const std::vector<double> losses = Losses(out);
+  const std::vector<double> losses = Losses(out), val_losses = ValLosses(out);
   ASSERT_EQ(losses.size(), ref.losses.size()) << Log(out);
+  // Steps 3 and 6 are evaluated (train.eval_every = 3), on the same validation micro-batches
+  // shared out over the replicas.
+  ASSERT_EQ(ref.val_losses, (std::vector<double>{-1, -1, ref.val_losses[2], -1, -1, ref.val_losses[5]}));
+  ASSERT_GT(ref.val_losses[2], 0);
   const auto params = testing::LatestParams(out);
   ASSERT_EQ(params.size(), ref.params.size());
   double max_loss_diff = 0, num = 0, den = 0;
@@ -178,9 +189,13 @@ TEST_P(Equivalence, SameLossesAndParametersAsOneProcess) {
             << "\n";
   if (GetParam().bitwise) {
     EXPECT_EQ(losses, ref.losses);  // as metrics.csv prints them
+    EXPECT_EQ(val_losses, ref.val_losses);
     EXPECT_TRUE(params == ref.params) << "parameters differ from the one-process run's";
   } else {
-    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref.losses[i], 2e-5) << "iteration " << i + 1;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], ref.losses[i], 2e-5) << "iteration " << i + 1;
+      EXPECT_NEAR(val_losses[i], ref.val_losses[i], 2e-5) << "validation after iteration " << i + 1;
+    }
     EXPECT_LT(std::sqrt(num / den), 1e-5) << GetParam().name;
   }
 }
