@@ -683,6 +683,17 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
+    rep.set_plan_version(1);
+    rep.set_iteration(140);
+    rep.set_val_batches(1'000'000);
+    rep.set_val_loss_sum(1.0);
+    expect_refused("a report of validation micro-batches where the plan has none",
+                   coordinator->ReportIteration(&ctx, rep, &empty), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
     rep.set_plan_version(7);
     rep.set_iteration(140);
     expect_refused("a report under a plan version never made", coordinator->ReportIteration(&ctx, rep, &empty),
