@@ -41,6 +41,19 @@ def bytes_to_unicode():
 BYTE_CHAR = bytes_to_unicode()
 
 
+def merge_pair(word, pair):
+    """Every occurrence of the adjacent pair merged, left to right."""
+    merged, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            merged.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            merged.append(word[i])
+            i += 1
+    return merged
+
+
 class Tokenizer:
     def __init__(self, directory):
         self.vocab = json.load(open(os.path.join(directory, "vocab.json"), encoding="utf-8"))
@@ -55,15 +68,7 @@ class Tokenizer:
             best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
             if best not in self.ranks:
                 break
-            merged, i = [], 0
-            while i < len(word):
-                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                    merged.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    merged.append(word[i])
-                    i += 1
-            word = merged
+            word = merge_pair(word, best)
         return [self.vocab[s] for s in word]
 
     def encode(self, text):
@@ -103,15 +108,7 @@ def train(text, merges_wanted):
         merges.append(best)
         new_words = collections.Counter()
         for w, n in words.items():
-            merged, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    merged.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    merged.append(w[i])
-                    i += 1
-            new_words[tuple(merged)] += n
+            new_words[tuple(merge_pair(w, best))] += n
         words = new_words
     return merges
 

@@ -15,11 +15,12 @@ Run with Debian's interpreter: /usr/bin/python3 tests/reference/make_fixtures.py
 import json
 import math
 import os
-import struct
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from hf_gpt2 import write_safetensors
 
 torch.set_default_dtype(torch.float64)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,19 +112,6 @@ def lr_at(step):
     return o["min_lr"] + 0.5 * (o["lr"] - o["min_lr"]) * (1 + math.cos(math.pi * progress))
 
 
-def write_safetensors(path, tensors, metadata):
-    header, blobs, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    js = json.dumps(header).encode()
-    js += b" " * ((8 - len(js) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(js)) + js + b"".join(blobs))
-
-
 def make(cfg, seed):
     s = SHAPE
     torch.manual_seed(seed)
@@ -179,7 +167,8 @@ def make(cfg, seed):
     out["input.prefix_len"] = prefix.double()
     meta = {"config": json.dumps({**s, **OPT, "attention": cfg["attention"], "tied_head": cfg["tied_head"]}),
             "generator": "tests/reference/make_fixtures.py, torch " + torch.__version__}
-    write_safetensors(os.path.join(HERE, "fixtures", cfg["name"] + ".safetensors"), out, meta)
+    write_safetensors(os.path.join(HERE, "fixtures", cfg["name"] + ".safetensors"),
+                      {k: v.to(torch.float32) for k, v in out.items()}, meta)
     print(f"{cfg['name']}: loss {loss:.6f}, after 10 steps {step_losses[-1]:.6f}")
 
 
