@@ -12,6 +12,8 @@ the directory instead.
       tests/unit/hf_gpt2_test.cc reads them.
   hf_gpt2.py greedy MODEL_DIR --prompt TEXT --tokens N
       the greedy continuation of TEXT's bytes, printed as text (byte-level vocabularies).
+  hf_gpt2.py logits MODEL_DIR --tokens 1,2,3
+      the logits (T, V) of the tokens as JSON, {"loader": ..., "logits": [[...], ...]}.
 
 Run with Debian's interpreter: /usr/bin/python3 tests/reference/hf_gpt2.py ...
 """
@@ -159,9 +161,15 @@ def main():
     gr.add_argument("model_dir")
     gr.add_argument("--prompt", required=True)
     gr.add_argument("--tokens", type=int, default=40)
+    lg = sub.add_parser("logits")
+    lg.add_argument("model_dir")
+    lg.add_argument("--tokens", required=True)
     a = ap.parse_args()
     if a.cmd == "make-fixture":
         make_fixture(a.out_dir)
+    elif a.cmd == "logits":
+        out, loader = logits(a.model_dir, [int(t) for t in a.tokens.split(",")])
+        print(json.dumps({"loader": loader, "logits": out.double().tolist()}))
     else:
         print(greedy(a.model_dir, a.prompt, a.tokens))
         print("loader:", logits(a.model_dir, [0])[1], file=sys.stderr)

@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "checkpoint/safetensors.h"
@@ -162,6 +165,55 @@ TEST(HfGpt2, ACheckpointOfAnotherShapeOrAnotherGpt2IsRefusedWithTheFix) {
   write_without("", "h.0.mlp.c_fc.weight");
   s = ImportHfGpt2(other.string(), good, ParamLayout(good, StageSpec::Whole(good)), buf.data());
   EXPECT_NE(s.message().find("has shape [128, 32], GPT-2's of this config is [32, 128]"), std::string::npos) << s;
+}
+
+// An exported longhaul model (untied, GPT-2 initialised, four layers) loaded by PyTorch gives
+// longhaul's distribution: transformers' GPT2LMHeadModel where installed, else the reference
+// loader tests/reference/hf_gpt2.py. Skipped without Debian's python3-torch.
+TEST(HfGpt2, PyTorchLoadsAnExportWithLonghaulsDistribution) {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs Debian's python3-torch (bash deploy/setup.sh --with-torch)";
+  }
+  ModelConfig cfg;
+  cfg.vocab_size = 80, cfg.max_seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  const ParamLayout whole(cfg, StageSpec::Whole(cfg));
+  std::vector<float> params(whole.total());
+  InitGpt2Params(cfg, whole, 11, params.data());
+  for (size_t i = 0; i < params.size(); ++i) params[i] += 0.05f * std::sin(0.37f * static_cast<float>(i));  // trained
+  const fs::path out = TempDir("torch");
+  ASSERT_TRUE(ExportHfGpt2(cfg, params.data(), out.string()).ok());
+  const std::vector<int> tokens = {3, 79, 0, 41, 41, 7, 12, 64, 5, 33, 2, 70};
+  std::string list;
+  for (int t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
+  const std::string json_path = (out / "logits.json").string();
+  const std::string cmd = "/usr/bin/python3 " + std::string(LONGHAUL_SOURCE_DIR) + "/tests/reference/hf_gpt2.py logits " +
+                          out.string() + " --tokens " + list + " > " + json_path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const nlohmann::json ref = nlohmann::json::parse(*ReadWholeFile(json_path));
+  const int T = static_cast<int>(tokens.size()), V = cfg.vocab_size;
+  auto stage = GptStage::Create(cfg, StageSpec::Whole(cfg), 1, T, false);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  std::copy(params.begin(), params.end(), (*stage)->params());
+  MicroBatch mb;
+  mb.B = 1, mb.T = T, mb.tokens = tokens;
+  mb.targets.assign(T, 0);
+  mb.loss_weight.assign(T, 1.0f);
+  mb.prefix_len.assign(1, 0);
+  auto act = (*stage)->NewActivations();
+  (*stage)->Forward(*act, mb, nullptr);
+  const float* probs = (*stage)->Probs(*act);
+  double worst = 0;
+  for (int t = 0; t < T; ++t) {
+    const std::vector<double> row = ref["logits"][t].get<std::vector<double>>();
+    ASSERT_EQ(static_cast<int>(row.size()), V);
+    const double top = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (double l : row) sum += std::exp(l - top);
+    for (int v = 0; v < V; ++v) worst = std::max(worst, std::abs(std::exp(row[v] - top) / sum - probs[t * V + v]));
+  }
+  std::cout << ref["loader"].get<std::string>() << " on the export: largest difference of a probability from "
+            << "longhaul's " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
 }
 
 // train.init_from reaches every stage of any cut: a later stage holds the whole import's tensors
