@@ -14,6 +14,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/token_dataset.h"
 #include "model/generate.h"
+#include "worker/stage_factory.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -29,6 +30,7 @@ struct Args {
   int64_t step = -1;
   SampleOptions sample_opt;
   bool greedy = false;
+  std::string backend = "cpu";
 } g;
 
 int Error(const absl::Status& s) {
@@ -81,9 +83,19 @@ int RunSample() {
     for (unsigned char c : g.prompt) prompt.push_back(c);
   }
   if (g.greedy) g.sample_opt.temperature = 0;
+  absl::StatusOr<int> device = ParseBackend(g.backend, "--backend");
+  if (!device.ok()) return Error(device.status());
+  StageRequest request;
+  request.model = m->model;
+  request.spec = StageSpec::Whole(m->model);
+  request.T = SampleWindow(m->model, prompt.size(), g.sample_opt);
+  request.device = *device;
+  absl::StatusOr<std::unique_ptr<Stage>> stage = MakeStage(request);
+  if (!stage.ok()) return Error(stage.status());
+  if (absl::Status s = (*stage)->SetParams(0, m->params.data(), m->params.size()); !s.ok()) return Error(s);
   std::cout << g.prompt << std::flush;
   absl::Status shown;
-  const absl::StatusOr<std::vector<int>> out = Generate(m->model, m->params.data(), prompt, g.sample_opt, [&](int t) {
+  const absl::StatusOr<std::vector<int>> out = Generate(**stage, m->model, prompt, g.sample_opt, [&](int t) {
     if (!tokenizer) {
       std::cout << static_cast<char>(t) << std::flush;
       return;
@@ -156,7 +168,7 @@ void AddModelCommands(CLI::App& app) {
   g.export_cmd->add_option("--out", g.out_dir, "the directory to write")->required();
   g.export_cmd->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)");
 
-  g.sample = app.add_subcommand("sample", "generate text from a run's checkpoint, on the CPU");
+  g.sample = app.add_subcommand("sample", "generate text from a run's checkpoint, on the CPU or a GPU");
   g.sample->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
   g.sample->add_option("--prompt", g.prompt, "the text to continue")->required();
   g.sample->add_option("--tokens", g.sample_opt.max_new_tokens, "tokens to generate")
@@ -170,6 +182,7 @@ void AddModelCommands(CLI::App& app) {
       ->capture_default_str();
   g.sample->add_flag("--greedy", g.greedy, "always the most likely token (temperature 0)");
   g.sample->add_option("--seed", g.sample_opt.seed, "the draws' seed")->capture_default_str();
+  g.sample->add_option("--backend", g.backend, "\"cpu\" or \"cuda:N\"")->capture_default_str();
   g.sample->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)");
   g.sample->add_option("--tokenizer", g.tokenizer,
                        "the directory with the vocab.json and merges.txt the model's data was tokenised with (default: "

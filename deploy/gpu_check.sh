@@ -22,6 +22,7 @@
 #   6. gpu_profile: per-block forward and backward times for the planner.
 #   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
 #      against the same model in one process: iteration time and the share spent waiting.
+#   8. `longhaul sample --greedy` of check 2's CPU run on cuda:0 against the CPU: the same text.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir="${1:-${OUT:-gpu-report}}"
@@ -156,6 +157,17 @@ PY
   result "GPT-3 XL-shaped 2-stage pipeline" PASS "$detail"
 else
   result "GPT-3 XL-shaped 2-stage pipeline" FAIL "see gpu_check.log"
+fi
+
+# Greedy text follows the most likely token; near-ties could differ between backends in principle,
+# so the detail shows both texts.
+if step "sample cpu" "$run" longhaul sample "$work/cpu" --prompt ab --tokens 60 --greedy &&
+  cp "$work/last.log" "$work/sample_cpu.txt" &&
+  step "sample cuda" "$run" longhaul sample "$work/cpu" --prompt ab --tokens 60 --greedy --backend cuda:0 &&
+  cmp -s <(head -1 "$work/sample_cpu.txt") <(head -1 "$work/last.log"); then
+  result "longhaul sample on cuda:0" PASS "the CPU's greedy text: $(head -1 "$work/last.log")"
+else
+  result "longhaul sample on cuda:0" FAIL "CPU: $(head -1 "$work/sample_cpu.txt" 2>/dev/null); GPU: $(head -1 "$work/last.log")"
 fi
 
 echo >>"$report"

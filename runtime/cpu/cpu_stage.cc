@@ -50,6 +50,14 @@ absl::StatusOr<const float*> CpuStage::Output(int slot) {
   return stage_->Output(*acts_[slot]);
 }
 
+absl::Status CpuStage::DownloadProbs(int slot, float* host) {
+  LH_RETURN_IF_ERROR(CheckSlot(slot));
+  if (!spec().has_head) return absl::FailedPreconditionError("only the last stage computes probabilities");
+  const float* probs = stage_->Probs(*acts_[slot]);
+  std::copy(probs, probs + static_cast<size_t>(stage_->B()) * stage_->T() * stage_->config().vocab_size, host);
+  return absl::OkStatus();
+}
+
 absl::Status CpuStage::Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) {
   LH_RETURN_IF_ERROR(CheckSlot(slot));
   const float* g = stage_->Backward(*acts_[slot], mb, grad_out, scale);

@@ -31,6 +31,7 @@ class CpuStage final : public Stage {
   absl::StatusOr<const float*> Output(int slot) override;
   absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override;
   absl::StatusOr<const float*> InputGrad(int slot) override;
+  absl::Status DownloadProbs(int slot, float* host) override;
   absl::StatusOr<const float*> Params() override { return stage_->params(); }
   absl::StatusOr<const float*> Grads() override { return stage_->grads(); }
   absl::Status SetParams(size_t begin, const float* values, size_t n) override;

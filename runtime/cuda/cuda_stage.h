@@ -41,9 +41,6 @@ class CudaStage : public Stage {
   };
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(const ModelConfig& cfg, const StageSpec& spec,
                                                            const Options& options);
-
-  // (B, T, V) softmax of the slot's last forward, on the last stage.
-  virtual absl::Status DownloadProbs(int slot, float* host) = 0;
 };
 
 }  // namespace longhaul

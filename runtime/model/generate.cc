@@ -5,7 +5,6 @@
 #include <numeric>
 
 #include "absl/strings/str_format.h"
-#include "model/gpt_stage.h"
 #include "util/hash.h"
 #include "util/status_macros.h"
 
@@ -36,7 +35,11 @@ int ChooseToken(const float* probs, int vocab, const SampleOptions& opt, double 
   return order[k - 1];
 }
 
-absl::StatusOr<std::vector<int>> Generate(const ModelConfig& cfg, const float* params, const std::vector<int>& prompt,
+int SampleWindow(const ModelConfig& cfg, size_t prompt_tokens, const SampleOptions& opt) {
+  return static_cast<int>(std::min<int64_t>(cfg.max_seq_len, static_cast<int64_t>(prompt_tokens) + opt.max_new_tokens));
+}
+
+absl::StatusOr<std::vector<int>> Generate(Stage& stage, const ModelConfig& cfg, const std::vector<int>& prompt,
                                           const SampleOptions& opt, const std::function<void(int)>& emit) {
   if (prompt.empty()) return absl::InvalidArgumentError("an empty prompt: give at least one token");
   for (int t : prompt) {
@@ -48,10 +51,11 @@ absl::StatusOr<std::vector<int>> Generate(const ModelConfig& cfg, const float* p
   if (opt.max_new_tokens < 0 || opt.top_k < 0 || !(opt.temperature >= 0)) {
     return absl::InvalidArgumentError("tokens, top-k and temperature must not be negative");
   }
-  const int T = std::min<int>(cfg.max_seq_len, static_cast<int>(prompt.size()) + opt.max_new_tokens);
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<GptStage> model, GptStage::Create(cfg, StageSpec::Whole(cfg), 1, T, false));
-  std::copy(params, params + model->num_params(), model->params());
-  GptStage::ActivationsPtr act = model->NewActivations();
+  if (!stage.spec().has_embedding || !stage.spec().has_head) {
+    return absl::InvalidArgumentError("generation needs the whole model in one stage");
+  }
+  const int T = SampleWindow(cfg, prompt.size(), opt);
+  std::vector<float> probs(static_cast<size_t>(T) * cfg.vocab_size);
   MicroBatch mb;
   mb.B = 1, mb.T = T;
   mb.targets.assign(static_cast<size_t>(T), 0);
@@ -64,9 +68,10 @@ absl::StatusOr<std::vector<int>> Generate(const ModelConfig& cfg, const float* p
     const int len = std::min<int>(T, static_cast<int>(text.size()));
     mb.tokens.assign(text.end() - len, text.end());
     mb.tokens.resize(static_cast<size_t>(T), 0);
-    model->Forward(*act, mb, nullptr);
-    const float* probs = model->Probs(*act) + static_cast<size_t>(len - 1) * cfg.vocab_size;
-    const int next = ChooseToken(probs, cfg.vocab_size, opt, rng.Uniform());
+    LH_RETURN_IF_ERROR(stage.Forward(0, mb, nullptr).status());
+    LH_RETURN_IF_ERROR(stage.DownloadProbs(0, probs.data()));
+    const int next =
+        ChooseToken(probs.data() + static_cast<size_t>(len - 1) * cfg.vocab_size, cfg.vocab_size, opt, rng.Uniform());
     text.push_back(next);
     out.push_back(next);
     if (emit) emit(next);

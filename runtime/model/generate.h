@@ -1,13 +1,14 @@
 #pragma once
-// Text generation from a whole model on the CPU: each next token is drawn from the model's
-// distribution at the last position of the window (the newest max_seq_len tokens, as GPT-2 crops
-// its context).
+// Text generation from a whole model on any backend: each next token is drawn from the model's
+// distribution at the last position of the window (the newest tokens, at most max_seq_len, as
+// GPT-2 crops its context).
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/model_config.h"
+#include "model/stage.h"
 
 namespace longhaul {
 
@@ -18,9 +19,14 @@ struct SampleOptions {
   uint64_t seed = 1;         // the same seed, model and prompt give the same text
 };
 
-// `params` laid out by ParamLayout(cfg, StageSpec::Whole(cfg)); `prompt` holds at least one token
-// below cfg.vocab_size. `emit` sees each new token as it is chosen. Returns the new tokens.
-absl::StatusOr<std::vector<int>> Generate(const ModelConfig& cfg, const float* params, const std::vector<int>& prompt,
+// The window a generation of `opt.max_new_tokens` after `prompt_tokens` needs: the sequence
+// length of the stage Generate runs on.
+int SampleWindow(const ModelConfig& cfg, size_t prompt_tokens, const SampleOptions& opt);
+
+// `stage` is the whole model of `cfg` (embeddings to head, its parameters set) for micro-batches of
+// one sequence of SampleWindow tokens; `prompt` holds at least one token below cfg.vocab_size.
+// `emit` sees each new token as it is chosen. Returns the new tokens.
+absl::StatusOr<std::vector<int>> Generate(Stage& stage, const ModelConfig& cfg, const std::vector<int>& prompt,
                                           const SampleOptions& opt, const std::function<void(int)>& emit = nullptr);
 
 // The token `probs` (one position's distribution over the vocabulary) yields under `opt`, with

@@ -59,6 +59,9 @@ class Stage {
   // The gradient of the stage's input (B, T, C) from the slot's backward on a non-first stage,
   // valid until the next Backward into that slot.
   virtual absl::StatusOr<const float*> InputGrad(int slot) = 0;
+  // The (B, T, V) softmax of the slot's last forward, copied into `host`, on the last stage
+  // (sampling reads it).
+  virtual absl::Status DownloadProbs(int slot, float* host) = 0;
 
   // The flat parameters and gradients, in host memory, valid until the stage next changes them.
   virtual absl::StatusOr<const float*> Params() = 0;

@@ -111,6 +111,7 @@ class QueuingStage final : public Stage {
     calls.push_back(absl::StrCat("G", slot));
     return inner_->InputGrad(slot);
   }
+  absl::Status DownloadProbs(int slot, float* host) override { return inner_->DownloadProbs(slot, host); }
   absl::StatusOr<const float*> Params() override { return inner_->Params(); }
   absl::StatusOr<const float*> Grads() override { return inner_->Grads(); }
   absl::Status SetParams(size_t begin, const float* values, size_t n) override {

@@ -9,6 +9,7 @@
 
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/safetensors.h"
+#include "cpu/cpu_stage.h"
 #include "model/param_layout.h"
 
 namespace longhaul {
@@ -48,6 +49,13 @@ TEST(Generate, GreedyFollowsPyTorchsMostLikelyTokenAndDrawsRepeatWithTheSeed) {
   const ModelConfig cfg = *ReadHfGpt2Config(kFixture);
   std::vector<float> params(ParamLayout(cfg, StageSpec::Whole(cfg)).total());
   ASSERT_TRUE(ImportHfGpt2(kFixture, cfg, ParamLayout(cfg, StageSpec::Whole(cfg)), params.data()).ok());
+  // The whole model for a window of `T` tokens, through the Stage interface every backend has.
+  auto model = [&](int T) {
+    auto stage = CpuStage::Create(cfg, StageSpec::Whole(cfg), 1, T, false, 1, 0);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    EXPECT_TRUE((*stage)->SetParams(0, params.data(), params.size()).ok());
+    return std::move(*stage);
+  };
   const Safetensors ref = *ReadSafetensors(kFixture + "/reference.safetensors");
   std::vector<int> prompt;
   for (float t : ref.tensors.at("tokens").data) prompt.push_back(static_cast<int>(t));
@@ -56,22 +64,24 @@ TEST(Generate, GreedyFollowsPyTorchsMostLikelyTokenAndDrawsRepeatWithTheSeed) {
   const int expected = static_cast<int>(std::max_element(last, last + cfg.vocab_size) - last);
   SampleOptions opt;
   opt.temperature = 0, opt.max_new_tokens = 1;
-  EXPECT_EQ(*Generate(cfg, params.data(), prompt, opt), std::vector<int>{expected});
+  EXPECT_EQ(*Generate(*model(SampleWindow(cfg, prompt.size(), opt)), cfg, prompt, opt), std::vector<int>{expected});
 
   // Past max_seq_len (24) the window crops to the newest tokens.
   opt.temperature = 0.8f, opt.top_k = 10, opt.max_new_tokens = 30, opt.seed = 4;
+  EXPECT_EQ(SampleWindow(cfg, prompt.size(), opt), cfg.max_seq_len);
+  auto stage = model(cfg.max_seq_len);
   std::vector<int> seen;
-  const absl::StatusOr<std::vector<int>> a = Generate(cfg, params.data(), prompt, opt, [&](int t) { seen.push_back(t); });
+  const absl::StatusOr<std::vector<int>> a = Generate(*stage, cfg, prompt, opt, [&](int t) { seen.push_back(t); });
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->size(), 30u);
   EXPECT_EQ(seen, *a);
   for (int t : *a) EXPECT_TRUE(t >= 0 && t < cfg.vocab_size);
-  EXPECT_EQ(*Generate(cfg, params.data(), prompt, opt), *a);
+  EXPECT_EQ(*Generate(*stage, cfg, prompt, opt), *a);
   opt.seed = 5;
-  EXPECT_NE(*Generate(cfg, params.data(), prompt, opt), *a);
+  EXPECT_NE(*Generate(*stage, cfg, prompt, opt), *a);
 
-  EXPECT_EQ(Generate(cfg, params.data(), {}, opt).status().code(), absl::StatusCode::kInvalidArgument);
-  const absl::Status s = Generate(cfg, params.data(), {1, 64}, opt).status();
+  EXPECT_EQ(Generate(*stage, cfg, {}, opt).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status s = Generate(*stage, cfg, {1, 64}, opt).status();
   EXPECT_NE(s.message().find("outside the model's vocabulary of 64"), std::string::npos) << s;
 }
 
