@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/hf_gpt2.h"
@@ -82,6 +83,7 @@ int RunSample() {
   } else {
     for (unsigned char c : g.prompt) prompt.push_back(c);
   }
+  if (prompt.empty()) return Error(absl::InvalidArgumentError("an empty prompt: give at least one token"));
   if (g.greedy) g.sample_opt.temperature = 0;
   absl::StatusOr<int> device = ParseBackend(g.backend, "--backend");
   if (!device.ok()) return Error(device.status());
@@ -118,6 +120,14 @@ int RunTokenize() {
         "the tokenizer has %d tokens; llm.c shards hold 16-bit tokens (at most 65536)", t->vocab_size())));
   }
   std::error_code ec;
+  // Shards of an earlier run would join this one's under the printed glob.
+  for (const fs::directory_entry& e : fs::directory_iterator(g.out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if ((absl::StartsWith(name, "train_") || absl::StartsWith(name, "val_")) && absl::EndsWith(name, ".bin")) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          g.out_dir, " already holds token shards (", name, "): name an empty directory, or remove them first")));
+    }
+  }
   fs::create_directories(g.out_dir, ec);
   if (ec) return Error(absl::InternalError(absl::StrCat("cannot create ", g.out_dir, ": ", ec.message())));
   auto write_split = [&](const std::string& split, const std::vector<std::string>& files) -> absl::StatusOr<int64_t> {
@@ -166,7 +176,8 @@ void AddModelCommands(CLI::App& app) {
       "export", "write a run's checkpoint (any layout) as a Hugging Face GPT-2 directory: model.safetensors, config.json");
   g.export_cmd->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
   g.export_cmd->add_option("--out", g.out_dir, "the directory to write")->required();
-  g.export_cmd->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)");
+  g.export_cmd->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)")
+      ->check(CLI::NonNegativeNumber);
 
   g.sample = app.add_subcommand("sample", "generate text from a run's checkpoint, on the CPU or a GPU");
   g.sample->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
@@ -183,7 +194,8 @@ void AddModelCommands(CLI::App& app) {
   g.sample->add_flag("--greedy", g.greedy, "always the most likely token (temperature 0)");
   g.sample->add_option("--seed", g.sample_opt.seed, "the draws' seed")->capture_default_str();
   g.sample->add_option("--backend", g.backend, "\"cpu\" or \"cuda:N\"")->capture_default_str();
-  g.sample->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)");
+  g.sample->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)")
+      ->check(CLI::NonNegativeNumber);
   g.sample->add_option("--tokenizer", g.tokenizer,
                        "the directory with the vocab.json and merges.txt the model's data was tokenised with (default: "
                        "the prompt's bytes are its tokens)");

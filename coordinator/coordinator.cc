@@ -379,6 +379,9 @@ class Service final : public proto::Coordinator::Service {
     const int id = req->worker_id();
     if (grpc::Status st = CheckWorker(id); !st.ok()) return st;
     members_.Reconnected(id);
+    // A worker holds its lifeline again at once: the call it replaces may notice its own end only
+    // after this one began, and must not cut the worker off then.
+    const uint64_t call = ++lifeline_calls_[id];
     uint64_t told = plan_.version();
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
       if (plan_.version() > told) {
@@ -394,7 +397,7 @@ class Service final : public proto::Coordinator::Service {
       // A closed lifeline is noticed here only: its delay is part of every failure's detection.
       cv_.wait_for(lock, std::chrono::milliseconds(10));
     }
-    if (ctx->IsCancelled() && members_.Check(id).ok()) {
+    if (ctx->IsCancelled() && members_.Check(id).ok() && lifeline_calls_[id] == call) {
       members_.CutOff(id, Clock::now());
       cv_.notify_all();
     }
@@ -574,25 +577,21 @@ class Service final : public proto::Coordinator::Service {
 
   // A report's micro-batches are global indices of the iteration, at most the replica's count:
   // what the audit keeps is bounded by the plan.
-  // Only the last stage evaluates, only the steps train.eval_every names, and only its replica's
-  // share of train.eval_batches.
+  // Only the last stage reports validation losses, for the steps train.eval_every names, each
+  // replica its whole share of train.eval_batches.
   grpc::Status CheckValidation(const proto::IterationReport& r) const {
-    if (r.val_batches() == 0 && r.val_loss_sum() == 0) return grpc::Status::OK;
-    const int share = cfg_.train.EvalShare(plan_.replicas(), r.replica());
-    if (r.stage() == plan_.stages() - 1 && cfg_.train.EvalDue(r.iteration() + 1, RunEnd(plan_, cfg_)) &&
-        r.val_batches() == share) {
-      return grpc::Status::OK;
-    }
+    const int owed = r.stage() == plan_.stages() - 1 && cfg_.train.EvaluatesAfter(r.iteration(), RunEnd(plan_, cfg_))
+                         ? cfg_.train.EvalShare(plan_.replicas(), r.replica())
+                         : 0;
+    if (r.val_batches() == owed && (owed > 0 || r.val_loss_sum() == 0)) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrFormat("worker %d's report of iteration %d holds %d validation micro-batches; the plan "
                                         "has %d there for stage %d replica %d",
-                                        r.worker_id(), r.iteration() + 1, r.val_batches(),
-                                        r.stage() == plan_.stages() - 1 &&
-                                                cfg_.train.EvalDue(r.iteration() + 1, RunEnd(plan_, cfg_))
-                                            ? share
-                                            : 0,
-                                        r.stage(), r.replica()));
+                                        r.worker_id(), r.iteration() + 1, r.val_batches(), owed, r.stage(),
+                                        r.replica()));
   }
+
+
 
   grpc::Status CheckMicroBatches(const proto::IterationReport& r) const {
     const int64_t all = static_cast<int64_t>(cfg_.cluster.replicas) * cfg_.train.micro_batches;
@@ -1093,6 +1092,7 @@ class Service final : public proto::Coordinator::Service {
   std::vector<std::vector<int>> shard_owner_;  // the placement search's, for MakePlan (empty: shard k on replica k)
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
+  std::map<int, uint64_t> lifeline_calls_;  // by worker: Lifeline calls begun, the newest is the one held
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
   std::set<int64_t> replica_checked_;  // iterations whose replicas were checked to agree
   // By (stage, iteration): the first replica's parameters CRC reported; by iteration: how many

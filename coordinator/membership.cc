@@ -172,7 +172,8 @@ std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const 
     if (w.done || w.lost) continue;
     if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
     if (w.cut_off && w.suspected && w.last_seen < std::min(*w.cut_off, w.suspected->first)) {
-      return Lost{id, seconds(now - std::min(*w.cut_off, w.suspected->first)), kCutOff, w.suspected->second};
+      const double since = seconds(now - std::max(*w.cut_off, w.suspected->first));
+      if (since > cut_off_silent_s_ / 5) return Lost{id, since, kCutOff, w.suspected->second};
     }
     if (w.cut_off) {
       const double since = seconds(now - std::max(w.last_seen, *w.cut_off));

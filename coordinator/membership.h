@@ -71,9 +71,11 @@ class Membership {
   // heartbeat answered gives way to the next one.
   void Suspect(int id, int reporter, Clock::time_point now);
   // Worker `id`'s lifeline to the coordinator closed (a killed process's sockets close at once);
-  // one that opens again (a reconnect) ends that. Cut off and suspected, with no heartbeat since
-  // either, it is lost at once: a live process may lose one connection, but its lifeline and a
-  // connection to a peer both closed by its kernel is a process that ended.
+  // one that opens again (a reconnect) ends that. Cut off and suspected, with no heartbeat and no
+  // reconnect since either, it is lost after a fifth of the cut-off's grace: a live process may
+  // lose one connection, but its lifeline and a connection to a peer both closed by its kernel is a
+  // process that ended (the wait leaves a live one whose connections a middlebox reset the time to
+  // reconnect).
   void CutOff(int id, Clock::time_point now);
   void Reconnected(int id);
   static constexpr int kCutOff = -2;  // Lost::reporter of a worker lost by its closed lifeline

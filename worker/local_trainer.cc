@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   // forward, so one activation slot serves.
   StageRequest request = StageRequestFor(cfg, 0, cfg.train.backend_device, 1);
   request.optimizer = true;
+  if (cfg.train.resume) request.init_from.clear();  // the checkpoint's parameters replace them
   LH_ASSIGN_OR_RETURN(t->stage_, MakeStage(request));
   const TrainConfig& tc = cfg.train;
   LH_RETURN_IF_ERROR(t->stage_->AttachOptimizer(

@@ -75,8 +75,9 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   const WireDtype wire = wires_.Of(self_, to_worker, kind);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
-  static const char* names[] = {"?", "send act", "send grad", "push grads", "send params", "send probe", "send norm"};
-  in_flight_.push_back({Client(to_worker, to).Send(h, data, n), names[kind >= 0 && kind <= proto::NORM ? kind : 0],
+  static const char* names[] = {"?",           "send act",   "send grad", "push grads",
+                                "send params", "send probe", "send norm", "send validation act"};
+  in_flight_.push_back({Client(to_worker, to).Send(h, data, n), names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0],
                         it, micro});
 }
 

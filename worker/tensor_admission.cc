@@ -22,7 +22,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   };
   if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M, dtype(proto::ACTIVATION, stage - 1, replica)};
   if (const int evals = cfg.train.EvalShare(plan.replicas(), replica); stage > 0 && evals > 0) {
-    expected[{proto::EVAL_ACTIVATION, stage - 1, replica, 0}] = {boundary, evals, dtype(proto::ACTIVATION, stage - 1, replica)};
+    expected[{proto::EVAL_ACTIVATION, stage - 1, replica, 0}] = {boundary, evals, dtype(proto::EVAL_ACTIVATION, stage - 1, replica)};
   }
   if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M, dtype(proto::GRADIENT, stage + 1, replica)};
   const ParamLayout layout(cfg.model, cfg.Stage(stage));

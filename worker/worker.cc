@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -300,12 +301,21 @@ absl::Status Worker::Setup() {
   const TrainConfig& tc = cfg_.train;
   const bool local_updates = tc.local_steps > 1;
   request.optimizer = local_updates;
+  // Only the hosts of the stage's shards start from its initial parameters, and only where no
+  // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
+  // the directory).
+  const bool hosts_a_shard = std::any_of(plan_.shards().begin(), plan_.shards().end(), [&](const proto::ShardPlacement& sp) {
+    return sp.stage() == s_ && sp.owner_replica() == r_;
+  });
+  if (!hosts_a_shard || !plan_.resume_checkpoint().empty()) request.init_from.clear();
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
   // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
   // Its parameters come from the shards' broadcast at the version's start and its gradients are
   // zeroed every iteration; a stage that steps itself (local updates) holds more, and is rebuilt.
+  // So is one whose version starts over from the initial parameters (no checkpoint yet): its own
+  // are trained, and its shards start from them.
   const std::string stage_key = absl::StrCat(s_, " ", device, " ", request.slots, "\n", plan_.config_toml());
-  if (!stage_ || local_updates || stage_key != stage_key_) {
+  if (!stage_ || local_updates || stage_key != stage_key_ || plan_.resume_checkpoint().empty()) {
     stage_.reset();
     LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
     stage_key_ = stage_key;
@@ -395,7 +405,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   LH_ASSIGN_OR_RETURN(const IterationResult result,
                       executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
   double val_loss_sum = 0;
-  const bool evaluate = cfg_.train.EvalDue(it + 1, end_) && !val_mbs_.empty();
+  const bool evaluate = cfg_.train.EvaluatesAfter(it, end_) && !val_mbs_.empty();
   if (evaluate) {
     LH_ASSIGN_OR_RETURN(val_loss_sum, executor_->Evaluate(it, val_mbs_));
   }

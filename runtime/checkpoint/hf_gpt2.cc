@@ -69,24 +69,40 @@ absl::StatusOr<ModelConfig> ReadHfGpt2Config(const std::string& dir) {
   LH_RETURN_IF_ERROR(positive("n_layer", &c.n_layer));
   LH_RETURN_IF_ERROR(positive("n_head", &c.n_head));
   LH_RETURN_IF_ERROR(positive("n_embd", &c.d_model));
-  c.tied_head = j.value("tie_word_embeddings", true);
+  // An optional key: null or absent is its default; another type than GPT-2's is an error, not a throw.
+  using Is = bool (nlohmann::json::*)() const noexcept;
+  auto optional = [&](const char* key, Is is, const char* type) -> absl::StatusOr<const nlohmann::json*> {
+    if (!j.contains(key) || j[key].is_null()) return nullptr;
+    if (!(j[key].*is)()) return bad(absl::StrCat(key, " is ", j[key].dump(), ", not ", type));
+    return &j[key];
+  };
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* tie, optional("tie_word_embeddings", &nlohmann::json::is_boolean, "a boolean"));
+  c.tied_head = tie == nullptr || tie->get<bool>();
   // What longhaul's GPT-2 fixes and a config could change.
-  const std::string activation = j.value("activation_function", std::string("gelu_new"));
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* act, optional("activation_function", &nlohmann::json::is_string, "a string"));
+  const std::string activation = act != nullptr ? act->get<std::string>() : "gelu_new";
   if (activation != "gelu_new" && activation != "gelu_pytorch_tanh") {
     return bad(absl::StrCat("activation_function is \"", activation,
                             "\"; longhaul's GPT-2 uses the tanh GELU (\"gelu_new\")"));
   }
-  const double eps = j.value("layer_norm_epsilon", kLayerNormEpsilon);
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* eps_key, optional("layer_norm_epsilon", &nlohmann::json::is_number, "a number"));
+  const double eps = eps_key != nullptr ? eps_key->get<double>() : kLayerNormEpsilon;
   if (std::abs(eps - kLayerNormEpsilon) > 1e-12) {
     return bad(absl::StrFormat("layer_norm_epsilon is %g; longhaul's LayerNorm uses %g", eps, kLayerNormEpsilon));
   }
-  if (j.contains("n_inner") && !j["n_inner"].is_null() && j["n_inner"] != 4 * c.d_model) {
-    return bad(absl::StrCat("n_inner is ", j["n_inner"].dump(), "; longhaul's MLP is 4 x n_embd wide"));
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* inner, optional("n_inner", &nlohmann::json::is_number_integer, "an integer"));
+  if (inner != nullptr && inner->get<int64_t>() != 4 * static_cast<int64_t>(c.d_model)) {
+    return bad(absl::StrCat("n_inner is ", inner->dump(), "; longhaul's MLP is 4 x n_embd wide"));
   }
-  if (!j.value("scale_attn_weights", true) || j.value("scale_attn_by_inverse_layer_idx", false)) {
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* scaled, optional("scale_attn_weights", &nlohmann::json::is_boolean, "a boolean"));
+  LH_ASSIGN_OR_RETURN(const nlohmann::json* by_layer,
+                      optional("scale_attn_by_inverse_layer_idx", &nlohmann::json::is_boolean, "a boolean"));
+  if ((scaled != nullptr && !scaled->get<bool>()) || (by_layer != nullptr && by_layer->get<bool>())) {
     return bad("attention scores scaled other than by 1/sqrt(head size); longhaul scales them by that alone");
   }
-  LH_RETURN_IF_ERROR(c.Validate());
+  if (c.d_model % c.n_head != 0) {
+    return bad(absl::StrFormat("n_embd = %d is not divisible by n_head = %d", c.d_model, c.n_head));
+  }
   return c;
 }
 
@@ -123,8 +139,8 @@ absl::Status ImportHfGpt2(const std::string& dir, const ModelConfig& cfg, const 
   };
   for (const ParamTensor& t : layout.tensors()) {
     const LoadedTensor* src = find(t.name);
-    // A tied file's head is its embedding.
-    if (src == nullptr && t.name == "lm_head.weight") src = find("wte.weight");
+    // A tied file's head is its embedding; an untied one's must be there.
+    if (src == nullptr && t.name == "lm_head.weight" && file.tied_head) src = find("wte.weight");
     if (src == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, " has no tensor ", HfName(t.name), ": not a GPT-2 checkpoint, or one saved incompletely"));
@@ -164,7 +180,7 @@ absl::Status ExportHfGpt2(const ModelConfig& cfg, const float* params, const std
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   LH_RETURN_IF_ERROR(
       WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), views, {{"format", "pt"}}).status());
-  const nlohmann::ordered_json config = {
+  nlohmann::ordered_json config = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
       {"vocab_size", cfg.vocab_size},
@@ -182,9 +198,9 @@ absl::Status ExportHfGpt2(const ModelConfig& cfg, const float* params, const std
       {"attn_pdrop", 0.0},
       {"scale_attn_weights", true},
       {"tie_word_embeddings", cfg.tied_head},
-      {"bos_token_id", cfg.vocab_size - 1},
-      {"eos_token_id", cfg.vocab_size - 1},
       {"torch_dtype", "float32"}};
+  // GPT-2's <|endoftext|>, where the vocabulary is GPT-2's; others name no special token.
+  if (cfg.vocab_size == 50257) config["bos_token_id"] = config["eos_token_id"] = 50256;
   return WriteFileAtomically((fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
 }
 

@@ -24,7 +24,8 @@ absl::StatusOr<ModelConfig> ReadHfGpt2Config(const std::string& dir);
 
 // Fills the tensors of `layout` (a stage's, or the whole model's) from the checkpoint in `dir`,
 // whose shape must be `cfg`'s: the error names every key that differs and the --set that fixes
-// it. An untied head starts from wte where the file has no lm_head.weight of its own.
+// it. A tied file starts an untied config's head from its wte; an untied file must hold
+// lm_head.weight.
 absl::Status ImportHfGpt2(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params);
 
 // Writes the whole model (`params` laid out by ParamLayout(cfg, StageSpec::Whole(cfg))) into

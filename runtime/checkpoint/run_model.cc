@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
-#include "config/job_config.h"
 #include "model/param_layout.h"
 #include "util/status_macros.h"
 
@@ -17,23 +19,37 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The model of a checkpoint's recorded config, read as the config file it came from (a TOML
-// value is written as JSON writes it, for the types a config has).
+// The model section of a checkpoint's recorded config (the keys that shape the tensors), read on
+// its own: a checkpoint whose other keys this build no longer knows still exports.
 absl::StatusOr<ModelConfig> RecordedModel(const std::string& state_dir) {
   LH_ASSIGN_OR_RETURN(const CheckpointData data, ReadCheckpointState(state_dir));
   const std::string where = (fs::path(state_dir) / "state.json").string();
-  if (!data.run_config.contains("model") || !data.run_config["model"].is_object()) {
-    return absl::DataLossError(absl::StrCat(where, " records no model config: not written by longhaul train or a "
-                                                   "longhaul cluster"));
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(where, " records ", what, ": not a config longhaul train or a cluster wrote"));
+  };
+  if (!data.run_config.contains("model") || !data.run_config["model"].is_object()) return corrupt("no model config");
+  const nlohmann::json& m = data.run_config["model"];
+  ModelConfig c;
+  for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size}, {"max_seq_len", &c.max_seq_len},
+                            {"n_layer", &c.n_layer}, {"n_head", &c.n_head}, {"d_model", &c.d_model}}) {
+    if (!m.contains(key) || !m[key].is_number_integer() || m[key].get<int64_t>() < 1 ||
+        m[key].get<int64_t>() > (1 << 24)) {
+      return corrupt(absl::StrCat("model.", key, " = ", m.contains(key) ? m[key].dump() : "nothing"));
+    }
+    *field = static_cast<int>(m[key].get<int64_t>());
   }
-  std::string toml;
-  for (const auto& [section, keys] : data.run_config.items()) {
-    if (!keys.is_object()) continue;
-    absl::StrAppend(&toml, "[", section, "]\n");
-    for (const auto& [key, value] : keys.items()) absl::StrAppend(&toml, key, " = ", value.dump(), "\n");
+  if (m.contains("tied_head")) {
+    if (!m["tied_head"].is_boolean()) return corrupt(absl::StrCat("model.tied_head = ", m["tied_head"].dump()));
+    c.tied_head = m["tied_head"].get<bool>();
   }
-  LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(toml, absl::StrCat(where, " (its run_config)")));
-  return cfg.model;
+  if (m.contains("attention")) {
+    if (!m["attention"].is_string()) return corrupt(absl::StrCat("model.attention = ", m["attention"].dump()));
+    absl::StatusOr<AttentionMask> mask = ParseAttentionMask(m["attention"].get<std::string>());
+    if (!mask.ok()) return corrupt(absl::StrCat("model.attention = ", m["attention"].dump()));
+    c.attention = *mask;
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return corrupt(std::string(s.message()));
+  return c;
 }
 
 }  // namespace
@@ -51,7 +67,8 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
   }
   LH_ASSIGN_OR_RETURN(out.step, CheckpointStep(out.checkpoint));
   std::vector<fs::path> dirs;
-  if (fs::exists(root / out.checkpoint / "state.json", ec)) {
+  const bool one_process = fs::exists(root / out.checkpoint / "state.json", ec);
+  if (one_process) {
     dirs.push_back(root / out.checkpoint);
   } else {
     for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
@@ -99,6 +116,10 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
   std::vector<std::string> missing;
   for (size_t i = 0; i < from.size(); ++i)
     if (from[i].empty()) missing.push_back(whole.tensors()[i].name);
+  if (!missing.empty() && one_process) {
+    return absl::DataLossError(absl::StrFormat("checkpoint %s lacks %s: not the model its state.json records",
+                                               dirs.front().string(), absl::StrJoin(missing, ", ")));
+  }
   if (!missing.empty()) {
     return absl::DataLossError(absl::StrFormat(
         "checkpoint %s under %s lacks %s: a parameter-server shard's directory (stage_S_shard_K/%s) is missing; "

@@ -67,8 +67,11 @@ struct TrainConfig {
   bool ExchangesAfter(int64_t it, int64_t end) const {
     return local_steps <= 1 || (it + 1) % local_steps == 0 || it + 1 == end;
   }
-  // Whether step `step` of a run ending before `end` is evaluated on the validation data.
+  // Whether step `step` of a run ending before `end` is evaluated on the validation data:
+  // `longhaul train`'s steps; a cluster evaluates iteration `it`'s step where it is one of those
+  // and the replicas exchanged (with local updates each holds its own parameters in between).
   bool EvalDue(int64_t step, int64_t end) const { return eval_every > 0 && (step % eval_every == 0 || step == end); }
+  bool EvaluatesAfter(int64_t it, int64_t end) const { return EvalDue(it + 1, end) && ExchangesAfter(it, end); }
   // The validation micro-batches i < eval_batches with i % replicas == replica are replica
   // `replica`'s to run: the micro-batches `longhaul train` evaluates, shared out, so that every
   // layout reports the same validation loss for the same parameters.

@@ -84,7 +84,7 @@ absl::StatusOr<std::string> TokenBytes(std::string_view token) {
   std::string out;
   for (const CodePoint& cp : DecodeUtf8(token)) {
     auto it = byte_of.find(cp.c);
-    if (it == byte_of.end() || (cp.c == 0xFFFD && cp.len == 1)) {
+    if (it == byte_of.end()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "token \"%s\" holds U+%04X, which stands for no byte: not a byte-level BPE vocabulary like GPT-2's",
           absl::CHexEscape(std::string(token)), cp.c));
@@ -181,6 +181,7 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Load(const std::string& dir) {
   if (!merges) return absl::NotFoundError(absl::StrCat("cannot open ", merges_path));
   std::string line;
   for (int number = 1; std::getline(merges, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
     if (line.empty() || (number == 1 && line.rfind("#version", 0) == 0)) continue;
     const size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||

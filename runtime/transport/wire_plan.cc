@@ -10,6 +10,8 @@ namespace longhaul {
 WireDtype WirePlan::Of(int from, int to, int kind) const {
   if (kind == proto::PARAMS) return params_dtype;
   if (kind == proto::NORM) return WireDtype::kF32;  // doubles as float pairs, bit for bit
+  // Rare, and the validation loss is to be the one-process run's for the same parameters.
+  if (kind == proto::EVAL_ACTIVATION) return WireDtype::kF32;
   auto it = links.find({from, to});
   return it == links.end() ? default_dtype : it->second;
 }

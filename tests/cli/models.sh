@@ -93,6 +93,9 @@ tok="$here/tests/reference/fixtures/gpt2_bpe"
   >"$dir/tokenize.txt" 2>&1
 check "longhaul tokenize (status $?)" $?
 check "it wrote train and val shards" $([ -s "$dir/tokens/train_000000.bin" ] && [ -s "$dir/tokens/train_000001.bin" ] && [ -s "$dir/tokens/val_000000.bin" ]; echo $?)
+"$bin" tokenize --tokenizer "$tok" --out "$dir/tokens" "$tok/corpus.txt" >"$dir/tokenize_again.txt" 2>&1
+rc=$?
+check "tokenizing into a directory of shards is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q 'already holds token shards' "$dir/tokenize_again.txt"; echo $?)
 "$bin" train -c "$dir/job.toml" --set "train.out_dir=$dir/bpe" --set data.source=llmc \
   --set "data.path=\"$dir/tokens/train_*.bin\"" --set "data.val_path=\"$dir/tokens/val_*.bin\"" \
   --set model.vocab_size=458 --set train.eval_every=20 >"$dir/bpe.txt" 2>&1

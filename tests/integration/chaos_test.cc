@@ -308,6 +308,39 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
 }
 
+// A worker killed before the job's first checkpoint (train.checkpoint_every = 0: only at the end)
+// sends the run back to its start: the survivors' stages, trained by then, must not become the
+// shards' starting point; the run ends bitwise as the uninterrupted one.
+TEST(Chaos, AFailureBeforeTheFirstCheckpointStartsTheRunOverFromItsInitialParameters) {
+  UseNewSecret();
+  const std::vector<std::string> sets = {"train.checkpoint_every=0", "train.steps=150"};
+  const fs::path calm = Dir("calm_no_checkpoint"), out = Dir("no_checkpoint");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
+  const int status = RunJob(
+      out, 1,
+      [&](Supervisor& sup) {
+        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 40; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        std::mt19937 rng(std::random_device{}());
+        const Victim v = Choose(*sup.State(), rng);
+        ASSERT_EQ(kill(v.pid, SIGKILL), 0);
+        waitpid(v.pid, nullptr, 0);
+        std::cout << "killed worker " << v.worker << " (stage " << v.stage << ", replica " << v.replica << ") at step "
+                  << sup.Steps() << "\n";
+      },
+      sets);
+  const std::string log = Read(out / "coordinator_1.txt");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  EXPECT_NE(log.find("back to step 0"), std::string::npos) << log;
+  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), 150u);
+  ASSERT_EQ(b->size(), 150u);
+  for (size_t i = 0; i < a->size(); ++i) ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
+  EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
+      << "the final parameters differ from the uninterrupted run's";
+}
+
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
 // 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
 // makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run

@@ -11,10 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_stage.h"
 #include "worker/stage_factory.h"
@@ -140,6 +142,18 @@ TEST(HfGpt2, ACheckpointOfAnotherShapeOrAnotherGpt2IsRefusedWithTheFix) {
   EXPECT_NE(s.message().find("activation_function is \"relu\""), std::string::npos) << s;
   std::ofstream(other / "config.json") << "[1, 2]";
   EXPECT_EQ(ReadHfGpt2Config(other.string()).status().code(), absl::StatusCode::kInvalidArgument);
+  // A key of another type than GPT-2's is named, never thrown.
+  for (const auto& [key, value, says] :
+       {std::tuple{"tie_word_embeddings", "\"yes\"", "not a boolean"}, {"layer_norm_epsilon", "\"1e-5\"", "not a number"},
+        {"activation_function", "7", "not a string"}, {"n_inner", "[1]", "not an integer"}}) {
+    std::ofstream(other / "config.json") << R"({"vocab_size": 64, "n_positions": 24, "n_embd": 32, "n_layer": 2,
+        "n_head": 4, ")" << key << "\": " << value << "}";
+    s = ReadHfGpt2Config(other.string()).status();
+    EXPECT_NE(s.message().find(absl::StrCat(key, " is ", value, ", ", says)), std::string::npos) << s;
+  }
+  std::ofstream(other / "config.json") << R"({"vocab_size": 64, "n_positions": 24, "n_embd": 30, "n_layer": 2, "n_head": 4})";
+  s = ReadHfGpt2Config(other.string()).status();
+  EXPECT_NE(s.message().find("n_embd = 30 is not divisible by n_head = 4"), std::string::npos) << s;
 
   // A file lacking a tensor, and one whose tensor has another shape.
   const ModelConfig good = *ReadHfGpt2Config(kFixture);
@@ -165,6 +179,15 @@ TEST(HfGpt2, ACheckpointOfAnotherShapeOrAnotherGpt2IsRefusedWithTheFix) {
   write_without("", "h.0.mlp.c_fc.weight");
   s = ImportHfGpt2(other.string(), good, ParamLayout(good, StageSpec::Whole(good)), buf.data());
   EXPECT_NE(s.message().find("has shape [128, 32], GPT-2's of this config is [32, 128]"), std::string::npos) << s;
+  // An untied file must hold its head.
+  write_without("", "");
+  std::ofstream(other / "config.json") << R"({"vocab_size": 64, "n_positions": 24, "n_embd": 32, "n_layer": 2,
+      "n_head": 4, "tie_word_embeddings": false})";
+  ModelConfig untied = good;
+  untied.tied_head = false;
+  std::vector<float> untied_buf(ParamLayout(untied, StageSpec::Whole(untied)).total());
+  s = ImportHfGpt2(other.string(), untied, ParamLayout(untied, StageSpec::Whole(untied)), untied_buf.data());
+  EXPECT_NE(s.message().find("has no tensor lm_head.weight"), std::string::npos) << s;
 }
 
 // An exported longhaul model (untied, GPT-2 initialised, four layers) loaded by PyTorch gives

@@ -240,9 +240,10 @@ TEST(Membership, AWorkerCutOffIsLostAfterAHalfSecondOfSilenceUnlessItReconnects)
   EXPECT_FALSE(m.Silent(at(5)).has_value()) << "worker 1 reconnected: only dead_after_s loses it";
 }
 
-// A closed lifeline and a closed connection to a peer, with no heartbeat since either, are a
-// process that ended: lost at once, whichever came first. Either alone, or a heartbeat after
-// them, is not enough; a suspicion a heartbeat answered gives way to a later one.
+// A closed lifeline and a closed connection to a peer, with no heartbeat or reconnect since either,
+// are a process that ended: lost a fifth of the cut-off's grace (here 0.1 s) after the later of
+// the two, whichever came first. Either alone, or a heartbeat after them, is not enough; a
+// suspicion a heartbeat answered gives way to a later one.
 TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
   Membership m("job", 3, 0, 20, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
@@ -254,18 +255,19 @@ TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
   m.CutOff(0, at(3));
   EXPECT_FALSE(m.Silent(at(3.01)).has_value()) << "the suspicion was answered by a heartbeat";
   m.Suspect(0, 2, at(3.005));
-  const auto lost = m.Silent(at(3.01));
+  EXPECT_FALSE(m.Silent(at(3.1)).has_value()) << "within the time a live worker needs to reconnect";
+  const auto lost = m.Silent(at(3.2));
   ASSERT_TRUE(lost.has_value()) << "a fresh suspicion after the heartbeat, and the lifeline closed";
   EXPECT_EQ(lost->id, 0);
   EXPECT_EQ(lost->reporter, Membership::kCutOff);
   EXPECT_EQ(lost->also_reporter, 2);
-  EXPECT_NEAR(lost->silent_s, 0.01, 1e-6);
+  EXPECT_NEAR(lost->silent_s, 0.195, 1e-6);
   m.Lose(0);
 
   m.Suspect(1, 2, at(4));
   EXPECT_FALSE(m.Silent(at(4.2)).has_value()) << "suspected alone: suspect_silent_s applies";
   m.CutOff(1, at(4.1));
-  const auto both = m.Silent(at(4.2));
+  const auto both = m.Silent(at(4.25));
   ASSERT_TRUE(both.has_value()) << "suspected first, cut off after";
   EXPECT_EQ(both->id, 1);
   EXPECT_EQ(both->also_reporter, 2);
@@ -274,7 +276,10 @@ TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
   m.CutOff(2, at(5));
   m.Heard(2, at(5.1));
   m.Suspect(2, 1, at(5.2));
-  EXPECT_FALSE(m.Silent(at(5.3)).has_value()) << "heard after its lifeline closed: the cut-off's grace applies";
+  EXPECT_FALSE(m.Silent(at(5.35)).has_value()) << "heard after its lifeline closed: the cut-off's grace applies";
+  m.Reconnected(2);
+  m.Suspect(2, 0, at(5.5));
+  EXPECT_FALSE(m.Silent(at(5.9)).has_value()) << "its lifeline is held again";
 }
 
 }  // namespace
