@@ -173,6 +173,16 @@ bool HostsAShard(const proto::Plan& plan, const Victim& v) {
   return false;
 }
 
+// SIGKILLs a worker the current plan places, chosen at random, and says which.
+void KillAWorker(Supervisor& sup) {
+  std::mt19937 rng(std::random_device{}());
+  const Victim v = Choose(*sup.State(), rng);
+  ASSERT_EQ(kill(v.pid, SIGKILL), 0);
+  waitpid(v.pid, nullptr, 0);
+  std::cout << "killed worker " << v.worker << " (stage " << v.stage << ", replica " << v.replica << ") at step "
+            << sup.Steps() << "\n";
+}
+
 // Runs the job with `spares` workers beyond its four (`sets` override its config); `chaos`
 // meanwhile does what it does to the supervisor's processes. Returns the final coordinator's wait
 // status.
@@ -321,12 +331,7 @@ TEST(Chaos, AFailureBeforeTheFirstCheckpointStartsTheRunOverFromItsInitialParame
       [&](Supervisor& sup) {
         ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 40; }, std::chrono::seconds(120)))
             << sup.CoordinatorLogs();
-        std::mt19937 rng(std::random_device{}());
-        const Victim v = Choose(*sup.State(), rng);
-        ASSERT_EQ(kill(v.pid, SIGKILL), 0);
-        waitpid(v.pid, nullptr, 0);
-        std::cout << "killed worker " << v.worker << " (stage " << v.stage << ", replica " << v.replica << ") at step "
-                  << sup.Steps() << "\n";
+        KillAWorker(sup);
       },
       sets);
   const std::string log = Read(out / "coordinator_1.txt");
@@ -359,12 +364,7 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
         };
         ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 100; }, std::chrono::seconds(120)))
             << sup.CoordinatorLogs();
-        std::mt19937 rng(std::random_device{}());
-        const Victim v = Choose(*sup.State(), rng);
-        ASSERT_EQ(kill(v.pid, SIGKILL), 0);
-        waitpid(v.pid, nullptr, 0);
-        std::cout << "killed worker " << v.worker << " (stage " << v.stage << ", replica " << v.replica << ") at step "
-                  << sup.Steps() << "\n";
+        KillAWorker(sup);
         ASSERT_TRUE(logged("1 replicas of 4 micro-batches each instead of 2")) << sup.CoordinatorLogs();
         const size_t shrunk_at = sup.Steps();
         ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= shrunk_at + 100; }, std::chrono::seconds(120)));

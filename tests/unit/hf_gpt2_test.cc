@@ -41,6 +41,36 @@ std::vector<float> Imported(const ModelConfig& cfg, const std::string& dir = kFi
   return params;
 }
 
+// longhaul's (T, V) probabilities of `tokens` under the whole model `params`.
+std::vector<float> Probabilities(const ModelConfig& cfg, const std::vector<float>& params, const std::vector<int>& tokens) {
+  const int T = static_cast<int>(tokens.size());
+  auto stage = GptStage::Create(cfg, StageSpec::Whole(cfg), 1, T, false);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  std::copy(params.begin(), params.end(), (*stage)->params());
+  MicroBatch mb;
+  mb.B = 1, mb.T = T, mb.tokens = tokens;
+  mb.targets.assign(T, 0);
+  mb.loss_weight.assign(T, 1.0f);
+  mb.prefix_len.assign(1, 0);
+  auto act = (*stage)->NewActivations();
+  (*stage)->Forward(*act, mb, nullptr);
+  const float* probs = (*stage)->Probs(*act);
+  return std::vector<float>(probs, probs + static_cast<size_t>(T) * cfg.vocab_size);
+}
+
+// The largest difference of softmax(logits), rows of V, from `probs`.
+double LargestDifference(const std::vector<double>& logits, const std::vector<float>& probs, int V) {
+  double worst = 0;
+  for (size_t row = 0; row * V < logits.size(); ++row) {
+    const double* l = &logits[row * V];
+    const double top = *std::max_element(l, l + V);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(l[v] - top);
+    for (int v = 0; v < V; ++v) worst = std::max(worst, std::abs(std::exp(l[v] - top) / sum - probs[row * V + v]));
+  }
+  return worst;
+}
+
 TEST(HfGpt2, TheImportedModelGivesPyTorchsDistribution) {
   const absl::StatusOr<ModelConfig> cfg = ReadHfGpt2Config(kFixture);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
@@ -49,29 +79,11 @@ TEST(HfGpt2, TheImportedModelGivesPyTorchsDistribution) {
   const std::vector<float> params = Imported(*cfg);
   const absl::StatusOr<Safetensors> ref = ReadSafetensors(kFixture + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
-  const std::vector<float>& tokens = ref->tensors.at("tokens").data;
+  std::vector<int> tokens;
+  for (float t : ref->tensors.at("tokens").data) tokens.push_back(static_cast<int>(t));
   const std::vector<float>& logits = ref->tensors.at("logits").data;
-  const int T = static_cast<int>(tokens.size()), V = cfg->vocab_size;
-  auto stage = GptStage::Create(*cfg, StageSpec::Whole(*cfg), 1, T, false);
-  ASSERT_TRUE(stage.ok()) << stage.status();
-  std::copy(params.begin(), params.end(), (*stage)->params());
-  MicroBatch mb;
-  mb.B = 1, mb.T = T;
-  for (float t : tokens) mb.tokens.push_back(static_cast<int>(t));
-  mb.targets.assign(T, 0);
-  mb.loss_weight.assign(T, 1.0f);
-  mb.prefix_len.assign(1, 0);
-  auto act = (*stage)->NewActivations();
-  (*stage)->Forward(*act, mb, nullptr);
-  const float* probs = (*stage)->Probs(*act);
-  double worst = 0;
-  for (int t = 0; t < T; ++t) {
-    const float* row = &logits[static_cast<size_t>(t) * V];
-    const double top = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int v = 0; v < V; ++v) sum += std::exp(row[v] - top);
-    for (int v = 0; v < V; ++v) worst = std::max(worst, std::abs(std::exp(row[v] - top) / sum - probs[t * V + v]));
-  }
+  const double worst = LargestDifference(std::vector<double>(logits.begin(), logits.end()),
+                                         Probabilities(*cfg, params, tokens), cfg->vocab_size);
   std::cout << "largest difference of a probability from PyTorch's (float64): " << worst << "\n";
   EXPECT_LT(worst, 1e-5);
 }
@@ -213,27 +225,13 @@ TEST(HfGpt2, PyTorchLoadsAnExportWithLonghaulsDistribution) {
                           out.string() + " --tokens " + list + " > " + json_path;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const nlohmann::json ref = nlohmann::json::parse(*ReadWholeFile(json_path));
-  const int T = static_cast<int>(tokens.size()), V = cfg.vocab_size;
-  auto stage = GptStage::Create(cfg, StageSpec::Whole(cfg), 1, T, false);
-  ASSERT_TRUE(stage.ok()) << stage.status();
-  std::copy(params.begin(), params.end(), (*stage)->params());
-  MicroBatch mb;
-  mb.B = 1, mb.T = T, mb.tokens = tokens;
-  mb.targets.assign(T, 0);
-  mb.loss_weight.assign(T, 1.0f);
-  mb.prefix_len.assign(1, 0);
-  auto act = (*stage)->NewActivations();
-  (*stage)->Forward(*act, mb, nullptr);
-  const float* probs = (*stage)->Probs(*act);
-  double worst = 0;
-  for (int t = 0; t < T; ++t) {
-    const std::vector<double> row = ref["logits"][t].get<std::vector<double>>();
-    ASSERT_EQ(static_cast<int>(row.size()), V);
-    const double top = *std::max_element(row.begin(), row.end());
-    double sum = 0;
-    for (double l : row) sum += std::exp(l - top);
-    for (int v = 0; v < V; ++v) worst = std::max(worst, std::abs(std::exp(row[v] - top) / sum - probs[t * V + v]));
+  std::vector<double> logits;
+  for (const nlohmann::json& row : ref["logits"]) {
+    ASSERT_EQ(static_cast<int>(row.size()), cfg.vocab_size);
+    for (double l : row.get<std::vector<double>>()) logits.push_back(l);
   }
+  ASSERT_EQ(logits.size(), tokens.size() * cfg.vocab_size);
+  const double worst = LargestDifference(logits, Probabilities(cfg, params, tokens), cfg.vocab_size);
   std::cout << ref["loader"].get<std::string>() << " on the export: largest difference of a probability from "
             << "longhaul's " << worst << "\n";
   EXPECT_LT(worst, 1e-5);
