@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/safetensors.h"
+#include "model/layer_norm.h"
 #include "util/atomic_file.h"
 #include "util/status_macros.h"
 
@@ -18,8 +19,6 @@ namespace longhaul {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr double kLayerNormEpsilon = 1e-5;  // runtime/cpu/ops.cc and the CUDA kernels
 
 // The Conv1D weights, stored (in, out).
 bool IsConv1D(const std::string& name) {

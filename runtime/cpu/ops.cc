@@ -1,6 +1,7 @@
 #include "cpu/ops.h"
 
 #include "cpu/blas.h"
+#include "model/layer_norm.h"
 
 #include <omp.h>
 
@@ -14,7 +15,7 @@
 namespace longhaul::cpu {
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;
+constexpr float kLayerNormEps = static_cast<float>(kLayerNormEpsilon);
 // Rows per attention block: keys right of a block's last visible column are skipped entirely,
 // which halves the causal attention work.
 constexpr int kAttnRowBlock = 64;

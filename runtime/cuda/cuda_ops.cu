@@ -1,6 +1,7 @@
 #include <cfloat>
 
 #include "cuda/cuda_ops.cuh"
+#include "model/layer_norm.h"
 
 namespace longhaul::cuda {
 namespace {
@@ -105,7 +106,7 @@ void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int 
 // ---- LayerNorm --------------------------------------------------------------------------------
 
 namespace {
-constexpr float kLayerNormEps = 1e-5f;
+constexpr float kLayerNormEps = static_cast<float>(kLayerNormEpsilon);
 
 // One warp per row.
 template <typename T>
