@@ -223,8 +223,8 @@ int main(int argc, char** argv) {
                 << "--secret-file (or set LONGHAUL_SECRET_FILE)\n";
     } else if (plan->parsed()) {
       return longhaul::RunPlanCommand(config_path, overrides);
-    } else if (const int code = longhaul::RunModelCommand(); code >= 0) {
-      return code;
+    } else if (longhaul::ModelCommandParsed()) {
+      if (absl::Status s = longhaul::RunModelCommand(); !s.ok()) return Fail(s, CodeFor(s));
     } else {
       return longhaul::RunNetemCommand(self_exe);
     }

@@ -34,48 +34,39 @@ struct Args {
   std::string backend = "cpu";
 } g;
 
-int Error(const absl::Status& s) {
-  std::cerr << "longhaul: error: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
-}
-
 std::optional<int64_t> Step() { return g.step >= 0 ? std::optional<int64_t>(g.step) : std::nullopt; }
 
-int RunExport() {
-  absl::StatusOr<RunModel> m = LoadRunModel(g.run_dir, Step());
-  if (!m.ok()) return Error(m.status());
-  if (absl::Status s = ExportHfGpt2(m->model, m->params.data(), g.out_dir); !s.ok()) return Error(s);
-  std::cout << "exported " << g.run_dir << " at " << m->checkpoint << " (" << m->model.n_layer << " layers, d_model "
-            << m->model.d_model << ", vocabulary " << m->model.vocab_size << ", "
-            << (m->model.tied_head ? "tied" : "untied") << " head) to " << g.out_dir
+absl::Status RunExport() {
+  LH_ASSIGN_OR_RETURN(const RunModel m, LoadRunModel(g.run_dir, Step()));
+  LH_RETURN_IF_ERROR(ExportHfGpt2(m.model, m.params.data(), g.out_dir));
+  std::cout << "exported " << g.run_dir << " at " << m.checkpoint << " (" << m.model.n_layer << " layers, d_model "
+            << m.model.d_model << ", vocabulary " << m.model.vocab_size << ", "
+            << (m.model.tied_head ? "tied" : "untied") << " head) to " << g.out_dir
             << "/model.safetensors and config.json: transformers.GPT2LMHeadModel.from_pretrained(\"" << g.out_dir
             << "\") loads it\n";
-  if (m->model.attention == AttentionMask::kPrefixLm) {
+  if (m.model.attention == AttentionMask::kPrefixLm) {
     std::cout << "note: the model was trained with prefix-LM attention; GPT-2 attends causally everywhere, so its "
                  "prefixes read differently there\n";
   }
-  return 0;
+  return absl::OkStatus();
 }
 
 // Without a tokenizer the prompt's bytes are its tokens: the byte-level vocabulary longhaul trains
 // on without one.
-int RunSample() {
-  absl::StatusOr<RunModel> m = LoadRunModel(g.run_dir, Step());
-  if (!m.ok()) return Error(m.status());
+absl::Status RunSample() {
+  LH_ASSIGN_OR_RETURN(const RunModel m, LoadRunModel(g.run_dir, Step()));
   std::optional<Gpt2Tokenizer> tokenizer;
   if (!g.tokenizer.empty()) {
-    absl::StatusOr<Gpt2Tokenizer> t = Gpt2Tokenizer::Load(g.tokenizer);
-    if (!t.ok()) return Error(t.status());
-    if (t->vocab_size() > m->model.vocab_size) {
-      return Error(absl::InvalidArgumentError(absl::StrFormat(
+    LH_ASSIGN_OR_RETURN(tokenizer, Gpt2Tokenizer::Load(g.tokenizer));
+    if (tokenizer->vocab_size() > m.model.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
           "the tokenizer in %s has %d tokens, the model's vocabulary %d: not the tokenizer its data was made with",
-          g.tokenizer, t->vocab_size(), m->model.vocab_size)));
+          g.tokenizer, tokenizer->vocab_size(), m.model.vocab_size));
     }
-    tokenizer = std::move(*t);
-  } else if (m->model.vocab_size > 256) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "the model's vocabulary has ", m->model.vocab_size,
-        " tokens, not bytes: give --tokenizer DIR with the vocab.json and merges.txt its data was tokenised with")));
+  } else if (m.model.vocab_size > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's vocabulary has ", m.model.vocab_size,
+        " tokens, not bytes: give --tokenizer DIR with the vocab.json and merges.txt its data was tokenised with"));
   }
   std::vector<int> prompt;
   if (tokenizer) {
@@ -83,21 +74,17 @@ int RunSample() {
   } else {
     for (unsigned char c : g.prompt) prompt.push_back(c);
   }
-  if (prompt.empty()) return Error(absl::InvalidArgumentError("an empty prompt: give at least one token"));
+  if (prompt.empty()) return absl::InvalidArgumentError("an empty prompt: give at least one token");
   if (g.greedy) g.sample_opt.temperature = 0;
-  absl::StatusOr<int> device = ParseBackend(g.backend, "--backend");
-  if (!device.ok()) return Error(device.status());
   StageRequest request;
-  request.model = m->model;
-  request.spec = StageSpec::Whole(m->model);
-  request.T = SampleWindow(m->model, prompt.size(), g.sample_opt);
-  request.device = *device;
-  absl::StatusOr<std::unique_ptr<Stage>> stage = MakeStage(request);
-  if (!stage.ok()) return Error(stage.status());
-  if (absl::Status s = (*stage)->SetParams(0, m->params.data(), m->params.size()); !s.ok()) return Error(s);
+  LH_ASSIGN_OR_RETURN(request.device, ParseBackend(g.backend, "--backend"));
+  request.model = m.model;
+  request.spec = StageSpec::Whole(m.model);
+  request.T = SampleWindow(m.model, prompt.size(), g.sample_opt);
+  LH_ASSIGN_OR_RETURN(const std::unique_ptr<Stage> stage, MakeStage(request));
+  LH_RETURN_IF_ERROR(stage->SetParams(0, m.params.data(), m.params.size()));
   std::cout << g.prompt << std::flush;
-  absl::Status shown;
-  const absl::StatusOr<std::vector<int>> out = Generate(**stage, m->model, prompt, g.sample_opt, [&](int t) {
+  const absl::StatusOr<std::vector<int>> out = Generate(*stage, m.model, prompt, g.sample_opt, [&](int t) {
     if (!tokenizer) {
       std::cout << static_cast<char>(t) << std::flush;
       return;
@@ -107,29 +94,28 @@ int RunSample() {
     std::cout << (text.ok() ? *text : absl::StrCat("<", t, ">")) << std::flush;
   });
   std::cout << "\n";
-  return out.ok() ? 0 : Error(out.status());
+  return out.status();
 }
 
 // Each file is one document, its tokens after <|endoftext|> where the vocabulary has it (as
 // llm.c's data scripts do), written into shards of at most --shard-tokens tokens.
-int RunTokenize() {
-  absl::StatusOr<Gpt2Tokenizer> t = Gpt2Tokenizer::Load(g.tokenizer);
-  if (!t.ok()) return Error(t.status());
-  if (t->vocab_size() > 65536) {
-    return Error(absl::InvalidArgumentError(absl::StrFormat(
-        "the tokenizer has %d tokens; llm.c shards hold 16-bit tokens (at most 65536)", t->vocab_size())));
+absl::Status RunTokenize() {
+  LH_ASSIGN_OR_RETURN(const Gpt2Tokenizer t, Gpt2Tokenizer::Load(g.tokenizer));
+  if (t.vocab_size() > 65536) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the tokenizer has %d tokens; llm.c shards hold 16-bit tokens (at most 65536)", t.vocab_size()));
   }
   std::error_code ec;
   // Shards of an earlier run would join this one's under the printed glob.
   for (const fs::directory_entry& e : fs::directory_iterator(g.out_dir, ec)) {
     const std::string name = e.path().filename().string();
     if ((absl::StartsWith(name, "train_") || absl::StartsWith(name, "val_")) && absl::EndsWith(name, ".bin")) {
-      return Error(absl::InvalidArgumentError(absl::StrCat(
-          g.out_dir, " already holds token shards (", name, "): name an empty directory, or remove them first")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          g.out_dir, " already holds token shards (", name, "): name an empty directory, or remove them first"));
     }
   }
   fs::create_directories(g.out_dir, ec);
-  if (ec) return Error(absl::InternalError(absl::StrCat("cannot create ", g.out_dir, ": ", ec.message())));
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", g.out_dir, ": ", ec.message()));
   auto write_split = [&](const std::string& split, const std::vector<std::string>& files) -> absl::StatusOr<int64_t> {
     std::vector<uint16_t> shard;
     int index = 0;
@@ -143,8 +129,8 @@ int RunTokenize() {
     };
     for (const std::string& file : files) {
       LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(file));
-      std::vector<int> ids = t->Encode(text);
-      if (t->end_of_text()) ids.insert(ids.begin(), *t->end_of_text());
+      std::vector<int> ids = t.Encode(text);
+      if (t.end_of_text()) ids.insert(ids.begin(), *t.end_of_text());
       std::cout << "tokenize: " << file << ": " << text.size() << " bytes, " << ids.size() << " tokens\n" << std::flush;
       total += static_cast<int64_t>(ids.size());
       for (int id : ids) {
@@ -155,32 +141,34 @@ int RunTokenize() {
     if (!shard.empty()) LH_RETURN_IF_ERROR(flush());
     return total;
   };
-  absl::StatusOr<int64_t> train = write_split("train", g.files);
-  if (!train.ok()) return Error(train.status());
+  LH_ASSIGN_OR_RETURN(const int64_t train, write_split("train", g.files));
   std::string val_path;
   if (!g.val_files.empty()) {
-    absl::StatusOr<int64_t> val = write_split("val", g.val_files);
-    if (!val.ok()) return Error(val.status());
+    LH_RETURN_IF_ERROR(write_split("val", g.val_files).status());
     val_path = absl::StrCat("--set data.val_path=", (fs::path(g.out_dir) / "val_*.bin").string(), " ");
   }
-  std::cout << "tokenize: " << *train << " training tokens. Train on them with --set data.source=llmc --set data.path="
+  std::cout << "tokenize: " << train << " training tokens. Train on them with --set data.source=llmc --set data.path="
             << (fs::path(g.out_dir) / "train_*.bin").string() << " " << val_path
-            << "--set model.vocab_size=" << t->vocab_size() << "\n";
-  return 0;
+            << "--set model.vocab_size=" << t.vocab_size() << "\n";
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 void AddModelCommands(CLI::App& app) {
+  // Which checkpoint of which run: export's and sample's.
+  auto add_checkpoint = [](CLI::App* cmd) {
+    cmd->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
+    cmd->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)")
+        ->check(CLI::NonNegativeNumber);
+  };
   g.export_cmd = app.add_subcommand(
       "export", "write a run's checkpoint (any layout) as a Hugging Face GPT-2 directory: model.safetensors, config.json");
-  g.export_cmd->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
+  add_checkpoint(g.export_cmd);
   g.export_cmd->add_option("--out", g.out_dir, "the directory to write")->required();
-  g.export_cmd->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)")
-      ->check(CLI::NonNegativeNumber);
 
   g.sample = app.add_subcommand("sample", "generate text from a run's checkpoint, on the CPU or a GPU");
-  g.sample->add_option("run_dir", g.run_dir, "the run's directory (train.out_dir)")->required();
+  add_checkpoint(g.sample);
   g.sample->add_option("--prompt", g.prompt, "the text to continue")->required();
   g.sample->add_option("--tokens", g.sample_opt.max_new_tokens, "tokens to generate")
       ->check(CLI::Range(0, 1 << 20))
@@ -194,8 +182,6 @@ void AddModelCommands(CLI::App& app) {
   g.sample->add_flag("--greedy", g.greedy, "always the most likely token (temperature 0)");
   g.sample->add_option("--seed", g.sample_opt.seed, "the draws' seed")->capture_default_str();
   g.sample->add_option("--backend", g.backend, "\"cpu\" or \"cuda:N\"")->capture_default_str();
-  g.sample->add_option("--step", g.step, "the checkpoint of this step (default: the newest complete one)")
-      ->check(CLI::NonNegativeNumber);
   g.sample->add_option("--tokenizer", g.tokenizer,
                        "the directory with the vocab.json and merges.txt the model's data was tokenised with (default: "
                        "the prompt's bytes are its tokens)");
@@ -212,11 +198,12 @@ void AddModelCommands(CLI::App& app) {
       ->capture_default_str();
 }
 
-int RunModelCommand() {
+bool ModelCommandParsed() { return g.export_cmd->parsed() || g.sample->parsed() || g.tokenize->parsed(); }
+
+absl::Status RunModelCommand() {
   if (g.export_cmd->parsed()) return RunExport();
   if (g.sample->parsed()) return RunSample();
-  if (g.tokenize->parsed()) return RunTokenize();
-  return -1;
+  return RunTokenize();
 }
 
 }  // namespace longhaul

@@ -4,11 +4,13 @@
 // (text files into llm.c token shards with the GPT-2 tokenizer).
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
+
 namespace longhaul {
 
 // Adds the subcommands to `app`; RunModelCommand runs whichever was parsed.
 void AddModelCommands(CLI::App& app);
-// Returns the exit status (2 for bad input), or -1 when none of them was parsed.
-int RunModelCommand();
+bool ModelCommandParsed();
+absl::Status RunModelCommand();
 
 }  // namespace longhaul
