@@ -575,8 +575,6 @@ class Service final : public proto::Coordinator::Service {
     }
   }
 
-  // A report's micro-batches are global indices of the iteration, at most the replica's count:
-  // what the audit keeps is bounded by the plan.
   // Only the last stage reports validation losses, for the steps train.eval_every names, each
   // replica its whole share of train.eval_batches.
   grpc::Status CheckValidation(const proto::IterationReport& r) const {
@@ -591,8 +589,8 @@ class Service final : public proto::Coordinator::Service {
                                         r.replica()));
   }
 
-
-
+  // A report's micro-batches are global indices of the iteration, at most the replica's count:
+  // what the audit keeps is bounded by the plan.
   grpc::Status CheckMicroBatches(const proto::IterationReport& r) const {
     const int64_t all = static_cast<int64_t>(cfg_.cluster.replicas) * cfg_.train.micro_batches;
     const int per_replica = ReplicaMicroBatches(plan_, cfg_);

@@ -33,15 +33,20 @@ absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, 
   return got;
 }
 
+namespace {
+
+// A boundary tensor of the forward (to the next stage), else of the backward (to the previous).
+bool Forward(proto::TensorKind kind) { return kind == proto::ACTIVATION || kind == proto::EVAL_ACTIVATION; }
+
+}  // namespace
+
 absl::StatusOr<std::vector<float>> NetworkChannel::Receive(proto::TensorKind kind, int64_t it, int micro,
                                                            double* waited) {
-  const bool forward = kind == proto::ACTIVATION || kind == proto::EVAL_ACTIVATION;
-  return Take(kind, it, micro, forward ? stage_ - 1 : stage_ + 1, replica_, 0, waited);
+  return Take(kind, it, micro, Forward(kind) ? stage_ - 1 : stage_ + 1, replica_, 0, waited);
 }
 
 void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) {
-  const bool forward = kind == proto::ACTIVATION || kind == proto::EVAL_ACTIVATION;
-  peers_.Send(forward ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
+  peers_.Send(Forward(kind) ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
 }
 
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {

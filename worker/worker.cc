@@ -286,14 +286,13 @@ absl::Status Worker::Setup() {
   admission_.SetPlan(plan_, cfg_, s_, r_);
 
   LH_RETURN_IF_ERROR(LoadData(cfg_, plan_.config_toml()));
-  sampler_ = std::make_unique<BatchSampler>(
-      SamplerConfig{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
-      data_->train());
+  const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
+                               M_};
+  sampler_ = std::make_unique<BatchSampler>(sampling, data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
   val_mbs_.clear();
-  if (const int share = cfg_.train.EvalShare(D, r_); share > 0) {
-    BatchSampler val({cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention, M_},
-                     data_->val());
+  if (cfg_.train.EvalShare(D, r_) > 0) {
+    BatchSampler val(sampling, data_->val());
     LH_RETURN_IF_ERROR(val.Check("validation"));
     for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, 0, i));
   }
@@ -304,10 +303,7 @@ absl::Status Worker::Setup() {
   // Only the hosts of the stage's shards start from its initial parameters, and only where no
   // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
   // the directory).
-  const bool hosts_a_shard = std::any_of(plan_.shards().begin(), plan_.shards().end(), [&](const proto::ShardPlacement& sp) {
-    return sp.stage() == s_ && sp.owner_replica() == r_;
-  });
-  if (!hosts_a_shard || !plan_.resume_checkpoint().empty()) request.init_from.clear();
+  if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || !plan_.resume_checkpoint().empty()) request.init_from.clear();
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
   // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
   // Its parameters come from the shards' broadcast at the version's start and its gradients are
