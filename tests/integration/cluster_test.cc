@@ -536,6 +536,19 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h = header(uint64_t{1} << 34, 0, uint64_t{1} << 34);
   h.set_kind(proto::NORM);
   cases.push_back({"a norm of 2^34 elements", h, absl::StatusCode::kInvalidArgument});
+  // Validation activations (train.eval_every = 3): the boundary's size, the replica's share of
+  // train.eval_batches (2 of 4), in fp32 on every wire.
+  h = header(uint64_t{1} << 34, 0, uint64_t{1} << 34);
+  h.set_kind(proto::EVAL_ACTIVATION);
+  cases.push_back({"a validation activation of 2^34 elements", h, absl::StatusCode::kInvalidArgument});
+  h = header(boundary, 0, boundary);
+  h.set_kind(proto::EVAL_ACTIVATION);
+  h.set_micro_batch(2);
+  cases.push_back({"a validation micro-batch beyond the replica's share", h, absl::StatusCode::kOutOfRange});
+  h = header(boundary, 0, boundary);
+  h.set_kind(proto::EVAL_ACTIVATION);
+  h.set_dtype(proto::INT8);
+  cases.push_back({"a validation activation in int8", h, absl::StatusCode::kInvalidArgument});
 
   for (int round = 0; round < 20; ++round) {
     std::vector<std::unique_ptr<testing::RawPeer>> peers;
