@@ -154,12 +154,26 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
     if (begin >= upto) break;
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
+    held_ = -1;
     LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
     if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
     mailbox_.Recycle(std::move(p));
   }
+  if (shards_pulled_ == stage_shards_.size()) held_ = it;
   if (shards_pulled_ > before) timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
   return absl::OkStatus();
+}
+
+absl::Status NetworkChannel::PlaceShard(Stage& stage, size_t begin, const float* params, size_t n) {
+  std::vector<float> as_pulled(params, params + n);
+  RoundThroughWire(as_pulled.data(), n, peers_.WireTo(stage_, replica_, proto::PARAMS));
+  return stage.SetParams(begin, as_pulled.data(), n);
+}
+
+void NetworkChannel::Held(int64_t it, const float* params) {
+  held_ = pull_it_ = it;
+  shards_pulled_ = stage_shards_.size();
+  if (!pulled_.empty()) std::copy(params, params + pulled_.size(), pulled_.begin());
 }
 
 }  // namespace longhaul

@@ -40,6 +40,16 @@ class NetworkChannel final : public Channel {
   absl::Status ReduceNorm(int64_t it, double* waited) override;
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;
   absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) override;
+  // The iteration whose parameters the stage holds, every shard of it pulled (or Held); -1 while a
+  // pull is part way, or before any.
+  int64_t held() const { return held_; }
+  // A shard's parameters as its owner holds them, `n` floats from `begin` of the stage's buffer,
+  // into the stage as a pull of them would: rounded through the parameters' wire dtype. How a
+  // resumed plan version sets what the checkpoint holds without a round trip.
+  absl::Status PlaceShard(Stage& stage, size_t begin, const float* params, size_t n);
+  // The stage holds iteration `it`'s parameters, `params`, without a pull (PlaceShard, or kept from
+  // the version before).
+  void Held(int64_t it, const float* params);
   absl::Status Flush(int64_t) override { return peers_.Flush(timeline_); }
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
@@ -79,7 +89,7 @@ class NetworkChannel final : public Channel {
   std::vector<float> pulled_, change_;
   // The shards of stage_shards_ pushed in iteration push_it_, and how many of them (a prefix) are
   // pulled in pull_it_: an iteration's exchange may come in several calls.
-  int64_t push_it_ = -1, pull_it_ = -1;
+  int64_t push_it_ = -1, pull_it_ = -1, held_ = -1;
   std::vector<bool> pushed_;
   size_t shards_pulled_ = 0;
 };

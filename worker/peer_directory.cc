@@ -1,10 +1,12 @@
 #include "worker/peer_directory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/norm_exchange.h"
 
 namespace longhaul {
 
@@ -46,10 +48,18 @@ TensorClient& PeerDirectory::Client(int to, const std::string& address) {
 }
 
 void PeerDirectory::OpenLinks() {
+  // A parameter-server host also sends its partial norms to every other host, of any stage.
+  const std::vector<NormHost> hosts = NormHosts(plan_);
+  auto is_host = [&hosts](int stage, int replica) {
+    return std::any_of(hosts.begin(), hosts.end(),
+                       [&](const NormHost& h) { return h.stage == stage && h.replica == replica; });
+  };
+  const bool host = is_host(stage_, replica_);
   for (const proto::Assignment& a : plan_.assignments()) {
     const bool neighbour = a.replica() == replica_ && std::abs(a.stage() - stage_) == 1;
     const bool same_stage = a.stage() == stage_ && a.replica() != replica_;
-    if (neighbour || same_stage) Client(a.worker_id(), a.address()).OpenSoon();
+    const bool norm_peer = host && (a.stage() != stage_ || a.replica() != replica_) && is_host(a.stage(), a.replica());
+    if (neighbour || same_stage || norm_peer) Client(a.worker_id(), a.address()).OpenSoon();
   }
 }
 

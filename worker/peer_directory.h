@@ -35,8 +35,9 @@ class PeerDirectory {
   std::string AddressOf(int stage, int replica) const;
 
   // Opens the connections every iteration uses now (TensorClient::OpenSoon): to this replica's
-  // neighbouring stages and to this stage's other replicas (pushes and parameters). A new plan
-  // version's first iteration then does not wait for them.
+  // neighbouring stages, to this stage's other replicas (pushes and parameters) and, from a
+  // parameter-server host, to every other host (partial norms). A new plan version's first
+  // iteration then does not wait for them.
   void OpenLinks();
 
   // Sends n floats to the worker running (stage, replica) as a tensor of `kind`; with the fp32

@@ -57,15 +57,29 @@ absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
     return absl::FailedPreconditionError(
         absl::StrFormat("iteration %d steps before its gradient norm was reduced (schedule out of order)", it + 1));
   }
-  for (auto& shard : shards_) {
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    PsShard& shard = *shards_[k];
+    stepped_[k] = -1;  // until the step is whole
     if (outer_.local_updates) {
-      LH_ASSIGN_OR_RETURN(result, shard->OuterStep(outer_.lr, outer_.momentum));
+      LH_ASSIGN_OR_RETURN(result, shard.OuterStep(outer_.lr, outer_.momentum));
     } else {
-      LH_ASSIGN_OR_RETURN(result, shard->Step(schedule_, grad_clip_, it, global_norm_));
+      LH_ASSIGN_OR_RETURN(result, shard.Step(schedule_, grad_clip_, it, global_norm_));
     }
-    LH_RETURN_IF_ERROR(Send(it, *shard));
+    stepped_[k] = it;
+    LH_RETURN_IF_ERROR(Send(it, shard));
   }
   return result;
+}
+
+std::vector<PsHost::Hosted> PsHost::Release() {
+  std::vector<Hosted> out;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    shards_[k]->DiscardGradients();
+    out.push_back({std::move(shards_[k]), stepped_[k]});
+  }
+  shards_.clear();
+  stepped_.clear();
+  return out;
 }
 
 absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,

@@ -47,8 +47,20 @@ class PsHost {
   PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, OuterOptimizer outer,
          PsLinks links);
 
-  void Add(std::unique_ptr<PsShard> shard) { shards_.push_back(std::move(shard)); }
+  // `stepped`: the last iteration whose step the shard's state holds, where the caller knows it.
+  void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) {
+    shards_.push_back(std::move(shard));
+    stepped_.push_back(stepped);
+  }
   const std::vector<std::unique_ptr<PsShard>>& shards() const { return shards_; }
+  // A hosted shard and the last iteration it stepped (-1: unknown).
+  struct Hosted {
+    std::unique_ptr<PsShard> shard;
+    int64_t stepped = -1;
+  };
+  // Every hosted shard, without the gradients of an iteration under way: a new plan version's
+  // host keeps one whose state is the one it resumes from.
+  std::vector<Hosted> Release();
 
   // Sends every hosted shard's parameters to every replica (how a run starts: the same init, or
   // the checkpoint's, everywhere).
@@ -74,6 +86,7 @@ class PsHost {
   const OuterOptimizer outer_;
   PsLinks links_;
   std::vector<std::unique_ptr<PsShard>> shards_;
+  std::vector<int64_t> stepped_;  // [shard of shards_]: the last iteration it stepped, -1 where unknown
   int64_t norm_iteration_ = -1;  // the iteration whose global norm ReduceNorm holds
   double global_norm_ = 0;
 };

@@ -3,6 +3,7 @@
 // build has, so the trainer, the worker and the benchmarks never do.
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
@@ -19,7 +20,8 @@ struct StageRequest {
   Precision precision = Precision::kFp32;
   bool recompute = false;
   int slots = 1;
-  uint64_t seed = 0;
+  // InitGpt2Params's; none where the caller sets every parameter (a resumed plan version's).
+  std::optional<uint64_t> seed = 0;
   std::string init_from;  // train.init_from: parameters from this GPT-2 checkpoint, not the seed's
   bool optimizer = false;  // the stage steps itself (AttachOptimizer): its memory check counts the moments
 };

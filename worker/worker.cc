@@ -250,7 +250,11 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 }
 
 absl::Status Worker::Setup() {
+  // What the stage and the hosted shards hold, before the channel and the host that know go.
+  const int64_t held = channel_ ? channel_->held() : -1;
   executor_.reset();
+  std::vector<PsHost::Hosted> hosted;
+  if (ps_host_) hosted = ps_host_->Release();
   ps_host_.reset();
   channel_.reset();
   peers_.reset();
@@ -284,6 +288,10 @@ absl::Status Worker::Setup() {
   // what each peer may send.
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
+  // The links open (a round trip or two each) while the stage is built and the others set up:
+  // opened after, they cost a spare's first sends 0.02-0.03 s on 10 ms links.
+  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
+  peers_->OpenLinks();
 
   LH_RETURN_IF_ERROR(LoadData(cfg_, plan_.config_toml()));
   const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
@@ -304,14 +312,19 @@ absl::Status Worker::Setup() {
   // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
   // the directory).
   if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || !plan_.resume_checkpoint().empty()) request.init_from.clear();
+  // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
+  // first cost a spare's set-up 7-17 ms of the demo's 30.
+  const bool resumed = !plan_.resume_checkpoint().empty();
+  if (resumed) request.seed.reset();
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
   // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
-  // Its parameters come from the shards' broadcast at the version's start and its gradients are
-  // zeroed every iteration; a stage that steps itself (local updates) holds more, and is rebuilt.
+  // Its parameters are the ones it pulled last where they are the checkpoint's, else the
+  // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps itself (local updates) holds more, and is rebuilt.
   // So is one whose version starts over from the initial parameters (no checkpoint yet): its own
   // are trained, and its shards start from them.
   const std::string stage_key = absl::StrCat(s_, " ", device, " ", request.slots, "\n", plan_.config_toml());
-  if (!stage_ || local_updates || stage_key != stage_key_ || plan_.resume_checkpoint().empty()) {
+  const bool kept = stage_ && !local_updates && stage_key == stage_key_ && resumed;
+  if (!kept) {
     stage_.reset();
     LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
     stage_key_ = stage_key;
@@ -321,8 +334,6 @@ absl::Status Worker::Setup() {
   // replica's stages a round of their own every iteration.
   if (local_updates) LH_RETURN_IF_ERROR(stage_->AttachOptimizer({tc.adamw, lr_schedule, tc.grad_clip}));
 
-  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
-  peers_->OpenLinks();
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);
@@ -341,30 +352,66 @@ absl::Status Worker::Setup() {
                                       OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
   LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
+  // from the version before where it pulled exactly those, else read from the shards' files. The
+  // broadcast cost a recovery on 10 ms links 0.03-0.05 s, most of it opening the links to the
+  // spare; survivors hold them nearly always, as the checkpoint is written after the step.
+  // Likewise a shard this worker hosted and last stepped in the iteration before the start holds
+  // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
+  const int64_t start = plan_.start_iteration();
+  const bool holds = kept && held == start - 1;
   for (const proto::ShardPlacement& sp : stage_shards) {
-    if (sp.owner_replica() != r_) continue;
+    const bool owns = sp.owner_replica() == r_;
+    if (!resumed && !owns) continue;
+    const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
+    if (!resumed) {
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
+                          MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
+                                      sp.end_tensor(), D));
+      LH_RETURN_IF_ERROR(shard->SetState(init + begin, nullptr, nullptr));
+      ps_host_->Add(std::move(shard));
+      continue;
+    }
+    if (!owns && holds) continue;
+    auto same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
+      return h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == end - begin &&
+             h.shard->replicas() == D && h.stepped == start - 1;
+    });
+    if (owns && kept && same != hosted.end()) {
+      if (!holds) {
+        LH_ASSIGN_OR_RETURN(const float* params, same->shard->Params());
+        LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, end - begin));
+      }
+      ps_host_->Add(std::move(same->shard), start - 1);
+      continue;
+    }
+    const std::string dir =
+        (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
+    LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
+    const size_t n = end - begin;
+    std::vector<float> params(n), m(owns ? n : 0), v(owns ? n : 0);
+    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
+                                      params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr)
+                           .status());
+    if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
+    if (!owns) continue;
     LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
                         MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
                                     sp.end_tensor(), D));
-    if (plan_.resume_checkpoint().empty()) {
-      LH_RETURN_IF_ERROR(shard->SetState(init + shard->begin(), nullptr, nullptr));
-    } else {
-      const std::string dir =
-          (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
-      LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
-      std::vector<float> params(shard->size()), m(shard->size()), v(shard->size());
-      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, shard->layout(), params.data(), m.data(), v.data()).status());
-      LH_RETURN_IF_ERROR(shard->SetState(params.data(), m.data(), v.data()));
-    }
-    ps_host_->Add(std::move(shard));
+    LH_RETURN_IF_ERROR(shard->SetState(params.data(), m.data(), v.data()));
+    ps_host_->Add(std::move(shard), start - 1);
   }
-  if (local_updates && !plan_.resume_checkpoint().empty()) {
+  if (local_updates && resumed) {
     const std::string dir = (fs::path(LocalCheckpointRoot(checkpoints, s_, r_)) / plan_.resume_checkpoint()).string();
     std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
     LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), params.data(), m.data(), v.data()).status());
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
   channel_->SetPsHost(ps_host_.get());
+  if (resumed) {
+    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+    channel_->Held(start - 1, params);
+  }
   const size_t boundary = static_cast<size_t>(cfg_.train.micro_batch_size) * cfg_.train.seq_len * cfg_.model.d_model;
   const bool hosts = !ps_host_->shards().empty();
   executor_ = std::make_unique<Executor>(
@@ -470,8 +517,10 @@ absl::Status Worker::RunPlan() {
   if (status.ok()) status = client_.AwaitStart(plan_.version());
   const auto started = Clock::now();
   const int64_t start = plan_.start_iteration();
-  if (status.ok()) {
-    // Every replica starts from the PS shards' parameters: the same init, or the checkpoint.
+  const bool broadcast = plan_.resume_checkpoint().empty();
+  if (status.ok() && broadcast) {
+    // Every replica starts from the PS shards' parameters: the same init (a resumed version's
+    // stages hold the checkpoint's already).
     status = ps_host_->Broadcast(start - 1);
     double waited = 0;
     if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
@@ -489,10 +538,10 @@ absl::Status Worker::RunPlan() {
                                  ? std::string()
                                  : absl::StrFormat("left the version before %.3f s after hearing of this one, ",
                                                    s(t0 - heard));
-    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s, every worker ready %.3f s later, "
-                                 "parameters in %.3f s more\n",
-                                 Who(), plan_.version(), left, s(set_up - t0), s(started - set_up),
-                                 s(Clock::now() - started))
+    const std::string pulled =
+        broadcast ? absl::StrFormat(", parameters in %.3f s more", s(Clock::now() - started)) : std::string();
+    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s, every worker ready %.3f s later%s\n", Who(),
+                                 plan_.version(), left, s(set_up - t0), s(started - set_up), pulled)
               << std::flush;
   }
   end_ = RunEnd(plan_, cfg_);

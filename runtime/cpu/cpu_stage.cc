@@ -12,11 +12,11 @@
 namespace longhaul {
 
 absl::StatusOr<std::unique_ptr<CpuStage>> CpuStage::Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
-                                                           bool recompute, int slots, uint64_t seed) {
+                                                           bool recompute, int slots, std::optional<uint64_t> seed) {
   if (slots < 1) return absl::InvalidArgumentError(absl::StrFormat("a stage needs at least one slot, not %d", slots));
   std::unique_ptr<CpuStage> s(new CpuStage());
   LH_ASSIGN_OR_RETURN(s->stage_, GptStage::Create(cfg, spec, B, T, recompute));
-  s->stage_->InitParams(seed);
+  if (seed) s->stage_->InitParams(*seed);
   for (int i = 0; i < slots; ++i) s->acts_.push_back(s->stage_->NewActivations());
   if (!spec.has_embedding) {
     s->input_grads_.assign(slots, std::vector<float>(static_cast<size_t>(B) * T * cfg.d_model));

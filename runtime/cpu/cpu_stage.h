@@ -2,6 +2,7 @@
 // The Stage interface on the CPU: a GptStage with one Activations object per slot. Its buffers
 // already are the flat host buffers, so nothing is copied to hand them over.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,9 +14,10 @@ namespace longhaul {
 
 class CpuStage final : public Stage {
  public:
-  // B = micro-batch size, T = sequence length; initialised from `seed` (InitGpt2Params).
+  // B = micro-batch size, T = sequence length; initialised from `seed` (InitGpt2Params), or left
+  // zero without one, for a caller that sets every parameter itself.
   static absl::StatusOr<std::unique_ptr<CpuStage>> Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
-                                                          bool recompute, int slots, uint64_t seed);
+                                                          bool recompute, int slots, std::optional<uint64_t> seed);
 
   const ParamLayout& layout() const override { return stage_->layout(); }
   const StageSpec& spec() const override { return stage_->spec(); }

@@ -155,9 +155,11 @@ class StageImpl final : public CudaStage {
     LH_RETURN_IF(norm_.Alloc(1));
     LH_RETURN_IF(output_free_.Create());
     LH_RETURN_IF(grad_free_.Create());
-    std::vector<float> init(P);
-    InitGpt2Params(cfg_, layout_, o_.seed, init.data());
-    LH_RETURN_IF(SetParams(0, init.data(), P));
+    if (o_.seed) {
+      std::vector<float> init(P);
+      InitGpt2Params(cfg_, layout_, *o_.seed, init.data());
+      LH_RETURN_IF(SetParams(0, init.data(), P));
+    }
     return ZeroGrads();
   }
 

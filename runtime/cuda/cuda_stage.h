@@ -11,6 +11,7 @@
 // InputGrad wait for the copy. No kernel uses atomics, so a run repeats bit for bit.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,7 +34,8 @@ class CudaStage : public Stage {
     int device = 0;
     int slots = 1;           // micro-batches held between forward and backward
     bool recompute = false;  // keep each block's input only; rebuild its activations in backward
-    uint64_t seed = 0;       // InitGpt2Params
+    // InitGpt2Params; none: the parameters are left as allocated, for a caller that sets every one.
+    std::optional<uint64_t> seed = 0;
     // AttachOptimizer will follow (a trainer, not a pipeline worker whose shards live apart): the
     // check before allocating counts AdamW's moments, so a stage that cannot hold them is refused
     // up front instead of at the moments' cudaMalloc.

@@ -24,6 +24,7 @@ class PsShard {
 
   int stage() const { return stage_; }
   int shard() const { return shard_; }
+  int replicas() const { return replicas_; }
   size_t begin() const { return begin_; }  // float offset of the shard in its stage's buffer
   size_t size() const { return layout_.total(); }
   const ParamLayout& layout() const { return layout_; }
@@ -41,6 +42,8 @@ class PsShard {
   // last exchange is in: their average moves the parameters by Nesterov momentum (optim/nesterov.h),
   // whose buffer is AdamW's first moment, so checkpoints carry it. Reports the average's norm.
   absl::StatusOr<OptimizerStepResult> OuterStep(float lr, float momentum);
+  // Drops the replicas' gradients of an iteration that will not step (a plan version ended in it).
+  void DiscardGradients() { next_replica_ = 0; }
 
   // The parameters in host memory, valid until the next Step or SetState.
   virtual absl::StatusOr<const float*> Params() = 0;

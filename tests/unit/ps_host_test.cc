@@ -1,7 +1,7 @@
 // The parameter-server host: it sums its replicas' pushes in replica order, reports Σ g² of the
 // averaged gradient, steps with the global norm it is given (or, with local updates, the outer
 // Nesterov step), sends the parameters to every replica, refuses a push of the wrong size and a
-// norm that is not finite, and checkpoints its shards.
+// norm that is not finite, checkpoints its shards, and releases them to a new plan version's host.
 #include "worker/ps_host.h"
 
 #include <gtest/gtest.h>
@@ -87,6 +87,30 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   EXPECT_NEAR(step->grad_norm, std::sqrt(sum_squares), 1e-9);
   EXPECT_GT(step->lr, 0);
   EXPECT_EQ(f.sent, (std::vector<std::pair<int, size_t>>{{0, n}, {1, n}}));
+}
+
+// A new plan version's host keeps a shard whose state is the checkpoint's: Release hands back each
+// shard with the last iteration it stepped, and without the pushes of an iteration the version
+// ended in, so the next iteration's replica 0 push is taken.
+TEST(PsHost, ReleaseGivesEachShardWithTheIterationItLastSteppedAndDropsAPartialSum) {
+  Fixture f;
+  const size_t n = f.layout.total();
+  for (int r = 0; r < 2; ++r) f.pushes[r].assign(n, 0.1f * static_cast<float>(r + 1));
+  PsHost host(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  host.Add(f.Shard(), 4);
+  ASSERT_TRUE(host.ReduceNorm(5).ok());
+  ASSERT_TRUE(host.Step(5).ok());
+  // Iteration 6 ends after replica 0's push.
+  ASSERT_TRUE(host.shards()[0]->AddReplicaGradient(0, f.pushes[0]).ok());
+  std::vector<PsHost::Hosted> held = host.Release();
+  EXPECT_TRUE(host.shards().empty());
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].stepped, 5);
+  EXPECT_TRUE(held[0].shard->AddReplicaGradient(0, f.pushes[0]).ok());
+
+  PsHost unknown(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  unknown.Add(f.Shard());
+  EXPECT_EQ(unknown.Release()[0].stepped, -1);
 }
 
 // Each shard's parameters leave as soon as it is stepped, before the next shard steps, in the
