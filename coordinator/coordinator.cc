@@ -35,6 +35,7 @@
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
 #include "transport/link_connections.h"
+#include "transport/socket_io.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 #include "util/atomic_file.h"
@@ -356,7 +357,7 @@ class Service final : public proto::Coordinator::Service {
 
   grpc::Status ReportSuspect(grpc::ServerContext* ctx, const proto::SuspectReport* req, proto::Empty*) override {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportSuspect", *req); !st.ok()) return st;
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
     const int suspect = WorkerAt(plan_, req->stage(), req->replica());
@@ -364,9 +365,29 @@ class Service final : public proto::Coordinator::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
     }
-    if (suspect != req->worker_id()) members_.Suspect(suspect, req->worker_id(), Clock::now());
-    cv_.notify_all();  // with its lifeline closed too, it is lost now (Supervise)
+    if (suspect == req->worker_id()) return grpc::Status::OK;
+    members_.Suspect(suspect, req->worker_id(), Clock::now());
+    cv_.notify_all();  // with its lifeline closed too, it is lost soon (Supervise)
+    ProbeGone(lock, suspect);
     return grpc::Status::OK;
+  }
+
+  // REQUIRES: `lock` holds mu_. Evidence came that worker `id` is gone: where the coordinator
+  // reached its tensor address before, a refusal there now (nothing listens) loses it at once
+  // (Membership::Refused). The dial leaves mu_ for at most cluster.lifeline_grace_s: a host that
+  // vanished answers nothing, and the other rules lose its worker.
+  void ProbeGone(std::unique_lock<std::mutex>& lock, int id) {
+    if (!members_.reachable(id)) return;
+    const std::string address = members_.registration(id).address();
+    lock.unlock();
+    const PortAnswer answer = ProbePort(
+        address, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s)));
+    lock.lock();
+    if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
+      members_.Refused(id, Clock::now());
+      cv_.notify_all();
+    }
   }
 
   // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
@@ -382,6 +403,14 @@ class Service final : public proto::Coordinator::Service {
     // A worker holds its lifeline again at once: the call it replaces may notice its own end only
     // after this one began, and must not cut the worker off then.
     const uint64_t call = ++lifeline_calls_[id];
+    if (!members_.reachable(id)) {
+      // Whether this coordinator reaches the worker's tensor port at all (ProbeGone).
+      const std::string address = members_.registration(id).address();
+      lock.unlock();
+      const PortAnswer answer = ProbePort(address, Clock::now() + std::chrono::seconds(1));
+      lock.lock();
+      if (answer == PortAnswer::kListening && members_.Check(id).ok()) members_.Reachable(id);
+    }
     uint64_t told = plan_.version();
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
       if (plan_.version() > told) {
@@ -400,6 +429,7 @@ class Service final : public proto::Coordinator::Service {
     if (ctx->IsCancelled() && members_.Check(id).ok() && lifeline_calls_[id] == call) {
       members_.CutOff(id, Clock::now());
       cv_.notify_all();
+      ProbeGone(lock, id);
     }
     return grpc::Status::OK;
   }
@@ -657,8 +687,17 @@ class Service final : public proto::Coordinator::Service {
         plan_.version() == 0 ? absl::StrFormat("registered from %s, waiting for its plan", address)
         : a == nullptr       ? absl::StrFormat("a spare at %s", address)
                              : absl::StrFormat("stage %d, replica %d at %s", a->stage(), a->replica(), address);
+    const std::string refused =
+        lost.refused ? absl::StrFormat(" %.3f s ago, and its tensor port refuses connections (its process ended)",
+                                       lost.silent_s)
+                     : std::string();
     const std::string why =
-        lost.reporter == Membership::kCutOff && lost.also_reporter >= 0
+        lost.refused && lost.reporter == Membership::kCutOff
+            ? absl::StrCat("closed its connection to the coordinator",
+                           lost.also_reporter >= 0 ? absl::StrFormat(" and one to worker %d", lost.also_reporter) : "",
+                           refused)
+        : lost.refused ? absl::StrFormat("closed its connection to worker %d mid-run%s", lost.reporter, refused)
+        : lost.reporter == Membership::kCutOff && lost.also_reporter >= 0
             ? absl::StrFormat("closed its connection to the coordinator and one to worker %d, and sent no heartbeat "
                               "since (%.3f s ago)",
                               lost.also_reporter, lost.silent_s)

@@ -171,6 +171,20 @@ std::optional<Membership::Lost> Membership::Silent(Clock::time_point now) const 
   for (const auto& [id, w] : workers_) {
     if (w.done || w.lost) continue;
     if (const double silent = seconds(now - w.last_seen); silent > dead_after_s_) return Lost{id, silent};
+    // Evidence since its last sign of life, and its port's refusal after the first of it.
+    const bool cut_off = w.cut_off && *w.cut_off > w.last_seen;
+    const bool suspected = w.suspected && w.suspected->first > w.last_seen;
+    if (w.refused && (cut_off || suspected)) {
+      const Clock::time_point first = cut_off && suspected ? std::min(*w.cut_off, w.suspected->first)
+                                      : cut_off            ? *w.cut_off
+                                                           : w.suspected->first;
+      if (first <= *w.refused) {
+        Lost lost{id, seconds(now - first), cut_off ? kCutOff : w.suspected->second};
+        if (cut_off && suspected) lost.also_reporter = w.suspected->second;
+        lost.refused = true;
+        return lost;
+      }
+    }
     if (w.cut_off && w.suspected && w.last_seen < std::min(*w.cut_off, w.suspected->first)) {
       const double since = seconds(now - std::max(*w.cut_off, w.suspected->first));
       if (since > cut_off_silent_s_ / 5) return Lost{id, since, kCutOff, w.suspected->second};

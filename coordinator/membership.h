@@ -78,12 +78,21 @@ class Membership {
   // reconnect).
   void CutOff(int id, Clock::time_point now);
   void Reconnected(int id);
+  // The coordinator reached worker `id`'s tensor address (ProbePort): a refusal there later is the
+  // port's own answer, not a firewall's.
+  void Reachable(int id) { workers_.at(id).reachable = true; }
+  bool reachable(int id) const { return workers_.at(id).reachable; }
+  // Worker `id`'s tensor address refused a connection: nothing listens there. Cut off or suspected,
+  // with no heartbeat and no reconnect since, it is lost at once: its process ended, which the
+  // host's kernel says in one round trip where the wait above only guesses.
+  void Refused(int id, Clock::time_point now) { workers_.at(id).refused = now; }
   static constexpr int kCutOff = -2;  // Lost::reporter of a worker lost by its closed lifeline
   struct Lost {
     int id = -1;
     double silent_s = 0;  // since it was last heard from, or since it was suspected or cut off
     int reporter = -1;    // who suspected it, where that is why it is lost (kCutOff: its lifeline)
     int also_reporter = -1;  // with kCutOff: the worker that saw a connection from it close too
+    bool refused = false;    // its tensor address refused a connection after that (Refused)
   };
   // A worker not lost, not done and silent past its limit at `now`.
   std::optional<Lost> Silent(Clock::time_point now) const;
@@ -111,6 +120,8 @@ class Membership {
     std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
     bool lost = false;
     std::optional<Clock::time_point> cut_off;  // its lifeline closed then
+    bool reachable = false;
+    std::optional<Clock::time_point> refused;  // its tensor address refused a connection then
   };
   const std::string job_id_;
   const int expected_, spares_;

@@ -111,44 +111,61 @@ absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound) {
   return fd;
 }
 
+namespace {
+
+// One connection attempt by `deadline`: the connected socket, or Unavailable with the reason
+// (`*refused`: the host refused it), DeadlineExceeded, Cancelled (woken) or ResourceExhausted.
+absl::StatusOr<int> ConnectOnce(const sockaddr_in& addr, Deadline deadline, const WakeFd& wake,
+                                const std::string& congestion_control, std::string* warning, bool* refused) {
+  *refused = false;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("no socket to connect with: ", strerror(errno)));
+  if (!congestion_control.empty() &&
+      setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion_control.data(), congestion_control.size()) != 0 &&
+      warning != nullptr) {
+    *warning = absl::StrFormat(
+        "TCP congestion control '%s' is not available to this process (%s), so tensor connections use the system's "
+        "default; load it or list it in net.ipv4.tcp_allowed_congestion_control, or set "
+        "transport.congestion_control = \"\"",
+        congestion_control, strerror(errno));
+  }
+  int r = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  if (r != 0 && errno == EINPROGRESS) {
+    if (absl::Status s = WaitFor(fd, POLLOUT, deadline, wake); !s.ok()) {
+      close(fd);
+      return s;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    r = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (r == 0) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+  }
+  *refused = errno == ECONNREFUSED;
+  const std::string why = strerror(errno);
+  close(fd);
+  return absl::UnavailableError(why);
+}
+
+}  // namespace
+
 absl::StatusOr<int> ConnectTcp(const std::string& address, Deadline deadline, const WakeFd& wake,
                                const std::string& congestion_control, std::string* warning) {
   auto addr = Resolve(address);
   if (!addr.ok()) return addr.status();
   std::string last = "no attempt";
   for (;;) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("no socket to connect with: ", strerror(errno)));
-    if (!congestion_control.empty() &&
-        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion_control.data(), congestion_control.size()) != 0 &&
-        warning != nullptr) {
-      *warning = absl::StrFormat(
-          "TCP congestion control '%s' is not available to this process (%s), so tensor connections use the system's "
-          "default; load it or list it in net.ipv4.tcp_allowed_congestion_control, or set "
-          "transport.congestion_control = \"\"",
-          congestion_control, strerror(errno));
-    }
-    int r = connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr));
-    if (r != 0 && errno == EINPROGRESS) {
-      absl::Status s = WaitFor(fd, POLLOUT, deadline, wake);
-      if (!s.ok()) {
-        close(fd);
-        if (absl::IsDeadlineExceeded(s)) break;
-        return s;
-      }
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      r = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    if (r == 0) {
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      return fd;
-    }
-    last = strerror(errno);
-    close(fd);
+    bool refused = false;
+    absl::StatusOr<int> fd = ConnectOnce(*addr, deadline, wake, congestion_control, warning, &refused);
+    if (fd.ok()) return fd;
+    if (absl::IsDeadlineExceeded(fd.status())) break;
+    if (!absl::IsUnavailable(fd.status())) return fd.status();
+    last = std::string(fd.status().message());
     // Refused or unreachable: the peer may still be starting. Try again shortly.
     const Deadline retry = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
     pollfd p = {wake.fd(), POLLIN, 0};
@@ -156,6 +173,19 @@ absl::StatusOr<int> ConnectTcp(const std::string& address, Deadline deadline, co
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
   return absl::DeadlineExceededError(absl::StrCat("no connection to ", address, " (last attempt: ", last, ")"));
+}
+
+PortAnswer ProbePort(const std::string& address, Deadline deadline) {
+  const absl::StatusOr<sockaddr_in> addr = Resolve(address);
+  if (!addr.ok()) return PortAnswer::kNoAnswer;
+  const WakeFd never;
+  bool refused = false;
+  const absl::StatusOr<int> fd = ConnectOnce(*addr, deadline, never, "", nullptr, &refused);
+  if (fd.ok()) {
+    close(*fd);
+    return PortAnswer::kListening;
+  }
+  return refused ? PortAnswer::kRefused : PortAnswer::kNoAnswer;
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t n, Deadline deadline, const WakeFd& wake) {

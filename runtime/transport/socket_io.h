@@ -46,6 +46,12 @@ absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound);
 absl::StatusOr<int> ConnectTcp(const std::string& address, Deadline deadline, const WakeFd& wake,
                                const std::string& congestion_control = "", std::string* warning = nullptr);
 
+// What one connection attempt to "host:port" found by `deadline`: something listens there (the
+// connection is closed at once), the host refused it (nothing listens: ECONNREFUSED), or neither
+// could be told (no such host, unreachable, no answer in time).
+enum class PortAnswer { kListening, kRefused, kNoAnswer };
+PortAnswer ProbePort(const std::string& address, Deadline deadline);
+
 // Writes or reads exactly n bytes on a non-blocking socket by `deadline`. Errors: DeadlineExceeded,
 // Cancelled (woken), Unavailable (reset, or the peer closed: `closed` says which for reads).
 absl::Status WriteAll(int fd, const void* data, size_t n, Deadline deadline, const WakeFd& wake);

@@ -282,5 +282,42 @@ TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
   EXPECT_FALSE(m.Silent(at(5.9)).has_value()) << "its lifeline is held again";
 }
 
+// A refusal at the worker's tensor port after a closed lifeline or a peer's report, with no heartbeat
+// since the evidence, is a process that ended: lost at once, with the silence counted from the
+// first evidence. Before any evidence, or answered by a heartbeat, it is not enough.
+TEST(Membership, AWorkerWhosePortRefusesAfterItsLifelineOrAPeerSawItGoIsLostAtOnce) {
+  Membership m("job", 3, 0, 20, 2, 0.5);
+  const Clock::time_point t0 = Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  for (int i = 0; i < 3; ++i) m.Heard(i, at(1)), m.Reachable(i);
+
+  m.Refused(0, at(1.5));
+  m.CutOff(0, at(2));
+  EXPECT_FALSE(m.Silent(at(2.01)).has_value()) << "refused before the evidence: a probe of an earlier question";
+  m.Refused(0, at(2.004));
+  const auto cut = m.Silent(at(2.005));
+  ASSERT_TRUE(cut.has_value()) << "lifeline closed, then the port refused";
+  EXPECT_EQ(cut->id, 0);
+  EXPECT_EQ(cut->reporter, Membership::kCutOff);
+  EXPECT_EQ(cut->also_reporter, -1);
+  EXPECT_TRUE(cut->refused);
+  EXPECT_NEAR(cut->silent_s, 0.005, 1e-6);
+  m.Lose(0);
+
+  m.Suspect(1, 2, at(3));
+  m.Refused(1, at(3.002));
+  const auto seen = m.Silent(at(3.003));
+  ASSERT_TRUE(seen.has_value()) << "a peer saw it go, then the port refused";
+  EXPECT_EQ(seen->reporter, 2);
+  EXPECT_TRUE(seen->refused);
+  m.Lose(1);
+
+  m.CutOff(2, at(4));
+  m.Refused(2, at(4.001));
+  m.Heard(2, at(4.002));
+  EXPECT_FALSE(m.Silent(at(4.003)).has_value()) << "a heartbeat after the refusal: something else answers there";
+}
+
 }  // namespace
 }  // namespace longhaul
