@@ -130,13 +130,14 @@ class Supervisor {
     auto rows = ReadMetrics((out_ / "metrics.csv").string());
     return rows.ok() ? rows->size() : 0;
   }
-  // Waits until `done` holds, for `limit` at most.
+  // Waits until `done` holds, checking every `poll`, for `limit` at most.
   template <typename F>
-  bool Await(F done, std::chrono::seconds limit) const {
+  bool Await(F done, std::chrono::seconds limit,
+             std::chrono::milliseconds poll = std::chrono::milliseconds(20)) const {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (!done()) {
       if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(poll);
     }
     return true;
   }
@@ -251,9 +252,16 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
         const Victim first = Choose(state, rng);
         kill_worker(state.plan(), first, "mid-run");
         if (kind != "worker") {
-          // Tens of milliseconds after the first kill the recovery is under way: the detection
-          // alone takes 50 ms here, and the new version's set-up and first iteration 15 ms more.
-          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 40)(rng)));
+          // Once the new plan version is out the recovery is under way: the detection took a
+          // millisecond or two, and the new version's set-up and first iteration take 10 ms or more.
+          ASSERT_TRUE(sup.Await(
+              [&] {
+                const std::optional<proto::JobState> s = sup.State();
+                return s && s->plan().version() > state.plan().version();
+              },
+              std::chrono::seconds(60), std::chrono::milliseconds(1)))
+              << sup.CoordinatorLogs();
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 3)(rng)));
           ASSERT_EQ(recovered(), before) << "the recovery finished before the second kill";
           const proto::JobState now = *sup.State();
           kill_worker(now.plan(), Choose(now, rng, first.worker), "during the recovery from that");
