@@ -20,7 +20,15 @@ uint32_t Crc32(const std::string& bytes) {
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // In blocks (a pipe has no size to read at once): a character at a time took a recovering spare
+  // 5 ms per MB of checkpoint.
+  std::string bytes;
+  std::vector<char> block(1 << 16);
+  while (f.read(block.data(), static_cast<std::streamsize>(block.size())) || f.gcount() > 0) {
+    bytes.append(block.data(), static_cast<size_t>(f.gcount()));
+  }
+  if (f.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return bytes;
 }
 
 absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
