@@ -420,10 +420,10 @@ absl::Status Worker::Setup() {
     }
     if (!owns && holds) continue;
     auto same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
-      return h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == end - begin &&
-             h.shard->replicas() == D && h.stepped == start - 1;
+      return owns && kept && h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin &&
+             h.shard->size() == end - begin && h.shard->replicas() == D && h.stepped == start - 1;
     });
-    if (owns && kept && same != hosted.end()) {
+    if (same != hosted.end()) {
       if (!holds) {
         LH_ASSIGN_OR_RETURN(const float* params, same->shard->Params());
         LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, end - begin));

@@ -219,6 +219,7 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   std::mt19937 rng(seed);
   const fs::path out = Dir("chaos");
   std::vector<std::string> events;
+  std::set<int> killed;  // the workers the test killed: every other one must live to the end
   const int status = RunJob(out, 1, [&](Supervisor& sup) {
     auto recovered = [&] { return Count(sup.CoordinatorLogs(), "coordinator: recovered:"); };
     // A while into the run: 15 to 80 more steps than now.
@@ -230,6 +231,7 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
     auto kill_worker = [&](const proto::Plan& plan, const Victim& v, const char* when) {
       ASSERT_EQ(kill(v.pid, SIGKILL), 0) << "worker " << v.worker;
       waitpid(v.pid, nullptr, 0);
+      killed.insert(v.worker);
       events.push_back(absl::StrCat("killed worker ", v.worker, " (stage ", v.stage, ", replica ", v.replica,
                                     HostsAShard(plan, v) ? ", a shard owner) " : ") ", when, " at step ", sup.Steps()));
       sup.StartWorker();  // the supervisor starts it again: it joins as a spare
@@ -289,6 +291,9 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   for (const nlohmann::json& r : recoveries) {
     std::cout << "recovery: " << r.dump() << "\n";
     EXPECT_TRUE(r.contains("stall_s")) << r.dump();
+    if (r.contains("worker")) {
+      EXPECT_TRUE(killed.count(r["worker"].get<int>())) << "a worker the test did not kill died\n" << log;
+    }
   }
   EXPECT_EQ(summary["audit"]["lost"], 0);
   EXPECT_EQ(summary["audit"]["repeated"], 0);
