@@ -67,11 +67,28 @@ pids+=($!)
 for _ in $(seq 100); do grep -q ready "$out/proxy.log" && break; sleep 0.1; done
 
 worker_pid=()
-start_worker() {  # slot, run directory
-  "$bin" worker --coordinator "127.0.0.1:$coord_port" --listen "127.0.0.1:${ports[$1]}" \
+start_worker() {  # slot, run directory, niceness
+  nice -n "$3" "$bin" worker --coordinator "127.0.0.1:$coord_port" --listen "127.0.0.1:${ports[$1]}" \
     --dial-map "$out/dial_map_$1" --threads 1 >> "$2/worker_$1.log" 2>&1 &
   worker_pid[$1]=$!
   pids+=($!)
+}
+# A killed worker starts again as a spare at nice 19, standing in for a machine of its own: its
+# start-up (the compute probe, the data, its warm stages: about 0.25 s of CPU) would otherwise take
+# the two shared cores from the job for the iterations after the recovery. Once it waits as a spare
+# it runs at nice 0 again (renice needs root; without it the spare stays at 19 and its iterations,
+# once placed, are slower).
+restart_spare() {  # slot, run directory
+  local log=$2/worker_$1.log
+  local before
+  before=$(grep -c "a spare: waits" "$log" || true)
+  start_worker "$1" "$2" 19
+  local pid=${worker_pid[$1]}
+  (until [ "$(grep -c "a spare: waits" "$log" || true)" -gt "$before" ]; do
+     sleep 0.05
+     kill -0 "$pid" 2> /dev/null || exit 0
+   done
+   renice -n 0 -p "$pid" > /dev/null 2>&1 || true) &
 }
 run() {  # name, checkpoint_every (0: none), kills
   local name=$1 dir=$out/$1
@@ -83,7 +100,7 @@ run() {  # name, checkpoint_every (0: none), kills
     "${overrides[@]}" > "$dir/coordinator.log" 2>&1 &
   local coord=$!
   pids+=($coord)
-  for ((i = 0; i < slots; i++)); do start_worker "$i" "$dir"; done
+  for ((i = 0; i < slots; i++)); do start_worker "$i" "$dir" 0; done
   local killed=0 next=$every
   while kill -0 "$coord" 2> /dev/null; do
     if ((killed < $3)); then
@@ -103,7 +120,7 @@ PY
         wait "${worker_pid[$victim]}" 2> /dev/null || true
         killed=$((killed + 1))
         echo "recovery: $name: failure $killed of $3 at step $rows (slot $victim)" >&2
-        start_worker "$victim" "$dir"
+        restart_spare "$victim" "$dir"
         # The next failure comes `every` committed steps after this one's recovery.
         until grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
           sleep 0.1
