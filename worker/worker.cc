@@ -25,6 +25,7 @@
 #include "transport/link_connections.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
@@ -91,7 +92,8 @@ class Worker {
   static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
     return absl::StrCat(stage, " ", device, " ", slots, "\n", config_toml);
   }
-  // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
+  // Every hosted shard's checkpoint of `step`, written by writer_ while the next iterations run,
+  // and with local updates first the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
@@ -126,6 +128,8 @@ class Worker {
   uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
   std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
   CoordinatorClient client_;
+  // After the client: its jobs report through it.
+  CheckpointWriter writer_;
   std::unique_ptr<TensorServer> server_;
   proto::Plan plan_;
   JobConfig cfg_;
@@ -350,23 +354,24 @@ absl::Status Worker::Setup() {
   // Only the hosts of the stage's shards start from its initial parameters, and only where no
   // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
   // the directory).
-  if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || !plan_.resume_checkpoint().empty()) request.init_from.clear();
+  const bool resumed = !plan_.resume_checkpoint().empty();
+  if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || resumed) request.init_from.clear();
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
   // first cost a spare's set-up 7-17 ms of the demo's 30.
-  const bool resumed = !plan_.resume_checkpoint().empty();
   if (resumed) request.seed.reset();
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
   // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
   // Its parameters are the ones it pulled last where they are the checkpoint's, else the
-  // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps itself (local updates) holds more, and is rebuilt.
-  // So is one whose version starts over from the initial parameters (no checkpoint yet): its own
-  // are trained, and its shards start from them.
+  // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps
+  // itself (local updates) holds more, and is rebuilt. So is one whose version starts over from
+  // the initial parameters (no checkpoint yet): its own are trained, and its shards start from them.
   const std::string stage_key = StageKey(s_, device, request.slots, plan_.config_toml());
   const bool kept = stage_ && !local_updates && stage_key == stage_key_ && resumed;
   if (!kept) {
     stage_.reset();
-    // A spare's warm stage, where the checkpoint sets every parameter (not with init_from, or a
-    // start from the seed's); the others go before anything else is allocated.
+    // A spare's warm stage, where the checkpoint sets every parameter (not for a start from the
+    // seed's or init_from's, nor one that steps itself: those are built with what they need); the
+    // others go before anything else is allocated.
     auto warm = warm_stages_.find(stage_key);
     if (resumed && !local_updates && warm != warm_stages_.end()) stage_ = std::move(warm->second);
     warm_stages_.clear();
@@ -550,9 +555,15 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
                                       m.data(), v.data()));
   }
-  return ps_host_->Checkpoint(step, root, cfg_.as_json, [this](proto::CheckpointReport rep) {
-    rep.set_plan_version(plan_.version());
-    return client_.ReportCheckpoint(rep);
+  LH_ASSIGN_OR_RETURN(std::vector<PsHost::ShardState> shards, ps_host_->Snapshot());
+  if (shards.empty()) return absl::OkStatus();
+  const int id = client_.worker_id(), stage = s_;
+  const uint64_t version = plan_.version();
+  return writer_.Submit([this, id, stage, step, root, config = cfg_.as_json, version, shards = std::move(shards)] {
+    return PsHost::WriteCheckpoint(id, stage, step, shards, root, config, [this, version](proto::CheckpointReport rep) {
+      rep.set_plan_version(version);
+      return client_.ReportCheckpoint(rep);
+    });
   });
 }
 
@@ -604,6 +615,14 @@ absl::Status Worker::RunPlan() {
   running_ = false;
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
+  // The run's last checkpoint is written before the worker says it is done; a version that failed
+  // leaves its write to finish on its own (the coordinator resumes from a complete checkpoint, and
+  // may refuse this one's report, of a replaced plan).
+  if (status.ok()) {
+    status = writer_.Wait();
+  } else {
+    writer_.Forget();
+  }
   // The last iteration's sends report a failure only once acknowledged.
   if (!channel_) return status;
   absl::Status drained = channel_->Drain();
