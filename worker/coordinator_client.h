@@ -86,9 +86,7 @@ class CoordinatorClient {
                                  const Request& req, const std::string& waiting_for, double max_wait_s = 0);
 
   std::string address_;
-  double connect_timeout_s_, dead_after_s_ = 20;
-  // Read by the checkpoint writer's reports too (worker/checkpoint_writer.h).
-  std::atomic<double> timeout_s_{120};
+  double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;
   std::function<void(const std::string&, uint64_t)> on_stop_;
   absl::Status channel_status_;  // why no channel could be made (a TLS file), returned by Register
   std::shared_ptr<grpc::Channel> channel_;

@@ -82,27 +82,17 @@ std::vector<PsHost::Hosted> PsHost::Release() {
   return out;
 }
 
-absl::StatusOr<std::vector<PsHost::ShardState>> PsHost::Snapshot() {
-  std::vector<ShardState> out;
+absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
+                                const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
   for (auto& shard : shards_) {
-    ShardState s{shard->shard(), shard->layout(), std::vector<float>(shard->size()), std::vector<float>(shard->size()),
-                 std::vector<float>(shard->size())};
-    LH_RETURN_IF_ERROR(shard->GetState(s.params.data(), s.m.data(), s.v.data()));
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-absl::Status PsHost::WriteCheckpoint(int worker_id, int stage, int64_t step, const std::vector<ShardState>& shards,
-                                     const std::string& checkpoints_root, const nlohmann::json& run_config,
-                                     const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
-  for (const ShardState& s : shards) {
-    const std::string root = ShardCheckpointRoot(checkpoints_root, stage, s.shard);
-    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, s.layout, s.params.data(), s.m.data(), s.v.data()));
+    const std::string root = ShardCheckpointRoot(checkpoints_root, stage_, shard->shard());
+    std::vector<float> params(shard->size()), m(shard->size()), v(shard->size());
+    LH_RETURN_IF_ERROR(shard->GetState(params.data(), m.data(), v.data()));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), params.data(), m.data(), v.data()));
     proto::CheckpointReport rep;
-    rep.set_worker_id(worker_id);
-    rep.set_stage(stage);
-    rep.set_shard(s.shard);
+    rep.set_worker_id(worker_id_);
+    rep.set_stage(stage_);
+    rep.set_shard(shard->shard());
     rep.set_step(step);
     rep.set_directory(root);
     LH_RETURN_IF_ERROR(report(rep));

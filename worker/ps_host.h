@@ -73,20 +73,9 @@ class PsHost {
   // the norm and learning rate of the step (lr 0 when this worker hosts no shard).
   absl::Status ReduceNorm(int64_t it);
   absl::StatusOr<OptimizerStepResult> Step(int64_t it);
-  // A hosted shard's state copied out (parameters and AdamW moments): a checkpoint that is written
-  // while the next iterations run (worker/checkpoint_writer.h).
-  struct ShardState {
-    int shard = 0;
-    ParamLayout layout;
-    std::vector<float> params, m, v;
-  };
-  // Every hosted shard's state now, for the checkpoint of the step just taken.
-  absl::StatusOr<std::vector<ShardState>> Snapshot();
-  // Writes `shards`, a Snapshot of stage `stage`'s host run by worker `worker_id`, as the
-  // checkpoint of `step` under `checkpoints_root`, and reports each.
-  static absl::Status WriteCheckpoint(int worker_id, int stage, int64_t step, const std::vector<ShardState>& shards,
-                                      const std::string& checkpoints_root, const nlohmann::json& run_config,
-                                      const std::function<absl::Status(const proto::CheckpointReport&)>& report);
+  // Writes every hosted shard's checkpoint of `step` under `checkpoints_root` and reports each.
+  absl::Status Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
+                          const std::function<absl::Status(const proto::CheckpointReport&)>& report);
 
  private:
   absl::Status Send(int64_t it, PsShard& shard);

@@ -25,7 +25,6 @@
 #include "transport/link_connections.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
-#include "worker/checkpoint_writer.h"
 #include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
@@ -92,8 +91,7 @@ class Worker {
   static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
     return absl::StrCat(stage, " ", device, " ", slots, "\n", config_toml);
   }
-  // Every hosted shard's checkpoint of `step`, written by writer_ while the next iterations run,
-  // and with local updates first the stage's own AdamW state.
+  // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
@@ -128,8 +126,6 @@ class Worker {
   uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
   std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
   CoordinatorClient client_;
-  // After the client: its jobs report through it.
-  CheckpointWriter writer_;
   std::unique_ptr<TensorServer> server_;
   proto::Plan plan_;
   JobConfig cfg_;
@@ -555,15 +551,9 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
                                       m.data(), v.data()));
   }
-  LH_ASSIGN_OR_RETURN(std::vector<PsHost::ShardState> shards, ps_host_->Snapshot());
-  if (shards.empty()) return absl::OkStatus();
-  const int id = client_.worker_id(), stage = s_;
-  const uint64_t version = plan_.version();
-  return writer_.Submit([this, id, stage, step, root, config = cfg_.as_json, version, shards = std::move(shards)] {
-    return PsHost::WriteCheckpoint(id, stage, step, shards, root, config, [this, version](proto::CheckpointReport rep) {
-      rep.set_plan_version(version);
-      return client_.ReportCheckpoint(rep);
-    });
+  return ps_host_->Checkpoint(step, root, cfg_.as_json, [this](proto::CheckpointReport rep) {
+    rep.set_plan_version(plan_.version());
+    return client_.ReportCheckpoint(rep);
   });
 }
 
@@ -615,14 +605,6 @@ absl::Status Worker::RunPlan() {
   running_ = false;
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
-  // The run's last checkpoint is written before the worker says it is done; a version that failed
-  // leaves its write to finish on its own (the coordinator resumes from a complete checkpoint, and
-  // may refuse this one's report, of a replaced plan).
-  if (status.ok()) {
-    status = writer_.Wait();
-  } else {
-    writer_.Forget();
-  }
   // The last iteration's sends report a failure only once acknowledged.
   if (!channel_) return status;
   absl::Status drained = channel_->Drain();

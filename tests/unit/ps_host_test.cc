@@ -218,14 +218,10 @@ TEST(PsHost, CheckpointsEveryShardAndReportsIt) {
   host.Add(f.Shard());
   const std::string root = ::testing::TempDir() + "/ps_host_" + std::to_string(getpid());
   std::vector<proto::CheckpointReport> reports;
-  const absl::StatusOr<std::vector<PsHost::ShardState>> state = host.Snapshot();
-  ASSERT_TRUE(state.ok()) << state.status();
-  ASSERT_TRUE(PsHost::WriteCheckpoint(2, 0, 5, *state, root, nlohmann::json::object(),
-                                      [&](const proto::CheckpointReport& r) {
-                                        reports.push_back(r);
-                                        return absl::OkStatus();
-                                      })
-                  .ok());
+  ASSERT_TRUE(host.Checkpoint(5, root, nlohmann::json::object(), [&](const proto::CheckpointReport& r) {
+                    reports.push_back(r);
+                    return absl::OkStatus();
+                  }).ok());
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].worker_id(), 2);
   EXPECT_EQ(reports[0].step(), 5);
