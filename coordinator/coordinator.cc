@@ -378,16 +378,21 @@ class Service final : public proto::Coordinator::Service {
   // vanished answers nothing, and the other rules lose its worker.
   void ProbeGone(std::unique_lock<std::mutex>& lock, int id) {
     if (!members_.reachable(id)) return;
-    const std::string address = members_.registration(id).address();
-    lock.unlock();
-    const PortAnswer answer = ProbePort(
-        address, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s)));
-    lock.lock();
+    const PortAnswer answer = DialWorker(lock, id, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
     if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
       members_.Refused(id, Clock::now());
       cv_.notify_all();
     }
+  }
+
+  // REQUIRES: `lock` holds mu_, which the dial of worker `id`'s tensor address (ProbePort) leaves
+  // for `wait` at most.
+  PortAnswer DialWorker(std::unique_lock<std::mutex>& lock, int id, std::chrono::duration<double> wait) {
+    const std::string address = members_.registration(id).address();
+    lock.unlock();
+    const PortAnswer answer = ProbePort(address, Clock::now() + std::chrono::duration_cast<Clock::duration>(wait));
+    lock.lock();
+    return answer;
   }
 
   // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
@@ -403,13 +408,10 @@ class Service final : public proto::Coordinator::Service {
     // A worker holds its lifeline again at once: the call it replaces may notice its own end only
     // after this one began, and must not cut the worker off then.
     const uint64_t call = ++lifeline_calls_[id];
-    if (!members_.reachable(id)) {
-      // Whether this coordinator reaches the worker's tensor port at all (ProbeGone).
-      const std::string address = members_.registration(id).address();
-      lock.unlock();
-      const PortAnswer answer = ProbePort(address, Clock::now() + std::chrono::seconds(1));
-      lock.lock();
-      if (answer == PortAnswer::kListening && members_.Check(id).ok()) members_.Reachable(id);
+    // Whether this coordinator reaches the worker's tensor port at all (ProbeGone).
+    if (!members_.reachable(id) && DialWorker(lock, id, std::chrono::seconds(1)) == PortAnswer::kListening &&
+        members_.Check(id).ok()) {
+      members_.Reachable(id);
     }
     uint64_t told = plan_.version();
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
@@ -687,27 +689,20 @@ class Service final : public proto::Coordinator::Service {
         plan_.version() == 0 ? absl::StrFormat("registered from %s, waiting for its plan", address)
         : a == nullptr       ? absl::StrFormat("a spare at %s", address)
                              : absl::StrFormat("stage %d, replica %d at %s", a->stage(), a->replica(), address);
-    const std::string refused =
-        lost.refused ? absl::StrFormat(" %.3f s ago, and its tensor port refuses connections (its process ended)",
-                                       lost.silent_s)
-                     : std::string();
+    // What closed, then what confirmed it: the tensor port's refusal, or the silence since.
+    const bool cut_off = lost.reporter == Membership::kCutOff;
+    const std::string closed =
+        cut_off ? absl::StrCat("closed its connection to the coordinator",
+                               lost.also_reporter >= 0 ? absl::StrFormat(" and one to worker %d", lost.also_reporter) : "")
+                : absl::StrFormat("closed its connection to worker %d mid-run", lost.reporter);
     const std::string why =
-        lost.refused && lost.reporter == Membership::kCutOff
-            ? absl::StrCat("closed its connection to the coordinator",
-                           lost.also_reporter >= 0 ? absl::StrFormat(" and one to worker %d", lost.also_reporter) : "",
-                           refused)
-        : lost.refused ? absl::StrFormat("closed its connection to worker %d mid-run%s", lost.reporter, refused)
-        : lost.reporter == Membership::kCutOff && lost.also_reporter >= 0
-            ? absl::StrFormat("closed its connection to the coordinator and one to worker %d, and sent no heartbeat "
-                              "since (%.3f s ago)",
-                              lost.also_reporter, lost.silent_s)
-        : lost.reporter == Membership::kCutOff
-            ? absl::StrFormat("closed its connection to the coordinator and sent no heartbeat for %.1f s since",
-                              lost.silent_s)
-        : lost.reporter < 0
-            ? absl::StrFormat("sent no heartbeat for %.0f s", lost.silent_s)
-            : absl::StrFormat("closed its connection to worker %d mid-run and sent no heartbeat for %.1f s since",
-                              lost.reporter, lost.silent_s);
+        lost.refused ? absl::StrFormat("%s %.3f s ago, and its tensor port refuses connections (its process ended)",
+                                       closed, lost.silent_s)
+        : cut_off && lost.also_reporter >= 0
+            ? absl::StrFormat("%s, and sent no heartbeat since (%.3f s ago)", closed, lost.silent_s)
+        : lost.reporter < 0 && !cut_off ? absl::StrFormat("sent no heartbeat for %.0f s", lost.silent_s)
+                                        : absl::StrFormat("%s and sent no heartbeat for %.1f s since", closed,
+                                                          lost.silent_s);
     const std::string what = absl::StrFormat("worker %d (%s) %s", id, where, why);
     job_metrics_.WorkerLost();
     if (plan_.version() == 0) {

@@ -409,43 +409,45 @@ absl::Status Worker::Setup() {
   const bool holds = kept && held == start - 1;
   for (const proto::ShardPlacement& sp : stage_shards) {
     const bool owns = sp.owner_replica() == r_;
-    if (!resumed && !owns) continue;
     const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
-    if (!resumed) {
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
-                          MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
-                                      sp.end_tensor(), D));
-      LH_RETURN_IF_ERROR(shard->SetState(init + begin, nullptr, nullptr));
-      ps_host_->Add(std::move(shard));
-      continue;
+    const size_t n = end - begin;
+    auto same = hosted.end();
+    if (owns && kept) {
+      same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
+        return h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
+               h.shard->replicas() == D && h.stepped == start - 1;
+      });
     }
-    if (!owns && holds) continue;
-    auto same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
-      return owns && kept && h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin &&
-             h.shard->size() == end - begin && h.shard->replicas() == D && h.stepped == start - 1;
-    });
     if (same != hosted.end()) {
       if (!holds) {
         LH_ASSIGN_OR_RETURN(const float* params, same->shard->Params());
-        LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, end - begin));
+        LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, n));
       }
       ps_host_->Add(std::move(same->shard), start - 1);
       continue;
     }
-    const std::string dir =
-        (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
-    LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
-    const size_t n = end - begin;
-    std::vector<float> params(n), m(owns ? n : 0), v(owns ? n : 0);
-    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
-                                      params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr)
-                           .status());
-    if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
+    if (!owns && (!resumed || holds)) continue;
+    // The shard's state: the stage's initial parameters, or the checkpoint's (with the moments
+    // where this worker hosts it).
+    const float* state = init + begin;
+    std::vector<float> params, m, v;
+    if (resumed) {
+      const std::string dir =
+          (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
+      LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
+      params.resize(n);
+      if (owns) m.resize(n), v.resize(n);
+      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
+                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr)
+                             .status());
+      if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
+      state = params.data();
+    }
     if (!owns) continue;
     LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
                         MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
                                     sp.end_tensor(), D));
-    LH_RETURN_IF_ERROR(shard->SetState(params.data(), m.data(), v.data()));
+    LH_RETURN_IF_ERROR(shard->SetState(state, resumed ? m.data() : nullptr, resumed ? v.data() : nullptr));
     ps_host_->Add(std::move(shard), start - 1);
   }
   if (local_updates && resumed) {
