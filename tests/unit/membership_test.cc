@@ -9,8 +9,6 @@
 #include <tuple>
 #include <vector>
 
-#include <cmath>
-
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -25,6 +23,19 @@ proto::RegisterRequest Request(const std::string& job, uint32_t version = kProto
   r.set_address("127.0.0.1:1");
   return r;
 }
+
+// Three workers registered at t0; a silence of 20 s loses a worker, 2 s a suspected one, 0.5 s one
+// cut off. at(s) is s seconds after t0.
+class ThreeWorkers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+  }
+  Clock::time_point at(double s) const { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+  Membership m{"job", 3, 0, 20, 2, 0.5};
+  const Clock::time_point t0 = Clock::now();
+};
 
 TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
   Membership m("job", 2, 0, 5, 2, 0.5);
@@ -163,11 +174,7 @@ TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
 
 // A worker another saw leave (a connection from it closed) is dead after the shorter silence, counted
 // from the suspicion, or from a heartbeat after it: a slow worker keeps its heartbeats and lives.
-TEST(Membership, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
-  Membership m("job", 3, 0, 20, 2, 0.5);
-  const Clock::time_point t0 = Clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+TEST_F(ThreeWorkers, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
   for (int i = 0; i < 3; ++i) m.Heard(i, at(9));
   m.Suspect(2, 0, at(10));
   m.Suspect(1, 0, at(10));
@@ -244,11 +251,7 @@ TEST(Membership, AWorkerCutOffIsLostAfterAHalfSecondOfSilenceUnlessItReconnects)
 // are a process that ended: lost a fifth of the cut-off's grace (here 0.1 s) after the later of
 // the two, whichever came first. Either alone, or a heartbeat after them, is not enough; a
 // suspicion a heartbeat answered gives way to a later one.
-TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
-  Membership m("job", 3, 0, 20, 2, 0.5);
-  const Clock::time_point t0 = Clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+TEST_F(ThreeWorkers, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
   for (int i = 0; i < 3; ++i) m.Heard(i, at(1));
   m.Suspect(0, 1, at(2));  // a plan version's change closes connections of live workers
   m.Heard(0, at(2.5));
@@ -285,11 +288,7 @@ TEST(Membership, ACutOffWorkerThatAPeerSawLeaveIsLostAtOnce) {
 // A refusal at the worker's tensor port after a closed lifeline or a peer's report, with no heartbeat
 // since the evidence, is a process that ended: lost at once, with the silence counted from the
 // first evidence. Before any evidence, or answered by a heartbeat, it is not enough.
-TEST(Membership, AWorkerWhosePortRefusesAfterItsLifelineOrAPeerSawItGoIsLostAtOnce) {
-  Membership m("job", 3, 0, 20, 2, 0.5);
-  const Clock::time_point t0 = Clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Register(Request("job"), t0).ok());
+TEST_F(ThreeWorkers, AWorkerWhosePortRefusesAfterItsLifelineOrAPeerSawItGoIsLostAtOnce) {
   for (int i = 0; i < 3; ++i) m.Heard(i, at(1)), m.Reachable(i);
 
   m.Refused(0, at(1.5));
