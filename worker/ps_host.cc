@@ -86,9 +86,11 @@ absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_roo
                                 const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
   for (auto& shard : shards_) {
     const std::string root = ShardCheckpointRoot(checkpoints_root, stage_, shard->shard());
-    std::vector<float> params(shard->size()), m(shard->size()), v(shard->size());
-    LH_RETURN_IF_ERROR(shard->GetState(params.data(), m.data(), v.data()));
-    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), params.data(), m.data(), v.data()));
+    const size_t n = shard->size();
+    checkpoint_state_.resize(3 * n);
+    float* params = checkpoint_state_.data();
+    LH_RETURN_IF_ERROR(shard->GetState(params, params + n, params + 2 * n));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(root, {step, run_config}, shard->layout(), params, params + n, params + 2 * n));
     proto::CheckpointReport rep;
     rep.set_worker_id(worker_id_);
     rep.set_stage(stage_);

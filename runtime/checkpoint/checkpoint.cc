@@ -21,6 +21,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormatVersion = 1;
+// Under a root of steps: a pruned step's directory, whose files the next checkpoint writes over.
+constexpr char kRecycled[] = "recycled";
 
 std::vector<TensorView> Views(const ParamLayout& layout, const float* buf, const std::string& prefix) {
   std::vector<TensorView> views;
@@ -103,7 +105,12 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
   const fs::path final_dir = fs::path(root) / name, tmp_dir = fs::path(root) / (name + ".tmp");
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
+  // A pruned checkpoint's directory, claimed whole by one rename, so its files are written over in
+  // place: a fresh 16 MB file took 50 ms to write on the VMs we measure (its page cache is new
+  // memory), one written over 1.5 ms, which took a d_model 512 job checkpointing every step from
+  // 1.07-1.10x the time of one without checkpoints to about 1.0x.
+  fs::rename(fs::path(root) / kRecycled, tmp_dir, ec);
+  if (ec) fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint directory ", tmp_dir.string(), ": ", ec.message()));
 
   nlohmann::json files = nlohmann::json::object();
@@ -128,6 +135,10 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
                           {"run_config", data.run_config},
                           {"files", files}};
   LH_RETURN_IF_ERROR(WriteFileAtomically((tmp_dir / "state.json").string(), state.dump(2)));
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != "state.json" && !files.contains(name)) fs::remove_all(e.path(), ec);  // a recycled leftover
+  }
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), ": ", ec.message()));
@@ -177,7 +188,12 @@ absl::Status PruneCheckpoints(const std::string& root, int64_t newest, int keep)
       if (e.is_directory() && step.ok() && *step <= newest) steps.emplace_back(*step, e.path());
     }
     std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(steps[i].second, ec);
+    for (size_t i = 0; i + keep < steps.size(); ++i) {
+      // One goes where the next SaveCheckpoint takes its files from, unless one waits there.
+      std::error_code not_recycled;
+      if (i == 0) fs::rename(steps[i].second, dir / kRecycled, not_recycled);
+      if (i > 0 || not_recycled) fs::remove_all(steps[i].second, ec);
+    }
   };
   prune(root);  // a one-process run's steps
   for (const fs::directory_entry& dir : fs::directory_iterator(root, ec))

@@ -1,8 +1,13 @@
 #include "checkpoint/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +28,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   // In blocks (a pipe has no size to read at once): a character at a time took a recovering spare
   // 5 ms per MB of checkpoint.
   std::string bytes;
+  std::error_code ec;
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec) bytes.reserve(size);
   std::vector<char> block(1 << 16);
   while (f.read(block.data(), static_cast<std::streamsize>(block.size())) || f.gcount() > 0) {
     bytes.append(block.data(), static_cast<size_t>(f.gcount()));
@@ -30,6 +37,22 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   if (f.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
   return bytes;
 }
+
+namespace {
+
+// write(2) until done: a regular file may take less than asked (a signal, a full disk).
+bool WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, data, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    data += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+}  // namespace
 
 absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                                           const std::map<std::string, std::string>& metadata) {
@@ -44,21 +67,40 @@ absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::ve
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the format recommends
-  std::string out;
-  out.reserve(8 + json.size() + offset);
+  std::string head;
   const uint64_t len = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
-  out += json;
+  for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  head += json;
+  // Straight from the tensors, over the file's old bytes where it has some: no copy of the data,
+  // and an existing file's cached pages are reused (SaveCheckpoint hands it a pruned checkpoint's
+  // files); ftruncate cuts what is left over.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open ", path, " for writing: ", std::strerror(errno),
+                                            " (no permission, or no such directory?)"));
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto put = [&](const char* data, size_t n) {
+    // zlib takes a uInt length: feed it at most 1 GiB at a time.
+    for (size_t at = 0; at < n; at += size_t{1} << 30) {
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(data + at), static_cast<uInt>(std::min(n - at, size_t{1} << 30)));
+    }
+    return WriteAll(fd, data, n);
+  };
+  bool ok = put(head.data(), head.size());
   for (const TensorView& t : tensors) {
     size_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    out.append(reinterpret_cast<const char*>(t.data), 4 * n);
+    ok = ok && put(reinterpret_cast<const char*>(t.data), 4 * n);
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  f.flush();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path, " (disk full or no permission?)"));
-  return Crc32(out);
+  ok = ok && ::ftruncate(fd, static_cast<off_t>(head.size() + offset)) == 0;
+  const int err = errno;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(err), " (disk full or no permission?)"));
+  }
+  return static_cast<uint32_t>(crc);
 }
 
 absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std::string& bytes) {

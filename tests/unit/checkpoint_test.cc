@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,39 @@ TEST_F(CheckpointTest, PruningKeepsTheNewestCompleteSteps) {
     EXPECT_TRUE(fs::exists(dir / CheckpointName(30))) << dir;
     EXPECT_TRUE(fs::exists(dir / CheckpointName(40))) << dir << ": newer than the complete step";
   }
+}
+
+ino_t Inode(const fs::path& file) {
+  struct stat st {};
+  EXPECT_EQ(::stat(file.c_str(), &st), 0) << file;
+  return st.st_ino;
+}
+
+TEST_F(CheckpointTest, APrunedStepsFilesAreWrittenOverByTheNextCheckpoint) {
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(SaveCheckpoint(root_.string(), {step, nlohmann::json::object()}, *layout_, p_.data(), m_.data(), v_.data()).ok());
+  }
+  ASSERT_TRUE(PruneCheckpoints(root_.string(), 2, 1).ok());
+  EXPECT_FALSE(fs::exists(root_ / CheckpointName(1)));
+  const ino_t recycled = Inode(root_ / "recycled" / "model.safetensors");
+  // A smaller model and no moments: the recycled model file is cut to size and the optimizer's
+  // file goes.
+  ModelConfig small = cfg_;
+  small.n_layer = 1;
+  const ParamLayout layout(small, StageSpec::Whole(small));
+  std::vector<float> q(layout.total());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 3.0f - i;
+  ASSERT_TRUE(SaveCheckpoint(root_.string(), {3, nlohmann::json::object()}, layout, q.data(), nullptr, nullptr).ok());
+  const fs::path dir = root_ / CheckpointName(3);
+  EXPECT_FALSE(fs::exists(root_ / "recycled"));
+  EXPECT_EQ(Inode(dir / "model.safetensors"), recycled) << "written over in place";
+  EXPECT_FALSE(fs::exists(dir / "optimizer.safetensors"));
+  std::vector<float> loaded(q.size());
+  const absl::StatusOr<CheckpointData> data = LoadCheckpoint(dir.string(), layout, loaded.data(), nullptr, nullptr);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(loaded, q);
+  // Step 2 is intact.
+  EXPECT_TRUE(Load((root_ / CheckpointName(2)).string()).ok());
 }
 
 TEST(Safetensors, RejectsGarbage) {
