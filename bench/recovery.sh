@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Failures under slow links, side by side in one run: the demo job (2 stages x 2 replicas) with one
 # spare, every tensor through the userspace link proxy (`longhaul netem proxy`, the scenario's delay
-# and rate on each pair), its processes started as a supervisor would. Three runs of the same steps:
+# and rate on each pair), its processes started as a supervisor would. Four runs of the same steps:
 #   calm:        no checkpoints, no failures (the baseline);
 #   checkpoints: train.checkpoint_every = C, no failures (what the recovery design costs per step);
-#   failures:    the same, and a worker killed (SIGKILL) every K committed steps, each started again
-#                as the next spare.
+#   restarts:    the same, and the waiting spare killed every K committed steps and started again:
+#                what a restarted process's start-up takes from the job on these shared cores, which
+#                on real machines happens on a machine of its own;
+#   failures:    the same, and a worker of the plan killed (SIGKILL) every K committed steps, each
+#                started again as the next spare.
 # Prints per failure the detection time (silence until the coordinator declared the worker lost)
 # and the stall (from the worker's last sign of life to the next completed iteration) against
 # detection + one iteration, then each run's wall time per committed step and its ratio to calm
 # (throughput retained = calm / failures), and the wall time each failure cost (the failure run's
 # time beyond the checkpoint run's, per failure), from which the throughput retained at exactly
-# one failure per `every` steps follows.
+# one failure per `every` steps follows; and the same against the restart run, the start-ups of the
+# restarted processes discounted.
 #
 # Usage: [RECOVERY_SET="key=value ..."] bash bench/recovery.sh [scenario] [failures] [every] [checkpoint_every]
 #   RECOVERY_SET:     config overrides for every run, e.g. a larger model (model.d_model=512): the
@@ -90,7 +94,7 @@ restart_spare() {  # slot, run directory
    done
    renice -n 0 -p "$pid" > /dev/null 2>&1 || true) &
 }
-run() {  # name, checkpoint_every (0: none), kills
+run() {  # name, checkpoint_every (0: none), kills, whom ("placed": a worker of the plan; "spare")
   local name=$1 dir=$out/$1
   mkdir -p "$dir"
   coord_port=$(free_port)
@@ -108,21 +112,22 @@ run() {  # name, checkpoint_every (0: none), kills
       rows=0
       [ -f "$dir/metrics.csv" ] && rows=$(($(wc -l < "$dir/metrics.csv") - 1))
       if ((rows >= next)); then
-        # The slot of a worker the current plan places (cluster.json lists them with their pids).
+        # The slot of a worker the current plan places (cluster.json lists them with their pids), or
+        # of the one it does not.
         local victim
-        victim=$(python3 - "$dir/cluster.json" "${worker_pid[@]}" <<'PY'
+        victim=$(python3 - "$dir/cluster.json" "$4" "${worker_pid[@]}" <<'PY'
 import json, random, sys
 placed = {w["pid"] for w in json.load(open(sys.argv[1]))["workers"]}
-print(random.choice([i for i, p in enumerate(sys.argv[2:]) if int(p) in placed]))
+print(random.choice([i for i, p in enumerate(sys.argv[3:]) if (int(p) in placed) == (sys.argv[2] == "placed")]))
 PY
 )
         kill -9 "${worker_pid[$victim]}"
         wait "${worker_pid[$victim]}" 2> /dev/null || true
         killed=$((killed + 1))
-        echo "recovery: $name: failure $killed of $3 at step $rows (slot $victim)" >&2
+        echo "recovery: $name: kill $killed of $3 ($4) at step $rows (slot $victim)" >&2
         restart_spare "$victim" "$dir"
         # The next failure comes `every` committed steps after this one's recovery.
-        until grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
+        until [ "$4" = spare ] || grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
           sleep 0.1
           kill -0 "$coord" 2> /dev/null || break
         done
@@ -137,11 +142,12 @@ PY
 echo "recovery: demo 2x2 + 1 spare over $scenario (proxy), $steps steps per run${RECOVERY_SET:+, $RECOVERY_SET}" >&2
 run calm 0 0
 run checkpoints "$ckpt" 0
-run failures "$ckpt" "$failures"
+run restarts "$ckpt" "$failures" spare
+run failures "$ckpt" "$failures" placed
 python3 - "$out" "$every" "$ckpt" <<'PY'
 import json, sys, statistics
 out, every, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = {n: json.load(open(f"{out}/{n}/summary.json")) for n in ("calm", "checkpoints", "failures")}
+s = {n: json.load(open(f"{out}/{n}/summary.json")) for n in ("calm", "checkpoints", "restarts", "failures")}
 it = s["calm"]["iteration_seconds"]
 print(f"{'failure':>8}{'detection s':>12}{'stall s':>9}{'detection + 1 it':>17}{'within':>8}{'redone':>8}")
 events = [e for e in s["failures"]["recoveries"] if "worker" in e]
@@ -160,14 +166,15 @@ def per_step(n):
 base = per_step("calm")
 print(f"{'run':<32}{'wall s/step':>12}{'vs calm':>9}")
 for n, label in (("calm", "calm (no checkpoints)"), ("checkpoints", f"checkpoint every {ckpt}"),
-                 ("failures", f"+ a failure every {every} steps")):
+                 ("restarts", f"+ spare restarted every {every}"), ("failures", f"+ a failure every {every} steps")):
     print(f"{label:<32}{per_step(n):>12.3f}{per_step(n) / base:>9.2f}")
 steps = s["failures"]["audit"]["steps"]
 print(f"throughput retained with {len(events)} failures in {steps} steps: {base / per_step('failures'):.1%} of calm "
       f"({base / per_step('checkpoints'):.1%} with checkpoints alone)")
-cost = (per_step("failures") - per_step("checkpoints")) * steps / max(1, len(events))
-print(f"each failure cost {cost:.2f} s of wall time ({cost / base:.1f} calm steps); at one failure per {every} "
-      f"steps: {base / (per_step('checkpoints') + cost / every):.1%} of calm retained")
+for against, what in (("checkpoints", ""), ("restarts", ", the restarted process's start-up discounted")):
+    cost = (per_step("failures") - per_step(against)) * steps / max(1, len(events))
+    print(f"each failure cost {cost:.2f} s of wall time ({cost / base:.1f} calm steps{what}); at one failure per "
+          f"{every} steps: {base / (per_step('checkpoints') + cost / every):.1%} of calm retained")
 print(f"audit of the failure run: {s['failures']['audit']}")
 PY
 echo "recovery: logs and run directories in $out" >&2
