@@ -17,10 +17,16 @@
 
 namespace longhaul {
 
-uint32_t Crc32(const std::string& bytes) {
-  return static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+uint32_t Crc32Update(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  // zlib takes a uInt length: at most 1 GiB at a time.
+  for (size_t at = 0; at < n; at += size_t{1} << 30) {
+    crc = static_cast<uint32_t>(crc32(crc, p + at, static_cast<uInt>(std::min(n - at, size_t{1} << 30))));
+  }
+  return crc;
 }
+
+uint32_t Crc32(const std::string& bytes) { return Crc32Update(0, bytes.data(), bytes.size()); }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -79,12 +85,9 @@ absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::ve
     return absl::InternalError(absl::StrCat("cannot open ", path, " for writing: ", std::strerror(errno),
                                             " (no permission, or no such directory?)"));
   }
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = 0;
   auto put = [&](const char* data, size_t n) {
-    // zlib takes a uInt length: feed it at most 1 GiB at a time.
-    for (size_t at = 0; at < n; at += size_t{1} << 30) {
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(data + at), static_cast<uInt>(std::min(n - at, size_t{1} << 30)));
-    }
+    crc = Crc32Update(crc, data, n);
     return WriteAll(fd, data, n);
   };
   bool ok = put(head.data(), head.size());
@@ -100,26 +103,29 @@ absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::ve
     return absl::InternalError(
         absl::StrCat("cannot write ", path, ": ", std::strerror(err), " (disk full or no permission?)"));
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
 
-absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std::string& bytes) {
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path, std::string_view head,
+                                                          size_t file_size) {
   auto corrupt = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("safetensors file ", path, " is truncated or corrupt: ", why));
   };
-  if (bytes.size() < 8) return corrupt(absl::StrFormat("only %d bytes", bytes.size()));
+  if (head.size() < 8 || file_size < 8) return corrupt(absl::StrFormat("only %d bytes", std::min(head.size(), file_size)));
   uint64_t len = 0;
-  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
-  if (len > bytes.size() - 8) return corrupt(absl::StrFormat("header of %d bytes in a %d-byte file", len, bytes.size()));
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(len), nullptr,
+  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  if (len > file_size - 8) return corrupt(absl::StrFormat("header of %d bytes in a %d-byte file", len, file_size));
+  if (len > head.size() - 8) return corrupt(absl::StrFormat("header of %d bytes, %d read", len, head.size() - 8));
+  nlohmann::json header = nlohmann::json::parse(head.begin() + 8, head.begin() + 8 + static_cast<long>(len), nullptr,
                                                 /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) return corrupt("header is not valid JSON");
-  const size_t data_start = 8 + len, data_size = bytes.size() - data_start;
-  Safetensors st;
+  SafetensorsHeader out;
+  out.data_start = 8 + len;
+  const size_t data_size = file_size - out.data_start;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       for (auto& [k, v] : entry.items())
-        if (v.is_string()) st.metadata[k] = v.get<std::string>();
+        if (v.is_string()) out.metadata[k] = v.get<std::string>();
       continue;
     }
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
@@ -134,7 +140,7 @@ absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std:
         !offsets[1].is_number_unsigned()) {
       return corrupt(absl::StrCat("entry ", name, ": shape or data_offsets is not an array of sizes"));
     }
-    LoadedTensor t;
+    SafetensorsEntry t;
     // Sizes are bounded by the data section before they are multiplied, so n cannot overflow.
     size_t n = 1;
     for (const nlohmann::json& d : shape) {
@@ -144,13 +150,25 @@ absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std:
       t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
       n *= static_cast<size_t>(t.shape.back());
     }
-    const size_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
-    if (end < begin || end > data_size || end - begin != 4 * n) {
-      return corrupt(absl::StrFormat("tensor %s spans bytes [%d, %d) of a %d-byte data section", name, begin, end,
+    t.begin = offsets[0].get<uint64_t>(), t.end = offsets[1].get<uint64_t>();
+    if (t.end < t.begin || t.end > data_size || t.end - t.begin != 4 * n) {
+      return corrupt(absl::StrFormat("tensor %s spans bytes [%d, %d) of a %d-byte data section", name, t.begin, t.end,
                                      data_size));
     }
-    t.data.resize(n);
-    std::memcpy(t.data.data(), bytes.data() + data_start + begin, 4 * n);
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std::string& bytes) {
+  LH_ASSIGN_OR_RETURN(const SafetensorsHeader header, ParseSafetensorsHeader(path, bytes, bytes.size()));
+  Safetensors st;
+  st.metadata = header.metadata;
+  for (const auto& [name, entry] : header.tensors) {
+    LoadedTensor t;
+    t.shape = entry.shape;
+    t.data.resize((entry.end - entry.begin) / 4);
+    std::memcpy(t.data.data(), bytes.data() + header.data_start + entry.begin, entry.end - entry.begin);
     st.tensors.emplace(name, std::move(t));
   }
   return st;

@@ -81,6 +81,48 @@ TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
   EXPECT_NE(s.message().find("model.safetensors is corrupt"), std::string::npos) << s;
 }
 
+// The file is read straight into the layout's buffers: a shard's slice takes its own tensors, and
+// the bytes it skips still count in the CRC.
+TEST_F(CheckpointTest, ASliceReadsItsTensorsAndChecksTheWholeFile) {
+  const std::string dir = Saved();
+  const ParamLayout slice = layout_->Slice(3, 7);
+  const size_t begin = layout_->Range(3, 7).first;
+  std::vector<float> p(slice.total()), m(slice.total()), v(slice.total());
+  ASSERT_TRUE(LoadCheckpoint(dir, slice, p.data(), m.data(), v.data()).ok());
+  EXPECT_EQ(p, std::vector<float>(p_.begin() + begin, p_.begin() + begin + p.size()));
+  EXPECT_EQ(v, std::vector<float>(v_.begin() + begin, v_.begin() + begin + v.size()));
+  const fs::path f = fs::path(dir) / "model.safetensors";
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 1));  // the last tensor's, not the slice's
+    io.put('\x7f');
+  }
+  const absl::Status s = LoadCheckpoint(dir, slice, p.data(), m.data(), v.data()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("model.safetensors is corrupt: CRC-32"), std::string::npos) << s;
+}
+
+// A header whose tensors share bytes (the format forbids it), its size and CRC listed correctly.
+TEST_F(CheckpointTest, TensorsSharingBytesAreCorrupt) {
+  const std::string dir = Saved();
+  const fs::path f = fs::path(dir) / "model.safetensors";
+  std::string bytes = *ReadWholeFile(f.string());
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, len));
+  header["h.0.ln_1.bias"]["data_offsets"] = header["h.0.ln_1.weight"]["data_offsets"];
+  std::string json = header.dump();
+  json.append(len - json.size(), ' ');  // the same length: the offsets' digits are the same count or fewer
+  bytes.replace(8, len, json);
+  std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+  nlohmann::json state = nlohmann::json::parse(*ReadWholeFile((fs::path(dir) / "state.json").string()));
+  state["files"]["model.safetensors"]["crc32"] = Crc32(bytes);
+  std::ofstream(fs::path(dir) / "state.json", std::ios::trunc) << state.dump();
+  const absl::Status s = Load(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("two tensors share bytes"), std::string::npos) << s;
+}
+
 TEST_F(CheckpointTest, GarbageStateFileAndMissingCheckpoint) {
   const std::string dir = Saved();
   std::ofstream(fs::path(dir) / "state.json", std::ios::trunc) << "{not json";
