@@ -125,12 +125,15 @@ PY
         wait "${worker_pid[$victim]}" 2> /dev/null || true
         killed=$((killed + 1))
         echo "recovery: $name: kill $killed of $3 ($4) at step $rows (slot $victim)" >&2
-        restart_spare "$victim" "$dir"
         # The next failure comes `every` committed steps after this one's recovery.
         until [ "$4" = spare ] || grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
           sleep 0.1
           kill -0 "$coord" 2> /dev/null || break
         done
+        # Started again once the job has recovered: a machine that replaces a lost one takes longer
+        # than a recovery to come up, and started at the kill, its start-up took the two cores
+        # from the recovery itself.
+        restart_spare "$victim" "$dir"
         next=$(($(wc -l < "$dir/metrics.csv") - 1 + every))
       fi
     fi
