@@ -126,7 +126,7 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   const std::string scenario_dir = fs::exists(scenarios) ? scenarios : "netem/scenarios";
   // In fp32 whatever the job's wire dtype: the source sent fp32, and the scaled rates must keep its
   // transfer-to-compute proportion, so a narrower wire shows as the gain it is.
-  const double boundary = 4.0 * cfg->train.micro_batch_size * cfg->train.seq_len * cfg->model.d_model;
+  const double boundary = 4.0 * static_cast<double>(cfg->boundary_floats());
   std::cout << absl::StrFormat("longhaul experiment: %d stages, micro-batches of %d x %d tokens, d_model %d, %s\n",
                                cfg->cluster.stages, cfg->train.micro_batch_size, cfg->train.seq_len,
                                cfg->model.d_model, ScheduleName(cfg->cluster.schedule));

@@ -82,7 +82,7 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   e.Add("parameter-server shards", 17 * ps_floats);  // parameters, summed gradients, AdamW m, v, decay flags
   // Received activations and gradients and the copies of sent gradients (M each, at most), the
   // pulled parameters of the whole stage, and every replica's pushed gradients for the shards hosted.
-  const double boundary = static_cast<double>(cfg.train.micro_batch_size) * cfg.train.seq_len * cfg.model.d_model;
+  const double boundary = static_cast<double>(cfg.boundary_floats());
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + StageParamCount(cfg.model, spec) + (D + 1) * ps_floats));

@@ -14,7 +14,7 @@ namespace longhaul {
 void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
   std::map<Source, Expected> expected;
   const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg);
-  const uint64_t boundary = static_cast<uint64_t>(cfg.train.micro_batch_size) * cfg.train.seq_len * cfg.model.d_model;
+  const uint64_t boundary = cfg.boundary_floats();
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);
   auto dtype = [&](proto::TensorKind kind, int from_stage, int from_replica) {

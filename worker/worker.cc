@@ -230,8 +230,7 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
   BatchSampler sampler(sampling, data_->train());
   if (!sampler.Check("training").ok()) return;
   const MicroBatch mb = sampler.Sample(0, 0, 0);
-  const size_t boundary = static_cast<size_t>(cfg.train.micro_batch_size) * cfg.train.seq_len * cfg.model.d_model;
-  const std::vector<float> zeros(boundary, 0.0f);
+  const std::vector<float> zeros(cfg.boundary_floats(), 0.0f);
   for (int s = 0; s < P; ++s) {
     const absl::StatusOr<int> device = Device(cfg, s);
     // A stage that does not fit next to the ones built is left to the set-up, which names why.
@@ -461,13 +460,12 @@ absl::Status Worker::Setup() {
     LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
     channel_->Held(start - 1, params);
   }
-  const size_t boundary = static_cast<size_t>(cfg_.train.micro_batch_size) * cfg_.train.seq_len * cfg_.model.d_model;
   const bool hosts = !ps_host_->shards().empty();
   executor_ = std::make_unique<Executor>(
       *stage_, *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, boundary);
+      s_, P, M_, cfg_.boundary_floats());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   executor_->SetOnDeferredPull([this](int64_t it) {
     const absl::StatusOr<const float*> params = stage_->Params();
