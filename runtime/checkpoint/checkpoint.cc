@@ -265,9 +265,7 @@ absl::Status ReadListedInto(const std::string& dir, const State& state, const st
   const auto truncated = [&] { return absl::DataLossError(absl::StrCat("checkpoint file ", path, " ended early")); };
   std::string head(std::min<uintmax_t>(size, 8), '\0');
   if (!read(head.data(), head.size())) return truncated();
-  uint64_t len = 0;
-  for (size_t i = 0; i < head.size(); ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
-  if (head.size() == 8 && len <= size - 8) {
+  if (const uint64_t len = head.size() == 8 ? SafetensorsHeaderLength(head) : 0; len > 0 && len <= size - 8) {
     head.resize(8 + len);
     if (!read(head.data() + 8, len)) return truncated();
   }

@@ -64,12 +64,14 @@ absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::ve
                                           const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<size_t> bytes;  // [tensor]
   size_t offset = 0;
   for (const TensorView& t : tensors) {
     size_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * n}}};
-    offset += 4 * n;
+    bytes.push_back(4 * n);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes.back()}}};
+    offset += bytes.back();
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the format recommends
@@ -91,19 +93,24 @@ absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::ve
     return WriteAll(fd, data, n);
   };
   bool ok = put(head.data(), head.size());
-  for (const TensorView& t : tensors) {
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    ok = ok && put(reinterpret_cast<const char*>(t.data), 4 * n);
-  }
+  for (size_t i = 0; i < tensors.size(); ++i) ok = ok && put(reinterpret_cast<const char*>(tensors[i].data), bytes[i]);
   ok = ok && ::ftruncate(fd, static_cast<off_t>(head.size() + offset)) == 0;
-  const int err = errno;
-  ok = ::close(fd) == 0 && ok;
+  int err = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
   if (!ok) {
     return absl::InternalError(
         absl::StrCat("cannot write ", path, ": ", std::strerror(err), " (disk full or no permission?)"));
   }
   return crc;
+}
+
+uint64_t SafetensorsHeaderLength(std::string_view head) {
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  return len;
 }
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path, std::string_view head,
@@ -112,8 +119,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path
     return absl::DataLossError(absl::StrCat("safetensors file ", path, " is truncated or corrupt: ", why));
   };
   if (head.size() < 8 || file_size < 8) return corrupt(absl::StrFormat("only %d bytes", std::min(head.size(), file_size)));
-  uint64_t len = 0;
-  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  const uint64_t len = SafetensorsHeaderLength(head);
   if (len > file_size - 8) return corrupt(absl::StrFormat("header of %d bytes in a %d-byte file", len, file_size));
   if (len > head.size() - 8) return corrupt(absl::StrFormat("header of %d bytes, %d read", len, head.size() - 8));
   nlohmann::json header = nlohmann::json::parse(head.begin() + 8, head.begin() + 8 + static_cast<long>(len), nullptr,

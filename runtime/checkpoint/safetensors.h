@@ -42,6 +42,8 @@ struct SafetensorsHeader {
 // Writes the file and returns its CRC-32 (zlib polynomial) over every byte written.
 absl::StatusOr<uint32_t> WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                                           const std::map<std::string, std::string>& metadata);
+// The JSON header's length from a file's first 8 bytes (little-endian).
+uint64_t SafetensorsHeaderLength(std::string_view head);
 // Parses the header of a file of `file_size` bytes from its first bytes, `head` (the 8-byte length
 // and at least that much JSON); `path` only names it in errors.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path, std::string_view head,

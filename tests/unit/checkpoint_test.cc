@@ -107,8 +107,7 @@ TEST_F(CheckpointTest, TensorsSharingBytesAreCorrupt) {
   const std::string dir = Saved();
   const fs::path f = fs::path(dir) / "model.safetensors";
   std::string bytes = *ReadWholeFile(f.string());
-  uint64_t len = 0;
-  for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  const uint64_t len = SafetensorsHeaderLength(bytes);
   nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, len));
   header["h.0.ln_1.bias"]["data_offsets"] = header["h.0.ln_1.weight"]["data_offsets"];
   std::string json = header.dump();
