@@ -1,14 +1,21 @@
-// One training step on a GPU: longhaul's CUDA backend against PyTorch eager on the same GPU, same
-// shapes, measured in the same run. Shapes from the source experiment (seeds/001): a GPT-3 XL
-// stage (2 layers, d_model 2048, 16 heads, seq 2048; boundary activations cross to and from the
-// host as in a pipeline worker) at micro-batch 1 to 8, and the whole 24-layer GPT-3 XL.
+// One training step on a GPU: longhaul's CUDA backend against PyTorch on the same GPU, same
+// shapes, measured in the same run: eager (scaled_dot_product_attention, fused AdamW) and, with
+// --compile, torch.compile. Shapes from the source experiment (seeds/001): a GPT-3 XL stage (2
+// layers, d_model 2048, 16 heads, seq 2048; boundary activations cross to and from the host as in
+// a pipeline worker) at micro-batch 1 to 8, and the whole 24-layer GPT-3 XL at micro-batch 1 to 4.
+// Each row is printed as soon as it is measured, with each side's peak device memory.
 //
-//   build/bench/cuda_step_bench [--precisions bf16,fp32] [--steps 5] [--peak-tflops-bf16 989]
+//   build/bench/cuda_step_bench [--precisions bf16[,fp16,fp32]] [--cases stage1,stage2,stage4,stage8,xl1,xl2,xl4]
+//                               [--steps 5] [--compile] [--torch-timeout 600] [--peak-tflops-bf16 989.4]
+//
+// PyTorch is $LONGHAUL_PYTHON, else /usr/bin/python3 (Debian's python3-torch).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <sys/wait.h>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -22,42 +29,56 @@
 namespace {
 
 struct Case {
+  const char* key;   // for --cases
   const char* name;
   int layers;  // blocks in this stage
   bool whole;  // embeddings and head too (the full model)
   int B;
 };
 
-// PyTorch's tokens/s for the same case, or < 0 with `why`.
-double TorchTokensPerSecond(const std::string& args, std::string& why) {
+// PyTorch's tokens/s and peak GiB for the same case, or tokens/s < 0 with `why`.
+struct Torch {
+  double tps = -1, gib = 0;
+  std::string why;
+};
+Torch RunTorch(const std::string& args, int timeout_s) {
+  Torch r;
   // The script sits in bench/ of the source tree, or beside the binaries of a packed bundle.
   const char* dir = std::getenv("LONGHAUL_BENCH_DIR");
   const std::string script = std::string(dir != nullptr ? dir : LONGHAUL_SOURCE_DIR "/bench") + "/torch_cuda_step.py";
   // Debian's python3-torch here; a GPU machine's own PyTorch where LONGHAUL_PYTHON names it.
   const char* python = std::getenv("LONGHAUL_PYTHON");
   const std::string interpreter = python != nullptr ? python : "/usr/bin/python3";
-  FILE* p = popen((interpreter + " " + script + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = popen(absl::StrFormat("timeout %d %s %s %s 2>&1", timeout_s, interpreter, script, args).c_str(), "r");
   std::string out;
   char buf[512];
   while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
   const int rc = p != nullptr ? pclose(p) : -1;
-  const size_t at = out.find("torch_tokens_per_s=");
-  if (rc != 0 || at == std::string::npos) {
-    why = out.empty() ? "cannot run " + interpreter : out.substr(0, 300);
-    return -1;
+  const size_t at = out.find("torch_tokens_per_s="), mem = out.find("torch_peak_gib=");
+  if (rc != 0 || at == std::string::npos || mem == std::string::npos) {
+    r.why = WEXITSTATUS(rc) == 124 ? absl::StrFormat("over the %d s limit (--torch-timeout)", timeout_s)
+            : out.empty()          ? "cannot run " + interpreter
+                                   : out.substr(out.size() > 300 ? out.size() - 300 : 0);
+    return r;
   }
-  return std::stod(out.substr(at + 19));
+  r.tps = std::stod(out.substr(at + 19));
+  r.gib = std::stod(out.substr(mem + 15));
+  return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"GPU training step: longhaul CUDA backend vs PyTorch eager"};
-  std::vector<std::string> precisions = {"bf16", "fp32"};
-  int steps = 5;
+  CLI::App app{"GPU training step: longhaul CUDA backend vs PyTorch eager and torch.compile"};
+  std::vector<std::string> precisions = {"bf16"}, keys = {"stage1", "stage2", "stage4", "stage8", "xl1", "xl2", "xl4"};
+  int steps = 5, torch_timeout = 600;
+  bool compile = false;
   double peak_bf16 = 989.4, peak_fp32 = 66.9;  // H100 SXM dense: bf16 tensor cores, fp32 without TF32
-  app.add_option("--precisions", precisions)->delimiter(',');
-  app.add_option("--steps", steps);
+  app.add_option("--precisions", precisions, "bf16, fp16, fp32")->delimiter(',')->capture_default_str();
+  app.add_option("--cases", keys, "which cases")->delimiter(',')->capture_default_str();
+  app.add_option("--steps", steps)->capture_default_str();
+  app.add_flag("--compile", compile, "also time torch.compile (minutes of compilation per case)");
+  app.add_option("--torch-timeout", torch_timeout, "seconds each PyTorch run may take")->capture_default_str();
   app.add_option("--peak-tflops-bf16", peak_bf16)->capture_default_str();
   app.add_option("--peak-tflops-fp32", peak_fp32)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -67,18 +88,36 @@ int main(int argc, char** argv) {
     std::cout << "cuda_step_bench: skipped: " << why << "\n";
     return 0;
   }
-  const std::vector<Case> cases = {{"stage 2 layers, mb 1", 2, false, 1}, {"stage 2 layers, mb 2", 2, false, 2},
-                                   {"stage 2 layers, mb 4", 2, false, 4}, {"stage 2 layers, mb 8", 2, false, 8},
-                                   {"GPT-3 XL 24 layers, mb 1", 24, true, 1}, {"GPT-3 XL 24 layers, mb 2", 24, true, 2}};
+  const std::vector<Case> all = {{"stage1", "stage 2 layers, mb 1", 2, false, 1},
+                                 {"stage2", "stage 2 layers, mb 2", 2, false, 2},
+                                 {"stage4", "stage 2 layers, mb 4", 2, false, 4},
+                                 {"stage8", "stage 2 layers, mb 8", 2, false, 8},
+                                 {"xl1", "GPT-3 XL 24 layers, mb 1", 24, true, 1},
+                                 {"xl2", "GPT-3 XL 24 layers, mb 2", 24, true, 2},
+                                 {"xl4", "GPT-3 XL 24 layers, mb 4", 24, true, 4}};
+  std::vector<Case> cases;
+  for (const std::string& k : keys) {
+    auto it = std::find_if(all.begin(), all.end(), [&](const Case& c) { return k == c.key; });
+    if (it == all.end()) {
+      std::cerr << "cuda_step_bench: no case \"" << k << "\" (stage1, stage2, stage4, stage8, xl1, xl2, xl4)\n";
+      return 2;
+    }
+    cases.push_back(*it);
+  }
   std::cout << "GPU training step (forward, backward, clip, AdamW), GPT-3 XL shapes: d_model 2048, 16 heads, seq 2048, "
                "vocab 50257; median of "
             << steps << " steps after 2 warm-up\nTFLOPs = " << longhaul::FlopsFormulaName(false)
-            << " / step time; MFU = TFLOPs / peak (bf16 " << peak_bf16 << ", fp32 " << peak_fp32 << ")\n";
-  std::cout << absl::StrFormat("%-26s %5s %12s %9s %7s %14s %8s\n", "case", "prec", "longhaul tok/s", "TFLOPs", "MFU",
-                               "PyTorch tok/s", "ratio");
+            << " / step time; MFU = TFLOPs / peak (bf16/fp16 " << peak_bf16 << ", fp32 " << peak_fp32
+            << "); GiB = peak device memory (longhaul: free memory taken; PyTorch: max allocated)\n";
+  std::cout << absl::StrFormat("%-26s %5s %9s %7s %6s %5s | %9s %5s %6s | %9s %5s %6s\n", "case", "prec",
+                               "longhaul", "TFLOPs", "MFU", "GiB", "eager", "GiB", "ratio", "compile", "GiB", "ratio")
+            << std::flush;
   for (const std::string& prec_name : precisions) {
     auto precision = longhaul::ParsePrecision(prec_name);
-    if (!precision.ok()) return 2;
+    if (!precision.ok()) {
+      std::cerr << "cuda_step_bench: " << precision.status().message() << "\n";
+      return 2;
+    }
     for (const Case& c : cases) {
       longhaul::ModelConfig cfg;
       cfg.vocab_size = 50257, cfg.max_seq_len = 2048, cfg.n_layer = c.layers, cfg.n_head = 16, cfg.d_model = 2048;
@@ -86,9 +125,12 @@ int main(int argc, char** argv) {
       const longhaul::StageSpec spec = c.whole ? longhaul::StageSpec::Whole(cfg) : longhaul::StageSpec{0, c.layers, false, false};
       longhaul::CudaStage::Options o;
       o.B = c.B, o.T = T, o.precision = *precision, o.device = 0, o.seed = 1, o.optimizer = true;
+      const double free_before = longhaul::CudaFreeMemory(0).value_or(0);
+      const auto created = std::chrono::steady_clock::now();
       auto stage = longhaul::CudaStage::Create(cfg, spec, o);
       if (!stage.ok()) {
-        std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()));
+        std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()))
+                  << std::flush;
         continue;
       }
       longhaul::CudaStage& s = **stage;
@@ -100,6 +142,7 @@ int main(int argc, char** argv) {
       std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_out(boundary.size(), 1e-4f);
       if (!s.AttachOptimizer({longhaul::AdamWConfig{}, longhaul::LrSchedule{1e-4f, 1e-5f, 0, 1000}, 1.0f}).ok()) return 1;
       std::vector<double> times;
+      double first_step = 0;
       bool failed = false;
       for (int i = 0; i < steps + 2 && !failed; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -109,12 +152,16 @@ int main(int argc, char** argv) {
         failed |= !s.Backward(0, mb, c.whole ? nullptr : grad_out.data(), 1.0f).ok();
         if (!c.whole) failed |= !s.InputGrad(0).ok();
         failed |= !s.Step(i).ok();
-        if (i >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i == 0) first_step = std::chrono::duration<double>(t1 - created).count();
+        if (i >= 2) times.push_back(std::chrono::duration<double>(t1 - t0).count());
       }
       if (failed) {
-        std::cout << absl::StrFormat("%-26s %5s  failed (out of memory?)\n", c.name, prec_name);
+        std::cout << absl::StrFormat("%-26s %5s  failed (out of memory?)\n", c.name, prec_name) << std::flush;
         continue;
       }
+      const double gib = (free_before - longhaul::CudaFreeMemory(0).value_or(free_before)) / (1 << 30);
+      stage->reset();
       std::sort(times.begin(), times.end());
       const double sec = times[times.size() / 2], tps = c.B * T / sec;
       // The stage has no embedding or head: count only its blocks (V = 0).
@@ -122,14 +169,20 @@ int main(int argc, char** argv) {
       if (!c.whole) fc.vocab_size = 0;
       const double tflops = longhaul::ModelFlopsPerIteration(fc, c.B, T, false) / sec / 1e12;
       const double peak = *precision == longhaul::Precision::kFp32 ? peak_fp32 : peak_bf16;
-      const double torch_tps = TorchTokensPerSecond(
-          absl::StrFormat("--layers %d --batch %d --precision %s --steps %d %s", c.layers, c.B, prec_name, steps,
-                          c.whole ? "--whole" : ""),
-          why);
-      std::cout << absl::StrFormat("%-26s %5s %12.0f %9.1f %6.1f%% %14s %8s\n", c.name, prec_name, tps, tflops,
-                                   100 * tflops / peak, torch_tps > 0 ? absl::StrFormat("%.0f", torch_tps) : "-",
-                                   torch_tps > 0 ? absl::StrFormat("%.2fx", tps / torch_tps) : "-");
-      if (torch_tps <= 0) std::cout << "    PyTorch: skipped: " << why << "\n";
+      const std::string args = absl::StrFormat("--layers %d --batch %d --precision %s --steps %d %s", c.layers, c.B,
+                                               prec_name, steps, c.whole ? "--whole" : "");
+      const Torch eager = RunTorch(args, torch_timeout);
+      const Torch compiled = compile ? RunTorch(args + " --compile", torch_timeout) : Torch{-1, 0, "not asked (--compile)"};
+      auto side = [&](const Torch& t) {
+        return t.tps > 0 ? absl::StrFormat("%9.0f %5.1f %5.2fx", t.tps, t.gib, tps / t.tps)
+                         : absl::StrFormat("%9s %5s %6s", "-", "-", "-");
+      };
+      std::cout << absl::StrFormat("%-26s %5s %9.0f %7.1f %5.1f%% %5.1f | %s | %s   (first step %.1f s after Create)\n",
+                                   c.name, prec_name, tps, tflops, 100 * tflops / peak, gib, side(eager),
+                                   side(compiled), first_step);
+      if (eager.tps <= 0) std::cout << "    PyTorch eager: " << eager.why << "\n";
+      if (compile && compiled.tps <= 0) std::cout << "    torch.compile: " << compiled.why << "\n";
+      std::cout << std::flush;
     }
   }
   return 0;

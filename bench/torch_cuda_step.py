@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch eager baseline for bench/cuda_step_bench: the same GPT (pre-LayerNorm blocks, tanh
 GELU, untied head) written as a PyTorch user would (scaled_dot_product_attention with is_causal,
-autocast to bf16 or plain fp32, AdamW), one training step timed on the GPU.
-Prints: torch_tokens_per_s=<x>."""
+autocast to bf16/fp16 or plain fp32, fused AdamW), one training step timed on the GPU, eager or
+with --compile (torch.compile of the model).
+Prints: torch_tokens_per_s=<x> and torch_peak_gib=<peak allocated>."""
 import argparse
 import statistics
 import time
@@ -17,6 +18,7 @@ p.add_argument("--batch", type=int, default=1)
 p.add_argument("--precision", default="bf16")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--whole", action="store_true", help="with embeddings and head (else a middle stage)")
+p.add_argument("--compile", action="store_true", help="torch.compile the model")
 a = p.parse_args()
 C, H, T, V = 2048, 16, 2048, 50257
 dev = "cuda"
@@ -56,8 +58,10 @@ class Model(nn.Module):
 
 
 model = Model().to(dev)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+step_model = torch.compile(model) if a.compile else model
+dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
+scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
 if a.whole:
     x = torch.randint(0, V, (a.batch, T), device=dev)
     y = torch.randint(0, V, (a.batch, T), device=dev)
@@ -70,14 +74,17 @@ for i in range(a.steps + 2):
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-        out = model(x)
+        out = step_model(x)
     if a.whole:
-        F.cross_entropy(out.float().view(-1, V), y.view(-1)).backward()
+        scaler.scale(F.cross_entropy(out.float().view(-1, V), y.view(-1))).backward()
     else:
-        out.float().backward(gout)
+        scaler.scale(out.float()).backward(gout)
+    scaler.unscale_(opt)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    scaler.step(opt)
+    scaler.update()
     torch.cuda.synchronize()
     if i >= 2:
         times.append(time.perf_counter() - t0)
 print(f"torch_tokens_per_s={a.batch * T / statistics.median(times):.1f}")
+print(f"torch_peak_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}")

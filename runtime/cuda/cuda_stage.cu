@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/flash_attention.cuh"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
 
@@ -55,14 +56,26 @@ using cuda::DeviceArray;
 using cuda::Event;
 using cuda::PinnedArray;
 
+// Sizes of what attention keeps: in the flash style one log-sum-exp per query and head
+// (`lse` elements), otherwise the heads split out and the (T, T) probabilities (`att`).
+struct AttentionSizes {
+  bool flash;
+  size_t lse, att;
+};
+
 template <typename T>
 struct BlockActs {
   DeviceArray<T> ln1, qkv, q, k, v, att, y, atty, res2, ln2, fch, fch_gelu, out;
-  DeviceArray<float> mean1, rstd1, mean2, rstd2;
-  absl::Status Alloc(size_t N, size_t C, size_t att_elems) {
-    for (auto* x : {&ln1, &atty, &res2, &ln2, &out, &q, &k, &v, &y}) LH_RETURN_IF(x->Alloc(N * C));
+  DeviceArray<float> mean1, rstd1, mean2, rstd2, lse;
+  absl::Status Alloc(size_t N, size_t C, const AttentionSizes& a) {
+    for (auto* x : {&ln1, &atty, &res2, &ln2, &out}) LH_RETURN_IF(x->Alloc(N * C));
+    if (a.flash) {
+      LH_RETURN_IF(lse.Alloc(a.lse));
+    } else {
+      for (auto* x : {&q, &k, &v, &y}) LH_RETURN_IF(x->Alloc(N * C));
+      LH_RETURN_IF(att.Alloc(a.att));
+    }
     LH_RETURN_IF(qkv.Alloc(N * 3 * C));
-    LH_RETURN_IF(att.Alloc(att_elems));
     for (auto* x : {&fch, &fch_gelu}) LH_RETURN_IF(x->Alloc(N * 4 * C));
     for (auto* x : {&mean1, &rstd1, &mean2, &rstd2}) LH_RETURN_IF(x->Alloc(N));
     return absl::OkStatus();
@@ -87,7 +100,13 @@ template <typename T>
 class StageImpl final : public CudaStage {
  public:
   StageImpl(const ModelConfig& cfg, const StageSpec& spec, const Options& o)
-      : cfg_(cfg), spec_(spec), layout_(cfg, spec), o_(o), B_(o.B), T_(o.T) {}
+      : cfg_(cfg),
+        spec_(spec),
+        layout_(cfg, spec),
+        o_(o),
+        B_(o.B),
+        T_(o.T),
+        flash_(!std::is_same_v<T, float> && CudaFlashAttention(cfg, o.precision)) {}
   ~StageImpl() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
@@ -107,7 +126,8 @@ class StageImpl final : public CudaStage {
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
     if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSetStream failed");
     const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
-    const size_t nb = spec_.end_block - spec_.first_block, att = static_cast<size_t>(B_) * cfg_.n_head * T_ * T_;
+    const size_t nb = spec_.end_block - spec_.first_block, heads = static_cast<size_t>(B_) * cfg_.n_head;
+    const AttentionSizes att{flash_, heads * T_, heads * T_ * T_};
     LH_RETURN_IF(params_.Alloc(P));
     LH_RETURN_IF(grads_.Alloc(P));
     if (!std::is_same_v<T, float>) LH_RETURN_IF(weights_.Alloc(P));
@@ -141,10 +161,15 @@ class StageImpl final : public CudaStage {
     LH_RETURN_IF(input_.Alloc(N * C));
     LH_RETURN_IF(boundary_.Alloc(N * C));
     LH_RETURN_IF(g_.Alloc(N * C));
-    for (auto* x : {&gT_, &g_ln_, &g_atty_, &dq_, &dk_, &dv_, &dy_}) LH_RETURN_IF(x->Alloc(N * C));
+    for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF(x->Alloc(N * C));
+    if (flash_) {
+      LH_RETURN_IF(delta_.Alloc(att.lse));
+    } else {
+      for (auto* x : {&dq_, &dk_, &dv_, &dy_}) LH_RETURN_IF(x->Alloc(N * C));
+      LH_RETURN_IF(datt_.Alloc(att.att));
+    }
     LH_RETURN_IF(g_qkv_.Alloc(N * 3 * C));
     LH_RETURN_IF(g_fch_.Alloc(N * 4 * C));
-    LH_RETURN_IF(datt_.Alloc(att));
     LH_RETURN_IF(ln_scratch_.Alloc(2 * cuda::kLayerNormChunks * C));
     if (spec_.has_head) {
       LH_RETURN_IF(losses_.Alloc(N));
@@ -189,8 +214,9 @@ class StageImpl final : public CudaStage {
   const ParamLayout& layout() const override { return layout_; }
   const StageSpec& spec() const override { return spec_; }
   std::string Describe() const override {
-    return absl::StrFormat("cuda:%d (%s), %s, %d slot%s%s", o_.device, device_name_, PrecisionName(o_.precision),
-                           o_.slots, o_.slots == 1 ? "" : "s", o_.recompute ? ", recompute" : "");
+    return absl::StrFormat("cuda:%d (%s), %s, %d slot%s%s%s", o_.device, device_name_, PrecisionName(o_.precision),
+                           o_.slots, o_.slots == 1 ? "" : "s", o_.recompute ? ", recompute" : "",
+                           flash_ ? ", flash attention" : "");
   }
   int slots() const override { return o_.slots; }
   bool queues_work() const override { return true; }
@@ -460,8 +486,12 @@ class StageImpl final : public CudaStage {
                  "distinct tokens");
   }
 
+  // qkv (B, T, 3C) -> atty (B, T, C)
   void Attention(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (flash_) return cuda::FlashAttentionForward(stream_, a.atty.p, a.lse.p, a.qkv.p, prefix, B_, T_, C, NH);
+    }
     const long sh = static_cast<long>(T_) * hs, st = static_cast<long>(T_) * T_;
     cuda::SplitHeads(stream_, a.q.p, a.k.p, a.v.p, a.qkv.p, B_, T_, C, NH);
     cuda::BatchedGemm(blas_, false, true, T_, T_, hs, 1.0f, a.q.p, sh, a.k.p, sh, 0.0f, a.att.p, st, BH);
@@ -470,8 +500,15 @@ class StageImpl final : public CudaStage {
     cuda::MergeHeads(stream_, a.atty.p, a.y.p, B_, T_, C, NH);
   }
 
+  // g_atty_ (B, T, C) -> g_qkv_ (B, T, 3C)
   void AttentionBackward(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (flash_) {
+        return cuda::FlashAttentionBackward(stream_, g_qkv_.p, delta_.p, g_atty_.p, a.atty.p, a.qkv.p, a.lse.p, prefix,
+                                            B_, T_, C, NH);
+      }
+    }
     const long sh = static_cast<long>(T_) * hs, st = static_cast<long>(T_) * T_;
     cuda::MergeHeadsBackward(stream_, dy_.p, g_atty_.p, B_, T_, C, NH);
     cuda::BatchedGemm(blas_, false, true, T_, T_, hs, 1.0f, dy_.p, sh, a.v.p, sh, 0.0f, datt_.p, st, BH);
@@ -526,6 +563,7 @@ class StageImpl final : public CudaStage {
   ParamLayout layout_;
   Options o_;
   int B_, T_;
+  bool flash_;  // attention in the flash style (CudaFlashAttention)
   std::string device_name_;
   cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -540,7 +578,7 @@ class StageImpl final : public CudaStage {
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
-  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, ln_scratch_;  // boundary_: the output
+  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, ln_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
   Event output_free_, grad_free_;  // boundary_ and g_ may be written again
   DeviceArray<double> norm_;

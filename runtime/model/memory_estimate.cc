@@ -65,6 +65,11 @@ double StageParamCount(const ModelConfig& m, const StageSpec& spec) {
   return n;
 }
 
+bool CudaFlashAttention(const ModelConfig& m, Precision p) {
+  const int hs = m.d_model / m.n_head;
+  return p != Precision::kFp32 && hs % 8 == 0 && hs <= 128;
+}
+
 MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   const double P = StageParamCount(r.model, r.spec), N = static_cast<double>(r.B) * r.T, C = r.model.d_model,
                V = r.model.vocab_size, NH = r.model.n_head, T = r.T, blocks = r.spec.end_block - r.spec.first_block;
@@ -92,19 +97,24 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   e.Add("parameters", 4 * P + (t == 4 ? 0 : t * P));  // fp32 master weights (+ the compute copy)
   e.Add("gradients", 4 * P);
   if (r.optimizer) e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
-  // Per block: ln1, atty, res2, ln2, out, q, k, v, y (1 each), qkv (3), fch, fch_gelu (4 each)
-  // = 20 NC, the attention probabilities, and four fp32 statistics. Each slot holds them for every
-  // block, or with recompute only each block's input.
-  const double block_acts = t * (20 * N * C + att) + 4 * 4 * N;
+  // Per block: ln1, atty, res2, ln2, out (1 each), qkv (3), fch, fch_gelu (4 each) = 16 NC and
+  // four fp32 statistics; in the flash style one fp32 log-sum-exp per query and head, otherwise
+  // q, k, v, y (1 each) and the attention probabilities. Each slot holds them for every block, or
+  // with recompute only each block's input.
+  const bool flash = CudaFlashAttention(r.model, r.precision);
+  const double block_acts =
+      t * 16 * N * C + 4 * 4 * N + (flash ? 4 * NH * N : t * (4 * N * C + att));
   // + x0, and the micro-batch's tokens, targets, loss weights and the token grouping (6 ints per position)
   double slot = (r.recompute ? blocks * t * N * C : blocks * block_acts) + t * N * C + 6 * 4 * N;
   if (r.spec.has_head) slot += t * N * C + 4 * 3 * N + 4 * N * V;  // lnf, statistics and losses, logits
   e.Add("activations", r.activation_slots * slot);
-  // input, output and g (fp32); gT, g_ln, g_atty, dq, dk, dv, dy (1 each), g_qkv (3), g_fch (4);
-  // datt; losses; dlogits; the norm's partial sums; with recompute, one block's activations
-  // rebuilt during backward.
-  e.Add("backward scratch", 12 * N * C + t * (14 * N * C + att) + 16 * N + (r.spec.has_head ? t * N * V : 0) +
-                                1024 * 4 + 8 + (r.recompute && blocks > 0 ? block_acts : 0));
+  // input, output and g (fp32); gT, g_ln, g_atty (1 each), g_qkv (3), g_fch (4); in the flash
+  // style each query's delta (fp32 per head), otherwise dq, dk, dv, dy (1 each) and datt; losses;
+  // dlogits; the norm's partial sums; with recompute, one block's activations rebuilt during
+  // backward.
+  e.Add("backward scratch", 12 * N * C + t * 10 * N * C + (flash ? 4 * NH * N : t * (4 * N * C + att)) + 16 * N +
+                                (r.spec.has_head ? t * N * V : 0) + 1024 * 4 + 8 +
+                                (r.recompute && blocks > 0 ? block_acts : 0));
   e.Add("cuBLAS workspace", 64.0 * (1 << 20));
   return e;
 }

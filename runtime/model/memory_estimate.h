@@ -58,6 +58,11 @@ double StageParamCount(const ModelConfig& model, const StageSpec& spec);
 // bf16/fp16, the cuBLAS workspace and, with `optimizer`, the AdamW moments and flags.
 MemoryEstimate EstimateStage(const StageMemoryRequest& r);
 
+// Whether CudaStage runs attention in the flash style (cuda/flash_attention.cuh) for this model
+// and precision: bf16 or fp16 compute and a head size its tiles take (a multiple of 8, at most
+// 128). Otherwise the stage keeps each block's (T, T) attention probabilities.
+bool CudaFlashAttention(const ModelConfig& m, Precision p);
+
 // Memory this process may still take: /proc/meminfo's MemAvailable, or less where a cgroup (v1 or
 // v2, this process's and its ancestors') limits it. `root` prefixes every path (tests give a fake
 // tree). Returns bytes and where the figure comes from.

@@ -1,6 +1,12 @@
 #include "model/param_layout.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
+
+#include <functional>
+#include <vector>
+
+#include "util/hash.h"
 
 namespace longhaul {
 namespace {
@@ -91,6 +97,25 @@ TEST(ParamLayout, ShardsCoverEveryTensorOnceAndSliceRebases) {
   ParamLayout s = l.Slice(a, b);
   EXPECT_EQ(s.tensors().front().offset, 0u);
   EXPECT_EQ(s.tensors().front().name, l.tensors()[a].name);
+}
+
+// The initialisation runs on every core; each tensor is still its own sequential normal stream,
+// so the values depend on neither the thread count nor the machine.
+TEST(ParamLayout, InitialisationIsEachTensorsStreamWhateverTheThreads) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout whole(c, StageSpec::Whole(c));
+  std::vector<float> one(whole.total()), three(whole.total());
+  const int was = omp_get_max_threads();
+  omp_set_num_threads(1);
+  InitGpt2Params(c, whole, 5, one.data());
+  omp_set_num_threads(3);
+  InitGpt2Params(c, whole, 5, three.data());
+  omp_set_num_threads(was);
+  EXPECT_EQ(one, three);
+  const ParamTensor& t = whole.tensors()[whole.block(2).qkv_w];
+  Rng rng(HashCoords({5, std::hash<std::string>{}(t.name)}));
+  for (size_t i = 0; i < t.size; ++i) ASSERT_EQ(one[t.offset + i], static_cast<float>(rng.Normal()) * 0.02f) << i;
+  EXPECT_EQ(one[whole.tensors()[whole.block(2).qkv_b].offset], 0.0f);
 }
 
 }  // namespace
