@@ -6,7 +6,7 @@
 // Each row is printed as soon as it is measured, with each side's peak device memory.
 //
 //   build/bench/cuda_step_bench [--precisions bf16[,fp16,fp32]] [--cases stage1,stage2,stage4,stage8,xl1,xl2,xl4]
-//                               [--steps 5] [--compile] [--torch-timeout 600] [--peak-tflops-bf16 989.4]
+//                               [--steps 5] [--compile] [--no-torch] [--torch-timeout 600] [--peak-tflops-bf16 989.4]
 //
 // PyTorch is $LONGHAUL_PYTHON, else /usr/bin/python3 (Debian's python3-torch).
 #include <algorithm>
@@ -72,12 +72,13 @@ int main(int argc, char** argv) {
   CLI::App app{"GPU training step: longhaul CUDA backend vs PyTorch eager and torch.compile"};
   std::vector<std::string> precisions = {"bf16"}, keys = {"stage1", "stage2", "stage4", "stage8", "xl1", "xl2", "xl4"};
   int steps = 5, torch_timeout = 600;
-  bool compile = false;
+  bool compile = false, no_torch = false;
   double peak_bf16 = 989.4, peak_fp32 = 66.9;  // H100 SXM dense: bf16 tensor cores, fp32 without TF32
   app.add_option("--precisions", precisions, "bf16, fp16, fp32")->delimiter(',')->capture_default_str();
   app.add_option("--cases", keys, "which cases")->delimiter(',')->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_flag("--compile", compile, "also time torch.compile (minutes of compilation per case)");
+  app.add_flag("--no-torch", no_torch, "longhaul alone (under a profiler, say)");
   app.add_option("--torch-timeout", torch_timeout, "seconds each PyTorch run may take")->capture_default_str();
   app.add_option("--peak-tflops-bf16", peak_bf16)->capture_default_str();
   app.add_option("--peak-tflops-fp32", peak_fp32)->capture_default_str();
@@ -141,20 +142,25 @@ int main(int argc, char** argv) {
       const longhaul::MicroBatch mb = sampler.Sample(0, 0, 0);
       std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_out(boundary.size(), 1e-4f);
       if (!s.AttachOptimizer({longhaul::AdamWConfig{}, longhaul::LrSchedule{1e-4f, 1e-5f, 0, 1000}, 1.0f}).ok()) return 1;
-      std::vector<double> times;
+      // Per step: the whole step, then forward (with the output's copy to the host), backward (with
+      // the input gradient's) and the optimizer step, each ending where the stage waits anyway.
+      std::vector<double> times, fwd, bwd, opt;
       double first_step = 0;
       bool failed = false;
+      auto since = [](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
       for (int i = 0; i < steps + 2 && !failed; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         failed |= !s.ZeroGrads().ok();
         failed |= !s.Forward(0, mb, c.whole ? nullptr : boundary.data()).ok();
         if (!c.whole) failed |= !s.Output(0).ok();
+        const double f = since(t0);
         failed |= !s.Backward(0, mb, c.whole ? nullptr : grad_out.data(), 1.0f).ok();
         if (!c.whole) failed |= !s.InputGrad(0).ok();
+        const double b = since(t0);
         failed |= !s.Step(i).ok();
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i == 0) first_step = std::chrono::duration<double>(t1 - created).count();
-        if (i >= 2) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+        const double all = since(t0);
+        if (i == 0) first_step = since(created);
+        if (i >= 2) times.push_back(all), fwd.push_back(f), bwd.push_back(b - f), opt.push_back(all - b);
       }
       if (failed) {
         std::cout << absl::StrFormat("%-26s %5s  failed (out of memory?)\n", c.name, prec_name) << std::flush;
@@ -162,8 +168,11 @@ int main(int argc, char** argv) {
       }
       const double gib = (free_before - longhaul::CudaFreeMemory(0).value_or(free_before)) / (1 << 30);
       stage->reset();
-      std::sort(times.begin(), times.end());
-      const double sec = times[times.size() / 2], tps = c.B * T / sec;
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      const double sec = median(times), tps = c.B * T / sec;
       // The stage has no embedding or head: count only its blocks (V = 0).
       longhaul::ModelConfig fc = cfg;
       if (!c.whole) fc.vocab_size = 0;
@@ -171,16 +180,18 @@ int main(int argc, char** argv) {
       const double peak = *precision == longhaul::Precision::kFp32 ? peak_fp32 : peak_bf16;
       const std::string args = absl::StrFormat("--layers %d --batch %d --precision %s --steps %d %s", c.layers, c.B,
                                                prec_name, steps, c.whole ? "--whole" : "");
-      const Torch eager = RunTorch(args, torch_timeout);
+      const Torch eager = no_torch ? Torch{-1, 0, "not asked (--no-torch)"} : RunTorch(args, torch_timeout);
       const Torch compiled = compile ? RunTorch(args + " --compile", torch_timeout) : Torch{-1, 0, "not asked (--compile)"};
       auto side = [&](const Torch& t) {
         return t.tps > 0 ? absl::StrFormat("%9.0f %5.1f %5.2fx", t.tps, t.gib, tps / t.tps)
                          : absl::StrFormat("%9s %5s %6s", "-", "-", "-");
       };
-      std::cout << absl::StrFormat("%-26s %5s %9.0f %7.1f %5.1f%% %5.1f | %s | %s   (first step %.1f s after Create)\n",
-                                   c.name, prec_name, tps, tflops, 100 * tflops / peak, gib, side(eager),
-                                   side(compiled), first_step);
-      if (eager.tps <= 0) std::cout << "    PyTorch eager: " << eager.why << "\n";
+      std::cout << absl::StrFormat("%-26s %5s %9.0f %7.1f %5.1f%% %5.1f | %s | %s\n", c.name, prec_name, tps, tflops,
+                                   100 * tflops / peak, gib, side(eager), side(compiled))
+                << absl::StrFormat("    longhaul step %.1f ms: forward %.1f, backward %.1f, optimizer %.1f; first step "
+                                   "%.1f s after Create\n",
+                                   1e3 * sec, 1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(opt), first_step);
+      if (!no_torch && eager.tps <= 0) std::cout << "    PyTorch eager: " << eager.why << "\n";
       if (compile && compiled.tps <= 0) std::cout << "    torch.compile: " << compiled.why << "\n";
       std::cout << std::flush;
     }

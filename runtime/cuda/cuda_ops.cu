@@ -99,8 +99,14 @@ void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float*
 }
 
 template <typename T>
-void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V) {
-  Gemm(h, false, true, N, V, C, 1.0f, inp, kDataType<T>, C, w, kDataType<T>, C, 0.0f, logits, CUDA_R_32F, V);
+void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V, int ld) {
+  Gemm(h, false, true, N, V, C, 1.0f, inp, kDataType<T>, C, w, kDataType<T>, C, 0.0f, logits, CUDA_R_32F, ld);
+}
+template <typename T>
+void HeadBackward(cublasHandle_t h, T* dinp, float* dw, const T* dlogits, const T* inp, const T* w, int N, int C, int V,
+                  int ld) {
+  Gemm(h, false, false, N, C, V, 1.0f, dlogits, kDataType<T>, ld, w, kDataType<T>, C, 0.0f, dinp, kDataType<T>, C);
+  Gemm(h, true, false, V, C, N, 1.0f, dlogits, kDataType<T>, ld, inp, kDataType<T>, C, 1.0f, dw, CUDA_R_32F, C);
 }
 
 // ---- LayerNorm --------------------------------------------------------------------------------
@@ -390,8 +396,8 @@ void BatchedGemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float 
 // ---- Loss -------------------------------------------------------------------------------------
 
 namespace {
-__global__ void CrossEntropyForwardKernel(float* logits, float* losses, const int* targets, int V) {
-  float* x = logits + static_cast<long>(blockIdx.x) * V;
+__global__ void CrossEntropyForwardKernel(float* logits, float* losses, const int* targets, int V, int ld) {
+  float* x = logits + static_cast<long>(blockIdx.x) * ld;
   float mx = -FLT_MAX;
   for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
   mx = BlockMax(mx);
@@ -407,23 +413,23 @@ __global__ void CrossEntropyForwardKernel(float* logits, float* losses, const in
 
 template <typename T>
 __global__ void CrossEntropyBackwardKernel(T* dlogits, const float* probs, const int* targets, const float* weights,
-                                           float scale, int V) {
+                                           float scale, int V, int ld) {
   const long row = blockIdx.x;
   const float g = weights[row] * scale;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = probs[row * V + v];
-    dlogits[row * V + v] = FromF<T>((p - (v == targets[row] ? 1.0f : 0.0f)) * g);
+    const float p = probs[row * ld + v];
+    dlogits[row * ld + v] = FromF<T>((p - (v == targets[row] ? 1.0f : 0.0f)) * g);
   }
 }
 }  // namespace
 
-void CrossEntropyForward(cudaStream_t s, float* logits, float* losses, const int* targets, int N, int V) {
-  CrossEntropyForwardKernel<<<N, kThreads, 0, s>>>(logits, losses, targets, V);
+void CrossEntropyForward(cudaStream_t s, float* logits, float* losses, const int* targets, int N, int V, int ld) {
+  CrossEntropyForwardKernel<<<N, kThreads, 0, s>>>(logits, losses, targets, V, ld);
 }
 template <typename T>
 void CrossEntropyBackward(cudaStream_t s, T* dlogits, const float* probs, const int* targets, const float* weights,
-                          float scale_over_weight_sum, int N, int V) {
-  CrossEntropyBackwardKernel<<<N, kThreads, 0, s>>>(dlogits, probs, targets, weights, scale_over_weight_sum, V);
+                          float scale_over_weight_sum, int N, int V, int ld) {
+  CrossEntropyBackwardKernel<<<N, kThreads, 0, s>>>(dlogits, probs, targets, weights, scale_over_weight_sum, V, ld);
 }
 
 // ---- Elementwise and optimizer ----------------------------------------------------------------
@@ -462,15 +468,18 @@ __global__ void ScaleKernel(float* x, float f, long n) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
   if (i < n) x[i] *= f;
 }
-__global__ void AdamWKernel(float* p, const float* g, float* m, float* v, const uint8_t* decay, float lr, float b1,
-                            float b2, float eps, float decay_factor, float step_size, float bc2_sqrt, long n) {
+template <typename T>
+__global__ void AdamWKernel(float* p, T* compute, const float* g, float grad_scale, float* m, float* v,
+                            const uint8_t* decay, float b1, float b2, float eps, float decay_factor, float step_size,
+                            float bc2_sqrt, long n) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const float gi = g[i];
+  const float gi = g[i] * grad_scale;
   const float mi = m[i] = b1 * m[i] + (1.0f - b1) * gi;
   const float vi = v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
   const float pi = decay[i] ? p[i] * decay_factor : p[i];
-  p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+  const float updated = p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+  if (compute != nullptr) compute[i] = FromF<T>(updated);
 }
 __global__ void NesterovKernel(float* p, const float* g, float* m, float lr, float momentum, long n) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
@@ -498,12 +507,13 @@ void SquaredNorm(cudaStream_t s, float* partial, double* out, const float* x, lo
   SumPartialsKernel<<<1, 32, 0, s>>>(out, partial, kNormBlocks);
 }
 void Scale(cudaStream_t s, float* x, float factor, long n) { ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(x, factor, n); }
-void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const uint8_t* decay, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int64_t step, long n) {
+template <typename T>
+void AdamW(cudaStream_t s, float* p, T* compute, const float* g, float grad_scale, float* m, float* v,
+           const uint8_t* decay, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, long n) {
   const float bc1 = 1.0f - powf(beta1, static_cast<float>(step));
   const float bc2_sqrt = sqrtf(1.0f - powf(beta2, static_cast<float>(step)));
-  AdamWKernel<<<Blocks(n), kThreads, 0, s>>>(p, g, m, v, decay, lr, beta1, beta2, eps, 1.0f - lr * weight_decay,
-                                             lr / bc1, bc2_sqrt, n);
+  AdamWKernel<<<Blocks(n), kThreads, 0, s>>>(p, compute, g, grad_scale, m, v, decay, beta1, beta2, eps,
+                                             1.0f - lr * weight_decay, lr / bc1, bc2_sqrt, n);
 }
 void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, float momentum, long n) {
   NesterovKernel<<<Blocks(n), kThreads, 0, s>>>(p, g, m, lr, momentum, n);
@@ -516,7 +526,8 @@ void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, floa
                                  bool);                                                                              \
   template void LinearBackward<T>(cublasHandle_t, cudaStream_t, T*, float*, float*, const T*, const T*, const T*, int, \
                                   int, int);                                                                         \
-  template void HeadForward<T>(cublasHandle_t, float*, const T*, const T*, int, int, int);                           \
+  template void HeadForward<T>(cublasHandle_t, float*, const T*, const T*, int, int, int, int);                      \
+  template void HeadBackward<T>(cublasHandle_t, T*, float*, const T*, const T*, const T*, int, int, int, int);       \
   template void LayerNormForward<T>(cudaStream_t, T*, float*, float*, const T*, const float*, const float*, int, int); \
   template void LayerNormBackward<T>(cudaStream_t, float*, float*, float*, const T*, const T*, const float*,         \
                                      const float*, const float*, float*, int, int);                                  \
@@ -531,10 +542,13 @@ void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, floa
   template void MaskedSoftmaxBackward<T>(cudaStream_t, T*, const T*, const int*, float, int, int, int);              \
   template void BatchedGemm<T>(cublasHandle_t, bool, bool, int, int, int, float, const T*, long, const T*, long,      \
                                float, T*, long, int);                                                                \
-  template void CrossEntropyBackward<T>(cudaStream_t, T*, const float*, const int*, const float*, float, int, int);  \
+  template void CrossEntropyBackward<T>(cudaStream_t, T*, const float*, const int*, const float*, float, int, int,   \
+                                        int);                                                                        \
   template void Cast<T>(cudaStream_t, T*, const float*, long);                                                       \
   template void CastToFloat<T>(cudaStream_t, float*, const T*, long);                                                \
-  template void Add<T>(cudaStream_t, T*, const T*, const T*, long);
+  template void Add<T>(cudaStream_t, T*, const T*, const T*, long);                                                  \
+  template void AdamW<T>(cudaStream_t, float*, T*, const float*, float, float*, float*, const uint8_t*, float, float, \
+                         float, float, float, int64_t, long);
 
 LH_INSTANTIATE(float)
 LH_INSTANTIATE(__nv_bfloat16)

@@ -33,8 +33,14 @@ template <typename T>
 void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, const T* dout, const T* inp,
                     const T* w, int N, int IC, int OC);
 // logits (N, V) [fp32] = inp (N, C) [T] · w (V, C)^T [T]: the head keeps full precision for the loss.
+// Rows of logits are `ld` apart: a vocabulary like GPT-2's (50257) is odd, and cuBLAS falls back
+// to a generic kernel, several times slower, for rows that are not 16-byte aligned.
 template <typename T>
-void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V);
+void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V, int ld);
+// dinp (N, C) [T] = dlogits (N, V; rows ld apart) · w; dw (V, C) [fp32] += dlogits^T · inp.
+template <typename T>
+void HeadBackward(cublasHandle_t h, T* dinp, float* dw, const T* dlogits, const T* inp, const T* w, int N, int C, int V,
+                  int ld);
 
 // ---- LayerNorm ------------------------------------------------------------------------------
 template <typename T>
@@ -94,12 +100,13 @@ void BatchedGemm(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int
                  long stride_a, const T* b, long stride_b, float beta, T* c, long stride_c, int batch);
 
 // ---- Loss -----------------------------------------------------------------------------------
-// logits (N, V) [fp32] -> probabilities in place; losses (N) [fp32].
-void CrossEntropyForward(cudaStream_t s, float* logits, float* losses, const int* targets, int N, int V);
-// probs (N, V) [fp32] -> dlogits (N, V) [T] = (p - onehot) · weight · scale / Σ weights.
+// logits (N, V; rows ld apart) [fp32] -> probabilities in place; losses (N) [fp32].
+void CrossEntropyForward(cudaStream_t s, float* logits, float* losses, const int* targets, int N, int V, int ld);
+// probs (N, V) [fp32] -> dlogits (N, V) [T] = (p - onehot) · weight · scale / Σ weights; rows of
+// both ld apart.
 template <typename T>
 void CrossEntropyBackward(cudaStream_t s, T* dlogits, const float* probs, const int* targets, const float* weights,
-                          float scale_over_weight_sum, int N, int V);
+                          float scale_over_weight_sum, int N, int V, int ld);
 
 // ---- Elementwise and optimizer ----------------------------------------------------------------
 template <typename T>
@@ -112,9 +119,13 @@ void Add(cudaStream_t s, T* out, const T* a, const T* b, long n);
 // Σ x² into *out (fp32 partial sums per block, then one pass: deterministic for a given launch).
 void SquaredNorm(cudaStream_t s, float* partial, double* out, const float* x, long n);
 void Scale(cudaStream_t s, float* x, float factor, long n);
-// AdamW as torch.optim.AdamW; decay (n) flags elements that take weight decay.
-void AdamW(cudaStream_t s, float* p, const float* g, float* m, float* v, const uint8_t* decay, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int64_t step, long n);
+// AdamW as torch.optim.AdamW on the gradients g · grad_scale (the clipping factor, folded in
+// instead of a pass of its own); decay (n) flags elements that take weight decay. With `compute`
+// not null the updated parameters are also written there in T (a stage's compute copy), in the
+// same pass.
+template <typename T>
+void AdamW(cudaStream_t s, float* p, T* compute, const float* g, float grad_scale, float* m, float* v,
+           const uint8_t* decay, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, long n);
 // optim/nesterov.h's NesterovStep: m = momentum·m + g; p -= lr·(g + momentum·m).
 void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, float momentum, long n);
 

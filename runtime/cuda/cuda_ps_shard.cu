@@ -94,11 +94,9 @@ class CudaPsShard final : public PsShard {
     r.grad_norm = global_norm;
     if (!std::isfinite(global_norm)) return r;  // as in host memory: no update
     const long n = static_cast<long>(size());
-    const float factor = ClipFactor(global_norm, grad_clip);
-    if (factor != 1.0f) cuda::Scale(stream_, grads_.p, factor, n);
     r.lr = schedule.At(step);
-    cuda::AdamW(stream_, params_.p, grads_.p, m_.p, v_.p, decay_.p, r.lr, adamw_.beta1, adamw_.beta2, adamw_.eps,
-                adamw_.weight_decay, step + 1, n);
+    cuda::AdamW(stream_, params_.p, static_cast<float*>(nullptr), grads_.p, ClipFactor(global_norm, grad_clip), m_.p,
+                v_.p, decay_.p, r.lr, adamw_.beta1, adamw_.beta2, adamw_.eps, adamw_.weight_decay, step + 1, n);
     LH_CUDA(cudaGetLastError(), "AdamW");
     LH_RETURN_IF(RefreshHostParams());
     return r;

@@ -106,7 +106,8 @@ class StageImpl final : public CudaStage {
         o_(o),
         B_(o.B),
         T_(o.T),
-        flash_(!std::is_same_v<T, float> && CudaFlashAttention(cfg, o.precision)) {}
+        flash_(!std::is_same_v<T, float> && CudaFlashAttention(cfg, o.precision)),
+        vocab_ld_((cfg.vocab_size + 7) / 8 * 8) {}
   ~StageImpl() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
@@ -125,7 +126,7 @@ class StageImpl final : public CudaStage {
     LH_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
     if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSetStream failed");
-    const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+    const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model;
     const size_t nb = spec_.end_block - spec_.first_block, heads = static_cast<size_t>(B_) * cfg_.n_head;
     const AttentionSizes att{flash_, heads * T_, heads * T_ * T_};
     LH_RETURN_IF(params_.Alloc(P));
@@ -147,7 +148,7 @@ class StageImpl final : public CudaStage {
       if (spec_.has_head) {
         LH_RETURN_IF(s.lnf.Alloc(N * C));
         for (auto* x : {&s.meanf, &s.rstdf}) LH_RETURN_IF(x->Alloc(N));
-        LH_RETURN_IF(s.logits.Alloc(N * V));
+        LH_RETURN_IF(s.logits.Alloc(N * vocab_ld_));
       } else {
         LH_RETURN_IF(s.output.Alloc(N * C));
         LH_RETURN_IF(s.output_copied.Create());
@@ -174,7 +175,7 @@ class StageImpl final : public CudaStage {
     if (spec_.has_head) {
       LH_RETURN_IF(losses_.Alloc(N));
       LH_RETURN_IF(losses_host_.Alloc(N));
-      LH_RETURN_IF(dlogits_.Alloc(N * V));
+      LH_RETURN_IF(dlogits_.Alloc(N * vocab_ld_));
     }
     LH_RETURN_IF(norm_partial_.Alloc(1024));
     LH_RETURN_IF(norm_.Alloc(1));
@@ -251,8 +252,8 @@ class StageImpl final : public CudaStage {
       return 0.0f;
     }
     cuda::LayerNormForward(stream_, s.lnf.p, s.meanf.p, s.rstdf.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N, C);
-    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadW(), N, C, V);
-    cuda::CrossEntropyForward(stream_, s.logits.p, losses_.p, s.targets.p, N, V);
+    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
+    cuda::CrossEntropyForward(stream_, s.logits.p, losses_.p, s.targets.p, N, V, vocab_ld_);
     LH_CUDA(cudaMemcpyAsync(losses_host_.p, losses_.p, N * 4, cudaMemcpyDeviceToHost, stream_), "losses");
     LH_CUDA(cudaStreamSynchronize(stream_), "forward");
     double num = 0, den = 0;
@@ -278,9 +279,8 @@ class StageImpl final : public CudaStage {
       double wsum = 0;
       for (float w : mb.loss_weight) wsum += w;
       const float ce_scale = wsum > 0 ? static_cast<float>(scale * loss_scale_ / wsum) : 0.0f;
-      cuda::CrossEntropyBackward(stream_, dlogits_.p, s.logits.p, s.targets.p, s.weight.p, ce_scale, N, V);
-      cuda::LinearBackward(blas_, stream_, g_ln_.p, HeadG(), static_cast<float*>(nullptr), dlogits_.p, s.lnf.p, HeadW(),
-                           N, C, V);
+      cuda::CrossEntropyBackward(stream_, dlogits_.p, s.logits.p, s.targets.p, s.weight.p, ce_scale, N, V, vocab_ld_);
+      cuda::HeadBackward(blas_, g_ln_.p, HeadG(), dlogits_.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
       LH_CUDA(cudaMemsetAsync(g_.p, 0, NC * 4, stream_), "zero residual gradient");
       cuda::LayerNormBackward(stream_, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
                               BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, ln_scratch_.p,
@@ -370,11 +370,10 @@ class StageImpl final : public CudaStage {
       return r;
     }
     const float factor = ClipFactor(r.grad_norm, optimizer_.grad_clip) / loss_scale_;
-    if (factor != 1.0f) cuda::Scale(stream_, grads_.p, factor, P);
     const AdamWConfig& a = optimizer_.adamw;
-    cuda::AdamW(stream_, params_.p, grads_.p, m_.p, v_.p, decay_.p, r.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                step + 1, P);
-    RefreshWeights(0, params_.n);
+    // The compute copy is refreshed in the same pass (fp32 has none: weights_ is not allocated).
+    cuda::AdamW(stream_, params_.p, weights_.p, grads_.p, factor, m_.p, v_.p, decay_.p, r.lr, a.beta1, a.beta2, a.eps,
+                a.weight_decay, step + 1, P);
     if (o_.precision == Precision::kFp16 && ++good_steps_ % kGrowthInterval == 0) loss_scale_ *= 2;
     r.loss_scale = loss_scale_;
     LH_CUDA(cudaStreamSynchronize(stream_), "optimizer step");
@@ -395,8 +394,11 @@ class StageImpl final : public CudaStage {
   absl::Status DownloadProbs(int slot, float* host) override {
     LH_RETURN_IF(CheckSlot(slot));
     if (!spec_.has_head) return absl::FailedPreconditionError("only the last stage computes probabilities");
-    const DeviceArray<float>& l = slots_[slot].logits;
-    return CopySync(stream_, host, l.p, l.n * 4, cudaMemcpyDeviceToHost, "download probabilities");
+    const size_t V = cfg_.vocab_size;
+    LH_CUDA(cudaMemcpy2DAsync(host, V * 4, slots_[slot].logits.p, vocab_ld_ * 4, V * 4, static_cast<size_t>(B_) * T_,
+                              cudaMemcpyDeviceToHost, stream_),
+            "download probabilities");
+    return Check(cudaStreamSynchronize(stream_), "download probabilities");
   }
   absl::Status Synchronize() override {
     LH_CUDA(cudaStreamSynchronize(copy_stream_), "synchronize");
@@ -564,6 +566,9 @@ class StageImpl final : public CudaStage {
   Options o_;
   int B_, T_;
   bool flash_;  // attention in the flash style (CudaFlashAttention)
+  // Row stride of the logits and their gradient: the vocabulary rounded up to 8 entries, so that
+  // every row is 16-byte aligned for cuBLAS.
+  int vocab_ld_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

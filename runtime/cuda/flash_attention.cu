@@ -50,9 +50,6 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t Load2(const T* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 // The 16x8 accumulators of two neighbouring column tiles, rounded to T, as the A fragment of
 // their 16x16 block: the register reuse that keeps probabilities out of memory.
 template <typename T>
@@ -60,47 +57,69 @@ __device__ __forceinline__ void ToA(uint32_t (&a)[4], const float (&lo)[4], cons
   a[0] = Pack<T>(lo[0], lo[1]), a[1] = Pack<T>(lo[2], lo[3]), a[2] = Pack<T>(hi[0], hi[1]), a[3] = Pack<T>(hi[2], hi[3]);
 }
 
-// R rows of K elements in shared memory, K contiguous. As an A operand its rows are the product's
-// rows; as a B operand its rows are the product's columns (B = tile^T).
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory, lane l giving the address of row l % 8
+// of matrix l / 8; r[i] receives row lane / 4, columns 2 (lane % 4) and +1 of matrix i, or with
+// kTrans those of its transpose.
+template <bool kTrans>
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  }
+}
+
+// R rows of K elements in shared memory, K contiguous, each row 16-byte aligned.
 template <typename T, int R, int K>
 struct Tile {
   static constexpr int kLd = K + kPad, kElems = R * kLd;
   T* p;
+  // The A fragment of rows r0..r0+15 and columns k0..k0+15.
   __device__ void A(uint32_t (&a)[4], int r0, int k0) const {
-    const int lane = threadIdx.x % 32;
-    const T* x = p + (r0 + lane / 4) * kLd + k0 + 2 * (lane % 4);
-    a[0] = Load2(x), a[1] = Load2(x + 8 * kLd), a[2] = Load2(x + 8), a[3] = Load2(x + 8 * kLd + 8);
+    const int l = threadIdx.x % 32, m = l / 8;
+    LoadMatrices<false>(a, p + (r0 + l % 8 + m % 2 * 8) * kLd + k0 + m / 2 * 8);
   }
-  __device__ void B(uint32_t& b0, uint32_t& b1, int n0, int k0) const {
-    const int lane = threadIdx.x % 32;
-    const T* x = p + (n0 + lane / 4) * kLd + k0 + 2 * (lane % 4);
-    b0 = Load2(x), b1 = Load2(x + 8);
+  // B = this tile transposed (its rows are the product's columns): the B fragments of columns
+  // n0..n0+7 (b[0], b[1]) and n0+8..n0+15 (b[2], b[3]) over k0..k0+15.
+  __device__ void BTransposed(uint32_t (&b)[4], int n0, int k0) const {
+    const int l = threadIdx.x % 32, m = l / 8;
+    LoadMatrices<false>(b, p + (n0 + l % 8 + m / 2 * 8) * kLd + k0 + m % 2 * 8);
   }
+  // B = this tile (its rows are the product's k): the B fragments over rows k0..k0+15 of columns
+  // n0..n0+7 (b[0], b[1]) and n0+8..n0+15 (b[2], b[3]).
+  __device__ void B(uint32_t (&b)[4], int k0, int n0) const {
+    const int l = threadIdx.x % 32, m = l / 8;
+    LoadMatrices<true>(b, p + (k0 + l % 8 + m % 2 * 8) * kLd + n0 + m / 2 * 8);
+  }
+  // The i-th of a run of such tiles laid out one after another (double buffers).
+  __device__ Tile Next(int i) const { return Tile{p + i * kElems}; }
 };
 
-// Calls f(r, c, chunk) for each 8-element chunk of rows row0 .. row0+R-1 of one head's (n, hs)
-// slice, its rows `ld` elements apart: zeros past row n and column hs. Consecutive threads take
-// consecutive rows, so a transposed store into shared memory hits distinct banks.
-template <int R, int HS, typename T, typename F>
-__device__ __forceinline__ void ForChunks(const T* src, long ld, int row0, int n, int hs, F f) {
+// Starts copying rows row0 .. row0+R-1 of one head's (n, hs) slice, its rows `ld` elements apart,
+// into `dst` without waiting (cp.async, 16 bytes a thread); zeros past row n and column hs. The
+// copies join the thread's next commit group.
+template <typename T, int R, int HS>
+__device__ void LoadAsync(const Tile<T, R, HS>& dst, const T* src, long ld, int row0, int n, int hs) {
   for (int i = threadIdx.x; i < R * (HS / 8); i += kThreads) {
-    const int r = i % R, c = i / R * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < n && c < hs) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld + c);
-    f(r, c, v);
+    const int r = i / (HS / 8), c = i % (HS / 8) * 8;
+    const bool in = row0 + r < n && c < hs;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst.p + r * dst.kLd + c)),
+                 "l"(in ? src + (row0 + r) * ld + c : src), "r"(in ? 16 : 0));
   }
 }
-template <typename T, int R, int HS>
-__device__ void LoadRows(const Tile<T, R, HS>& dst, const T* src, long ld, int row0, int n, int hs) {
-  ForChunks<R, HS>(src, ld, row0, n, hs,
-                   [&](int r, int c, uint4 v) { *reinterpret_cast<uint4*>(dst.p + r * dst.kLd + c) = v; });
-}
-template <typename T, int R, int HS>
-__device__ void LoadColumns(const Tile<T, HS, R>& dst, const T* src, long ld, int row0, int n, int hs) {
-  ForChunks<R, HS>(src, ld, row0, n, hs, [&](int r, int c, uint4 v) {
-    const T* e = reinterpret_cast<const T*>(&v);
-    for (int j = 0; j < 8; ++j) dst.p[(c + j) * dst.kLd + r] = e[j];
-  });
+__device__ __forceinline__ void CommitLoads() { asm volatile("cp.async.commit_group;\n"); }
+// Waits until at most `kPending` of this thread's commit groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void WaitLoads() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // Where one (batch, head) pair's tensors start: q, k, v rows 3C apart, out and dout rows C apart.
@@ -125,16 +144,12 @@ struct SharedCursor {
     at += sizeof(T) * Tile<T, R, K>::kElems;
     return t;
   }
-  __device__ float* Floats(int n) {
-    float* f = reinterpret_cast<float*>(at);
-    at += sizeof(float) * n;
-    return f;
-  }
 };
 
 // Forward: a block takes kRows queries of one head (the longest rows first) and walks the keys
-// they can see, 64 at a time, keeping a running max and sum per row (the online softmax).
-// Scores are in base 2: s · scale · log2(e).
+// they can see, 64 at a time, keeping a running max and sum per row (the online softmax); the
+// next keys and values load while the current ones are used. Scores are in base 2:
+// s · scale · log2(e).
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) FlashForwardKernel(T* out, float* lse, const T* qkv, const int* prefix,
                                                                int Tn, int C, int NH, int hs, float scale_log2) {
@@ -142,29 +157,44 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(T* out, float* ls
   extern __shared__ __align__(16) unsigned char smem[];
   SharedCursor<T> cur{smem};
   const auto q = cur.template Take<kRows, HS>();
-  const auto k = cur.template Take<kKeys, HS>();
-  const auto vt = cur.template Take<HS, kKeys>();
+  const auto k = cur.template Take<kKeys, HS>();  // two buffers each
+  cur.template Take<kKeys, HS>();
+  const auto v = cur.template Take<kKeys, HS>();
+  cur.template Take<kKeys, HS>();
   const Head hd(prefix, Tn, C, NH, hs);
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows, r0 = warp * 16;
   const long ld = 3L * C;
-  LoadRows(q, qkv + hd.qkv, ld, q0, Tn, hs);
-  __syncthreads();
+  const T* qs = qkv + hd.qkv;
+  const int tiles = (hd.KeysEnd(q0, kRows, Tn) + kKeys - 1) / kKeys;
+  LoadAsync(q, qs, ld, q0, Tn, hs);
+  LoadAsync(k, qs + C, ld, 0, Tn, hs);
+  LoadAsync(v, qs + 2 * C, ld, 0, Tn, hs);
+  CommitLoads();
   uint32_t qa[HS / 16][4];  // this warp's 16 query rows (16, HS) as A fragments
-  for (int kk = 0; kk < HS / 16; ++kk) q.A(qa[kk], r0, kk * 16);
   const int rows[2] = {q0 + r0 + g, q0 + r0 + g + 8};
   float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
-  for (int k0 = 0; k0 < hd.KeysEnd(q0, kRows, Tn); k0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous keys
-    LoadRows(k, qkv + hd.qkv + C, ld, k0, Tn, hs);
-    LoadColumns(vt, qkv + hd.qkv + 2 * C, ld, k0, Tn, hs);
+  for (int i = 0; i < tiles; ++i) {
+    const int k0 = i * kKeys;
+    if (i + 1 < tiles) {
+      LoadAsync(k.Next((i + 1) % 2), qs + C, ld, k0 + kKeys, Tn, hs);
+      LoadAsync(v.Next((i + 1) % 2), qs + 2 * C, ld, k0 + kKeys, Tn, hs);
+      CommitLoads();
+      WaitLoads<1>();
+    } else {
+      WaitLoads<0>();
+    }
     __syncthreads();
+    if (i == 0)
+      for (int kk = 0; kk < HS / 16; ++kk) q.A(qa[kk], r0, kk * 16);
+    const auto kb = k.Next(i % 2), vb = v.Next(i % 2);
     float s[kKeys / 8][4] = {};  // scores (16 rows, 64 keys)
     for (int kk = 0; kk < HS / 16; ++kk) {
-      for (int n = 0; n < kKeys / 8; ++n) {
-        uint32_t b0, b1;
-        k.B(b0, b1, n * 8, kk * 16);
-        Mma<T>(s[n], qa[kk], b0, b1);
+      for (int n = 0; n < kKeys / 16; ++n) {
+        uint32_t b[4];
+        kb.BTransposed(b, n * 16, kk * 16);
+        Mma<T>(s[2 * n], qa[kk], b[0], b[1]);
+        Mma<T>(s[2 * n + 1], qa[kk], b[2], b[3]);
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};
@@ -195,12 +225,14 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(T* out, float* ls
     for (int kc = 0; kc < kKeys / 16; ++kc) {
       uint32_t pa[4];
       ToA<T>(pa, s[2 * kc], s[2 * kc + 1]);
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t b0, b1;
-        vt.B(b0, b1, n * 8, kc * 16);
-        Mma<T>(o[n], pa, b0, b1);
+      for (int n = 0; n < HS / 16; ++n) {
+        uint32_t b[4];
+        vb.B(b, kc * 16, n * 16);
+        Mma<T>(o[2 * n], pa, b[0], b[1]);
+        Mma<T>(o[2 * n + 1], pa, b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next loads fill it
   }
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
@@ -230,8 +262,9 @@ __global__ void FlashDeltaKernel(float* delta, const T* dout, const T* out, int 
 }
 
 // Backward for keys and values: a block takes kRows keys of one head and walks the queries that
-// can see them, 32 at a time, working in the transposed frame (rows are keys) so dK and dV stay
-// in its registers: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+// can see them, 32 at a time (the next ones loading meanwhile), working in the transposed frame
+// (rows are keys) so dK and dV stay in its registers: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+// dK += dS^T Q.
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) FlashBackwardKvKernel(T* dqkv, const T* dout, const T* qkv,
                                                                   const float* lse, const float* delta,
@@ -242,68 +275,84 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKvKernel(T* dqkv, const
   SharedCursor<T> cur{smem};
   const auto k = cur.template Take<kRows, HS>();
   const auto v = cur.template Take<kRows, HS>();
-  const auto q = cur.template Take<kQueries, HS>();
+  const auto q = cur.template Take<kQueries, HS>();  // two buffers each
+  cur.template Take<kQueries, HS>();
   const auto dO = cur.template Take<kQueries, HS>();
-  const auto qt = cur.template Take<HS, kQueries>();
-  const auto dOt = cur.template Take<HS, kQueries>();
-  float* lq = cur.Floats(kQueries);  // the queries' log-sum-exp and delta
-  float* dl = cur.Floats(kQueries);
+  cur.template Take<kQueries, HS>();
   const Head hd(prefix, Tn, C, NH, hs);
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int k0 = blockIdx.x * kRows, r0 = warp * 16;
   const long ld = 3L * C;
   const T* qs = qkv + hd.qkv;
   const T* dos = dout + hd.out;
-  LoadRows(k, qs + C, ld, k0, Tn, hs);
-  LoadRows(v, qs + 2 * C, ld, k0, Tn, hs);
+  const float* lq = lse + static_cast<long>(hd.bh) * Tn;
+  const float* dl = delta + static_cast<long>(hd.bh) * Tn;
+  // Keys below the prefix are seen by every query; others only by the queries at or after them.
+  const int first = k0 < hd.prefix ? 0 : k0, tiles = (Tn - first + kQueries - 1) / kQueries;
+  LoadAsync(k, qs + C, ld, k0, Tn, hs);
+  LoadAsync(v, qs + 2 * C, ld, k0, Tn, hs);
+  LoadAsync(q, qs, ld, first, Tn, hs);
+  LoadAsync(dO, dos, C, first, Tn, hs);
+  CommitLoads();
   const int keys[2] = {k0 + r0 + g, k0 + r0 + g + 8};
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-  // Keys below the prefix are seen by every query; others only by the queries at or after them.
-  for (int q0 = k0 < hd.prefix ? 0 : k0; q0 < Tn; q0 += kQueries) {
-    __syncthreads();  // every warp is done with the previous queries
-    LoadRows(q, qs, ld, q0, Tn, hs);
-    LoadColumns(qt, qs, ld, q0, Tn, hs);
-    LoadRows(dO, dos, C, q0, Tn, hs);
-    LoadColumns(dOt, dos, C, q0, Tn, hs);
-    for (int i = threadIdx.x; i < kQueries; i += kThreads) {
-      const bool in = q0 + i < Tn;
-      lq[i] = in ? lse[static_cast<long>(hd.bh) * Tn + q0 + i] : 0.0f;
-      dl[i] = in ? delta[static_cast<long>(hd.bh) * Tn + q0 + i] : 0.0f;
+  for (int i = 0; i < tiles; ++i) {
+    const int q0 = first + i * kQueries;
+    if (i + 1 < tiles) {
+      LoadAsync(q.Next((i + 1) % 2), qs, ld, q0 + kQueries, Tn, hs);
+      LoadAsync(dO.Next((i + 1) % 2), dos, C, q0 + kQueries, Tn, hs);
+      CommitLoads();
+      WaitLoads<1>();
+    } else {
+      WaitLoads<0>();
     }
     __syncthreads();
+    const auto qb = q.Next(i % 2), db = dO.Next(i % 2);
     float st[kQueries / 8][4] = {}, dpt[kQueries / 8][4] = {};  // (16 keys, 32 queries)
     for (int kk = 0; kk < HS / 16; ++kk) {
       uint32_t ka[4], va[4];
       k.A(ka, r0, kk * 16);
       v.A(va, r0, kk * 16);
-      for (int n = 0; n < kQueries / 8; ++n) {
-        uint32_t b0, b1;
-        q.B(b0, b1, n * 8, kk * 16);
-        Mma<T>(st[n], ka, b0, b1);
-        dO.B(b0, b1, n * 8, kk * 16);
-        Mma<T>(dpt[n], va, b0, b1);
+      for (int n = 0; n < kQueries / 16; ++n) {
+        uint32_t b[4];
+        qb.BTransposed(b, n * 16, kk * 16);
+        Mma<T>(st[2 * n], ka, b[0], b[1]);
+        Mma<T>(st[2 * n + 1], ka, b[2], b[3]);
+        db.BTransposed(b, n * 16, kk * 16);
+        Mma<T>(dpt[2 * n], va, b[0], b[1]);
+        Mma<T>(dpt[2 * n + 1], va, b[2], b[3]);
       }
     }
     for (int n = 0; n < kQueries / 8; ++n) {
-      for (int e = 0; e < 4; ++e) {
-        const int key = keys[e / 2], i = n * 8 + 2 * t + (e & 1), query = q0 + i;
-        const float p = query < Tn && key < Tn && hd.Visible(query, key) ? exp2f(st[n][e] * scale_log2 - lq[i]) : 0.0f;
-        st[n][e] = p;
-        dpt[n][e] = p * (dpt[n][e] - dl[i]);
+      for (int e = 0; e < 2; ++e) {
+        const int query = q0 + n * 8 + 2 * t + e;
+        const bool in = query < Tn;
+        const float lse_q = in ? lq[query] : 0.0f, delta_q = in ? dl[query] : 0.0f;
+        for (int r = 0; r < 2; ++r) {
+          const int key = keys[r];
+          float& sv = st[n][2 * r + e];
+          float& dv_ = dpt[n][2 * r + e];
+          const float p = in && key < Tn && hd.Visible(query, key) ? exp2f(sv * scale_log2 - lse_q) : 0.0f;
+          sv = p;
+          dv_ = p * (dv_ - delta_q);
+        }
       }
     }
     for (int kc = 0; kc < kQueries / 16; ++kc) {
       uint32_t pa[4], da[4];
       ToA<T>(pa, st[2 * kc], st[2 * kc + 1]);
       ToA<T>(da, dpt[2 * kc], dpt[2 * kc + 1]);
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t b0, b1;
-        dOt.B(b0, b1, n * 8, kc * 16);
-        Mma<T>(dv[n], pa, b0, b1);
-        qt.B(b0, b1, n * 8, kc * 16);
-        Mma<T>(dk[n], da, b0, b1);
+      for (int n = 0; n < HS / 16; ++n) {
+        uint32_t b[4];
+        db.B(b, kc * 16, n * 16);
+        Mma<T>(dv[2 * n], pa, b[0], b[1]);
+        Mma<T>(dv[2 * n + 1], pa, b[2], b[3]);
+        qb.B(b, kc * 16, n * 16);
+        Mma<T>(dk[2 * n], da, b[0], b[1]);
+        Mma<T>(dk[2 * n + 1], da, b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next loads fill it
   }
   for (int r = 0; r < 2; ++r) {
     if (keys[r] >= Tn) continue;
@@ -318,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKvKernel(T* dqkv, const
 }
 
 // Backward for queries: a block takes kRows queries of one head and walks the keys they see, 32
-// at a time: S = Q K^T, dP = dO V^T, dQ += dS K.
+// at a time (the next ones loading meanwhile): S = Q K^T, dP = dO V^T, dQ += dS K.
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(T* dqkv, const T* dout, const T* qkv,
                                                                  const float* lse, const float* delta,
@@ -329,16 +378,21 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(T* dqkv, const 
   SharedCursor<T> cur{smem};
   const auto q = cur.template Take<kRows, HS>();
   const auto dO = cur.template Take<kRows, HS>();
-  const auto k = cur.template Take<kKeys, HS>();
+  const auto k = cur.template Take<kKeys, HS>();  // two buffers each
+  cur.template Take<kKeys, HS>();
   const auto v = cur.template Take<kKeys, HS>();
-  const auto kt = cur.template Take<HS, kKeys>();
+  cur.template Take<kKeys, HS>();
   const Head hd(prefix, Tn, C, NH, hs);
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows, r0 = warp * 16;
   const long ld = 3L * C;
   const T* qs = qkv + hd.qkv;
-  LoadRows(q, qs, ld, q0, Tn, hs);
-  LoadRows(dO, dout + hd.out, C, q0, Tn, hs);
+  const int tiles = (hd.KeysEnd(q0, kRows, Tn) + kKeys - 1) / kKeys;
+  LoadAsync(q, qs, ld, q0, Tn, hs);
+  LoadAsync(dO, dout + hd.out, C, q0, Tn, hs);
+  LoadAsync(k, qs + C, ld, 0, Tn, hs);
+  LoadAsync(v, qs + 2 * C, ld, 0, Tn, hs);
+  CommitLoads();
   const int rows[2] = {q0 + r0 + g, q0 + r0 + g + 8};
   float lr[2], dr[2];
   for (int r = 0; r < 2; ++r) {
@@ -347,23 +401,31 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(T* dqkv, const 
     dr[r] = rows[r] < Tn ? delta[at] : 0.0f;
   }
   float dqa[HS / 8][4] = {};
-  for (int k0 = 0; k0 < hd.KeysEnd(q0, kRows, Tn); k0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous keys (and the queries are in)
-    LoadRows(k, qs + C, ld, k0, Tn, hs);
-    LoadColumns(kt, qs + C, ld, k0, Tn, hs);
-    LoadRows(v, qs + 2 * C, ld, k0, Tn, hs);
+  for (int i = 0; i < tiles; ++i) {
+    const int k0 = i * kKeys;
+    if (i + 1 < tiles) {
+      LoadAsync(k.Next((i + 1) % 2), qs + C, ld, k0 + kKeys, Tn, hs);
+      LoadAsync(v.Next((i + 1) % 2), qs + 2 * C, ld, k0 + kKeys, Tn, hs);
+      CommitLoads();
+      WaitLoads<1>();
+    } else {
+      WaitLoads<0>();
+    }
     __syncthreads();
+    const auto kb = k.Next(i % 2), vb = v.Next(i % 2);
     float s[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};  // (16 queries, 32 keys)
     for (int kk = 0; kk < HS / 16; ++kk) {
       uint32_t qa[4], da[4];
       q.A(qa, r0, kk * 16);
       dO.A(da, r0, kk * 16);
-      for (int n = 0; n < kKeys / 8; ++n) {
-        uint32_t b0, b1;
-        k.B(b0, b1, n * 8, kk * 16);
-        Mma<T>(s[n], qa, b0, b1);
-        v.B(b0, b1, n * 8, kk * 16);
-        Mma<T>(dp[n], da, b0, b1);
+      for (int n = 0; n < kKeys / 16; ++n) {
+        uint32_t b[4];
+        kb.BTransposed(b, n * 16, kk * 16);
+        Mma<T>(s[2 * n], qa, b[0], b[1]);
+        Mma<T>(s[2 * n + 1], qa, b[2], b[3]);
+        vb.BTransposed(b, n * 16, kk * 16);
+        Mma<T>(dp[2 * n], da, b[0], b[1]);
+        Mma<T>(dp[2 * n + 1], da, b[2], b[3]);
       }
     }
     for (int n = 0; n < kKeys / 8; ++n) {
@@ -377,12 +439,14 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(T* dqkv, const 
     for (int kc = 0; kc < kKeys / 16; ++kc) {
       uint32_t da[4];
       ToA<T>(da, s[2 * kc], s[2 * kc + 1]);
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t b0, b1;
-        kt.B(b0, b1, n * 8, kc * 16);
-        Mma<T>(dqa[n], da, b0, b1);
+      for (int n = 0; n < HS / 16; ++n) {
+        uint32_t b[4];
+        kb.B(b, kc * 16, n * 16);
+        Mma<T>(dqa[2 * n], da, b[0], b[1]);
+        Mma<T>(dqa[2 * n + 1], da, b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next loads fill it
   }
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= Tn) continue;
@@ -413,7 +477,7 @@ template <typename T, int HS>
 struct Forward {
   static void Run(cudaStream_t s, T* out, float* lse, const T* qkv, const int* prefix, int B, int Tn, int C, int NH,
                   float scale_log2, float) {
-    const size_t smem = TileBytes<T>(kRows, HS) + TileBytes<T>(64, HS) + TileBytes<T>(HS, 64);
+    const size_t smem = TileBytes<T>(kRows, HS) + 4 * TileBytes<T>(64, HS);
     Launch(FlashForwardKernel<T, HS>, smem, s, B, Tn, NH, out, lse, qkv, prefix, Tn, C, NH, C / NH, scale_log2);
   }
 };
@@ -422,10 +486,10 @@ template <typename T, int HS>
 struct Backward {
   static void Run(cudaStream_t s, T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
                   const int* prefix, int B, int Tn, int C, int NH, float scale_log2, float scale) {
-    const size_t kv = 2 * TileBytes<T>(kRows, HS) + 2 * TileBytes<T>(32, HS) + 2 * TileBytes<T>(HS, 32) + 2 * 32 * 4;
+    const size_t kv = 2 * TileBytes<T>(kRows, HS) + 4 * TileBytes<T>(32, HS);
     Launch(FlashBackwardKvKernel<T, HS>, kv, s, B, Tn, NH, dqkv, dout, qkv, lse, delta, prefix, Tn, C, NH, C / NH,
               scale_log2, scale);
-    const size_t q = 2 * TileBytes<T>(kRows, HS) + 2 * TileBytes<T>(32, HS) + TileBytes<T>(HS, 32);
+    const size_t q = 2 * TileBytes<T>(kRows, HS) + 4 * TileBytes<T>(32, HS);
     Launch(FlashBackwardQKernel<T, HS>, q, s, B, Tn, NH, dqkv, dout, qkv, lse, delta, prefix, Tn, C, NH, C / NH,
               scale_log2, scale);
   }
