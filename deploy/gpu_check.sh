@@ -10,15 +10,16 @@
 # per-block times for the planner, runtime/plan/cost_model.h's format), and exits 1 if a check
 # failed. Checks:
 #   1. cuda_stage_test: fixture parity in fp32, bf16 and fp16; CPU against GPU on random configs;
-#      slots, recompute, a pipeline cut and a second run bit-identical.
+#      slots, recompute, a pipeline cut and a second run bit-identical. flash_attention_test: the
+#      flash-style kernels against attention in doubles, every output written, bit-identical reruns.
 #   2. `longhaul train` on cuda:0 (fp32) against the CPU: the same loss curve within 2e-3.
 #   3. 2 stages x 2 replicas as four GPU worker processes sharing the GPU against the one-process
 #      GPU run: losses within 2e-3 (data parallelism sums the gradients in another order); and 2
 #      stages x 1 replica without clipping, bitwise the same losses (the same kernels, AdamW on the
 #      device in both).
 #   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3.
-#   5. cuda_step_bench: GPT-3 XL step (2-block stage, micro-batch 1 to 8; the whole 24 layers) with
-#      MFU, beside PyTorch eager.
+#   5. cuda_step_bench: GPT-3 XL step (2-block stage at micro-batch 1 and 8; the whole 24 layers at
+#      2 and 4) with MFU and peak memory, beside PyTorch eager with fused AdamW.
 #   6. gpu_profile: per-block forward and backward times for the planner.
 #   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
 #      against the same model in one process: iteration time and the share spent waiting.
@@ -103,6 +104,12 @@ else
   result "CUDA stage tests" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi
 
+if step "flash_attention_test" "$run" flash_attention_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
+  result "flash attention tests" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: bf16 and fp16 against doubles, causal and prefix-LM"
+else
+  result "flash attention tests" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
+fi
+
 step "train cpu" "$run" longhaul train "${demo[@]}" "${one[@]}" --set train.out_dir="$work/cpu" &&
   step "train cuda" "$run" longhaul train "${demo[@]}" "${one[@]}" --set train.backend=cuda:0 --set train.out_dir="$work/gpu"
 compare "one process: cuda:0 against the CPU" "$work/cpu" "$work/gpu" 2e-3
@@ -123,7 +130,8 @@ step "local mixed" "$run" longhaul local "${demo[@]}" --set 'cluster.stage_backe
   step "local all cpu" "$run" longhaul local "${demo[@]}" --set train.out_dir="$work/allcpu"
 compare "mixed job (stage 0 on the GPU, stage 1 on the CPU) against the all-CPU job" "$work/allcpu" "$work/mixed" 2e-3
 
-if step "cuda_step_bench" "$run" cuda_step_bench --steps 5 && ! grep -q skipped "$work/last.log"; then
+if step "cuda_step_bench" "$run" cuda_step_bench --cases stage1,stage8,xl2,xl4 --steps 5 &&
+  ! grep -q skipped "$work/last.log"; then
   {
     echo "- **cuda_step_bench** (MFU and PyTorch eager, same GPU, same run):"
     echo '```'
@@ -134,7 +142,7 @@ else
   result "cuda_step_bench" FAIL "see gpu_check.log"
 fi
 
-if step "gpu_profile" "$run" gpu_profile --out "$report_dir/profile.toml"; then
+if step "gpu_profile" timeout 200 "$run" gpu_profile --out "$report_dir/profile.toml"; then
   result "planner profile" PASS "per-block times in profile.toml (copy to runtime/plan/profiles/)"
 else
   result "planner profile" FAIL "see gpu_check.log"

@@ -49,29 +49,69 @@ void Gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, 
                lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+// Element-wise passes over a row-major (N, OC) matrix put columns on threads and rows on blocks:
+// no division per element, and each warp touches one row's consecutive elements.
+constexpr int kMaxGridRows = 65535;
+dim3 RowsGrid(int N, int OC) { return dim3((OC + kThreads - 1) / kThreads, min(N, kMaxGridRows)); }
+
 template <typename T>
-__global__ void AddBiasKernel(T* out, const float* bias, long n, int OC) {
-  const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = FromF<T>(ToF(out[i]) + bias[i % OC]);
+__global__ void AddBiasKernel(T* out, const float* bias, int N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float b = bias[c];
+  for (long r = blockIdx.y; r < N; r += gridDim.y) out[r * OC + c] = FromF<T>(ToF(out[r * OC + c]) + b);
 }
 
-// dbias[o] += Σ_n dout[n, o]: 32 columns per block, rows split over 8 thread rows, one writer per
-// column (deterministic).
-template <typename T>
-__global__ void ColumnSumKernel(float* dbias, const T* dout, int N, int OC) {
-  __shared__ float acc[8][33];
-  const int col = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < OC)
-    for (int n = threadIdx.y; n < N; n += 8) s += ToF(dout[static_cast<long>(n) * OC + col]);
-  acc[threadIdx.y][threadIdx.x] = s;
+// Rows are reduced in kRowChunks fixed chunks, then the chunks' partial sums in chunk order: every
+// SM has work, no atomics, and a run repeats bit for bit. Partial Σ over one chunk of rows, per
+// column, of the kSums values terms(n, c) yields: 32 columns per block, the chunk's rows split
+// over 8 thread rows and added in a fixed order; partial (kSums, kRowChunks, C).
+template <int kSums, typename Terms>
+__global__ void ColumnPartialKernel(float* partial, Terms terms, int N, int C) {
+  __shared__ float acc[kSums][8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x, chunk = blockIdx.y;
+  const int rows = (N + kRowChunks - 1) / kRowChunks, begin = chunk * rows, end = min(N, begin + rows);
+  float a[kSums] = {};
+  if (c < C) {
+    for (int n = begin + threadIdx.y; n < end; n += 8) {
+      float v[kSums];
+      terms(n, c, v);
+      for (int k = 0; k < kSums; ++k) a[k] += v[k];
+    }
+  }
+  for (int k = 0; k < kSums; ++k) acc[k][threadIdx.y][threadIdx.x] = a[k];
   __syncthreads();
-  if (threadIdx.y == 0 && col < OC) {
-    float t = 0.0f;
-    for (int r = 0; r < 8; ++r) t += acc[r][threadIdx.x];
-    dbias[col] += t;
+  if (threadIdx.y == 0 && c < C) {
+    for (int k = 0; k < kSums; ++k) {
+      for (int y = 1; y < 8; ++y) a[k] += acc[k][y][threadIdx.x];
+      partial[(static_cast<long>(k) * kRowChunks + chunk) * C + c] = a[k];
+    }
   }
 }
+// out_k[c] += Σ over chunks of partial[k][chunk][c], chunk by chunk, for each k with out_k given.
+template <int kSums>
+__global__ void ColumnSumOfPartialsKernel(float* out0, float* out1, const float* partial, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* outs[2] = {out0, out1};
+  for (int k = 0; k < kSums; ++k) {
+    float a = outs[k][c];
+    for (int chunk = 0; chunk < kRowChunks; ++chunk) a += partial[(static_cast<long>(k) * kRowChunks + chunk) * C + c];
+    outs[k][c] = a;
+  }
+}
+template <int kSums, typename Terms>
+void ColumnSums(cudaStream_t s, float* out0, float* out1, float* scratch, Terms terms, int N, int C) {
+  ColumnPartialKernel<kSums><<<dim3((C + 31) / 32, kRowChunks), dim3(32, 8), 0, s>>>(scratch, terms, N, C);
+  ColumnSumOfPartialsKernel<kSums><<<Blocks(C), kThreads, 0, s>>>(out0, out1, scratch, C);
+}
+
+template <typename T>
+struct Element {
+  const T* x;
+  int C;
+  __device__ void operator()(int n, int c, float (&v)[1]) const { v[0] = ToF(x[static_cast<long>(n) * C + c]); }
+};
 
 }  // namespace
 
@@ -82,20 +122,17 @@ void LinearForward(cublasHandle_t h, cudaStream_t s, T* out, const T* inp, const
                    int OC, bool accumulate) {
   Gemm(h, false, true, N, OC, IC, 1.0f, inp, kDataType<T>, IC, w, kDataType<T>, IC, accumulate ? 1.0f : 0.0f, out,
        kDataType<T>, OC);
-  if (bias != nullptr) {
-    const long n = static_cast<long>(N) * OC;
-    AddBiasKernel<<<Blocks(n), kThreads, 0, s>>>(out, bias, n, OC);
-  }
+  if (bias != nullptr) AddBiasKernel<<<RowsGrid(N, OC), kThreads, 0, s>>>(out, bias, N, OC);
 }
 
 template <typename T>
-void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, const T* dout, const T* inp,
-                    const T* w, int N, int IC, int OC) {
+void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, float* scratch, const T* dout,
+                    const T* inp, const T* w, int N, int IC, int OC) {
   if (dinp != nullptr) {
     Gemm(h, false, false, N, IC, OC, 1.0f, dout, kDataType<T>, OC, w, kDataType<T>, IC, 0.0f, dinp, kDataType<T>, IC);
   }
   Gemm(h, true, false, OC, IC, N, 1.0f, dout, kDataType<T>, OC, inp, kDataType<T>, IC, 1.0f, dw, CUDA_R_32F, IC);
-  if (dbias != nullptr) ColumnSumKernel<<<(OC + 31) / 32, dim3(32, 8), 0, s>>>(dbias, dout, N, OC);
+  if (dbias != nullptr) ColumnSums<1>(s, dbias, nullptr, scratch, Element<T>{dout, OC}, N, OC);
 }
 
 template <typename T>
@@ -158,38 +195,20 @@ __global__ void LayerNormBackwardKernel(float* dinp, const T* dout, const T* inp
   }
 }
 
-// Partial Σ over one chunk of rows of dy·x̂ and dy per column: 32 columns per block, the chunk's
-// rows split over 8 thread rows and added in a fixed order, one writer per (chunk, column).
+// The two terms of LayerNorm's parameter gradients per (row, column): dy·x̂ and dy.
 template <typename T>
-__global__ void LayerNormParamPartialKernel(float* partial_w, float* partial_b, const T* dout, const T* inp,
-                                            const float* mean, const float* rstd, int N, int C) {
-  __shared__ float sw[8][33], sb[8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x, chunk = blockIdx.y;
-  const int rows = (N + kLayerNormChunks - 1) / kLayerNormChunks, begin = chunk * rows, end = min(N, begin + rows);
-  float aw = 0.0f, ab = 0.0f;
-  if (c < C) {
-    for (int n = begin + threadIdx.y; n < end; n += 8) {
-      const float g = ToF(dout[static_cast<long>(n) * C + c]);
-      aw += g * (ToF(inp[static_cast<long>(n) * C + c]) - mean[n]) * rstd[n];
-      ab += g;
-    }
+struct LayerNormParamTerms {
+  const T* dout;
+  const T* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  __device__ void operator()(int n, int c, float (&v)[2]) const {
+    const long i = static_cast<long>(n) * C + c;
+    v[1] = ToF(dout[i]);
+    v[0] = v[1] * (ToF(inp[i]) - mean[n]) * rstd[n];
   }
-  sw[threadIdx.y][threadIdx.x] = aw, sb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; ++y) aw += sw[y][threadIdx.x], ab += sb[y][threadIdx.x];
-    partial_w[static_cast<long>(chunk) * C + c] = aw;
-    partial_b[static_cast<long>(chunk) * C + c] = ab;
-  }
-}
-
-__global__ void LayerNormParamSumKernel(float* dw, float* db, const float* partial_w, const float* partial_b, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float aw = dw[c], ab = db[c];
-  for (int k = 0; k < kLayerNormChunks; ++k) aw += partial_w[static_cast<long>(k) * C + c], ab += partial_b[static_cast<long>(k) * C + c];
-  dw[c] = aw, db[c] = ab;
-}
+};
 }  // namespace
 
 template <typename T>
@@ -202,11 +221,7 @@ template <typename T>
 void LayerNormBackward(cudaStream_t s, float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
                        const float* mean, const float* rstd, float* scratch, int N, int C) {
   LayerNormBackwardKernel<<<Blocks(N, kThreads / 32), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
-  float* partial_w = scratch;
-  float* partial_b = scratch + static_cast<long>(kLayerNormChunks) * C;
-  LayerNormParamPartialKernel<<<dim3((C + 31) / 32, kLayerNormChunks), dim3(32, 8), 0, s>>>(partial_w, partial_b, dout,
-                                                                                          inp, mean, rstd, N, C);
-  LayerNormParamSumKernel<<<Blocks(C), kThreads, 0, s>>>(dw, db, partial_w, partial_b, C);
+  ColumnSums<2>(s, dw, db, scratch, LayerNormParamTerms<T>{dout, inp, mean, rstd, C}, N, C);
 }
 
 // ---- GELU -------------------------------------------------------------------------------------
@@ -215,31 +230,37 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f, kGeluCube = 0.044715f;
 
 template <typename T>
-__global__ void GeluForwardKernel(T* out, const T* inp, long n) {
-  const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float x = ToF(inp[i]);
-  out[i] = FromF<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCube * x * x * x))));
+__global__ void GeluForwardKernel(T* out, const T* inp, const float* bias, int N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float b = bias[c];
+  for (long r = blockIdx.y; r < N; r += gridDim.y) {
+    const float x = ToF(inp[r * OC + c]) + b;
+    out[r * OC + c] = FromF<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCube * x * x * x))));
+  }
 }
 
 template <typename T>
-__global__ void GeluBackwardKernel(T* dinout, const T* inp, long n) {
-  const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float x = ToF(inp[i]);
-  const float t = tanhf(kGeluScale * (x + kGeluCube * x * x * x));
-  const float dt = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
-  dinout[i] = FromF<T>(ToF(dinout[i]) * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dt));
+__global__ void GeluBackwardKernel(T* dinout, const T* inp, const float* bias, int N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float b = bias[c];
+  for (long r = blockIdx.y; r < N; r += gridDim.y) {
+    const float x = ToF(inp[r * OC + c]) + b;
+    const float t = tanhf(kGeluScale * (x + kGeluCube * x * x * x));
+    const float dt = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+    dinout[r * OC + c] = FromF<T>(ToF(dinout[r * OC + c]) * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dt));
+  }
 }
 }  // namespace
 
 template <typename T>
-void GeluForward(cudaStream_t s, T* out, const T* inp, long n) {
-  GeluForwardKernel<<<Blocks(n), kThreads, 0, s>>>(out, inp, n);
+void GeluForward(cudaStream_t s, T* out, const T* inp, const float* bias, int N, int OC) {
+  GeluForwardKernel<<<RowsGrid(N, OC), kThreads, 0, s>>>(out, inp, bias, N, OC);
 }
 template <typename T>
-void GeluBackward(cudaStream_t s, T* dinout, const T* inp, long n) {
-  GeluBackwardKernel<<<Blocks(n), kThreads, 0, s>>>(dinout, inp, n);
+void GeluBackward(cudaStream_t s, T* dinout, const T* inp, const float* bias, int N, int OC) {
+  GeluBackwardKernel<<<RowsGrid(N, OC), kThreads, 0, s>>>(dinout, inp, bias, N, OC);
 }
 
 // ---- Embedding --------------------------------------------------------------------------------
@@ -524,15 +545,15 @@ void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, floa
 #define LH_INSTANTIATE(T)                                                                                            \
   template void LinearForward<T>(cublasHandle_t, cudaStream_t, T*, const T*, const T*, const float*, int, int, int,  \
                                  bool);                                                                              \
-  template void LinearBackward<T>(cublasHandle_t, cudaStream_t, T*, float*, float*, const T*, const T*, const T*, int, \
-                                  int, int);                                                                         \
+  template void LinearBackward<T>(cublasHandle_t, cudaStream_t, T*, float*, float*, float*, const T*, const T*,      \
+                                  const T*, int, int, int);                                                          \
   template void HeadForward<T>(cublasHandle_t, float*, const T*, const T*, int, int, int, int);                      \
   template void HeadBackward<T>(cublasHandle_t, T*, float*, const T*, const T*, const T*, int, int, int, int);       \
   template void LayerNormForward<T>(cudaStream_t, T*, float*, float*, const T*, const float*, const float*, int, int); \
   template void LayerNormBackward<T>(cudaStream_t, float*, float*, float*, const T*, const T*, const float*,         \
                                      const float*, const float*, float*, int, int);                                  \
-  template void GeluForward<T>(cudaStream_t, T*, const T*, long);                                                    \
-  template void GeluBackward<T>(cudaStream_t, T*, const T*, long);                                                   \
+  template void GeluForward<T>(cudaStream_t, T*, const T*, const float*, int, int);                                  \
+  template void GeluBackward<T>(cudaStream_t, T*, const T*, const float*, int, int);                                 \
   template void EmbeddingForward<T>(cudaStream_t, T*, const int*, const T*, const T*, int, int, int);                \
   template void SplitHeads<T>(cudaStream_t, T*, T*, T*, const T*, int, int, int, int);                               \
   template void MergeHeads<T>(cudaStream_t, T*, const T*, int, int, int, int);                                       \

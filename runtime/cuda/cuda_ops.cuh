@@ -27,11 +27,14 @@ template <> constexpr cudaDataType_t kDataType<__half> = CUDA_R_16F;
 template <typename T>
 void LinearForward(cublasHandle_t h, cudaStream_t s, T* out, const T* inp, const T* w, const float* bias, int N, int IC,
                    int OC, bool accumulate);
+// Column sums (bias and LayerNorm parameter gradients) reduce rows in this many fixed chunks
+// through a scratch of kRowChunks floats per column and sum: deterministic, and every SM busy.
+constexpr int kRowChunks = 32;
 // dinp (N, IC) [T] = dout · w (skipped if null); dw (OC, IC) [fp32] += dout^T · inp;
-// dbias (OC) [fp32] += Σ_n dout (skipped if null).
+// dbias (OC) [fp32] += Σ_n dout (skipped if null), through `scratch` (kRowChunks · OC floats).
 template <typename T>
-void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, const T* dout, const T* inp,
-                    const T* w, int N, int IC, int OC);
+void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, float* scratch, const T* dout,
+                    const T* inp, const T* w, int N, int IC, int OC);
 // logits (N, V) [fp32] = inp (N, C) [T] · w (V, C)^T [T]: the head keeps full precision for the loss.
 // Rows of logits are `ld` apart: a vocabulary like GPT-2's (50257) is odd, and cuBLAS falls back
 // to a generic kernel, several times slower, for rows that are not 16-byte aligned.
@@ -47,17 +50,19 @@ template <typename T>
 void LayerNormForward(cudaStream_t s, T* out, float* mean, float* rstd, const T* inp, const float* w, const float* b,
                       int N, int C);
 // dinp (N, C) [fp32] += ...; dw, db [fp32] += ..., reduced over rows in a fixed order through
-// `scratch` (2 · kLayerNormChunks · C floats), so a run repeats bit for bit.
-constexpr int kLayerNormChunks = 32;
+// `scratch` (2 · kRowChunks · C floats), so a run repeats bit for bit.
 template <typename T>
 void LayerNormBackward(cudaStream_t s, float* dinp, float* dw, float* db, const T* dout, const T* inp, const float* w,
                        const float* mean, const float* rstd, float* scratch, int N, int C);
 
 // ---- GELU (tanh) ----------------------------------------------------------------------------
+// out (N, OC) = GELU(inp + bias): the preceding projection's bias is added here instead of in a
+// pass of its own, so inp holds the pre-bias values, which the backward reads.
 template <typename T>
-void GeluForward(cudaStream_t s, T* out, const T* inp, long n);
+void GeluForward(cudaStream_t s, T* out, const T* inp, const float* bias, int N, int OC);
+// dinout (N, OC) *= GELU'(inp + bias)
 template <typename T>
-void GeluBackward(cudaStream_t s, T* dinout, const T* inp, long n);
+void GeluBackward(cudaStream_t s, T* dinout, const T* inp, const float* bias, int N, int OC);
 
 // ---- Embedding ------------------------------------------------------------------------------
 template <typename T>

@@ -14,6 +14,7 @@
 #include "cuda/flash_attention.cuh"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
+#include "util/parallel_copy.h"
 
 namespace longhaul {
 
@@ -160,6 +161,11 @@ class StageImpl final : public CudaStage {
     }
     if (o_.recompute && nb > 0) LH_RETURN_IF(scratch_.Alloc(N, C, att));
     LH_RETURN_IF(input_.Alloc(N * C));
+    if (!spec_.has_embedding || !spec_.has_head) {
+      staging_chunk_ = std::min<long>(kStagingChunk, static_cast<long>(N * C));
+      LH_RETURN_IF(staging_.Alloc(2 * staging_chunk_));
+      for (Event* e : {&staging_free_[0], &staging_free_[1], &upload_done_, &upload_free_}) LH_RETURN_IF(e->Create());
+    }
     LH_RETURN_IF(boundary_.Alloc(N * C));
     LH_RETURN_IF(g_.Alloc(N * C));
     for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF(x->Alloc(N * C));
@@ -171,7 +177,7 @@ class StageImpl final : public CudaStage {
     }
     LH_RETURN_IF(g_qkv_.Alloc(N * 3 * C));
     LH_RETURN_IF(g_fch_.Alloc(N * 4 * C));
-    LH_RETURN_IF(ln_scratch_.Alloc(2 * cuda::kLayerNormChunks * C));
+    LH_RETURN_IF(reduce_scratch_.Alloc(cuda::kRowChunks * 4 * C));  // the widest column sums: fc's bias
     if (spec_.has_head) {
       LH_RETURN_IF(losses_.Alloc(N));
       LH_RETURN_IF(losses_host_.Alloc(N));
@@ -235,8 +241,9 @@ class StageImpl final : public CudaStage {
     if (spec_.has_embedding) {
       cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
     } else {
-      LH_CUDA(cudaMemcpyAsync(input_.p, input, NC * 4, cudaMemcpyHostToDevice, stream_), "input");
+      LH_RETURN_IF(Upload(input_.p, input, NC));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
+      LH_CUDA(cudaEventRecord(upload_free_.e, stream_), "record");
     }
     const int* prefix = Prefix(s);
     for (int l = spec_.first_block; l < spec_.end_block; ++l) {
@@ -283,10 +290,12 @@ class StageImpl final : public CudaStage {
       cuda::HeadBackward(blas_, g_ln_.p, HeadG(), dlogits_.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
       LH_CUDA(cudaMemsetAsync(g_.p, 0, NC * 4, stream_), "zero residual gradient");
       cuda::LayerNormBackward(stream_, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
-                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, ln_scratch_.p,
+                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, reduce_scratch_.p,
                               N, C);
     } else {
-      LH_CUDA(cudaMemcpyAsync(g_.p, grad_out, NC * 4, cudaMemcpyHostToDevice, stream_), "grad out");
+      LH_RETURN_IF(Upload(input_.p, grad_out, NC));
+      LH_CUDA(cudaMemcpyAsync(g_.p, input_.p, NC * 4, cudaMemcpyDeviceToDevice, stream_), "grad out");
+      LH_CUDA(cudaEventRecord(upload_free_.e, stream_), "record");
       if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
@@ -417,6 +426,26 @@ class StageImpl final : public CudaStage {
     return absl::OkStatus();
   }
 
+  // n floats of the caller's (pageable) host memory into dst (input_) on the device, through the
+  // two pinned halves of staging_: threads fill one half while the copy engine drains the other, on
+  // the copy stream. A plain copy from pageable memory goes through the driver's own staging at a
+  // fraction of the link's rate, and behind the compute stream's queue. The compute stream waits
+  // for the result; its consumer records upload_free_.
+  absl::Status Upload(float* dst, const float* src, long n) {
+    LH_CUDA(cudaStreamWaitEvent(copy_stream_, upload_free_.e, 0), "wait for the last upload's reader");
+    for (long off = 0, i = 0; off < n; off += staging_chunk_, ++i) {
+      const long m = std::min(staging_chunk_, n - off);
+      Event& free = staging_free_[i % 2];
+      float* half = staging_.p + (i % 2) * staging_chunk_;
+      LH_CUDA(cudaEventSynchronize(free.e), "staging buffer");
+      ParallelCopy(half, src + off, m * 4);
+      LH_CUDA(cudaMemcpyAsync(dst + off, half, m * 4, cudaMemcpyHostToDevice, copy_stream_), "upload");
+      LH_CUDA(cudaEventRecord(free.e, copy_stream_), "record");
+    }
+    LH_CUDA(cudaEventRecord(upload_done_.e, copy_stream_), "record");
+    return Check(cudaStreamWaitEvent(stream_, upload_done_.e, 0), "wait for the upload");
+  }
+
   // A copy ordered after everything queued on the compute stream, waited for.
   // n floats from `src` (device) to pinned `dst` on the copy stream once the compute stream gets
   // there; `done` marks the copy's end for the host, `src_free` for the compute stream.
@@ -532,8 +561,10 @@ class StageImpl final : public CudaStage {
     cudaMemcpyAsync(a.res2.p, x, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
     cuda::LinearForward(blas_, stream_, a.res2.p, a.atty.p, W(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
     cuda::LayerNormForward(stream_, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
-    cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), P(w.fc_b), N, C, 4 * C, false);
-    cuda::GeluForward(stream_, a.fch_gelu.p, a.fch.p, static_cast<long>(N) * 4 * C);
+    // fch keeps the values before fc's bias, which the GELU adds.
+    cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), static_cast<const float*>(nullptr), N, C, 4 * C,
+                        false);
+    cuda::GeluForward(stream_, a.fch_gelu.p, a.fch.p, P(w.fc_b), N, 4 * C);
     if (out == nullptr) return;
     cudaMemcpyAsync(out, a.res2.p, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
     cuda::LinearForward(blas_, stream_, out, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
@@ -545,19 +576,22 @@ class StageImpl final : public CudaStage {
     const int N = B_ * T_, C = cfg_.d_model;
     const long NC = static_cast<long>(N) * C;
     cuda::Cast(stream_, gT_.p, g_.p, NC);
-    cuda::LinearBackward(blas_, stream_, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), gT_.p, a.fch_gelu.p,
+    float* scratch = reduce_scratch_.p;
+    cuda::LinearBackward(blas_, stream_, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), scratch, gT_.p, a.fch_gelu.p,
                          W(w.fc_proj_w), N, 4 * C, C);
-    cuda::GeluBackward(stream_, g_fch_.p, a.fch.p, static_cast<long>(N) * 4 * C);
-    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.fc_w), G(w.fc_b), g_fch_.p, a.ln2.p, W(w.fc_w), N, C, 4 * C);
+    cuda::GeluBackward(stream_, g_fch_.p, a.fch.p, P(w.fc_b), N, 4 * C);
+    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.fc_w), G(w.fc_b), scratch, g_fch_.p, a.ln2.p, W(w.fc_w), N, C,
+                         4 * C);
     cuda::LayerNormBackward(stream_, g_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.mean2.p, a.rstd2.p,
-                            ln_scratch_.p, N, C);
+                            scratch, N, C);
     cuda::Cast(stream_, gT_.p, g_.p, NC);
-    cuda::LinearBackward(blas_, stream_, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), gT_.p, a.atty.p,
+    cuda::LinearBackward(blas_, stream_, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), scratch, gT_.p, a.atty.p,
                          W(w.attn_proj_w), N, C, C);
     AttentionBackward(a, prefix);
-    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.qkv_w), G(w.qkv_b), g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C, 3 * C);
+    cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.qkv_w), G(w.qkv_b), scratch, g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C,
+                         3 * C);
     cuda::LayerNormBackward(stream_, g_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.mean1.p, a.rstd1.p,
-                            ln_scratch_.p, N, C);
+                            scratch, N, C);
   }
 
   ModelConfig cfg_;
@@ -583,9 +617,14 @@ class StageImpl final : public CudaStage {
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
-  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, ln_scratch_, delta_;  // boundary_: the output
+  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, reduce_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
   Event output_free_, grad_free_;  // boundary_ and g_ may be written again
+  // Uploads of boundary tensors from the host (Upload): two pinned halves of staging_chunk_ floats.
+  static constexpr long kStagingChunk = 4 << 20;
+  long staging_chunk_ = 0;
+  PinnedArray staging_;
+  Event staging_free_[2], upload_done_, upload_free_;
   DeviceArray<double> norm_;
 };
 
