@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/wire_dtype.h"
+#include "util/parallel_copy.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -51,7 +52,7 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
 
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {
   std::vector<float> own = mailbox_.Acquire(n);
-  std::copy(data, data + n, own.begin());
+  ParallelCopy(own.data(), data, n * sizeof(float));
   RoundThroughWire(own.data(), n, peers_.WireTo(stage_, replica_, kind));
   mailbox_.Put({kind, it, 0, stage_, replica_, shard}, std::move(own));
 }

@@ -1,11 +1,13 @@
 #include "cuda/cuda_ps_shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/host_upload.cuh"
 #include "optim/grad_clip.h"
 
 namespace longhaul {
@@ -37,6 +39,7 @@ class CudaPsShard final : public PsShard {
     LH_RETURN_IF(norm_partial_.Alloc(1024));
     LH_RETURN_IF(norm_.Alloc(1));
     LH_RETURN_IF(host_params_.Alloc(n));
+    LH_RETURN_IF(uploader_.Init(std::min<size_t>(16 << 20, 4 * n)));
     std::vector<uint8_t> decay(n, 0);
     for (const ParamTensor& t : layout().tensors())
       if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
@@ -72,9 +75,8 @@ class CudaPsShard final : public PsShard {
   }
 
   absl::Status Accumulate(bool first, const std::vector<float>& grad) override {
-    // A pageable copy returns once `grad` is staged, so the caller may reuse it at once.
-    LH_CUDA(cudaMemcpyAsync(first ? grads_.p : incoming_.p, grad.data(), size() * 4, cudaMemcpyHostToDevice, stream_),
-            "upload gradient");
+    // Returns once `grad` is staged, so the caller may reuse it at once.
+    LH_RETURN_IF(uploader_.Upload(first ? grads_.p : incoming_.p, grad.data(), size() * 4, stream_));
     if (!first) cuda::Add(stream_, grads_.p, grads_.p, incoming_.p, static_cast<long>(size()));
     return Check(cudaGetLastError(), "sum gradients");
   }
@@ -115,6 +117,7 @@ class CudaPsShard final : public PsShard {
   DeviceArray<uint8_t> decay_;
   DeviceArray<double> norm_;
   PinnedArray host_params_;
+  cuda::HostUploader uploader_;  // gradients from the host
 };
 
 }  // namespace

@@ -12,9 +12,9 @@
 #include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/flash_attention.cuh"
+#include "cuda/host_upload.cuh"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
-#include "util/parallel_copy.h"
 
 namespace longhaul {
 
@@ -161,11 +161,8 @@ class StageImpl final : public CudaStage {
     }
     if (o_.recompute && nb > 0) LH_RETURN_IF(scratch_.Alloc(N, C, att));
     LH_RETURN_IF(input_.Alloc(N * C));
-    if (!spec_.has_embedding || !spec_.has_head) {
-      staging_chunk_ = std::min<long>(kStagingChunk, static_cast<long>(N * C));
-      LH_RETURN_IF(staging_.Alloc(2 * staging_chunk_));
-      for (Event* e : {&staging_free_[0], &staging_free_[1], &upload_done_, &upload_free_}) LH_RETURN_IF(e->Create());
-    }
+    LH_RETURN_IF(uploader_.Init(std::min(kUploadHalf, 4 * std::max(P, N * C))));
+    for (Event* e : {&upload_done_, &upload_free_, &input_free_}) LH_RETURN_IF(e->Create());
     LH_RETURN_IF(boundary_.Alloc(N * C));
     LH_RETURN_IF(g_.Alloc(N * C));
     for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF(x->Alloc(N * C));
@@ -241,9 +238,10 @@ class StageImpl final : public CudaStage {
     if (spec_.has_embedding) {
       cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
     } else {
-      LH_RETURN_IF(Upload(input_.p, input, NC));
+      // The next forward's input may arrive while this one computes.
+      LH_RETURN_IF(Upload(input_.p, input, NC, &input_free_));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
-      LH_CUDA(cudaEventRecord(upload_free_.e, stream_), "record");
+      LH_CUDA(cudaEventRecord(input_free_.e, stream_), "record");
     }
     const int* prefix = Prefix(s);
     for (int l = spec_.first_block; l < spec_.end_block; ++l) {
@@ -293,9 +291,7 @@ class StageImpl final : public CudaStage {
                               BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, reduce_scratch_.p,
                               N, C);
     } else {
-      LH_RETURN_IF(Upload(input_.p, grad_out, NC));
-      LH_CUDA(cudaMemcpyAsync(g_.p, input_.p, NC * 4, cudaMemcpyDeviceToDevice, stream_), "grad out");
-      LH_CUDA(cudaEventRecord(upload_free_.e, stream_), "record");
+      LH_RETURN_IF(Upload(g_.p, grad_out, NC));
       if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
@@ -325,22 +321,22 @@ class StageImpl final : public CudaStage {
   }
 
   absl::StatusOr<const float*> Params() override {
-    params_host_.resize(params_.n);
-    LH_RETURN_IF(CopySync(stream_, params_host_.data(), params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
-    return params_host_.data();
+    if (params_host_.p == nullptr) LH_RETURN_IF(params_host_.Alloc(params_.n));
+    LH_RETURN_IF(CopySync(stream_, params_host_.p, params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
+    return params_host_.p;
   }
   absl::StatusOr<const float*> Grads() override {
-    grads_host_.resize(grads_.n);
-    LH_RETURN_IF(CopySync(stream_, grads_host_.data(), grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
+    if (grads_host_.p == nullptr) LH_RETURN_IF(grads_host_.Alloc(grads_.n));
+    LH_RETURN_IF(CopySync(stream_, grads_host_.p, grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
     if (loss_scale_ != 1.0f)
-      for (float& g : grads_host_) g /= loss_scale_;
-    return grads_host_.data();
+      for (size_t i = 0; i < grads_.n; ++i) grads_host_.p[i] /= loss_scale_;
+    return grads_host_.p;
   }
   absl::Status SetParams(size_t begin, const float* values, size_t n) override {
     if (begin > params_.n || n > params_.n - begin) {
       return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
     }
-    LH_RETURN_IF(CopySync(stream_, params_.p + begin, values, n * 4, cudaMemcpyHostToDevice, "upload parameters"));
+    LH_RETURN_IF(Upload(params_.p + begin, values, static_cast<long>(n)));
     RefreshWeights(begin, n);
     return Check(cudaGetLastError(), "upload parameters");
   }
@@ -426,22 +422,16 @@ class StageImpl final : public CudaStage {
     return absl::OkStatus();
   }
 
-  // n floats of the caller's (pageable) host memory into dst (input_) on the device, through the
-  // two pinned halves of staging_: threads fill one half while the copy engine drains the other, on
-  // the copy stream. A plain copy from pageable memory goes through the driver's own staging at a
-  // fraction of the link's rate, and behind the compute stream's queue. The compute stream waits
-  // for the result; its consumer records upload_free_.
-  absl::Status Upload(float* dst, const float* src, long n) {
-    LH_CUDA(cudaStreamWaitEvent(copy_stream_, upload_free_.e, 0), "wait for the last upload's reader");
-    for (long off = 0, i = 0; off < n; off += staging_chunk_, ++i) {
-      const long m = std::min(staging_chunk_, n - off);
-      Event& free = staging_free_[i % 2];
-      float* half = staging_.p + (i % 2) * staging_chunk_;
-      LH_CUDA(cudaEventSynchronize(free.e), "staging buffer");
-      ParallelCopy(half, src + off, m * 4);
-      LH_CUDA(cudaMemcpyAsync(dst + off, half, m * 4, cudaMemcpyHostToDevice, copy_stream_), "upload");
-      LH_CUDA(cudaEventRecord(free.e, copy_stream_), "record");
+  // n floats of host memory into dst on the device, on the copy stream (HostUploader), before
+  // anything queued on the compute stream after it. It starts once `free` has happened on the
+  // compute stream (dst's last reader), or without one once everything queued there so far has.
+  absl::Status Upload(float* dst, const float* src, long n, Event* free = nullptr) {
+    if (free == nullptr) {
+      free = &upload_free_;
+      LH_CUDA(cudaEventRecord(free->e, stream_), "record");
     }
+    LH_CUDA(cudaStreamWaitEvent(copy_stream_, free->e, 0), "wait for the compute stream");
+    LH_RETURN_IF(uploader_.Upload(dst, src, n * 4, copy_stream_));
     LH_CUDA(cudaEventRecord(upload_done_.e, copy_stream_), "record");
     return Check(cudaStreamWaitEvent(stream_, upload_done_.e, 0), "wait for the upload");
   }
@@ -613,18 +603,17 @@ class StageImpl final : public CudaStage {
   DeviceArray<float> params_, grads_, m_, v_;  // m_, v_ once an optimizer is attached
   DeviceArray<uint8_t> decay_;
   DeviceArray<T> weights_;  // compute copy of params_ (not allocated for fp32)
-  std::vector<float> params_host_, grads_host_;
+  PinnedArray params_host_, grads_host_;  // downloads for the host, pinned: at the bus's rate
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
   DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, reduce_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
   Event output_free_, grad_free_;  // boundary_ and g_ may be written again
-  // Uploads of boundary tensors from the host (Upload): two pinned halves of staging_chunk_ floats.
-  static constexpr long kStagingChunk = 4 << 20;
-  long staging_chunk_ = 0;
-  PinnedArray staging_;
-  Event staging_free_[2], upload_done_, upload_free_;
+  // Uploads of boundary tensors and parameters from the host (Upload).
+  static constexpr size_t kUploadHalf = 16 << 20;
+  cuda::HostUploader uploader_;
+  Event upload_done_, upload_free_, input_free_;  // input_free_: input_ was read
   DeviceArray<double> norm_;
 };
 

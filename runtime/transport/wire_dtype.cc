@@ -147,10 +147,13 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
 
 void RoundThroughWire(float* data, size_t n, WireDtype d) {
   if (d == WireDtype::kF32 || d == WireDtype::kAuto) return;
-  // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts.
-  alignas(4) uint8_t wire[2 * kWirePiece];
-  for (size_t i = 0; i < n; i += kWirePiece) {
-    const size_t k = std::min<size_t>(kWirePiece, n - i);
+  // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts; they
+  // are independent, so every core takes some (a GPU stage's own shards are hundreds of MB).
+  const long pieces = static_cast<long>((n + kWirePiece - 1) / kWirePiece);
+#pragma omp parallel for schedule(static) if (pieces > 64)
+  for (long p = 0; p < pieces; ++p) {
+    alignas(4) uint8_t wire[2 * kWirePiece];
+    const size_t i = static_cast<size_t>(p) * kWirePiece, k = std::min<size_t>(kWirePiece, n - i);
     EncodeWire(data + i, k, d, wire);
     DecodeWire(wire, k, d, data + i);
   }
