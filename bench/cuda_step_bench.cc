@@ -8,19 +8,19 @@
 //   build/bench/cuda_step_bench [--precisions bf16[,fp16,fp32]] [--cases stage1,stage2,stage4,stage8,xl1,xl2,xl4]
 //                               [--steps 5] [--compile] [--no-torch] [--torch-timeout 600] [--peak-tflops-bf16 989.4]
 //
-// PyTorch is $LONGHAUL_PYTHON, else /usr/bin/python3 (Debian's python3-torch).
+// PyTorch is $LONGHAUL_PYTHON, else /usr/bin/python3 (bench/baseline_script.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_format.h"
+#include "bench/baseline_script.h"
 #include "cuda/cuda_stage.h"
 #include "data/batch_sampler.h"
 #include "metrics/flops.h"
@@ -42,27 +42,14 @@ struct Torch {
   std::string why;
 };
 Torch RunTorch(const std::string& args, int timeout_s) {
+  const longhaul::bench::ScriptOutput out = longhaul::bench::RunBaselineScript("torch_cuda_step.py", args, timeout_s);
+  const auto tps = longhaul::bench::PrintedValue(out.text, "torch_tokens_per_s");
+  const auto gib = longhaul::bench::PrintedValue(out.text, "torch_peak_gib");
+  if (out.ok && tps && gib) return {*tps, *gib, ""};
   Torch r;
-  // The script sits in bench/ of the source tree, or beside the binaries of a packed bundle.
-  const char* dir = std::getenv("LONGHAUL_BENCH_DIR");
-  const std::string script = std::string(dir != nullptr ? dir : LONGHAUL_SOURCE_DIR "/bench") + "/torch_cuda_step.py";
-  // Debian's python3-torch here; a GPU machine's own PyTorch where LONGHAUL_PYTHON names it.
-  const char* python = std::getenv("LONGHAUL_PYTHON");
-  const std::string interpreter = python != nullptr ? python : "/usr/bin/python3";
-  FILE* p = popen(absl::StrFormat("timeout %d %s %s %s 2>&1", timeout_s, interpreter, script, args).c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int rc = p != nullptr ? pclose(p) : -1;
-  const size_t at = out.find("torch_tokens_per_s="), mem = out.find("torch_peak_gib=");
-  if (rc != 0 || at == std::string::npos || mem == std::string::npos) {
-    r.why = WEXITSTATUS(rc) == 124 ? absl::StrFormat("over the %d s limit (--torch-timeout)", timeout_s)
-            : out.empty()          ? "cannot run " + interpreter
-                                   : out.substr(out.size() > 300 ? out.size() - 300 : 0);
-    return r;
-  }
-  r.tps = std::stod(out.substr(at + 19));
-  r.gib = std::stod(out.substr(mem + 15));
+  r.why = out.timed_out      ? absl::StrFormat("over the %d s limit (--torch-timeout)", timeout_s)
+          : out.text.empty() ? "cannot run " + out.interpreter
+                             : out.text.substr(out.text.size() > 300 ? out.text.size() - 300 : 0);
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_format.h"
+#include "bench/baseline_script.h"
 #include "data/batch_sampler.h"
 #include "model/gpt_stage.h"
 #include "optim/train_step.h"
@@ -27,23 +28,17 @@ using longhaul::Median;
 
 // Runs the PyTorch baseline script; returns its tokens/s, or a negative value with `why` set.
 double TorchTokensPerSecond(const std::string& args, std::string& why, std::string& version) {
-  const std::string script = std::string(LONGHAUL_SOURCE_DIR) + "/bench/torch_train_step.py";
-  FILE* p = popen(("/usr/bin/python3 " + script + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return why = "cannot start /usr/bin/python3", -1;
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int rc = pclose(p);
-  const size_t at = out.find("torch_tokens_per_s=");
-  if (rc != 0 || at == std::string::npos) {
-    why = out.find("No module named 'torch'") != std::string::npos
-              ? "python3-torch is not installed (bash deploy/setup.sh --with-torch)"
-              : "the PyTorch script failed: " + out.substr(0, 300);
+  const longhaul::bench::ScriptOutput out = longhaul::bench::RunBaselineScript("torch_train_step.py", args, 600);
+  const auto tps = longhaul::bench::PrintedValue(out.text, "torch_tokens_per_s");
+  if (!out.ok || !tps) {
+    why = out.text.find("No module named 'torch'") != std::string::npos
+              ? "PyTorch is not installed for " + out.interpreter + " (bash deploy/setup.sh --with-torch)"
+              : "the PyTorch script failed: " + out.text.substr(0, 300);
     return -1;
   }
-  const size_t v = out.find("torch_version=");
-  if (v != std::string::npos) version = out.substr(v + 14, out.find_first_of(" \n", v) - v - 14);
-  return std::stod(out.substr(at + 19));
+  const size_t v = out.text.find("torch_version=");
+  if (v != std::string::npos) version = out.text.substr(v + 14, out.text.find_first_of(" \n", v) - v - 14);
+  return *tps;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "bench/baseline_script.h"
 #include "transport/tensor_transport.h"
 #include "util/median.h"
 
@@ -234,10 +235,12 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-mib", chunk_mib);
   CLI11_PARSE(app, argc, argv);
 
-  const std::string gloo = Run(absl::StrFormat("/usr/bin/python3 %s/bench/torch_gloo_sendrecv.py --sizes-mb %d,%d,%d "
-                                               "2>/dev/null",
-                                               LONGHAUL_SOURCE_DIR, sizes_mb[0], sizes_mb.size() > 1 ? sizes_mb[1] : 0,
-                                               sizes_mb.size() > 2 ? sizes_mb[2] : 0));
+  const longhaul::bench::ScriptOutput gloo_run = longhaul::bench::RunBaselineScript(
+      "torch_gloo_sendrecv.py",
+      absl::StrFormat("--sizes-mb %d,%d,%d", sizes_mb[0], sizes_mb.size() > 1 ? sizes_mb[1] : 0,
+                      sizes_mb.size() > 2 ? sizes_mb[2] : 0),
+      600);
+  const std::string gloo = gloo_run.ok ? gloo_run.text : "";
   std::cout << absl::StrFormat(
       "tensor transfer over loopback, fp32, median of 5-50 transfers after a warm-up (time from send to the whole "
       "tensor received and acknowledged); longhaul with %d connection(s), %d MiB chunks, CRC-32C\n",
