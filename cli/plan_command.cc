@@ -50,11 +50,13 @@ std::string BlocksPerStage(const Layout& L) {
 
 std::string Row(int rank, const RankedLayout& c) {
   const Layout& L = c.layout;
-  return absl::StrFormat("%3d  %6s  %6s  %4d x %-3d %-5s %-4s %-8s %9.2f s %9.0f %9.1f %5.1f%% %9.0f  %9s (stage %d)",
-                         rank, absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(L), L.micro_batches,
+  // A measured profile names no peak to take a fraction of.
+  const std::string mfu = c.mfu > 0 ? absl::StrFormat("%5.1f%%", 100 * c.mfu) : "     -";
+  return absl::StrFormat("%3d  %6s  %6s  %4d x %-3d %-5s %-4s %-8s %9.2f s %9.0f %9.1f %s %9.0f  %9s (stage %d)", rank,
+                         absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(L), L.micro_batches,
                          L.work.micro_batch, ScheduleName(L.schedule), L.work.recompute ? "yes" : "no",
-                         c.central_ps ? "central" : "sharded", c.iteration_s, c.tokens_per_s, c.tflops_per_device,
-                         100 * c.mfu, c.days_per_100b_tokens, FormatBytes(c.peak_memory.total()), c.peak_stage);
+                         c.central_ps ? "central" : "sharded", c.iteration_s, c.tokens_per_s, c.tflops_per_device, mfu,
+                         c.days_per_100b_tokens, FormatBytes(c.peak_memory.total()), c.peak_stage);
 }
 
 constexpr char kHeader[] =
@@ -178,7 +180,8 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   }
   std::cout << absl::StrFormat(
       "\nTFLOP/s per GPU = %s (%s with recompute) x global batch / (iteration time x GPUs); MFU = the same without "
-      "recompute / (time x GPUs x peak); days/100B = 1e11 / (tokens/s) / 86400.\n",
+      "recompute / (time x GPUs x peak), - for a measured profile, which names no peak; days/100B = 1e11 / "
+      "(tokens/s) / 86400.\n",
       FlopsFormulaName(false), FlopsFormulaName(true));
   if (result->fitting.empty()) {
     std::cerr << "longhaul: error: no layout of " << workers << " workers fits in " << FormatBytes(r.device.memory_bytes())
