@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/wire_dtype.h"
-#include "util/parallel_copy.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -52,8 +51,7 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
 
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {
   std::vector<float> own = mailbox_.Acquire(n);
-  ParallelCopy(own.data(), data, n * sizeof(float));
-  RoundThroughWire(own.data(), n, peers_.WireTo(stage_, replica_, kind));
+  RoundThroughWire(data, own.data(), n, peers_.WireTo(stage_, replica_, kind));
   mailbox_.Put({kind, it, 0, stage_, replica_, shard}, std::move(own));
 }
 
@@ -166,8 +164,8 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
 }
 
 absl::Status NetworkChannel::PlaceShard(Stage& stage, size_t begin, const float* params, size_t n) {
-  std::vector<float> as_pulled(params, params + n);
-  RoundThroughWire(as_pulled.data(), n, peers_.WireTo(stage_, replica_, proto::PARAMS));
+  std::vector<float> as_pulled(n);
+  RoundThroughWire(params, as_pulled.data(), n, peers_.WireTo(stage_, replica_, proto::PARAMS));
   return stage.SetParams(begin, as_pulled.data(), n);
 }
 

@@ -9,7 +9,7 @@ const float* ErrorFeedback::Apply(const float* g, size_t n) {
   out_.resize(n);
   for (size_t i = 0; i < n; ++i) out_[i] = g[i] + residual_[i];
   std::copy(out_.begin(), out_.end(), residual_.begin());
-  RoundThroughWire(residual_.data(), n, dtype_);
+  RoundThroughWire(residual_.data(), residual_.data(), n, dtype_);
   for (size_t i = 0; i < n; ++i) residual_[i] = out_[i] - residual_[i];
   return out_.data();
 }

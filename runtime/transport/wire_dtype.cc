@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "longhaul.pb.h"
+#include "util/parallel_copy.h"
 
 namespace longhaul {
 
@@ -145,8 +146,11 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
   }
 }
 
-void RoundThroughWire(float* data, size_t n, WireDtype d) {
-  if (d == WireDtype::kF32 || d == WireDtype::kAuto) return;
+void RoundThroughWire(const float* in, float* out, size_t n, WireDtype d) {
+  if (d == WireDtype::kF32 || d == WireDtype::kAuto) {
+    if (in != out) ParallelCopy(out, in, n * sizeof(float));
+    return;
+  }
   // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts; they
   // are independent, so every core takes some (a GPU stage's own shards are hundreds of MB).
   const long pieces = static_cast<long>((n + kWirePiece - 1) / kWirePiece);
@@ -154,8 +158,8 @@ void RoundThroughWire(float* data, size_t n, WireDtype d) {
   for (long p = 0; p < pieces; ++p) {
     alignas(4) uint8_t wire[2 * kWirePiece];
     const size_t i = static_cast<size_t>(p) * kWirePiece, k = std::min<size_t>(kWirePiece, n - i);
-    EncodeWire(data + i, k, d, wire);
-    DecodeWire(wire, k, d, data + i);
+    EncodeWire(in + i, k, d, wire);
+    DecodeWire(wire, k, d, out + i);
   }
 }
 

@@ -39,8 +39,9 @@ const char* WireDtypeName(WireDtype d);
 // out receives WireBytes(n, d) bytes.
 void EncodeWire(const float* in, size_t n, WireDtype d, void* out);
 void DecodeWire(const void* in, size_t n, WireDtype d, float* out);
-// In place, what n floats become after EncodeWire and DecodeWire: a tensor a process hands to
-// itself must be rounded as its peers receive it, or replicas drift apart.
-void RoundThroughWire(float* data, size_t n, WireDtype d);
+// out = what the n floats of `in` become after EncodeWire and DecodeWire (out may be in): a
+// tensor a process hands to itself must be rounded as its peers receive it, or replicas drift
+// apart. Out of place it is the copy as well, in one pass.
+void RoundThroughWire(const float* in, float* out, size_t n, WireDtype d);
 
 }  // namespace longhaul

@@ -12,7 +12,7 @@ namespace {
 
 std::vector<float> Through(const float* x, size_t n) {
   std::vector<float> y(x, x + n);
-  RoundThroughWire(y.data(), n, WireDtype::kInt8);
+  RoundThroughWire(y.data(), y.data(), n, WireDtype::kInt8);
   return y;
 }
 

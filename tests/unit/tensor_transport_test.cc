@@ -71,7 +71,7 @@ TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
       // Parts are encoded alone, cut where int8's blocks fall in the whole tensor: what arrives is
       // what a worker rounds its own copy to (RoundThroughWire), bit for bit.
       std::vector<float> own = x;
-      RoundThroughWire(own.data(), own.size(), d);
+      RoundThroughWire(own.data(), own.data(), own.size(), d);
       ASSERT_EQ(*got, own);
       ++micro;
       continue;
@@ -486,7 +486,7 @@ TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
   auto got = box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   std::vector<float> own = x;
-  RoundThroughWire(own.data(), own.size(), WireDtype::kInt8);
+  RoundThroughWire(own.data(), own.data(), own.size(), WireDtype::kInt8);
   EXPECT_EQ(*got, own);
 
   testing::RawPeer long_part(server_->address(), "jobA");

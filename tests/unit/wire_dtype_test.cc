@@ -74,12 +74,17 @@ TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
   EXPECT_TRUE(std::isnan(Through(x, WireDtype::kInt8)[5]));
 }
 
+// In place and into another buffer, and over enough pieces that the cores share them.
 TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
-  const std::vector<float> x = Wavy(3 * kWirePiece + 77);
-  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8}) {
-    std::vector<float> own = x;
-    RoundThroughWire(own.data(), own.size(), d);
-    EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d);
+  for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
+    const std::vector<float> x = Wavy(n);
+    for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8}) {
+      std::vector<float> own = x, other(n, -1.0f);
+      RoundThroughWire(own.data(), own.data(), n, d);
+      EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
+      RoundThroughWire(x.data(), other.data(), n, d);
+      EXPECT_EQ(other, own) << WireDtypeName(d) << ", into another buffer, " << n;
+    }
   }
 }
 
