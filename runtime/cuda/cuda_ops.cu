@@ -126,12 +126,18 @@ void LinearForward(cublasHandle_t h, cudaStream_t s, T* out, const T* inp, const
 }
 
 template <typename T>
+void HeadBackward(cublasHandle_t h, T* dinp, float* dw, const T* dlogits, const T* inp, const T* w, int N, int C, int V,
+                  int ld) {
+  if (dinp != nullptr) {
+    Gemm(h, false, false, N, C, V, 1.0f, dlogits, kDataType<T>, ld, w, kDataType<T>, C, 0.0f, dinp, kDataType<T>, C);
+  }
+  Gemm(h, true, false, V, C, N, 1.0f, dlogits, kDataType<T>, ld, inp, kDataType<T>, C, 1.0f, dw, CUDA_R_32F, C);
+}
+
+template <typename T>
 void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, float* scratch, const T* dout,
                     const T* inp, const T* w, int N, int IC, int OC) {
-  if (dinp != nullptr) {
-    Gemm(h, false, false, N, IC, OC, 1.0f, dout, kDataType<T>, OC, w, kDataType<T>, IC, 0.0f, dinp, kDataType<T>, IC);
-  }
-  Gemm(h, true, false, OC, IC, N, 1.0f, dout, kDataType<T>, OC, inp, kDataType<T>, IC, 1.0f, dw, CUDA_R_32F, IC);
+  HeadBackward(h, dinp, dw, dout, inp, w, N, IC, OC, OC);
   if (dbias != nullptr) ColumnSums<1>(s, dbias, nullptr, scratch, Element<T>{dout, OC}, N, OC);
 }
 
@@ -139,12 +145,7 @@ template <typename T>
 void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V, int ld) {
   Gemm(h, false, true, N, V, C, 1.0f, inp, kDataType<T>, C, w, kDataType<T>, C, 0.0f, logits, CUDA_R_32F, ld);
 }
-template <typename T>
-void HeadBackward(cublasHandle_t h, T* dinp, float* dw, const T* dlogits, const T* inp, const T* w, int N, int C, int V,
-                  int ld) {
-  Gemm(h, false, false, N, C, V, 1.0f, dlogits, kDataType<T>, ld, w, kDataType<T>, C, 0.0f, dinp, kDataType<T>, C);
-  Gemm(h, true, false, V, C, N, 1.0f, dlogits, kDataType<T>, ld, inp, kDataType<T>, C, 1.0f, dw, CUDA_R_32F, C);
-}
+
 
 // ---- LayerNorm --------------------------------------------------------------------------------
 

@@ -36,11 +36,12 @@ template <typename T>
 void LinearBackward(cublasHandle_t h, cudaStream_t s, T* dinp, float* dw, float* dbias, float* scratch, const T* dout,
                     const T* inp, const T* w, int N, int IC, int OC);
 // logits (N, V) [fp32] = inp (N, C) [T] · w (V, C)^T [T]: the head keeps full precision for the loss.
-// Rows of logits are `ld` apart: a vocabulary like GPT-2's (50257) is odd, and cuBLAS falls back
-// to a generic kernel, several times slower, for rows that are not 16-byte aligned.
+// Rows of logits are `ld` apart (CudaLogitsStride: 16-byte aligned rows for cuBLAS).
 template <typename T>
 void HeadForward(cublasHandle_t h, float* logits, const T* inp, const T* w, int N, int C, int V, int ld);
-// dinp (N, C) [T] = dlogits (N, V; rows ld apart) · w; dw (V, C) [fp32] += dlogits^T · inp.
+// dinp (N, C) [T] = dlogits (N, V; rows ld apart) · w (skipped if null); dw (V, C) [fp32] +=
+// dlogits^T · inp: a linear layer's backward without bias, its output gradient's rows ld apart
+// (LinearBackward is this with ld = OC).
 template <typename T>
 void HeadBackward(cublasHandle_t h, T* dinp, float* dw, const T* dlogits, const T* inp, const T* w, int N, int C, int V,
                   int ld);

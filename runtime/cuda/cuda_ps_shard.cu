@@ -57,15 +57,15 @@ class CudaPsShard final : public PsShard {
 
   absl::Status SetState(const float* params, const float* m, const float* v) override {
     const size_t bytes = size() * 4;
-    LH_RETURN_IF(CopySync(stream_, params_.p, params, bytes, cudaMemcpyHostToDevice, "upload parameters"));
+    LH_RETURN_IF(uploader_.Upload(params_.p, params, bytes, stream_));
     for (auto [from, to] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
       if (from == nullptr) {
         LH_CUDA(cudaMemsetAsync(to->p, 0, bytes, stream_), "zero moments");
       } else {
-        LH_RETURN_IF(CopySync(stream_, to->p, from, bytes, cudaMemcpyHostToDevice, "upload moments"));
+        LH_RETURN_IF(uploader_.Upload(to->p, from, bytes, stream_));
       }
     }
-    return RefreshHostParams();
+    return RefreshHostParams();  // waits for the uploads
   }
 
  private:
@@ -117,7 +117,7 @@ class CudaPsShard final : public PsShard {
   DeviceArray<uint8_t> decay_;
   DeviceArray<double> norm_;
   PinnedArray host_params_;
-  cuda::HostUploader uploader_;  // gradients from the host
+  cuda::HostUploader uploader_;  // gradients and state from the host
 };
 
 }  // namespace

@@ -392,8 +392,8 @@ class StageImpl final : public CudaStage {
   }
   absl::Status SetOptimizerState(const float* m, const float* v) override {
     LH_RETURN_IF(CheckOptimizer());
-    LH_RETURN_IF(CopySync(stream_, m_.p, m, m_.n * 4, cudaMemcpyHostToDevice, "upload moments"));
-    return CopySync(stream_, v_.p, v, v_.n * 4, cudaMemcpyHostToDevice, "upload moments");
+    LH_RETURN_IF(Upload(m_.p, m, static_cast<long>(m_.n)));
+    return Upload(v_.p, v, static_cast<long>(v_.n));
   }
 
   absl::Status DownloadProbs(int slot, float* host) override {
