@@ -108,7 +108,7 @@ class StageImpl final : public CudaStage {
         B_(o.B),
         T_(o.T),
         flash_(!std::is_same_v<T, float> && CudaFlashAttention(cfg, o.precision)),
-        vocab_ld_((cfg.vocab_size + 7) / 8 * 8) {}
+        vocab_ld_(CudaLogitsStride(cfg)) {}
   ~StageImpl() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
@@ -590,9 +590,7 @@ class StageImpl final : public CudaStage {
   Options o_;
   int B_, T_;
   bool flash_;  // attention in the flash style (CudaFlashAttention)
-  // Row stride of the logits and their gradient: the vocabulary rounded up to 8 entries, so that
-  // every row is 16-byte aligned for cuBLAS.
-  int vocab_ld_;
+  int vocab_ld_;  // row stride of the logits and their gradient (CudaLogitsStride)
   std::string device_name_;
   cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

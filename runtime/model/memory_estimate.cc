@@ -70,6 +70,8 @@ bool CudaFlashAttention(const ModelConfig& m, Precision p) {
   return p != Precision::kFp32 && hs % 8 == 0 && hs <= 128;
 }
 
+int CudaLogitsStride(const ModelConfig& m) { return (m.vocab_size + 7) / 8 * 8; }
+
 MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   const double P = StageParamCount(r.model, r.spec), N = static_cast<double>(r.B) * r.T, C = r.model.d_model,
                V = r.model.vocab_size, NH = r.model.n_head, T = r.T, blocks = r.spec.end_block - r.spec.first_block;
@@ -93,7 +95,7 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   }
   // CudaStage: activations and most scratch in the compute type; statistics, losses, the fp32
   // boundary copies and the logits in fp32.
-  const double t = r.precision == Precision::kFp32 ? 4 : 2;
+  const double t = r.precision == Precision::kFp32 ? 4 : 2, Vs = CudaLogitsStride(r.model);
   e.Add("parameters", 4 * P + (t == 4 ? 0 : t * P));  // fp32 master weights (+ the compute copy)
   e.Add("gradients", 4 * P);
   if (r.optimizer) e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
@@ -106,14 +108,14 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
       t * 16 * N * C + 4 * 4 * N + (flash ? 4 * NH * N : t * (4 * N * C + att));
   // + x0, and the micro-batch's tokens, targets, loss weights and the token grouping (6 ints per position)
   double slot = (r.recompute ? blocks * t * N * C : blocks * block_acts) + t * N * C + 6 * 4 * N;
-  if (r.spec.has_head) slot += t * N * C + 4 * 3 * N + 4 * N * V;  // lnf, statistics and losses, logits
+  if (r.spec.has_head) slot += t * N * C + 4 * 3 * N + 4 * N * Vs;  // lnf, statistics and losses, logits
   e.Add("activations", r.activation_slots * slot);
   // input, output and g (fp32); gT, g_ln, g_atty (1 each), g_qkv (3), g_fch (4); in the flash
   // style each query's delta (fp32 per head), otherwise dq, dk, dv, dy (1 each) and datt; losses;
   // dlogits; the norm's partial sums; with recompute, one block's activations rebuilt during
   // backward.
   e.Add("backward scratch", 12 * N * C + t * 10 * N * C + (flash ? 4 * NH * N : t * (4 * N * C + att)) + 16 * N +
-                                (r.spec.has_head ? t * N * V : 0) + 1024 * 4 + 8 +
+                                (r.spec.has_head ? t * N * Vs : 0) + 1024 * 4 + 8 +
                                 (r.recompute && blocks > 0 ? block_acts : 0));
   e.Add("cuBLAS workspace", 64.0 * (1 << 20));
   return e;

@@ -62,6 +62,10 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r);
 // and precision: bf16 or fp16 compute and a head size its tiles take (a multiple of 8, at most
 // 128). Otherwise the stage keeps each block's (T, T) attention probabilities.
 bool CudaFlashAttention(const ModelConfig& m, Precision p);
+// The row stride of CudaStage's logits and their gradient: the vocabulary rounded up to 8 entries,
+// so that every row is 16-byte aligned for cuBLAS (for an odd vocabulary like GPT-2's 50257 it
+// fell back to a generic kernel, several times slower).
+int CudaLogitsStride(const ModelConfig& m);
 
 // Memory this process may still take: /proc/meminfo's MemAvailable, or less where a cgroup (v1 or
 // v2, this process's and its ancestors') limits it. `root` prefixes every path (tests give a fake

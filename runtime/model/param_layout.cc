@@ -112,7 +112,9 @@ void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t 
       const uint64_t stream = HashCoords({seed, std::hash<std::string>{}(n)});
       const long size = static_cast<long>(t.size);
 #pragma omp parallel for schedule(static)
-      for (long i = 0; i < size; ++i) p[i] = static_cast<float>(Rng(stream + 2 * static_cast<uint64_t>(i)).Normal()) * stdev;
+      for (long i = 0; i < size; ++i) {
+        p[i] = static_cast<float>(Rng(stream + 2 * static_cast<uint64_t>(i)).Normal()) * stdev;
+      }
     }
   }
 }
