@@ -234,8 +234,11 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   auto living = [&](int r) { return static_cast<int>(std::count_if(at[r].begin(), at[r].end(), [](int w) { return w >= 0; })); };
   int alive = static_cast<int>(spares.size());
   for (int r = 0; r < D; ++r) alive += living(r);
+  // D' divides the config's replicas, so each replica runs whole groups of its micro-batches (M
+  // may already be several groups where `old` was shrunk).
+  const int job_replicas = cfg.cluster.replicas;
   int keep = std::min(D - 1, alive / P);
-  while (keep > 0 && (D * M) % keep != 0) --keep;
+  while (keep > 0 && job_replicas % keep != 0) --keep;
   if (keep < 1) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%d workers left for a layout of %d stages: no smaller data-parallel layout runs the global batch of %d "
@@ -293,7 +296,7 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages(), D = old.replicas(), total = cfg.cluster.replicas * cfg.train.micro_batches;
   int grow = std::min(cfg.cluster.replicas, D + static_cast<int>(spares.size()) / P);
-  while (grow > D && total % grow != 0) --grow;
+  while (grow > D && cfg.cluster.replicas % grow != 0) --grow;
   if (grow <= D) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%d spares make no replica more of %d stages beside the %d that run", spares.size(), P, D));

@@ -80,10 +80,12 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 // spare took: whole replicas stay together (the ones with fewest losses first, renumbered from 0),
 // their holes filled by the surviving workers of the replicas dropped and then by `spares`; the
 // rest wait as spares. The global batch stays: each of the D' replicas left runs D·M / D'
-// micro-batches (D' the most replicas the workers fill that divides D·M), so replica r' samples
-// global micro-batches [r'·M', (r'+1)·M') and every one of the step's is still run once; sums run
-// in another order, so the run is no longer bitwise the uninterrupted one. The config stays the
-// job's (its checkpoints resume as the job's: Plan.micro_batches carries M'); the
+// micro-batches (D' the most replicas the workers fill that divides D), so replica r' samples
+// global micro-batches [r'·M', (r'+1)·M') and every one of the step's is still run once. Those
+// are whole groups of M, one per job replica it stands for (GroupsPerReplica), each summed and
+// pushed on its own, so the shards add the same gradients in the same order and the run stays
+// bitwise the uninterrupted one; a D' that does not divide D would split a group, so it is not
+// used. The config stays the job's (its checkpoints resume as the job's: Plan.micro_batches carries M'); the
 // parameter-server shards keep their cut (the checkpoint's) and move to the replicas left. FailedPrecondition
 // where no smaller layout can run (one replica, or local updates).
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
@@ -92,7 +94,7 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
                                        const PlanRequest& request);
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
-// replicas, up to the config's count, as many as the global batch divides among; at the config's
+// replicas, up to the config's count, as many as divide the config's (whole groups); at the config's
 // count each runs train.micro_batches again and every shard goes back to its home replica.
 // FailedPrecondition where the spares make no replica more.
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,

@@ -10,17 +10,19 @@
 namespace longhaul {
 
 Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-                   int stages, int micro_batches, size_t boundary)
+                   int stages, int micro_batches, int group, size_t boundary)
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
-      first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), boundary_(boundary),
-      grads_out_(micro_batches) {
+      first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), group_(group),
+      boundary_(boundary), grads_out_(micro_batches) {
   hooks_.before_forward = [this](size_t end) {
     if (pull_pending_ >= 0 && hook_status_.ok()) {
       hook_status_ = channel_.PullParameters(pull_pending_, stage_, pull_waited_, end);
     }
   };
   hooks_.after_backward = [this](size_t begin) {
-    if (push_early_ >= 0 && hook_status_.ok()) hook_status_ = channel_.PushGradients(push_early_, stage_, begin);
+    if (push_early_ >= 0 && hook_status_.ok()) {
+      hook_status_ = channel_.PushGradients(push_early_, stage_, begin, push_group_);
+    }
   };
   hooked_ = stage_.SetExchangeHooks(&hooks_);
 }
@@ -31,9 +33,9 @@ Executor::~Executor() {
 
 absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange,
                                               bool defer_pull) {
-  if (static_cast<int>(mbs.size()) != micro_batches_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%d micro-batches for a schedule of %d", mbs.size(), micro_batches_));
+  if (static_cast<int>(mbs.size()) != micro_batches_ || group_ < 1 || micro_batches_ % group_ != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d micro-batches for a schedule of %d in groups of %d",
+                                                      mbs.size(), micro_batches_, group_));
   }
   IterationResult result;
   std::vector<std::vector<float>> inputs(micro_batches_), grads_in(micro_batches_);
@@ -75,12 +77,14 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   hook_status_ = absl::OkStatus();
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
-  // Gradients are complete in the last backward (schedules run them in ascending micro-batch
-  // order); with local updates what is pushed is the change after the local step instead. Only
-  // the first stage pushes during that backward: a later one would encode its pushes on the
-  // critical path of the previous stage, which waits for its input gradient.
-  const bool push_early = hooked_ && first_ && local_schedule_.empty() &&
-                          std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
+  // A group's gradients are complete in its last backward (schedules run them in ascending
+  // micro-batch order); with local updates what is pushed is the change after the local step
+  // instead. Only the first stage pushes the last group during that backward: a later one would
+  // encode its pushes on the critical path of the previous stage, which waits for its input
+  // gradient. An earlier group is pushed after its last backward, and the next starts from zero.
+  const bool pushes = std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
+  const bool push_early = hooked_ && first_ && local_schedule_.empty() && pushes;
+  const int last_group = micro_batches_ / group_ - 1;
   bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
   for (const Instr& in : program) {
     const int m = in.micro;
@@ -112,12 +116,16 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kBackward: {
         const int64_t t0 = Timeline::NowMicros();
-        if (push_early && m == micro_batches_ - 1) push_early_ = it;
+        if (push_early && m == micro_batches_ - 1) push_early_ = it, push_group_ = last_group;
         const absl::Status backward = stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
-                                                      1.0f / static_cast<float>(micro_batches_));
+                                                      1.0f / static_cast<float>(group_));
         push_early_ = -1;
         LH_RETURN_IF_ERROR(backward);
         LH_RETURN_IF_ERROR(hooked());
+        if (pushes && (m + 1) % group_ == 0 && m + 1 < micro_batches_) {
+          LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0, m / group_));
+          LH_RETURN_IF_ERROR(stage_.ZeroGrads());
+        }
         channel_.Recycle(std::move(grads_in[m]));
         computed(absl::StrCat("B", m), m, t0);
         LH_RETURN_IF_ERROR(flush_sends());
@@ -133,7 +141,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
         break;
       case Op::kPushGrads: {
         LH_RETURN_IF_ERROR(flush_sends());
-        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0));
+        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0, last_group));
         break;
       }
       case Op::kReduceNorm:

@@ -33,9 +33,12 @@ class Channel {
   // To the next stage (ACTIVATION) or the previous (GRADIENT); `data` stays unchanged until Flush.
   virtual void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) = 0;
   // The stage's gradients of each parameter-server shard that begins at float `from` of the
-  // stage or later and was not pushed yet in iteration `it` (from 0: every one left), to the
-  // shards' hosts; the pushed gradients stay unchanged until Flush.
-  virtual absl::Status PushGradients(int64_t it, Stage& stage, size_t from) = 0;
+  // stage or later and was not pushed yet in iteration `it` for the replica's group `group` of
+  // train.micro_batches (from 0: every one left), to the shards' hosts. The last group's pushed
+  // gradients stay unchanged until Flush; an earlier group's (a shrunk layout's replica runs
+  // several, wire_plan.h GroupsPerReplica) may change once the call returns, as the next group's
+  // backwards start from zero.
+  virtual absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int group) = 0;
   // The shards this process hosts (schedule.h's ReduceNorm, Step): every replica's push of each
   // taken and summed, and the global norm reduced over every shard of every stage (the seconds
   // waited for pushes go into `*waited`); then each stepped with it and its new parameters sent
@@ -61,10 +64,12 @@ struct IterationResult {
 class Executor {
  public:
   // `stage` is stage `stage_index` of `stages`; `schedule` its instructions for `micro_batches`
-  // micro-batches, whose activations must fit in the stage's slots. Boundary tensors hold
-  // `boundary` floats. The references must outlive the executor.
+  // micro-batches, whose activations must fit in the stage's slots. Their gradients sum in groups
+  // of `group` (the job's train.micro_batches; micro_batches a multiple of it), each a mean over
+  // its micro-batches pushed on its own, as the job's replica it stands for would push it.
+  // Boundary tensors hold `boundary` floats. The references must outlive the executor.
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-           int stages, int micro_batches, size_t boundary);
+           int stages, int micro_batches, int group, size_t boundary);
   ~Executor();
   Executor(const Executor&) = delete;  // the stage's hooks call back into this object
   Executor& operator=(const Executor&) = delete;
@@ -100,7 +105,7 @@ class Executor {
   const std::vector<Instr> schedule_;
   std::vector<Instr> local_schedule_;
   const bool first_, last_;
-  const int micro_batches_;
+  const int micro_batches_, group_;
   const size_t boundary_;
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done.
@@ -110,6 +115,7 @@ class Executor {
   ExchangeHooks hooks_;
   bool hooked_ = false;
   int64_t pull_pending_ = -1, push_early_ = -1;
+  int push_group_ = 0;  // the group push_early_ pushes
   double* pull_waited_ = nullptr;
   std::function<void(int64_t)> on_deferred_pull_;
   absl::Status hook_status_;

@@ -38,7 +38,7 @@ class LocalChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t, Stage&, size_t) override { return absl::OkStatus(); }
+  absl::Status PushGradients(int64_t, Stage&, size_t, int) override { return absl::OkStatus(); }
   // The stage's attached optimizer reduces its own norm and steps in place.
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override { return stage_.Step(it); }
@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   const size_t boundary = static_cast<size_t>(tc.micro_batch_size) * tc.seq_len * cfg.model.d_model;
   t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
                                             MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches, true), 0, 1,
-                                            tc.micro_batches, boundary);
+                                            tc.micro_batches, tc.micro_batches, boundary);
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
                    cfg.train.micro_batches};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());

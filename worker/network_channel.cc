@@ -3,16 +3,18 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "transport/wire_dtype.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
 
-NetworkChannel::NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
+NetworkChannel::NetworkChannel(int stage, int replica, int groups, std::vector<proto::ShardPlacement> stage_shards,
                                std::vector<NormHost> norm_hosts, const ParamLayout& layout, Mailbox& mailbox,
                                PeerDirectory& peers, Timeline& timeline)
-    : stage_(stage), replica_(replica), stage_shards_(std::move(stage_shards)), norm_hosts_(std::move(norm_hosts)),
-      layout_(layout), mailbox_(mailbox), peers_(peers), timeline_(timeline) {}
+    : stage_(stage), replica_(replica), groups_(groups), stage_shards_(std::move(stage_shards)),
+      norm_hosts_(std::move(norm_hosts)), layout_(layout), mailbox_(mailbox), peers_(peers), timeline_(timeline),
+      group_grads_(groups - 1) {}
 
 absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                                         int from_replica, int shard, double* waited) {
@@ -49,26 +51,36 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
   peers_.Send(Forward(kind) ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
 }
 
-void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n) {
+void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
+                                size_t n) {
   std::vector<float> own = mailbox_.Acquire(n);
   RoundThroughWire(data, own.data(), n, peers_.WireTo(stage_, replica_, kind));
-  mailbox_.Put({kind, it, 0, stage_, replica_, shard}, std::move(own));
+  mailbox_.Put({kind, it, micro, stage_, replica_, shard}, std::move(own));
 }
 
 void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float* data, size_t n) {
-  if (replica == replica_) return SendToSelf(proto::PARAMS, it, shard, data, n);
+  if (replica == replica_) return SendToSelf(proto::PARAMS, it, 0, shard, data, n);
   peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n);
 }
 
-absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from) {
-  if (it != push_it_) {
+absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from, int group) {
+  if (group < 0 || group >= groups_) {
+    return absl::InternalError(absl::StrFormat("a push of group %d; this replica runs %d", group, groups_));
+  }
+  if (it != push_it_ || group != push_group_) {
     push_it_ = it;
+    push_group_ = group;
     pushed_.assign(stage_shards_.size(), false);
   }
   // What goes to the shards: the gradients, or with local updates the change since the last pull.
   const float* grads = nullptr;
   if (pulled_.empty()) {
     LH_ASSIGN_OR_RETURN(grads, stage.Grads());
+    if (group + 1 < groups_) {
+      if (from > 0) return absl::InternalError("a group before the last is pushed after its backwards, whole");
+      group_grads_[group].assign(grads, grads + layout_.total());
+      grads = group_grads_[group].data();
+    }
   } else {
     if (from > 0) return absl::InternalError("local updates push their change after the local step, not during backward");
     LH_ASSIGN_OR_RETURN(const float* params, stage.Params());
@@ -77,22 +89,24 @@ absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from
     grads = change_.data();
   }
   if (feedback_.empty()) {
-    for (const proto::ShardPlacement& sp : stage_shards_) {
-      feedback_.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
-    }
+    feedback_.resize(groups_);
+    for (std::vector<ErrorFeedback>& f : feedback_)
+      for (const proto::ShardPlacement& sp : stage_shards_)
+        f.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
   }
   for (size_t k = 0; k < stage_shards_.size(); ++k) {
     const proto::ShardPlacement& sp = stage_shards_[k];
     const auto [begin, end] = layout_.Range(sp.first_tensor(), sp.end_tensor());
     if (pushed_[k] || begin < from) continue;
     pushed_[k] = true;
-    const float* push = feedback_[k].dtype() == WireDtype::kInt8 ? feedback_[k].Apply(grads + begin, end - begin)
-                                                                 : grads + begin;
+    ErrorFeedback& feedback = feedback_[group][k];
+    const float* push =
+        feedback.dtype() == WireDtype::kInt8 ? feedback.Apply(grads + begin, end - begin) : grads + begin;
     if (sp.owner_replica() == replica_) {
-      SendToSelf(proto::GRAD_PUSH, it, sp.shard(), push, end - begin);
+      SendToSelf(proto::GRAD_PUSH, it, group, sp.shard(), push, end - begin);
     } else {
       // An int8 send encodes before it returns: the feedback's buffer may change after.
-      peers_.Send(stage_, sp.owner_replica(), proto::GRAD_PUSH, it, 0, sp.shard(), push, end - begin);
+      peers_.Send(stage_, sp.owner_replica(), proto::GRAD_PUSH, it, group, sp.shard(), push, end - begin);
     }
   }
   return absl::OkStatus();

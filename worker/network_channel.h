@@ -21,10 +21,11 @@ namespace longhaul {
 
 class NetworkChannel final : public Channel {
  public:
-  // The worker runs (stage, replica); `stage_shards` are its stage's parameter-server shards, cut
+  // The worker runs (stage, replica), which pushes `groups` groups of gradients an iteration
+  // (wire_plan.h GroupsPerReplica); `stage_shards` are its stage's parameter-server shards, cut
   // from `layout`. Receives wait at most the transport's timeout. The references must outlive it.
   // `norm_hosts`: every parameter-server host of the plan (worker/norm_exchange.h).
-  NetworkChannel(int stage, int replica, std::vector<proto::ShardPlacement> stage_shards,
+  NetworkChannel(int stage, int replica, int groups, std::vector<proto::ShardPlacement> stage_shards,
                  std::vector<NormHost> norm_hosts, const ParamLayout& layout, Mailbox& mailbox, PeerDirectory& peers,
                  Timeline& timeline);
   // The shards this worker hosts (ReduceNorm, Step).
@@ -36,7 +37,7 @@ class NetworkChannel final : public Channel {
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
-  absl::Status PushGradients(int64_t it, Stage& stage, size_t from) override;
+  absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int group) override;
   absl::Status ReduceNorm(int64_t it, double* waited) override;
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;
   absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) override;
@@ -57,9 +58,10 @@ class NetworkChannel final : public Channel {
   // A tensor a peer sends this worker, waiting for it; the seconds waited go into `*waited`.
   absl::StatusOr<std::vector<float>> Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                           int from_replica, int shard, double* waited);
-  // A replica's push of a hosted shard, for the PsHost (its wait counts as ReduceNorm's).
-  absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int shard) {
-    return Take(proto::GRAD_PUSH, it, 0, stage_, replica, shard, &ps_waited_);
+  // A replica's push of group `group` of a hosted shard, for the PsHost (its wait counts as
+  // ReduceNorm's); the group travels as the tensor's micro-batch.
+  absl::StatusOr<std::vector<float>> TakePush(int64_t it, int replica, int group, int shard) {
+    return Take(proto::GRAD_PUSH, it, group, stage_, replica, shard, &ps_waited_);
   }
   // The global norm of iteration `it`, for the PsHost: this host's Σ g² per shard to every other
   // host, theirs taken (its wait counts as ReduceNorm's, as the simulator counts it).
@@ -70,9 +72,9 @@ class NetworkChannel final : public Channel {
  private:
   // A tensor this worker sends itself, rounded through the wire dtype as a peer receives it:
   // otherwise the replicas' parameters drift apart whenever the wire is not fp32.
-  void SendToSelf(proto::TensorKind kind, int64_t it, int shard, const float* data, size_t n);
+  void SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data, size_t n);
 
-  const int stage_, replica_;
+  const int stage_, replica_, groups_;
   const std::vector<proto::ShardPlacement> stage_shards_;
   const std::vector<NormHost> norm_hosts_;
   std::vector<float> norm_out_;  // this host's partials, read by the sends until Flush
@@ -82,14 +84,18 @@ class NetworkChannel final : public Channel {
   Timeline& timeline_;
   PsHost* ps_host_ = nullptr;
   double ps_waited_ = 0;  // while the PsHost takes pushes and waits for the global norm
-  // [shard of stage_shards_]: int8 pushes carry error feedback. Not in checkpoints: a resumed int8
-  // run starts with no residual.
-  std::vector<ErrorFeedback> feedback_;
+  // [group][shard of stage_shards_]: int8 pushes carry error feedback, each group's its own as
+  // each replica of the job has. Not in checkpoints: a resumed int8 run starts with no residual.
+  std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.
   std::vector<float> pulled_, change_;
-  // The shards of stage_shards_ pushed in iteration push_it_, and how many of them (a prefix) are
-  // pulled in pull_it_: an iteration's exchange may come in several calls.
+  // [group]: the gradients of a group before the last, pushed from here until Flush (the stage's
+  // own start over for the next group).
+  std::vector<std::vector<float>> group_grads_;
+  // The shards of stage_shards_ pushed in iteration push_it_ for group push_group_, and how many
+  // of them (a prefix) are pulled in pull_it_: an iteration's exchange may come in several calls.
   int64_t push_it_ = -1, pull_it_ = -1, held_ = -1;
+  int push_group_ = -1;
   std::vector<bool> pushed_;
   size_t shards_pulled_ = 0;
 };

@@ -8,10 +8,10 @@
 
 namespace longhaul {
 
-PsHost::PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, OuterOptimizer outer,
-               PsLinks links)
-    : worker_id_(worker_id), stage_(stage), replicas_(replicas), schedule_(schedule), grad_clip_(grad_clip),
-      outer_(outer), links_(std::move(links)) {}
+PsHost::PsHost(int worker_id, int stage, int replicas, int groups, LrSchedule schedule, float grad_clip,
+               OuterOptimizer outer, PsLinks links)
+    : worker_id_(worker_id), stage_(stage), replicas_(replicas), groups_(groups), schedule_(schedule),
+      grad_clip_(grad_clip), outer_(outer), links_(std::move(links)) {}
 
 absl::Status PsHost::Send(int64_t it, PsShard& shard) {
   LH_ASSIGN_OR_RETURN(const float* params, shard.Params());
@@ -28,11 +28,12 @@ absl::Status PsHost::ReduceNorm(int64_t it) {
   if (shards_.empty()) return absl::OkStatus();
   std::vector<ShardSquares> squares;
   for (auto& shard : shards_) {
-    for (int r = 0; r < replicas_; ++r) {
-      LH_ASSIGN_OR_RETURN(std::vector<float> g, links_.take_push(it, r, shard->shard()));
-      LH_RETURN_IF_ERROR(shard->AddReplicaGradient(r, g));
-      links_.recycle(std::move(g));
-    }
+    for (int r = 0; r < replicas_; ++r)
+      for (int group = 0; group < groups_; ++group) {
+        LH_ASSIGN_OR_RETURN(std::vector<float> g, links_.take_push(it, r, group, shard->shard()));
+        LH_RETURN_IF_ERROR(shard->AddReplicaGradient(r * groups_ + group, g));
+        links_.recycle(std::move(g));
+      }
     if (outer_.local_updates) continue;
     LH_ASSIGN_OR_RETURN(const double sum_squares, shard->AveragedSquaredNorm());
     squares.push_back({stage_, shard->shard(), sum_squares});

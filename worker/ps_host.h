@@ -1,6 +1,7 @@
 #pragma once
 // The parameter-server shards one worker hosts (runtime/ps/ps_shard.h). Each iteration it takes
-// every replica's push for each shard, sums them in replica order, has the global norm reduced
+// every replica's push of each of its groups for each shard (one group per replica of the job:
+// wire_plan.h GroupsPerReplica), sums them in the job's replica order, has the global norm reduced
 // over every shard of every stage (among the hosts: worker/norm_exchange.h), steps, and sends the
 // new parameters to every replica of its stage.
 #include <cstdint>
@@ -22,8 +23,8 @@ namespace longhaul {
 
 // How a PsHost meets the world: a worker's reach the network and the coordinator, a test's need not.
 struct PsLinks {
-  // Replica `replica`'s push of `shard` for iteration `it` (waits for it).
-  std::function<absl::StatusOr<std::vector<float>>(int64_t it, int replica, int shard)> take_push;
+  // Replica `replica`'s push of its group `group` of `shard` for iteration `it` (waits for it).
+  std::function<absl::StatusOr<std::vector<float>>(int64_t it, int replica, int group, int shard)> take_push;
   // Hands a taken push back for reuse.
   std::function<void(std::vector<float>)> recycle;
   // The global norm of iteration `it` over every shard of every stage, from this host's Σ g² per
@@ -43,9 +44,10 @@ struct OuterOptimizer {
 
 class PsHost {
  public:
-  // The host of stage `stage` in a job of `replicas` replicas, run by worker `worker_id`.
-  PsHost(int worker_id, int stage, int replicas, LrSchedule schedule, float grad_clip, OuterOptimizer outer,
-         PsLinks links);
+  // The host of stage `stage` in a plan of `replicas` replicas of `groups` groups each (their
+  // product is the job's replicas, which its shards sum), run by worker `worker_id`.
+  PsHost(int worker_id, int stage, int replicas, int groups, LrSchedule schedule, float grad_clip,
+         OuterOptimizer outer, PsLinks links);
 
   // `stepped`: the last iteration whose step the shard's state holds, where the caller knows it.
   void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) {
@@ -66,7 +68,7 @@ class PsHost {
   // the checkpoint's, everywhere).
   absl::Status Broadcast(int64_t it);
   // Iteration `it`'s exchange, in the order a schedule lists it (schedule.h): ReduceNorm takes
-  // every replica's push of each hosted shard, sums them in replica order and has the global norm
+  // every group's push of each hosted shard, sums them in the job's replica order and has the global norm
   // reduced (not with local updates); Step steps each hosted shard with that norm (with local
   // updates, the outer step) and sends its new parameters to every replica before it steps the
   // next, in the stage's order, so the first blocks' parameters are on their way first; it gives
@@ -80,7 +82,7 @@ class PsHost {
  private:
   absl::Status Send(int64_t it, PsShard& shard);
 
-  const int worker_id_, stage_, replicas_;
+  const int worker_id_, stage_, replicas_, groups_;
   const LrSchedule schedule_;
   const float grad_clip_;
   const OuterOptimizer outer_;

@@ -30,9 +30,13 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     if (sp.stage() != stage) continue;
     const auto [begin, end] = layout.Range(sp.first_tensor(), sp.end_tensor());
     if (sp.owner_replica() == replica) {
-      // This worker hosts the shard: every other replica of the stage pushes its gradient.
+      // This worker hosts the shard: every other replica of the stage pushes each of its groups'
+      // gradients, the group as the micro-batch.
       for (int r = 0; r < plan.replicas(); ++r)
-        if (r != replica) expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, 1, dtype(proto::GRAD_PUSH, stage, r)};
+        if (r != replica) {
+          expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, GroupsPerReplica(plan, cfg),
+                                                                dtype(proto::GRAD_PUSH, stage, r)};
+        }
     } else {
       expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, wires.params_dtype};
     }
@@ -81,8 +85,12 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
         "plan v%d has no %s for the worker of stage %d replica %d", plan_version_, key.DebugString(), stage_, replica_));
   }
   if (h.micro_batch() < 0 || h.micro_batch() >= it->second.micro_batches) {
-    return absl::OutOfRangeError(absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(),
-                                                 it->second.micro_batches));
+    const int count = it->second.micro_batches;
+    return absl::OutOfRangeError(
+        h.kind() == proto::GRAD_PUSH
+            ? absl::StrFormat("%s: a replica of the plan pushes %d groups per iteration (its micro-batch)",
+                              key.DebugString(), count)
+            : absl::StrFormat("%s: the plan has %d micro-batches per iteration", key.DebugString(), count));
   }
   if ((h.kind() == proto::GRAD_PUSH || h.kind() == proto::PARAMS) && h.iteration() != start_ - 1 &&
       !train_.ExchangesAfter(h.iteration(), end_)) {

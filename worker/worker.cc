@@ -383,18 +383,19 @@ absl::Status Worker::Setup() {
   std::vector<proto::ShardPlacement> stage_shards;
   for (const proto::ShardPlacement& sp : plan_.shards())
     if (sp.stage() == s_) stage_shards.push_back(sp);
-  channel_ = std::make_unique<NetworkChannel>(s_, r_, stage_shards, NormHosts(plan_), stage_->layout(), mailbox_,
-                                              *peers_, timeline_);
+  const int groups = GroupsPerReplica(plan_, cfg_);
+  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, stage_shards, NormHosts(plan_), stage_->layout(),
+                                              mailbox_, *peers_, timeline_);
   if (local_updates) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
   PsLinks links{
-      [channel](int64_t it, int replica, int shard) { return channel->TakePush(it, replica, shard); },
+      [channel](int64_t it, int replica, int group, int shard) { return channel->TakePush(it, replica, group, shard); },
       [this](std::vector<float> buffer) { mailbox_.Recycle(std::move(buffer)); },
       [channel](int64_t it, const std::vector<ShardSquares>& own) { return channel->ReduceNormAmongHosts(it, own); },
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};
-  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D, lr_schedule, tc.grad_clip,
+  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D, groups, lr_schedule, tc.grad_clip,
                                       OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
   LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
@@ -414,7 +415,7 @@ absl::Status Worker::Setup() {
     if (owns && kept) {
       same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
         return h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
-               h.shard->replicas() == D && h.stepped == start - 1;
+               h.stepped == start - 1;
       });
     }
     if (same != hosted.end()) {
@@ -445,7 +446,7 @@ absl::Status Worker::Setup() {
     if (!owns) continue;
     LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
                         MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
-                                    sp.end_tensor(), D));
+                                    sp.end_tensor(), cfg_.cluster.replicas));
     LH_RETURN_IF_ERROR(shard->SetState(state, resumed ? m.data() : nullptr, resumed ? v.data() : nullptr));
     ps_host_->Add(std::move(shard), start - 1);
   }
@@ -465,7 +466,7 @@ absl::Status Worker::Setup() {
       *stage_, *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, cfg_.boundary_floats());
+      s_, P, M_, tc.micro_batches, cfg_.boundary_floats());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   executor_->SetOnDeferredPull([this](int64_t it) {
     const absl::StatusOr<const float*> params = stage_->Params();

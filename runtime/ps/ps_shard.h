@@ -1,7 +1,8 @@
 #pragma once
 // One parameter-server shard: the authoritative parameters and AdamW moments of a contiguous run
-// of whole tensors of one stage. It sums the replicas' gradients in replica order (so every run
-// adds them up the same way), averages, and steps once the global norm is known.
+// of whole tensors of one stage. It sums the job's replicas' gradients in replica order (so every
+// run adds them up the same way, a shrunk layout's included: each of its replicas pushes one
+// gradient per job replica it stands for), averages, and steps once the global norm is known.
 //
 // Where the numbers live is the implementation's: HostPsShard keeps them in host memory (a CPU
 // worker's shards); a GPU worker's shards keep theirs on its device (cuda/cuda_ps_shard.h). Both

@@ -79,14 +79,20 @@ int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg) {
   return plan.micro_batches() > 0 ? plan.micro_batches() : cfg.train.micro_batches;
 }
 
+int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg) {
+  return ReplicaMicroBatches(plan, cfg) / cfg.train.micro_batches;
+}
+
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg) {
   const int64_t global = static_cast<int64_t>(cfg.cluster.replicas) * cfg.train.micro_batches;
   if (plan.replicas() >= 1 && plan.replicas() <= cfg.cluster.replicas && plan.micro_batches() >= 0 &&
+      cfg.cluster.replicas % plan.replicas() == 0 &&
       static_cast<int64_t>(plan.replicas()) * ReplicaMicroBatches(plan, cfg) == global) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrFormat(
-      "plan version %d runs %d replicas of %d micro-batches, not the job's global batch of %d (%d replicas of %d): "
+      "plan version %d runs %d replicas of %d micro-batches, not the job's global batch of %d in whole groups of its "
+      "%d replicas of %d: "
       "the coordinator and this worker disagree; run one longhaul version on every host",
       plan.version(), plan.replicas(), ReplicaMicroBatches(plan, cfg), global, cfg.cluster.replicas,
       cfg.train.micro_batches));

@@ -49,13 +49,18 @@ int WorkerAt(const proto::Plan& plan, int stage, int replica);
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
 // The micro-batches each replica of `plan` runs: Plan.micro_batches, or the config's.
 int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
+// The job's replicas each replica of `plan` stands for: 1 in the config's layout, more in a shrunk
+// one, whose replica runs that many groups of train.micro_batches and pushes each group's
+// gradients on its own, so the shards sum the job's replicas in their order whatever the layout.
+int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg);
 // The iteration a plan's run stops before: the plan's stop (`longhaul local --stop-at`), else
 // train.steps.
 inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
   return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
 }
 // A plan's replicas run the job's global batch (cfg.cluster.replicas x cfg.train.micro_batches),
-// no more replicas than the config's: what a worker checks before it sizes anything by the plan.
+// no more replicas than the config's and a count that divides it (whole groups, GroupsPerReplica):
+// what a worker checks before it sizes anything by the plan.
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);
 // A plan's parameter-server shards are the job's cuts (ParamLayout::PsShards of each stage: the
 // same numbers and tensor ranges, each once), each on a replica the plan runs: a shard hosted

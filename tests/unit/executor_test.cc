@@ -2,7 +2,8 @@
 // and joined by an in-memory channel, give bitwise the whole model's loss and gradients under
 // GPipe and 1F1B, also when the stages queue their work as a device does (and then each result is
 // asked for only after the next compute is queued); a channel's error ends the iteration with it;
-// the exchange overlaps compute through a CPU stage's hooks and computes the same.
+// the exchange overlaps compute through a CPU stage's hooks and computes the same; a replica of
+// several groups (a shrunk layout's) pushes each as the replica it stands for would.
 #include "worker/executor.h"
 
 #include <gtest/gtest.h>
@@ -66,9 +67,9 @@ class MemoryChannel final : public Channel {
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override {
     wires_.Put({kind, it, micro, kind == proto::ACTIVATION ? stage_ + 1 : stage_ - 1}, std::vector<float>(data, data + n));
   }
-  absl::Status PushGradients(int64_t, Stage& stage, size_t) override {
+  absl::Status PushGradients(int64_t, Stage& stage, size_t, int group) override {
     LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
-    pushed.assign(grads, grads + params_);
+    pushed[group].assign(grads, grads + params_);
     return absl::OkStatus();
   }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
@@ -76,7 +77,7 @@ class MemoryChannel final : public Channel {
   absl::Status PullParameters(int64_t, Stage&, double*, size_t) override { return absl::OkStatus(); }
   absl::Status Flush(int64_t) override { return absl::OkStatus(); }
 
-  std::vector<float> pushed;
+  std::map<int, std::vector<float>> pushed;  // by group
 
  private:
   Wires& wires_;
@@ -165,7 +166,7 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M,
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M,
                   static_cast<size_t>(B) * T * cfg.d_model);
       results[s] = ex.Run(0, mbs);
     });
@@ -178,8 +179,10 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   EXPECT_GT(results[0]->compute_seconds, 0);
   size_t offset = 0;
   for (int s = 0; s < 2; ++s) {
-    ASSERT_EQ(channels[s]->pushed.size(), stages[s]->num_params());
-    EXPECT_TRUE(std::equal(channels[s]->pushed.begin(), channels[s]->pushed.end(), whole_grads + offset))
+    const std::vector<float>& pushed = channels[s]->pushed[0];
+    ASSERT_EQ(channels[s]->pushed.size(), 1u) << "one group";
+    ASSERT_EQ(pushed.size(), stages[s]->num_params());
+    EXPECT_TRUE(std::equal(pushed.begin(), pushed.end(), whole_grads + offset))
         << "stage " << s << "'s gradients differ from the whole model's";
     offset += stages[s]->num_params();
   }
@@ -200,6 +203,59 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
                                   (std::get<1>(info.param) ? "_Queued" : "_Immediate");
                          });
 
+// A shrunk layout's replica runs two of the job's replicas' micro-batches: it pushes each group's
+// mean gradient on its own, bitwise what each replica it stands for pushes, under both schedules.
+TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 3 + i / 11) % 40);
+  constexpr int kGroup = 2;
+  BatchSampler job({B, T, 5, cfg.attention, kGroup}, tokens), shrunk({B, T, 5, cfg.attention, 2 * kGroup}, tokens);
+  const size_t boundary = static_cast<size_t>(B) * T * cfg.d_model;
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    Wires wires;
+    Timeline timeline;
+    // The job's replicas 0 and 1, each 2 micro-batches.
+    std::vector<std::vector<float>> want;
+    double loss = 0;
+    for (int r = 0; r < 2; ++r) {
+      auto st = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, kGroup, 11);
+      ASSERT_TRUE(st.ok()) << st.status();
+      MemoryChannel channel(wires, 0, (*st)->num_params());
+      Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, kGroup, false), 0, 1, kGroup, kGroup, boundary);
+      auto got = ex.Run(0, {job.Sample(0, r, 0), job.Sample(0, r, 1)});
+      ASSERT_TRUE(got.ok()) << got.status();
+      loss += got->loss / 2;
+      want.push_back(channel.pushed.at(0));
+    }
+    // One replica of 4 micro-batches (global 0..3), in groups of 2.
+    auto st = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, 2 * kGroup, 11);
+    ASSERT_TRUE(st.ok()) << st.status();
+    MemoryChannel channel(wires, 0, (*st)->num_params());
+    Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, 2 * kGroup, false), 0, 1, 2 * kGroup, kGroup,
+                boundary);
+    std::vector<MicroBatch> mbs;
+    for (int m = 0; m < 2 * kGroup; ++m) mbs.push_back(shrunk.Sample(0, 0, m));
+    EXPECT_EQ(mbs[2].global_index, job.Sample(0, 1, 0).global_index);
+    auto got = ex.Run(0, mbs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(channel.pushed.size(), 2u) << ScheduleName(kind);
+    EXPECT_EQ(channel.pushed.at(0), want[0]) << ScheduleName(kind) << ": the first group's gradients";
+    EXPECT_EQ(channel.pushed.at(1), want[1]) << ScheduleName(kind) << ": the second group's, from zero";
+    EXPECT_NEAR(got->loss, loss, 1e-6 * loss);
+  }
+  // A schedule whose micro-batches are not whole groups is refused.
+  auto st = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, 3, 11);
+  ASSERT_TRUE(st.ok());
+  Wires wires;
+  Timeline timeline;
+  MemoryChannel channel(wires, 0, (*st)->num_params());
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, 3, false), 0, 1, 3, kGroup, boundary);
+  std::vector<MicroBatch> three;
+  for (int m = 0; m < 3; ++m) three.push_back(shrunk.Sample(0, 0, m));
+  EXPECT_EQ(ex.Run(0, three).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // One stage's channel to three parameter-server shards: it keeps what each push carried and when,
 // and a pull writes `next` into the shards it is asked for.
 class ShardChannel final : public Channel {
@@ -212,7 +268,7 @@ class ShardChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t it, Stage& stage, size_t from) override {
+  absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int) override {
     LH_ASSIGN_OR_RETURN(const float* grads, stage.Grads());
     for (size_t k = 0; k < shards_.size(); ++k) {
       const auto [begin, end] = shards_[k];
@@ -267,13 +323,13 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   ASSERT_TRUE((*reference)->SetParams(0, next.data(), n).ok());
   Timeline timeline;
   ShardChannel ref_channel((*reference)->layout(), next);
-  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, 0);
+  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 0);
   ref.SetOverlap(false);
   auto want = ref.Run(1, batches(1));
   ASSERT_TRUE(want.ok()) << want.status();
 
   ShardChannel channel((*stage)->layout(), next);
-  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, 0);
+  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 0);
   const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
   auto first = ex.Run(0, batches(0), true, /*defer_pull=*/true);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -305,7 +361,7 @@ class ClosedChannel final : public Channel {
   }
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
-  absl::Status PushGradients(int64_t, Stage&, size_t) override { return absl::OkStatus(); }
+  absl::Status PushGradients(int64_t, Stage&, size_t, int) override { return absl::OkStatus(); }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
   absl::Status PullParameters(int64_t, Stage&, double*, size_t) override { return absl::OkStatus(); }
@@ -318,7 +374,7 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   ASSERT_TRUE(st.ok());
   ClosedChannel channel;
   Timeline timeline;
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1,
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1, 1,
               static_cast<size_t>(B) * T * cfg.d_model);
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention, 1}, tokens);

@@ -203,13 +203,15 @@ TEST(Planning, TheNextVersionGivesALostWorkersPlaceToASpare) {
   EXPECT_EQ(v2.shards_size(), v1.shards_size());
 }
 
-// 2 stages x 3 replicas, 2 micro-batches each: worker 4 (stage 1, replica 1) is lost with no spare.
-// Two replicas of 3 micro-batches keep the global batch of 6: replica 0 stays, replica 2 becomes
-// replica 1, and the lost worker's replica's survivor waits as a spare. Every global micro-batch
-// is sampled once; every shard has an owner left, its cut unchanged.
+// 2 stages x 4 replicas, 2 micro-batches each: worker 3 (stage 1, replica 1) is lost with no spare.
+// 7 workers could fill 3 replicas, but 3 does not divide the job's 4 (a replica would run 8 / 3
+// micro-batches, not whole groups of 2, and its sums would not be the job's): two replicas of 4
+// keep the global batch of 8. Replicas 0 and 2 (whole) stay, renumbered 0 and 1; the lost
+// worker's replica's survivor and replica 3 wait as spares. Every global micro-batch is sampled
+// once; every shard has an owner left, its cut unchanged.
 TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch) {
-  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
-  std::map<int, proto::RegisterRequest> workers = Workers(6);
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=2"});
+  std::map<int, proto::RegisterRequest> workers = Workers(8);
   const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg));
   workers.erase(3);
   absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {3}, {}, workers, {40, "step_00000040", 100});
@@ -217,20 +219,22 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   EXPECT_EQ(v2->version(), 2u);
   EXPECT_EQ(v2->start_iteration(), 40);
   EXPECT_EQ(v2->replicas(), 2);
-  EXPECT_EQ(ReplicaMicroBatches(*v2, cfg), 3);
+  EXPECT_EQ(ReplicaMicroBatches(*v2, cfg), 4);
+  EXPECT_EQ(GroupsPerReplica(*v2, cfg), 2);
+  EXPECT_TRUE(CheckReplicaBatches(*v2, cfg).ok());
   EXPECT_EQ(v2->config_toml(), v1.config_toml()) << "the job's config, so its checkpoints resume as the job's";
   ASSERT_EQ(v2->assignments_size(), 4);
   EXPECT_EQ(WorkerAt(*v2, 0, 0), 0);
   EXPECT_EQ(WorkerAt(*v2, 1, 0), 1);
   EXPECT_EQ(WorkerAt(*v2, 0, 1), 4);
   EXPECT_EQ(WorkerAt(*v2, 1, 1), 5);
-  EXPECT_EQ(AssignmentOf(*v2, 2), nullptr) << "the survivor of the broken replica waits as a spare";
+  for (int spare : {2, 6, 7}) EXPECT_EQ(AssignmentOf(*v2, spare), nullptr) << "worker " << spare << " waits as a spare";
   EXPECT_EQ(AssignmentOf(*v2, 5)->first_block(), AssignmentOf(v1, 5)->first_block());
-  // Replica r' samples global micro-batches r' * 3 + m: 0..5, each once, as before the loss.
+  // Replica r' samples global micro-batches r' * 4 + m: 0..7, each once, as before the loss.
   std::set<int> global;
   for (int r = 0; r < v2->replicas(); ++r)
-    for (int m = 0; m < ReplicaMicroBatches(*v2, cfg); ++m) EXPECT_TRUE(global.insert(r * 3 + m).second);
-  EXPECT_EQ(global.size(), 6u);
+    for (int m = 0; m < ReplicaMicroBatches(*v2, cfg); ++m) EXPECT_TRUE(global.insert(r * 4 + m).second);
+  EXPECT_EQ(global.size(), 8u);
   ASSERT_EQ(v2->shards_size(), v1.shards_size());
   for (int i = 0; i < v1.shards_size(); ++i) {
     EXPECT_EQ(v2->shards(i).first_tensor(), v1.shards(i).first_tensor());
@@ -238,17 +242,27 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
     EXPECT_LT(v2->shards(i).owner_replica(), 2);
   }
 
-  // Two losses in two replicas and one spare: replica 2 stays whole, and replica 0 (its worker 1
-  // lost) is filled from the dropped replica 1's survivor; two replicas again, neither lost worker.
+  // Workers 1, 3 and 5 lost: replica 3 stays whole, and replica 0 (its stage 1 lost) is filled
+  // from a dropped replica's survivor; two replicas again, none of the lost workers.
   workers.erase(1);
-  workers[9].set_address("10.0.0.9:7000");
-  v2 = ShrinkPlan(v1, {1, 3}, {9}, workers, {40, "step_00000040", 100});
+  workers.erase(5);
+  v2 = ShrinkPlan(v1, {1, 3, 5}, {}, workers, {40, "step_00000040", 100});
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(v2->replicas(), 2);
-  std::set<int> placed;
-  for (const proto::Assignment& a : v2->assignments()) placed.insert(a.worker_id());
-  EXPECT_EQ(placed.size(), 4u);
-  EXPECT_FALSE(placed.count(1) || placed.count(3));
+  EXPECT_EQ(WorkerAt(*v2, 0, 0), 6);
+  EXPECT_EQ(WorkerAt(*v2, 1, 0), 7);
+  EXPECT_EQ(WorkerAt(*v2, 0, 1), 0);
+  EXPECT_EQ(WorkerAt(*v2, 1, 1), 2);
+
+  // 2 stages x 3 replicas that lose one worker: 2 replicas do not divide 3, so one replica of 6.
+  const JobConfig three = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
+  std::map<int, proto::RegisterRequest> six = Workers(6);
+  const proto::Plan t1 = MakePlan(three, six, {0, "", 100}, RegistrationOrder(three));
+  six.erase(3);
+  const absl::StatusOr<proto::Plan> t2 = ShrinkPlan(t1, {3}, {}, six, {40, "step_00000040", 100});
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ(t2->replicas(), 1);
+  EXPECT_EQ(ReplicaMicroBatches(*t2, three), 6);
 
   // One replica cannot shrink; nor can a replica count that does not divide the global batch.
   const JobConfig one = Config({"cluster.stages=2", "cluster.replicas=1"});
@@ -258,28 +272,34 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   EXPECT_NE(none.message().find("no smaller data-parallel layout"), std::string::npos) << none;
 }
 
-// The layout shrunk above grows back once two spares (a whole replica) wait: three replicas of 2
-// micro-batches again, the spares as replica 2, every shard with the owner the first plan gave it
-// (here the placement's, which moved stage 0's shards).
-TEST(Planning, AShrunkLayoutGrowsBackWhenSparesMakeAWholeReplica) {
-  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=3", "train.micro_batches=2"});
-  std::map<int, proto::RegisterRequest> workers = Workers(6);
-  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg), nullptr, {{2, 0, 1}, {0, 1, 2}});
+// The layout shrunk above grows back once spares make whole replicas: two spares make a third,
+// which does not divide the job's 4; four make two, and it runs 4 replicas of 2 micro-batches
+// again, the spares as replicas 2 and 3, every shard with the owner the first plan gave it (here
+// the placement's, which moved stage 0's shards).
+TEST(Planning, AShrunkLayoutGrowsBackWhenSparesMakeWholeReplicas) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=2"});
+  std::map<int, proto::RegisterRequest> workers = Workers(8);
+  const proto::Plan v1 =
+      MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg), nullptr, {{2, 0, 1, 3}, {0, 1, 2, 3}});
   workers.erase(3);
   const absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {3}, {}, workers, {40, "step_00000040", 100});
   ASSERT_TRUE(v2.ok()) << v2.status();
-  workers[7].set_address("10.0.0.7:7000");
-  const absl::Status one = GrowPlan(*v2, {7}, workers, {50, "step_00000050", 100}).status();
-  EXPECT_EQ(one.code(), absl::StatusCode::kFailedPrecondition) << "one spare makes no replica of 2 stages";
+  ASSERT_EQ(v2->replicas(), 2);
   workers[8].set_address("10.0.0.8:7000");
-  const absl::StatusOr<proto::Plan> v3 = GrowPlan(*v2, {7, 8}, workers, {50, "step_00000050", 100});
+  for (const std::vector<int>& few : std::vector<std::vector<int>>{{8}, {7, 8}}) {
+    const absl::Status s = GrowPlan(*v2, few, workers, {50, "step_00000050", 100}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << few.size() << " spares: " << s;
+  }
+  const absl::StatusOr<proto::Plan> v3 = GrowPlan(*v2, {2, 6, 7, 8}, workers, {50, "step_00000050", 100});
   ASSERT_TRUE(v3.ok()) << v3.status();
   EXPECT_EQ(v3->version(), 3u);
   EXPECT_EQ(v3->start_iteration(), 50);
-  EXPECT_EQ(v3->replicas(), 3);
+  EXPECT_EQ(v3->replicas(), 4);
   EXPECT_EQ(ReplicaMicroBatches(*v3, cfg), 2);
-  EXPECT_EQ(WorkerAt(*v3, 0, 2), 7);
-  EXPECT_EQ(WorkerAt(*v3, 1, 2), 8);
+  EXPECT_EQ(WorkerAt(*v3, 0, 2), 2);
+  EXPECT_EQ(WorkerAt(*v3, 1, 2), 6);
+  EXPECT_EQ(WorkerAt(*v3, 0, 3), 7);
+  EXPECT_EQ(WorkerAt(*v3, 1, 3), 8);
   EXPECT_EQ(AssignmentOf(*v3, 8)->first_block(), AssignmentOf(v1, 1)->first_block());
   for (int id : {0, 1, 4, 5}) EXPECT_EQ(AssignmentOf(*v3, id)->DebugString(), AssignmentOf(*v2, id)->DebugString());
   ASSERT_EQ(v3->shards_size(), v1.shards_size());

@@ -26,13 +26,16 @@ ModelConfig Cfg() {
 
 struct Fixture {
   ParamLayout layout{Cfg(), StageSpec::Even(Cfg(), 0, 2)};
-  std::map<int, std::vector<float>> pushes;  // by replica
+  std::map<int, std::vector<float>> pushes;  // by the job's replica: replica x groups + group
+  int groups = 1;                            // each replica's pushes
   std::vector<std::vector<ShardSquares>> reports;
   std::vector<std::pair<int, size_t>> sent;  // (replica, floats)
   std::optional<double> norm;                 // what the reduction answers instead of the real one
 
   PsLinks Links() {
-    return {[this](int64_t, int replica, int) -> absl::StatusOr<std::vector<float>> { return pushes.at(replica); },
+    return {[this](int64_t, int replica, int group, int) -> absl::StatusOr<std::vector<float>> {
+              return pushes.at(replica * groups + group);
+            },
             [](std::vector<float>) {},
             [this](int64_t, const std::vector<ShardSquares>& own) -> absl::StatusOr<double> {
               reports.push_back(own);
@@ -62,7 +65,7 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
     f.pushes[r].resize(n);
     for (size_t i = 0; i < n; ++i) f.pushes[r][i] = std::sin(0.1f * static_cast<float>(i) + r);
   }
-  PsHost host(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost host(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   // What the host must compute, done by hand in the same order.
   std::vector<float> want = f.Init();
@@ -89,6 +92,35 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   EXPECT_EQ(f.sent, (std::vector<std::pair<int, size_t>>{{0, n}, {1, n}}));
 }
 
+// A shrunk layout's one replica stands for the job's two: it pushes two groups, which the host
+// sums as it sums two replicas' pushes, bit for bit, and the parameters go to that one replica.
+TEST(PsHost, AReplicaOfTwoGroupsStepsAsTwoReplicasDo) {
+  Fixture two, one;
+  const size_t n = two.layout.total();
+  for (int r = 0; r < 2; ++r) {
+    two.pushes[r].resize(n);
+    for (size_t i = 0; i < n; ++i) two.pushes[r][i] = std::cos(0.3f * static_cast<float>(i) - r);
+  }
+  one.pushes = two.pushes;
+  one.groups = 2;
+  PsHost replicas(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, two.Links());
+  PsHost groups(7, 0, 1, 2, kSchedule, 1.0f, OuterOptimizer{}, one.Links());
+  replicas.Add(two.Shard());
+  groups.Add(one.Shard());
+  for (int64_t it = 0; it < 3; ++it) {
+    ASSERT_TRUE(replicas.ReduceNorm(it).ok());
+    ASSERT_TRUE(groups.ReduceNorm(it).ok());
+    ASSERT_TRUE(replicas.Step(it).ok());
+    ASSERT_TRUE(groups.Step(it).ok());
+  }
+  ASSERT_EQ(one.reports.size(), 3u);
+  EXPECT_EQ(one.reports[2][0].sum_squares, two.reports[2][0].sum_squares);
+  const float* a = *replicas.shards()[0]->Params();
+  const float* b = *groups.shards()[0]->Params();
+  EXPECT_EQ(std::vector<float>(a, a + n), std::vector<float>(b, b + n));
+  EXPECT_EQ(one.sent, (std::vector<std::pair<int, size_t>>(3, {0, n})));
+}
+
 // A new plan version's host keeps a shard whose state is the checkpoint's: Release hands back each
 // shard with the last iteration it stepped, and without the pushes of an iteration the version
 // ended in, so the next iteration's replica 0 push is taken.
@@ -96,7 +128,7 @@ TEST(PsHost, ReleaseGivesEachShardWithTheIterationItLastSteppedAndDropsAPartialS
   Fixture f;
   const size_t n = f.layout.total();
   for (int r = 0; r < 2; ++r) f.pushes[r].assign(n, 0.1f * static_cast<float>(r + 1));
-  PsHost host(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost host(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard(), 4);
   ASSERT_TRUE(host.ReduceNorm(5).ok());
   ASSERT_TRUE(host.Step(5).ok());
@@ -108,7 +140,7 @@ TEST(PsHost, ReleaseGivesEachShardWithTheIterationItLastSteppedAndDropsAPartialS
   EXPECT_EQ(held[0].stepped, 5);
   EXPECT_TRUE(held[0].shard->AddReplicaGradient(0, f.pushes[0]).ok());
 
-  PsHost unknown(7, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost unknown(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   unknown.Add(f.Shard());
   EXPECT_EQ(unknown.Release()[0].stepped, -1);
 }
@@ -123,14 +155,14 @@ TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
   PsHost* host_ptr = nullptr;
   std::vector<std::pair<int, bool>> sends;  // (shard, whether the second shard had stepped)
   PsLinks links = f.Links();
-  links.take_push = [&](int64_t, int, int shard) -> absl::StatusOr<std::vector<float>> {
+  links.take_push = [&](int64_t, int, int, int shard) -> absl::StatusOr<std::vector<float>> {
     return std::vector<float>(shard == 0 ? cut : n - cut, 0.5f);
   };
   links.send_params = [&](int64_t, int, int shard, const float*, size_t) {
     const float* second = *host_ptr->shards()[1]->Params();
     sends.emplace_back(shard, *second != f.Init()[cut]);
   };
-  PsHost host(3, 0, 2, kSchedule, 0.0f, OuterOptimizer{}, links);
+  PsHost host(3, 0, 2, 1, kSchedule, 0.0f, OuterOptimizer{}, links);
   host_ptr = &host;
   const std::vector<float> init = f.Init();
   for (auto [first, end, owner_shard] : {std::tuple{0, tensors / 2, 0}, std::tuple{tensors / 2, tensors, 1}}) {
@@ -149,7 +181,7 @@ TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
 TEST(PsHost, LocalUpdatesStepTheAveragedChangeWithNesterovMomentum) {
   Fixture f;
   const size_t n = f.layout.total();
-  PsHost host(1, 0, 2, kSchedule, 1.0f, OuterOptimizer{true, 0.7f, 0.9f}, f.Links());
+  PsHost host(1, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{true, 0.7f, 0.9f}, f.Links());
   host.Add(f.Shard());
   std::vector<float> want = f.Init(), momentum(n, 0.0f);
   for (int exchange = 0; exchange < 2; ++exchange) {
@@ -183,7 +215,7 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   Fixture f;
   f.pushes[0].assign(f.layout.total(), 1.0f);
   f.pushes[1].assign(3, 1.0f);
-  PsHost host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost host(0, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   EXPECT_EQ(host.ReduceNorm(0).code(), absl::StatusCode::kFailedPrecondition);
   const absl::Status early = host.Step(0).status();
@@ -194,7 +226,7 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   g.pushes[0].assign(g.layout.total(), 1.0f);
   g.pushes[1].assign(g.layout.total(), 1.0f);
   g.norm = std::nan("");
-  PsHost nan_host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, g.Links());
+  PsHost nan_host(0, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, g.Links());
   nan_host.Add(g.Shard());
   const absl::Status s = nan_host.ReduceNorm(3);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
@@ -204,7 +236,7 @@ TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
 
 TEST(PsHost, HostingNoShardStepsNothing) {
   Fixture f;
-  PsHost host(0, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost host(0, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   ASSERT_TRUE(host.ReduceNorm(0).ok());
   auto step = host.Step(0);
   ASSERT_TRUE(step.ok());
@@ -214,7 +246,7 @@ TEST(PsHost, HostingNoShardStepsNothing) {
 
 TEST(PsHost, CheckpointsEveryShardAndReportsIt) {
   Fixture f;
-  PsHost host(2, 0, 2, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  PsHost host(2, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   const std::string root = ::testing::TempDir() + "/ps_host_" + std::to_string(getpid());
   std::vector<proto::CheckpointReport> reports;

@@ -12,7 +12,7 @@
 namespace longhaul {
 namespace {
 
-JobConfig Config(const std::string& wire = "bf16") {
+JobConfig Config(const std::string& wire = "bf16", int replicas = 2) {
   auto cfg = ParseJobConfig(R"(
 [model]
 n_layer = 4
@@ -25,8 +25,8 @@ micro_batch_size = 2
 micro_batches = 3
 [cluster]
 stages = 3
-replicas = 2
 stage_layers = [2, 1, 1]
+replicas = )" + std::to_string(replicas) + R"(
 [transport]
 wire_dtype = ")" + wire + "\"\n",
                             "test.toml");
@@ -173,6 +173,23 @@ TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
   }
 }
 
+// A job of 4 replicas shrunk to 2 of 6 micro-batches: each replica pushes two groups, the group
+// as the push's micro-batch, and no third.
+TEST(PlanAdmission, AShrunkReplicaPushesOneGroupPerJobReplicaItStandsFor) {
+  const JobConfig cfg = Config("bf16", 4);
+  proto::Plan plan = Plan(cfg);
+  plan.set_micro_batches(6);
+  ASSERT_TRUE(CheckReplicaBatches(plan, cfg).ok());
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, 1, 0);
+  const ParamLayout layout(cfg.model, cfg.Stage(1));
+  const auto [b0, e0] = layout.Range(plan.shards(0).first_tensor(), plan.shards(0).end_tensor());
+  for (int group : {0, 1}) EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, group)), e0 - b0) << group;
+  EXPECT_EQ(a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, 2)).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(a.Admit(From(proto::ACTIVATION, 0, 0, 0, 5)).ok());
+  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0, 0, 6)).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {
   const JobConfig cfg = Config();
   PlanAdmission a;
@@ -194,6 +211,8 @@ TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {
   }
   proto::TensorHeader micro = From(proto::ACTIVATION, 0, 0, 0, 3);
   EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, 1)).status().code(), absl::StatusCode::kOutOfRange)
+      << "a second group's push where each replica runs one group";
   micro.set_micro_batch(-1);
   EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
   proto::TensorHeader version = From(proto::ACTIVATION, 0, 0);

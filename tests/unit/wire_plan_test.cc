@@ -59,7 +59,8 @@ TEST(WirePlan, APlanCarriesItAndNamesItsWorkers) {
 }
 
 // A plan's replicas run the job's global batch: the config's, or a shrunk layout's fewer replicas
-// of more micro-batches; anything else (a coordinator of another build) is refused, named.
+// of whole groups of the config's micro-batches; anything else (a coordinator of another build) is
+// refused, named.
 TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
   auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 4\n[train]\nmicro_batches = 2\n", "job.toml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
@@ -72,6 +73,7 @@ TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
   plan.set_micro_batches(4);
   EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
   EXPECT_EQ(ReplicaMicroBatches(plan, *cfg), 4);
+  EXPECT_EQ(GroupsPerReplica(plan, *cfg), 2) << "each replica stands for two of the job's";
   for (const auto& [replicas, micro] : std::vector<std::pair<int, int>>{{2, 0}, {2, 1000000}, {8, 1}, {0, 8}, {3, 3}, {2, -4}}) {
     plan.set_replicas(replicas);
     plan.set_micro_batches(micro);
@@ -79,6 +81,16 @@ TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << replicas << " x " << micro;
     EXPECT_NE(s.message().find("not the job's global batch of 8"), std::string::npos) << s;
   }
+  // 4 replicas of 3 run the global batch of 6 x 2, but a replica's 3 micro-batches are not whole
+  // groups of 2: its pushes could not sum as the job's replicas do.
+  auto six = ParseJobConfig("[cluster]\nreplicas = 6\n[train]\nmicro_batches = 2\n", "job.toml");
+  ASSERT_TRUE(six.ok()) << six.status();
+  plan.set_replicas(4);
+  plan.set_micro_batches(3);
+  EXPECT_EQ(CheckReplicaBatches(plan, *six).code(), absl::StatusCode::kInvalidArgument);
+  plan.set_replicas(3);
+  plan.set_micro_batches(4);
+  EXPECT_TRUE(CheckReplicaBatches(plan, *six).ok());
 }
 
 // A plan's shards are the job's cuts, each hosted once by a replica the plan runs; a coordinator
