@@ -327,14 +327,27 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportCheckpoint", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1, req->plan_version()); !st.ok()) return st;
-    if (!HostsShard(plan_, *AssignmentOf(plan_, req->worker_id()), req->stage(), req->shard()) ||
-        !checkpointed_[req->step()].insert({req->stage(), req->shard()}).second) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("worker %d reports a checkpoint of shard %d of stage %d at step %d, which "
-                                          "the plan does not give it or which was already reported",
-                                          req->worker_id(), req->shard(), req->stage(), req->step()));
+    const proto::Assignment& a = *AssignmentOf(plan_, req->worker_id());
+    const std::set<std::pair<int, int>> streams = FeedbackStreams(plan_, cfg_);
+    const int groups = GroupsPerReplica(plan_, cfg_), job_replica = req->residual_replica() - 1;
+    // Residual files count as (stage, -1 - job replica) beside the shards' (stage, shard).
+    const bool residuals = req->residual_replica() > 0;
+    const bool planned = residuals ? a.stage() == req->stage() && job_replica / groups == a.replica() &&
+                                         streams.count({req->stage(), job_replica}) > 0
+                                   : HostsShard(plan_, a, req->stage(), req->shard());
+    const std::pair<int, int> key = residuals ? std::make_pair(req->stage(), -1 - job_replica)
+                                              : std::make_pair(req->stage(), req->shard());
+    if (!planned || !checkpointed_[req->step()].insert(key).second) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrFormat("worker %d reports a checkpoint of %s of stage %d at step %d, which the plan does not give "
+                          "it or which was already reported",
+                          req->worker_id(),
+                          residuals ? absl::StrFormat("replica %d's error-feedback residuals", job_replica)
+                                    : absl::StrFormat("shard %d", req->shard()),
+                          req->stage(), req->step()));
     }
-    if (static_cast<int>(checkpointed_[req->step()].size()) == plan_.shards_size()) {
+    if (checkpointed_[req->step()].size() == plan_.shards_size() + streams.size()) {
       // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
       const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
       if (absl::Status st = SetLatestCheckpoint(root, req->step()); !st.ok()) {
@@ -1125,7 +1138,8 @@ class Service final : public proto::Coordinator::Service {
   std::set<int> ready_;  // workers that installed plan_
   std::map<int64_t, IterationRecord> iterations_;
   std::map<int, uint64_t> lifeline_calls_;  // by worker: Lifeline calls begun, the newest is the one held
-  std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;  // by step: (stage, shard) on disk
+  // By step: (stage, shard) on disk, and (stage, -1 - job replica) of error-feedback residuals.
+  std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;
   std::set<int64_t> replica_checked_;  // iterations whose replicas were checked to agree
   // By (stage, iteration): the first replica's parameters CRC reported; by iteration: how many
   // workers' are in. A step leaves both once every worker's is.

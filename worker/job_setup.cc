@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "schedule/schedule.h"
+#include "transport/wire_plan.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -68,9 +69,10 @@ MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads) {
   return e;
 }
 
-MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device) {
+MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device,
+                            int groups) {
   const StageSpec spec = cfg.Stage(stage);
-  const int P = cfg.cluster.stages, M = cfg.train.micro_batches, D = cfg.cluster.replicas;
+  const int P = cfg.cluster.stages, M = cfg.train.micro_batches * groups, D = cfg.cluster.replicas;
   MemoryEstimate e;
   if (device < 0) {
     e = EstimateStage(Request(cfg, spec, ActivationSlots(cfg.cluster.schedule, P, stage, M), threads));
@@ -87,11 +89,15 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + StageParamCount(cfg.model, spec) + (D + 1) * ps_floats));
   // An int8 push (named, or what "auto" picks on a slow link) keeps each pushed shard's residual
-  // and its push beside the gradient (transport/error_feedback.h).
+  // and its push beside the gradient, per group (transport/error_feedback.h), and gathers one
+  // group's residuals for a checkpoint at a time.
+  const double stage_floats = StageParamCount(cfg.model, spec);
   const WireDtype wire = cfg.transport.wire_dtype;
   if (D > 1 && (wire == WireDtype::kInt8 || wire == WireDtype::kAuto)) {
-    e.Add("int8 error feedback", 8 * (StageParamCount(cfg.model, spec) - ps_floats));
+    e.Add("int8 error feedback", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
   }
+  // Every group but the last is pushed from a copy while the next one's backwards run.
+  if (groups > 1) e.Add("gradients of earlier groups", 4 * (groups - 1) * stage_floats);
   e.Add("checkpoint staging", 20 * ps_floats);  // resume: the parsed model file, the optimizer file and its parse
   if (cfg.train.local_steps > 1) {
     // The stage's own AdamW (m, v, decay flags; on a GPU, beside the stage), the parameters as
@@ -127,7 +133,9 @@ absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& availab
 absl::Status CheckWorkerMemory(const JobConfig& cfg, const proto::Plan* plan, int stage, int replica, int threads,
                                int device, const MemoryLimit& available) {
   return CheckFits(absl::StrFormat("stage %d replica %d", stage, replica),
-                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica, plan), threads, device), available, cfg,
+                   WorkerMemory(cfg, stage, HostedPsFloats(cfg, stage, replica, plan), threads, device,
+                                plan != nullptr ? GroupsPerReplica(*plan, cfg) : 1),
+                   available, cfg,
                    "or split the model over more cluster.stages");
 }
 

@@ -17,8 +17,10 @@ MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads);
 // Host memory of a worker of pipeline stage `stage` hosting `ps_floats` floats of parameter-server
 // shards: its stage with the schedule's activation slots, the shards with their AdamW state, the
 // transport's buffers, checkpoint staging, the built-in corpus and the process. A stage on cuda:N
-// (`device` N; -1 is the CPU) counts only its host copies.
-MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device = -1);
+// (`device` N; -1 is the CPU) counts only its host copies. A shrunk layout's replica runs `groups`
+// of the job's replicas' micro-batches (wire_plan.h GroupsPerReplica) and pushes each group.
+MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device = -1,
+                            int groups = 1);
 // Every process of `longhaul local` together: the workers (with `threads` threads each) and the
 // coordinator.
 MemoryEstimate LocalClusterMemory(const JobConfig& cfg, int threads);

@@ -14,7 +14,34 @@ NetworkChannel::NetworkChannel(int stage, int replica, int groups, std::vector<p
                                PeerDirectory& peers, Timeline& timeline)
     : stage_(stage), replica_(replica), groups_(groups), stage_shards_(std::move(stage_shards)),
       norm_hosts_(std::move(norm_hosts)), layout_(layout), mailbox_(mailbox), peers_(peers), timeline_(timeline),
-      group_grads_(groups - 1) {}
+      feedback_(groups), group_grads_(groups - 1) {
+  for (std::vector<ErrorFeedback>& f : feedback_)
+    for (const proto::ShardPlacement& sp : stage_shards_)
+      f.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
+}
+
+bool NetworkChannel::HasFeedback(int group) const {
+  return std::any_of(feedback_[group].begin(), feedback_[group].end(),
+                     [](const ErrorFeedback& f) { return f.dtype() == WireDtype::kInt8; });
+}
+
+std::vector<float> NetworkChannel::Residuals(int group) const {
+  std::vector<float> all(layout_.total(), 0.0f);
+  for (size_t k = 0; k < stage_shards_.size(); ++k) {
+    const std::vector<float>& r = feedback_[group][k].residual();
+    const size_t begin = layout_.Range(stage_shards_[k].first_tensor(), stage_shards_[k].end_tensor()).first;
+    std::copy(r.begin(), r.end(), all.begin() + begin);
+  }
+  return all;
+}
+
+void NetworkChannel::SetResiduals(int group, const float* residuals) {
+  for (size_t k = 0; k < stage_shards_.size(); ++k) {
+    if (feedback_[group][k].dtype() != WireDtype::kInt8) continue;
+    const auto [begin, end] = layout_.Range(stage_shards_[k].first_tensor(), stage_shards_[k].end_tensor());
+    feedback_[group][k].SetResidual(residuals + begin, end - begin);
+  }
+}
 
 absl::StatusOr<std::vector<float>> NetworkChannel::Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                                         int from_replica, int shard, double* waited) {
@@ -87,12 +114,6 @@ absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from
     change_.resize(pulled_.size());
     for (size_t i = 0; i < pulled_.size(); ++i) change_[i] = pulled_[i] - params[i];
     grads = change_.data();
-  }
-  if (feedback_.empty()) {
-    feedback_.resize(groups_);
-    for (std::vector<ErrorFeedback>& f : feedback_)
-      for (const proto::ShardPlacement& sp : stage_shards_)
-        f.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
   }
   for (size_t k = 0; k < stage_shards_.size(); ++k) {
     const proto::ShardPlacement& sp = stage_shards_[k];

@@ -55,6 +55,13 @@ class NetworkChannel final : public Channel {
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
 
+  // Whether group `group`'s pushes carry error feedback (an int8 wire to some shard's host).
+  bool HasFeedback(int group) const;
+  // Group `group`'s error-feedback residuals, laid out as the stage's parameters (zero where a
+  // shard's wire keeps none), for a checkpoint; and set from one.
+  std::vector<float> Residuals(int group) const;
+  void SetResiduals(int group, const float* residuals);
+
   // A tensor a peer sends this worker, waiting for it; the seconds waited go into `*waited`.
   absl::StatusOr<std::vector<float>> Take(proto::TensorKind kind, int64_t it, int micro, int from_stage,
                                           int from_replica, int shard, double* waited);
@@ -85,7 +92,7 @@ class NetworkChannel final : public Channel {
   PsHost* ps_host_ = nullptr;
   double ps_waited_ = 0;  // while the PsHost takes pushes and waits for the global norm
   // [group][shard of stage_shards_]: int8 pushes carry error feedback, each group's its own as
-  // each replica of the job has. Not in checkpoints: a resumed int8 run starts with no residual.
+  // each replica of the job has; checkpoints keep the residuals (Residuals).
   std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.
   std::vector<float> pulled_, change_;

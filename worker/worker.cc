@@ -456,6 +456,22 @@ absl::Status Worker::Setup() {
     LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), params.data(), m.data(), v.data()).status());
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
+  // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
+  // before residuals were kept has none: its int8 pushes start without, as they used to.
+  for (int g = 0; resumed && g < groups; ++g) {
+    if (!channel_->HasFeedback(g)) continue;
+    const std::string dir =
+        (fs::path(ResidualCheckpointRoot(checkpoints, s_, r_ * groups + g)) / plan_.resume_checkpoint()).string();
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) {
+      std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
+                                   plan_.resume_checkpoint());
+      continue;
+    }
+    std::vector<float> residuals(stage_->num_params());
+    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), residuals.data(), nullptr, nullptr).status());
+    channel_->SetResiduals(g, residuals.data());
+  }
   channel_->SetPsHost(ps_host_.get());
   if (resumed) {
     LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
@@ -551,6 +567,25 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
     LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
                                       m.data(), v.data()));
+  }
+  // The error-feedback residuals of int8 pushes, one file per job replica this replica stands
+  // for: a run that goes back to this step resumes them (else an int8 run would not be bitwise).
+  const int groups = GroupsPerReplica(plan_, cfg_);
+  for (int g = 0; g < groups; ++g) {
+    if (!channel_->HasFeedback(g)) continue;
+    const int job_replica = r_ * groups + g;
+    const std::string residual_root = ResidualCheckpointRoot(root, s_, job_replica);
+    const std::vector<float> residuals = channel_->Residuals(g);
+    LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage_->layout(), residuals.data(), nullptr,
+                                      nullptr));
+    proto::CheckpointReport rep;
+    rep.set_worker_id(client_.worker_id());
+    rep.set_plan_version(plan_.version());
+    rep.set_stage(s_);
+    rep.set_step(step);
+    rep.set_directory(residual_root);
+    rep.set_residual_replica(job_replica + 1);
+    LH_RETURN_IF_ERROR(client_.ReportCheckpoint(rep));
   }
   return ps_host_->Checkpoint(step, root, cfg_.as_json, [this](proto::CheckpointReport rep) {
     rep.set_plan_version(plan_.version());

@@ -191,6 +191,10 @@ std::string LocalCheckpointRoot(const std::string& root, int stage, int replica)
   return (fs::path(root) / absl::StrFormat("local_stage_%d_replica_%d", stage, replica)).string();
 }
 
+std::string ResidualCheckpointRoot(const std::string& root, int stage, int job_replica) {
+  return (fs::path(root) / absl::StrFormat("residual_stage_%d_replica_%d", stage, job_replica)).string();
+}
+
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {
   const fs::path own = fs::path(root) / name, shard = fs::path(ShardCheckpointRoot(root, 0, 0)) / name;
   std::error_code ec;

@@ -48,6 +48,11 @@ std::string ShardCheckpointRoot(const std::string& root, int stage, int shard);
 // (train.local_steps), written beside the shards' at every checkpoint.
 std::string LocalCheckpointRoot(const std::string& root, int stage, int replica);
 
+// Where the error-feedback residuals of the int8 gradient pushes of the job's replica
+// `job_replica` of stage `stage` are kept under `root` (as parameters, laid out as the stage's):
+// a run that goes back to a checkpoint resumes them with it, so int8 pushes continue bitwise.
+std::string ResidualCheckpointRoot(const std::string& root, int stage, int job_replica);
+
 // The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
 // records the run's config: root/name for a one-process run, else the first parameter-server
 // shard's, root/stage_0_shard_0/name (every shard of a step records the same config).

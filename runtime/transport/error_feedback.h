@@ -18,6 +18,8 @@ class ErrorFeedback {
   // what the wire dtype's rounding of it loses. A stream whose length changes starts afresh.
   const float* Apply(const float* g, size_t n);
   const std::vector<float>& residual() const { return residual_; }
+  // The residual as a checkpoint kept it: the stream goes on as it would have from there.
+  void SetResidual(const float* r, size_t n) { residual_.assign(r, r + n); }
   WireDtype dtype() const { return dtype_; }
 
  private:

@@ -83,6 +83,21 @@ int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg) {
   return ReplicaMicroBatches(plan, cfg) / cfg.train.micro_batches;
 }
 
+std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const JobConfig& cfg) {
+  const WirePlan wires = WiresOf(plan);
+  const int groups = GroupsPerReplica(plan, cfg);
+  std::set<std::pair<int, int>> streams;
+  for (const proto::Assignment& a : plan.assignments())
+    for (const proto::ShardPlacement& sp : plan.shards()) {
+      if (sp.stage() != a.stage() ||
+          wires.Of(a.worker_id(), WorkerAt(plan, sp.stage(), sp.owner_replica()), proto::GRAD_PUSH) != WireDtype::kInt8) {
+        continue;
+      }
+      for (int g = 0; g < groups; ++g) streams.insert({a.stage(), a.replica() * groups + g});
+    }
+  return streams;
+}
+
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg) {
   const int64_t global = static_cast<int64_t>(cfg.cluster.replicas) * cfg.train.micro_batches;
   if (plan.replicas() >= 1 && plan.replicas() <= cfg.cluster.replicas && plan.micro_batches() >= 0 &&

@@ -10,6 +10,7 @@
 // prices each transfer by the same function.
 #include <functional>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,9 @@ int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
 // one, whose replica runs that many groups of train.micro_batches and pushes each group's
 // gradients on its own, so the shards sum the job's replicas in their order whatever the layout.
 int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg);
+// (stage, job replica) of every push stream of `plan` that carries error feedback: the replica's
+// worker pushes a shard of its stage over an int8 wire. Their residuals are part of a checkpoint.
+std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const JobConfig& cfg);
 // The iteration a plan's run stops before: the plan's stop (`longhaul local --stop-at`), else
 // train.steps.
 inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {

@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint.h"
 #include "longhaul.pb.h"
 #include "metrics/metrics_log.h"
 #include "tests/support/checkpoint_params.h"
@@ -362,15 +363,49 @@ TEST(Chaos, AFailureBeforeTheFirstCheckpointStartsTheRunOverFromItsInitialParame
       << "the final parameters differ from the uninterrupted run's";
 }
 
+// Tensors in int8 (transport.wire_dtype): each gradient push carries error feedback, whose
+// residuals every checkpoint keeps beside the shards. A worker killed mid-run sends every worker
+// back to the last checkpoint's residuals (the spare loads the dead one's), so the run still ends
+// bitwise as the uninterrupted one; a run that restarted its residuals from zero would not.
+TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
+  UseNewSecret();
+  const std::vector<std::string> sets = {"transport.wire_dtype=int8", "train.steps=150"};
+  const fs::path calm = Dir("calm_int8"), out = Dir("int8");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
+  const int status = RunJob(
+      out, 1,
+      [&](Supervisor& sup) {
+        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 55; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        KillAWorker(sup);
+      },
+      sets);
+  const std::string log = Read(out / "coordinator_1.txt");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  EXPECT_NE(log.find("takes stage"), std::string::npos) << log;
+  for (int stage = 0; stage < 2; ++stage)
+    for (int replica = 0; replica < 2; ++replica) {
+      const fs::path kept = fs::path(ResidualCheckpointRoot((out / "checkpoints").string(), stage, replica));
+      EXPECT_TRUE(fs::exists(kept / "step_00000150" / "model.safetensors")) << kept;
+    }
+  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(b->size(), 150u);
+  for (size_t i = 0; i < a->size(); ++i) ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
+  EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
+      << "the final parameters differ from the uninterrupted run's";
+}
+
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
 // 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
 // makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run
 // completes with every (step, stage, micro-batch) once and ends with the uninterrupted run's
-// parameters bit for bit (the shrunk replica pushes each job replica's gradients on its own); the
-// losses of the shrunk steps differ only in the order the report sums its micro-batches' losses.
+// parameters bit for bit (the shrunk replica pushes each job replica's gradients on its own, in
+// int8 with that replica's error feedback); the losses of the shrunk steps differ only in the
+// order the report sums its micro-batches' losses.
 TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   UseNewSecret();
-  const std::vector<std::string> sets = {"cluster.spare_wait_s=0"};
+  const std::vector<std::string> sets = {"cluster.spare_wait_s=0", "transport.wire_dtype=int8"};
   const fs::path calm = Dir("calm"), out = Dir("shrink");
   ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
   const int status = RunJob(

@@ -1,5 +1,6 @@
 // Error feedback over int8: a gradient too small for its block's step still arrives over
-// iterations, and what arrives sums to what was sent up to one rounding.
+// iterations, and what arrives sums to what was sent up to one rounding; a stream resumed from a
+// kept residual goes on as the original.
 #include "transport/error_feedback.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,24 @@ TEST(ErrorFeedback, SmallUpdatesArriveAndTheSumsAgreeUpToOneRounding) {
     EXPECT_NEAR(arrived[i] + feedback.residual()[i], sent[i], 1e-4) << i;
   }
   EXPECT_NEAR(arrived[0], sent[0], 1e-3);
+}
+
+// A stream set to a residual a checkpoint kept goes on bitwise as the stream that kept it.
+TEST(ErrorFeedback, AStreamSetToAKeptResidualGoesOnAsTheOriginal) {
+  const size_t n = 300;
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) / (1.0f + static_cast<float>(i % 9));
+  ErrorFeedback original(WireDtype::kInt8), resumed(WireDtype::kInt8);
+  for (int it = 0; it < 3; ++it) original.Apply(g.data(), n);
+  const std::vector<float> kept = original.residual();
+  resumed.SetResidual(kept.data(), kept.size());
+  for (int it = 0; it < 3; ++it) {
+    const float* a = original.Apply(g.data(), n);
+    const std::vector<float> want(a, a + n);
+    const float* b = resumed.Apply(g.data(), n);
+    EXPECT_EQ(std::vector<float>(b, b + n), want) << "iteration " << it;
+  }
+  EXPECT_EQ(resumed.residual(), original.residual());
 }
 
 TEST(ErrorFeedback, AStreamOfAnotherLengthStartsAfresh) {

@@ -46,6 +46,12 @@ TEST(MemoryCheck, WorkerCountsItsScheduleSlotsAndItsShard) {
   EXPECT_EQ(HostedPsFloats(gpipe, 0, 0) + HostedPsFloats(gpipe, 0, 1), stage_floats);
   EXPECT_EQ(WorkerMemory(gpipe, 0, HostedPsFloats(gpipe, 0, 1), 1).bytes("parameter-server shards"),
             17 * HostedPsFloats(gpipe, 0, 1));
+  // A shrunk layout's replica of two groups: twice the micro-batches, and the first group's
+  // gradients kept while the second's backwards run.
+  EXPECT_NEAR(WorkerMemory(gpipe, 0, 0, 1, -1, 2).bytes("activations"),
+              2 * WorkerMemory(gpipe, 0, 0, 1).bytes("activations"), 1);
+  EXPECT_EQ(WorkerMemory(gpipe, 0, 0, 1, -1, 2).bytes("gradients of earlier groups"), 4 * stage_floats);
+  EXPECT_EQ(WorkerMemory(gpipe, 0, 0, 1).bytes("gradients of earlier groups"), 0);
   const JobConfig central = Config({"cluster.stages=2", "cluster.replicas=2", "cluster.ps=central"});
   EXPECT_EQ(HostedPsFloats(central, 1, 0), StageParamCount(central.model, central.Stage(1)));
   EXPECT_EQ(HostedPsFloats(central, 1, 1), 0);

@@ -93,6 +93,35 @@ TEST(WirePlan, APlansReplicasMustRunTheJobsGlobalBatch) {
   EXPECT_TRUE(CheckReplicaBatches(plan, *six).ok());
 }
 
+// The push streams that carry error feedback: a replica's pushes to a shard host over an int8
+// wire, one stream per job replica it stands for (two in a shrunk layout's replica).
+TEST(WirePlan, FeedbackStreamsAreTheJobReplicasPushingOverInt8) {
+  auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 2\n", "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  proto::Plan plan;
+  plan.set_replicas(2);
+  for (int id = 0; id < 4; ++id) {
+    proto::Assignment* a = plan.add_assignments();
+    a->set_worker_id(id), a->set_stage(id % 2), a->set_replica(id / 2);
+  }
+  for (int k = 0; k < 2; ++k) {
+    proto::ShardPlacement* sp = plan.add_shards();
+    sp->set_stage(1), sp->set_shard(k), sp->set_owner_replica(k);
+  }
+  // fp32 everywhere but worker 1 -> worker 3 (stage 1 replica 0 to replica 1's shard).
+  SetWires(ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{1, 3}}, [](int, int) { return 1e6; }), plan);
+  EXPECT_EQ(FeedbackStreams(plan, *cfg), (std::set<std::pair<int, int>>{{1, 0}}));
+  plan.clear_link_wires();
+  plan.set_wire_dtype(proto::INT8);
+  EXPECT_EQ(FeedbackStreams(plan, *cfg), (std::set<std::pair<int, int>>{{1, 0}, {1, 1}})) << "stage 0 has no shard";
+  // Shrunk to replica 0 of 2 groups, which hosts both shards.
+  plan.set_replicas(1);
+  plan.set_micro_batches(2);
+  plan.mutable_assignments()->DeleteSubrange(2, 2);
+  plan.mutable_shards(1)->set_owner_replica(0);
+  EXPECT_EQ(FeedbackStreams(plan, *cfg), (std::set<std::pair<int, int>>{{1, 0}, {1, 1}}));
+}
+
 // A plan's shards are the job's cuts, each hosted once by a replica the plan runs; a coordinator
 // of another build that disagrees is named, before the worker waits for parameters nobody sends.
 TEST(WirePlan, APlansShardsMustBeTheJobsCutsEachOnAReplicaItRuns) {
