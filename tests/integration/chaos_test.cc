@@ -205,6 +205,45 @@ void UseNewSecret() {
   setenv("LONGHAUL_SECRET_FILE", secret.c_str(), 1);
 }
 
+// `out` ended as the uninterrupted `calm` did: `steps` steps, each with the same loss, and the
+// same final parameters, bit for bit.
+void ExpectTheSameRun(const fs::path& calm, const fs::path& out, size_t steps) {
+  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), steps);
+  ASSERT_EQ(b->size(), steps);
+  for (size_t i = 0; i < steps; ++i) {
+    ASSERT_EQ((*b)[i].step, static_cast<int64_t>(i + 1));
+    ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
+  }
+  const auto want = testing::LatestParams(calm), got = testing::LatestParams(out);
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
+}
+
+// The job of `sets` run undisturbed, then again with a spare and a worker killed once `after`
+// steps are in; both completed.
+struct OneFailure {
+  fs::path calm, out;
+  std::string log;  // the second run's coordinator's
+};
+OneFailure RunWithOneFailure(const std::string& name, const std::vector<std::string>& sets, size_t after) {
+  OneFailure run{Dir(name + "_calm"), Dir(name), ""};
+  EXPECT_EQ(RunJob(run.calm, 0, [](Supervisor&) {}, sets), 0) << Read(run.calm / "coordinator_1.txt");
+  const int status = RunJob(
+      run.out, 1,
+      [&](Supervisor& sup) {
+        ASSERT_TRUE(
+            sup.Await([&] { return sup.State().has_value() && sup.Steps() >= after; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        KillAWorker(sup);
+      },
+      sets);
+  run.log = Read(run.out / "coordinator_1.txt");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << run.log;
+  return run;
+}
+
 TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUninterruptedOne) {
   UseNewSecret();
   // Tensors in bf16: a resumed version's stages must hold the checkpoint's parameters as a pull
@@ -321,18 +360,7 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   for (const auto& [at, mbs] : ran)
     ASSERT_EQ(mbs, (std::multiset<int64_t>{0, 1, 2, 3})) << "step " << at.first << " stage " << at.second;
 
-  // The same losses at every step and the same final parameters, bit for bit.
-  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(a->size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(b->size(), static_cast<size_t>(kSteps));
-  for (int i = 0; i < kSteps; ++i) {
-    ASSERT_EQ((*b)[i].step, i + 1);
-    ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
-  }
-  const auto want = testing::LatestParams(calm), got = testing::LatestParams(out);
-  ASSERT_FALSE(want.empty());
-  EXPECT_TRUE(got == want) << "the final parameters differ from the uninterrupted run's";
+  ExpectTheSameRun(calm, out, kSteps);
 }
 
 // A worker killed before the job's first checkpoint (train.checkpoint_every = 0: only at the end)
@@ -340,27 +368,9 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
 // shards' starting point; the run ends bitwise as the uninterrupted one.
 TEST(Chaos, AFailureBeforeTheFirstCheckpointStartsTheRunOverFromItsInitialParameters) {
   UseNewSecret();
-  const std::vector<std::string> sets = {"train.checkpoint_every=0", "train.steps=150"};
-  const fs::path calm = Dir("calm_no_checkpoint"), out = Dir("no_checkpoint");
-  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
-  const int status = RunJob(
-      out, 1,
-      [&](Supervisor& sup) {
-        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 40; }, std::chrono::seconds(120)))
-            << sup.CoordinatorLogs();
-        KillAWorker(sup);
-      },
-      sets);
-  const std::string log = Read(out / "coordinator_1.txt");
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
-  EXPECT_NE(log.find("back to step 0"), std::string::npos) << log;
-  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(a->size(), 150u);
-  ASSERT_EQ(b->size(), 150u);
-  for (size_t i = 0; i < a->size(); ++i) ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
-  EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
-      << "the final parameters differ from the uninterrupted run's";
+  const OneFailure run = RunWithOneFailure("no_checkpoint", {"train.checkpoint_every=0", "train.steps=150"}, 40);
+  EXPECT_NE(run.log.find("back to step 0"), std::string::npos) << run.log;
+  ExpectTheSameRun(run.calm, run.out, 150);
 }
 
 // Tensors in int8 (transport.wire_dtype): each gradient push carries error feedback, whose
@@ -369,31 +379,14 @@ TEST(Chaos, AFailureBeforeTheFirstCheckpointStartsTheRunOverFromItsInitialParame
 // bitwise as the uninterrupted one; a run that restarted its residuals from zero would not.
 TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
   UseNewSecret();
-  const std::vector<std::string> sets = {"transport.wire_dtype=int8", "train.steps=150"};
-  const fs::path calm = Dir("calm_int8"), out = Dir("int8");
-  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
-  const int status = RunJob(
-      out, 1,
-      [&](Supervisor& sup) {
-        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 55; }, std::chrono::seconds(120)))
-            << sup.CoordinatorLogs();
-        KillAWorker(sup);
-      },
-      sets);
-  const std::string log = Read(out / "coordinator_1.txt");
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
-  EXPECT_NE(log.find("takes stage"), std::string::npos) << log;
+  const OneFailure run = RunWithOneFailure("int8", {"transport.wire_dtype=int8", "train.steps=150"}, 55);
+  EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
   for (int stage = 0; stage < 2; ++stage)
     for (int replica = 0; replica < 2; ++replica) {
-      const fs::path kept = fs::path(ResidualCheckpointRoot((out / "checkpoints").string(), stage, replica));
+      const fs::path kept = fs::path(ResidualCheckpointRoot((run.out / "checkpoints").string(), stage, replica));
       EXPECT_TRUE(fs::exists(kept / "step_00000150" / "model.safetensors")) << kept;
     }
-  const auto a = ReadMetrics((calm / "metrics.csv").string()), b = ReadMetrics((out / "metrics.csv").string());
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(b->size(), 150u);
-  for (size_t i = 0; i < a->size(); ++i) ASSERT_EQ((*a)[i].loss, (*b)[i].loss) << "step " << i + 1;
-  EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
-      << "the final parameters differ from the uninterrupted run's";
+  ExpectTheSameRun(run.calm, run.out, 150);
 }
 
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
