@@ -725,6 +725,17 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   }
   {
     grpc::ClientContext ctx;
+    proto::CheckpointReport ck;
+    ck.set_worker_id(0);
+    ck.set_plan_version(1);
+    ck.set_stage(0);
+    ck.set_residual_replica(2);  // replica 1's pushes, which worker 0 (replica 0) does not make
+    ck.set_step(150);
+    expect_refused("error-feedback residuals of another replica", coordinator->ReportCheckpoint(&ctx, ck, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
     proto::ProfileReport profile;
     profile.set_worker_id(77);
     profile.mutable_compute()->set_block_forward_s(std::nan(""));
