@@ -353,8 +353,10 @@ class Service final : public proto::Coordinator::Service {
       if (absl::Status st = SetLatestCheckpoint(root, req->step()); !st.ok()) {
         return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
       }
-      std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards) in %s\n",
-                                   CheckpointName(req->step()), plan_.shards_size(), root)
+      std::cout << absl::StrFormat("coordinator: checkpoint %s complete (%d shards%s) in %s\n",
+                                   CheckpointName(req->step()), plan_.shards_size(),
+                                   streams.empty() ? "" : absl::StrFormat(", %d error-feedback residuals", streams.size()),
+                                   root)
                 << std::flush;
       latest_step_ = req->step();
       latest_name_ = CheckpointName(req->step());
