@@ -73,13 +73,14 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
                             int groups) {
   const StageSpec spec = cfg.Stage(stage);
   const int P = cfg.cluster.stages, M = cfg.train.micro_batches * groups, D = cfg.cluster.replicas;
+  const double stage_floats = StageParamCount(cfg.model, spec);
   MemoryEstimate e;
   if (device < 0) {
     e = EstimateStage(Request(cfg, spec, ActivationSlots(cfg.cluster.schedule, P, stage, M), threads));
   } else {
     // The stage lives on the device (CudaStage checks that memory); the host holds the copies of
     // its parameters and gradients that travel to and from the parameter servers.
-    e.Add("host copies of the stage's parameters and gradients", 8 * StageParamCount(cfg.model, spec));
+    e.Add("host copies of the stage's parameters and gradients", 8 * stage_floats);
   }
   e.Add("parameter-server shards", 17 * ps_floats);  // parameters, summed gradients, AdamW m, v, decay flags
   // Received activations and gradients and the copies of sent gradients (M each, at most), the
@@ -87,11 +88,10 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   const double boundary = static_cast<double>(cfg.boundary_floats());
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
-        4 * (copies * static_cast<double>(M) * boundary + StageParamCount(cfg.model, spec) + (D + 1) * ps_floats));
+        4 * (copies * static_cast<double>(M) * boundary + stage_floats + (D + 1) * ps_floats));
   // An int8 push (named, or what "auto" picks on a slow link) keeps each pushed shard's residual
   // and its push beside the gradient, per group (transport/error_feedback.h), and gathers one
   // group's residuals for a checkpoint at a time.
-  const double stage_floats = StageParamCount(cfg.model, spec);
   const WireDtype wire = cfg.transport.wire_dtype;
   if (D > 1 && (wire == WireDtype::kInt8 || wire == WireDtype::kAuto)) {
     e.Add("int8 error feedback", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
@@ -102,8 +102,7 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   if (cfg.train.local_steps > 1) {
     // The stage's own AdamW (m, v, decay flags; on a GPU, beside the stage), the parameters as
     // last pulled and their change, and the local checkpoint's staging.
-    const double floats = StageParamCount(cfg.model, spec);
-    e.Add("local updates", (device < 0 ? 9 : 0) * floats + 8 * floats + 20 * floats);
+    e.Add("local updates", (device < 0 ? 9 : 0) * stage_floats + 8 * stage_floats + 20 * stage_floats);
   }
   AddProcess(cfg, e);
   return e;

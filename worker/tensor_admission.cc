@@ -13,7 +13,7 @@ namespace longhaul {
 
 void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
   std::map<Source, Expected> expected;
-  const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg);
+  const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg), groups = GroupsPerReplica(plan, cfg);
   const uint64_t boundary = cfg.boundary_floats();
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);
@@ -34,8 +34,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
       // gradients, the group as the micro-batch.
       for (int r = 0; r < plan.replicas(); ++r)
         if (r != replica) {
-          expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, GroupsPerReplica(plan, cfg),
-                                                                dtype(proto::GRAD_PUSH, stage, r)};
+          expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, groups, dtype(proto::GRAD_PUSH, stage, r)};
         }
     } else {
       expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, wires.params_dtype};

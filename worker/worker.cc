@@ -568,6 +568,11 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
                                       m.data(), v.data()));
   }
+  auto report = [this](proto::CheckpointReport rep) {
+    rep.set_worker_id(client_.worker_id());
+    rep.set_plan_version(plan_.version());
+    return client_.ReportCheckpoint(rep);
+  };
   // The error-feedback residuals of int8 pushes, one file per job replica this replica stands
   // for: a run that goes back to this step resumes them (else an int8 run would not be bitwise).
   const int groups = GroupsPerReplica(plan_, cfg_);
@@ -579,18 +584,13 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage_->layout(), residuals.data(), nullptr,
                                       nullptr));
     proto::CheckpointReport rep;
-    rep.set_worker_id(client_.worker_id());
-    rep.set_plan_version(plan_.version());
     rep.set_stage(s_);
     rep.set_step(step);
     rep.set_directory(residual_root);
     rep.set_residual_replica(job_replica + 1);
-    LH_RETURN_IF_ERROR(client_.ReportCheckpoint(rep));
+    LH_RETURN_IF_ERROR(report(rep));
   }
-  return ps_host_->Checkpoint(step, root, cfg_.as_json, [this](proto::CheckpointReport rep) {
-    rep.set_plan_version(plan_.version());
-    return client_.ReportCheckpoint(rep);
-  });
+  return ps_host_->Checkpoint(step, root, cfg_.as_json, report);
 }
 
 absl::Status Worker::RunPlan() {
