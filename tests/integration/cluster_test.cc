@@ -532,6 +532,19 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h = header(boundary, 0, boundary);
   h.set_kind(proto::LINK_PROBE);
   cases.push_back({"a link probe after the plan", h, absl::StatusCode::kFailedPrecondition});
+  // Replica 1's gradient push to the shard this worker hosts: one group per replica in this
+  // layout (the group travels as the micro-batch), and the shard's size, no more.
+  h = header(boundary, 0, boundary);
+  h.set_kind(proto::GRAD_PUSH);
+  h.set_from_stage(1);
+  h.set_from_replica(1);
+  h.set_micro_batch(1);
+  cases.push_back({"a push of a second group", h, absl::StatusCode::kOutOfRange});
+  h = header(uint64_t{1} << 34, 0, uint64_t{1} << 34);
+  h.set_kind(proto::GRAD_PUSH);
+  h.set_from_stage(1);
+  h.set_from_replica(1);
+  cases.push_back({"a push of 2^34 elements", h, absl::StatusCode::kInvalidArgument});
   // Another parameter-server host's norm partials: two floats per shard it hosts, no more.
   h = header(uint64_t{1} << 34, 0, uint64_t{1} << 34);
   h.set_kind(proto::NORM);
