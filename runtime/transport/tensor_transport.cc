@@ -624,7 +624,7 @@ class PeerConnection {
       // Whole acknowledgements are taken as soon as they are in: what waits is at most one.
       while (acks_.size() >= 4) {
         const uint32_t n = GetU32(reinterpret_cast<const uint8_t*>(acks_.data()));
-        if (n > kMaxAckBytes || awaiting_.empty()) {
+        if (n > kMaxAckBytes || (awaiting_.empty() && !proof_unacknowledged_)) {
           return absl::DataLossError("the receiver sent what is no acknowledgement: is it a longhaul worker?");
         }
         if (acks_.size() < 4 + n) break;
@@ -634,6 +634,10 @@ class PeerConnection {
         }
         acks_.erase(0, 4 + n);
         const absl::Status s = AckStatus(ack);
+        if (std::exchange(proof_unacknowledged_, false)) {
+          if (!s.ok()) return s;  // every part written after the proof fails with the refusal
+          continue;
+        }
         // A part is acknowledged after its last byte; a refusal may come sooner.
         if (s.ok() && !awaiting_.front().written) {
           return absl::DataLossError("the receiver acknowledged a tensor before it was sent: is it a longhaul worker?");
@@ -680,10 +684,15 @@ class PeerConnection {
     }
     fd_ = *fd;
     acks_.clear();
+    proof_unacknowledged_ = true;
     return absl::OkStatus();
   }
 
   // The hello, then each side's proof that it holds the job secret (TensorServer::ServeHello).
+  // The receiver's acknowledgement of this side's proof is read with the parts' (PumpAcks): the
+  // first part follows the proof at once, one round trip after the hello rather than two, which
+  // on a long link is what a new plan version's first tensor would wait for. The receiver has
+  // proved itself by then, so nothing reaches a peer without the job's secret.
   absl::Status Handshake(int fd, Deadline deadline) {
     absl::StatusOr<std::string> nonce = RandomNonce();
     if (!nonce.ok()) return nonce.status();
@@ -704,8 +713,7 @@ class PeerConnection {
           address_, opt_.secret.source()));
     }
     const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce);
-    if (absl::Status s = WriteAll(fd, proof.data(), proof.size(), deadline, cancel_); !s.ok()) return s;
-    return ReadAck(fd, deadline, cancel_);
+    return WriteAll(fd, proof.data(), proof.size(), deadline, cancel_);
   }
 
   // A cancelled wait means this connection was cancelled: say by whom.
@@ -738,6 +746,7 @@ class PeerConnection {
   // The thread's alone, or the caller's that claimed it:
   std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
   std::string acks_;              // bytes of acknowledgements not yet whole
+  bool proof_unacknowledged_ = false;  // the next acknowledgement is the handshake's (Handshake)
   int fd_ = -1;
   std::thread thread_;
 };

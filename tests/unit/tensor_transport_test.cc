@@ -19,6 +19,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -522,6 +523,13 @@ TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
 
 // A receiver that is no longhaul worker: it reads whatever comes and answers the n-th read with
 // reply(what it read, n).
+// An acknowledgement as a receiver writes it: its length (u32, little-endian), then its bytes.
+std::string Framed(const proto::TensorAck& ack) {
+  std::string frame;
+  for (int i = 0; i < 4; ++i) frame.push_back(static_cast<char>((ack.ByteSizeLong() >> (8 * i)) & 0xff));
+  return frame + ack.SerializeAsString();
+}
+
 class FakeReceiver {
  public:
   explicit FakeReceiver(std::function<std::string(const std::string&, int)> reply) : reply_(std::move(reply)) {
@@ -588,9 +596,7 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
   const std::string huge = std::string("\xff\xff\xff\xff") + std::string(64, 'x');
   proto::TensorAck ok;
   ok.set_ok(true);
-  std::string ok_frame;
-  for (int i = 0; i < 4; ++i) ok_frame.push_back(static_cast<char>((ok.ByteSizeLong() >> (8 * i)) & 0xff));
-  ok_frame += ok.SerializeAsString();
+  const std::string ok_frame = Framed(ok);
   TransportOptions opt;
   opt.job_id = "jobA";
   opt.timeout = std::chrono::seconds(10);
@@ -603,10 +609,11 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
     EXPECT_NE(s.message().find("not a longhaul worker"), std::string::npos) << s;
   }
   {
-    // It knows the (empty) secret and says so, then answers the part with garbage.
+    // It knows the (empty) secret and says so, accepts the sender's proof, then answers the part
+    // with garbage (the part follows the proof without waiting for its acknowledgement).
     FakeReceiver at_part([&](const std::string& got, int n) {
       if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
-      return n == 1 ? ok_frame : huge;
+      return n == 1 ? ok_frame + huge : std::string();
     });
     const absl::Status s = TensorClient(at_part.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
@@ -615,6 +622,38 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
   const int64_t grew = testing::ResidentBytes() - rss;
   std::cout << "two garbage receivers: resident memory grew by " << grew / 1024 << " KiB\n";
   EXPECT_LT(grew, 16 << 20);
+}
+
+// The first part follows the sender's proof at once, one round trip after the hello; a receiver
+// that refuses the proof fails that part with its reason.
+TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledgement) {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);
+  const std::vector<float> x = Ramp(1000);
+  std::string after_hello;
+  std::mutex mu;
+  proto::TensorAck refusal;
+  refusal.set_ok(false);
+  refusal.set_code(static_cast<int32_t>(absl::StatusCode::kPermissionDenied));
+  refusal.set_error("refused: the peer does not hold this job's secret");
+  const std::string refusal_frame = Framed(refusal);
+  {
+    // It proves itself, then says nothing until the part's bytes are in: the proof's
+    // acknowledgement comes only then, and it is a refusal.
+    FakeReceiver receiver([&](const std::string& got, int n) {
+      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      std::lock_guard<std::mutex> lock(mu);
+      after_hello += got;
+      return after_hello.size() >= kProofBytes + x.size() * sizeof(float) ? refusal_frame : std::string();
+    });
+    const absl::Status s = TensorClient(receiver.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_NE(s.message().find("does not hold this job's secret"), std::string::npos) << s;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_GT(after_hello.size(), kProofBytes + x.size() * sizeof(float))
+      << "the part was not sent before the proof was acknowledged";
 }
 
 TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
