@@ -10,10 +10,29 @@
 
 namespace longhaul {
 
+TensorClient& ClientPool::Get(int to, const std::string& dial, const TransportOptions& transport) {
+  std::unique_ptr<TensorClient>& c = clients_[{to, dial, transport.connections}];
+  if (c) {
+    c->Rearm(transport.canceller);
+  } else {
+    c = std::make_unique<TensorClient>(dial, transport);
+  }
+  return *c;
+}
+
+void ClientPool::KeepOnly(const proto::Plan& plan) {
+  std::erase_if(clients_, [&plan](const auto& entry) {
+    const int worker = std::get<0>(entry.first);
+    return std::none_of(plan.assignments().begin(), plan.assignments().end(),
+                        [worker](const proto::Assignment& a) { return a.worker_id() == worker; });
+  });
+}
+
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
-                             std::map<std::string, std::string> dial_map)
+                             std::map<std::string, std::string> dial_map, ClientPool* pool)
     : plan_(plan), self_(WorkerAt(plan, stage, replica)), wires_(WiresOf(plan)), connections_(LinkConnectionsOf(plan)),
-      stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)) {}
+      stage_(stage), replica_(replica), transport_(std::move(transport)), dial_map_(std::move(dial_map)),
+      pool_(pool) {}
 
 absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(const std::string& path) {
   std::ifstream f(path);
@@ -35,14 +54,14 @@ WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) 
 }
 
 TensorClient& PeerDirectory::Client(int to, const std::string& address) {
-  std::unique_ptr<TensorClient>& c = clients_[address];
+  TensorClient*& c = clients_[address];
   if (!c) {
     auto via = dial_map_.find(address);
     TransportOptions transport = transport_;
     if (auto n = connections_.find({self_, to}); n != connections_.end()) {
       transport.connections = n->second;
     }
-    c = std::make_unique<TensorClient>(via == dial_map_.end() ? address : via->second, transport);
+    c = &pool_->Get(to, via == dial_map_.end() ? address : via->second, transport);
   }
   return *c;
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,12 +19,30 @@
 
 namespace longhaul {
 
+// The clients of the peers this worker sends to, kept from one plan version to the next: a
+// connection its version's end found between tensors stays open, so the next version's first
+// tensors on it pay no connect and no handshake (a round trip before the data, on a long link)
+// nor TCP's slow start. A client is the peer's by worker id, which the coordinator never gives
+// again: a restarted process is a new worker with new connections.
+class ClientPool {
+ public:
+  // The client of worker `to`, dialled at `dial` over transport.connections connections, serving
+  // transport.canceller (a kept client is rearmed with it).
+  // REQUIRES: every send of the previous version is done (NetworkChannel::Drain).
+  TensorClient& Get(int to, const std::string& dial, const TransportOptions& transport);
+  // Closes the clients of workers that have no place in `plan`.
+  void KeepOnly(const proto::Plan& plan);
+
+ private:
+  std::map<std::tuple<int, std::string, int>, std::unique_ptr<TensorClient>> clients_;  // worker, dial, connections
+};
+
 class PeerDirectory {
  public:
   // This worker runs (stage, replica) of `plan`; `dial_map` maps a peer's address to the address
-  // to dial instead.
+  // to dial instead. The clients come from `pool`, which must outlive the directory.
   PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
-                std::map<std::string, std::string> dial_map);
+                std::map<std::string, std::string> dial_map, ClientPool* pool);
   // Reads a dial map: "peer_address dial_instead" per line.
   static absl::StatusOr<std::map<std::string, std::string>> ReadDialMap(const std::string& path);
 
@@ -71,7 +90,8 @@ class PeerDirectory {
   const int stage_, replica_;
   TransportOptions transport_;
   std::map<std::string, std::string> dial_map_;
-  std::map<std::string, std::unique_ptr<TensorClient>> clients_;
+  ClientPool* pool_;
+  std::map<std::string, TensorClient*> clients_;  // this version's, by the peer's address
   std::map<std::pair<int, int>, uint64_t> sent_bytes_;
   std::vector<InFlight> in_flight_;
   absl::Status unaddressed_;  // a send to a (stage, replica) the plan does not have

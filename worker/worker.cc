@@ -138,6 +138,7 @@ class Worker {
   std::unique_ptr<Stage> stage_;
   std::string stage_key_;  // what stage_ was built for (StageKey)
   std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
+  ClientPool clients_;  // outlives each version's peers_, whose clients they are
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<NetworkChannel> channel_;
   std::unique_ptr<PsHost> ps_host_;
@@ -328,7 +329,8 @@ absl::Status Worker::Setup() {
   admission_.SetPlan(plan_, cfg_, s_, r_);
   // The links open (a round trip or two each) while the stage is built and the others set up:
   // opened after, they cost a spare's first sends 0.02-0.03 s on 10 ms links.
-  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_);
+  clients_.KeepOnly(plan_);
+  peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
   peers_->OpenLinks();
 
   LH_RETURN_IF_ERROR(LoadData(cfg_, plan_.config_toml()));

@@ -416,13 +416,14 @@ constexpr size_t kDirectWriteBytes = 16u << 10;
 
 class PeerConnection {
  public:
-  PeerConnection(std::string address, const TransportOptions& opt) : address_(std::move(address)), opt_(opt) {
-    if (opt_.canceller && !opt_.canceller->Register(this)) cancelled_ = opt_.canceller->reason();
+  PeerConnection(std::string address, const TransportOptions& opt)
+      : address_(std::move(address)), opt_(opt), canceller_(opt.canceller) {
+    if (canceller_ && !canceller_->Register(this)) cancelled_ = canceller_->reason();
     thread_ = std::thread([this] { Run(); });
   }
 
   ~PeerConnection() {
-    if (opt_.canceller) opt_.canceller->Unregister(this);
+    if (canceller_) canceller_->Unregister(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -473,9 +474,22 @@ class PeerConnection {
     cancel_.Wake();
   }
 
+  // Serves `canceller` from now on, once the thread has ended what the last cancellation ended.
+  void Rearm(std::shared_ptr<SendCanceller> canceller) {
+    if (canceller_) canceller_->Unregister(this);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return cancelled_.empty() || cancel_handled_; });
+      cancelled_.clear();
+      cancel_handled_ = false;
+      cancel_.Clear();
+      canceller_ = std::move(canceller);
+    }
+    if (canceller_ && !canceller_->Register(this)) Cancel(canceller_->reason());
+  }
+
  private:
   void Run() {
-    bool cancel_handled = false;
     for (;;) {
       std::deque<OutPart> next;
       std::string cancelled;
@@ -488,7 +502,7 @@ class PeerConnection {
         if (awaiting_.empty()) {
           idle_ = true;
           cv_.wait(lock, [&] {
-            return !claimed_ && (stop_ || (!cancelled_.empty() && !cancel_handled) || !queue_.empty() ||
+            return !claimed_ && (stop_ || (!cancelled_.empty() && !cancel_handled_) || !queue_.empty() ||
                                  !awaiting_.empty() || open_soon_);
           });
           idle_ = false;
@@ -507,8 +521,15 @@ class PeerConnection {
         // Once cancelled, every part fails at once, those queued later too.
         const absl::Status why = absl::CancelledError(stop && cancelled.empty() ? "the sender was closed" : cancelled);
         for (OutPart& p : next) p.Done(why);
-        Broken(why);
-        cancel_handled = true;
+        // A connection with nothing awaiting an acknowledgement is between tensors (a part is
+        // awaited from its first byte): it stays open for whoever rearms it (a plan version's
+        // next, which then pays no connect and no handshake on a long link).
+        if (!awaiting_.empty() || stop) Broken(why);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          cancel_handled_ = true;
+        }
+        cv_.notify_all();
         if (stop) return;
         continue;
       }
@@ -742,6 +763,8 @@ class PeerConnection {
   bool idle_ = false;     // the thread waits for work, with nothing awaiting acknowledgement
   bool claimed_ = false;  // a caller writes a part on the idle thread's behalf
   bool open_soon_ = false;  // OpenSoon asked the thread to connect
+  bool cancel_handled_ = false;  // the thread failed what cancelled_ ends
+  std::shared_ptr<SendCanceller> canceller_;  // the one this connection is registered with
   WakeFd cancel_, kick_;
   // The thread's alone, or the caller's that claimed it:
   std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
@@ -818,6 +841,11 @@ TensorClient::~TensorClient() = default;
 
 void TensorClient::OpenSoon() {
   for (auto& c : connections_) c->OpenSoon();
+}
+
+void TensorClient::Rearm(std::shared_ptr<SendCanceller> canceller) {
+  options_.canceller = canceller;
+  for (auto& c : connections_) c->Rearm(canceller);
 }
 
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {

@@ -61,8 +61,9 @@ std::string SenderProof(const JobSecret& secret, const std::string& job, const s
 class PeerConnection;
 struct OutPart;
 
-// Stops every send in flight through the clients that share it, and every later one, with a
-// reason: a stopped job must not wait out transport.timeout_s on a peer that is gone.
+// Stops every send in flight through the clients that share it, and every later one until a
+// client is rearmed with another (TensorClient::Rearm), with a reason: a stopped job must not wait
+// out transport.timeout_s on a peer that is gone.
 class SendCanceller {
  public:
   void Cancel(const std::string& reason);
@@ -228,6 +229,10 @@ class TensorClient {
   // connection and the hello (round trips on a long link); returns at once. A connection that
   // cannot open now opens at its first send, which reports the error.
   void OpenSoon();
+  // Serves sends under `canceller` from now on (a new plan version's). The connections its last
+  // canceller found between tensors are still open; the others connect again at their next part.
+  // REQUIRES: every SendOp of this client is done.
+  void Rearm(std::shared_ptr<SendCanceller> canceller);
 
  private:
   std::string address_;

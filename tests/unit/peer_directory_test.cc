@@ -33,7 +33,8 @@ TEST(PeerDirectory, SendsReachThePeerThroughTheDialMapAndAreTimed) {
   transport.job_id = "job";
   transport.timeout = std::chrono::seconds(10);
   // stage-one:7071 names no host: only the dial map leads to the server.
-  PeerDirectory peers(Plan(), 0, 0, transport, {{"stage-one:7071", (*server)->address()}});
+  ClientPool pool;
+  PeerDirectory peers(Plan(), 0, 0, transport, {{"stage-one:7071", (*server)->address()}}, &pool);
   EXPECT_EQ(peers.AddressOf(1, 0), "stage-one:7071");
   EXPECT_EQ(peers.AddressOf(0, 0), "stage-zero:7071");
   EXPECT_EQ(peers.AddressOf(2, 0), "");
@@ -51,7 +52,8 @@ TEST(PeerDirectory, SendsReachThePeerThroughTheDialMapAndAreTimed) {
 }
 
 TEST(PeerDirectory, ASendToAWorkerThePlanDoesNotHaveFailsAtFlush) {
-  PeerDirectory peers(Plan(), 0, 0, TransportOptions{}, {});
+  ClientPool pool;
+  PeerDirectory peers(Plan(), 0, 0, TransportOptions{}, {}, &pool);
   const std::vector<float> x(10, 1.0f);
   peers.Send(5, 0, proto::GRADIENT, 0, 0, 0, x.data(), x.size());
   Timeline timeline;

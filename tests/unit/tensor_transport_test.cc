@@ -656,6 +656,47 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
       << "the part was not sent before the proof was acknowledged";
 }
 
+// A plan version's end cancels its sends; a connection it found between tensors stays open, and
+// the next version's canceller rearms it. The receiver takes one connection only: a client that
+// connected again would wait out its timeout for a hello that never comes.
+TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnectingAgain) {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(3);
+  opt.canceller = std::make_shared<SendCanceller>();
+  const std::vector<float> x = Ramp(10);
+  proto::TensorAck ok;
+  ok.set_ok(true);
+  std::string stream;  // after the hello: the proof, then parts
+  bool proved = false;
+  FakeReceiver receiver([&](const std::string& got, int n) {
+    if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+    stream += got;
+    std::string acks;
+    if (!proved && stream.size() >= kProofBytes) stream.erase(0, kProofBytes), proved = true, acks += Framed(ok);
+    for (;;) {  // each whole part: its header's length, the header, its bytes and checksum
+      if (stream.size() < 4) break;
+      const uint32_t header_bytes = static_cast<uint8_t>(stream[0]) | static_cast<uint8_t>(stream[1]) << 8 |
+                                    static_cast<uint8_t>(stream[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(stream[3])) << 24;
+      proto::TensorHeader h;
+      if (stream.size() < 4 + header_bytes || !h.ParseFromArray(stream.data() + 4, static_cast<int>(header_bytes))) break;
+      const size_t whole = 4 + header_bytes + h.part_elements() * sizeof(float) + 4;
+      if (stream.size() < whole) break;
+      stream.erase(0, whole);
+      acks += Framed(ok);
+    }
+    return acks;
+  });
+  TensorClient client(receiver.address(), opt);
+  ASSERT_TRUE(client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait().ok());
+  opt.canceller->Cancel("plan version 2 replaces version 1");
+  const absl::Status cancelled = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  client.Rearm(std::make_shared<SendCanceller>());
+  const absl::Status again = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  EXPECT_TRUE(again.ok()) << again << " (it connected again)";
+}
+
 TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
   TransportOptions opt;
   opt.timeout = std::chrono::seconds(60);
