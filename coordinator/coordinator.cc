@@ -429,11 +429,18 @@ class Service final : public proto::Coordinator::Service {
       members_.Reachable(id);
     }
     uint64_t told = plan_.version();
+    std::optional<uint64_t> told_members;  // members_.changes() when last told
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
-      if (plan_.version() > told) {
+      if (plan_.version() > told || told_members != members_.changes()) {
         told = plan_.version();
+        told_members = members_.changes();
         proto::LifelineNews n;
         n.set_plan_version(told);
+        for (const auto& [worker, reg] : members_.registrations()) {
+          proto::Peer* p = n.add_members();
+          p->set_worker_id(worker);
+          p->set_address(reg.address());
+        }
         lock.unlock();
         const bool sent = news->Write(n);
         lock.lock();

@@ -47,6 +47,7 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   Worker& w = workers_[id] = Worker();
   w.reg = req;
   w.last_seen = now;
+  ++changes_;
   return id;
 }
 
@@ -142,7 +143,10 @@ absl::Status Membership::Check(int id) const {
   return absl::OkStatus();
 }
 
-void Membership::Lose(int id) { workers_.at(id).lost = true; }
+void Membership::Lose(int id) {
+  workers_.at(id).lost = true;
+  ++changes_;
+}
 
 void Membership::CutOff(int id, Clock::time_point now) { workers_.at(id).cut_off = now; }
 
@@ -232,6 +236,7 @@ void Membership::Restore(const proto::WorkerRecord& record, Clock::time_point no
   w.last_seen = now;
   if (record.has_profile()) w.profile = record.profile();
   w.lost = record.lost();
+  ++changes_;
 }
 
 std::vector<std::string> Membership::timelines() const {

@@ -99,6 +99,8 @@ class Membership {
   const proto::RegisterRequest& registration(int id) const { return workers_.at(id).reg; }
   // Of the workers not lost.
   std::map<int, proto::RegisterRequest> registrations() const;
+  // Counts registrations, losses and restores: registrations() may differ from when it was less.
+  uint64_t changes() const { return changes_; }
   // The slots of the first plan no worker holds yet.
   std::vector<int> Unfilled() const;
   // Every worker ever registered, lost ones too, for the job state file.
@@ -127,6 +129,7 @@ class Membership {
   const int expected_, spares_;
   const double dead_after_s_, suspect_silent_s_, cut_off_silent_s_;
   std::map<int, Worker> workers_;
+  uint64_t changes_ = 0;
 };
 
 }  // namespace longhaul

@@ -65,7 +65,13 @@ void CoordinatorClient::HoldLifeline() {
     const auto held = Clock::now();
     std::unique_ptr<grpc::ClientReader<proto::LifelineNews>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
     proto::LifelineNews news;
-    while (reader->Read(&news)) HeardOfPlan(news.plan_version());
+    while (reader->Read(&news)) {
+      if (news.members_size() > 0) {
+        std::lock_guard<std::mutex> lock(members_mu_);
+        members_.emplace(news.members().begin(), news.members().end());
+      }
+      HeardOfPlan(news.plan_version());
+    }
     (void)reader->Finish();
     // A lifeline held a while and then lost (its connection reset) is held again at once: the
     // coordinator loses this worker if it is not back within cluster.lifeline_grace_s. One refused
@@ -73,6 +79,11 @@ void CoordinatorClient::HoldLifeline() {
     if (Clock::now() - held > std::chrono::seconds(1)) continue;
     for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+std::optional<std::vector<proto::Peer>> CoordinatorClient::TakeMembers() {
+  std::lock_guard<std::mutex> lock(members_mu_);
+  return std::exchange(members_, std::nullopt);
 }
 
 std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {

@@ -9,8 +9,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -53,6 +55,9 @@ class CoordinatorClient {
   absl::Status ReportLinks(const proto::LinkReport& report);
   // Says this worker installed plan `version` and waits until every worker has.
   absl::Status AwaitStart(uint64_t version);
+  // The workers not lost, with their tensor addresses, where the lifeline brought news of them
+  // since the last call.
+  std::optional<std::vector<proto::Peer>> TakeMembers();
   // What the heartbeats report as the iteration under way.
   void SetIteration(int64_t it) { iteration_ = it; }
   // Deadlines of the calls below: transport.timeout_s, once the plan is known.
@@ -102,6 +107,8 @@ class CoordinatorClient {
   std::thread heartbeat_;
   std::mutex lifeline_mu_;  // guards lifeline_ctx_'s replacement and its cancellation at the end
   std::unique_ptr<grpc::ClientContext> lifeline_ctx_;
+  std::mutex members_mu_;
+  std::optional<std::vector<proto::Peer>> members_;  // the lifeline's news, until TakeMembers
   std::thread lifeline_;
 };
 

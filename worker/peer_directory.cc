@@ -20,12 +20,15 @@ TensorClient& ClientPool::Get(int to, const std::string& dial, const TransportOp
   return *c;
 }
 
-void ClientPool::KeepOnly(const proto::Plan& plan) {
-  std::erase_if(clients_, [&plan](const auto& entry) {
-    const int worker = std::get<0>(entry.first);
-    return std::none_of(plan.assignments().begin(), plan.assignments().end(),
-                        [worker](const proto::Assignment& a) { return a.worker_id() == worker; });
-  });
+void ClientPool::Warm(int to, const std::string& dial, const TransportOptions& transport) {
+  std::unique_ptr<TensorClient>& c = clients_[{to, dial, transport.connections}];
+  if (c) return;
+  c = std::make_unique<TensorClient>(dial, transport);
+  c->OpenSoon();
+}
+
+void ClientPool::KeepOnly(const std::set<int>& workers) {
+  std::erase_if(clients_, [&workers](const auto& entry) { return !workers.count(std::get<0>(entry.first)); });
 }
 
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,
@@ -43,6 +46,11 @@ absl::StatusOr<std::map<std::string, std::string>> PeerDirectory::ReadDialMap(co
   return map;
 }
 
+std::string PeerDirectory::Dial(const std::map<std::string, std::string>& dial_map, const std::string& address) {
+  auto via = dial_map.find(address);
+  return via == dial_map.end() ? address : via->second;
+}
+
 std::string PeerDirectory::AddressOf(int stage, int replica) const {
   for (const proto::Assignment& a : plan_.assignments())
     if (a.stage() == stage && a.replica() == replica) return a.address();
@@ -56,12 +64,11 @@ WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) 
 TensorClient& PeerDirectory::Client(int to, const std::string& address) {
   TensorClient*& c = clients_[address];
   if (!c) {
-    auto via = dial_map_.find(address);
     TransportOptions transport = transport_;
     if (auto n = connections_.find({self_, to}); n != connections_.end()) {
       transport.connections = n->second;
     }
-    c = &pool_->Get(to, via == dial_map_.end() ? address : via->second, transport);
+    c = &pool_->Get(to, Dial(dial_map_, address), transport);
   }
   return *c;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -30,8 +31,12 @@ class ClientPool {
   // transport.canceller (a kept client is rearmed with it).
   // REQUIRES: every send of the previous version is done (NetworkChannel::Drain).
   TensorClient& Get(int to, const std::string& dial, const TransportOptions& transport);
-  // Closes the clients of workers that have no place in `plan`.
-  void KeepOnly(const proto::Plan& plan);
+  // Opens the connections to worker `to` now, where the pool has no such client yet: a peer that
+  // may have a place in the next version (a spare), or in the first.
+  void Warm(int to, const std::string& dial, const TransportOptions& transport);
+  // Closes the clients of every other worker.
+  // REQUIRES: no PeerDirectory uses them.
+  void KeepOnly(const std::set<int>& workers);
 
  private:
   std::map<std::tuple<int, std::string, int>, std::unique_ptr<TensorClient>> clients_;  // worker, dial, connections
@@ -45,6 +50,8 @@ class PeerDirectory {
                 std::map<std::string, std::string> dial_map, ClientPool* pool);
   // Reads a dial map: "peer_address dial_instead" per line.
   static absl::StatusOr<std::map<std::string, std::string>> ReadDialMap(const std::string& path);
+  // Where to dial the peer at `address`.
+  static std::string Dial(const std::map<std::string, std::string>& dial_map, const std::string& address);
 
   const TransportOptions& transport() const { return transport_; }
   // What a tensor of `kind` from this worker to the one running (stage, replica) travels in: the

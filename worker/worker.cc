@@ -12,6 +12,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -63,6 +65,10 @@ class Worker {
   // The job's data, loaded once for `config_toml` (the job config's text).
   absl::Status LoadData(const JobConfig& cfg, const std::string& config_toml);
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
+  // Where the lifeline told of the workers not lost, opens connections to the new ones among them
+  // (ClientPool::Warm): a recovery's first tensors between a spare and the others, and a plan's
+  // first, then find them open.
+  void WarmClients(const JobConfig& cfg);
   // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
   // move to plan_, then its parts are built.
   absl::Status Setup();
@@ -139,6 +145,7 @@ class Worker {
   std::string stage_key_;  // what stage_ was built for (StageKey)
   std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
   ClientPool clients_;  // outlives each version's peers_, whose clients they are
+  std::vector<proto::Peer> members_;  // the workers not lost, as the lifeline last told
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<NetworkChannel> channel_;
   std::unique_ptr<PsHost> ps_host_;
@@ -212,6 +219,7 @@ absl::Status Worker::Join() {
                                  client_.worker_id(), warm_stages_.size(), cfg.cluster.stages)
               << std::flush;
   }
+  WarmClients(cfg);
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan(0));
   return absl::OkStatus();
 }
@@ -248,6 +256,16 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
     }
     if (warmed) warm_stages_[StageKey(s, *device, request.slots, config_toml)] = *std::move(stage);
   }
+}
+
+void Worker::WarmClients(const JobConfig& cfg) {
+  std::optional<std::vector<proto::Peer>> news = client_.TakeMembers();
+  if (!news) return;
+  members_ = *std::move(news);
+  const TransportOptions transport = TransportFor(cfg, cfg.cluster.job_id);
+  for (const proto::Peer& p : members_)
+    if (p.worker_id() != client_.worker_id())
+      clients_.Warm(p.worker_id(), PeerDirectory::Dial(dial_map_, p.address()), transport);
 }
 
 TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& job_id) const {
@@ -329,7 +347,10 @@ absl::Status Worker::Setup() {
   admission_.SetPlan(plan_, cfg_, s_, r_);
   // The links open (a round trip or two each) while the stage is built and the others set up:
   // opened after, they cost a spare's first sends 0.02-0.03 s on 10 ms links.
-  clients_.KeepOnly(plan_);
+  std::set<int> known;
+  for (const proto::Assignment& a : plan_.assignments()) known.insert(a.worker_id());
+  for (const proto::Peer& p : members_) known.insert(p.worker_id());
+  clients_.KeepOnly(known);
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
   peers_->OpenLinks();
 
@@ -634,6 +655,7 @@ absl::Status Worker::RunPlan() {
   int64_t it = start;
   for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
+    WarmClients(cfg_);
     // The previous iteration's parameters too, while they are still to be pulled.
     const int64_t behind = executor_->pull_pending() >= 0 ? 1 : 0;
     mailbox_.SetWindow(it - behind, WindowIterations() + behind);
