@@ -57,6 +57,17 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   have_plan_ = true;
 }
 
+bool PlanAdmission::Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration waited) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return h.kind() != proto::LINK_PROBE && h.plan_version() > plan_version_ &&
+         (h.plan_version() <= expected_version_ || waited < kUnheardPatience);
+}
+
+void PlanAdmission::Expect(uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expected_version_ = std::max(expected_version_, version);
+}
+
 absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (h.kind() == proto::LINK_PROBE) {

@@ -6,6 +6,7 @@
 // plan fixes, in the plan's wire dtype, under the plan's version; with local updates, pushes and
 // parameters only on the iterations that exchange. Which iterations are accepted is the Mailbox's
 // window. Before the plan, only link probes of bounded size (worker/link_probe.h).
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -27,6 +28,14 @@ class PlanAdmission : public TensorAdmission {
   void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica);
 
   absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const override;
+  // A version newer than the one set: a resumed version has no start barrier (Worker::RunPlan),
+  // so a peer that set it up sooner sends before this worker has. One this worker heard of
+  // (Expect) is waited for as long as its set-up takes; another only kUnheardPatience, as a peer
+  // may hear of a version a moment sooner, and a crafted one must not hold a connection for long.
+  bool Ahead(const proto::TensorHeader& header, std::chrono::steady_clock::duration waited) const override;
+  // Plan `version` is coming: the coordinator published it.
+  void Expect(uint64_t version);
+  static constexpr std::chrono::seconds kUnheardPatience{1};
 
  private:
   struct Expected {
@@ -39,6 +48,7 @@ class PlanAdmission : public TensorAdmission {
   mutable std::mutex mu_;
   bool have_plan_ = false;
   uint64_t plan_version_ = 0;
+  uint64_t expected_version_ = 0;  // the newest Expect'ed
   int stage_ = 0, replica_ = 0;
   std::map<Source, Expected> expected_;
   // With local updates, pushes and parameters travel only on the iterations that exchange (and

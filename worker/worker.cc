@@ -160,7 +160,7 @@ class Worker {
 void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (newer_plan > 0 && installed_ >= newer_plan) return;
-  if (newer_plan > 0) heard_of_plan_ = Clock::now();
+  if (newer_plan > 0) heard_of_plan_ = Clock::now(), admission_.Expect(newer_plan);
   mailbox_.Close(reason);
   canceller_->Cancel(reason);
 }
@@ -221,6 +221,7 @@ absl::Status Worker::Join() {
   }
   WarmClients(cfg);
   LH_ASSIGN_OR_RETURN(plan_, client_.AwaitPlan(0));
+  admission_.Expect(plan_.version());
   return absl::OkStatus();
 }
 
@@ -620,10 +621,15 @@ absl::Status Worker::RunPlan() {
   const auto t0 = Clock::now();
   absl::Status status = Setup();
   const auto set_up = Clock::now();
-  if (status.ok()) status = client_.AwaitStart(plan_.version());
-  const auto started = Clock::now();
   const int64_t start = plan_.start_iteration();
   const bool broadcast = plan_.resume_checkpoint().empty();
+  // A resumed version starts each worker once it is set up, without waiting for the others: its
+  // tensors to a worker still setting up wait in that worker's server until the version is there
+  // (PlanAdmission::Ahead). The barrier made every recovery wait for its slowest worker's set-up
+  // and a round trip to the coordinator, where only the tensors' own chain need wait. A broadcast
+  // has every worker wait for all the others, so that none misses the parameters.
+  if (status.ok() && broadcast) status = client_.AwaitStart(plan_.version());
+  const auto started = Clock::now();
   if (status.ok() && broadcast) {
     // Every replica starts from the PS shards' parameters: the same init (a resumed version's
     // stages hold the checkpoint's already).
@@ -644,10 +650,12 @@ absl::Status Worker::RunPlan() {
                                  ? std::string()
                                  : absl::StrFormat("left the version before %.3f s after hearing of this one, ",
                                                    s(t0 - heard));
-    const std::string pulled =
-        broadcast ? absl::StrFormat(", parameters in %.3f s more", s(Clock::now() - started)) : std::string();
-    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s, every worker ready %.3f s later%s\n", Who(),
-                                 plan_.version(), left, s(set_up - t0), s(started - set_up), pulled)
+    const std::string barrier =
+        broadcast ? absl::StrFormat(", every worker ready %.3f s later, parameters in %.3f s more", s(started - set_up),
+                                    s(Clock::now() - started))
+                  : std::string();
+    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s%s\n", Who(), plan_.version(), left,
+                                 s(set_up - t0), barrier)
               << std::flush;
   }
   end_ = RunEnd(plan_, cfg_);
@@ -707,6 +715,7 @@ absl::Status Worker::Run() {
                                  next->start_iteration())
               << std::flush;
     plan_ = *std::move(next);
+    admission_.Expect(plan_.version());
     status = absl::OkStatus();
   }
   std::string trace;

@@ -283,6 +283,12 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   // Every size is checked against what the plan allows, overflow-safe, and the part is reserved in
   // the mailbox before any buffer exists.
   const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
+  // Nothing is read past the header meanwhile: the sender's bytes wait in the socket buffers.
+  const auto header_in = std::chrono::steady_clock::now();
+  while (admission_->Ahead(h, std::chrono::steady_clock::now() - header_in) && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{stop_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
+  }
   absl::StatusOr<uint64_t> allowed = admission_->Admit(h);
   if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
   if (h.total_elements() != *allowed) {

@@ -100,6 +100,10 @@ class TensorAdmission {
   virtual ~TensorAdmission() = default;
   // The element count the whole tensor must have, or why the header is refused.
   virtual absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const = 0;
+  // The header, whose part has waited `waited` so far, is of a plan this process is yet to install
+  // and still expects: its sender set it up sooner. The server asks Admit once it is not, or at
+  // the part timeout.
+  virtual bool Ahead(const proto::TensorHeader&, std::chrono::steady_clock::duration /*waited*/) const { return false; }
 };
 
 // Admits any tensor of at most `max_elements` in any wire dtype: for tools and tests without a plan.

@@ -473,8 +473,9 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
 // with the reason, the worker's memory stays flat, and the run trains to its end.
 TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   const fs::path out = Dir("crafted");
+  // Long enough to outlast the refusal of a version never published (PlanAdmission::kUnheardPatience).
   auto run = std::async(std::launch::async, [&] {
-    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=150"});
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=500"});
   });
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
@@ -518,8 +519,8 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h.set_from_stage(5);
   cases.push_back({"a stage the plan does not have", h, absl::StatusCode::kPermissionDenied});
   h = header(boundary, 0, boundary);
-  h.set_plan_version(7);
-  cases.push_back({"another plan version", h, absl::StatusCode::kFailedPrecondition});
+  h.set_plan_version(0);
+  cases.push_back({"an older plan version", h, absl::StatusCode::kFailedPrecondition});
   h = header(boundary, 0, boundary);
   h.set_dtype(proto::BF16);
   cases.push_back({"another wire dtype", h, absl::StatusCode::kInvalidArgument});
@@ -563,6 +564,13 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   h.set_dtype(proto::INT8);
   cases.push_back({"a validation activation in int8", h, absl::StatusCode::kInvalidArgument});
 
+  // A version the coordinator never published waits a moment (a peer may hear of a new one sooner
+  // than this worker), then is refused; meanwhile the rounds below go on.
+  testing::RawPeer future(victim, "equivalence", *secret);
+  ASSERT_TRUE(future.hello().ok()) << future.hello();
+  h = header(boundary, 0, boundary);
+  h.set_plan_version(7);
+  future.Write(testing::HeaderFrame(h));
   for (int round = 0; round < 20; ++round) {
     std::vector<std::unique_ptr<testing::RawPeer>> peers;
     for (const Case& c : cases) {
@@ -577,12 +585,15 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
       if (round == 0) std::cout << cases[i].what << ": " << s.message() << "\n";
     }
   }
+  const absl::Status s = future.Ack(std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  std::cout << "a plan version never published: " << s.message() << "\n";
   const int64_t rss_after = testing::ResidentBytes(pid);
   std::cout << "victim worker resident memory: " << rss_before / (1 << 20) << " MiB before, " << rss_after / (1 << 20)
             << " MiB after " << 20 * cases.size() << " crafted streams\n";
   EXPECT_LT(rss_after - rss_before, 32 << 20);
   ASSERT_EQ(run.get(), 0) << Log(out);
-  EXPECT_EQ(Losses(out).size(), 150u) << "the run went on to the end";
+  EXPECT_EQ(Losses(out).size(), 500u) << "the run went on to the end";
 }
 
 // What a crafted peer tells a live coordinator: worker ids nobody registered, iterations outside

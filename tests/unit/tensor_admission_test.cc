@@ -119,6 +119,33 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
 // With local updates a replica's push and a shard's parameters come only on the iterations that
 // exchange (every train.local_steps-th and the run's last), and parameters on the one before the
 // run's first (the initial broadcast); boundary tensors on every iteration.
+// A resumed version has no start barrier: a tensor of the next version waits for this worker to
+// set it up, as long as that takes where the version was published (Expect), else a moment only.
+TEST(PlanAdmission, ATensorOfTheNextVersionIsAheadWhileThatVersionIsExpected) {
+  const JobConfig cfg = Config();
+  proto::Plan plan = Plan(cfg);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  proto::TensorHeader next = From(proto::ACTIVATION, 0, 0);
+  next.set_plan_version(4);
+  const std::chrono::milliseconds moment(10), long_after(30000);
+  EXPECT_TRUE(a.Ahead(next, moment));
+  EXPECT_FALSE(a.Ahead(next, PlanAdmission::kUnheardPatience)) << "a version nobody published";
+  EXPECT_FALSE(a.Ahead(From(proto::ACTIVATION, 0, 0), moment)) << "this version";
+  proto::TensorHeader probe = next;
+  probe.set_kind(proto::LINK_PROBE);
+  EXPECT_FALSE(a.Ahead(probe, moment));
+  a.Expect(4);
+  EXPECT_TRUE(a.Ahead(next, long_after)) << "a published version waits for the set-up";
+  next.set_plan_version(5);
+  EXPECT_FALSE(a.Ahead(next, long_after));
+  plan.set_version(4);
+  a.SetPlan(plan, cfg, 1, 0);
+  next.set_plan_version(4);
+  EXPECT_FALSE(a.Ahead(next, long_after));
+  EXPECT_EQ(a.Admit(next).value_or(0), 2u * 16 * 32);
+}
+
 TEST(PlanAdmission, LocalUpdatesAdmitPushesAndParametersOnlyWhereTheReplicasExchange) {
   JobConfig cfg = Config();
   cfg.train.local_steps = 4;

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -139,6 +140,52 @@ TEST(TensorTransport, AReopenedMailboxTakesOnlyTheNewPlanVersion) {
   auto mine = box.Take(Key(proto::GRADIENT, 0), std::chrono::seconds(1));
   ASSERT_TRUE(mine.ok()) << mine.status();
   EXPECT_EQ((*mine)[0], 2.0f);
+}
+
+// Admits tensors of one plan version, which the test moves on; newer ones are ahead of it.
+class OneVersion : public TensorAdmission {
+ public:
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+    if (h.plan_version() != version) {
+      return absl::FailedPreconditionError(absl::StrFormat("plan version %d, not %d", h.plan_version(), version.load()));
+    }
+    return h.total_elements();
+  }
+  bool Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration) const override {
+    return h.plan_version() > version;
+  }
+  std::atomic<uint64_t> version{1};
+};
+
+// A resumed plan version has no start barrier: a tensor of a version the receiver has yet to set up
+// waits in its server until it has, and is refused only where it never comes (the part timeout).
+TEST(TensorTransport, ATensorOfAVersionNotYetSetUpWaitsForIt) {
+  Mailbox box;
+  OneVersion admission;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &admission);
+  ASSERT_TRUE(server.ok());
+  (*server)->SetPartTimeout(std::chrono::milliseconds(300));
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  const std::vector<float> x = Ramp(1000);
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_plan_version(2);
+  TensorClient client((*server)->address(), opt);
+  std::shared_ptr<SendOp> op = client.Send(h, x.data(), x.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(op->Done()) << "admitted before its version was set up: " << op->Wait();
+  box.Close("plan version 2 replaces version 1");
+  box.Reopen(2);
+  admission.version = 2;
+  ASSERT_TRUE(op->Wait().ok()) << op->Wait();
+  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+
+  h.set_plan_version(3);
+  const absl::Status never = client.Send(h, x.data(), x.size())->Wait();
+  EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition) << never;
+  EXPECT_NE(never.message().find("plan version 3, not 2"), std::string::npos) << never;
 }
 
 // A job secret written for a test (JobSecret::Load refuses files others may read).
