@@ -284,8 +284,9 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   // the mailbox before any buffer exists.
   const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
   // Nothing is read past the header meanwhile: the sender's bytes wait in the socket buffers.
-  const auto header_in = std::chrono::steady_clock::now();
-  while (admission_->Ahead(h, std::chrono::steady_clock::now() - header_in) && std::chrono::steady_clock::now() < deadline) {
+  for (const auto header_in = std::chrono::steady_clock::now();;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || !admission_->Ahead(h, now - header_in)) break;
     pollfd p{stop_.fd(), POLLIN, 0};
     if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
   }
