@@ -72,6 +72,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// Wall-clock time, for records that outside tools line up with their own (bench/recovery.sh times
+// each failure from its kill).
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // How long a worker another saw leave mid-run may stay silent before it is lost: five heartbeats
 // (a slow worker keeps sending them; a killed one sends none), at least 2 s for a loaded machine's
 // scheduling, at most the silence that loses any worker.
@@ -673,6 +679,7 @@ class Service final : public proto::Coordinator::Service {
     for (const Pending& p : pending_) {
       const double stall = std::chrono::duration<double>(Clock::now() - p.failed_at).count();
       recoveries_[p.event]["stall_s"] = stall;
+      recoveries_[p.event]["recovered_at_unix_s"] = UnixSeconds();
       std::cout << absl::StrFormat("coordinator: recovered: iteration %d completed %.2f s after %s\n", it + 1, stall,
                                    p.what)
                 << std::flush;
@@ -743,7 +750,8 @@ class Service final : public proto::Coordinator::Service {
                             {"replica", a->replica()},
                             {"detection_s", lost.silent_s},
                             {"reporter", lost.reporter},
-                            {"plan_version", plan_.version()}};
+                            {"plan_version", plan_.version()},
+                            {"lost_at_unix_s", UnixSeconds()}};
     recoveries_.push_back(std::move(event));
     pending_.push_back(
         {recoveries_.size() - 1, id,
