@@ -155,7 +155,7 @@ import json, sys, statistics
 out, every, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = {n: json.load(open(f"{out}/{n}/summary.json")) for n in ("calm", "checkpoints", "restarts", "failures")}
 it = s["calm"]["iteration_seconds"]
-events = [e for e in s["failures"]["recoveries"] if "worker" in e]
+events = [e for e in s["failures"]["recoveries"] if "lost_at_unix_s" in e]  # losses, not stragglers moved off
 # Detection and stall from the kill (the coordinator's own count starts at the worker's last sign of
 # life as it saw it: for a closed lifeline, when it noticed, which its 10 ms poll may delay).
 kills = [float(t) for t in open(f"{out}/failures/kills")]
