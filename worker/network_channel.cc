@@ -20,11 +20,6 @@ NetworkChannel::NetworkChannel(int stage, int replica, int groups, std::vector<p
       f.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
 }
 
-bool NetworkChannel::HasFeedback(int group) const {
-  return std::any_of(feedback_[group].begin(), feedback_[group].end(),
-                     [](const ErrorFeedback& f) { return f.dtype() == WireDtype::kInt8; });
-}
-
 std::vector<float> NetworkChannel::Residuals(int group) const {
   std::vector<float> all(layout_.total(), 0.0f);
   for (size_t k = 0; k < stage_shards_.size(); ++k) {

@@ -55,8 +55,6 @@ class NetworkChannel final : public Channel {
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
 
-  // Whether group `group`'s pushes carry error feedback (an int8 wire to some shard's host).
-  bool HasFeedback(int group) const;
   // Group `group`'s error-feedback residuals, laid out as the stage's parameters (zero where a
   // shard's wire keeps none), for a checkpoint; and set from one.
   std::vector<float> Residuals(int group) const;

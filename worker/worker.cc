@@ -12,8 +12,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <vector>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +69,10 @@ class Worker {
   // (ClientPool::Warm): a recovery's first tensors between a spare and the others, and a plan's
   // first, then find them open.
   void WarmClients(const JobConfig& cfg);
+  // The groups of this replica whose pushes carry error feedback, each with the job replica it
+  // stands for: the plan's streams (wire_plan.h FeedbackStreams), which the coordinator counts
+  // towards a complete checkpoint.
+  std::vector<std::pair<int, int>> FeedbackGroups() const;
   // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
   // move to plan_, then its parts are built.
   absl::Status Setup();
@@ -267,6 +271,15 @@ void Worker::WarmClients(const JobConfig& cfg) {
   for (const proto::Peer& p : members_)
     if (p.worker_id() != client_.worker_id())
       clients_.Warm(p.worker_id(), PeerDirectory::Dial(dial_map_, p.address()), transport);
+}
+
+std::vector<std::pair<int, int>> Worker::FeedbackGroups() const {
+  const int groups = GroupsPerReplica(plan_, cfg_);
+  const std::set<std::pair<int, int>> streams = FeedbackStreams(plan_, cfg_);
+  std::vector<std::pair<int, int>> feedback;
+  for (int g = 0; g < groups; ++g)
+    if (streams.count({s_, r_ * groups + g})) feedback.emplace_back(g, r_ * groups + g);
+  return feedback;
 }
 
 TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& job_id) const {
@@ -481,11 +494,13 @@ absl::Status Worker::Setup() {
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
-  // before residuals were kept has none: its int8 pushes start without, as they used to.
-  for (int g = 0; resumed && g < groups; ++g) {
-    if (!channel_->HasFeedback(g)) continue;
+  // before residuals were kept has none: its int8 pushes start without, as they used to. A version
+  // that starts over from the initial parameters has none to go back to.
+  const std::vector<std::pair<int, int>> resumed_feedback =
+      resumed ? FeedbackGroups() : std::vector<std::pair<int, int>>();
+  for (const auto& [g, job_replica] : resumed_feedback) {
     const std::string dir =
-        (fs::path(ResidualCheckpointRoot(checkpoints, s_, r_ * groups + g)) / plan_.resume_checkpoint()).string();
+        (fs::path(ResidualCheckpointRoot(checkpoints, s_, job_replica)) / plan_.resume_checkpoint()).string();
     std::error_code ec;
     if (!fs::exists(dir, ec)) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
@@ -599,10 +614,7 @@ absl::Status Worker::Checkpoint(int64_t step) {
   };
   // The error-feedback residuals of int8 pushes, one file per job replica this replica stands
   // for: a run that goes back to this step resumes them (else an int8 run would not be bitwise).
-  const int groups = GroupsPerReplica(plan_, cfg_);
-  for (int g = 0; g < groups; ++g) {
-    if (!channel_->HasFeedback(g)) continue;
-    const int job_replica = r_ * groups + g;
+  for (const auto& [g, job_replica] : FeedbackGroups()) {
     const std::string residual_root = ResidualCheckpointRoot(root, s_, job_replica);
     const std::vector<float> residuals = channel_->Residuals(g);
     LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage_->layout(), residuals.data(), nullptr,
