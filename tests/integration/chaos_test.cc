@@ -331,7 +331,9 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   for (const nlohmann::json& r : recoveries) {
     std::cout << "recovery: " << r.dump() << "\n";
     EXPECT_TRUE(r.contains("stall_s")) << r.dump();
-    if (r.contains("worker")) {
+    // A straggler moved off (on these shared cores a worker the kills left behind may compute
+    // slower than its stage's other replica) is alive and waits as a spare: no death to explain.
+    if (r.contains("worker") && !r.value("straggler", false)) {
       EXPECT_TRUE(killed.count(r["worker"].get<int>())) << "a worker the test did not kill died\n" << log;
     }
   }
