@@ -538,7 +538,8 @@ class Service final : public proto::Coordinator::Service {
   // router is), if the links are known.
   std::optional<double> Predict() const {
     // The planner prices the config's layout, not a shrunk one.
-    if (!network_ || plan_.replicas() != cfg_.cluster.replicas) return std::nullopt;
+    // The measured compute is per worker over the whole run: a re-cut changed what some ran.
+    if (!network_ || plan_.replicas() != cfg_.cluster.replicas || recut_) return std::nullopt;
     const std::vector<double> compute = log_.ComputePerMicroByWorker();
     if (compute.empty()) return std::nullopt;
     const absl::StatusOr<double> p =
@@ -668,7 +669,7 @@ class Service final : public proto::Coordinator::Service {
   // iteration's global micro-batches once. A rollback forgets the iterations it redoes, so what
   // stays is what the final parameters saw.
   void Audit(int64_t it, const std::map<int, proto::IterationReport>& reports) {
-    const absl::StatusOr<SampleAudit::Count> c = samples_.Record(it, reports);
+    const absl::StatusOr<SampleAudit::Count> c = samples_.Record(it, plan_.stages(), reports);
     if (!c.ok() && abort_.empty()) Abort(std::string(c.status().message()));
     if (c.ok() && (c->lost > 0 || c->repeated > 0) && abort_.empty()) {
       Abort(absl::StrFormat("iteration %d: %d (stage, micro-batch) pairs not run and %d run twice (a bug: please "
@@ -780,8 +781,8 @@ class Service final : public proto::Coordinator::Service {
       if (waited >= cfg_.cluster.spare_wait_s) {
         std::vector<int> lost;
         for (const auto& [id, what] : vacant_) lost.push_back(id);
-        absl::StatusOr<proto::Plan> shrunk =
-            ShrinkPlan(plan_, lost, spares, members_.registrations(), {latest_step_, latest_name_, end_});
+        absl::StatusOr<proto::Plan> shrunk = ShrinkPlan(plan_, lost, spares, members_.registrations(),
+                                                        {latest_step_, latest_name_, end_}, network_ ? &*network_ : nullptr);
         if (!shrunk.ok()) {
           Abort(absl::StrFormat("%s: it died or is unreachable, no spare took its place within "
                                 "cluster.spare_wait_s = %g s, and the layout cannot shrink (%s); restart it, then %s",
@@ -789,10 +790,16 @@ class Service final : public proto::Coordinator::Service {
                                 ResumeAdvice()));
           return;
         }
-        const std::string change = absl::StrFormat(
-            "no spare came within cluster.spare_wait_s = %g s: %d replicas of %d micro-batches each instead of %d "
-            "(the same global batch)",
-            cfg_.cluster.spare_wait_s, shrunk->replicas(), ReplicaMicroBatches(*shrunk, cfg_), plan_.replicas());
+        const std::string change =
+            shrunk->stages() != plan_.stages()
+                ? absl::StrFormat("no spare came within cluster.spare_wait_s = %g s: the model cut anew into %d "
+                                  "stages instead of %d, one replica of %d micro-batches (the same global batch)",
+                                  cfg_.cluster.spare_wait_s, shrunk->stages(), plan_.stages(),
+                                  ReplicaMicroBatches(*shrunk, cfg_))
+                : absl::StrFormat("no spare came within cluster.spare_wait_s = %g s: %d replicas of %d micro-batches "
+                                  "each instead of %d (the same global batch)",
+                                  cfg_.cluster.spare_wait_s, shrunk->replicas(), ReplicaMicroBatches(*shrunk, cfg_),
+                                  plan_.replicas());
         const int64_t reached = Rollback();
         Adopt(*std::move(shrunk), reached, change, {});
       } else if (!spare_wait_noted_) {
@@ -821,22 +828,29 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held, a checkpoint just completed. A shrunk layout takes back replicas from the
   // spares that joined since (GrowPlan) at this step: the iterations under way past it are redone.
   void Grow() {
-    if (finished_ || !abort_.empty() || !vacant_.empty() || plan_.replicas() >= cfg_.cluster.replicas) return;
+    const bool recut = !plan_.job_config_toml().empty();
+    if (finished_ || !abort_.empty() || !vacant_.empty() || (plan_.replicas() >= cfg_.cluster.replicas && !recut)) {
+      return;
+    }
     const std::vector<int> spares = Spares();
-    if (static_cast<int>(spares.size()) < plan_.stages()) return;
-    absl::StatusOr<proto::Plan> grown =
-        GrowPlan(plan_, spares, members_.registrations(), {latest_step_, latest_name_, end_});
-    if (!grown.ok()) return;  // the global batch divides among no count the spares reach yet
+    if (spares.empty() || (!recut && static_cast<int>(spares.size()) < plan_.stages())) return;
+    absl::StatusOr<proto::Plan> grown = GrowPlan(plan_, spares, members_.registrations(),
+                                                 {latest_step_, latest_name_, end_}, network_ ? &*network_ : nullptr);
+    if (!grown.ok()) return;  // the spares fill no stage or replica more yet
     const int64_t reached = Rollback();
+    const int joined = grown->assignments_size() - plan_.assignments_size();
     const std::string change =
-        absl::StrFormat("%d spares join: %d replicas of %d micro-batches each instead of %d",
-                        (grown->replicas() - plan_.replicas()) * plan_.stages(), grown->replicas(),
-                        ReplicaMicroBatches(*grown, cfg_), plan_.replicas());
-    recoveries_.push_back({{"grown_to_replicas", grown->replicas()},
-                           {"plan_version", plan_.version()},
-                           {"new_plan_version", grown->version()},
-                           {"rollback_to_step", start_},
-                           {"redone_iterations", reached - start_}});
+        recut ? absl::StrFormat("%d spares join: the job's %d stages again instead of %d", joined, grown->stages(),
+                                plan_.stages())
+              : absl::StrFormat("%d spares join: %d replicas of %d micro-batches each instead of %d", joined,
+                                grown->replicas(), ReplicaMicroBatches(*grown, cfg_), plan_.replicas());
+    nlohmann::json event = {{"grown_to_replicas", grown->replicas()},
+                            {"plan_version", plan_.version()},
+                            {"new_plan_version", grown->version()},
+                            {"rollback_to_step", start_},
+                            {"redone_iterations", reached - start_}};
+    if (recut) event["grown_to_stages"] = grown->stages();
+    recoveries_.push_back(std::move(event));
     Adopt(*std::move(grown), reached, change, {});
   }
 
@@ -854,6 +868,16 @@ class Service final : public proto::Coordinator::Service {
   // (`replace`: lost -> the spare in its place); `change` says how, for the log.
   void Adopt(proto::Plan next, int64_t reached, const std::string& change, const std::map<int, int>& replace) {
     plan_ = std::move(next);
+    if (plan_.stages() != cfg_.cluster.stages) {  // a pipeline cut anew: the plan's config has its cut
+      absl::StatusOr<JobConfig> recut = ParseJobConfig(plan_.config_toml(), "the re-cut plan's job config");
+      if (!recut.ok()) {
+        Abort(std::string(recut.status().message()));
+        return;
+      }
+      cfg_ = *std::move(recut);
+      recut_ = true;
+      stragglers_.Restart();
+    }
     worker_of_slot_.assign(expected_, -1);
     for (const proto::Assignment& a : plan_.assignments())
       worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
@@ -886,6 +910,7 @@ class Service final : public proto::Coordinator::Service {
         event["spare"] = replace.at(p.worker);
       } else {
         event["shrunk_to_replicas"] = plan_.replicas();
+        event["blocks_per_stage"] = cfg_.Cut();
       }
       event["new_plan_version"] = plan_.version();
       event["rollback_to_step"] = start_;
@@ -1171,6 +1196,7 @@ class Service final : public proto::Coordinator::Service {
   std::set<int> slow_;  // workers moved off their place for straggling
   Clock::time_point vacant_since_;
   bool spare_wait_noted_ = false;
+  bool recut_ = false;  // a plan version cut the model anew: cfg_ is that plan's config
   SampleAudit samples_;
   int64_t redone_ = 0;  // iterations begun and then rolled back
   nlohmann::json recoveries_ = nlohmann::json::array();
@@ -1228,7 +1254,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   const bool goes_on = cfg.train.resume || restored;
   LH_ASSIGN_OR_RETURN(MetricsLog metrics, goes_on ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
   LH_ASSIGN_OR_RETURN(SampleAudit samples,
-                      SampleAudit::Open((fs::path(cfg.train.out_dir) / "samples.csv").string(), cfg.cluster.stages,
+                      SampleAudit::Open((fs::path(cfg.train.out_dir) / "samples.csv").string(),
                                         cfg.cluster.replicas * cfg.train.micro_batches, goes_on ? start : 0));
   std::optional<NetworkCost> network;
   if (!opt.scenario.empty()) {

@@ -13,6 +13,7 @@ JobMetrics::JobMetrics(const JobConfig& cfg)
 
 void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::RegisterRequest>& registrations) {
   std::lock_guard<std::mutex> lock(mu_);
+  stages_ = plan.stages();  // a pipeline cut anew has fewer than the job's config
   for (const proto::Assignment& a : plan.assignments()) {
     Worker& w = workers_[a.worker_id()];
     w.stage = a.stage();

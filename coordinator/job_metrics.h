@@ -47,7 +47,8 @@ class JobMetrics {
     std::string host, address;
     std::optional<proto::IterationReport> last;
   };
-  const int stages_, replicas_;
+  int stages_;  // the plan's
+  const int replicas_;
   const double tokens_per_replica_;  // per iteration
   mutable std::mutex mu_;
   std::map<int, Worker> workers_;

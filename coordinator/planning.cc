@@ -141,6 +141,12 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     const auto [stage, replica] = SlotOf(cfg, k);
     at[stage][replica] = worker_of_slot[k];
   }
+  PlanLinks(cfg, workers, at, network, plan);
+  return plan;
+}
+
+void PlanLinks(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
+               const std::vector<std::vector<int>>& at, const NetworkCost* network, proto::Plan& plan) {
   // Worker w on host w of the network, as the placement search has it; unknown links are fast.
   const std::vector<std::pair<int, int>> pairs = TensorPairs(at);
   SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), pairs,
@@ -163,7 +169,6 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     }
     SetLinkConnections(connections, plan);
   }
-  return plan;
 }
 
 namespace {
@@ -190,6 +195,63 @@ void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int rep
   a->set_address(workers.at(id).address());
   a->set_first_block(peer.first_block());
   a->set_end_block(peer.end_block());
+}
+
+// `old` as one replica of `run`'s stages (the job's config, or one with the model cut anew), stage
+// s on left[s]; every parameter-server shard on that replica, its home the one the job's full
+// layout gives it; `job_config` (empty where `run` is the job's) what a later version grows back
+// into.
+proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const std::string& job_config,
+                           const std::vector<int>& left, const std::map<int, proto::RegisterRequest>& workers,
+                           const PlanRequest& request, const NetworkCost* network) {
+  const int stages = run.cluster.stages;
+  proto::Plan plan = NextVersion(old, request);
+  plan.set_config_toml(run.toml_text);
+  plan.set_job_config_toml(job_config);
+  plan.set_stages(stages);
+  plan.set_replicas(1);
+  plan.set_micro_batches(run.cluster.replicas == 1 ? 0 : run.cluster.replicas * run.train.micro_batches);
+  plan.clear_assignments();
+  std::vector<std::vector<int>> at(stages);
+  for (int s = 0; s < stages; ++s) {
+    proto::Assignment* a = plan.add_assignments();
+    const StageSpec spec = run.Stage(s);
+    a->set_worker_id(left[s]);
+    a->set_stage(s);
+    a->set_replica(0);
+    a->set_address(workers.at(left[s]).address());
+    a->set_first_block(spec.first_block);
+    a->set_end_block(spec.end_block);
+    at[s] = {left[s]};
+  }
+  plan.clear_shards();
+  for (proto::ShardPlacement sp : PlanShards(run)) {
+    sp.set_home_replica(sp.owner_replica());
+    sp.set_owner_replica(0);
+    *plan.add_shards() = sp;
+  }
+  PlanLinks(run, workers, at, network, plan);
+  return plan;
+}
+
+// `old` as one replica of fewer stages over `left` (one per block at most, fewer than old's), the
+// model's blocks cut evenly among them.
+absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& cfg, const std::vector<int>& left,
+                                      const std::map<int, proto::RegisterRequest>& workers,
+                                      const PlanRequest& request, const NetworkCost* network) {
+  const int stages = std::min({static_cast<int>(left.size()), cfg.model.n_layer, old.stages() - 1});
+  if (stages < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no worker is left of the %d stages, and no spare waits", old.stages()));
+  }
+  std::vector<int> cut;
+  for (int s = 0; s < stages; ++s) {
+    const StageSpec spec = StageSpec::Even(cfg.model, s, stages);
+    cut.push_back(spec.end_block - spec.first_block);
+  }
+  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
+  return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
+                        workers, request, network);
 }
 
 }  // namespace
@@ -220,7 +282,7 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
                                        const std::vector<int>& spares,
                                        const std::map<int, proto::RegisterRequest>& workers,
-                                       const PlanRequest& request) {
+                                       const PlanRequest& request, const NetworkCost* network) {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages(), D = old.replicas(), M = ReplicaMicroBatches(old, cfg);
   if (cfg.train.local_steps > 1) {
@@ -239,16 +301,20 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   const int job_replicas = cfg.cluster.replicas;
   int keep = std::min(D - 1, alive / P);
   while (keep > 0 && job_replicas % keep != 0) --keep;
-  if (keep < 1) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%d workers left for a layout of %d stages: no smaller data-parallel layout runs the global batch of %d "
-        "micro-batches",
-        alive, P, D * M));
-  }
   // Replicas with the most of their workers alive first (the lower index on a tie): the fewest moves.
   std::vector<int> order(D);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return living(a) > living(b); });
+  if (keep < 1) {
+    // No replica of P stages fills: the survivors (in their stages' order, the fullest replica's
+    // first), then the spares, run the model cut anew into as many stages.
+    std::vector<int> left;
+    for (int r : order)
+      for (int w : at[r])
+        if (w >= 0) left.push_back(w);
+    left.insert(left.end(), spares.begin(), spares.end());
+    return RecutPlan(old, cfg, left, workers, request, network);
+  }
   // The workers that may fill a hole of stage s: the dropped replicas' worker of that stage first
   // (it holds that stage's data and code paths warm), then any dropped replica's, then spares.
   std::vector<int> pool;
@@ -292,7 +358,20 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,
-                                     const PlanRequest& request) {
+                                     const PlanRequest& request, const NetworkCost* network) {
+  if (!old.job_config_toml().empty()) {
+    LH_ASSIGN_OR_RETURN(const JobConfig job, ParseJobConfig(old.job_config_toml(), "the job config of the plan"));
+    std::vector<int> left;
+    for (int s = 0; s < old.stages(); ++s) left.push_back(WorkerAt(old, s, 0));
+    left.insert(left.end(), spares.begin(), spares.end());
+    if (static_cast<int>(left.size()) < job.cluster.stages) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%d spares and the %d workers of the pipeline cut anew make no pipeline of the job's %d stages",
+          spares.size(), old.stages(), job.cluster.stages));
+    }
+    left.resize(job.cluster.stages);
+    return OneReplicaPlan(old, job, "", left, workers, request, network);
+  }
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages(), D = old.replicas(), total = cfg.cluster.replicas * cfg.train.micro_batches;
   int grow = std::min(cfg.cluster.replicas, D + static_cast<int>(spares.size()) / P);

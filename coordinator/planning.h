@@ -65,6 +65,12 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
                      const PlanRequest& request, const std::vector<int>& worker_of_slot,
                      const NetworkCost* network = nullptr, const std::vector<std::vector<int>>& shard_owner = {});
 
+// The wire dtypes and connection counts of the links between the workers at[stage][replica] for
+// `plan`: "auto" resolves per link from the network's rates (worker w on host w; null: unknown,
+// all fast), and transport.connections = 0 splits a long fat link over enough connections.
+void PlanLinks(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
+               const std::vector<std::vector<int>>& at, const NetworkCost* network, proto::Plan& plan);
+
 // The plan's shard owners as PlacementResult has them: [stage][k], the replica that hosts shard k,
 // and the replicas hosting no shard of the stage on the numbers of the shards it lacks, in order.
 std::vector<std::vector<int>> ShardOwners(const proto::Plan& plan);
@@ -86,20 +92,30 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 // pushed on its own, so the shards add the same gradients in the same order and the run stays
 // bitwise the uninterrupted one; a D' that does not divide D would split a group, so it is not
 // used. The config stays the job's (its checkpoints resume as the job's: Plan.micro_batches carries M'); the
-// parameter-server shards keep their cut (the checkpoint's) and move to the replicas left. FailedPrecondition
-// where no smaller layout can run (one replica, or local updates).
+// parameter-server shards keep their cut (the checkpoint's) and move to the replicas left.
+// Where not one replica of the P stages fills (a pipeline-only job, or its last replica), the
+// pipeline is cut anew: one replica of P' < P stages over the survivors (in their stages' order)
+// and the spares, the blocks split evenly, the plan's config carrying the new cluster.stages and
+// cluster.stage_layers (Plan.job_config_toml the job's own) and the links' wire dtypes and
+// connections planned anew (`network`, as MakePlan's). Each stage reads its tensors from the checkpoint by name (CheckpointPieces), and a
+// pipeline sums each gradient in the one process's order at any cut, so the run stays bitwise the
+// uninterrupted one. FailedPrecondition where no smaller layout can run (no worker left, or local
+// updates).
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
                                        const std::vector<int>& spares,
                                        const std::map<int, proto::RegisterRequest>& workers,
-                                       const PlanRequest& request);
+                                       const PlanRequest& request, const NetworkCost* network = nullptr);
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
 // replicas, up to the config's count, as many as divide the config's (whole groups); at the config's
 // count each runs train.micro_batches again and every shard goes back to its home replica.
-// FailedPrecondition where the spares make no replica more.
+// A pipeline cut anew grows back first: once its workers (in their stages' order) and the spares
+// fill the job's own stages, one replica of the job's config and cut (Plan.job_config_toml), the
+// links planned anew (`network`). FailedPrecondition where the spares make no replica (or stage)
+// more.
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,
-                                     const PlanRequest& request);
+                                     const PlanRequest& request, const NetworkCost* network = nullptr);
 
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);

@@ -14,14 +14,13 @@
 namespace longhaul {
 
 namespace {
-constexpr char kHeader[] = "step,stage,replica,worker,micro_batches\n";
+constexpr char kHeader[] = "step,stages,stage,replica,worker,micro_batches\n";constexpr int kMostStages = 65536;  // cluster.stages' range
+
 }  // namespace
 
-absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int stages, int micro_batches,
-                                              int64_t keep_through) {
+absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int micro_batches, int64_t keep_through) {
   SampleAudit audit;
   audit.path_ = path;
-  audit.stages_ = stages;
   audit.micro_batches_ = micro_batches;
   std::ifstream in(path);
   std::string line;
@@ -30,10 +29,11 @@ absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int stage
     const std::vector<std::string> cells = absl::StrSplit(line, ',');
     int64_t step = 0;
     Row row;
-    bool ok = cells.size() == 5 && absl::SimpleAtoi(cells[0], &step) && absl::SimpleAtoi(cells[1], &row.stage) &&
-              absl::SimpleAtoi(cells[2], &row.replica) && absl::SimpleAtoi(cells[3], &row.worker) && row.stage >= 0 &&
-              row.stage < stages;
-    for (absl::string_view g : absl::StrSplit(ok ? cells[4] : "", ' ', absl::SkipEmpty())) {
+    bool ok = cells.size() == 6 && absl::SimpleAtoi(cells[0], &step) && absl::SimpleAtoi(cells[1], &row.stages) &&
+              absl::SimpleAtoi(cells[2], &row.stage) && absl::SimpleAtoi(cells[3], &row.replica) &&
+              absl::SimpleAtoi(cells[4], &row.worker) && row.stages >= 1 && row.stages <= kMostStages &&
+              row.stage >= 0 && row.stage < row.stages;
+    for (absl::string_view g : absl::StrSplit(ok ? cells[5] : "", ' ', absl::SkipEmpty())) {
       int64_t index = 0;
       ok = ok && absl::SimpleAtoi(g, &index) && index >= 0 && index < micro_batches;
       row.micro_batches.push_back(index);
@@ -43,6 +43,11 @@ absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int stage
                                                  "to start the audit afresh",
                                                  path, n, kHeader));
     }
+    if (ok && audit.steps_.count(step) && audit.steps_[step].front().stages != row.stages) {
+      return absl::DataLossError(absl::StrFormat("%s line %d: step %d ran under one plan, not %d and %d stages: the "
+                                                 "file is damaged; move it away to start the audit afresh",
+                                                 path, n, step, audit.steps_[step].front().stages, row.stages));
+    }
     if (step <= keep_through) audit.steps_[step].push_back(std::move(row));
   }
   for (const auto& [step, rows] : audit.steps_) audit.counts_[step] = audit.CountOf(rows);
@@ -51,18 +56,25 @@ absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int stage
 }
 
 SampleAudit::Count SampleAudit::CountOf(const std::vector<Row>& rows) const {
-  std::vector<std::vector<int>> seen(stages_, std::vector<int>(micro_batches_, 0));
-  for (const Row& r : rows)
-    for (int64_t g : r.micro_batches) ++seen[r.stage][g];
+  std::vector<std::vector<int>> seen(rows.empty() ? 1 : rows.front().stages, std::vector<int>(micro_batches_, 0));
   Count c;
+  for (const Row& r : rows)
+    for (int64_t g : r.micro_batches) {
+      // A stage or index outside the plan (Record takes what workers report) counts as repeated.
+      if (r.stage < static_cast<int>(seen.size()) && g >= 0 && g < micro_batches_) {
+        ++seen[r.stage][g];
+      } else {
+        ++c.repeated;
+      }
+    }
   for (const std::vector<int>& stage : seen)
     for (int n : stage) c.lost += n == 0, c.repeated += std::max(0, n - 1);
   return c;
 }
 
 std::string SampleAudit::Format(int64_t step, const Row& r) {
-  return absl::StrCat(step, ",", r.stage, ",", r.replica, ",", r.worker, ",", absl::StrJoin(r.micro_batches, " "),
-                      "\n");
+  return absl::StrCat(step, ",", r.stages, ",", r.stage, ",", r.replica, ",", r.worker, ",",
+                      absl::StrJoin(r.micro_batches, " "), "\n");
 }
 
 absl::Status SampleAudit::Rewrite() {
@@ -76,13 +88,14 @@ absl::Status SampleAudit::Rewrite() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SampleAudit::Count> SampleAudit::Record(int64_t it, const std::map<int, proto::IterationReport>& reports) {
+absl::StatusOr<SampleAudit::Count> SampleAudit::Record(int64_t it, int stages,
+                                                       const std::map<int, proto::IterationReport>& reports) {
   const int64_t step = it + 1;
   std::vector<Row>& rows = steps_[step];
   rows.clear();
   std::string text;
   for (const auto& [id, r] : reports) {
-    Row row{r.stage(), r.replica(), id, {r.micro_batches().begin(), r.micro_batches().end()}};
+    Row row{stages, r.stage(), r.replica(), id, {r.micro_batches().begin(), r.micro_batches().end()}};
     text += Format(step, row);
     rows.push_back(std::move(row));
   }

@@ -2,7 +2,8 @@
 // The coordinator's audit that each committed step ran every sample once on every stage, whatever
 // workers came and went: each worker's global micro-batch indices of each iteration
 // (IterationReport.micro_batches), kept as the run directory's samples.csv, one row per report
-// (step, stage, replica, worker, the indices separated by spaces), appended as iterations complete.
+// (step, the stages of the plan that ran it, stage, replica, worker, the indices separated by
+// spaces), appended as iterations complete. A re-cut pipeline runs later steps on fewer stages.
 // A replan rolls back the steps it redoes, here too, so the file holds what the final parameters
 // saw; a coordinator restarted from its job state reads it back.
 #include <cstdint>
@@ -18,18 +19,17 @@ namespace longhaul {
 
 class SampleAudit {
  public:
-  // The audit of a job of `stages` stages and `micro_batches` global micro-batches per step, from
-  // `path` up to step `keep_through` (later rows are dropped; no file starts empty).
-  static absl::StatusOr<SampleAudit> Open(const std::string& path, int stages, int micro_batches,
-                                          int64_t keep_through);
+  // The audit of a job of `micro_batches` global micro-batches per step, from `path` up to step
+  // `keep_through` (later rows are dropped; no file starts empty).
+  static absl::StatusOr<SampleAudit> Open(const std::string& path, int micro_batches, int64_t keep_through);
 
   // (stage, micro-batch) pairs a step did not run, or ran more than once.
   struct Count {
     int64_t lost = 0, repeated = 0;
   };
-  // Every worker's report of iteration `it` (by worker id), appended; what the step lacked or
-  // repeated. The error is the file's.
-  absl::StatusOr<Count> Record(int64_t it, const std::map<int, proto::IterationReport>& reports);
+  // Every worker's report of iteration `it` (by worker id) under a plan of `stages` stages,
+  // appended; what the step lacked or repeated. The error is the file's.
+  absl::StatusOr<Count> Record(int64_t it, int stages, const std::map<int, proto::IterationReport>& reports);
   // Forgets the steps after `step`, in the file too.
   absl::Status Rewind(int64_t step);
 
@@ -41,7 +41,7 @@ class SampleAudit {
 
  private:
   struct Row {
-    int stage = 0, replica = 0, worker = 0;
+    int stages = 1, stage = 0, replica = 0, worker = 0;
     std::vector<int64_t> micro_batches;
   };
   Count CountOf(const std::vector<Row>& rows) const;
@@ -49,7 +49,7 @@ class SampleAudit {
   absl::Status Rewrite();
 
   std::string path_;
-  int stages_ = 1, micro_batches_ = 1;
+  int micro_batches_ = 1;
   std::map<int64_t, std::vector<Row>> steps_;  // by step (iteration + 1)
   std::map<int64_t, Count> counts_;
   std::ofstream out_;

@@ -35,6 +35,13 @@ class StragglerWatch {
   // workers that became stragglers with this iteration: each once, until it is back under the
   // threshold.
   std::vector<std::pair<int, Slowdown>> Add(const std::map<int, proto::IterationReport>& reports);
+  // A plan that cut the model anew gives every worker other blocks: every pace starts again, from
+  // the next Add but one (its first iteration opens connections again).
+  void Restart() {
+    workers_.clear();
+    current_.clear();
+    seen_ = 0;
+  }
   // Each worker's slowdown as of the last Add, once it has a pace.
   const std::map<int, Slowdown>& Current() const { return current_; }
   // Each worker that was ever a straggler, with its worst slowdown.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/run_model.h"
 #include "config/resume_check.h"
 #include "metrics/flops.h"
 #include "schedule/schedule.h"
@@ -99,12 +100,15 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
 
 absl::Status LocalTrainer::Resume() {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint(CheckpointRoot(cfg_)));
-  const std::string state_dir = CheckpointStateDir(CheckpointRoot(cfg_), fs::path(dir).filename().string());
+  const std::string name = fs::path(dir).filename().string();
+  const std::string state_dir = CheckpointStateDir(CheckpointRoot(cfg_), name);
   LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, cfg_));
+  // A cluster's checkpoint too: its shards hold the stages' tensors, and their owners' moments.
+  LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces, CheckpointPieces(CheckpointRoot(cfg_), name));
   State s = EmptyState();
-  LH_ASSIGN_OR_RETURN(CheckpointData ck, LoadCheckpoint(dir, stage_->layout(), s.params.data(), s.m.data(), s.v.data()));
+  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), s.params.data(), s.m.data(), s.v.data()));
   LH_RETURN_IF_ERROR(SetState(s));
-  step_ = ck.step;
+  LH_ASSIGN_OR_RETURN(step_, CheckpointStep(dir));
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/run_model.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
 #include "data/batch_sampler.h"
@@ -444,6 +445,9 @@ absl::Status Worker::Setup() {
   // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
   const int64_t start = plan_.start_iteration();
   const bool holds = kept && held == start - 1;
+  // The resumed step's shard files by the cut that wrote them (a re-cut layout's is another),
+  // read once where a shard is read.
+  std::optional<std::vector<CheckpointPiece>> shard_pieces;
   for (const proto::ShardPlacement& sp : stage_shards) {
     const bool owns = sp.owner_replica() == r_;
     const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
@@ -469,14 +473,14 @@ absl::Status Worker::Setup() {
     const float* state = init + begin;
     std::vector<float> params, m, v;
     if (resumed) {
-      const std::string dir =
-          (fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / plan_.resume_checkpoint()).string();
-      LH_RETURN_IF_ERROR(CheckCheckpointResumable(dir, cfg_));
+      if (!shard_pieces) {
+        LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
+        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint()));
+      }
       params.resize(n);
       if (owns) m.resize(n), v.resize(n);
-      LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
-                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr)
-                             .status());
+      LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
+                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr));
       if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
       state = params.data();
     }
@@ -488,9 +492,11 @@ absl::Status Worker::Setup() {
     ps_host_->Add(std::move(shard), start - 1);
   }
   if (local_updates && resumed) {
-    const std::string dir = (fs::path(LocalCheckpointRoot(checkpoints, s_, r_)) / plan_.resume_checkpoint()).string();
+    LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
+                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(),
+                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }));
     std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), params.data(), m.data(), v.data()).status());
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data()));
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
@@ -499,16 +505,18 @@ absl::Status Worker::Setup() {
   const std::vector<std::pair<int, int>> resumed_feedback =
       resumed ? FeedbackGroups() : std::vector<std::pair<int, int>>();
   for (const auto& [g, job_replica] : resumed_feedback) {
-    const std::string dir =
-        (fs::path(ResidualCheckpointRoot(checkpoints, s_, job_replica)) / plan_.resume_checkpoint()).string();
+    LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
+                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(), [&](int s) {
+                          return ResidualCheckpointRoot(checkpoints, s, job_replica);
+                        }));
     std::error_code ec;
-    if (!fs::exists(dir, ec)) {
+    if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
                                    plan_.resume_checkpoint());
       continue;
     }
     std::vector<float> residuals(stage_->num_params());
-    LH_RETURN_IF_ERROR(LoadCheckpoint(dir, stage_->layout(), residuals.data(), nullptr, nullptr).status());
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true));
     channel_->SetResiduals(g, residuals.data());
   }
   channel_->SetPsHost(ps_host_.get());

@@ -252,7 +252,7 @@ struct Target {
 // resuming a d_model 512 stage read its shards (28 MB) into fresh memory twice over before, which
 // on these VMs is slow to touch. On an error the buffers hold whatever was read.
 absl::Status ReadListedInto(const std::string& dir, const State& state, const std::string& file,
-                            const ParamLayout& layout, const std::vector<Target>& targets) {
+                            const std::vector<ParamTensor>& tensors, const std::vector<Target>& targets) {
   const std::string path = (fs::path(dir) / file).string();
   LH_ASSIGN_OR_RETURN(const State::File listed, Listed(dir, state, file));
   std::ifstream f(path, std::ios::binary);
@@ -280,7 +280,7 @@ absl::Status ReadListedInto(const std::string& dir, const State& state, const st
   };
   std::vector<Piece> pieces;
   for (const Target& target : targets) {
-    for (const ParamTensor& t : layout.tensors()) {
+    for (const ParamTensor& t : tensors) {
       auto it = header.tensors.find(target.prefix + t.name);
       if (it == header.tensors.end()) {
         return absl::FailedPreconditionError(absl::StrCat(path, " has no tensor ", target.prefix, t.name,
@@ -327,11 +327,16 @@ absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir) {
 
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
                                               float* m, float* v) {
+  return LoadCheckpointTensors(dir, layout.tensors(), params, m, v);
+}
+
+absl::StatusOr<CheckpointData> LoadCheckpointTensors(const std::string& dir, const std::vector<ParamTensor>& tensors,
+                                                     float* params, float* m, float* v) {
   LH_ASSIGN_OR_RETURN(State state, ReadState(dir));
-  LH_RETURN_IF_ERROR(ReadListedInto(dir, state, "model.safetensors", layout, {{"", params}}));
+  LH_RETURN_IF_ERROR(ReadListedInto(dir, state, "model.safetensors", tensors, {{"", params}}));
   if (m != nullptr && v != nullptr) {
     LH_RETURN_IF_ERROR(
-        ReadListedInto(dir, state, "optimizer.safetensors", layout, {{"exp_avg.", m}, {"exp_avg_sq.", v}}));
+        ReadListedInto(dir, state, "optimizer.safetensors", tensors, {{"exp_avg.", m}, {"exp_avg_sq.", v}}));
   }
   return state.data;
 }

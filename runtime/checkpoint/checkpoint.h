@@ -70,5 +70,9 @@ absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir);
 // tensor names and shapes; errors name the file and the fix.
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
                                               float* m, float* v);
+// LoadCheckpoint of some of a directory's tensors, each to its own offset in the buffers: a
+// checkpoint written under another cut of the model holds a stage's tensors in several.
+absl::StatusOr<CheckpointData> LoadCheckpointTensors(const std::string& dir, const std::vector<ParamTensor>& tensors,
+                                                     float* params, float* m, float* v);
 
 }  // namespace longhaul

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -19,14 +20,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
+absl::Status Corrupt(const std::string& state_dir, const std::string& what) {
+  return absl::DataLossError(absl::StrCat((fs::path(state_dir) / "state.json").string(), " records ", what,
+                                          ": not a config longhaul train or a cluster wrote"));
+}
+
 // The model section of a checkpoint's recorded config (the keys that shape the tensors), read on
 // its own: a checkpoint whose other keys this build no longer knows still exports.
-absl::StatusOr<ModelConfig> RecordedModel(const std::string& state_dir) {
-  LH_ASSIGN_OR_RETURN(const CheckpointData data, ReadCheckpointState(state_dir));
-  const std::string where = (fs::path(state_dir) / "state.json").string();
-  auto corrupt = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat(where, " records ", what, ": not a config longhaul train or a cluster wrote"));
-  };
+absl::StatusOr<ModelConfig> RecordedModel(const std::string& state_dir, const CheckpointData& data) {
+  auto corrupt = [&](const std::string& what) { return Corrupt(state_dir, what); };
   if (!data.run_config.contains("model") || !data.run_config["model"].is_object()) return corrupt("no model config");
   const nlohmann::json& m = data.run_config["model"];
   ModelConfig c;
@@ -52,6 +54,62 @@ absl::StatusOr<ModelConfig> RecordedModel(const std::string& state_dir) {
   return c;
 }
 
+// The stages that wrote a cluster's checkpoint and their parameter-server shards, as its config
+// records them (cluster.stages, cluster.stage_layers, cluster.replicas, cluster.ps).
+struct RecordedLayout {
+  ModelConfig model;
+  std::vector<StageSpec> stages;
+  int replicas = 1;
+  bool central = false;
+};
+
+absl::StatusOr<RecordedLayout> ReadRecordedLayout(const std::string& state_dir) {
+  LH_ASSIGN_OR_RETURN(const CheckpointData data, ReadCheckpointState(state_dir));
+  RecordedLayout out;
+  LH_ASSIGN_OR_RETURN(out.model, RecordedModel(state_dir, data));
+  const nlohmann::json cluster = data.run_config.value("cluster", nlohmann::json::object());
+  if (!cluster.is_object()) return Corrupt(state_dir, absl::StrCat("cluster = ", cluster.dump()));
+  auto count = [&](const char* key, int most) -> absl::StatusOr<int> {
+    const nlohmann::json v = cluster.value(key, nlohmann::json());
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > most) {
+      return Corrupt(state_dir, absl::StrCat("cluster.", key, " = ", v.dump()));
+    }
+    return static_cast<int>(v.get<int64_t>());
+  };
+  LH_ASSIGN_OR_RETURN(const int stages, count("stages", 65536));
+  LH_ASSIGN_OR_RETURN(out.replicas, count("replicas", 65536));
+  out.central = cluster.value("ps", nlohmann::json()) == "central";
+  const nlohmann::json cut = cluster.value("stage_layers", nlohmann::json());
+  if (cut.is_null()) {  // written before the cut was recorded: the even one
+    for (int s = 0; s < stages; ++s) out.stages.push_back(StageSpec::Even(out.model, s, stages));
+    return out;
+  }
+  if (!cut.is_array() || cut.size() != static_cast<size_t>(stages)) {
+    return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", stages, " stages"));
+  }
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    const int blocks = cut[s].is_number_integer() ? static_cast<int>(cut[s].get<int64_t>()) : -1;
+    if (blocks < 0 || first + blocks > out.model.n_layer) {
+      return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", out.model.n_layer,
+                                             " blocks"));
+    }
+    out.stages.push_back({first, first + blocks, s == 0, s == stages - 1});
+    first += blocks;
+  }
+  if (first != out.model.n_layer) {
+    return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", out.model.n_layer,
+                                           " blocks"));
+  }
+  return out;
+}
+
+std::vector<std::string> Names(const ParamLayout& layout, int first, int end) {
+  std::vector<std::string> names;
+  for (int i = first; i < end; ++i) names.push_back(layout.tensors()[i].name);
+  return names;
+}
+
 }  // namespace
 
 absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<int64_t> step) {
@@ -66,67 +124,79 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
     out.checkpoint = fs::path(dir).filename().string();
   }
   LH_ASSIGN_OR_RETURN(out.step, CheckpointStep(out.checkpoint));
-  std::vector<fs::path> dirs;
-  const bool one_process = fs::exists(root / out.checkpoint / "state.json", ec);
-  if (one_process) {
-    dirs.push_back(root / out.checkpoint);
-  } else {
-    for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-      const std::string name = e.path().filename().string();
-      if (absl::StartsWith(name, "stage_") && absl::StrContains(name, "_shard_") &&
-          fs::exists(e.path() / out.checkpoint / "state.json", ec)) {
-        dirs.push_back(e.path() / out.checkpoint);
-      }
-    }
-    std::sort(dirs.begin(), dirs.end());
-  }
-  if (dirs.empty()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "no checkpoint %s under %s (neither %s/state.json nor stage_*_shard_*/%s/state.json): name a run directory "
-        "(train.out_dir) and a step it checkpointed",
-        out.checkpoint, root.string(), out.checkpoint, out.checkpoint));
-  }
-  LH_ASSIGN_OR_RETURN(out.model, RecordedModel(dirs.front().string()));
+  const std::string state_dir = CheckpointStateDir(root.string(), out.checkpoint);
+  LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces, CheckpointPieces(root.string(), out.checkpoint));
+  LH_ASSIGN_OR_RETURN(const CheckpointData data, ReadCheckpointState(state_dir));
+  LH_ASSIGN_OR_RETURN(out.model, RecordedModel(state_dir, data));
   const ParamLayout whole(out.model, StageSpec::Whole(out.model));
   out.params.assign(whole.total(), 0.0f);
-  std::vector<std::string> from(whole.tensors().size());
-  for (const fs::path& dir : dirs) {
-    LH_ASSIGN_OR_RETURN(const Safetensors st, LoadCheckpointParams(dir.string()));
-    const std::string file = (dir / "model.safetensors").string();
-    for (const auto& [name, tensor] : st.tensors) {
-      const int i = whole.Find(name);
-      if (i < 0) {
-        return absl::DataLossError(
-            absl::StrCat(file, " holds tensor ", name, ", which the run's model (its state.json) does not have"));
-      }
-      if (!from[i].empty()) {
-        return absl::DataLossError(absl::StrCat("tensor ", name, " is in both ", from[i], " and ", file,
-                                                ": the run directory mixes two runs' checkpoints"));
-      }
-      const ParamTensor& t = whole.tensors()[i];
-      if (tensor.shape != t.shape) {
-        return absl::DataLossError(absl::StrCat(file, ": tensor ", name, " has shape [",
-                                                absl::StrJoin(tensor.shape, ", "), "], the run's model [",
-                                                absl::StrJoin(t.shape, ", "), "]"));
-      }
-      std::copy(tensor.data.begin(), tensor.data.end(), out.params.begin() + static_cast<std::ptrdiff_t>(t.offset));
-      from[i] = file;
+  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, whole, out.params.data(), nullptr, nullptr));
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string& root, const std::string& name,
+                                                              const std::function<std::string(int stage)>& stage_root) {
+  std::error_code ec;
+  const std::string state_dir = CheckpointStateDir(root, name);
+  if (!fs::exists(fs::path(state_dir) / "state.json", ec)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "no checkpoint %s under %s (neither %s/state.json nor stage_0_shard_0/%s/state.json): name a run directory "
+        "(train.out_dir) and a step it checkpointed",
+        name, root, name, name));
+  }
+  if (state_dir == (fs::path(root) / name).string()) {
+    LH_ASSIGN_OR_RETURN(const CheckpointData data, ReadCheckpointState(state_dir));
+    LH_ASSIGN_OR_RETURN(const ModelConfig model, RecordedModel(state_dir, data));
+    const ParamLayout whole(model, StageSpec::Whole(model));
+    return std::vector<CheckpointPiece>{{state_dir, Names(whole, 0, static_cast<int>(whole.tensors().size()))}};
+  }
+  LH_ASSIGN_OR_RETURN(const RecordedLayout recorded, ReadRecordedLayout(state_dir));
+  std::vector<CheckpointPiece> pieces;
+  for (int s = 0; s < static_cast<int>(recorded.stages.size()); ++s) {
+    const ParamLayout stage(recorded.model, recorded.stages[s]);
+    if (stage_root) {
+      pieces.push_back({(fs::path(stage_root(s)) / name).string(),
+                        Names(stage, 0, static_cast<int>(stage.tensors().size()))});
+      continue;
+    }
+    int shard = 0;  // numbered as the coordinator's plan numbers them
+    for (const ParamLayout::PsShardCut& cut : stage.PsShards(recorded.replicas, recorded.central)) {
+      pieces.push_back({(fs::path(ShardCheckpointRoot(root, s, shard++)) / name).string(),
+                        Names(stage, cut.first_tensor, cut.end_tensor)});
     }
   }
-  std::vector<std::string> missing;
-  for (size_t i = 0; i < from.size(); ++i)
-    if (from[i].empty()) missing.push_back(whole.tensors()[i].name);
-  if (!missing.empty() && one_process) {
-    return absl::DataLossError(absl::StrFormat("checkpoint %s lacks %s: not the model its state.json records",
-                                               dirs.front().string(), absl::StrJoin(missing, ", ")));
+  return pieces;
+}
+
+absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
+                            float* m, float* v, bool skip_absent) {
+  std::map<std::string, size_t> piece_of;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (const std::string& t : pieces[i].tensors) piece_of[t] = i;
+  std::vector<std::vector<ParamTensor>> wanted(pieces.size());
+  for (const ParamTensor& t : layout.tensors()) {
+    auto it = piece_of.find(t.name);
+    if (it == piece_of.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint holds no tensor ", t.name, ": it was written for a different model"));
+    }
+    wanted[it->second].push_back(t);
   }
-  if (!missing.empty()) {
-    return absl::DataLossError(absl::StrFormat(
-        "checkpoint %s under %s lacks %s: a parameter-server shard's directory (stage_S_shard_K/%s) is missing; "
-        "where the workers wrote to their own disks, copy every shard's directory into one",
-        out.checkpoint, root.string(), absl::StrJoin(missing, ", "), out.checkpoint));
+  std::error_code ec;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const bool absent = !fs::exists(fs::path(pieces[i].dir) / "state.json", ec);
+    if (wanted[i].empty() || (absent && skip_absent)) continue;
+    if (absent) {
+      std::vector<std::string> names;
+      for (const ParamTensor& t : wanted[i]) names.push_back(t.name);
+      return absl::DataLossError(absl::StrFormat(
+          "the checkpoint lacks %s: %s is missing; where the workers wrote to their own disks, copy every shard's "
+          "directory into one",
+          absl::StrJoin(names, ", "), pieces[i].dir));
+    }
+    LH_RETURN_IF_ERROR(LoadCheckpointTensors(pieces[i].dir, wanted[i], params, m, v).status());
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul

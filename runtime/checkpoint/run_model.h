@@ -1,14 +1,17 @@
 #pragma once
-// A run's whole model from its checkpoints, whatever layout wrote them: a one-process run's
+// A run's model from its checkpoints, whatever layout wrote them: a one-process run's
 // checkpoints/step_N/, or a cluster's checkpoints/stage_S_shard_K/step_N/, one file per
-// parameter-server shard (each shard holds whole, named tensors).
+// parameter-server shard (each shard holds whole, named tensors). A stage reads its tensors by
+// name, so a job resumes under another cut of the model than the one that wrote the step.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/model_config.h"
+#include "model/param_layout.h"
 
 namespace longhaul {
 
@@ -23,5 +26,28 @@ struct RunModel {
 // run_dir itself where that is a checkpoints directory. Every file's size and CRC-32 are checked,
 // and every tensor of the model must come exactly once; errors name the file and the fix.
 absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<int64_t> step = std::nullopt);
+
+// A directory of a checkpointed step and the model's names of the tensors its files hold.
+struct CheckpointPiece {
+  std::string dir;
+  std::vector<std::string> tensors;
+};
+
+// Where step `name` under the checkpoints directory `root` keeps each tensor, by the layout its
+// state.json records, not the one reading it: root/name for a one-process run, else each
+// parameter-server shard's stage_S_shard_K/name of the stages and shards that wrote the step. With
+// `stage_root`, the whole stages under stage_root(S)/name instead (the residual or local state
+// kept per stage). A directory of another cut's step (left from before a re-cut) is no piece.
+absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(
+    const std::string& root, const std::string& name, const std::function<std::string(int stage)>& stage_root = {});
+
+// Reads `layout`'s tensors (and with m and v their AdamW moments) from the pieces that hold them,
+// whatever stages and shards wrote them: a stage of a new cut of the model resumes from the old
+// cut's files. Sizes, CRC-32s, names and shapes are checked; a tensor no piece holds, or a piece's
+// missing directory, is named with the fix. With `skip_absent`, a piece whose directory is missing
+// leaves its tensors as they were (error-feedback residuals a stage without int8 pushes never
+// kept, which are zero).
+absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
+                            float* m, float* v, bool skip_absent = false);
 
 }  // namespace longhaul

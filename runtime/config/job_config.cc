@@ -268,14 +268,15 @@ const std::vector<KeyDef>& Table() {
       Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
-      Value("cluster", "stages", R::kLayout, LH_FIELD(cluster.stages), Within(1, 65536)),
+      // A stage reads its tensors from a checkpoint by name (CheckpointPieces): the cut may change.
+      Value("cluster", "stages", R::kFree, LH_FIELD(cluster.stages), Within(1, 65536)),
       Value("cluster", "replicas", R::kLayout, LH_FIELD(cluster.replicas), Within(1, 65536)),
       Choice("cluster", "schedule", R::kFree, LH_FIELD(cluster.schedule), ParseSchedule, ScheduleName),
       Choice("cluster", "ps", R::kLayout, LH_FIELD(cluster.central_ps), ParsePs, PsName),
       Choice("cluster", "placement", R::kFree, LH_FIELD(cluster.search_placement), ParsePlacement, PlacementName),
       Choice("cluster", "link_probe", R::kFree, LH_FIELD(cluster.link_probe), ParseLinkProbe, LinkProbeName),
       Value("cluster", "overlap_exchange", R::kFree, LH_FIELD(cluster.overlap_exchange)),
-      {{"cluster", "stage_layers", R::kLayout},
+      {{"cluster", "stage_layers", R::kFree},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(c.Cut()); }},
       {{"cluster", "stage_backends", R::kFree},
@@ -541,7 +542,9 @@ std::vector<int> JobConfig::Cut() const {
 }
 
 absl::StatusOr<JobConfig> JobConfig::WithCut(const std::vector<int>& cut) const {
-  return ParseJobConfig(toml_text, source_path, {absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
+  return ParseJobConfig(toml_text, source_path,
+                        {absl::StrCat("cluster.stages=", cut.size()),
+                         absl::StrCat("cluster.stage_layers=[", absl::StrJoin(cut, ", "), "]")});
 }
 
 StageSpec JobConfig::Stage(int stage) const {

@@ -150,7 +150,8 @@ struct JobConfig {
   StageSpec Stage(int stage) const;
   // Blocks of every stage: cluster.stage_layers, or the even split it defaults to.
   std::vector<int> Cut() const;
-  // This config with cluster.stage_layers = `cut`, its text (what workers receive) included.
+  // This config with cluster.stage_layers = `cut` and cluster.stages its length, its text (what
+  // workers receive) included.
   absl::StatusOr<JobConfig> WithCut(const std::vector<int>& cut) const;
   // train.backend or a cluster.stage_backends entry names a GPU.
   // What an "auto" wire carries on fast links: what the compute keeps (a GPU computes a stage in a

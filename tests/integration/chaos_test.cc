@@ -185,14 +185,14 @@ void KillAWorker(Supervisor& sup) {
             << sup.Steps() << "\n";
 }
 
-// Runs the job with `spares` workers beyond its four (`sets` override its config); `chaos`
-// meanwhile does what it does to the supervisor's processes. Returns the final coordinator's wait
-// status.
+// Runs the job with `spares` workers beyond the `placed` its layout places (`sets` override its
+// config); `chaos` meanwhile does what it does to the supervisor's processes. Returns the final
+// coordinator's wait status.
 template <typename Chaos>
-int RunJob(const fs::path& out, int spares, Chaos chaos, const std::vector<std::string>& sets = {}) {
+int RunJob(const fs::path& out, int spares, Chaos chaos, const std::vector<std::string>& sets = {}, int placed = 4) {
   Supervisor sup(out, sets);
   sup.StartCoordinator();
-  for (int i = 0; i < 4 + spares; ++i) sup.StartWorker();
+  for (int i = 0; i < placed + spares; ++i) sup.StartWorker();
   chaos(sup);
   // The killed coordinators were reaped; the one running now ends the job.
   return WaitFor(sup.coordinator(), std::chrono::seconds(300));
@@ -348,11 +348,12 @@ TEST(Chaos, KilledWorkersAndCoordinatorAreRecoveredAndTheRunEndsBitwiseAsTheUnin
   std::getline(audit, line);
   while (std::getline(audit, line)) {
     const std::vector<std::string> cells = absl::StrSplit(line, ',');
-    ASSERT_EQ(cells.size(), 5u) << line;
+    ASSERT_EQ(cells.size(), 6u) << line;
     int64_t step = 0;
     int stage = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(cells[0], &step) && absl::SimpleAtoi(cells[1], &stage)) << line;
-    for (absl::string_view g : absl::StrSplit(cells[4], ' ', absl::SkipEmpty())) {
+    ASSERT_EQ(cells[1], "2") << line;
+    ASSERT_TRUE(absl::SimpleAtoi(cells[0], &step) && absl::SimpleAtoi(cells[2], &stage)) << line;
+    for (absl::string_view g : absl::StrSplit(cells[5], ' ', absl::SkipEmpty())) {
       int64_t index = 0;
       ASSERT_TRUE(absl::SimpleAtoi(g, &index)) << line;
       ran[{step, stage}].insert(index);
@@ -449,6 +450,64 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   EXPECT_LT(worst, 1e-12);
   EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
       << "the final parameters differ from the uninterrupted run's";
+}
+
+// A pipeline of 3 stages and one replica, no spare (cluster.spare_wait_s = 0): a killed worker's
+// place is taken by nobody, so the two left run the model cut anew into 2 stages, each stage
+// reading its tensors from the last checkpoint's shards of the old cut by name. A worker started
+// later waits as a spare, and at the next checkpoint the pipeline grows back into the job's 3
+// stages. A pipeline sums every gradient in the one process's order at any cut, so the run ends
+// with the uninterrupted run's losses and parameters bit for bit, and every (step, stage,
+// micro-batch) of the plan that ran the step once.
+TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
+  UseNewSecret();
+  const std::vector<std::string> sets = {"cluster.stages=3", "cluster.replicas=1", "train.micro_batches=4",
+                                         "cluster.spare_wait_s=0", "train.steps=300"};
+  const fs::path calm = Dir("pipeline_calm"), out = Dir("recut");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets, 3), 0) << Read(calm / "coordinator_1.txt");
+  const int status = RunJob(
+      out, 0,
+      [&](Supervisor& sup) {
+        auto logged = [&](const std::string& what) {
+          return sup.Await([&] { return Count(sup.CoordinatorLogs(), what) > 0; }, std::chrono::seconds(120));
+        };
+        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 55; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        KillAWorker(sup);
+        ASSERT_TRUE(logged("the model cut anew into 2 stages instead of 3")) << sup.CoordinatorLogs();
+        const size_t recut_at = sup.Steps();
+        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= recut_at + 60; }, std::chrono::seconds(120)));
+        sup.StartWorker();
+        ASSERT_TRUE(logged("1 spares join: the job's 3 stages again instead of 2")) << sup.CoordinatorLogs();
+        std::cout << "grew back by step " << sup.Steps() << "\n";
+      },
+      sets, 3);
+  const std::string log = Read(out / "coordinator_1.txt");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "completed");
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
+  EXPECT_EQ(summary["audit"]["steps"], 300);
+  ASSERT_EQ(summary["recoveries"].size(), 2u) << summary.dump(2);
+  EXPECT_EQ(summary["recoveries"][0]["blocks_per_stage"], nlohmann::json({2, 2})) << summary.dump(2);
+  EXPECT_EQ(summary["recoveries"][1]["grown_to_stages"], 3) << summary.dump(2);
+  // Steps ran under 3 stages, then 2, then 3 again, each audited with its plan's.
+  std::set<std::string> stage_counts;
+  std::ifstream audit(out / "samples.csv");
+  std::string line, last;
+  std::getline(audit, line);
+  while (std::getline(audit, line)) {
+    const std::vector<std::string> cells = absl::StrSplit(line, ',');
+    ASSERT_EQ(cells.size(), 6u) << line;
+    stage_counts.insert(cells[1]);
+    last = line;
+  }
+  EXPECT_EQ(stage_counts, (std::set<std::string>{"2", "3"}));
+  EXPECT_EQ(last.substr(0, 6), "300,3,") << last;
+  ExpectTheSameRun(calm, out, 300);
 }
 
 }  // namespace

@@ -292,6 +292,27 @@ INSTANTIATE_TEST_SUITE_P(
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A checkpoint resumes under another cut of the model: a 2-stage pipeline stopped after step 2
+// goes on as 3 stages to step 4, then as one process to the end. Each stage reads its tensors (and
+// the one process its moments too) by name from the shards that hold them, and a pipeline sums
+// every gradient in the one process's order at any cut: the run is the one process's, bitwise.
+TEST(Cluster, AResumedRunMayCutTheModelAnew) {
+  const Reference& ref = SingleProcess();
+  const fs::path out = Dir("resume_recut");
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=2", "train.micro_batches=4"}, {"--stop-at", "2"}), 0) << Log(out);
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=3", "train.micro_batches=4", "train.resume=true"}, {"--stop-at", "4"}),
+            0)
+      << Log(out);
+  EXPECT_NE(Log(out).find("3 stages x 1 replicas"), std::string::npos) << Log(out);
+  ASSERT_EQ(Longhaul("train", out, {"train.micro_batches=4", "train.resume=true"}), 0) << Log(out);
+  EXPECT_EQ(Losses(out), ref.losses);
+  const std::vector<double> val = ValLosses(out);  // each leg also evaluates where it stops
+  ASSERT_EQ(val.size(), 6u);
+  EXPECT_EQ(val[2], ref.val_losses[2]);
+  EXPECT_EQ(val[5], ref.val_losses[5]);
+  EXPECT_TRUE(testing::LatestParams(out) == ref.params) << "parameters differ from the one-process run's";
+}
+
 // Local updates: the replicas train apart for train.local_steps iterations, then exchange their
 // changes, and hold the same parameters again after every exchange (the coordinator compares them
 // there, and only there); each worker's timeline shows its own steps.
@@ -837,22 +858,23 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
 }
 
 // A worker that dies is named with the evidence (its tensor port refuses connections once its
-// lifeline closed, or its silence), and the job's message does not promise a checkpoint that was
-// never written.
+// lifeline closed, or its silence), and where no layout can run without it (a one-worker job, no
+// spare) the job's message does not promise a checkpoint that was never written.
 TEST(Cluster, ADeadWorkerIsNamedAndTheAdviceFitsTheCheckpoints) {
   const fs::path out = Dir("dead");
   auto run = std::async(std::launch::async, [&] {
     return Longhaul("local", out,
-                    {"cluster.stages=2", "cluster.replicas=1", "train.micro_batches=4", "train.steps=100000",
+                    {"cluster.stages=1", "cluster.replicas=1", "train.micro_batches=4", "train.steps=100000",
                      "cluster.heartbeat_s=0.5", "cluster.dead_after_s=3", "cluster.spare_wait_s=0"});
   });
   const nlohmann::json cluster = WaitForCluster(out);
   ASSERT_FALSE(cluster.is_null()) << Log(out);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  ASSERT_EQ(kill(cluster["workers"][1]["pid"].get<int>(), SIGKILL), 0);
+  ASSERT_EQ(kill(cluster["workers"][0]["pid"].get<int>(), SIGKILL), 0);
   EXPECT_NE(run.get(), 0);
   const std::string log = Log(out);
-  EXPECT_NE(log.find("worker 1 (stage 1, replica 0 at"), std::string::npos) << log;
+  EXPECT_NE(log.find("worker 0 (stage 0, replica 0 at"), std::string::npos) << log;
+  EXPECT_NE(log.find("the layout cannot shrink (no worker is left of the 1 stages"), std::string::npos) << log;
   EXPECT_TRUE(std::regex_search(log, std::regex("its tensor port refuses connections|sent no heartbeat"))) << log;
   EXPECT_NE(log.find("start the job again from the beginning: no checkpoint was written yet"), std::string::npos)
       << log;

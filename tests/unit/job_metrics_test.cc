@@ -28,6 +28,8 @@ TEST(JobMetrics, ReportsBecomeWorkerJobAndLinkFigures) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   JobMetrics m(*cfg);
   proto::Plan plan;
+  plan.set_stages(2);
+  plan.set_replicas(2);
   std::map<int, proto::RegisterRequest> regs;
   for (int w = 0; w < 4; ++w) {
     proto::Assignment* a = plan.add_assignments();
@@ -96,6 +98,26 @@ TEST(JobMetrics, AReportNamingAPeerOutsideThePlanIsRefused) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->count(R"(longhaul_worker_iteration_seconds{worker="0",stage="0",replica="0",host=""})"), 0u);
   EXPECT_EQ(s->count(R"(longhaul_link_sent_bytes_total{from="0",to="1"})"), 0u);
+}
+
+// A pipeline cut anew (3 stages in the config, 2 in the plan): the plan's last stage has the loss.
+TEST(JobMetrics, TheLossIsThePlansLastStagesAfterARecut) {
+  auto cfg = ParseJobConfig("", "job.toml", {"model.n_layer=4", "cluster.stages=3"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  JobMetrics m(*cfg);
+  proto::Plan plan;
+  plan.set_stages(2);
+  plan.set_replicas(1);
+  std::map<int, proto::IterationReport> reports;
+  for (int w = 0; w < 2; ++w) {
+    proto::Assignment* a = plan.add_assignments();
+    a->set_worker_id(w);
+    a->set_stage(w);
+    reports[w] = Report(w, w, 0, 0.5, w == 1 ? 2.5 : 0);
+  }
+  m.SetPlan(plan, {});
+  m.Complete(0, reports);
+  EXPECT_EQ(testing::ParsePrometheusText(m.Render(0))->at("longhaul_loss"), 2.5);
 }
 
 }  // namespace

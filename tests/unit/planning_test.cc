@@ -264,12 +264,99 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   EXPECT_EQ(t2->replicas(), 1);
   EXPECT_EQ(ReplicaMicroBatches(*t2, three), 6);
 
-  // One replica cannot shrink; nor can a replica count that does not divide the global batch.
-  const JobConfig one = Config({"cluster.stages=2", "cluster.replicas=1"});
-  const proto::Plan solo = MakePlan(one, Workers(2), {0, "", 100}, RegistrationOrder(one));
-  const absl::Status none = ShrinkPlan(solo, {1}, {}, Workers(1), {0, "", 100}).status();
+}
+
+// 3 stages [2, 1, 1], one replica: worker 1 (stage 1) is lost with no spare. The two left run the
+// model cut anew into 2 stages of 2 blocks, in their stages' order; the plan's config carries the
+// cut, its shards are that cut's, and a worker checks it as any plan; a spare that joins later
+// grows it back into the job's own 3 stages and cut. With a spare and two lost,
+// the spare is the second stage; a 2 x 2 job down to one worker runs the whole model on it, every
+// shard of the job's (two per stage) there, homed where the full layout has them.
+TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
+  const NetworkCost network = TwoSites(50);
+  const JobConfig cfg = Config({"cluster.stages=3", "cluster.stage_layers=[2,1,1]", "transport.wire_dtype=\"auto\""});
+  std::map<int, proto::RegisterRequest> workers = Workers(3);
+  const proto::Plan v1 = MakePlan(cfg, workers, {0, "", 100}, RegistrationOrder(cfg), &network);
+  workers.erase(1);
+  absl::StatusOr<proto::Plan> v2 = ShrinkPlan(v1, {1}, {}, workers, {40, "step_00000040", 100}, &network);
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->version(), 2u);
+  EXPECT_EQ(v2->start_iteration(), 40);
+  EXPECT_EQ(v2->resume_checkpoint(), "step_00000040");
+  EXPECT_EQ(v2->stages(), 2);
+  EXPECT_EQ(v2->replicas(), 1);
+  const absl::StatusOr<JobConfig> recut = ParseJobConfig(v2->config_toml(), "plan");
+  ASSERT_TRUE(recut.ok()) << recut.status();
+  EXPECT_EQ(recut->cluster.stages, 2);
+  EXPECT_EQ(recut->Cut(), (std::vector<int>{2, 2}));
+  EXPECT_TRUE(CheckPlanShards(*v2, *recut).ok()) << CheckPlanShards(*v2, *recut);
+  EXPECT_TRUE(CheckReplicaBatches(*v2, *recut).ok());
+  ASSERT_EQ(v2->assignments_size(), 2);
+  EXPECT_EQ(WorkerAt(*v2, 0, 0), 0);
+  EXPECT_EQ(WorkerAt(*v2, 1, 0), 2);
+  EXPECT_EQ(AssignmentOf(*v2, 2)->first_block(), 2);
+  EXPECT_EQ(AssignmentOf(*v2, 2)->end_block(), 4);
+  EXPECT_EQ(AssignmentOf(*v2, 2)->address(), "10.0.0.2:7000");
+  for (const proto::LinkWire& w : v2->link_wires()) {
+    EXPECT_NE(w.from_worker(), 1);
+    EXPECT_NE(w.to_worker(), 1);
+  }
+  EXPECT_EQ(WiresOf(*v2).Of(0, 2, proto::ACTIVATION), WiresOf(v1).Of(1, 2, proto::ACTIVATION))
+      << "the new link 0 -> 2 crosses the sites as 1 -> 2 did";
+  EXPECT_EQ(v2->job_config_toml(), v1.config_toml());
+
+  // A spare fills the job's 3 stages again: its own config and cut [2, 1, 1], the spare last.
+  std::map<int, proto::RegisterRequest> grown = workers;
+  grown[5].set_address("10.0.0.5:7000");
+  EXPECT_EQ(GrowPlan(*v2, {}, grown, {50, "step_00000050", 100}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<proto::Plan> v3 = GrowPlan(*v2, {5}, grown, {50, "step_00000050", 100}, &network);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->version(), 3u);
+  EXPECT_EQ(v3->start_iteration(), 50);
+  EXPECT_EQ(v3->stages(), 3);
+  EXPECT_EQ(v3->config_toml(), v1.config_toml());
+  EXPECT_TRUE(v3->job_config_toml().empty());
+  EXPECT_TRUE(CheckPlanShards(*v3, cfg).ok()) << CheckPlanShards(*v3, cfg);
+  EXPECT_EQ(WorkerAt(*v3, 0, 0), 0);
+  EXPECT_EQ(WorkerAt(*v3, 1, 0), 2);
+  EXPECT_EQ(WorkerAt(*v3, 2, 0), 5);
+  EXPECT_EQ(AssignmentOf(*v3, 2)->first_block(), 2);
+  EXPECT_EQ(AssignmentOf(*v3, 2)->end_block(), 3);
+
+  workers.erase(2);
+  workers[5].set_address("10.0.0.5:7000");
+  v2 = ShrinkPlan(v1, {1, 2}, {5}, workers, {40, "step_00000040", 100});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->stages(), 2);
+  EXPECT_EQ(WorkerAt(*v2, 0, 0), 0);
+  EXPECT_EQ(WorkerAt(*v2, 1, 0), 5);
+
+  const JobConfig two = Config({"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"});
+  const proto::Plan d1 = MakePlan(two, Workers(4), {0, "", 100}, RegistrationOrder(two));
+  v2 = ShrinkPlan(d1, {1, 2, 3}, {}, Workers(1), {40, "step_00000040", 100});
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->stages(), 1);
+  EXPECT_EQ(ReplicaMicroBatches(*v2, two), 4);
+  const absl::StatusOr<JobConfig> whole = ParseJobConfig(v2->config_toml(), "plan");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(CheckPlanShards(*v2, *whole).ok()) << CheckPlanShards(*v2, *whole);
+  EXPECT_TRUE(CheckReplicaBatches(*v2, *whole).ok());
+  ASSERT_EQ(v2->shards_size(), 2);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(v2->shards(k).owner_replica(), 0);
+    EXPECT_EQ(v2->shards(k).home_replica(), k);
+  }
+
+  // Nobody left, or local updates (each replica's own optimizer state): no smaller layout runs.
+  const absl::Status none = ShrinkPlan(v1, {0, 1, 2}, {}, {}, {0, "", 100}).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition) << none;
-  EXPECT_NE(none.message().find("no smaller data-parallel layout"), std::string::npos) << none;
+  EXPECT_NE(none.message().find("no worker is left of the 3 stages"), std::string::npos) << none;
+  const JobConfig local = Config({"cluster.stages=2", "train.local_steps=2"});
+  const absl::Status own =
+      ShrinkPlan(MakePlan(local, Workers(2), {0, "", 100}, RegistrationOrder(local)), {1}, {}, Workers(1), {0, "", 100})
+          .status();
+  EXPECT_EQ(own.code(), absl::StatusCode::kFailedPrecondition) << own;
 }
 
 // The layout shrunk above grows back once spares make whole replicas: two spares make a third,

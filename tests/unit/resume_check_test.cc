@@ -41,8 +41,8 @@ TEST(ResumeCheck, AnotherReplicaCountIsALayoutChangeNamingBothLayouts) {
   const std::string e = Error(then.as_json, Config({"cluster.stages=2", "cluster.replicas=1"}));
   EXPECT_NE(e.find("for another layout (cluster.replicas = 2, the config has 1): a layout change"), std::string::npos)
       << e;
-  EXPECT_NE(e.find("the checkpoint's layout is cluster.stages = 2, cluster.replicas = 2, cluster.ps = \"sharded\", "
-                   "cluster.stage_layers = [2,2], the config's is cluster.stages = 2, cluster.replicas = 1"),
+  EXPECT_NE(e.find("the checkpoint's layout is cluster.replicas = 2, cluster.ps = \"sharded\", the config's is "
+                   "cluster.replicas = 1, cluster.ps = \"sharded\""),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("--set cluster.replicas=2"), std::string::npos) << e;
@@ -129,11 +129,16 @@ TEST(ResumeCheck, AConfigThatPinsNoCutResumesWithTheCheckpointsCut) {
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   EXPECT_EQ(adopted->Cut(), (std::vector<int>{3, 1}));
   EXPECT_TRUE(CheckCheckpointResumable(dir, *adopted).ok());
-  // A cut the config pins stands, and the check names the difference.
+  // A cut the config pins stands, and resumes: each stage reads its tensors by name.
   const absl::StatusOr<JobConfig> pinned = WithCheckpointCut(dir, Config({"cluster.stages=2", "cluster.stage_layers=[2, 2]"}));
   ASSERT_TRUE(pinned.ok());
   EXPECT_EQ(pinned->Cut(), (std::vector<int>{2, 2}));
-  EXPECT_NE(CheckCheckpointResumable(dir, *pinned).message().find("cluster.stage_layers = [3,1]"), std::string::npos);
+  EXPECT_TRUE(CheckCheckpointResumable(dir, *pinned).ok());
+  EXPECT_TRUE(CheckCheckpointResumable(dir, Config({"cluster.stages=3"})).ok());
+  // The replicas set the global batch's split and the shards: they stay.
+  EXPECT_NE(CheckCheckpointResumable(dir, Config({"cluster.stages=2", "cluster.replicas=2"})).message().find(
+                "cluster.replicas = 1, the config has 2"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // A run's whole model from its checkpoints, whatever layout wrote them: a one-process run's single
 // file, or a 2-stage, 2-replica cluster's four parameter-server shards, give the same tensors
-// bitwise; a missing shard, a mixed-up run directory or an unknown step is named with the fix.
+// bitwise; a stage of another cut reads its tensors from the shards that hold them; a missing
+// shard, a corrupt file or an unknown step is named with the fix.
 #include "checkpoint/run_model.h"
 
 #include <gtest/gtest.h>
@@ -85,7 +86,7 @@ TEST_F(RunModelTest, AOneProcessRunsCheckpointIsTheWholeModel) {
   EXPECT_NE(s.message().find("no checkpoint step_00000008"), std::string::npos) << s;
 }
 
-TEST_F(RunModelTest, AMissingShardOrAMixedUpDirectoryIsNamed) {
+TEST_F(RunModelTest, AMissingShardOrACorruptFileIsNamedAndAnotherLayoutsDirectoryIgnored) {
   WriteCluster(40);
   const fs::path shard = run_ / "checkpoints" / "stage_1_shard_1";
   fs::rename(shard, run_ / "elsewhere");
@@ -94,16 +95,46 @@ TEST_F(RunModelTest, AMissingShardOrAMixedUpDirectoryIsNamed) {
   for (const char* part : {"lacks", "lm_head.weight", "copy every shard's directory into one"})
     EXPECT_NE(s.message().find(part), std::string::npos) << part << "\n" << s;
   fs::rename(run_ / "elsewhere", shard);
-  fs::copy(run_ / "checkpoints" / "stage_0_shard_0", run_ / "checkpoints" / "stage_0_shard_9",
+  // A shard directory of another layout (left from before a re-cut) is no piece of this step.
+  fs::copy(run_ / "checkpoints" / "stage_0_shard_0", run_ / "checkpoints" / "stage_2_shard_0",
            fs::copy_options::recursive);
-  s = LoadRunModel(run_.string()).status();
-  EXPECT_NE(s.message().find("mixes two runs' checkpoints"), std::string::npos) << s;
-  fs::remove_all(run_ / "checkpoints" / "stage_0_shard_9");
+  fs::resize_file(run_ / "checkpoints" / "stage_2_shard_0" / "step_00000040" / "model.safetensors", 10);
+  const absl::StatusOr<RunModel> m = LoadRunModel(run_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->params, params_);
   // A corrupt file is caught by its CRC-32 before anything is read from it.
   const fs::path file = run_ / "checkpoints" / "stage_0_shard_0" / "step_00000040" / "model.safetensors";
   fs::resize_file(file, fs::file_size(file) - 4);
   s = LoadRunModel(run_.string()).status();
   EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+}
+
+// The cluster's 2 stages cut 3 blocks [2, 1]; a 3-stage cut [1, 1, 1] reads each of its stages'
+// tensors from whichever shards hold them, bitwise.
+TEST_F(RunModelTest, AStageOfAnotherCutReadsItsTensorsFromTheShardsThatHoldThem) {
+  WriteCluster(40);
+  const std::string root = (run_ / "checkpoints").string();
+  const absl::StatusOr<std::vector<CheckpointPiece>> pieces = CheckpointPieces(root, "step_00000040");
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  ASSERT_EQ(pieces->size(), 4u);
+  const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+  JobConfig recut = cfg_;
+  recut.cluster.stages = 3;
+  for (int s = 0; s < 3; ++s) {
+    const ParamLayout stage(cfg_.model, recut.Stage(s));
+    std::vector<float> got(stage.total(), -1.0f), want(stage.total());
+    for (const ParamTensor& t : stage.tensors())
+      std::copy_n(params_.begin() + whole.tensors()[whole.Find(t.name)].offset, t.size, want.begin() + t.offset);
+    ASSERT_TRUE(LoadFromPieces(*pieces, stage, got.data(), nullptr, nullptr).ok());
+    EXPECT_EQ(got, want) << "stage " << s;
+  }
+  // A model the checkpoint was not written for is named.
+  JobConfig wider = cfg_;
+  wider.model.n_layer = 4;
+  std::vector<float> buf(ParamLayout(wider.model, StageSpec::Whole(wider.model)).total());
+  const absl::Status s =
+      LoadFromPieces(*pieces, ParamLayout(wider.model, StageSpec::Whole(wider.model)), buf.data(), nullptr, nullptr);
+  EXPECT_NE(s.message().find("holds no tensor h.3."), std::string::npos) << s;
 }
 
 }  // namespace

@@ -112,5 +112,30 @@ TEST(StragglerWatch, MoreMicroBatchesAfterAShrinkMakeNoStragglerAndTheWorkersGon
   for (const auto& [id, s] : watch.Current()) EXPECT_NEAR(s.worst(), 1, 1e-9) << "worker " << id;
 }
 
+// A pipeline cut anew gives a worker more blocks at the same stage: measured against its start it
+// would straggle (worker 1 of two, its work doubled, the other's the same); after Restart its pace
+// starts again.
+TEST(StragglerWatch, APipelineCutAnewStartsEveryPaceAgain) {
+  auto pipeline = [](double stage1) {
+    std::map<int, proto::IterationReport> out;
+    for (int id = 0; id < 2; ++id) {
+      out[id].set_stage(id);
+      out[id].set_compute_seconds(id == 0 ? 0.010 : stage1);
+    }
+    return out;
+  };
+  StragglerWatch kept, restarted;
+  for (int it = 0; it < 40; ++it) kept.Add(pipeline(0.010)), restarted.Add(pipeline(0.010));
+  restarted.Restart();
+  int reported_kept = 0, reported_restarted = 0;
+  for (int it = 0; it < 60; ++it) {
+    reported_kept += static_cast<int>(kept.Add(pipeline(0.020)).size());
+    reported_restarted += static_cast<int>(restarted.Add(pipeline(0.020)).size());
+  }
+  EXPECT_EQ(reported_kept, 1) << "without Restart the doubled work reads as a slowdown";
+  EXPECT_EQ(reported_restarted, 0);
+  EXPECT_NEAR(restarted.Current().at(1).vs_start, 1, 1e-9);
+}
+
 }  // namespace
 }  // namespace longhaul
