@@ -741,7 +741,10 @@ class Service final : public proto::Coordinator::Service {
     }
     members_.Lose(id);
     WriteJobState();
-    std::cout << "coordinator: " << what << (a == nullptr ? ": one spare fewer\n" : ": its place goes to a spare\n")
+    std::cout << "coordinator: " << what
+              << (a == nullptr           ? ": one spare fewer\n"
+                  : !Spares().empty()    ? ": its place goes to a spare\n"
+                                         : ": no spare waits to take its place\n")
               << std::flush;
     if (a == nullptr) return;
     if (vacant_.empty()) vacant_since_ = Clock::now();
