@@ -392,6 +392,51 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
   ExpectTheSameRun(run.calm, run.out, 150);
 }
 
+// A job of `sets` (`placed` workers, no spare) run undisturbed, then again with a worker killed
+// once `kill_after` steps are in: the coordinator logs `changed`; `rejoin_after` steps later a
+// worker is started again, which it logs as `rejoined`. Both runs complete; the second's summary
+// has `steps` steps, its audit clean.
+struct ChangedRun {
+  fs::path calm, out;
+  nlohmann::json summary;
+};
+ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::string>& sets, int placed,
+                            size_t kill_after, const std::string& changed, size_t rejoin_after,
+                            const std::string& rejoined, int64_t steps) {
+  ChangedRun run{Dir(name + "_calm"), Dir(name), nlohmann::json()};
+  EXPECT_EQ(RunJob(run.calm, 0, [](Supervisor&) {}, sets, placed), 0) << Read(run.calm / "coordinator_1.txt");
+  const int status = RunJob(
+      run.out, 0,
+      [&](Supervisor& sup) {
+        auto logged = [&](const std::string& what) {
+          return sup.Await([&] { return Count(sup.CoordinatorLogs(), what) > 0; }, std::chrono::seconds(120));
+        };
+        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= kill_after; },
+                              std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        KillAWorker(sup);
+        ASSERT_TRUE(logged(changed)) << sup.CoordinatorLogs();
+        const size_t changed_at = sup.Steps();
+        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= changed_at + rejoin_after; }, std::chrono::seconds(120)));
+        sup.StartWorker();
+        ASSERT_TRUE(logged(rejoined)) << sup.CoordinatorLogs();
+        std::cout << "grew back by step " << sup.Steps() << "\n";
+      },
+      sets, placed);
+  const std::string log = Read(run.out / "coordinator_1.txt");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  std::ifstream sf(run.out / "summary.json");
+  run.summary = nlohmann::json::parse(sf, nullptr, false);
+  EXPECT_FALSE(run.summary.is_discarded()) << log;
+  if (run.summary.is_discarded()) return run;
+  EXPECT_EQ(run.summary["status"], "completed");
+  EXPECT_EQ(run.summary["audit"]["lost"], 0);
+  EXPECT_EQ(run.summary["audit"]["repeated"], 0);
+  EXPECT_EQ(run.summary["audit"]["steps"], steps);
+  for (const nlohmann::json& r : run.summary["recoveries"]) std::cout << "plan change: " << r.dump() << "\n";
+  return run;
+}
+
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
 // 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
 // makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run
@@ -401,44 +446,19 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
 // order the report sums its micro-batches' losses.
 TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   UseNewSecret();
-  const std::vector<std::string> sets = {"cluster.spare_wait_s=0", "transport.wire_dtype=int8"};
-  const fs::path calm = Dir("calm"), out = Dir("shrink");
-  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets), 0) << Read(calm / "coordinator_1.txt");
-  const int status = RunJob(
-      out, 0,
-      [&](Supervisor& sup) {
-        auto logged = [&](const std::string& what) {
-          return sup.Await([&] { return Count(sup.CoordinatorLogs(), what) > 0; }, std::chrono::seconds(120));
-        };
-        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 100; }, std::chrono::seconds(120)))
-            << sup.CoordinatorLogs();
-        KillAWorker(sup);
-        ASSERT_TRUE(logged("1 replicas of 4 micro-batches each instead of 2")) << sup.CoordinatorLogs();
-        const size_t shrunk_at = sup.Steps();
-        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= shrunk_at + 100; }, std::chrono::seconds(120)));
-        sup.StartWorker();
-        ASSERT_TRUE(logged("2 spares join: 2 replicas of 2 micro-batches each instead of 1")) << sup.CoordinatorLogs();
-        std::cout << "grew back by step " << sup.Steps() << "\n";
-      },
-      sets);
-  const std::string log = Read(out / "coordinator_1.txt");
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
-  std::ifstream sf(out / "summary.json");
-  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
-  ASSERT_FALSE(summary.is_discarded()) << log;
-  EXPECT_EQ(summary["status"], "completed");
-  EXPECT_EQ(summary["audit"]["lost"], 0);
-  EXPECT_EQ(summary["audit"]["repeated"], 0);
-  EXPECT_EQ(summary["audit"]["steps"], kSteps);
+  const ChangedRun run =
+      RunWithoutASpare("shrink", {"cluster.spare_wait_s=0", "transport.wire_dtype=int8"}, 4, 100,
+                       "1 replicas of 4 micro-batches each instead of 2", 100,
+                       "2 spares join: 2 replicas of 2 micro-batches each instead of 1", kSteps);
+  ASSERT_FALSE(run.summary.is_discarded());
   std::vector<std::string> changes;
-  for (const nlohmann::json& r : summary["recoveries"]) {
-    std::cout << "plan change: " << r.dump() << "\n";
+  for (const nlohmann::json& r : run.summary["recoveries"]) {
     if (r.contains("shrunk_to_replicas")) changes.push_back("shrunk to " + r["shrunk_to_replicas"].dump());
     if (r.contains("grown_to_replicas")) changes.push_back("grown to " + r["grown_to_replicas"].dump());
   }
-  EXPECT_EQ(changes, (std::vector<std::string>{"shrunk to 1", "grown to 2"})) << summary.dump(2);
+  EXPECT_EQ(changes, (std::vector<std::string>{"shrunk to 1", "grown to 2"})) << run.summary.dump(2);
 
-  auto before = ReadMetrics((calm / "metrics.csv").string()), after = ReadMetrics((out / "metrics.csv").string());
+  auto before = ReadMetrics((run.calm / "metrics.csv").string()), after = ReadMetrics((run.out / "metrics.csv").string());
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_EQ(after->size(), before->size());
   double worst = 0;
@@ -448,7 +468,7 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   std::cout << "losses within " << worst << " (relative) of the uninterrupted run's; final " << after->back().loss
             << " against " << before->back().loss << "\n";
   EXPECT_LT(worst, 1e-12);
-  EXPECT_TRUE(testing::LatestParams(out) == testing::LatestParams(calm))
+  EXPECT_TRUE(testing::LatestParams(run.out) == testing::LatestParams(run.calm))
       << "the final parameters differ from the uninterrupted run's";
 }
 
@@ -461,42 +481,18 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
 // micro-batch) of the plan that ran the step once.
 TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
   UseNewSecret();
-  const std::vector<std::string> sets = {"cluster.stages=3", "cluster.replicas=1", "train.micro_batches=4",
-                                         "cluster.spare_wait_s=0", "train.steps=300"};
-  const fs::path calm = Dir("pipeline_calm"), out = Dir("recut");
-  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets, 3), 0) << Read(calm / "coordinator_1.txt");
-  const int status = RunJob(
-      out, 0,
-      [&](Supervisor& sup) {
-        auto logged = [&](const std::string& what) {
-          return sup.Await([&] { return Count(sup.CoordinatorLogs(), what) > 0; }, std::chrono::seconds(120));
-        };
-        ASSERT_TRUE(sup.Await([&] { return sup.State().has_value() && sup.Steps() >= 55; }, std::chrono::seconds(120)))
-            << sup.CoordinatorLogs();
-        KillAWorker(sup);
-        ASSERT_TRUE(logged("the model cut anew into 2 stages instead of 3")) << sup.CoordinatorLogs();
-        const size_t recut_at = sup.Steps();
-        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= recut_at + 60; }, std::chrono::seconds(120)));
-        sup.StartWorker();
-        ASSERT_TRUE(logged("1 spares join: the job's 3 stages again instead of 2")) << sup.CoordinatorLogs();
-        std::cout << "grew back by step " << sup.Steps() << "\n";
-      },
-      sets, 3);
-  const std::string log = Read(out / "coordinator_1.txt");
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
-  std::ifstream sf(out / "summary.json");
-  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
-  ASSERT_FALSE(summary.is_discarded()) << log;
-  EXPECT_EQ(summary["status"], "completed");
-  EXPECT_EQ(summary["audit"]["lost"], 0);
-  EXPECT_EQ(summary["audit"]["repeated"], 0);
-  EXPECT_EQ(summary["audit"]["steps"], 300);
-  ASSERT_EQ(summary["recoveries"].size(), 2u) << summary.dump(2);
-  EXPECT_EQ(summary["recoveries"][0]["blocks_per_stage"], nlohmann::json({2, 2})) << summary.dump(2);
-  EXPECT_EQ(summary["recoveries"][1]["grown_to_stages"], 3) << summary.dump(2);
+  const ChangedRun run = RunWithoutASpare(
+      "recut",
+      {"cluster.stages=3", "cluster.replicas=1", "train.micro_batches=4", "cluster.spare_wait_s=0", "train.steps=300"},
+      3, 55, "the model cut anew into 2 stages instead of 3", 60, "1 spares join: the job's 3 stages again instead of 2",
+      300);
+  ASSERT_FALSE(run.summary.is_discarded());
+  ASSERT_EQ(run.summary["recoveries"].size(), 2u) << run.summary.dump(2);
+  EXPECT_EQ(run.summary["recoveries"][0]["blocks_per_stage"], nlohmann::json({2, 2})) << run.summary.dump(2);
+  EXPECT_EQ(run.summary["recoveries"][1]["grown_to_stages"], 3) << run.summary.dump(2);
   // Steps ran under 3 stages, then 2, then 3 again, each audited with its plan's.
   std::set<std::string> stage_counts;
-  std::ifstream audit(out / "samples.csv");
+  std::ifstream audit(run.out / "samples.csv");
   std::string line, last;
   std::getline(audit, line);
   while (std::getline(audit, line)) {
@@ -507,7 +503,7 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
   }
   EXPECT_EQ(stage_counts, (std::set<std::string>{"2", "3"}));
   EXPECT_EQ(last.substr(0, 6), "300,3,") << last;
-  ExpectTheSameRun(calm, out, 300);
+  ExpectTheSameRun(run.calm, run.out, 300);
 }
 
 }  // namespace
