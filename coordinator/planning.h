@@ -97,10 +97,11 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 // pipeline is cut anew: one replica of P' < P stages over the survivors (in their stages' order)
 // and the spares, the blocks split evenly, the plan's config carrying the new cluster.stages and
 // cluster.stage_layers (Plan.job_config_toml the job's own) and the links' wire dtypes and
-// connections planned anew (`network`, as MakePlan's). Each stage reads its tensors from the checkpoint by name (CheckpointPieces), and a
-// pipeline sums each gradient in the one process's order at any cut, so the run stays bitwise the
-// uninterrupted one. FailedPrecondition where no smaller layout can run (no worker left, or local
-// updates).
+// connections planned anew (`network`, as MakePlan's). Each stage reads its tensors from the
+// checkpoint by name (CheckpointPieces), and a pipeline sums each gradient in the one process's
+// order at any cut, so the run stays bitwise the uninterrupted one where the tensors between
+// stages travel in fp32 (a narrower wire rounds at the boundaries, which the new cut moves).
+// FailedPrecondition where no smaller layout can run (no worker left, or local updates).
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
                                        const std::vector<int>& spares,
                                        const std::map<int, proto::RegisterRequest>& workers,
