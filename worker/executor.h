@@ -53,6 +53,9 @@ class Channel {
   // Waits until the data of every send of iteration `it` may change (the bytes left this process);
   // reports a failed send of this or an earlier iteration.
   virtual absl::Status Flush(int64_t it) = 0;
+  // The error of a plan version that was stopped (a newer one, a lost peer), else OK: asked before
+  // each forward and backward, so a stopped version computes nothing more.
+  virtual absl::Status Stopped() { return absl::OkStatus(); }
 };
 
 struct IterationResult {

@@ -36,6 +36,7 @@ class NetworkChannel final : public Channel {
 
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
+  absl::Status Stopped() override { return mailbox_.Closed(); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
   absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int group) override;
   absl::Status ReduceNorm(int64_t it, double* waited) override;

@@ -173,6 +173,11 @@ absl::StatusOr<std::vector<float>> Mailbox::Take(const TensorKey& key, std::chro
   return std::move(it->second.data);
 }
 
+absl::Status Mailbox::Closed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_.empty() ? absl::OkStatus() : absl::AbortedError(absl::StrCat("stopped: ", closed_));
+}
+
 void Mailbox::Close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = reason.empty() ? "closed" : reason;

@@ -69,6 +69,8 @@ class Mailbox {
 
   // Wakes every Take with an error carrying `reason`.
   void Close(const std::string& reason);
+  // Aborted with the reason once closed (until the next Reopen), else OK.
+  absl::Status Closed();
 
   // A buffer of n floats, reused from tensors handed back with Recycle when one of that size is
   // free (contents unspecified). Reuse keeps steady-state transfers off fresh pages, which the

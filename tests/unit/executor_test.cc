@@ -353,14 +353,20 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(ref_channel.pushes.at({1, k}).first, 0u) << "without overlap";
 }
 
-// A channel whose receives fail, as a stopped job's do.
+// A channel whose receives fail, as a stopped job's do; with `stop_after_sends`, it says it was
+// stopped once that many tensors went out.
 class ClosedChannel final : public Channel {
  public:
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
     return absl::AbortedError("stopped: the coordinator stopped the job");
   }
   void Recycle(std::vector<float>) override {}
-  void Send(proto::TensorKind, int64_t, int, const float*, size_t) override {}
+  void Send(proto::TensorKind, int64_t, int, const float*, size_t) override { ++sends; }
+  absl::Status Stopped() override {
+    return stop_after_sends >= 0 && sends >= stop_after_sends ? absl::AbortedError("stopped: plan version 3 is out")
+                                                              : absl::OkStatus();
+  }
+  int sends = 0, stop_after_sends = -1;
   absl::Status PushGradients(int64_t, Stage&, size_t, int) override { return absl::OkStatus(); }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
@@ -382,6 +388,27 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(r.status().message().find("the coordinator stopped the job"), std::string::npos);
   EXPECT_EQ(ex.Run(0, {}).status().code(), absl::StatusCode::kInvalidArgument) << "no micro-batches";
+}
+
+// GPipe's first stage runs its 3 forwards back to back: stopped after the first went out, it
+// computes no second one.
+TEST(Executor, AStoppedVersionComputesNothingMore) {
+  const ModelConfig cfg = Cfg();
+  auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 0, 2), B, T, false, M, 11);
+  ASSERT_TRUE(st.ok());
+  ClosedChannel channel;
+  channel.stop_after_sends = 1;
+  Timeline timeline;
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
+              static_cast<size_t>(B) * T * cfg.d_model);
+  std::vector<uint16_t> tokens(500, 3);
+  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+  auto r = ex.Run(0, mbs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("plan version 3 is out"), std::string::npos) << r.status();
+  EXPECT_EQ(channel.sends, 1);
 }
 
 }  // namespace
