@@ -63,8 +63,8 @@ class Worker {
   absl::Status Join();
   // Measures the links to every other worker and reports them (link_probe.h).
   absl::Status ProbeLinks(const JobConfig& cfg);
-  // The job's data, loaded once for `config_toml` (the job config's text).
-  absl::Status LoadData(const JobConfig& cfg, const std::string& config_toml);
+  // The job's data, loaded once for the config's data section and vocabulary.
+  absl::Status LoadData(const JobConfig& cfg);
   TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
   // Where the lifeline told of the workers not lost, opens connections to the new ones among them
   // (ClientPool::Warm): a recovery's first tensors between a spare and the others, and a plan's
@@ -143,7 +143,7 @@ class Worker {
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
-  std::string data_config_;  // the job config data_ was loaded for
+  std::string data_key_;  // what data_ was loaded for: LoadDataset's keys of the config
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<MicroBatch> val_mbs_;  // this replica's share of the validation micro-batches
   std::unique_ptr<Stage> stage_;
@@ -217,7 +217,7 @@ absl::Status Worker::Join() {
   LH_RETURN_IF_ERROR(client_.ReportProfile(compute));
   if (reply.probe_links()) LH_RETURN_IF_ERROR(ProbeLinks(cfg));
   // While the plan is made, or, for a spare, before its place comes: not on a recovery's path.
-  LH_RETURN_IF_ERROR(LoadData(cfg, reply.config_toml()));
+  LH_RETURN_IF_ERROR(LoadData(cfg));
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     WarmSpareStages(cfg, reply.config_toml());
     std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place (%d of %d stages built)\n",
@@ -230,12 +230,14 @@ absl::Status Worker::Join() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::LoadData(const JobConfig& cfg, const std::string& config_toml) {
-  // Every plan version of a job keeps its config, and so its data.
-  if (data_ && data_config_ == config_toml) return absl::OkStatus();
+absl::Status Worker::LoadData(const JobConfig& cfg) {
+  // Every plan version of a job keeps its data, a pipeline cut anew too (its config differs in
+  // the cut only): building the demo's corpus again took most of a re-cut's set-up.
+  const std::string key = absl::StrCat(cfg.as_json.at("data").dump(), " vocab ", cfg.model.vocab_size);
+  if (data_ && data_key_ == key) return absl::OkStatus();
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
   data_ = std::move(data);
-  data_config_ = config_toml;
+  data_key_ = key;
   return absl::OkStatus();
 }
 
@@ -369,7 +371,7 @@ absl::Status Worker::Setup() {
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
   peers_->OpenLinks();
 
-  LH_RETURN_IF_ERROR(LoadData(cfg_, plan_.config_toml()));
+  LH_RETURN_IF_ERROR(LoadData(cfg_));
   const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
                                M_};
   sampler_ = std::make_unique<BatchSampler>(sampling, data_->train());
