@@ -38,7 +38,8 @@ for ((victim = 0; victim < stages; victim++)); do
     kill -0 "$launcher" 2> /dev/null || { echo "the run ended before step $kill_after: $out.log"; exit 1; }
     sleep 0.1
   done
-  pid=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print([w['pid'] for w in c['workers'] if w['stage'] == int(sys.argv[2])][0])" "$out/cluster.json" "$victim")
+  pid=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))
+print([w['pid'] for w in c['workers'] if w['stage'] == int(sys.argv[2])][0])" "$out/cluster.json" "$victim")
   kill -9 "$pid"
   wait "$launcher" || true
   launcher=
@@ -56,9 +57,10 @@ back = r["rollback_to_step"]
 before = statistics.median(secs[10:back])
 after = statistics.median(secs[back + 5:])
 set_up = max(float(m) for m in re.findall(r"plan version 2: .*set up in ([0-9.]+) s", open(f"{out}.log").read()))
-audit = "clean" if s["audit"]["lost"] == 0 and s["audit"]["repeated"] == 0 else f"lost {s['audit']['lost']} repeated {s['audit']['repeated']}"
-print(f"{victim:<6} {r['stall_s']:<10.3f} {set_up:<9.3f} {before:<12.4f} {after:<12.4f} {r['stall_s'] / before:<9.2f} {audit} "
-      f"(cut {r['blocks_per_stage']})")
+a = s["audit"]
+audit = "clean" if a["lost"] == 0 and a["repeated"] == 0 else f"lost {a['lost']} repeated {a['repeated']}"
+print(f"{victim:<6} {r['stall_s']:<10.3f} {set_up:<9.3f} {before:<12.4f} {after:<12.4f} "
+      f"{r['stall_s'] / before:<9.2f} {audit} (cut {r['blocks_per_stage']})")
 PY
 done
 echo "runs in $base"

@@ -784,8 +784,9 @@ class Service final : public proto::Coordinator::Service {
       if (waited >= cfg_.cluster.spare_wait_s) {
         std::vector<int> lost;
         for (const auto& [id, what] : vacant_) lost.push_back(id);
-        absl::StatusOr<proto::Plan> shrunk = ShrinkPlan(plan_, lost, spares, members_.registrations(),
-                                                        {latest_step_, latest_name_, end_}, network_ ? &*network_ : nullptr);
+        absl::StatusOr<proto::Plan> shrunk =
+            ShrinkPlan(plan_, lost, spares, members_.registrations(), {latest_step_, latest_name_, end_},
+                       network_ ? &*network_ : nullptr);
         if (!shrunk.ok()) {
           Abort(absl::StrFormat("%s: it died or is unreachable, no spare took its place within "
                                 "cluster.spare_wait_s = %g s, and the layout cannot shrink (%s); restart it, then %s",

@@ -14,7 +14,8 @@
 namespace longhaul {
 
 namespace {
-constexpr char kHeader[] = "step,stages,stage,replica,worker,micro_batches\n";constexpr int kMostStages = 65536;  // cluster.stages' range
+constexpr char kHeader[] = "step,stages,stage,replica,worker,micro_batches\n";
+constexpr int kMostStages = 65536;  // cluster.stages' range
 
 }  // namespace
 

@@ -458,7 +458,8 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   }
   EXPECT_EQ(changes, (std::vector<std::string>{"shrunk to 1", "grown to 2"})) << run.summary.dump(2);
 
-  auto before = ReadMetrics((run.calm / "metrics.csv").string()), after = ReadMetrics((run.out / "metrics.csv").string());
+  auto before = ReadMetrics((run.calm / "metrics.csv").string());
+  auto after = ReadMetrics((run.out / "metrics.csv").string());
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_EQ(after->size(), before->size());
   double worst = 0;
@@ -484,8 +485,8 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
   const ChangedRun run = RunWithoutASpare(
       "recut",
       {"cluster.stages=3", "cluster.replicas=1", "train.micro_batches=4", "cluster.spare_wait_s=0", "train.steps=300"},
-      3, 55, "the model cut anew into 2 stages instead of 3", 60, "1 spares join: the job's 3 stages again instead of 2",
-      300);
+      3, 55, "the model cut anew into 2 stages instead of 3", 60,
+      "1 spares join: the job's 3 stages again instead of 2", 300);
   ASSERT_FALSE(run.summary.is_discarded());
   ASSERT_EQ(run.summary["recoveries"].size(), 2u) << run.summary.dump(2);
   EXPECT_EQ(run.summary["recoveries"][0]["blocks_per_stage"], nlohmann::json({2, 2})) << run.summary.dump(2);
