@@ -347,6 +347,23 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
     EXPECT_EQ(v2->shards(k).owner_replica(), 0);
     EXPECT_EQ(v2->shards(k).home_replica(), k);
   }
+  // Spares bring back the job's 2 stages first (one replica of 4 micro-batches), then its second
+  // replica, every shard on its home replica again.
+  std::map<int, proto::RegisterRequest> back = Workers(7);
+  const absl::StatusOr<proto::Plan> one = GrowPlan(*v2, {4}, back, {50, "step_00000050", 100});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->stages(), 2);
+  EXPECT_EQ(one->replicas(), 1);
+  EXPECT_EQ(ReplicaMicroBatches(*one, two), 4);
+  EXPECT_EQ(one->config_toml(), d1.config_toml());
+  EXPECT_TRUE(CheckPlanShards(*one, two).ok()) << CheckPlanShards(*one, two);
+  EXPECT_EQ(WorkerAt(*one, 1, 0), 4);
+  const absl::StatusOr<proto::Plan> v4 = GrowPlan(*one, {5, 6}, back, {60, "step_00000060", 100});
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->replicas(), 2);
+  EXPECT_EQ(ReplicaMicroBatches(*v4, two), 2);
+  EXPECT_TRUE(CheckPlanShards(*v4, two).ok()) << CheckPlanShards(*v4, two);
+  for (const proto::ShardPlacement& sp : v4->shards()) EXPECT_EQ(sp.owner_replica(), sp.home_replica());
 
   // Nobody left, or local updates (each replica's own optimizer state): no smaller layout runs.
   const absl::Status none = ShrinkPlan(v1, {0, 1, 2}, {}, {}, {0, "", 100}).status();
