@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
+#include "config/resume_check.h"
 #include "model/param_layout.h"
 #include "util/status_macros.h"
 
@@ -79,28 +80,17 @@ absl::StatusOr<RecordedLayout> ReadRecordedLayout(const std::string& state_dir) 
   LH_ASSIGN_OR_RETURN(const int stages, count("stages", 65536));
   LH_ASSIGN_OR_RETURN(out.replicas, count("replicas", 65536));
   out.central = cluster.value("ps", nlohmann::json()) == "central";
-  const nlohmann::json cut = cluster.value("stage_layers", nlohmann::json());
-  if (cut.is_null()) {  // written before the cut was recorded: the even one
+  // A checkpoint written before the cut was recorded has the even one.
+  if (cluster.value("stage_layers", nlohmann::json()).is_null()) {
     for (int s = 0; s < stages; ++s) out.stages.push_back(StageSpec::Even(out.model, s, stages));
     return out;
   }
-  if (!cut.is_array() || cut.size() != static_cast<size_t>(stages)) {
-    return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", stages, " stages"));
+  const std::optional<std::vector<int>> cut = RecordedCut(data.run_config, out.model.n_layer);
+  if (!cut || cut->size() != static_cast<size_t>(stages)) {
+    return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cluster["stage_layers"].dump(), " for ", stages,
+                                           " stages of ", out.model.n_layer, " blocks"));
   }
-  int first = 0;
-  for (int s = 0; s < stages; ++s) {
-    const int blocks = cut[s].is_number_integer() ? static_cast<int>(cut[s].get<int64_t>()) : -1;
-    if (blocks < 0 || first + blocks > out.model.n_layer) {
-      return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", out.model.n_layer,
-                                             " blocks"));
-    }
-    out.stages.push_back({first, first + blocks, s == 0, s == stages - 1});
-    first += blocks;
-  }
-  if (first != out.model.n_layer) {
-    return Corrupt(state_dir, absl::StrCat("cluster.stage_layers = ", cut.dump(), " for ", out.model.n_layer,
-                                           " blocks"));
-  }
+  for (int s = 0; s < stages; ++s) out.stages.push_back(StageSpec::OfCut(*cut, s));
   return out;
 }
 

@@ -548,10 +548,8 @@ absl::StatusOr<JobConfig> JobConfig::WithCut(const std::vector<int>& cut) const 
 }
 
 StageSpec JobConfig::Stage(int stage) const {
-  if (cluster.stage_layers.empty()) return StageSpec::Even(model, stage, cluster.stages);
-  int first = 0;
-  for (int s = 0; s < stage; ++s) first += cluster.stage_layers[s];
-  return {first, first + cluster.stage_layers[stage], stage == 0, stage == cluster.stages - 1};
+  return cluster.stage_layers.empty() ? StageSpec::Even(model, stage, cluster.stages)
+                                      : StageSpec::OfCut(cluster.stage_layers, stage);
 }
 
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {

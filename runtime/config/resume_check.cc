@@ -78,23 +78,28 @@ absl::Status CheckCheckpointResumable(const std::string& checkpoint_dir, const J
   return CheckResumable(state.run_config, cfg, checkpoint_dir);
 }
 
-absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, JobConfig cfg) {
-  if (!cfg.cluster.stage_layers.empty()) return cfg;
-  LH_ASSIGN_OR_RETURN(CheckpointData state, ReadCheckpointState(checkpoint_dir));
-  const nlohmann::json* recorded = Find(state.run_config, "cluster", "stage_layers");
-  if (recorded == nullptr || !recorded->is_array() || recorded->size() != static_cast<size_t>(cfg.cluster.stages)) {
-    return cfg;  // another layout: CheckResumable names it
-  }
-  // A cut of this model only: one of another model is CheckResumable's to name (model.n_layer).
+std::optional<std::vector<int>> RecordedCut(const nlohmann::json& written_with, int n_layer) {
+  const nlohmann::json* recorded = Find(written_with, "cluster", "stage_layers");
+  if (recorded == nullptr || !recorded->is_array()) return std::nullopt;
   std::vector<int> cut;
   int64_t sum = 0;
   for (const nlohmann::json& b : *recorded) {
-    if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > cfg.model.n_layer) return cfg;
+    if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > n_layer) return std::nullopt;
     cut.push_back(static_cast<int>(b.get<int64_t>()));
     sum += cut.back();
   }
-  if (sum != cfg.model.n_layer || cut == cfg.Cut()) return cfg;
-  return cfg.WithCut(cut);
+  if (sum != n_layer) return std::nullopt;
+  return cut;
+}
+
+absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, JobConfig cfg) {
+  if (!cfg.cluster.stage_layers.empty()) return cfg;
+  LH_ASSIGN_OR_RETURN(CheckpointData state, ReadCheckpointState(checkpoint_dir));
+  // A cut of this model only, of its stage count: another layout or model is CheckResumable's to
+  // name (model.n_layer).
+  const std::optional<std::vector<int>> cut = RecordedCut(state.run_config, cfg.model.n_layer);
+  if (!cut || cut->size() != static_cast<size_t>(cfg.cluster.stages) || *cut == cfg.Cut()) return cfg;
+  return cfg.WithCut(*cut);
 }
 
 }  // namespace longhaul

@@ -2,7 +2,9 @@
 // Whether a checkpoint may continue this job: the configuration it was written with against this
 // one, key by key, by each key's ResumeRule (config/job_config.h). Callers check before reading
 // any tensor, so a mismatch is one clear error instead of a shape error or a silently different run.
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,11 @@ absl::Status CheckResumable(const nlohmann::json& written_with, const JobConfig&
 
 // Reads checkpoint_dir/state.json (no tensors) and checks it as above.
 absl::Status CheckCheckpointResumable(const std::string& checkpoint_dir, const JobConfig& cfg);
+
+// The blocks per stage a checkpoint's run_config records (cluster.stage_layers), where they are a
+// cut of a model of `n_layer` blocks: whole counts from 0 that add up to it. nullopt otherwise,
+// an older checkpoint's that records none included.
+std::optional<std::vector<int>> RecordedCut(const nlohmann::json& written_with, int n_layer);
 
 // A config that pins no cut (cluster.stage_layers empty) resumes with the cut the checkpoint was
 // written with, which the coordinator's placement search may have chosen; one that pins a cut,

@@ -51,6 +51,12 @@ StageSpec StageSpec::Even(const ModelConfig& cfg, int index, int num_stages) {
   return {first, first + count, index == 0, index == num_stages - 1};
 }
 
+StageSpec StageSpec::OfCut(const std::vector<int>& blocks_per_stage, int index) {
+  int first = 0;
+  for (int s = 0; s < index; ++s) first += blocks_per_stage[s];
+  return {first, first + blocks_per_stage[index], index == 0, index == static_cast<int>(blocks_per_stage.size()) - 1};
+}
+
 absl::Status StageSpec::Validate(const ModelConfig& cfg) const {
   if (first_block < 0 || end_block < first_block || end_block > cfg.n_layer) {
     return absl::InvalidArgumentError(absl::StrFormat(

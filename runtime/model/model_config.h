@@ -2,6 +2,7 @@
 // Shape of a GPT model and of the stage one process runs.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,6 +40,8 @@ struct StageSpec {
   // Stage `index` of `num_stages` with blocks split as evenly as possible (earlier stages get the
   // remainder).
   static StageSpec Even(const ModelConfig& cfg, int index, int num_stages);
+  // Stage `index` of a cut giving each stage blocks_per_stage[s] blocks in order.
+  static StageSpec OfCut(const std::vector<int>& blocks_per_stage, int index);
   absl::Status Validate(const ModelConfig& cfg) const;
 };
 

@@ -11,13 +11,8 @@
 namespace longhaul {
 
 StageSpec Layout::Spec(int stage) const {
-  if (blocks_per_stage.empty()) return StageSpec::Even(work.model, stage, stages);
-  StageSpec spec;
-  for (int s = 0; s < stage; ++s) spec.first_block += blocks_per_stage[s];
-  spec.end_block = spec.first_block + blocks_per_stage[stage];
-  spec.has_embedding = stage == 0;
-  spec.has_head = stage == stages - 1;
-  return spec;
+  return blocks_per_stage.empty() ? StageSpec::Even(work.model, stage, stages)
+                                  : StageSpec::OfCut(blocks_per_stage, stage);
 }
 
 double Layout::BoundaryElements() const {
