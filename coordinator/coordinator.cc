@@ -280,7 +280,7 @@ class Service final : public proto::Coordinator::Service {
       Audit(req->iteration(), rec.reports);
       job_metrics_.Complete(req->iteration(), rec.reports);
       WriteMetricsFile();
-      if (absl::Status st = log_.Record(req->iteration(), rec.reports); !st.ok() && abort_.empty()) {
+      if (absl::Status st = log_.Record(req->iteration(), plan_.stages(), rec.reports); !st.ok() && abort_.empty()) {
         Abort(std::string(st.message()));
       }
       std::optional<std::pair<int, std::string>> move;  // a straggler a spare replaces, once the report is in

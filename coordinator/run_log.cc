@@ -37,14 +37,11 @@ absl::Status RunLog::Rewind(int64_t step) {
 
 std::string RunLog::LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
 
-absl::Status RunLog::Record(int64_t it, const std::map<int, proto::IterationReport>& reports) {
+absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::IterationReport>& reports) {
   double loss = 0, floor = 0, norm = 0, lr = 0, sec = 0, val_sum = 0;
   int last_stages = 0, val_batches = 0;
-  // The plan's last stage reports the loss; a re-cut pipeline has fewer stages than the job's config.
-  int last = 0;
-  for (const auto& [id, r] : reports) last = std::max(last, r.stage());
   for (const auto& [id, r] : reports) {
-    if (r.stage() == last) loss += r.loss(), floor += r.floor(), ++last_stages;
+    if (r.stage() == stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
     val_sum += r.val_loss_sum(), val_batches += r.val_batches();
     if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
     if (r.stage() == 0 && r.replica() == 0) sec = r.seconds();

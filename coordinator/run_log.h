@@ -24,9 +24,10 @@ class RunLog {
   // A run of iterations [start, end) of `cfg`'s job, appending to `metrics`.
   RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metrics);
 
-  // Every worker's report of iteration `it`, by worker id: appends its metrics row (the error is
-  // the file's) and prints the progress line when one is due.
-  absl::Status Record(int64_t it, const std::map<int, proto::IterationReport>& reports);
+  // Every worker's report of iteration `it` under a plan of `stages` stages (its last has the
+  // loss), by worker id: appends its metrics row (the error is the file's) and prints the
+  // progress line when one is due.
+  absl::Status Record(int64_t it, int stages, const std::map<int, proto::IterationReport>& reports);
 
   // A replan sent every worker back to step `step`: metrics.csv forgets the rows after it, and the
   // next iteration, which waits for the new plan's setup, is not timed.

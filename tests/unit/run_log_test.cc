@@ -42,7 +42,7 @@ TEST(RunLog, RowsSummaryAndRecords) {
                                                      {1, Report(1, 0, 2.0 - it * 0.5, 10)},
                                                      {2, Report(0, 1, 0, 7)},
                                                      {3, Report(1, 1, 1.0 - it * 0.5, 10)}};
-    ASSERT_TRUE(log.Record(it, reports).ok());
+    ASSERT_TRUE(log.Record(it, 2, reports).ok());
   }
   const nlohmann::json s = log.Summary("completed", "", 3);
   EXPECT_EQ(s["status"], "completed");
