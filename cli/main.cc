@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
   worker->add_option("--connect-timeout", wopt.connect_timeout_s, "seconds to keep trying the coordinator")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  worker->add_option("--out-dir", wopt.out_dir,
+                     "this worker's own run directory (default: the job's train.out_dir); where it is not the "
+                     "coordinator's, checkpoint pieces travel through the coordinator");
   worker->add_option("--dial-map", wopt.dial_map, "file of 'peer_address dial_instead' lines (proxied links)");
   worker->add_option("--slot", wopt.slot,
                      "ask for this worker id (stage = id % stages, replica = id / stages), as a launcher that "

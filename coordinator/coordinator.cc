@@ -1,5 +1,6 @@
 #include "coordinator/coordinator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -16,10 +17,12 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
+#include "model/param_layout.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
 #include "coordinator/job_metrics.h"
@@ -48,6 +51,17 @@ namespace {
 
 std::atomic<bool> g_stop_requested{false};
 using Clock = std::chrono::steady_clock;
+
+// The run directory's identity, which a worker finds in its own run directory only where it shares
+// this one: made once, kept by a restarted coordinator.
+absl::StatusOr<std::string> RunDirToken(const std::string& out_dir) {
+  const std::string path = (fs::path(out_dir) / kRunDirIdFile).string();
+  if (absl::StatusOr<std::string> kept = ReadWholeFile(path); kept.ok() && kept->size() == 2 * kNonceBytes) return kept;
+  LH_ASSIGN_OR_RETURN(const std::string nonce, RandomNonce());
+  const std::string token = absl::BytesToHexString(nonce);
+  LH_RETURN_IF_ERROR(WriteFileAtomically(path, token));
+  return token;
+}
 
 std::string JobStatePath(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "job_state.pb").string(); }
 
@@ -94,8 +108,9 @@ class Service final : public proto::Coordinator::Service {
   // version this one publishes at once.
   Service(const JobConfig& cfg, int64_t start_iteration, std::string resume_name, int64_t stop_at, MetricsLog metrics,
           SampleAudit samples, std::optional<NetworkCost> network, JobSecret secret,
-          const std::optional<proto::JobState>& restored)
+          const std::optional<proto::JobState>& restored, std::string run_dir_token)
       : verifier_(std::move(secret)),
+        run_dir_token_(std::move(run_dir_token)),
         network_(std::move(network)),
         probing_(cfg.cluster.stages * cfg.cluster.replicas > 1 &&
                  (cfg.cluster.link_probe == ClusterConfig::LinkProbe::kOn ||
@@ -206,6 +221,7 @@ class Service final : public proto::Coordinator::Service {
     if (!abort_.empty()) return grpc::Status(grpc::StatusCode::ABORTED, abort_);
     if (placed()) {
       *plan = plan_;
+      plan->set_run_dir_token(run_dir_token_);
       return grpc::Status::OK;
     }
     if (finished_) return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the job finished");
@@ -335,15 +351,14 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1, req->plan_version()); !st.ok()) return st;
     const proto::Assignment& a = *AssignmentOf(plan_, req->worker_id());
     const std::set<std::pair<int, int>> streams = FeedbackStreams(plan_, cfg_);
-    const int groups = GroupsPerReplica(plan_, cfg_), job_replica = req->residual_replica() - 1;
+    const int job_replica = req->residual_replica() - 1;
     // Residual files count as (stage, -1 - job replica) beside the shards' (stage, shard).
     const bool residuals = req->residual_replica() > 0;
-    const bool planned = residuals ? a.stage() == req->stage() && job_replica / groups == a.replica() &&
-                                         streams.count({req->stage(), job_replica}) > 0
-                                   : HostsShard(plan_, a, req->stage(), req->shard());
+    const CheckpointPieceRoot piece{residuals ? CheckpointPieceRoot::Kind::kResidual : CheckpointPieceRoot::Kind::kShard,
+                                    req->stage(), residuals ? job_replica : req->shard()};
     const std::pair<int, int> key = residuals ? std::make_pair(req->stage(), -1 - job_replica)
                                               : std::make_pair(req->stage(), req->shard());
-    if (!planned || !checkpointed_[req->step()].insert(key).second) {
+    if (!Gives(a, piece) || !checkpointed_[req->step()].insert(key).second) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrFormat("worker %d reports a checkpoint of %s of stage %d at step %d, which the plan does not give "
@@ -373,6 +388,114 @@ class Service final : public proto::Coordinator::Service {
       CheckFinished();
       Grow();
     }
+    return grpc::Status::OK;
+  }
+
+  // A worker that does not share this run directory ships each checkpoint piece it writes here,
+  // file by file in parts, before it reports the piece: a complete checkpoint is then whole here,
+  // whichever machines wrote it, and a worker that takes over a lost one's place fetches what it
+  // lacks from here (FetchCheckpoint). Every part is checked against the plan before a byte is
+  // written: the piece must be one the worker's place writes, the file one a checkpoint has, its
+  // size no more than the piece's tensors take, and parts come in order.
+  grpc::Status ShipCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointChunk* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ShipCheckpoint", *req); !st.ok()) return st;
+    const absl::StatusOr<CheckpointPieceRoot> piece = ParseCheckpointPieceRoot(req->piece());
+    if (!piece.ok()) return ToGrpc(piece.status());
+    fs::path path;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (grpc::Status st = CheckAssigned(req->worker_id(), req->step() - 1, req->plan_version()); !st.ok()) return st;
+      if (!Gives(*AssignmentOf(plan_, req->worker_id()), *piece)) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("worker %d ships checkpoint piece %s, which plan version %d does not give it",
+                                            req->worker_id(), req->piece(), plan_.version()));
+      }
+      const auto [floats, tensors] = PieceSize(*piece);
+      const absl::StatusOr<uint64_t> most =
+          MaxCheckpointFileBytes(req->file(), floats, tensors, piece->kind != CheckpointPieceRoot::Kind::kResidual);
+      if (!most.ok()) return ToGrpc(most.status());
+      if (req->file_bytes() > *most) {
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrFormat("%s/%s of %d bytes: the plan's piece of %d parameters takes at most %d",
+                                            req->piece(), req->file(), req->file_bytes(), floats, *most));
+      }
+      if (req->data().size() > kCheckpointChunkBytes || req->offset() > req->file_bytes() ||
+          req->data().size() > req->file_bytes() - req->offset()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("a part of %d bytes at %d of a %d-byte file (parts are at most %d bytes, "
+                                            "within the file)",
+                                            req->data().size(), req->offset(), req->file_bytes(), kCheckpointChunkBytes));
+      }
+      path = fs::path(cfg_.train.out_dir) / "checkpoints" / req->piece() / CheckpointName(req->step()) / req->file();
+    }
+    const fs::path part = path.string() + ".part";
+    std::error_code ec;
+    if (req->offset() == 0) fs::create_directories(path.parent_path(), ec);
+    const uintmax_t have = req->offset() == 0 ? 0 : fs::file_size(part, ec);
+    if (ec || have != req->offset()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("a part of %s at byte %d, where %d bytes of it are here: ship the file from "
+                                          "its start",
+                                          path.string(), req->offset(), ec ? 0 : have));
+    }
+    {
+      std::ofstream f(part, req->offset() == 0 ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
+      f.write(req->data().data(), static_cast<std::streamsize>(req->data().size()));
+      if (!f.flush()) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot write ", part.string()));
+      }
+    }
+    if (req->offset() + req->data().size() == req->file_bytes()) {
+      fs::rename(part, path, ec);
+      if (ec) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot rename ", part.string()));
+    }
+    return grpc::Status::OK;
+  }
+
+  // A part of a file of the checkpoint the asking worker's plan resumes from, for a worker that
+  // does not share this run directory and lacks the piece (a spare that took a lost worker's place).
+  grpc::Status FetchCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointFetch* req,
+                               proto::CheckpointChunk* reply) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "FetchCheckpoint", *req); !st.ok()) return st;
+    if (grpc::Status st = ToGrpc(ParseCheckpointPieceRoot(req->piece()).status()); !st.ok()) return st;
+    if (std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), req->file()) == std::end(kCheckpointFiles)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("\"%s\" is no file a checkpoint holds", absl::CHexEscape(req->file())));
+    }
+    fs::path path;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+      if (req->plan_version() != plan_.version() || AssignmentOf(plan_, req->worker_id()) == nullptr ||
+          plan_.resume_checkpoint().empty()) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrFormat("worker %d asks for a checkpoint under plan version %d; plan version %d "
+                                            "%s",
+                                            req->worker_id(), req->plan_version(), plan_.version(),
+                                            plan_.resume_checkpoint().empty() ? "resumes from none"
+                                                                              : "is the one to fetch under"));
+      }
+      path = fs::path(cfg_.train.out_dir) / "checkpoints" / req->piece() / plan_.resume_checkpoint() / req->file();
+      reply->set_step(*CheckpointStep(plan_.resume_checkpoint()));
+    }
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat(path.string(), " is not here"));
+    if (req->offset() > size) {
+      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                          absl::StrFormat("byte %d of %s, which has %d", req->offset(), path.string(), size));
+    }
+    std::string data(std::min<uint64_t>(kCheckpointChunkBytes, size - req->offset()), '\0');
+    std::ifstream f(path, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(req->offset()));
+    if (!f.read(data.data(), static_cast<std::streamsize>(data.size()))) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot read ", path.string()));
+    }
+    reply->set_piece(req->piece());
+    reply->set_file(req->file());
+    reply->set_file_bytes(size);
+    reply->set_offset(req->offset());
+    reply->set_data(std::move(data));
     return grpc::Status::OK;
   }
 
@@ -573,6 +696,32 @@ class Service final : public proto::Coordinator::Service {
                          {"mbit_per_s", 8e-6 * m->bytes_per_s()}});
         }
     return out;
+  }
+
+  // REQUIRES: mu_ held. Whether the plan has the worker at `a` write checkpoint piece `piece`.
+  bool Gives(const proto::Assignment& a, const CheckpointPieceRoot& piece) const {
+    switch (piece.kind) {
+      case CheckpointPieceRoot::Kind::kShard:
+        return HostsShard(plan_, a, piece.stage, piece.index);
+      case CheckpointPieceRoot::Kind::kResidual:
+        return a.stage() == piece.stage && piece.index / GroupsPerReplica(plan_, cfg_) == a.replica() &&
+               FeedbackStreams(plan_, cfg_).count({piece.stage, piece.index}) > 0;
+      case CheckpointPieceRoot::Kind::kLocal:
+        return cfg_.train.local_steps > 1 && a.stage() == piece.stage && a.replica() == piece.index;
+    }
+    return false;
+  }
+
+  // REQUIRES: mu_ held and Gives(piece). The parameters and tensors of a piece of the plan.
+  std::pair<uint64_t, size_t> PieceSize(const CheckpointPieceRoot& piece) const {
+    const ParamLayout layout(cfg_.model, cfg_.Stage(piece.stage));
+    if (piece.kind != CheckpointPieceRoot::Kind::kShard) return {layout.total(), layout.tensors().size()};
+    for (const proto::ShardPlacement& sp : plan_.shards()) {
+      if (sp.stage() != piece.stage || sp.shard() != piece.index) continue;
+      const auto [begin, end] = layout.Range(sp.first_tensor(), sp.end_tensor());
+      return {end - begin, static_cast<size_t>(sp.end_tensor() - sp.first_tensor())};
+    }
+    return {0, 0};
   }
 
   // REQUIRES: mu_ held. Worker ids come from the network: only registered ones are served.
@@ -1166,6 +1315,7 @@ class Service final : public proto::Coordinator::Service {
   }
 
   RpcVerifier verifier_;
+  const std::string run_dir_token_;     // train.out_dir/.run_dir_id's (proto::Plan::run_dir_token)
   std::optional<NetworkCost> network_;  // the scenario's, or the measured once every worker reported
   const bool probing_;                  // workers measure their links before the plan
   std::string links_;                   // where network_ came from, for people
@@ -1271,8 +1421,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     std::cout << "coordinator: warning: no job secret (--secret-file or $LONGHAUL_SECRET_FILE): any process that can "
                  "reach this port and the workers' can join or feed this job. `longhaul secret FILE` makes one.\n";
   }
+  LH_ASSIGN_OR_RETURN(std::string run_dir_token, RunDirToken(cfg.train.out_dir));
   Service service(cfg, start, resume_name, opt.stop_at, std::move(metrics), std::move(samples), std::move(network),
-                  std::move(secret), restored);
+                  std::move(secret), restored, std::move(run_dir_token));
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(opt.listen, credentials, &port);

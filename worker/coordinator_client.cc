@@ -260,6 +260,21 @@ absl::Status CoordinatorClient::ReportCheckpoint(const proto::CheckpointReport& 
   return Report(&proto::Coordinator::Stub::ReportCheckpoint, report, "reporting a checkpoint to the coordinator");
 }
 
+absl::Status CoordinatorClient::ShipCheckpoint(proto::CheckpointChunk chunk) {
+  chunk.set_worker_id(id_);
+  return Report(&proto::Coordinator::Stub::ShipCheckpoint, chunk, "shipping a checkpoint piece to the coordinator");
+}
+
+absl::StatusOr<proto::CheckpointChunk> CoordinatorClient::FetchCheckpoint(proto::CheckpointFetch fetch) {
+  fetch.set_worker_id(id_);
+  proto::CheckpointChunk chunk;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  grpc::Status st = stub_->FetchCheckpoint(&ctx, fetch, &chunk);
+  if (!st.ok()) return FromGrpc(st, "fetching a checkpoint piece from the coordinator");
+  return chunk;
+}
+
 absl::Status CoordinatorClient::ReportSuspect(int stage, int replica) {
   proto::SuspectReport report;
   report.set_worker_id(id_);

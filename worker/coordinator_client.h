@@ -65,6 +65,10 @@ class CoordinatorClient {
 
   absl::Status ReportIteration(const proto::IterationReport& report);
   absl::Status ReportCheckpoint(const proto::CheckpointReport& report);
+  // A part of a checkpoint piece's file into the coordinator's run directory, and one out of it
+  // (checkpoint_courier.h); the worker id is filled in.
+  absl::Status ShipCheckpoint(proto::CheckpointChunk chunk);
+  absl::StatusOr<proto::CheckpointChunk> FetchCheckpoint(proto::CheckpointFetch fetch);
   // Best effort: the coordinator may be gone already.
   void ReportDone(const proto::DoneReport& report);
   // The worker of (stage, replica) closed its connection to this one mid-run (SuspectReport).

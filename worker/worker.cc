@@ -28,6 +28,7 @@
 #include "transport/link_connections.h"
 #include "transport/tensor_transport.h"
 #include "util/status_macros.h"
+#include "worker/checkpoint_courier.h"
 #include "worker/compute_probe.h"
 #include "worker/coordinator_client.h"
 #include "worker/executor.h"
@@ -104,6 +105,12 @@ class Worker {
   }
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
+  // A checkpoint piece this worker wrote, into the coordinator's run directory where it does not
+  // share it (checkpoint_courier.h), before the piece is reported.
+  absl::Status Ship(const std::string& piece_root, int64_t step);
+  // A piece of the resumed checkpoint from the coordinator, where this worker does not share its
+  // run directory (NotFound otherwise).
+  absl::Status Fetch(const std::string& step_dir);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
   void Stop(const std::string& reason, uint64_t newer_plan = 0);
@@ -140,6 +147,9 @@ class Worker {
   std::unique_ptr<TensorServer> server_;
   proto::Plan plan_;
   JobConfig cfg_;
+  // Whether train.out_dir (or --out-dir) is the coordinator's run directory (proto::Plan::run_dir_token).
+  bool shares_run_dir_ = true;
+  int fetched_ = 0;  // pieces Fetch brought in this version's set-up
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
@@ -342,6 +352,12 @@ absl::Status Worker::Setup() {
     canceller_ = std::make_shared<SendCanceller>();
   }
   LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
+  if (!opt_.out_dir.empty()) cfg_.train.out_dir = opt_.out_dir;
+  {
+    const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
+    shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
+  }
+  fetched_ = 0;
   server_->SetJobId(plan_.job_id());
   server_->SetSenderLeftObserver([this](int stage, int replica) {
     // Best effort: the heartbeats find a dead worker without it, only later.
@@ -439,6 +455,7 @@ absl::Status Worker::Setup() {
                                       OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
   LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  const FetchPiece fetch = [this](const std::string& step_dir) { return Fetch(step_dir); };
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
   // broadcast cost a recovery on 10 ms links 0.03-0.05 s, most of it opening the links to the
@@ -476,13 +493,14 @@ absl::Status Worker::Setup() {
     std::vector<float> params, m, v;
     if (resumed) {
       if (!shard_pieces) {
+        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch));
         LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
-        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint()));
       }
       params.resize(n);
       if (owns) m.resize(n), v.resize(n);
       LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
-                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr));
+                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr, false,
+                                        fetch));
       if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
       state = params.data();
     }
@@ -496,9 +514,9 @@ absl::Status Worker::Setup() {
   if (local_updates && resumed) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
                         CheckpointPieces(checkpoints, plan_.resume_checkpoint(),
-                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }));
+                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }, fetch));
     std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data()));
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch));
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
@@ -508,17 +526,17 @@ absl::Status Worker::Setup() {
       resumed ? FeedbackGroups() : std::vector<std::pair<int, int>>();
   for (const auto& [g, job_replica] : resumed_feedback) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
-                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(), [&](int s) {
-                          return ResidualCheckpointRoot(checkpoints, s, job_replica);
-                        }));
+                        CheckpointPieces(
+                            checkpoints, plan_.resume_checkpoint(),
+                            [&](int s) { return ResidualCheckpointRoot(checkpoints, s, job_replica); }, fetch));
+    std::vector<float> residuals(stage_->num_params());
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch));
     std::error_code ec;
     if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
                                    plan_.resume_checkpoint());
       continue;
     }
-    std::vector<float> residuals(stage_->num_params());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true));
     channel_->SetResiduals(g, residuals.data());
   }
   channel_->SetPsHost(ps_host_.get());
@@ -607,6 +625,28 @@ absl::Status Worker::RunIteration(int64_t it) {
   return client_.ReportIteration(rep);
 }
 
+absl::Status Worker::Ship(const std::string& piece_root, int64_t step) {
+  if (shares_run_dir_) return absl::OkStatus();
+  const std::string step_dir = (fs::path(piece_root) / CheckpointName(step)).string();
+  LH_RETURN_IF_ERROR(ShipCheckpointPiece(client_, step_dir, step, plan_.version()));
+  // The coordinator holds the piece now: this disk keeps train.keep_checkpoints of it, as the
+  // coordinator's does (a resume fetches what is gone).
+  return PruneCheckpoints(fs::path(piece_root).parent_path().string(), step, cfg_.train.keep_checkpoints);
+}
+
+absl::Status Worker::Fetch(const std::string& step_dir) {
+  std::error_code ec;
+  if (shares_run_dir_) return absl::NotFoundError(step_dir);
+  if (fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
+  // No file of a piece holds more than the whole model and its two moments.
+  const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+  LH_ASSIGN_OR_RETURN(const uint64_t most, MaxCheckpointFileBytes("optimizer.safetensors", whole.total(),
+                                                                  whole.tensors().size(), true));
+  LH_RETURN_IF_ERROR(FetchCheckpointPiece(client_, step_dir, plan_.version(), most));
+  ++fetched_;
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Checkpoint(int64_t step) {
   const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
   // The stage's own AdamW state first: the shards' reports make the step one to resume from.
@@ -614,10 +654,12 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
     std::vector<float> m(stage_->num_params()), v(m.size());
     LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
-    LH_RETURN_IF_ERROR(SaveCheckpoint(LocalCheckpointRoot(root, s_, r_), {step, cfg_.as_json}, stage_->layout(), params,
-                                      m.data(), v.data()));
+    const std::string local_root = LocalCheckpointRoot(root, s_, r_);
+    LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage_->layout(), params, m.data(), v.data()));
+    LH_RETURN_IF_ERROR(Ship(local_root, step));
   }
-  auto report = [this](proto::CheckpointReport rep) {
+  auto report = [this, step](proto::CheckpointReport rep) {
+    LH_RETURN_IF_ERROR(Ship(rep.directory(), step));
     rep.set_worker_id(client_.worker_id());
     rep.set_plan_version(plan_.version());
     return client_.ReportCheckpoint(rep);
@@ -676,8 +718,10 @@ absl::Status Worker::RunPlan() {
         broadcast ? absl::StrFormat(", every worker ready %.3f s later, parameters in %.3f s more", s(started - set_up),
                                     s(Clock::now() - started))
                   : std::string();
-    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s%s\n", Who(), plan_.version(), left,
-                                 s(set_up - t0), barrier)
+    const std::string fetched =
+        fetched_ > 0 ? absl::StrFormat(" (%d checkpoint pieces fetched from the coordinator)", fetched_) : "";
+    std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s%s%s\n", Who(), plan_.version(), left,
+                                 s(set_up - t0), fetched, barrier)
               << std::flush;
   }
   end_ = RunEnd(plan_, cfg_);

@@ -21,6 +21,9 @@ struct WorkerOptions {
   int slot = -1;                        // the worker id to ask for (a launcher's host number); -1: any
   std::string secret_file;              // the job secret (job_secret.h); empty: $LONGHAUL_SECRET_FILE, else none
   TlsFiles tls;                         // TLS to the coordinator (rpc_auth.h)
+  // This worker's own run directory (its checkpoint pieces, its timeline); empty: the job's
+  // train.out_dir. Where it is not the coordinator's, pieces travel through the coordinator.
+  std::string out_dir;
 };
 
 // Runs until the job finishes (OK) or fails; errors name the peer or step involved.

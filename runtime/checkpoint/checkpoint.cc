@@ -5,8 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -193,6 +196,42 @@ std::string LocalCheckpointRoot(const std::string& root, int stage, int replica)
 
 std::string ResidualCheckpointRoot(const std::string& root, int stage, int job_replica) {
   return (fs::path(root) / absl::StrFormat("residual_stage_%d_replica_%d", stage, job_replica)).string();
+}
+
+absl::StatusOr<CheckpointPieceRoot> ParseCheckpointPieceRoot(const std::string& name) {
+  using Kind = CheckpointPieceRoot::Kind;
+  for (auto [kind, prefix, middle] : {std::tuple{Kind::kShard, "stage_", "_shard_"},
+                                      {Kind::kResidual, "residual_stage_", "_replica_"},
+                                      {Kind::kLocal, "local_stage_", "_replica_"}}) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    const std::string rest = name.substr(std::string(prefix).size());
+    const size_t at = rest.find(middle);
+    CheckpointPieceRoot piece{kind};
+    if (at == std::string::npos || !absl::SimpleAtoi(rest.substr(0, at), &piece.stage) ||
+        !absl::SimpleAtoi(rest.substr(at + std::string(middle).size()), &piece.index) || piece.stage < 0 ||
+        piece.index < 0) {
+      break;
+    }
+    const std::string spelled = kind == Kind::kShard      ? ShardCheckpointRoot("", piece.stage, piece.index)
+                                : kind == Kind::kResidual ? ResidualCheckpointRoot("", piece.stage, piece.index)
+                                                          : LocalCheckpointRoot("", piece.stage, piece.index);
+    if (spelled != name) break;
+    return piece;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", absl::CHexEscape(name.substr(0, 64)),
+      "\" is no checkpoint piece: stage_S_shard_K, residual_stage_S_replica_R or local_stage_S_replica_R"));
+}
+
+absl::StatusOr<uint64_t> MaxCheckpointFileBytes(const std::string& file, uint64_t floats, size_t tensors,
+                                                bool with_moments) {
+  // A safetensors header names each tensor (exp_avg_sq. and a model name), its shape and offsets.
+  auto tensors_file = [&](uint64_t copies) { return 8 + 4096 + copies * (tensors * 512 + floats * sizeof(float)); };
+  if (file == "state.json") return uint64_t{16} << 20;
+  if (file == "model.safetensors") return tensors_file(1);
+  if (file == "optimizer.safetensors" && with_moments) return tensors_file(2);
+  return absl::InvalidArgumentError(absl::StrCat("\"", absl::CHexEscape(file.substr(0, 64)),
+                                                 "\" is no file this checkpoint piece holds"));
 }
 
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {

@@ -53,6 +53,33 @@ std::string LocalCheckpointRoot(const std::string& root, int stage, int replica)
 // a run that goes back to a checkpoint resumes them with it, so int8 pushes continue bitwise.
 std::string ResidualCheckpointRoot(const std::string& root, int stage, int job_replica);
 
+// A directory under a cluster's checkpoints/ that one worker writes: a parameter-server shard's
+// (stage_S_shard_K), the error-feedback residuals of a job replica's int8 pushes
+// (residual_stage_S_replica_R), or a stage's own AdamW state under local updates
+// (local_stage_S_replica_R).
+struct CheckpointPieceRoot {
+  enum class Kind { kShard, kResidual, kLocal };
+  Kind kind = Kind::kShard;
+  int stage = 0;
+  int index = 0;  // the shard, or the replica
+};
+// The piece a name under checkpoints/ is, exactly as the three functions above spell it; anything
+// else (a path, "..", a leading zero) is refused, so a name that comes over the network cannot
+// point outside the run directory.
+absl::StatusOr<CheckpointPieceRoot> ParseCheckpointPieceRoot(const std::string& name);
+// The most bytes `file` of a piece's step directory may have where the piece holds `tensors`
+// tensors of `floats` parameters in all; InvalidArgument for a file a checkpoint does not write
+// ("optimizer.safetensors" only `with_moments`).
+absl::StatusOr<uint64_t> MaxCheckpointFileBytes(const std::string& file, uint64_t floats, size_t tensors,
+                                                bool with_moments);
+// A shipped or fetched file travels in parts of at most this many bytes (proto::CheckpointChunk).
+inline constexpr size_t kCheckpointChunkBytes = size_t{1} << 20;
+// In a run directory: what tells a worker whether it shares the coordinator's (proto::Plan::run_dir_token).
+inline constexpr char kRunDirIdFile[] = ".run_dir_id";
+// The files of a step directory in the order they are written and shipped: state.json, which
+// lists the others, last.
+inline constexpr const char* kCheckpointFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+
 // The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
 // records the run's config: root/name for a one-process run, else the first parameter-server
 // shard's, root/stage_0_shard_0/name (every shard of a step records the same config).

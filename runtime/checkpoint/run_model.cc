@@ -94,6 +94,12 @@ absl::StatusOr<RecordedLayout> ReadRecordedLayout(const std::string& state_dir) 
   return out;
 }
 
+// What `fetch` brought of `dir`: nothing where it is kept nowhere (the caller names what is missing).
+absl::Status Fetched(const FetchPiece& fetch, const std::string& dir) {
+  const absl::Status st = fetch(dir);
+  return absl::IsNotFound(st) ? absl::OkStatus() : st;
+}
+
 std::vector<std::string> Names(const ParamLayout& layout, int first, int end) {
   std::vector<std::string> names;
   for (int i = first; i < end; ++i) names.push_back(layout.tensors()[i].name);
@@ -125,8 +131,13 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
 }
 
 absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string& root, const std::string& name,
-                                                              const std::function<std::string(int stage)>& stage_root) {
+                                                              const std::function<std::string(int stage)>& stage_root,
+                                                              const FetchPiece& fetch) {
   std::error_code ec;
+  // A cluster's layout is in its first shard's state.json, fetched where it is elsewhere.
+  if (fetch && !fs::exists(fs::path(CheckpointStateDir(root, name)) / "state.json", ec)) {
+    LH_RETURN_IF_ERROR(Fetched(fetch, (fs::path(ShardCheckpointRoot(root, 0, 0)) / name).string()));
+  }
   const std::string state_dir = CheckpointStateDir(root, name);
   if (!fs::exists(fs::path(state_dir) / "state.json", ec)) {
     return absl::NotFoundError(absl::StrFormat(
@@ -159,7 +170,7 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string&
 }
 
 absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
-                            float* m, float* v, bool skip_absent) {
+                            float* m, float* v, bool skip_absent, const FetchPiece& fetch) {
   std::map<std::string, size_t> piece_of;
   for (size_t i = 0; i < pieces.size(); ++i)
     for (const std::string& t : pieces[i].tensors) piece_of[t] = i;
@@ -174,8 +185,10 @@ absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const Pa
   }
   std::error_code ec;
   for (size_t i = 0; i < pieces.size(); ++i) {
+    if (wanted[i].empty()) continue;
+    if (fetch && !fs::exists(fs::path(pieces[i].dir) / "state.json", ec)) LH_RETURN_IF_ERROR(Fetched(fetch, pieces[i].dir));
     const bool absent = !fs::exists(fs::path(pieces[i].dir) / "state.json", ec);
-    if (wanted[i].empty() || (absent && skip_absent)) continue;
+    if (absent && skip_absent) continue;
     if (absent) {
       std::vector<std::string> names;
       for (const ParamTensor& t : wanted[i]) names.push_back(t.name);

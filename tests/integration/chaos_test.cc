@@ -90,9 +90,10 @@ size_t Count(const std::string& text, const std::string& what) {
 // A job's processes, started and restarted as a supervisor would; everything is killed at the end.
 class Supervisor {
  public:
-  // `sets`: the coordinator's --set overrides of the job config.
-  Supervisor(fs::path out, std::vector<std::string> sets)
-      : out_(std::move(out)), sets_(std::move(sets)), port_(FreeLoopbackPort()) {
+  // `sets`: the coordinator's --set overrides of the job config. `own_disks`: each worker writes to a
+  // run directory of its own (--out-dir), as on machines that share no filesystem.
+  Supervisor(fs::path out, std::vector<std::string> sets, bool own_disks = false)
+      : out_(std::move(out)), sets_(std::move(sets)), own_disks_(own_disks), port_(FreeLoopbackPort()) {
     std::ofstream(out_ / "job.toml") << testing::kTinyModelToml << kJob;
   }
   ~Supervisor() {
@@ -109,9 +110,10 @@ class Supervisor {
   }
   void StartWorker() {
     const fs::path log = out_ / absl::StrCat("worker_process_", ++workers_, ".txt");
-    all_.push_back(Spawn({LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_), "--listen",
-                          "127.0.0.1:0", "--threads", "1"},
-                         log));
+    std::vector<std::string> args = {LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_),
+                                     "--listen", "127.0.0.1:0", "--threads", "1"};
+    if (own_disks_) args.insert(args.end(), {"--out-dir", (out_ / absl::StrCat("disk_", workers_)).string()});
+    all_.push_back(Spawn(args, log));
   }
   pid_t coordinator() const { return coordinator_; }
   // Every coordinator's output so far, in order.
@@ -146,6 +148,7 @@ class Supervisor {
  private:
   const fs::path out_;
   const std::vector<std::string> sets_;
+  const bool own_disks_;
   const int port_;
   int coordinators_ = 0, workers_ = 0;
   pid_t coordinator_ = -1;
@@ -189,8 +192,9 @@ void KillAWorker(Supervisor& sup) {
 // config); `chaos` meanwhile does what it does to the supervisor's processes. Returns the final
 // coordinator's wait status.
 template <typename Chaos>
-int RunJob(const fs::path& out, int spares, Chaos chaos, const std::vector<std::string>& sets = {}, int placed = 4) {
-  Supervisor sup(out, sets);
+int RunJob(const fs::path& out, int spares, Chaos chaos, const std::vector<std::string>& sets = {}, int placed = 4,
+           bool own_disks = false) {
+  Supervisor sup(out, sets, own_disks);
   sup.StartCoordinator();
   for (int i = 0; i < placed + spares; ++i) sup.StartWorker();
   chaos(sup);
@@ -227,7 +231,8 @@ struct OneFailure {
   fs::path calm, out;
   std::string log;  // the second run's coordinator's
 };
-OneFailure RunWithOneFailure(const std::string& name, const std::vector<std::string>& sets, size_t after) {
+OneFailure RunWithOneFailure(const std::string& name, const std::vector<std::string>& sets, size_t after,
+                             bool own_disks = false) {
   OneFailure run{Dir(name + "_calm"), Dir(name), ""};
   EXPECT_EQ(RunJob(run.calm, 0, [](Supervisor&) {}, sets), 0) << Read(run.calm / "coordinator_1.txt");
   const int status = RunJob(
@@ -238,7 +243,7 @@ OneFailure RunWithOneFailure(const std::string& name, const std::vector<std::str
             << sup.CoordinatorLogs();
         KillAWorker(sup);
       },
-      sets);
+      sets, 4, own_disks);
   run.log = Read(run.out / "coordinator_1.txt");
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << run.log;
   return run;
@@ -389,6 +394,27 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
       const fs::path kept = fs::path(ResidualCheckpointRoot((run.out / "checkpoints").string(), stage, replica));
       EXPECT_TRUE(fs::exists(kept / "step_00000150" / "model.safetensors")) << kept;
     }
+  ExpectTheSameRun(run.calm, run.out, 150);
+}
+
+// Workers on machines that share no filesystem: each writes its checkpoint pieces to a disk of its
+// own, and ships each to the coordinator before reporting it; the spare that takes a killed
+// worker's place finds none of the dead one's shards or residuals on its own disk and fetches them
+// from the coordinator's run directory, so the run still ends bitwise as the uninterrupted one.
+TEST(Chaos, WithoutASharedDiskTheLostWorkersCheckpointComesFromTheCoordinator) {
+  UseNewSecret();
+  const OneFailure run =
+      RunWithOneFailure("own_disks", {"transport.wire_dtype=int8", "train.steps=150"}, 55, /*own_disks=*/true);
+  EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
+  std::string workers;
+  for (int i = 1; i <= 5; ++i) workers += Read(run.out / absl::StrCat("worker_process_", i, ".txt"));
+  EXPECT_NE(workers.find("checkpoint pieces fetched from the coordinator"), std::string::npos) << workers;
+  // Every worker wrote to its own disk; the coordinator's run directory holds every piece shipped.
+  for (int i = 1; i <= 5; ++i) {
+    std::error_code ec;
+    const fs::path disk = run.out / absl::StrCat("disk_", i) / "checkpoints";
+    EXPECT_TRUE(fs::exists(disk, ec)) << disk;
+  }
   ExpectTheSameRun(run.calm, run.out, 150);
 }
 

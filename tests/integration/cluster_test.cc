@@ -780,6 +780,51 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
   {
+    // Checkpoint pieces shipped into the run directory: each part is checked against the plan
+    // before a byte is written (worker 0 is stage 0 replica 0 and hosts stage 0's shard 0).
+    proto::CheckpointChunk chunk;
+    chunk.set_worker_id(0);
+    chunk.set_plan_version(1);
+    chunk.set_step(100);
+    chunk.set_piece("stage_0_shard_0");
+    chunk.set_file("model.safetensors");
+    chunk.set_file_bytes(4);
+    chunk.set_data("abcd");
+    auto ship = [&](const char* what, proto::CheckpointChunk c, grpc::StatusCode code) {
+      grpc::ClientContext ctx;
+      expect_refused(what, coordinator->ShipCheckpoint(&ctx, c, &empty), code);
+    };
+    proto::CheckpointChunk c = chunk;
+    c.set_piece("../../../../tmp/stage_0_shard_0");
+    ship("a piece outside the run directory", c, grpc::StatusCode::INVALID_ARGUMENT);
+    c = chunk;
+    c.set_piece("stage_0_shard_1");
+    ship("another worker's shard", c, grpc::StatusCode::INVALID_ARGUMENT);
+    c = chunk;
+    c.set_file("../../job_state.pb");
+    ship("a file no checkpoint holds", c, grpc::StatusCode::INVALID_ARGUMENT);
+    c = chunk;
+    c.set_file_bytes(uint64_t{1} << 40);
+    ship("a file of 1 TiB", c, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    c = chunk;
+    c.set_file_bytes(8);
+    c.set_offset(4);
+    ship("a part after one never sent", c, grpc::StatusCode::FAILED_PRECONDITION);
+    c = chunk;
+    c.set_data("abcdefgh");
+    ship("a part longer than its file", c, grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_FALSE(fs::exists(out / "checkpoints" / "stage_0_shard_0" / "step_00000100")) << "a refused part was written";
+    grpc::ClientContext ctx;
+    proto::CheckpointFetch fetch;
+    fetch.set_worker_id(0);
+    fetch.set_plan_version(1);
+    fetch.set_piece("stage_0_shard_0");
+    fetch.set_file("model.safetensors");
+    proto::CheckpointChunk reply;
+    expect_refused("a fetch under a plan that resumes from no checkpoint",
+                   coordinator->FetchCheckpoint(&ctx, fetch, &reply), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
     grpc::ClientContext ctx;
     proto::ProfileReport profile;
     profile.set_worker_id(77);

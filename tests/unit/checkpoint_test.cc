@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "checkpoint/safetensors.h"
 
@@ -227,6 +228,42 @@ TEST_F(CheckpointTest, APrunedStepsFilesAreWrittenOverByTheNextCheckpoint) {
   EXPECT_EQ(loaded, q);
   // Step 2 is intact.
   EXPECT_TRUE(Load((root_ / CheckpointName(2)).string()).ok());
+}
+
+// Names that arrive over the network (a shipped or fetched piece) are only the three a cluster
+// writes, spelled as it spells them: nothing that reaches outside a run directory.
+TEST(CheckpointPieceRoot, OnlyTheNamesAClusterWritesParse) {
+  using Kind = CheckpointPieceRoot::Kind;
+  for (auto [name, kind, stage, index] : {std::tuple{"stage_0_shard_1", Kind::kShard, 0, 1},
+                                          {"residual_stage_3_replica_12", Kind::kResidual, 3, 12},
+                                          {"local_stage_1_replica_0", Kind::kLocal, 1, 0}}) {
+    const absl::StatusOr<CheckpointPieceRoot> piece = ParseCheckpointPieceRoot(name);
+    ASSERT_TRUE(piece.ok()) << name << ": " << piece.status();
+    EXPECT_EQ(piece->kind, kind) << name;
+    EXPECT_EQ(piece->stage, stage) << name;
+    EXPECT_EQ(piece->index, index) << name;
+  }
+  for (const char* name : {"", "..", "stage_0_shard_1/..", "../stage_0_shard_1", "stage_01_shard_1", "stage_-1_shard_0",
+                           "stage_+1_shard_0", "stage_0_shard_", "stage_0_replica_1", "residual_stage_0_shard_1",
+                           "local_stage_0_replica_1 ", "stage_99999999999_shard_0", "checkpoints"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(ParseCheckpointPieceRoot(name).status())) << "\"" << name << "\" parsed";
+  }
+}
+
+// What a piece's files may weigh bounds what a worker or the coordinator accepts over the network.
+TEST_F(CheckpointTest, APiecesFilesFitTheirBoundAndOnlyCheckpointFilesHaveOne) {
+  const std::string dir = Saved();
+  const size_t tensors = layout_->tensors().size();
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "state.json"}) {
+    const absl::StatusOr<uint64_t> most = MaxCheckpointFileBytes(file, layout_->total(), tensors, true);
+    ASSERT_TRUE(most.ok()) << file;
+    EXPECT_LE(fs::file_size(fs::path(dir) / file), *most) << file;
+    EXPECT_LT(*most, (uint64_t{64} << 20)) << file;
+  }
+  EXPECT_GE(*MaxCheckpointFileBytes("model.safetensors", layout_->total(), tensors, true), 4 * layout_->total());
+  EXPECT_FALSE(MaxCheckpointFileBytes("optimizer.safetensors", layout_->total(), tensors, false).ok());
+  EXPECT_FALSE(MaxCheckpointFileBytes("../job_state.pb", layout_->total(), tensors, true).ok());
+  EXPECT_FALSE(MaxCheckpointFileBytes("latest", layout_->total(), tensors, true).ok());
 }
 
 TEST(Safetensors, RejectsGarbage) {

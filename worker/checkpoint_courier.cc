@@ -1,0 +1,126 @@
+#include "worker/checkpoint_courier.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
+#include "util/status_macros.h"
+#include "worker/coordinator_client.h"
+
+namespace longhaul {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::CheckpointChunk chunk) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot read the size of ", path.string(), ": ", ec.message()));
+  std::ifstream f(path, std::ios::binary);
+  chunk.set_file(path.filename().string());
+  chunk.set_file_bytes(size);
+  std::string data;
+  uint64_t offset = 0;
+  do {
+    data.resize(std::min<uint64_t>(kCheckpointChunkBytes, size - offset));
+    if (!f.read(data.data(), static_cast<std::streamsize>(data.size()))) {
+      return absl::InternalError(absl::StrCat("cannot read ", path.string()));
+    }
+    chunk.set_offset(offset);
+    chunk.set_data(data);
+    LH_RETURN_IF_ERROR(client.ShipCheckpoint(chunk));
+    offset += data.size();
+  } while (offset < size);
+  return absl::OkStatus();
+}
+
+absl::Status FetchFile(CoordinatorClient& client, proto::CheckpointFetch fetch, const fs::path& to, uint64_t most) {
+  std::ofstream f(to, std::ios::binary | std::ios::trunc);
+  uint64_t offset = 0, size = 0;
+  do {
+    fetch.set_offset(offset);
+    LH_ASSIGN_OR_RETURN(const proto::CheckpointChunk chunk, client.FetchCheckpoint(fetch));
+    if (offset == 0) size = chunk.file_bytes();
+    if (chunk.file_bytes() > most || chunk.file_bytes() != size || chunk.offset() != offset ||
+        chunk.data().size() > size - offset || (chunk.data().empty() && offset < size)) {
+      return absl::DataLossError(absl::StrFormat(
+          "the coordinator sent %d bytes at byte %d of %s/%s, a file of %d bytes, where byte %d of a file of at most "
+          "%d bytes was asked for: run the coordinator and the workers from one build, with one job config",
+          chunk.data().size(), chunk.offset(), fetch.piece(), fetch.file(), chunk.file_bytes(), offset,
+          offset == 0 ? most : size));
+    }
+    f.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    offset += chunk.data().size();
+  } while (offset < size);
+  if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", to.string()));
+  return absl::OkStatus();
+}
+
+absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs::path& aside, uint64_t version,
+                       uint64_t max_file_bytes) {
+  std::error_code ec;
+  proto::CheckpointFetch fetch;
+  fetch.set_plan_version(version);
+  fetch.set_piece(dir.parent_path().filename().string());
+  fetch.set_file("state.json");
+  LH_ASSIGN_OR_RETURN(const uint64_t state_most, MaxCheckpointFileBytes("state.json", 0, 0, false));
+  LH_RETURN_IF_ERROR(FetchFile(client, fetch, aside / "state.json", state_most));
+  // The files state.json lists; their sizes and CRC-32s are checked again when the piece is read.
+  LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile((aside / "state.json").string()));
+  const nlohmann::json state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!state.is_object() || !state.contains("files") || !state["files"].is_object()) {
+    return absl::DataLossError(absl::StrCat("the coordinator's ", fetch.piece(),
+                                            "/state.json lists no files: restore that checkpoint piece"));
+  }
+  for (const auto& listed : state["files"].items()) {
+    const std::string& file = listed.key();
+    if (std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), file) == std::end(kCheckpointFiles) ||
+        file == "state.json") {
+      return absl::DataLossError(absl::StrCat("the coordinator's ", fetch.piece(), "/state.json lists \"", file,
+                                              "\", which no checkpoint holds: restore that checkpoint piece"));
+    }
+    fetch.set_file(file);
+    LH_RETURN_IF_ERROR(FetchFile(client, fetch, aside / file, max_file_bytes));
+  }
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir.parent_path(), ec);
+  fs::rename(aside, dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", aside.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, int64_t step,
+                                 uint64_t version) {
+  const fs::path dir(step_dir);
+  proto::CheckpointChunk chunk;
+  chunk.set_plan_version(version);
+  chunk.set_step(step);
+  chunk.set_piece(dir.parent_path().filename().string());
+  std::error_code ec;
+  for (const char* file : kCheckpointFiles) {
+    if (fs::exists(dir / file, ec)) LH_RETURN_IF_ERROR(ShipFile(client, dir / file, chunk));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FetchCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, uint64_t version,
+                                  uint64_t max_file_bytes) {
+  const fs::path aside(step_dir + ".fetch");
+  std::error_code ec;
+  fs::remove_all(aside, ec);
+  fs::create_directories(aside, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", aside.string(), ": ", ec.message()));
+  const absl::Status fetched = FetchInto(client, fs::path(step_dir), aside, version, max_file_bytes);
+  fs::remove_all(aside, ec);
+  return fetched;
+}
+
+}  // namespace longhaul
