@@ -84,7 +84,7 @@ std::string Describe(int status) {
 
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
                     const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario_path,
-                    const std::string& emulation) {
+                    const std::string& emulation, bool worker_disks) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
@@ -207,6 +207,10 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
                                (fs::path(cfg->train.out_dir) / absl::StrCat(".dial_map_", w)).string()});
     } else {
       args.push_back("127.0.0.1:0");
+    }
+    if (worker_disks) {
+      args.insert(args.end(),
+                  {"--out-dir", (fs::path(cfg->train.out_dir) / "worker_disks" / absl::StrCat("w", w)).string()});
     }
     children.push_back(Spawn(in_host(w, args)));
   }

@@ -11,9 +11,11 @@
 
 namespace longhaul {
 
-// Returns the process exit status: 0 when the job finished, else non-zero.
+// Returns the process exit status: 0 when the job finished, else non-zero. With `worker_disks`,
+// each worker writes to a run directory of its own (train.out_dir/worker_disks/wN), as machines
+// that share no filesystem do: its checkpoint pieces travel through the coordinator.
 int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
                     const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario = "",
-                    const std::string& emulation = "auto");
+                    const std::string& emulation = "auto", bool worker_disks = false);
 
 }  // namespace longhaul

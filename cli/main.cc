@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
                     "kernel (namespaces, needs root), proxy (userspace, splits TCP), or auto: kernel where allowed")
       ->check(CLI::IsMember({"auto", "kernel", "proxy"}))
       ->capture_default_str();
+  bool worker_disks = false;
+  local->add_flag("--worker-disks", worker_disks,
+                  "each worker writes to a run directory of its own (train.out_dir/worker_disks/wN), as machines "
+                  "without a shared filesystem: checkpoint pieces travel through the coordinator");
 
   CLI::App* experiment = app.add_subcommand(
       "experiment", "the source experiment scaled to this machine, under its five network settings");
@@ -208,7 +212,7 @@ int main(int argc, char** argv) {
         return 130;
       }
     } else if (local->parsed()) {
-      return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation);
+      return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation, worker_disks);
     } else if (experiment->parsed()) {
       return longhaul::RunExperiment(self_exe, config_path, overrides, emulation, !pipeline_only);
     } else if (coord->parsed()) {

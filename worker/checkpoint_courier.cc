@@ -18,7 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::CheckpointChunk chunk) {
+absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::CheckpointChunk chunk,
+                      const std::function<bool()>& cancelled) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot read the size of ", path.string(), ": ", ec.message()));
@@ -28,6 +29,7 @@ absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::Ch
   std::string data;
   uint64_t offset = 0;
   do {
+    if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat("shipping ", path.string(), " was dropped"));
     data.resize(std::min<uint64_t>(kCheckpointChunkBytes, size - offset));
     if (!f.read(data.data(), static_cast<std::streamsize>(data.size()))) {
       return absl::InternalError(absl::StrCat("cannot read ", path.string()));
@@ -98,7 +100,7 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
 }  // namespace
 
 absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, int64_t step,
-                                 uint64_t version) {
+                                 uint64_t version, const std::function<bool()>& cancelled) {
   const fs::path dir(step_dir);
   proto::CheckpointChunk chunk;
   chunk.set_plan_version(version);
@@ -106,9 +108,69 @@ absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& s
   chunk.set_piece(dir.parent_path().filename().string());
   std::error_code ec;
   for (const char* file : kCheckpointFiles) {
-    if (fs::exists(dir / file, ec)) LH_RETURN_IF_ERROR(ShipFile(client, dir / file, chunk));
+    if (fs::exists(dir / file, ec)) LH_RETURN_IF_ERROR(ShipFile(client, dir / file, chunk, cancelled));
   }
   return absl::OkStatus();
+}
+
+CheckpointShipper::CheckpointShipper(CoordinatorClient& client) : client_(client), thread_([this] { Loop(); }) {}
+
+CheckpointShipper::~CheckpointShipper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    jobs_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CheckpointShipper::Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back({std::move(step_dir), step, version, std::move(then)});
+  }
+  cv_.notify_all();
+}
+
+absl::Status CheckpointShipper::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return (jobs_.empty() && !busy_) || !error_.ok(); });
+  return error_;
+}
+
+absl::Status CheckpointShipper::Error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void CheckpointShipper::Drop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  jobs_.clear();
+  dropping_ = true;
+  cv_.wait(lock, [&] { return !busy_; });
+  dropping_ = false;
+  error_ = absl::OkStatus();
+}
+
+void CheckpointShipper::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (stop_) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    absl::Status st =
+        ShipCheckpointPiece(client_, job.step_dir, job.step, job.version, [this] { return dropping_.load(); });
+    if (st.ok()) st = job.then();
+    lock.lock();
+    busy_ = false;
+    // After a failure nothing later is shipped: the piece it failed on would be missing there.
+    if (!st.ok() && error_.ok()) error_ = st, jobs_.clear();
+    cv_.notify_all();
+  }
 }
 
 absl::Status FetchCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, uint64_t version,

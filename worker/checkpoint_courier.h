@@ -5,8 +5,14 @@
 // it is reported, so a checkpoint the coordinator calls complete is whole there; a worker that
 // resumes lacking a piece (a spare in a lost worker's place, a survivor given other blocks) fetches
 // it from there. Without this, the shards of a dead machine died with its disk.
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 
@@ -14,10 +20,47 @@ namespace longhaul {
 
 class CoordinatorClient;
 
+// Ships pieces on a thread of its own, in the order given, each followed by what comes after it
+// (its report to the coordinator): the iterations pay a checkpoint's writing to the local disk,
+// not its trip over the coordinator's link (a shard of GPT-3 XL is about 1.3 GB).
+class CheckpointShipper {
+ public:
+  explicit CheckpointShipper(CoordinatorClient& client);
+  ~CheckpointShipper();  // drops what waits
+  CheckpointShipper(const CheckpointShipper&) = delete;
+
+  // Step directory `step_dir` of `step` under plan `version`, then `then` once it is shipped.
+  void Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then);
+  // Blocks until everything given is shipped; the first failure since the last Drop, or OK.
+  absl::Status Flush();
+  // The first failure since the last Drop, or OK; does not wait.
+  absl::Status Error();
+  // Drops what waits and ends the piece under way (its plan version was replaced).
+  void Drop();
+
+ private:
+  struct Job {
+    std::string step_dir;
+    int64_t step;
+    uint64_t version;
+    std::function<absl::Status()> then;
+  };
+  void Loop();
+
+  CoordinatorClient& client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool busy_ = false, stop_ = false;
+  std::atomic<bool> dropping_{false};
+  absl::Status error_;
+  std::thread thread_;
+};
+
 // Ships step directory `step_dir` (checkpoints/<piece>/step_N) of `step` under plan `version`, file
-// by file in parts, state.json last.
+// by file in parts, state.json last; Cancelled once `cancelled` says so between parts.
 absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, int64_t step,
-                                 uint64_t version);
+                                 uint64_t version, const std::function<bool()>& cancelled = {});
 
 // Fetches step directory `step_dir` of the checkpoint plan `version` resumes from: written aside
 // and renamed into place once whole. NotFound where the coordinator has no such piece. No file may

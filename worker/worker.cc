@@ -105,9 +105,10 @@ class Worker {
   }
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
-  // A checkpoint piece this worker wrote, into the coordinator's run directory where it does not
-  // share it (checkpoint_courier.h), before the piece is reported.
-  absl::Status Ship(const std::string& piece_root, int64_t step);
+  // Step `step` of a checkpoint piece this worker wrote, then `report` (may be empty): where this
+  // worker does not share the coordinator's run directory, shipped there first, in the background
+  // (checkpoint_courier.h). OK, or the shipper's first failure so far.
+  absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
   // A piece of the resumed checkpoint from the coordinator, where this worker does not share its
   // run directory (NotFound otherwise).
   absl::Status Fetch(const std::string& step_dir);
@@ -144,6 +145,7 @@ class Worker {
   uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
   std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
   CoordinatorClient client_;
+  CheckpointShipper shipper_{client_};
   std::unique_ptr<TensorServer> server_;
   proto::Plan plan_;
   JobConfig cfg_;
@@ -336,6 +338,9 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 absl::Status Worker::Setup() {
   // What the stage and the hosted shards hold, before the channel and the host that know go.
   const int64_t held = channel_ ? channel_->held() : -1;
+  // A replaced version's pieces yet to ship count for nothing: the coordinator goes back to a step
+  // whose every piece it holds.
+  shipper_.Drop();
   executor_.reset();
   std::vector<PsHost::Hosted> hosted;
   if (ps_host_) hosted = ps_host_->Release();
@@ -625,13 +630,17 @@ absl::Status Worker::RunIteration(int64_t it) {
   return client_.ReportIteration(rep);
 }
 
-absl::Status Worker::Ship(const std::string& piece_root, int64_t step) {
-  if (shares_run_dir_) return absl::OkStatus();
-  const std::string step_dir = (fs::path(piece_root) / CheckpointName(step)).string();
-  LH_RETURN_IF_ERROR(ShipCheckpointPiece(client_, step_dir, step, plan_.version()));
-  // The coordinator holds the piece now: this disk keeps train.keep_checkpoints of it, as the
-  // coordinator's does (a resume fetches what is gone).
-  return PruneCheckpoints(fs::path(piece_root).parent_path().string(), step, cfg_.train.keep_checkpoints);
+absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report) {
+  if (shares_run_dir_) return report ? report() : absl::OkStatus();
+  shipper_.Ship((fs::path(piece_root) / CheckpointName(step)).string(), step, plan_.version(),
+                [report = std::move(report), checkpoints = fs::path(piece_root).parent_path().string(), step,
+                 keep = cfg_.train.keep_checkpoints] {
+                  if (report) LH_RETURN_IF_ERROR(report());
+                  // The coordinator holds the piece now: this disk keeps train.keep_checkpoints of
+                  // it, as the coordinator's does (a resume fetches what is gone).
+                  return PruneCheckpoints(checkpoints, step, keep);
+                });
+  return shipper_.Error();
 }
 
 absl::Status Worker::Fetch(const std::string& step_dir) {
@@ -656,13 +665,13 @@ absl::Status Worker::Checkpoint(int64_t step) {
     LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
     const std::string local_root = LocalCheckpointRoot(root, s_, r_);
     LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage_->layout(), params, m.data(), v.data()));
-    LH_RETURN_IF_ERROR(Ship(local_root, step));
+    LH_RETURN_IF_ERROR(Deliver(local_root, step, {}));
   }
   auto report = [this, step](proto::CheckpointReport rep) {
-    LH_RETURN_IF_ERROR(Ship(rep.directory(), step));
     rep.set_worker_id(client_.worker_id());
     rep.set_plan_version(plan_.version());
-    return client_.ReportCheckpoint(rep);
+    const std::string piece_root = rep.directory();
+    return Deliver(piece_root, step, [this, rep = std::move(rep)] { return client_.ReportCheckpoint(rep); });
   };
   // The error-feedback residuals of int8 pushes, one file per job replica this replica stands
   // for: a run that goes back to this step resumes them (else an int8 run would not be bitwise).
@@ -735,7 +744,10 @@ absl::Status Worker::RunPlan() {
     mailbox_.SetWindow(it - behind, WindowIterations() + behind);
     status = RunIteration(it);
     if (status.ok() && CheckpointDue(it)) status = Checkpoint(it + 1);
+    if (status.ok()) status = shipper_.Error();
   }
+  // The run's last checkpoint is whole at the coordinator before this worker says it is done.
+  if (status.ok()) status = shipper_.Flush();
   running_ = false;
   // A failed iteration may leave sends in flight: end them before their clients go.
   if (!status.ok()) Stop(std::string(status.message()));
