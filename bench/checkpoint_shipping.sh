@@ -2,14 +2,18 @@
 # What checkpoints cost per iteration where the workers share no filesystem with the coordinator,
 # side by side in one run: the demo job (2 stages x 2 replicas), its workers reaching the
 # coordinator through the userspace link proxy (`longhaul netem proxy`) at a scenario's delay and
-# rate, as a coordinator on another machine. Three runs of the same steps:
+# rate, as a coordinator on another machine. Five runs of the same steps:
 #   none:    no checkpoints (the baseline);
 #   shared:  train.checkpoint_every = C, every worker writing into the coordinator's run directory
 #            (one machine, or NFS);
 #   shipped: the same, each worker writing to a directory of its own (`longhaul worker --out-dir`)
-#            and shipping every piece it writes to the coordinator over the slow link.
-# Prints each run's wall time per step and its ratio to the baseline, and the bytes shipped per
-# checkpoint.
+#            and shipping every piece it writes to the coordinator over the slow link;
+#   shared / shipped with a failure: the same two with a spare, and a worker of the plan killed
+#            (SIGKILL) half way: on its own disk, the spare fetches the lost worker's pieces from the
+#            coordinator over the slow link.
+# Prints each run's wall time per step and its ratio to the baseline, the bytes shipped per
+# checkpoint, and per failure the stall (kill to the next completed iteration) and the slowest
+# set-up of the new plan version.
 #
 # Usage: [SHIPPING_SET="key=value ..."] bash bench/checkpoint_shipping.sh [scenario] [steps] [checkpoint_every]
 #   SHIPPING_SET:      config overrides for every run, e.g. a larger model (model.d_model=512)
@@ -39,7 +43,7 @@ print(s["delay_ms"][0][0] / (1 if s.get("delays_are", "one-way") == "one-way" el
 PY
 )
 
-run() {  # name, checkpoint_every, own disks (0/1)
+run() {  # name, checkpoint_every, own disks (0/1), kill half way (0/1)
   local dir=$out/$1
   mkdir -p "$dir"
   local coord_port via
@@ -54,19 +58,28 @@ run() {  # name, checkpoint_every, own disks (0/1)
   local coord=$!
   pids+=($coord)
   for _ in $(seq 100); do grep -q ready "$dir/proxy.log" && break; sleep 0.1; done
-  for ((i = 0; i < 4; i++)); do
+  for ((i = 0; i < 4 + $4; i++)); do
     local disk=()
     [ "$3" = 1 ] && disk=(--out-dir "$dir/disk_$i")
     "$bin" worker --coordinator "127.0.0.1:$via" --threads 1 "${disk[@]}" > "$dir/worker_$i.log" 2>&1 &
     pids+=($!)
   done
+  if [ "$4" = 1 ]; then
+    until [ -f "$dir/metrics.csv" ] && (($(wc -l < "$dir/metrics.csv") > steps / 2)); do sleep 0.05; done
+    local victim
+    victim=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["workers"][0]["pid"])' "$dir/cluster.json")
+    date +%s.%N > "$dir/kill"
+    kill -9 "$victim"
+  fi
   wait "$coord" || { echo "checkpoint_shipping: $1 failed; its logs: $dir" >&2; exit 1; }
 }
 echo "checkpoint_shipping: demo 2x2, the coordinator behind $scenario's link ($delay ms, $rate Mbit/s), $steps steps" \
   "per run, a checkpoint every $ckpt${SHIPPING_SET:+, $SHIPPING_SET}" >&2
-run none 0 0
-run shared "$ckpt" 0
-run shipped "$ckpt" 1
+run none 0 0 0
+run shared "$ckpt" 0 0
+run shipped "$ckpt" 1 0
+run shared_failure "$ckpt" 0 1
+run shipped_failure "$ckpt" 1 1
 python3 - "$out" "$steps" "$ckpt" <<'PY'
 import json, os, sys
 out, steps, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -82,5 +95,18 @@ root = f"{out}/shipped/checkpoints"
 shipped = sum(os.path.getsize(os.path.join(d, f)) for p in os.listdir(root) if os.path.isdir(os.path.join(root, p))
               for d in [os.path.join(root, p, step)] if os.path.isdir(d) for f in os.listdir(d))
 print(f"bytes shipped per checkpoint (all workers): {shipped / 1e6:.2f} MB")
+import glob, re
+for n, label in (("shared_failure", "shared directory"), ("shipped_failure", "shipped")):
+    kill = float(open(f"{out}/{n}/kill").read())
+    e = [r for r in json.load(open(f"{out}/{n}/summary.json"))["recoveries"] if "recovered_at_unix_s" in r][0]
+    setups = []
+    for log in glob.glob(f"{out}/{n}/worker_*.log"):
+        for line in open(log):
+            m = re.search(r"plan version 2: .*set up in ([0-9.]+) s(?: \((\d+) checkpoint pieces fetched)?", line)
+            if m: setups.append((float(m.group(1)), int(m.group(2) or 0)))
+    slowest = max(setups)
+    print(f"failure, {label:<17}: stall {e['recovered_at_unix_s'] - kill:.3f} s, detection "
+          f"{e['lost_at_unix_s'] - kill:.3f} s, slowest set-up {slowest[0]:.3f} s ({slowest[1]} pieces fetched), "
+          f"{e['redone_iterations']} iterations redone")
 PY
 echo "checkpoint_shipping: logs and run directories in $out" >&2

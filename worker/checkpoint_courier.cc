@@ -162,8 +162,9 @@ void CheckpointShipper::Loop() {
     jobs_.pop_front();
     busy_ = true;
     lock.unlock();
-    absl::Status st =
-        ShipCheckpointPiece(client_, job.step_dir, job.step, job.version, [this] { return dropping_.load(); });
+    absl::Status st = job.step_dir.empty() ? absl::OkStatus()
+                                           : ShipCheckpointPiece(client_, job.step_dir, job.step, job.version,
+                                                                 [this] { return dropping_.load(); });
     if (st.ok()) st = job.then();
     lock.lock();
     busy_ = false;

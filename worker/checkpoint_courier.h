@@ -29,7 +29,8 @@ class CheckpointShipper {
   ~CheckpointShipper();  // drops what waits
   CheckpointShipper(const CheckpointShipper&) = delete;
 
-  // Step directory `step_dir` of `step` under plan `version`, then `then` once it is shipped.
+  // Step directory `step_dir` of `step` under plan `version`, then `then` once it is shipped
+  // (empty `step_dir`: `then` alone, in its turn).
   void Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then);
   // Blocks until everything given is shipped; the first failure since the last Drop, or OK.
   absl::Status Flush();
