@@ -70,6 +70,7 @@ run() {  # name, checkpoint_every, own disks (0/1), kill half way (0/1)
     victim=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["workers"][0]["pid"])' "$dir/cluster.json")
     date +%s.%N > "$dir/kill"
     kill -9 "$victim"
+    wait "$victim" 2> /dev/null || true
   fi
   wait "$coord" || { echo "checkpoint_shipping: $1 failed; its logs: $dir" >&2; exit 1; }
 }

@@ -151,7 +151,7 @@ class Worker {
   JobConfig cfg_;
   // Whether train.out_dir (or --out-dir) is the coordinator's run directory (proto::Plan::run_dir_token).
   bool shares_run_dir_ = true;
-  int fetched_ = 0;  // pieces Fetch brought in this version's set-up
+  std::atomic<int> fetched_{0};  // pieces Fetch brought in this version's set-up (several at once)
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
@@ -730,7 +730,7 @@ absl::Status Worker::RunPlan() {
                                     s(Clock::now() - started))
                   : std::string();
     const std::string fetched =
-        fetched_ > 0 ? absl::StrFormat(" (%d checkpoint pieces fetched from the coordinator)", fetched_) : "";
+        fetched_ > 0 ? absl::StrFormat(" (%d checkpoint pieces fetched from the coordinator)", fetched_.load()) : "";
     std::cout << absl::StrFormat("%s plan version %d: %sset up in %.3f s%s%s\n", Who(), plan_.version(), left,
                                  s(set_up - t0), fetched, barrier)
               << std::flush;

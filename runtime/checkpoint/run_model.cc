@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
 #include <utility>
 
@@ -184,9 +186,20 @@ absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const Pa
     wanted[it->second].push_back(t);
   }
   std::error_code ec;
+  if (fetch) {
+    // All at once: each fetch waits a round trip to where the pieces are kept.
+    std::vector<std::future<absl::Status>> fetched;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!wanted[i].empty() && !fs::exists(fs::path(pieces[i].dir) / "state.json", ec)) {
+        fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(pieces[i].dir)));
+      }
+    }
+    absl::Status first;
+    for (auto& f : fetched) first.Update(f.get());
+    LH_RETURN_IF_ERROR(first);
+  }
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (wanted[i].empty()) continue;
-    if (fetch && !fs::exists(fs::path(pieces[i].dir) / "state.json", ec)) LH_RETURN_IF_ERROR(Fetched(fetch, pieces[i].dir));
     const bool absent = !fs::exists(fs::path(pieces[i].dir) / "state.json", ec);
     if (absent && skip_absent) continue;
     if (absent) {
