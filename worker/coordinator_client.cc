@@ -166,8 +166,8 @@ absl::StatusOr<Reply> CoordinatorClient::LongPoll(
                                                                     static_cast<int64_t>(dead_after_s_ * 1000)));
     if (!not_yet) return FromGrpc(st, absl::StrCat("waiting for ", waiting_for, " from ", address_));
     if (now >= give_up) {
-      return absl::UnavailableError(absl::StrFormat("no %s from %s within %.0f s: %s", waiting_for, address_,
-                                                    max_wait_s, st.error_message()));
+      return absl::UnavailableError(absl::StrFormat("waited %.0f s for %s from %s in vain: %s", max_wait_s,
+                                                    waiting_for, address_, st.error_message()));
     }
     // An unreachable coordinator answers at once: ask again after a moment, not in a spin.
     if (unreachable) std::this_thread::sleep_for(std::chrono::milliseconds(200));

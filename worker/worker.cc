@@ -110,7 +110,7 @@ class Worker {
   // first (checkpoint_courier.h). OK, or the shipper's first failure so far.
   absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
   // A piece of the resumed checkpoint from the coordinator, where this worker does not share its
-  // run directory (NotFound otherwise).
+  // run directory and did not write or fetch the piece itself (NotFound where it is not there).
   absl::Status Fetch(const std::string& step_dir);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
@@ -152,6 +152,10 @@ class Worker {
   // Whether train.out_dir (or --out-dir) is the coordinator's run directory (proto::Plan::run_dir_token).
   bool shares_run_dir_ = true;
   std::atomic<int> fetched_{0};  // pieces Fetch brought in this version's set-up (several at once)
+  // Step directories of pieces this process wrote or fetched, where it does not share the
+  // coordinator's run directory: any other on its disk may be another job's, left there.
+  std::mutex trusted_mu_;
+  std::set<std::string> trusted_;
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
@@ -631,10 +635,15 @@ absl::Status Worker::RunIteration(int64_t it) {
 }
 
 absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report) {
+  const std::string step_dir = (fs::path(piece_root) / CheckpointName(step)).string();
+  if (!shares_run_dir_) {
+    std::lock_guard<std::mutex> lock(trusted_mu_);
+    trusted_.insert(step_dir);
+  }
   // Reports go through the shipper too, shipping or not: on a slow link to the coordinator each
   // took a round trip from the iterations (a checkpoint every step of the demo cost 0.083 s per
   // step against 0.076 s shipped, the coordinator 10 ms away).
-  shipper_.Ship(shares_run_dir_ ? "" : (fs::path(piece_root) / CheckpointName(step)).string(), step, plan_.version(),
+  shipper_.Ship(shares_run_dir_ ? "" : step_dir, step, plan_.version(),
                 [report = std::move(report), checkpoints = fs::path(piece_root).parent_path().string(), step,
                  keep = cfg_.train.keep_checkpoints, own = !shares_run_dir_] {
                   if (report) LH_RETURN_IF_ERROR(report());
@@ -648,12 +657,20 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
 absl::Status Worker::Fetch(const std::string& step_dir) {
   std::error_code ec;
   if (shares_run_dir_) return absl::NotFoundError(step_dir);
-  if (fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(trusted_mu_);
+    if (trusted_.count(step_dir) > 0 && fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
+  }
   // No file of a piece holds more than the whole model and its two moments.
   const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
   LH_ASSIGN_OR_RETURN(const uint64_t most, MaxCheckpointFileBytes("optimizer.safetensors", whole.total(),
                                                                   whole.tensors().size(), true));
-  LH_RETURN_IF_ERROR(FetchCheckpointPiece(client_, step_dir, plan_.version(), most));
+  const absl::Status fetched = FetchCheckpointPiece(client_, step_dir, plan_.version(), most);
+  // What the coordinator does not have is no piece of this run, whatever lies here.
+  if (absl::IsNotFound(fetched)) fs::remove_all(step_dir, ec);
+  LH_RETURN_IF_ERROR(fetched);
+  std::lock_guard<std::mutex> lock(trusted_mu_);
+  trusted_.insert(step_dir);
   ++fetched_;
   return absl::OkStatus();
 }

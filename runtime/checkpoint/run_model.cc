@@ -136,8 +136,8 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string&
                                                               const std::function<std::string(int stage)>& stage_root,
                                                               const FetchPiece& fetch) {
   std::error_code ec;
-  // A cluster's layout is in its first shard's state.json, fetched where it is elsewhere.
-  if (fetch && !fs::exists(fs::path(CheckpointStateDir(root, name)) / "state.json", ec)) {
+  // A cluster's layout is in its first shard's state.json.
+  if (fetch && !fs::exists(fs::path(root) / name / "state.json", ec)) {
     LH_RETURN_IF_ERROR(Fetched(fetch, (fs::path(ShardCheckpointRoot(root, 0, 0)) / name).string()));
   }
   const std::string state_dir = CheckpointStateDir(root, name);
@@ -190,7 +190,7 @@ absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const Pa
     // All at once: each fetch waits a round trip to where the pieces are kept.
     std::vector<std::future<absl::Status>> fetched;
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (!wanted[i].empty() && !fs::exists(fs::path(pieces[i].dir) / "state.json", ec)) {
+      if (!wanted[i].empty()) {
         fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(pieces[i].dir)));
       }
     }

@@ -33,7 +33,8 @@ struct CheckpointPiece {
   std::vector<std::string> tensors;
 };
 
-// Brings a step directory of a piece this process lacks from where it is kept (a worker that does
+// Makes a step directory of a piece one this process may read: asked before every read, it brings
+// the piece from where it is kept where this process lacks a copy it trusts (a worker that does
 // not share the coordinator's run directory fetches it from there: worker/checkpoint_courier.h);
 // NotFound where it is kept nowhere.
 using FetchPiece = std::function<absl::Status(const std::string& step_dir)>;
@@ -43,7 +44,7 @@ using FetchPiece = std::function<absl::Status(const std::string& step_dir)>;
 // parameter-server shard's stage_S_shard_K/name of the stages and shards that wrote the step. With
 // `stage_root`, the whole stages under stage_root(S)/name instead (the residual or local state
 // kept per stage). A directory of another cut's step (left from before a re-cut) is no piece.
-// With `fetch`, a missing state.json that records the layout is fetched first (with its piece).
+// With `fetch`, the first shard's piece, whose state.json records the layout, is fetched first.
 absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(
     const std::string& root, const std::string& name, const std::function<std::string(int stage)>& stage_root = {},
     const FetchPiece& fetch = {});
@@ -53,7 +54,7 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(
 // cut's files. Sizes, CRC-32s, names and shapes are checked; a tensor no piece holds, or a piece's
 // missing directory, is named with the fix. With `skip_absent`, a piece whose directory is missing
 // leaves its tensors as they were (error-feedback residuals a stage without int8 pushes never
-// kept, which are zero). With `fetch`, a missing piece that holds a wanted tensor is fetched first.
+// kept, which are zero). With `fetch`, every piece that holds a wanted tensor is fetched first.
 absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
                             float* m, float* v, bool skip_absent = false, const FetchPiece& fetch = {});
 

@@ -112,8 +112,24 @@ class Supervisor {
     const fs::path log = out_ / absl::StrCat("worker_process_", ++workers_, ".txt");
     std::vector<std::string> args = {LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_),
                                      "--listen", "127.0.0.1:0", "--threads", "1"};
-    if (own_disks_) args.insert(args.end(), {"--out-dir", (out_ / absl::StrCat("disk_", workers_)).string()});
+    if (own_disks_) {
+      const fs::path disk = out_ / absl::StrCat("disk_", workers_);
+      LeaveAnotherJobsPieces(disk / "checkpoints");
+      args.insert(args.end(), {"--out-dir", disk.string()});
+    }
     all_.push_back(Spawn(args, log));
+  }
+  // What another job left on a machine's disk: a corrupt piece at every step and place this job's
+  // checkpoints take. A worker must read none of it (a piece it did not write or fetch itself).
+  static void LeaveAnotherJobsPieces(const fs::path& checkpoints) {
+    for (int step = 10; step <= kSteps; step += 10)
+      for (int stage = 0; stage < 2; ++stage)
+        for (int k = 0; k < 2; ++k)
+          for (const std::string& piece : {ShardCheckpointRoot("", stage, k), ResidualCheckpointRoot("", stage, k)}) {
+            const fs::path dir = checkpoints / piece / CheckpointName(step);
+            fs::create_directories(dir);
+            std::ofstream(dir / "state.json") << "left by another job";
+          }
   }
   pid_t coordinator() const { return coordinator_; }
   // Every coordinator's output so far, in order.
@@ -401,6 +417,7 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
 // own, and ships each to the coordinator before reporting it; the spare that takes a killed
 // worker's place finds none of the dead one's shards or residuals on its own disk and fetches them
 // from the coordinator's run directory, so the run still ends bitwise as the uninterrupted one.
+// Every disk also holds another job's corrupt pieces under this job's names, which nobody reads.
 TEST(Chaos, WithoutASharedDiskTheLostWorkersCheckpointComesFromTheCoordinator) {
   UseNewSecret();
   const OneFailure run =
