@@ -26,16 +26,10 @@ cd "$(dirname "$0")/.."
 scenario=${1:-source-10ms-1gbit}
 steps=${2:-300}
 ckpt=${3:-1}
-bin=$PWD/build/longhaul
+. bench/processes.sh
+bench_processes shipping
 overrides=()
 for kv in ${SHIPPING_SET:-}; do overrides+=(--set "$kv"); done
-out=$(mktemp -d /tmp/longhaul-shipping.XXXXXX)
-export LONGHAUL_SECRET_FILE=$out/secret
-"$bin" secret "$LONGHAUL_SECRET_FILE" > /dev/null
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 read -r delay rate < <(python3 - "$scenario" <<'PY'
 import sys, tomllib
 s = tomllib.load(open(f"netem/scenarios/{sys.argv[1]}.toml", "rb"))

@@ -33,17 +33,11 @@ every=${3:-30}
 ckpt=${4:-1}
 # Room for every failure: `every` steps after each recovery, and the few steps each redoes.
 steps=$(( (failures + 1) * (every + 3) + 20 ))
-bin=$PWD/build/longhaul
+. bench/processes.sh
+bench_processes recovery
 overrides=()
 for kv in ${RECOVERY_SET:-}; do overrides+=(--set "$kv"); done
-out=$(mktemp -d /tmp/longhaul-recovery.XXXXXX)
-export LONGHAUL_SECRET_FILE=$out/secret
-"$bin" secret "$LONGHAUL_SECRET_FILE" > /dev/null
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done; }
-trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # Five slots (four workers and a spare), each a fixed port; every ordered pair through the proxy.
 slots=5
