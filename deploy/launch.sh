@@ -300,8 +300,9 @@ collect() {
   [ "$no_checkpoints" = 0 ] || mode=no-checkpoints
   # The run directory is spread over the hosts: each worker writes its parameter-server shards'
   # checkpoints and its timeline/worker_N.json where it runs, into its own host's copy of
-  # train.out_dir. Their names do not collide, so the copies merge into one; the first host's
-  # goes last, so that the coordinator's files win should they ever collide.
+  # train.out_dir (the checkpoints it also ships to the coordinator's). Their names do not
+  # collide, so the copies merge into one; the first host's goes last, so that the coordinator's
+  # files win should they ever collide.
   for ((i = ${#setup_done[@]} - 1; i >= 0; i--)); do
     rsh "$i" "bash $(jobdir "$i")/launch_remote.sh run $mode" </dev/null | tar -xf - -C "$out" ||
       say "could not copy the run directory back from ${target[$i]}"
