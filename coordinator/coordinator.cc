@@ -933,9 +933,12 @@ class Service final : public proto::Coordinator::Service {
       if (waited >= cfg_.cluster.spare_wait_s) {
         std::vector<int> lost;
         for (const auto& [id, what] : vacant_) lost.push_back(id);
+        std::map<int, proto::ComputeProfile> profiles;
+        for (const auto& [id, reg] : members_.registrations())
+          if (members_.HasProfile(id)) profiles[id] = members_.profile(id);
         absl::StatusOr<proto::Plan> shrunk =
             ShrinkPlan(plan_, lost, spares, members_.registrations(), {latest_step_, latest_name_, end_},
-                       network_ ? &*network_ : nullptr);
+                       network_ ? &*network_ : nullptr, profiles);
         if (!shrunk.ok()) {
           Abort(absl::StrFormat("%s: it died or is unreachable, no spare took its place within "
                                 "cluster.spare_wait_s = %g s, and the layout cannot shrink (%s); restart it, then %s",

@@ -1,6 +1,7 @@
 #include "coordinator/planning.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -234,22 +235,47 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
   return plan;
 }
 
+// Blocks per stage of `stages` stages, stage s on worker left[s]: the even cut, or BalancedCut of
+// the workers' measured compute where every one of them has a profile and it is predicted
+// kPlacementMinGain faster (profiles differ by a few percent between like workers).
+std::vector<int> RecutBlocks(const ModelConfig& model, int stages, const std::vector<int>& left,
+                             const std::map<int, proto::ComputeProfile>& profiles) {
+  std::vector<int> even;
+  for (int s = 0; s < stages; ++s) {
+    const StageSpec spec = StageSpec::Even(model, s, stages);
+    even.push_back(spec.end_block - spec.first_block);
+  }
+  std::vector<double> block_s;
+  for (int s = 0; s < stages; ++s) {
+    auto it = profiles.find(left[s]);
+    if (it == profiles.end()) return even;
+    const double t = it->second.block_forward_s() + it->second.block_backward_s();
+    if (!(t > 0) || !std::isfinite(t)) return even;
+    block_s.push_back(t);
+  }
+  const proto::ComputeProfile& last = profiles.at(left[stages - 1]);
+  const double head_s = std::max(0.0, last.head_forward_s() + last.head_backward_s());
+  auto bottleneck = [&](const std::vector<int>& cut) {
+    double slowest = 0;
+    for (int s = 0; s < stages; ++s) slowest = std::max(slowest, cut[s] * block_s[s] + (s == stages - 1 ? head_s : 0));
+    return slowest;
+  };
+  const std::vector<int> balanced = BalancedCut(model.n_layer, block_s, head_s);
+  return bottleneck(balanced) < (1 - kPlacementMinGain) * bottleneck(even) ? balanced : even;
+}
+
 // `old` as one replica of fewer stages over `left` (one per block at most, fewer than old's), the
-// model's blocks cut evenly among them.
+// model's blocks cut by RecutBlocks.
 absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& cfg, const std::vector<int>& left,
                                       const std::map<int, proto::RegisterRequest>& workers,
-                                      const PlanRequest& request, const NetworkCost* network) {
+                                      const PlanRequest& request, const NetworkCost* network,
+                                      const std::map<int, proto::ComputeProfile>& profiles) {
   const int stages = std::min({static_cast<int>(left.size()), cfg.model.n_layer, old.stages() - 1});
   if (stages < 1) {
     return absl::FailedPreconditionError(
         absl::StrFormat("no worker is left of the %d stages, and no spare waits", old.stages()));
   }
-  std::vector<int> cut;
-  for (int s = 0; s < stages; ++s) {
-    const StageSpec spec = StageSpec::Even(cfg.model, s, stages);
-    cut.push_back(spec.end_block - spec.first_block);
-  }
-  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
+  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles)));
   return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
                         workers, request, network);
 }
@@ -282,7 +308,8 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
                                        const std::vector<int>& spares,
                                        const std::map<int, proto::RegisterRequest>& workers,
-                                       const PlanRequest& request, const NetworkCost* network) {
+                                       const PlanRequest& request, const NetworkCost* network,
+                                       const std::map<int, proto::ComputeProfile>& profiles) {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages(), D = old.replicas(), M = ReplicaMicroBatches(old, cfg);
   if (cfg.train.local_steps > 1) {
@@ -313,7 +340,7 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
       for (int w : at[r])
         if (w >= 0) left.push_back(w);
     left.insert(left.end(), spares.begin(), spares.end());
-    return RecutPlan(old, cfg, left, workers, request, network);
+    return RecutPlan(old, cfg, left, workers, request, network, profiles);
   }
   // The workers that may fill a hole of stage s: the dropped replicas' worker of that stage first
   // (it holds that stage's data and code paths warm), then any dropped replica's, then spares.

@@ -95,7 +95,9 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 // parameter-server shards keep their cut (the checkpoint's) and move to the replicas left.
 // Where not one replica of the P stages fills (a pipeline-only job, or its last replica), the
 // pipeline is cut anew: one replica of P' < P stages over the survivors (in their stages' order)
-// and the spares, the blocks split evenly, the plan's config carrying the new cluster.stages and
+// and the spares, the blocks split evenly unless the workers' measured compute (`profiles`, by
+// worker id) gives a cut predicted kPlacementMinGain faster (BalancedCut: a slower worker gets
+// fewer blocks, the last stage's head counted), the plan's config carrying the new cluster.stages and
 // cluster.stage_layers (Plan.job_config_toml the job's own) and the links' wire dtypes and
 // connections planned anew (`network`, as MakePlan's). Each stage reads its tensors from the
 // checkpoint by name (CheckpointPieces), and a pipeline sums each gradient in the one process's
@@ -105,7 +107,8 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector<int>& lost,
                                        const std::vector<int>& spares,
                                        const std::map<int, proto::RegisterRequest>& workers,
-                                       const PlanRequest& request, const NetworkCost* network = nullptr);
+                                       const PlanRequest& request, const NetworkCost* network = nullptr,
+                                       const std::map<int, proto::ComputeProfile>& profiles = {});
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
 // replicas, up to the config's count, as many as divide the config's (whole groups); at the config's

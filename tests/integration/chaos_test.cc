@@ -517,7 +517,7 @@ TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
 }
 
 // A pipeline of 3 stages and one replica, no spare (cluster.spare_wait_s = 0): a killed worker's
-// place is taken by nobody, so the two left run the model cut anew into 2 stages, each stage
+// place is taken by nobody, so the two left run the model cut anew into 2 stages (of 4 blocks), each stage
 // reading its tensors from the last checkpoint's shards of the old cut by name. A worker started
 // later waits as a spare, and at the next checkpoint the pipeline grows back into the job's 3
 // stages. A pipeline sums every gradient in the one process's order at any cut, so the run ends
@@ -532,7 +532,12 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
       "1 spares join: the job's 3 stages again instead of 2", 300);
   ASSERT_FALSE(run.summary.is_discarded());
   ASSERT_EQ(run.summary["recoveries"].size(), 2u) << run.summary.dump(2);
-  EXPECT_EQ(run.summary["recoveries"][0]["blocks_per_stage"], nlohmann::json({2, 2})) << run.summary.dump(2);
+  // The 4 blocks over 2 stages: evenly, or as the two workers' measured compute balances them
+  // (on these shared cores a tiny model's profiles may differ enough).
+  const nlohmann::json cut = run.summary["recoveries"][0]["blocks_per_stage"];
+  ASSERT_TRUE(cut.is_array() && cut.size() == 2u) << run.summary.dump(2);
+  EXPECT_EQ(cut[0].get<int>() + cut[1].get<int>(), 4) << cut;
+  std::cout << "cut anew as " << cut.dump() << "\n";
   EXPECT_EQ(run.summary["recoveries"][1]["grown_to_stages"], 3) << run.summary.dump(2);
   // Steps ran under 3 stages, then 2, then 3 again, each audited with its plan's.
   std::set<std::string> stage_counts;

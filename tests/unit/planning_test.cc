@@ -267,7 +267,8 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
 }
 
 // 3 stages [2, 1, 1], one replica: worker 1 (stage 1) is lost with no spare. The two left run the
-// model cut anew into 2 stages of 2 blocks, in their stages' order; the plan's config carries the
+// model cut anew into 2 stages of 2 blocks, in their stages' order (or as their measured compute
+// balances them); the plan's config carries the
 // cut, its shards are that cut's, and a worker checks it as any plan; a spare that joins later
 // grows it back into the job's own 3 stages and cut. With a spare and two lost,
 // the spare is the second stage; a 2 x 2 job down to one worker runs the whole model on it, every
@@ -323,6 +324,29 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
   EXPECT_EQ(WorkerAt(*v3, 2, 0), 5);
   EXPECT_EQ(AssignmentOf(*v3, 2)->first_block(), 2);
   EXPECT_EQ(AssignmentOf(*v3, 2)->end_block(), 3);
+
+  // The cut follows the workers' measured compute where it is enough faster: like workers (3%
+  // apart) keep the even cut; a survivor that computes a block in 3x the time gets 1 block of 4
+  // (the slowest stage 3.1 s, against 6.1 s evenly).
+  auto profile = [](double block_s, double head_s) {
+    proto::ComputeProfile p;
+    p.set_block_forward_s(block_s / 3);
+    p.set_block_backward_s(2 * block_s / 3);
+    p.set_head_forward_s(head_s / 3);
+    p.set_head_backward_s(2 * head_s / 3);
+    return p;
+  };
+  auto cut_of = [&](const std::map<int, proto::ComputeProfile>& profiles) {
+    const absl::StatusOr<proto::Plan> p = ShrinkPlan(v1, {1}, {}, workers, {40, "step_00000040", 100}, &network, profiles);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? ParseJobConfig(p->config_toml(), "plan")->Cut() : std::vector<int>();
+  };
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, profile(1.03, 0.1)}}), (std::vector<int>{2, 2}));
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, profile(3.0, 0.1)}}), (std::vector<int>{3, 1}));
+  EXPECT_EQ(cut_of({{0, profile(3.0, 0.1)}, {2, profile(1.0, 0.1)}}), (std::vector<int>{1, 3}));
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}}), (std::vector<int>{2, 2})) << "a worker without a profile: even";
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, profile(1.0, 3.0)}}), (std::vector<int>{3, 1}))
+      << "the last stage's head counts: 2 + 3 s evenly, 3 s and 1 + 3 s cut so";
 
   workers.erase(2);
   workers[5].set_address("10.0.0.5:7000");
