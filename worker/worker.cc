@@ -112,6 +112,9 @@ class Worker {
   // A piece of the resumed checkpoint from the coordinator, where this worker does not share its
   // run directory and did not write or fetch the piece itself (NotFound where it is not there).
   absl::Status Fetch(const std::string& step_dir);
+  // Every piece of the resumed checkpoint under `checkpoints` the set-up may read (with `params`,
+  // the stage's shards), fetched in two rounds: the layout's state.json, then the rest at once.
+  absl::Status Prefetch(const std::string& checkpoints, bool params);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
   void Stop(const std::string& reason, uint64_t newer_plan = 0);
@@ -473,6 +476,9 @@ absl::Status Worker::Setup() {
   // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
   const int64_t start = plan_.start_iteration();
   const bool holds = kept && held == start - 1;
+  // On a disk of its own, the loads below find their pieces here already: one round each to the
+  // coordinator took a spare's set-up 0.11 s on a 10 ms link.
+  if (resumed && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(checkpoints, !holds));
   // The resumed step's shard files by the cut that wrote them (a re-cut layout's is another),
   // read once where a shard is read.
   std::optional<std::vector<CheckpointPiece>> shard_pieces;
@@ -673,6 +679,25 @@ absl::Status Worker::Fetch(const std::string& step_dir) {
   trusted_.insert(step_dir);
   ++fetched_;
   return absl::OkStatus();
+}
+
+absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
+  const FetchPiece fetch = [this](const std::string& step_dir) { return Fetch(step_dir); };
+  std::vector<std::function<std::string(int)>> roots;
+  if (params) roots.emplace_back();  // the shards'
+  for (const auto& [g, job_replica] : FeedbackGroups()) {
+    roots.emplace_back([&checkpoints, job = job_replica](int s) { return ResidualCheckpointRoot(checkpoints, s, job); });
+  }
+  if (cfg_.train.local_steps > 1) {
+    roots.emplace_back([&checkpoints, this](int s) { return LocalCheckpointRoot(checkpoints, s, r_); });
+  }
+  std::vector<CheckpointPiece> pieces;
+  for (const auto& root : roots) {
+    LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some,
+                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(), root, fetch));
+    pieces.insert(pieces.end(), some.begin(), some.end());
+  }
+  return FetchPieces(pieces, ParamLayout(cfg_.model, cfg_.Stage(s_)), fetch);
 }
 
 absl::Status Worker::Checkpoint(int64_t step) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -171,6 +172,21 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string&
   return pieces;
 }
 
+absl::Status FetchPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout,
+                         const FetchPiece& fetch) {
+  std::set<std::string> names;
+  for (const ParamTensor& t : layout.tensors()) names.insert(t.name);
+  std::vector<std::future<absl::Status>> fetched;
+  for (const CheckpointPiece& piece : pieces) {
+    if (std::any_of(piece.tensors.begin(), piece.tensors.end(), [&](const std::string& t) { return names.count(t); })) {
+      fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(piece.dir)));
+    }
+  }
+  absl::Status first;
+  for (auto& f : fetched) first.Update(f.get());
+  return first;
+}
+
 absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
                             float* m, float* v, bool skip_absent, const FetchPiece& fetch) {
   std::map<std::string, size_t> piece_of;
@@ -186,18 +202,7 @@ absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const Pa
     wanted[it->second].push_back(t);
   }
   std::error_code ec;
-  if (fetch) {
-    // All at once: each fetch waits a round trip to where the pieces are kept.
-    std::vector<std::future<absl::Status>> fetched;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (!wanted[i].empty()) {
-        fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(pieces[i].dir)));
-      }
-    }
-    absl::Status first;
-    for (auto& f : fetched) first.Update(f.get());
-    LH_RETURN_IF_ERROR(first);
-  }
+  if (fetch) LH_RETURN_IF_ERROR(FetchPieces(pieces, layout, fetch));
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (wanted[i].empty()) continue;
     const bool absent = !fs::exists(fs::path(pieces[i].dir) / "state.json", ec);

@@ -49,6 +49,11 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(
     const std::string& root, const std::string& name, const std::function<std::string(int stage)>& stage_root = {},
     const FetchPiece& fetch = {});
 
+// Fetches every piece that holds a tensor of `layout`, all at once: each fetch waits a round trip
+// to where the pieces are kept. NotFound of one is no error (LoadFromPieces names what is missing).
+absl::Status FetchPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout,
+                         const FetchPiece& fetch);
+
 // Reads `layout`'s tensors (and with m and v their AdamW moments) from the pieces that hold them,
 // whatever stages and shards wrote them: a stage of a new cut of the model resumes from the old
 // cut's files. Sizes, CRC-32s, names and shapes are checked; a tensor no piece holds, or a piece's
