@@ -67,7 +67,7 @@ absl::Status FetchFile(CoordinatorClient& client, proto::CheckpointFetch fetch, 
 }
 
 absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs::path& aside, uint64_t version,
-                       uint64_t max_file_bytes) {
+                       uint64_t max_file_bytes, bool state_only) {
   proto::CheckpointFetch fetch;
   fetch.set_plan_version(version);
   fetch.set_piece(dir.parent_path().filename().string());
@@ -76,9 +76,11 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
   LH_ASSIGN_OR_RETURN(const uint64_t state_most, MaxCheckpointFileBytes("state.json", 0, 0, false));
   std::vector<std::future<absl::Status>> files;
   for (const char* file : kCheckpointFiles) {
+    const bool state = std::string(file) == "state.json";
+    if (state_only && !state) continue;
     fetch.set_file(file);
     files.push_back(std::async(std::launch::async, FetchFile, std::ref(client), fetch, aside / file,
-                               std::string(file) == "state.json" ? state_most : max_file_bytes));
+                               state ? state_most : max_file_bytes));
   }
   std::vector<absl::Status> got;
   for (auto& f : files) got.push_back(f.get());
@@ -95,7 +97,7 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
                                             "/state.json lists no files: restore that checkpoint piece"));
   }
   std::error_code ec;
-  for (size_t i = 0; i + 1 < got.size(); ++i) {
+  for (size_t i = 0; !state_only && i + 1 < got.size(); ++i) {
     const bool listed = state["files"].contains(kCheckpointFiles[i]);
     if (listed && !got[i].ok()) {
       return absl::DataLossError(absl::StrCat("the coordinator's ", fetch.piece(), " lacks ", kCheckpointFiles[i],
@@ -195,13 +197,13 @@ void CheckpointShipper::Loop() {
 }
 
 absl::Status FetchCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, uint64_t version,
-                                  uint64_t max_file_bytes) {
+                                  uint64_t max_file_bytes, bool state_only) {
   const fs::path aside(step_dir + ".fetch");
   std::error_code ec;
   fs::remove_all(aside, ec);
   fs::create_directories(aside, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", aside.string(), ": ", ec.message()));
-  const absl::Status fetched = FetchInto(client, fs::path(step_dir), aside, version, max_file_bytes);
+  const absl::Status fetched = FetchInto(client, fs::path(step_dir), aside, version, max_file_bytes, state_only);
   fs::remove_all(aside, ec);
   return fetched;
 }

@@ -63,10 +63,11 @@ class CheckpointShipper {
 absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, int64_t step,
                                  uint64_t version, const std::function<bool()>& cancelled = {});
 
-// Fetches step directory `step_dir` of the checkpoint plan `version` resumes from: written aside
-// and renamed into place once whole. NotFound where the coordinator has no such piece. No file may
-// exceed `max_file_bytes` (what the job's whole model takes), checked before it is written.
+// Fetches step directory `step_dir` of the checkpoint plan `version` resumes from (with
+// `state_only`, its state.json alone): written aside and renamed into place once whole. NotFound
+// where the coordinator has no such piece. No file may exceed `max_file_bytes` (what the job's
+// whole model takes), checked before it is written.
 absl::Status FetchCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, uint64_t version,
-                                  uint64_t max_file_bytes);
+                                  uint64_t max_file_bytes, bool state_only = false);
 
 }  // namespace longhaul

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -109,9 +110,10 @@ class Worker {
   // background; where this worker does not share the coordinator's run directory, ships it there
   // first (checkpoint_courier.h). OK, or the shipper's first failure so far.
   absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
-  // A piece of the resumed checkpoint from the coordinator, where this worker does not share its
-  // run directory and did not write or fetch the piece itself (NotFound where it is not there).
-  absl::Status Fetch(const std::string& step_dir);
+  // A piece of the resumed checkpoint from the coordinator (its state.json alone where
+  // `layout_only`), where this worker does not share its run directory and did not write or fetch
+  // it itself (NotFound where it is not there).
+  absl::Status Fetch(const std::string& step_dir, bool layout_only);
   // Every piece of the resumed checkpoint under `checkpoints` the set-up may read (with `params`,
   // the stage's shards), fetched in two rounds: the layout's state.json, then the rest at once.
   absl::Status Prefetch(const std::string& checkpoints, bool params);
@@ -155,10 +157,13 @@ class Worker {
   // Whether train.out_dir (or --out-dir) is the coordinator's run directory (proto::Plan::run_dir_token).
   bool shares_run_dir_ = true;
   std::atomic<int> fetched_{0};  // pieces Fetch brought in this version's set-up (several at once)
+  const FetchPiece fetch_ = [this](const std::string& step_dir, bool layout_only) {
+    return Fetch(step_dir, layout_only);
+  };
   // Step directories of pieces this process wrote or fetched, where it does not share the
   // coordinator's run directory: any other on its disk may be another job's, left there.
   std::mutex trusted_mu_;
-  std::set<std::string> trusted_;
+  std::set<std::string> trusted_, trusted_state_;  // whole pieces; pieces whose state.json alone
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
@@ -167,6 +172,10 @@ class Worker {
   std::vector<MicroBatch> val_mbs_;  // this replica's share of the validation micro-batches
   std::unique_ptr<Stage> stage_;
   std::string stage_key_;  // what stage_ was built for (StageKey)
+  // The stage's parameters as pulled for the newest checkpoint step this worker took part in
+  // (snapshot_step_; -1: none), kept in memory while the stage is kept.
+  std::vector<float> snapshot_;
+  int64_t snapshot_step_ = -1;
   std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
   ClientPool clients_;  // outlives each version's peers_, whose clients they are
   std::vector<proto::Peer> members_;  // the workers not lost, as the lifeline last told
@@ -442,6 +451,7 @@ absl::Status Worker::Setup() {
       LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
     }
     stage_key_ = stage_key;
+    snapshot_step_ = -1;
   }
   const LrSchedule lr_schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
   // Between exchanges the stage steps itself; its clipping norm is its own, which spares the
@@ -467,7 +477,6 @@ absl::Status Worker::Setup() {
                                       OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
   LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
-  const FetchPiece fetch = [this](const std::string& step_dir) { return Fetch(step_dir); };
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
   // broadcast cost a recovery on 10 ms links 0.03-0.05 s, most of it opening the links to the
@@ -475,7 +484,13 @@ absl::Status Worker::Setup() {
   // Likewise a shard this worker hosted and last stepped in the iteration before the start holds
   // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
   const int64_t start = plan_.start_iteration();
-  const bool holds = kept && held == start - 1;
+  bool holds = kept && held == start - 1;
+  // A survivor that ran past the checkpoint takes the parameters it pulled for it back from its
+  // snapshot: nothing to read from the shards' files, or to fetch where they are elsewhere.
+  if (kept && !holds && snapshot_step_ == start) {
+    LH_RETURN_IF_ERROR(stage_->SetParams(0, snapshot_.data(), snapshot_.size()));
+    holds = true;
+  }
   // On a disk of its own, the loads below find their pieces here already: one round each to the
   // coordinator took a spare's set-up 0.11 s on a 10 ms link.
   if (resumed && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(checkpoints, !holds));
@@ -508,14 +523,14 @@ absl::Status Worker::Setup() {
     std::vector<float> params, m, v;
     if (resumed) {
       if (!shard_pieces) {
-        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch));
+        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch_));
         LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
       }
       params.resize(n);
       if (owns) m.resize(n), v.resize(n);
       LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
                                         params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr, false,
-                                        fetch));
+                                        fetch_));
       if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
       state = params.data();
     }
@@ -529,9 +544,9 @@ absl::Status Worker::Setup() {
   if (local_updates && resumed) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
                         CheckpointPieces(checkpoints, plan_.resume_checkpoint(),
-                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }, fetch));
+                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }, fetch_));
     std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch));
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch_));
     LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
   }
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
@@ -543,9 +558,9 @@ absl::Status Worker::Setup() {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
                         CheckpointPieces(
                             checkpoints, plan_.resume_checkpoint(),
-                            [&](int s) { return ResidualCheckpointRoot(checkpoints, s, job_replica); }, fetch));
+                            [&](int s) { return ResidualCheckpointRoot(checkpoints, s, job_replica); }, fetch_));
     std::vector<float> residuals(stage_->num_params());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch));
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch_));
     std::error_code ec;
     if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
@@ -572,6 +587,10 @@ absl::Status Worker::Setup() {
     pulled_crc_.emplace();
     pulled_crc_->set_iteration(it);
     pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
+    if (CheckpointDue(it)) {
+      snapshot_.assign(*params, *params + stage_->num_params());
+      snapshot_step_ = it + 1;
+    }
   });
   if (local_updates) {
     executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
@@ -660,29 +679,50 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
   return shipper_.Error();
 }
 
-absl::Status Worker::Fetch(const std::string& step_dir) {
+absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   std::error_code ec;
   if (shares_run_dir_) return absl::NotFoundError(step_dir);
   {
     std::lock_guard<std::mutex> lock(trusted_mu_);
-    if (trusted_.count(step_dir) > 0 && fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
+    const bool trusted = trusted_.count(step_dir) > 0 || (layout_only && trusted_state_.count(step_dir) > 0);
+    if (trusted && fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
   }
   // No file of a piece holds more than the whole model and its two moments.
   const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
   LH_ASSIGN_OR_RETURN(const uint64_t most, MaxCheckpointFileBytes("optimizer.safetensors", whole.total(),
                                                                   whole.tensors().size(), true));
-  const absl::Status fetched = FetchCheckpointPiece(client_, step_dir, plan_.version(), most);
+  const absl::Status fetched = FetchCheckpointPiece(client_, step_dir, plan_.version(), most, layout_only);
   // What the coordinator does not have is no piece of this run, whatever lies here.
   if (absl::IsNotFound(fetched)) fs::remove_all(step_dir, ec);
   LH_RETURN_IF_ERROR(fetched);
   std::lock_guard<std::mutex> lock(trusted_mu_);
-  trusted_.insert(step_dir);
-  ++fetched_;
+  (layout_only ? trusted_state_ : trusted_).insert(step_dir);
+  if (!layout_only) ++fetched_;
   return absl::OkStatus();
 }
 
 absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
-  const FetchPiece fetch = [this](const std::string& step_dir) { return Fetch(step_dir); };
+  // First round: the pieces this place writes under the plan's own layout (nearly always the
+  // checkpoint's), and the state.json that records the checkpoint's layout where none of them is
+  // the first shard's, at once.
+  const std::string& name = plan_.resume_checkpoint();
+  std::map<std::string, bool> first;  // step directory -> its state.json alone
+  if (params) {
+    for (const proto::ShardPlacement& sp : plan_.shards())
+      if (sp.stage() == s_) first[(fs::path(ShardCheckpointRoot(checkpoints, s_, sp.shard())) / name).string()] = false;
+  }
+  for (const auto& [g, job_replica] : FeedbackGroups()) {
+    first[(fs::path(ResidualCheckpointRoot(checkpoints, s_, job_replica)) / name).string()] = false;
+  }
+  first.emplace((fs::path(ShardCheckpointRoot(checkpoints, 0, 0)) / name).string(), true);
+  std::vector<std::future<absl::Status>> fetched;
+  for (const auto& [dir, layout_only] : first) fetched.push_back(std::async(std::launch::async, fetch_, dir, layout_only));
+  absl::Status round;
+  for (auto& f : fetched) {
+    if (absl::Status st = f.get(); !absl::IsNotFound(st)) round.Update(st);
+  }
+  LH_RETURN_IF_ERROR(round);
+  // Then whatever else holds this stage's tensors by the checkpoint's own layout (a cut anew).
   std::vector<std::function<std::string(int)>> roots;
   if (params) roots.emplace_back();  // the shards'
   for (const auto& [g, job_replica] : FeedbackGroups()) {
@@ -694,10 +734,10 @@ absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
   std::vector<CheckpointPiece> pieces;
   for (const auto& root : roots) {
     LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some,
-                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(), root, fetch));
+                        CheckpointPieces(checkpoints, name, root, fetch_));
     pieces.insert(pieces.end(), some.begin(), some.end());
   }
-  return FetchPieces(pieces, ParamLayout(cfg_.model, cfg_.Stage(s_)), fetch);
+  return FetchPieces(pieces, ParamLayout(cfg_.model, cfg_.Stage(s_)), fetch_);
 }
 
 absl::Status Worker::Checkpoint(int64_t step) {

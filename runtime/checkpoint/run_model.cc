@@ -98,8 +98,8 @@ absl::StatusOr<RecordedLayout> ReadRecordedLayout(const std::string& state_dir) 
 }
 
 // What `fetch` brought of `dir`: nothing where it is kept nowhere (the caller names what is missing).
-absl::Status Fetched(const FetchPiece& fetch, const std::string& dir) {
-  const absl::Status st = fetch(dir);
+absl::Status Fetched(const FetchPiece& fetch, const std::string& dir, bool layout_only) {
+  const absl::Status st = fetch(dir, layout_only);
   return absl::IsNotFound(st) ? absl::OkStatus() : st;
 }
 
@@ -139,7 +139,7 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const std::string&
   std::error_code ec;
   // A cluster's layout is in its first shard's state.json.
   if (fetch && !fs::exists(fs::path(root) / name / "state.json", ec)) {
-    LH_RETURN_IF_ERROR(Fetched(fetch, (fs::path(ShardCheckpointRoot(root, 0, 0)) / name).string()));
+    LH_RETURN_IF_ERROR(Fetched(fetch, (fs::path(ShardCheckpointRoot(root, 0, 0)) / name).string(), true));
   }
   const std::string state_dir = CheckpointStateDir(root, name);
   if (!fs::exists(fs::path(state_dir) / "state.json", ec)) {
@@ -179,7 +179,7 @@ absl::Status FetchPieces(const std::vector<CheckpointPiece>& pieces, const Param
   std::vector<std::future<absl::Status>> fetched;
   for (const CheckpointPiece& piece : pieces) {
     if (std::any_of(piece.tensors.begin(), piece.tensors.end(), [&](const std::string& t) { return names.count(t); })) {
-      fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(piece.dir)));
+      fetched.push_back(std::async(std::launch::async, Fetched, std::cref(fetch), std::cref(piece.dir), false));
     }
   }
   absl::Status first;

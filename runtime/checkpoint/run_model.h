@@ -36,8 +36,9 @@ struct CheckpointPiece {
 // Makes a step directory of a piece one this process may read: asked before every read, it brings
 // the piece from where it is kept where this process lacks a copy it trusts (a worker that does
 // not share the coordinator's run directory fetches it from there: worker/checkpoint_courier.h);
-// NotFound where it is kept nowhere.
-using FetchPiece = std::function<absl::Status(const std::string& step_dir)>;
+// NotFound where it is kept nowhere. `layout_only`: only its state.json is read (the layout it
+// records), not its tensors.
+using FetchPiece = std::function<absl::Status(const std::string& step_dir, bool layout_only)>;
 
 // Where step `name` under the checkpoints directory `root` keeps each tensor, by the layout its
 // state.json records, not the one reading it: root/name for a one-process run, else each
