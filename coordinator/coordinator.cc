@@ -430,7 +430,13 @@ class Service final : public proto::Coordinator::Service {
     }
     const fs::path part = path.string() + ".part";
     std::error_code ec;
-    if (req->offset() == 0) fs::create_directories(path.parent_path(), ec);
+    if (req->offset() == 0) {
+      fs::create_directories(path.parent_path(), ec);
+      if (ec) {
+        return grpc::Status(grpc::StatusCode::INTERNAL,
+                            absl::StrCat("cannot create ", path.parent_path().string(), ": ", ec.message()));
+      }
+    }
     const uintmax_t have = req->offset() == 0 ? 0 : fs::file_size(part, ec);
     if (ec || have != req->offset()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
