@@ -796,8 +796,8 @@ absl::Status Worker::RunPlan() {
     if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
-  if (status.ok() && plan_.version() > 1) {
-    // Where a recovery's stall goes, past the detection.
+  if (status.ok() && (plan_.version() > 1 || !broadcast)) {
+    // Where a recovery's (or a resume's) stall goes, past the detection.
     auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     Clock::time_point heard;
     {

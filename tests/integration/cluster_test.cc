@@ -313,6 +313,29 @@ TEST(Cluster, AResumedRunMayCutTheModelAnew) {
   EXPECT_TRUE(testing::LatestParams(out) == ref.params) << "parameters differ from the one-process run's";
 }
 
+// Workers on disks of their own (`local --worker-disks`): every piece they write reaches the
+// coordinator's run directory, a resumed run's new processes fetch what they read from there (not
+// the pieces an earlier process left on their disks), and one process resumes from that directory
+// alone: the run is bitwise the one-process run.
+TEST(Cluster, WorkersOnDisksOfTheirOwnLeaveEveryCheckpointWholeAtTheCoordinator) {
+  const Reference& ref = SingleProcess();
+  const fs::path out = Dir("worker_disks");
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=2", "train.micro_batches=4"}, {"--stop-at", "2", "--worker-disks"}),
+            0)
+      << Log(out);
+  for (const char* disk : {"w0", "w1"}) {
+    EXPECT_TRUE(fs::exists(out / "worker_disks" / disk / "checkpoints")) << disk;
+  }
+  ASSERT_EQ(Longhaul("local", out, {"cluster.stages=2", "train.micro_batches=4", "train.resume=true"},
+                     {"--stop-at", "4", "--worker-disks"}),
+            0)
+      << Log(out);
+  EXPECT_NE(Log(out).find("checkpoint pieces fetched from the coordinator"), std::string::npos) << Log(out);
+  ASSERT_EQ(Longhaul("train", out, {"train.micro_batches=4", "train.resume=true"}), 0) << Log(out);
+  EXPECT_EQ(Losses(out), ref.losses);
+  EXPECT_TRUE(testing::LatestParams(out) == ref.params) << "parameters differ from the one-process run's";
+}
+
 // Local updates: the replicas train apart for train.local_steps iterations, then exchange their
 // changes, and hold the same parameters again after every exchange (the coordinator compares them
 // there, and only there); each worker's timeline shows its own steps.
