@@ -464,7 +464,7 @@ class Service final : public proto::Coordinator::Service {
                                proto::CheckpointChunk* reply) override {
     if (grpc::Status st = verifier_.Check(*ctx, "FetchCheckpoint", *req); !st.ok()) return st;
     if (grpc::Status st = ToGrpc(ParseCheckpointPieceRoot(req->piece()).status()); !st.ok()) return st;
-    if (std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), req->file()) == std::end(kCheckpointFiles)) {
+    if (!IsCheckpointFile(req->file())) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("\"%s\" is no file a checkpoint holds", absl::CHexEscape(req->file())));
     }

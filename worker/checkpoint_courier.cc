@@ -106,8 +106,7 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
     if (!listed) fs::remove(aside / kCheckpointFiles[i], ec);
   }
   for (const auto& listed : state["files"].items()) {
-    if (std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), listed.key()) == std::end(kCheckpointFiles) ||
-        listed.key() == "state.json") {
+    if (!IsCheckpointFile(listed.key()) || listed.key() == "state.json") {
       return absl::DataLossError(absl::StrCat("the coordinator's ", fetch.piece(), "/state.json lists \"", listed.key(),
                                               "\", which no checkpoint holds: restore that checkpoint piece"));
     }

@@ -111,8 +111,8 @@ class Worker {
   // first (checkpoint_courier.h). OK, or the shipper's first failure so far.
   absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
   // A piece of the resumed checkpoint from the coordinator (its state.json alone where
-  // `layout_only`), where this worker does not share its run directory and did not write or fetch
-  // it itself (NotFound where it is not there).
+  // `layout_only`), unless this worker, which does not share the coordinator's run directory,
+  // wrote or fetched it itself (NotFound where it is not there).
   absl::Status Fetch(const std::string& step_dir, bool layout_only);
   // Every piece of the resumed checkpoint under `checkpoints` the set-up may read (with `params`,
   // the stage's shards), fetched in two rounds at most: this place's own pieces and the layout's
@@ -158,9 +158,9 @@ class Worker {
   // Whether train.out_dir (or --out-dir) is the coordinator's run directory (proto::Plan::run_dir_token).
   bool shares_run_dir_ = true;
   std::atomic<int> fetched_{0};  // pieces Fetch brought in this version's set-up (several at once)
-  const FetchPiece fetch_ = [this](const std::string& step_dir, bool layout_only) {
-    return Fetch(step_dir, layout_only);
-  };
+  // Fetch, for the checkpoint readers; none where this worker shares the run directory, whose
+  // every piece is there already.
+  FetchPiece fetch_;
   // Step directories of pieces this process wrote or fetched, where it does not share the
   // coordinator's run directory: any other on its disk may be another job's, left there.
   std::mutex trusted_mu_;
@@ -379,6 +379,10 @@ absl::Status Worker::Setup() {
     const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
     shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
   }
+  fetch_ = shares_run_dir_ ? FetchPiece()
+                           : FetchPiece([this](const std::string& step_dir, bool layout_only) {
+                               return Fetch(step_dir, layout_only);
+                             });
   fetched_ = 0;
   server_->SetJobId(plan_.job_id());
   server_->SetSenderLeftObserver([this](int stage, int replica) {
@@ -682,7 +686,6 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
 
 absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   std::error_code ec;
-  if (shares_run_dir_) return absl::NotFoundError(step_dir);
   {
     std::lock_guard<std::mutex> lock(trusted_mu_);
     const bool trusted = trusted_.count(step_dir) > 0 || (layout_only && trusted_state_.count(step_dir) > 0);

@@ -234,6 +234,10 @@ absl::StatusOr<uint64_t> MaxCheckpointFileBytes(const std::string& file, uint64_
                                                  "\" is no file this checkpoint piece holds"));
 }
 
+bool IsCheckpointFile(const std::string& name) {
+  return std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), name) != std::end(kCheckpointFiles);
+}
+
 std::string CheckpointStateDir(const std::string& root, const std::string& name) {
   const fs::path own = fs::path(root) / name, shard = fs::path(ShardCheckpointRoot(root, 0, 0)) / name;
   std::error_code ec;

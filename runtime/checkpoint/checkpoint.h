@@ -79,6 +79,8 @@ inline constexpr char kRunDirIdFile[] = ".run_dir_id";
 // The files of a step directory in the order they are written and shipped: state.json, which
 // lists the others, last.
 inline constexpr const char* kCheckpointFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+// Whether `name` is one of kCheckpointFiles.
+bool IsCheckpointFile(const std::string& name);
 
 // The checkpoint directory of step `name` (e.g. "step_00000042") under root whose state.json
 // records the run's config: root/name for a one-process run, else the first parameter-server
