@@ -647,7 +647,8 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
 TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   const fs::path out = Dir("crafted_control");
   auto run = std::async(std::launch::async, [&] {
-    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=150"});
+    // Long enough to outlast every crafted call below (the coordinator's memory is measured live).
+    return Longhaul("local", out, {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=1000"});
   });
   ASSERT_FALSE(WaitForCluster(out).is_null()) << Log(out);
   int port = 0;
@@ -817,6 +818,29 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
       grpc::ClientContext ctx;
       expect_refused(what, coordinator->ShipCheckpoint(&ctx, c, &empty), code);
     };
+    // The coordinator's memory stays flat under parts it refuses, each of 3 MiB (a part is at most
+    // 1 MiB): after 20 of them (gRPC's and the allocator's buffers for such messages), 60 more.
+    pid_t coordinator_pid = 0;
+    {
+      const std::string log = Log(out), mark = "coordinator (pid ";
+      const size_t at = log.find(mark);
+      ASSERT_NE(at, std::string::npos) << log;
+      coordinator_pid = std::stoi(log.substr(at + mark.size()));
+    }
+    proto::CheckpointChunk big = chunk;
+    big.set_file_bytes(3 << 20);
+    big.set_data(std::string(3 << 20, 'x'));
+    ship("a part of 3 MiB", big, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    int64_t rss_before = 0;
+    for (int i = 0; i < 80; ++i) {
+      if (i == 20) rss_before = testing::ResidentBytes(coordinator_pid);
+      grpc::ClientContext ctx;
+      ASSERT_EQ(coordinator->ShipCheckpoint(&ctx, big, &empty).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    }
+    const int64_t rss_after = testing::ResidentBytes(coordinator_pid);
+    std::cout << "coordinator resident memory: " << rss_before / (1 << 20) << " MiB after 20 refused parts of 3 MiB, "
+              << rss_after / (1 << 20) << " MiB after 60 more\n";
+    EXPECT_LT(rss_after - rss_before, 32 << 20);
     proto::CheckpointChunk c = chunk;
     c.set_piece("../../../../tmp/stage_0_shard_0");
     ship("a piece outside the run directory", c, grpc::StatusCode::INVALID_ARGUMENT);
@@ -921,7 +945,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   }
   ASSERT_EQ(run.get(), 0) << Log(out);
   const std::vector<MetricsRow> rows = Metrics(out);
-  ASSERT_EQ(rows.size(), 150u) << Log(out);
+  ASSERT_EQ(rows.size(), 1000u) << Log(out);
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i + 1));
 }
 
