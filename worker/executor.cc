@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,15 +15,20 @@ Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vect
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), group_(group),
       boundary_(boundary), grads_out_(micro_batches) {
+  // Between blocks too, a stopped version computes nothing more.
   hooks_.before_forward = [this](size_t end) {
+    if (hook_status_.ok()) hook_status_ = channel_.Stopped();
     if (pull_pending_ >= 0 && hook_status_.ok()) {
       hook_status_ = channel_.PullParameters(pull_pending_, stage_, pull_waited_, end);
     }
+    return hook_status_.ok();
   };
   hooks_.after_backward = [this](size_t begin) {
+    if (hook_status_.ok()) hook_status_ = channel_.Stopped();
     if (push_early_ >= 0 && hook_status_.ok()) {
       hook_status_ = channel_.PushGradients(push_early_, stage_, begin, push_group_);
     }
+    return hook_status_.ok();
   };
   hooked_ = stage_.SetExchangeHooks(&hooks_);
 }
@@ -68,12 +74,6 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
     deferred.clear();
     return absl::OkStatus();
   };
-  // A hook's failure, once the Forward or Backward that called it has returned.
-  auto hooked = [&]() {
-    absl::Status s = std::move(hook_status_);
-    hook_status_ = absl::OkStatus();
-    return s;
-  };
   hook_status_ = absl::OkStatus();
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
@@ -99,13 +99,14 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kForward: {
         // A stage 0 of GPipe runs its forwards back to back: a stopped version (a recovery under
-        // way) left after all of them, up to 13 ms late on the demo's shared cores.
+        // way) left after all of them, up to 13 ms late on the demo's shared cores. A stage
+        // without hooks stops only here.
         LH_RETURN_IF_ERROR(channel_.Stopped());
         const int64_t t0 = Timeline::NowMicros();
         const double waited_before = result.wait_seconds;
         pull_waited_ = &result.wait_seconds;
         LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % slots, mbs[m], first_ ? nullptr : inputs[m].data()));
-        LH_RETURN_IF_ERROR(hooked());
+        LH_RETURN_IF_ERROR(TakeHookStatus());
         if (pull_pending_ >= 0) {  // the shards no block asked for (none, where every one holds a block)
           LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &result.wait_seconds, SIZE_MAX));
           if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
@@ -125,7 +126,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
                                                       1.0f / static_cast<float>(group_));
         push_early_ = -1;
         LH_RETURN_IF_ERROR(backward);
-        LH_RETURN_IF_ERROR(hooked());
+        LH_RETURN_IF_ERROR(TakeHookStatus());
         if (pushes && (m + 1) % group_ == 0 && m + 1 < micro_batches_) {
           LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0, m / group_));
           LH_RETURN_IF_ERROR(stage_.ZeroGrads());
@@ -179,6 +180,8 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   return result;
 }
 
+absl::Status Executor::TakeHookStatus() { return std::exchange(hook_status_, absl::OkStatus()); }
+
 absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBatch>& mbs) {
   double waited = 0;
   if (pull_pending_ >= 0) {
@@ -197,6 +200,7 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
       LH_ASSIGN_OR_RETURN(input, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
     }
     LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(0, mbs[m], first_ ? nullptr : input.data()));
+    LH_RETURN_IF_ERROR(TakeHookStatus());
     if (!first_) channel_.Recycle(std::move(input));
     if (last_) {
       loss_sum += loss;

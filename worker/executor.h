@@ -113,6 +113,9 @@ class Executor {
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done.
   std::vector<std::vector<float>> grads_out_;
+  // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
+  absl::Status TakeHookStatus();
+
   // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in
   // hook_status_ until its Forward or Backward returns.
   ExchangeHooks hooks_;

@@ -4,7 +4,10 @@
 // last blocks' parameters are still on their way, and the last micro-batch's backward hands the
 // last blocks' gradients to the network while it computes the first blocks'. Offsets are floats
 // in the stage's flat, layer-major buffer (param_layout.h): forward reads it front to back, and
-// backward finishes it back to front.
+// backward finishes it back to front. A hook that returns false ends the forward or backward
+// there, its results left unfinished: the iteration is being given up (a newer plan version, a
+// failed exchange), and on a recovery's critical path the rest of a micro-batch's compute cost
+// the demo's workers up to 13 ms of leaving the old version.
 #include <cstddef>
 #include <functional>
 
@@ -12,9 +15,9 @@ namespace longhaul {
 
 struct ExchangeHooks {
   // Before a forward reads parameters [0, end): returns once they hold their new values.
-  std::function<void(size_t end)> before_forward;
+  std::function<bool(size_t end)> before_forward;
   // After a backward has added its last contribution to the gradients [begin, end of the stage).
-  std::function<void(size_t begin)> after_backward;
+  std::function<bool(size_t begin)> after_backward;
 };
 
 }  // namespace longhaul

@@ -148,14 +148,14 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
   const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? mb.prefix_len.data() : nullptr;
   if (spec_.has_embedding) {
-    ForwardNeeds(Offset(layout_.wpe()) + layout_.tensors()[layout_.wpe()].size);
+    if (!ForwardNeeds(Offset(layout_.wpe()) + layout_.tensors()[layout_.wpe()].size)) return 0.0f;
     cpu::EmbeddingForward(act.x0.data(), mb.tokens.data(), P(layout_.wte()), P(layout_.wpe()), B_, T_, C);
   } else {
     std::memcpy(act.x0.data(), input, sizeof(float) * N * C);
   }
   for (int l = spec_.first_block; l < spec_.end_block; ++l) {
     const int i = l - spec_.first_block;
-    ForwardNeeds(layout_.BlockRange(l).second);
+    if (!ForwardNeeds(layout_.BlockRange(l).second)) return 0.0f;
     if (recompute_) {
       BlockForward(l, BlockInput(act, l), *recompute_acts_, prefix);
       act.outs[i] = recompute_acts_->out;
@@ -164,7 +164,7 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
     }
   }
   if (!spec_.has_head) return 0.0f;
-  ForwardNeeds(num_params());
+  if (!ForwardNeeds(num_params())) return 0.0f;
   const float* x = BlockInput(act, spec_.end_block);
   cpu::LayerNormForward(act.lnf.data(), act.lnf_mean.data(), act.lnf_rstd.data(), x, P(layout_.lnf_w()),
                         P(layout_.lnf_b()), N, C);
@@ -183,7 +183,7 @@ const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const fl
     std::fill(g_resid_.begin(), g_resid_.end(), 0.0f);
     cpu::LayerNormBackward(g_resid_.data(), G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.data(), x,
                            P(layout_.lnf_w()), act.lnf_mean.data(), act.lnf_rstd.data(), N, C);
-    BackwardDone(Offset(layout_.lnf_w()));
+    if (!BackwardDone(Offset(layout_.lnf_w()))) return nullptr;
   } else {
     std::memcpy(g_resid_.data(), grad_out, sizeof(float) * N * C);
   }
@@ -195,11 +195,11 @@ const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const fl
     } else {
       BlockBackward(l, x, act.blocks[l - spec_.first_block], prefix);
     }
-    BackwardDone(layout_.BlockRange(l).first);
+    if (!BackwardDone(layout_.BlockRange(l).first)) return nullptr;
   }
   if (!spec_.has_embedding) return g_resid_.data();
   cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), g_resid_.data(), mb.tokens.data(), B_, T_, C);
-  BackwardDone(0);
+  BackwardDone(0);  // the last contribution: nothing is left to give up
   return nullptr;
 }
 

@@ -51,7 +51,8 @@ class GptStage {
   ActivationsPtr NewActivations() const;
 
   // Runs the stage on one micro-batch. The first stage reads mb.tokens; the others read input
-  // (B, T, C). Returns the micro-batch's weighted mean loss on the last stage, else 0.
+  // (B, T, C). Returns the micro-batch's weighted mean loss on the last stage, else 0 (and 0
+  // where a hook gave it up).
   float Forward(Activations& act, const MicroBatch& mb, const float* input);
   // (B, T, C) output of a non-last stage, valid until the next Forward on act.
   const float* Output(const Activations& act) const;
@@ -61,10 +62,11 @@ class GptStage {
   // Accumulates parameter gradients of one micro-batch. The last stage starts from
   // loss_scale · its loss (grad_out unused); the others from grad_out (B, T, C). Returns the
   // gradient of the stage input (B, T, C), valid until the next Backward, or null for the first
-  // stage.
+  // stage and where a hook gave it up.
   const float* Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale);
 
-  // Called between blocks by every later Forward and Backward; null: none. Must outlive the stage.
+  // Called between blocks by every later Forward and Backward; null: none. Must outlive the stage
+  // (or be unset first).
   void SetExchangeHooks(const ExchangeHooks* hooks) { hooks_ = hooks; }
 
  private:
@@ -77,11 +79,12 @@ class GptStage {
   const float* BlockInput(const Activations& act, int layer) const;
   // Float offset of tensor `tensor` in the buffers.
   size_t Offset(int tensor) const { return layout_.tensors()[tensor].offset; }
-  void ForwardNeeds(size_t end) const {
-    if (hooks_ != nullptr && hooks_->before_forward) hooks_->before_forward(end);
+  // False: a hook gave up the forward or backward under way.
+  bool ForwardNeeds(size_t end) const {
+    return hooks_ == nullptr || !hooks_->before_forward || hooks_->before_forward(end);
   }
-  void BackwardDone(size_t begin) const {
-    if (hooks_ != nullptr && hooks_->after_backward) hooks_->after_backward(begin);
+  bool BackwardDone(size_t begin) const {
+    return hooks_ == nullptr || !hooks_->after_backward || hooks_->after_backward(begin);
   }
 
   const float* P(int tensor) const { return params_.data() + layout_.tensors()[tensor].offset; }

@@ -1,7 +1,8 @@
 // The executor runs a schedule against a Stage and a Channel. Two stages, each in its own thread
 // and joined by an in-memory channel, give bitwise the whole model's loss and gradients under
 // GPipe and 1F1B, also when the stages queue their work as a device does (and then each result is
-// asked for only after the next compute is queued); a channel's error ends the iteration with it;
+// asked for only after the next compute is queued); a channel's error ends the iteration with it,
+// and a stopped version's between two blocks;
 // the exchange overlaps compute through a CPU stage's hooks and computes the same; a replica of
 // several groups (a shrunk layout's) pushes each as the replica it stands for would.
 #include "worker/executor.h"
@@ -354,7 +355,7 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
 }
 
 // A channel whose receives fail, as a stopped job's do; with `stop_after_sends`, it says it was
-// stopped once that many tensors went out.
+// stopped once that many tensors went out, with `stop_at_check`, from its Stopped's that-th call.
 class ClosedChannel final : public Channel {
  public:
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind, int64_t, int, double*) override {
@@ -363,10 +364,12 @@ class ClosedChannel final : public Channel {
   void Recycle(std::vector<float>) override {}
   void Send(proto::TensorKind, int64_t, int, const float*, size_t) override { ++sends; }
   absl::Status Stopped() override {
-    return stop_after_sends >= 0 && sends >= stop_after_sends ? absl::AbortedError("stopped: plan version 3 is out")
-                                                              : absl::OkStatus();
+    ++checks;
+    return (stop_after_sends >= 0 && sends >= stop_after_sends) || (stop_at_check > 0 && checks >= stop_at_check)
+               ? absl::AbortedError("stopped: plan version 3 is out")
+               : absl::OkStatus();
   }
-  int sends = 0, stop_after_sends = -1;
+  int sends = 0, stop_after_sends = -1, checks = 0, stop_at_check = -1;
   absl::Status PushGradients(int64_t, Stage&, size_t, int) override { return absl::OkStatus(); }
   absl::Status ReduceNorm(int64_t, double*) override { return absl::OkStatus(); }
   absl::StatusOr<OptimizerStepResult> Step(int64_t) override { return OptimizerStepResult{}; }
@@ -409,6 +412,29 @@ TEST(Executor, AStoppedVersionComputesNothingMore) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(r.status().message().find("plan version 3 is out"), std::string::npos) << r.status();
   EXPECT_EQ(channel.sends, 1);
+}
+
+// A stage with hooks asks between its blocks too: stopped while its first forward computes (the
+// third check: before the forward, before the embeddings, before the first block), it gives up
+// that forward, and nothing goes out.
+TEST(Executor, AVersionStoppedMidForwardGivesItUpBetweenBlocks) {
+  const ModelConfig cfg = Cfg();
+  auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 0, 2), B, T, false, M, 11);
+  ASSERT_TRUE(st.ok());
+  ClosedChannel channel;
+  channel.stop_at_check = 3;
+  Timeline timeline;
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
+              static_cast<size_t>(B) * T * cfg.d_model);
+  std::vector<uint16_t> tokens(500, 3);
+  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+  auto r = ex.Run(0, mbs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("plan version 3 is out"), std::string::npos) << r.status();
+  EXPECT_EQ(channel.checks, 3);
+  EXPECT_EQ(channel.sends, 0);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // Stage slicing: running the model as consecutive stages gives the whole model's loss and
-// gradients, and recompute changes nothing.
+// gradients, and recompute changes nothing; an exchange hook that says stop ends the forward or
+// backward there.
 #include "model/gpt_stage.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "data/batch_sampler.h"
 #include "optim/train_step.h"
@@ -87,6 +90,47 @@ TEST(GptStage, RecomputeGivesIdenticalGradients) {
     grads.emplace_back((*st)->grads(), (*st)->grads() + (*st)->num_params());
   }
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+// The whole model (5 blocks) asks its hooks 7 times per forward (embeddings, each block, the
+// head) and answers after 7 per backward (the head, each block, the embeddings).
+TEST(GptStage, AHookThatSaysStopGivesUpTheRestOfTheForwardOrBackward) {
+  const ModelConfig cfg = Cfg();
+  const auto tokens = Tokens();
+  BatchSampler sampler({2, 20, 3, cfg.attention}, tokens);
+  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  auto st = GptStage::Create(cfg, StageSpec::Whole(cfg), 2, 20, false);
+  ASSERT_TRUE(st.ok());
+  GptStage& stage = **st;
+  stage.InitParams(1);
+  auto act = stage.NewActivations();
+  int calls = 0, stop_at = 3;
+  ExchangeHooks hooks;
+  hooks.before_forward = [&](size_t) { return ++calls != stop_at; };
+  hooks.after_backward = [&](size_t) { return ++calls != stop_at; };
+  stage.SetExchangeHooks(&hooks);
+  EXPECT_EQ(stage.Forward(*act, mb, nullptr), 0.0f);
+  EXPECT_EQ(calls, 3) << "no block after the second was asked for";
+  calls = 0, stop_at = -1;
+  EXPECT_GT(stage.Forward(*act, mb, nullptr), 0.0f);
+  EXPECT_EQ(calls, 7);
+  // Stopped after the head's gradients: no block's are computed.
+  stage.ZeroGrads();
+  calls = 0, stop_at = 1;
+  EXPECT_EQ(stage.Backward(*act, mb, nullptr, 1.0f), nullptr);
+  EXPECT_EQ(calls, 1);
+  const ParamTensor& qkv = stage.layout().tensors()[stage.layout().block(0).qkv_w];
+  auto block0_grad_norm = [&]() {
+    double s = 0;
+    for (size_t i = 0; i < qkv.size; ++i) s += std::abs(stage.grads()[qkv.offset + i]);
+    return s;
+  };
+  EXPECT_EQ(block0_grad_norm(), 0.0);
+  calls = 0, stop_at = -1;
+  stage.Backward(*act, mb, nullptr, 1.0f);
+  EXPECT_EQ(calls, 7);
+  EXPECT_GT(block0_grad_norm(), 0.0);
+  stage.SetExchangeHooks(nullptr);
 }
 
 TEST(GptStage, InitIsGpt2Style) {
