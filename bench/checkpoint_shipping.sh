@@ -51,7 +51,7 @@ run() {  # name, checkpoint_every, own disks (0/1), kill half way (0/1)
     --set train.log_every=100 --set cluster.link_probe=\"off\" "${overrides[@]}" > "$dir/coordinator.log" 2>&1 &
   local coord=$!
   pids+=($coord)
-  for _ in $(seq 100); do grep -q ready "$dir/proxy.log" && break; sleep 0.1; done
+  await_proxy "$dir/proxy.log"
   for ((i = 0; i < 4 + $4; i++)); do
     local disk=()
     [ "$3" = 1 ] && disk=(--out-dir "$dir/disk_$i")

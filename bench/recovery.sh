@@ -62,7 +62,7 @@ with open(f"{out}/routes", "w") as routes:
 PY
 "$bin" netem proxy --routes "$out/routes" > "$out/proxy.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do grep -q ready "$out/proxy.log" && break; sleep 0.1; done
+await_proxy "$out/proxy.log"
 
 worker_pid=()
 start_worker() {  # slot, run directory, niceness

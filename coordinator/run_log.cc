@@ -121,8 +121,9 @@ void RunLog::Write(const nlohmann::json& summary, const std::vector<std::string>
   };
   note("loss.svg", metrics_.DrawLossCurve(LossSvg()));
   if (!traces.empty()) {
-    note(absl::StrFormat("timeline.json (%d of %d workers; open in https://ui.perfetto.dev or chrome://tracing)",
-                         traces.size(), workers_),
+    // Spares that ran count too, and lost workers' traces are lost with them: not "of" the layout.
+    note(absl::StrFormat("timeline.json (traces of %d workers; open in https://ui.perfetto.dev or chrome://tracing)",
+                         traces.size()),
          MergeTraces(traces, (dir / "timeline.json").string()));
   }
   note("summary.json", WriteFileAtomically((dir / "summary.json").string(), summary.dump(2) + "\n"));
