@@ -597,7 +597,7 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    members_.Done(req->worker_id(), req->timeline_file());
+    members_.Done(req->worker_id(), {req->timeline_file(), req->timeline_bytes(), req->timeline_crc32c()});
     if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
     cv_.notify_all();
     return grpc::Status::OK;
@@ -648,8 +648,15 @@ class Service final : public proto::Coordinator::Service {
     summary["audit"] = AuditSummary();
     summary["recoveries"] = recoveries_;
     std::vector<std::string> traces;
-    for (const std::string& t : members_.timelines())
-      if (fs::exists(t)) traces.push_back(t);
+    for (const auto& [id, t] : members_.timelines()) {
+      if (const absl::Status st = CheckTraceFile(t); st.ok()) {
+        traces.push_back(t.path);
+      } else {
+        std::cout << absl::StrFormat("coordinator: worker %d's timeline is left out of timeline.json (%s: on a disk "
+                                     "this machine does not share, it stays there)\n",
+                                     id, st.message());
+      }
+    }
     log_.Write(summary, traces);
     WriteMetricsFile();
     // The job ended here, whatever ended it: a coordinator started on this directory starts anew

@@ -154,7 +154,7 @@ void Membership::Reconnected(int id) { workers_.at(id).cut_off.reset(); }
 
 void Membership::Heard(int id, Clock::time_point now) { workers_.at(id).last_seen = now; }
 
-void Membership::Done(int id, const std::string& timeline) {
+void Membership::Done(int id, const TraceFile& timeline) {
   Worker& w = workers_.at(id);
   w.done = true;
   w.timeline = timeline;
@@ -239,10 +239,10 @@ void Membership::Restore(const proto::WorkerRecord& record, Clock::time_point no
   ++changes_;
 }
 
-std::vector<std::string> Membership::timelines() const {
-  std::vector<std::string> t;
+std::map<int, TraceFile> Membership::timelines() const {
+  std::map<int, TraceFile> t;
   for (const auto& [id, w] : workers_)
-    if (!w.timeline.empty()) t.push_back(w.timeline);
+    if (!w.timeline.path.empty()) t[id] = w.timeline;
   return t;
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
+#include "metrics/timeline.h"
 
 namespace longhaul {
 
@@ -54,8 +55,8 @@ class Membership {
   // for a lost one's.
   absl::Status Check(int id) const;
   void Heard(int id, Clock::time_point now);
-  // The worker finished (or failed); `timeline` is its trace file, if it wrote one.
-  void Done(int id, const std::string& timeline);
+  // The worker finished (or failed); `timeline` is its trace file, if it wrote one (path empty: none).
+  void Done(int id, const TraceFile& timeline);
 
   int expected() const { return expected_; }
   // Workers registered and not lost.
@@ -107,15 +108,15 @@ class Membership {
   std::vector<proto::WorkerRecord> Records() const;
   // A worker of the job state file, heard from `now` (it has dead_after_s to be heard again).
   void Restore(const proto::WorkerRecord& record, Clock::time_point now);
-  // The trace files the finished workers reported.
-  std::vector<std::string> timelines() const;
+  // The trace files the finished workers reported, by worker id.
+  std::map<int, TraceFile> timelines() const;
 
  private:
   struct Worker {
     proto::RegisterRequest reg;
     Clock::time_point last_seen;
     bool done = false;
-    std::string timeline;
+    TraceFile timeline;
     std::optional<proto::ComputeProfile> profile;
     std::map<int, proto::LinkMeasurement> links;  // by peer at another address
     bool links_reported = false;

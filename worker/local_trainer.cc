@@ -147,7 +147,7 @@ absl::Status LocalTrainer::SaveCheckpointNow() {
 
 absl::Status LocalTrainer::WriteFigures() const {
   LH_RETURN_IF_ERROR(metrics_->DrawLossCurve((fs::path(cfg_.train.out_dir) / "loss.svg").string()));
-  return timeline_.Write((fs::path(cfg_.train.out_dir) / "timeline.json").string(), 0, "longhaul train");
+  return timeline_.Write((fs::path(cfg_.train.out_dir) / "timeline.json").string(), 0, "longhaul train").status();
 }
 
 absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {

@@ -884,22 +884,22 @@ absl::Status Worker::Run() {
     admission_.Expect(plan_.version());
     status = absl::OkStatus();
   }
-  std::string trace;
+  proto::DoneReport done;
   if (!cfg_.train.out_dir.empty()) {
     std::error_code ec;
     fs::create_directories(fs::path(cfg_.train.out_dir) / "timeline", ec);
-    trace = (fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", client_.worker_id())).string();
-    if (!timeline_.Write(trace, client_.worker_id(),
-                         absl::StrFormat("worker %d (stage %d, replica %d)", client_.worker_id(), s_, r_))
-             .ok()) {
-      trace.clear();
+    const absl::StatusOr<TraceFile> trace = timeline_.Write(
+        (fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", client_.worker_id())).string(),
+        client_.worker_id(), absl::StrFormat("worker %d (stage %d, replica %d)", client_.worker_id(), s_, r_));
+    if (trace.ok()) {
+      done.set_timeline_file(trace->path);
+      done.set_timeline_bytes(trace->bytes);
+      done.set_timeline_crc32c(trace->crc32c);
     }
   }
-  proto::DoneReport done;
   done.set_worker_id(client_.worker_id());
   done.set_ok(status.ok());
   done.set_error(std::string(status.message()));
-  done.set_timeline_file(trace);
   client_.ReportDone(done);
   if (!status.ok()) return absl::Status(status.code(), absl::StrCat(Who(), " ", status.message()));
   return absl::OkStatus();

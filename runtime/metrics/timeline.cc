@@ -4,6 +4,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/safetensors.h"
+#include "transport/crc32c.h"
 
 namespace longhaul {
 
@@ -30,16 +33,27 @@ nlohmann::json Timeline::Events(int pid) const {
   return out;
 }
 
-absl::Status Timeline::Write(const std::string& path, int pid, const std::string& process_name) const {
+absl::StatusOr<TraceFile> Timeline::Write(const std::string& path, int pid, const std::string& process_name) const {
   nlohmann::json events = Events(pid);
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process_name}}}});
   const char* tracks[] = {"compute", "send", "parameters"};
   for (int t = 0; t < 3; ++t) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
   }
+  const std::string text = nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
   std::ofstream f(path, std::ios::trunc);
-  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  f << text;
   if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return TraceFile{path, text.size(), Crc32c(0, text.data(), text.size())};
+}
+
+absl::Status CheckTraceFile(const TraceFile& f) {
+  const absl::StatusOr<std::string> text = ReadWholeFile(f.path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("no trace file at ", f.path));
+  if (text->size() != f.bytes || Crc32c(0, text->data(), text->size()) != f.crc32c) {
+    return absl::DataLossError(absl::StrFormat("%s holds %d bytes that are not the trace written there (%d bytes)",
+                                               f.path, text->size(), f.bytes));
+  }
   return absl::OkStatus();
 }
 

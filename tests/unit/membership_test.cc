@@ -165,10 +165,10 @@ TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
   EXPECT_EQ(silent->id, 1);
   EXPECT_NEAR(silent->silent_s, 6, 1e-6);
   EXPECT_EQ(silent->reporter, -1) << "nobody suspected it: its silence alone";
-  m.Done(1, "/tmp/w1.json");
+  m.Done(1, {"/tmp/w1.json", 120, 7});
   EXPECT_FALSE(m.Silent(t0 + std::chrono::seconds(6)).has_value());
   EXPECT_EQ(m.done(), 1);
-  EXPECT_EQ(m.timelines(), std::vector<std::string>{"/tmp/w1.json"});
+  EXPECT_EQ(m.timelines(), (std::map<int, TraceFile>{{1, {"/tmp/w1.json", 120, 7}}}));
   EXPECT_TRUE(m.Silent(t0 + std::chrono::seconds(10)).has_value());  // worker 0, heard at 4 s
 }
 
@@ -186,7 +186,7 @@ TEST_F(ThreeWorkers, ASuspectIsLostAfterAShortSilenceUnlessItIsHeardFrom) {
   EXPECT_EQ(lost->id, 2);
   EXPECT_EQ(lost->reporter, 0);
   EXPECT_NEAR(lost->silent_s, 2.1, 1e-6);
-  m.Done(2, "");
+  m.Done(2, {});
   EXPECT_FALSE(m.Silent(at(16)).has_value()) << "worker 1 heard at 15.5 s; worker 2 finished";
   const auto late = m.Silent(at(17.6));
   ASSERT_TRUE(late.has_value()) << "worker 1 silent since 15.5 s, suspected";
