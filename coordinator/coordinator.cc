@@ -37,6 +37,7 @@
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
 #include "metrics/metrics_log.h"
+#include "metrics/timeline.h"
 #include "transport/link_connections.h"
 #include "transport/socket_io.h"
 #include "transport/tensor_transport.h"
@@ -96,6 +97,52 @@ double UnixSeconds() {
 // (a slow worker keeps sending them; a killed one sends none), at least 2 s for a loaded machine's
 // scheduling, at most the silence that loses any worker.
 double SuspectSilentSeconds(const ClusterConfig& c) { return std::min(c.dead_after_s, std::max(2.0, 5 * c.heartbeat_s)); }
+
+// A worker's timeline is its events of the whole run, some 2 KB per iteration for the demo: a
+// gigabyte holds hundreds of thousands of iterations, and nothing of it is held in memory.
+constexpr uint64_t kMaxTimelineBytes = uint64_t{1} << 30;
+
+// A part of a file shipped to the coordinator: at most kCheckpointChunkBytes, within the file.
+grpc::Status CheckPart(uint64_t file_bytes, uint64_t offset, uint64_t bytes) {
+  if (bytes > kCheckpointChunkBytes || offset > file_bytes || bytes > file_bytes - offset) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("a part of %d bytes at %d of a %d-byte file (parts are at most %d bytes, "
+                                        "within the file)",
+                                        bytes, offset, file_bytes, kCheckpointChunkBytes));
+  }
+  return grpc::Status::OK;
+}
+
+// Appends a checked part (CheckPart) to `path`.part, which holds the parts before it, and renames
+// it to `path` with the last one.
+grpc::Status ReceivePart(const fs::path& path, uint64_t file_bytes, uint64_t offset, const std::string& data) {
+  const fs::path part = path.string() + ".part";
+  std::error_code ec;
+  if (offset == 0) {
+    fs::create_directories(path.parent_path(), ec);
+    if (ec) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("cannot create ", path.parent_path().string(), ": ", ec.message()));
+    }
+  }
+  const uintmax_t have = offset == 0 ? 0 : fs::file_size(part, ec);
+  if (ec || have != offset) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrFormat("a part of %s at byte %d, where %d bytes of it are here: ship the file from "
+                                        "its start",
+                                        path.string(), offset, ec ? 0 : have));
+  }
+  {
+    std::ofstream f(part, offset == 0 ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
+    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!f.flush()) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot write ", part.string()));
+  }
+  if (offset + data.size() == file_bytes) {
+    fs::rename(part, path, ec);
+    if (ec) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot rename ", part.string()));
+  }
+  return grpc::Status::OK;
+}
 
 // Per-iteration reports of every worker.
 struct IterationRecord {
@@ -266,6 +313,8 @@ class Service final : public proto::Coordinator::Service {
     reply->set_abort(!abort_.empty());
     reply->set_reason(abort_);
     reply->set_plan_version(plan_.version());
+    reply->set_coordinator_boot_id(boot_id_);
+    reply->set_coordinator_clock_us(Timeline::NowMicros());
     return grpc::Status::OK;
   }
 
@@ -419,43 +468,29 @@ class Service final : public proto::Coordinator::Service {
                             absl::StrFormat("%s/%s of %d bytes: the plan's piece of %d parameters takes at most %d",
                                             req->piece(), req->file(), req->file_bytes(), floats, *most));
       }
-      if (req->data().size() > kCheckpointChunkBytes || req->offset() > req->file_bytes() ||
-          req->data().size() > req->file_bytes() - req->offset()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrFormat("a part of %d bytes at %d of a %d-byte file (parts are at most %d bytes, "
-                                            "within the file)",
-                                            req->data().size(), req->offset(), req->file_bytes(), kCheckpointChunkBytes));
-      }
+      if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
       path = fs::path(cfg_.train.out_dir) / "checkpoints" / req->piece() / CheckpointName(req->step()) / req->file();
     }
-    const fs::path part = path.string() + ".part";
-    std::error_code ec;
-    if (req->offset() == 0) {
-      fs::create_directories(path.parent_path(), ec);
-      if (ec) {
-        return grpc::Status(grpc::StatusCode::INTERNAL,
-                            absl::StrCat("cannot create ", path.parent_path().string(), ": ", ec.message()));
-      }
-    }
-    const uintmax_t have = req->offset() == 0 ? 0 : fs::file_size(part, ec);
-    if (ec || have != req->offset()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrFormat("a part of %s at byte %d, where %d bytes of it are here: ship the file from "
-                                          "its start",
-                                          path.string(), req->offset(), ec ? 0 : have));
-    }
+    return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
+  }
+
+  // A worker's timeline, where it does not share this run directory: into timeline/worker_N.json,
+  // whose name the coordinator gives; at most kMaxTimelineBytes.
+  grpc::Status ShipTimeline(grpc::ServerContext* ctx, const proto::TimelineChunk* req, proto::Empty*) override {
+    if (grpc::Status st = verifier_.Check(*ctx, "ShipTimeline", *req); !st.ok()) return st;
+    fs::path path;
     {
-      std::ofstream f(part, req->offset() == 0 ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
-      f.write(req->data().data(), static_cast<std::streamsize>(req->data().size()));
-      if (!f.flush()) {
-        return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot write ", part.string()));
-      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+      path = ShippedTimelinePath(req->worker_id());
     }
-    if (req->offset() + req->data().size() == req->file_bytes()) {
-      fs::rename(part, path, ec);
-      if (ec) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot rename ", part.string()));
+    if (req->file_bytes() > kMaxTimelineBytes) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrFormat("a timeline of %d bytes; the coordinator takes at most %d",
+                                          req->file_bytes(), kMaxTimelineBytes));
     }
-    return grpc::Status::OK;
+    if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
+    return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
   }
 
   // A part of a file of the checkpoint the asking worker's plan resumes from, for a worker that
@@ -597,7 +632,9 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-    members_.Done(req->worker_id(), {req->timeline_file(), req->timeline_bytes(), req->timeline_crc32c()});
+    members_.Done(req->worker_id(),
+                  {req->timeline_shipped() ? ShippedTimelinePath(req->worker_id()).string() : req->timeline_file(),
+                   req->timeline_bytes(), req->timeline_crc32c()});
     if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
     cv_.notify_all();
     return grpc::Status::OK;
@@ -1091,6 +1128,11 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
+  // REQUIRES: mu_ held. Where a worker that does not share the run directory ships its timeline.
+  fs::path ShippedTimelinePath(int worker) const {
+    return fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", worker);
+  }
+
   // REQUIRES: mu_ held. The job state file for a coordinator started after this one: written
   // aside and renamed, so it is whole or the previous one.
   void WriteJobState() {
@@ -1336,6 +1378,7 @@ class Service final : public proto::Coordinator::Service {
   const bool probing_;                  // workers measure their links before the plan
   std::string links_;                   // where network_ came from, for people
   JobConfig cfg_;
+  const std::string boot_id_ = BootId();  // heartbeats give it (HeartbeatReply)
   const int expected_;
   int64_t start_;  // the plan's first iteration: the run's, or where a replan went back to
   const int64_t end_;

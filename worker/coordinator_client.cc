@@ -1,10 +1,14 @@
 #include "worker/coordinator_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
@@ -226,10 +230,16 @@ void CoordinatorClient::Heartbeat(double period_s, double dead_after_s) {
     req.set_worker_id(id_);
     req.set_iteration(iteration_);
     proto::HeartbeatReply reply;
+    const int64_t sent_us = Timeline::NowMicros();
     grpc::Status st = stub_->Heartbeat(&ctx, req, &reply);
     if (st.ok()) {
       last_ok = Clock::now();
       outage = false;
+      if (!boot_id_.empty() && reply.coordinator_boot_id() == boot_id_) {
+        coordinator_clock_.SameKernel();
+      } else if (reply.coordinator_clock_us() != 0) {
+        coordinator_clock_.Sample(sent_us, reply.coordinator_clock_us(), Timeline::NowMicros());
+      }
       if (reply.abort()) {
         job_stopped_ = true;
         return on_stop_(absl::StrCat("the coordinator stopped the job: ", reply.reason()), 0);
@@ -281,6 +291,26 @@ absl::Status CoordinatorClient::ReportSuspect(int stage, int replica) {
   report.set_stage(stage);
   report.set_replica(replica);
   return Report(&proto::Coordinator::Stub::ReportSuspect, report, "reporting a peer that left to the coordinator");
+}
+
+absl::Status CoordinatorClient::ShipTimeline(const TraceFile& trace) {
+  LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(trace.path));
+  if (text.size() != trace.bytes) {
+    return absl::DataLossError(absl::StrFormat("%s changed since it was written", trace.path));
+  }
+  proto::TimelineChunk chunk;
+  chunk.set_worker_id(id_);
+  chunk.set_file_bytes(text.size());
+  size_t offset = 0;
+  do {
+    const size_t n = std::min(kCheckpointChunkBytes, text.size() - offset);
+    chunk.set_offset(offset);
+    chunk.set_data(text.substr(offset, n));
+    LH_RETURN_IF_ERROR(
+        Report(&proto::Coordinator::Stub::ShipTimeline, chunk, "shipping this worker's timeline to the coordinator"));
+    offset += n;
+  } while (offset < text.size());
+  return absl::OkStatus();
 }
 
 void CoordinatorClient::ReportDone(const proto::DoneReport& report) {

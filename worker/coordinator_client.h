@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "longhaul.grpc.pb.h"
+#include "metrics/timeline.h"
 #include "transport/rpc_auth.h"
 
 namespace longhaul {
@@ -69,8 +70,12 @@ class CoordinatorClient {
   // (checkpoint_courier.h); the worker id is filled in.
   absl::Status ShipCheckpoint(proto::CheckpointChunk chunk);
   absl::StatusOr<proto::CheckpointChunk> FetchCheckpoint(proto::CheckpointFetch fetch);
+  // The timeline file `trace` into the coordinator's run directory, part by part.
+  absl::Status ShipTimeline(const TraceFile& trace);
   // Best effort: the coordinator may be gone already.
   void ReportDone(const proto::DoneReport& report);
+  // From this process's monotonic clock to the coordinator's, from the heartbeats' round trips.
+  const ClockOffset& coordinator_clock() const { return coordinator_clock_; }
   // The worker of (stage, replica) closed its connection to this one mid-run (SuspectReport).
   absl::Status ReportSuspect(int stage, int replica);
 
@@ -102,6 +107,8 @@ class CoordinatorClient {
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   int id_ = -1;
   std::atomic<int64_t> iteration_{0};
+  const std::string boot_id_ = BootId();
+  ClockOffset coordinator_clock_;
   std::atomic<uint64_t> plan_version_{0};
   std::atomic<uint64_t> newest_plan_{0};  // the newest plan version heard of
   std::mutex news_mu_;     // HeardOfPlan's, from two threads

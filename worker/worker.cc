@@ -888,13 +888,28 @@ absl::Status Worker::Run() {
   if (!cfg_.train.out_dir.empty()) {
     std::error_code ec;
     fs::create_directories(fs::path(cfg_.train.out_dir) / "timeline", ec);
+    // On the coordinator's clock, which this one shares on one kernel; on another, within half the
+    // shortest heartbeat round trip.
+    const ClockOffset& clock = client_.coordinator_clock();
     const absl::StatusOr<TraceFile> trace = timeline_.Write(
         (fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", client_.worker_id())).string(),
-        client_.worker_id(), absl::StrFormat("worker %d (stage %d, replica %d)", client_.worker_id(), s_, r_));
+        client_.worker_id(), absl::StrFormat("worker %d (stage %d, replica %d)", client_.worker_id(), s_, r_),
+        clock.offset_us().value_or(0));
     if (trace.ok()) {
-      done.set_timeline_file(trace->path);
       done.set_timeline_bytes(trace->bytes);
       done.set_timeline_crc32c(trace->crc32c);
+      if (shares_run_dir_) {
+        done.set_timeline_file(trace->path);
+      } else if (const absl::Status shipped = client_.ShipTimeline(*trace); shipped.ok()) {
+        done.set_timeline_shipped(true);
+        if (clock.error_us() > 0) {
+          std::cout << absl::StrFormat("%s timeline shipped to the coordinator, on its clock within %.1f ms\n", Who(),
+                                       clock.error_us() / 1e3);
+        }
+      } else {
+        std::cout << absl::StrFormat("%s timeline not shipped (%s); it is at %s\n", Who(), shipped.message(),
+                                     trace->path);
+      }
     }
   }
   done.set_worker_id(client_.worker_id());

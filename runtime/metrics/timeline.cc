@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
 #include "transport/crc32c.h"
@@ -21,20 +22,21 @@ void Timeline::Add(const std::string& name, Track track, int64_t start_us, int64
   events_.push_back({name, track, start_us, end_us, iteration, micro});
 }
 
-nlohmann::json Timeline::Events(int pid) const {
+nlohmann::json Timeline::Events(int pid, int64_t shift_us) const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json out = nlohmann::json::array();
   for (const Event& e : events_) {
     nlohmann::json args = {{"iteration", e.iteration}};
     if (e.micro >= 0) args["micro_batch"] = e.micro;
-    out.push_back({{"name", e.name}, {"ph", "X"}, {"ts", e.start_us}, {"dur", e.end_us - e.start_us},
+    out.push_back({{"name", e.name}, {"ph", "X"}, {"ts", e.start_us + shift_us}, {"dur", e.end_us - e.start_us},
                    {"pid", pid}, {"tid", static_cast<int>(e.track)}, {"args", args}});
   }
   return out;
 }
 
-absl::StatusOr<TraceFile> Timeline::Write(const std::string& path, int pid, const std::string& process_name) const {
-  nlohmann::json events = Events(pid);
+absl::StatusOr<TraceFile> Timeline::Write(const std::string& path, int pid, const std::string& process_name,
+                                          int64_t shift_us) const {
+  nlohmann::json events = Events(pid, shift_us);
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process_name}}}});
   const char* tracks[] = {"compute", "send", "parameters"};
   for (int t = 0; t < 3; ++t) {
@@ -45,6 +47,37 @@ absl::StatusOr<TraceFile> Timeline::Write(const std::string& path, int pid, cons
   f << text;
   if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
   return TraceFile{path, text.size(), Crc32c(0, text.data(), text.size())};
+}
+
+std::string BootId() {
+  const absl::StatusOr<std::string> id = ReadWholeFile("/proc/sys/kernel/random/boot_id");
+  return id.ok() ? std::string(absl::StripAsciiWhitespace(*id)) : std::string();
+}
+
+void ClockOffset::Sample(int64_t sent_us, int64_t remote_us, int64_t received_us) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t round_trip = received_us - sent_us;
+  if (same_kernel_ || round_trip < 0 || (offset_us_ && round_trip >= round_trip_us_)) return;
+  // The remote clock was read between sending and receiving: the midpoint errs by half the trip.
+  offset_us_ = remote_us - (sent_us + round_trip / 2);
+  round_trip_us_ = round_trip;
+}
+
+void ClockOffset::SameKernel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  same_kernel_ = true;
+  offset_us_ = 0;
+  round_trip_us_ = 0;
+}
+
+std::optional<int64_t> ClockOffset::offset_us() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return offset_us_;
+}
+
+int64_t ClockOffset::error_us() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return round_trip_us_ / 2;
 }
 
 absl::Status CheckTraceFile(const TraceFile& f) {

@@ -4,6 +4,7 @@
 // process on one host shares, so traces of several workers merge into one picture.
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,10 @@ class Timeline {
 
   void Add(const std::string& name, Track track, int64_t start_us, int64_t end_us, int64_t iteration, int micro = -1);
   // The events as a JSON array, each tagged with pid (one per worker) and the track as tid.
-  nlohmann::json Events(int pid) const;
-  absl::StatusOr<TraceFile> Write(const std::string& path, int pid, const std::string& process_name) const;
+  nlohmann::json Events(int pid, int64_t shift_us = 0) const;
+  // With every event moved by `shift_us` (onto another process's clock: ClockOffset).
+  absl::StatusOr<TraceFile> Write(const std::string& path, int pid, const std::string& process_name,
+                                  int64_t shift_us = 0) const;
 
  private:
   struct Event {
@@ -48,6 +51,30 @@ class Timeline {
   };
   mutable std::mutex mu_;
   std::vector<Event> events_;
+};
+
+// This kernel's boot id (/proc/sys/kernel/random/boot_id; empty where unreadable): processes that
+// share it share the monotonic clock, which timestamps the timelines.
+std::string BootId();
+
+// The offset from this process's monotonic clock to another's (remote - local, µs), from round
+// trips to it: each gives the remote clock at some moment between sending and receiving, so the
+// offset within half the round trip; the shortest round trip's sample stands. On one kernel
+// (SameKernel) the clocks are one, and the offset exactly 0.
+class ClockOffset {
+ public:
+  void Sample(int64_t sent_us, int64_t remote_us, int64_t received_us);
+  void SameKernel();
+  // Empty until the first sample (or SameKernel).
+  std::optional<int64_t> offset_us() const;
+  // Half the round trip of the sample that stands (0 on one kernel).
+  int64_t error_us() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::optional<int64_t> offset_us_;
+  int64_t round_trip_us_ = 0;
+  bool same_kernel_ = false;
 };
 
 // Merges worker trace files into one Chrome trace at `out`.

@@ -112,10 +112,12 @@ int Longhaul(const std::string& sub, const fs::path& out, const std::vector<std:
   return status;
 }
 
-std::string Log(const fs::path& out) {
-  std::ifstream f(out / "log.txt");
+std::string ReadFile(const fs::path& path) {
+  std::ifstream f(path);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
+
+std::string Log(const fs::path& out) { return ReadFile(out / "log.txt"); }
 
 std::vector<MetricsRow> Metrics(const fs::path& out) {
   auto rows = ReadMetrics((out / "metrics.csv").string());
@@ -316,7 +318,7 @@ TEST(Cluster, AResumedRunMayCutTheModelAnew) {
 // Workers on disks of their own (`local --worker-disks`): every piece they write reaches the
 // coordinator's run directory, a resumed run's new processes fetch what they read from there (not
 // the pieces an earlier process left on their disks), and one process resumes from that directory
-// alone: the run is bitwise the one-process run.
+// alone: the run is bitwise the one-process run. Their timelines reach it too, and merge.
 TEST(Cluster, WorkersOnDisksOfTheirOwnLeaveEveryCheckpointWholeAtTheCoordinator) {
   const Reference& ref = SingleProcess();
   const fs::path out = Dir("worker_disks");
@@ -331,6 +333,21 @@ TEST(Cluster, WorkersOnDisksOfTheirOwnLeaveEveryCheckpointWholeAtTheCoordinator)
             0)
       << Log(out);
   EXPECT_NE(Log(out).find("checkpoint pieces fetched from the coordinator"), std::string::npos) << Log(out);
+  // Each worker's timeline came to the coordinator's run directory too, into the merged one.
+  std::ifstream tf(out / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
+  ASSERT_FALSE(timeline.is_discarded()) << Log(out);
+  std::set<int> traced;
+  for (const nlohmann::json& e : timeline["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "F0") traced.insert(e["pid"].get<int>());
+  EXPECT_EQ(traced, (std::set<int>{0, 1})) << Log(out);
+  for (int w = 0; w < 2; ++w) {
+    const std::string name = "worker_" + std::to_string(w) + ".json";
+    const fs::path own = out / "worker_disks" / ("w" + std::to_string(w)) / "timeline" / name;
+    ASSERT_TRUE(fs::exists(own)) << own;
+    ASSERT_TRUE(fs::exists(out / "timeline" / name)) << "worker " << w << "'s timeline was not shipped";
+    EXPECT_EQ(ReadFile(out / "timeline" / name), ReadFile(own)) << "one kernel: one clock, the same events";
+  }
   ASSERT_EQ(Longhaul("train", out, {"train.micro_batches=4", "train.resume=true"}), 0) << Log(out);
   EXPECT_EQ(Losses(out), ref.losses);
   EXPECT_TRUE(testing::LatestParams(out) == ref.params) << "parameters differ from the one-process run's";
@@ -870,6 +887,32 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::CheckpointChunk reply;
     expect_refused("a fetch under a plan that resumes from no checkpoint",
                    coordinator->FetchCheckpoint(&ctx, fetch, &reply), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    // A timeline shipped by a worker off the run directory: into a file the coordinator names,
+    // within a size bound, part after part.
+    proto::TimelineChunk chunk;
+    chunk.set_worker_id(0);
+    chunk.set_file_bytes(4);
+    chunk.set_data("{}  ");
+    auto ship = [&](const char* what, const proto::TimelineChunk& c, grpc::StatusCode code) {
+      grpc::ClientContext ctx;
+      expect_refused(what, coordinator->ShipTimeline(&ctx, c, &empty), code);
+    };
+    proto::TimelineChunk c = chunk;
+    c.set_worker_id(77);
+    ship("a timeline of worker 77", c, grpc::StatusCode::NOT_FOUND);
+    c = chunk;
+    c.set_file_bytes(uint64_t{1} << 40);
+    ship("a timeline of 1 TiB", c, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    c = chunk;
+    c.set_file_bytes(8);
+    c.set_offset(4);
+    ship("a timeline's part after one never sent", c, grpc::StatusCode::FAILED_PRECONDITION);
+    c = chunk;
+    c.set_data("{}      ");
+    ship("a timeline's part longer than its file", c, grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_FALSE(fs::exists(out / "timeline" / "worker_0.json.part")) << "a refused part was written";
   }
   {
     grpc::ClientContext ctx;

@@ -1,5 +1,6 @@
 // A written trace reports its size and CRC, by which the coordinator tells it from another file
-// at the same path (a worker's own disk names paths its machine may hold other files at).
+// at the same path (a worker's own disk names paths its machine may hold other files at); it moves
+// onto another clock by the offset the shortest round trip to it gives.
 #include "metrics/timeline.h"
 
 #include <gtest/gtest.h>
@@ -43,6 +44,39 @@ TEST(Timeline, AWrittenTraceIsKnownByItsSizeAndCrcAndAnotherFileIsNot) {
   fs::remove(path);
   EXPECT_EQ(CheckTraceFile(*written).code(), absl::StatusCode::kNotFound);
   fs::remove_all(dir);
+}
+
+// The remote clock runs 1 s ahead: each round trip bounds the offset within half its length, and
+// the shortest one's stands.
+TEST(Timeline, TheShortestRoundTripGivesTheOffsetToAnotherClock) {
+  ClockOffset clock;
+  EXPECT_FALSE(clock.offset_us().has_value());
+  clock.Sample(1000, 1'001'900, 5000);  // 4 ms there and back; read 900 µs after sending
+  EXPECT_EQ(clock.offset_us(), 1'001'900 - 3000);
+  EXPECT_EQ(clock.error_us(), 2000);
+  clock.Sample(10'000, 1'010'100, 10'200);  // 200 µs: this one stands
+  EXPECT_EQ(clock.offset_us(), 1'010'100 - 10'100);
+  EXPECT_EQ(clock.error_us(), 100);
+  clock.Sample(20'000, 2'000'000, 21'000);  // longer: ignored, however far off
+  EXPECT_EQ(clock.offset_us(), 1'000'000);
+  clock.Sample(30'000, 0, 29'000);  // a clock gone backwards: ignored
+  EXPECT_EQ(clock.offset_us(), 1'000'000);
+
+  Timeline t;
+  t.Add("F0", Track::kCompute, 100, 250, 0, 0);
+  const fs::path path = fs::temp_directory_path() / ("timeline_shift_" + std::to_string(::getpid()) + ".json");
+  ASSERT_TRUE(t.Write(path.string(), 1, "worker 1", *clock.offset_us()).ok());
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["traceEvents"][0]["ts"], 1'000'100);
+  EXPECT_EQ(j["traceEvents"][0]["dur"], 150);
+  fs::remove(path);
+
+  clock.SameKernel();  // one kernel, one monotonic clock
+  EXPECT_EQ(clock.offset_us(), 0);
+  EXPECT_EQ(clock.error_us(), 0);
+  clock.Sample(40'000, 9'999'999, 40'001);
+  EXPECT_EQ(clock.offset_us(), 0);
 }
 
 }  // namespace
