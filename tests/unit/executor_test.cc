@@ -393,14 +393,12 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   EXPECT_EQ(ex.Run(0, {}).status().code(), absl::StatusCode::kInvalidArgument) << "no micro-batches";
 }
 
-// GPipe's first stage runs its 3 forwards back to back: stopped after the first went out, it
-// computes no second one.
-TEST(Executor, AStoppedVersionComputesNothingMore) {
+// GPipe's first stage of two, over M micro-batches, runs an iteration against `channel`, which
+// stops it: the iteration's error.
+absl::Status RunFirstStageUntilStopped(ClosedChannel& channel) {
   const ModelConfig cfg = Cfg();
   auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 0, 2), B, T, false, M, 11);
-  ASSERT_TRUE(st.ok());
-  ClosedChannel channel;
-  channel.stop_after_sends = 1;
+  if (!st.ok()) return st.status();
   Timeline timeline;
   Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
               static_cast<size_t>(B) * T * cfg.d_model);
@@ -408,9 +406,17 @@ TEST(Executor, AStoppedVersionComputesNothingMore) {
   BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
   std::vector<MicroBatch> mbs;
   for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
-  auto r = ex.Run(0, mbs);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
-  EXPECT_NE(r.status().message().find("plan version 3 is out"), std::string::npos) << r.status();
+  return ex.Run(0, mbs).status();
+}
+
+// GPipe's first stage runs its 3 forwards back to back: stopped after the first went out, it
+// computes no second one.
+TEST(Executor, AStoppedVersionComputesNothingMore) {
+  ClosedChannel channel;
+  channel.stop_after_sends = 1;
+  const absl::Status s = RunFirstStageUntilStopped(channel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("plan version 3 is out"), std::string::npos) << s;
   EXPECT_EQ(channel.sends, 1);
 }
 
@@ -418,21 +424,11 @@ TEST(Executor, AStoppedVersionComputesNothingMore) {
 // third check: before the forward, before the embeddings, before the first block), it gives up
 // that forward, and nothing goes out.
 TEST(Executor, AVersionStoppedMidForwardGivesItUpBetweenBlocks) {
-  const ModelConfig cfg = Cfg();
-  auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 0, 2), B, T, false, M, 11);
-  ASSERT_TRUE(st.ok());
   ClosedChannel channel;
   channel.stop_at_check = 3;
-  Timeline timeline;
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
-              static_cast<size_t>(B) * T * cfg.d_model);
-  std::vector<uint16_t> tokens(500, 3);
-  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
-  auto r = ex.Run(0, mbs);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
-  EXPECT_NE(r.status().message().find("plan version 3 is out"), std::string::npos) << r.status();
+  const absl::Status s = RunFirstStageUntilStopped(channel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("plan version 3 is out"), std::string::npos) << s;
   EXPECT_EQ(channel.checks, 3);
   EXPECT_EQ(channel.sends, 0);
 }

@@ -605,6 +605,38 @@ std::string Framed(const proto::TensorAck& ack) {
   return frame + ack.SerializeAsString();
 }
 
+// What a fake receiver reads after the hello: the sender's proof, acknowledged, then parts, each
+// answered once whole (its header's length, the header, its fp32 bytes and checksum) with
+// ack_for(its number, from 1).
+struct PartStream {
+  std::string Feed(const std::string& got, const std::function<std::string(int)>& ack_for) {
+    bytes += got;
+    std::string acks;
+    if (!proved && bytes.size() >= kProofBytes) {
+      bytes.erase(0, kProofBytes);
+      proved = true;
+      proto::TensorAck ok;
+      ok.set_ok(true);
+      acks += Framed(ok);
+    }
+    for (;;) {
+      if (bytes.size() < 4) break;
+      const uint32_t header_bytes = static_cast<uint8_t>(bytes[0]) | static_cast<uint8_t>(bytes[1]) << 8 |
+                                    static_cast<uint8_t>(bytes[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(bytes[3])) << 24;
+      proto::TensorHeader h;
+      if (bytes.size() < 4 + header_bytes || !h.ParseFromArray(bytes.data() + 4, static_cast<int>(header_bytes))) break;
+      const size_t whole = 4 + header_bytes + h.part_elements() * sizeof(float) + 4;
+      if (bytes.size() < whole) break;
+      bytes.erase(0, whole);
+      acks += ack_for(++parts);
+    }
+    return acks;
+  }
+  std::string bytes;
+  bool proved = false;
+  std::atomic<int> parts{0};
+};
+
 class FakeReceiver {
  public:
   explicit FakeReceiver(std::function<std::string(const std::string&, int)> reply) : reply_(std::move(reply)) {
@@ -742,25 +774,10 @@ TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnec
   const std::vector<float> x = Ramp(10);
   proto::TensorAck ok;
   ok.set_ok(true);
-  std::string stream;  // after the hello: the proof, then parts
-  bool proved = false;
+  PartStream parts;
   FakeReceiver receiver([&](const std::string& got, int n) {
     if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
-    stream += got;
-    std::string acks;
-    if (!proved && stream.size() >= kProofBytes) stream.erase(0, kProofBytes), proved = true, acks += Framed(ok);
-    for (;;) {  // each whole part: its header's length, the header, its bytes and checksum
-      if (stream.size() < 4) break;
-      const uint32_t header_bytes = static_cast<uint8_t>(stream[0]) | static_cast<uint8_t>(stream[1]) << 8 |
-                                    static_cast<uint8_t>(stream[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(stream[3])) << 24;
-      proto::TensorHeader h;
-      if (stream.size() < 4 + header_bytes || !h.ParseFromArray(stream.data() + 4, static_cast<int>(header_bytes))) break;
-      const size_t whole = 4 + header_bytes + h.part_elements() * sizeof(float) + 4;
-      if (stream.size() < whole) break;
-      stream.erase(0, whole);
-      acks += Framed(ok);
-    }
-    return acks;
+    return parts.Feed(got, [&](int) { return Framed(ok); });
   });
   TensorClient client(receiver.address(), opt);
   ASSERT_TRUE(client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait().ok());
@@ -783,28 +800,13 @@ TEST(SendCanceller, AConnectionWhosePartsWereWrittenWholeOutlivesTheCancellation
   const std::vector<float> x = Ramp(10);
   proto::TensorAck ok;
   ok.set_ok(true);
-  std::string stream;
-  bool proved = false;
-  int parts = 0;
+  PartStream stream;
   FakeReceiver receiver([&](const std::string& got, int n) {
     if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
-    stream += got;
-    std::string acks;
-    if (!proved && stream.size() >= kProofBytes) stream.erase(0, kProofBytes), proved = true, acks += Framed(ok);
-    for (;;) {
-      if (stream.size() < 4) break;
-      const uint32_t header_bytes = static_cast<uint8_t>(stream[0]) | static_cast<uint8_t>(stream[1]) << 8 |
-                                    static_cast<uint8_t>(stream[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(stream[3])) << 24;
-      proto::TensorHeader h;
-      if (stream.size() < 4 + header_bytes || !h.ParseFromArray(stream.data() + 4, static_cast<int>(header_bytes))) break;
-      const size_t whole = 4 + header_bytes + h.part_elements() * sizeof(float) + 4;
-      if (stream.size() < whole) break;
-      stream.erase(0, whole);
-      // The first part's acknowledgement comes only with the second's.
-      if (++parts >= 2) acks += Framed(ok) + (parts == 2 ? Framed(ok) : "");
-    }
-    return acks;
+    // The first part's acknowledgement comes only with the second's.
+    return stream.Feed(got, [&](int part) { return part == 1 ? std::string() : part == 2 ? Framed(ok) + Framed(ok) : Framed(ok); });
   });
+  const std::atomic<int>& parts = stream.parts;
   TensorClient client(receiver.address(), opt);
   std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
   for (int i = 0; i < 200 && parts < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
