@@ -605,6 +605,12 @@ std::string Framed(const proto::TensorAck& ack) {
   return frame + ack.SerializeAsString();
 }
 
+std::string OkAck() {
+  proto::TensorAck ok;
+  ok.set_ok(true);
+  return Framed(ok);
+}
+
 // What a fake receiver reads after the hello: the sender's proof, acknowledged, then parts, each
 // answered once whole (its header's length, the header, its fp32 bytes and checksum) with
 // ack_for(its number, from 1).
@@ -615,9 +621,7 @@ struct PartStream {
     if (!proved && bytes.size() >= kProofBytes) {
       bytes.erase(0, kProofBytes);
       proved = true;
-      proto::TensorAck ok;
-      ok.set_ok(true);
-      acks += Framed(ok);
+      acks += OkAck();
     }
     for (;;) {
       if (bytes.size() < 4) break;
@@ -667,6 +671,35 @@ class FakeReceiver {
   int listener_ = -1;
   std::thread thread_;
 };
+
+// A receiver of job "jobA" that takes one connection, proves no secret (JobSecret()), and answers
+// each whole part with ack_for(its number, from 1).
+class PartReceiver {
+ public:
+  explicit PartReceiver(std::function<std::string(int)> ack_for)
+      : ack_for_(std::move(ack_for)), receiver_([this](const std::string& got, int n) {
+          if (n == 0) {
+            return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes),
+                                              std::string(kNonceBytes, 'n'));
+          }
+          return stream.Feed(got, ack_for_);
+        }) {}
+  std::string address() const { return receiver_.address(); }
+  PartStream stream;
+
+ private:
+  std::function<std::string(int)> ack_for_;
+  FakeReceiver receiver_;
+};
+
+// Options of job "jobA" whose sends a canceller ends, each waiting at most 3 s.
+TransportOptions Cancellable() {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(3);
+  opt.canceller = std::make_shared<SendCanceller>();
+  return opt;
+}
 
 // What a sender reads back is checked as a receiver checks what it reads: an acknowledgement that
 // claims 4 GiB fails the send, names the peer as no longhaul worker, and allocates nothing.
@@ -767,18 +800,9 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
 // the next version's canceller rearms it. The receiver takes one connection only: a client that
 // connected again would wait out its timeout for a hello that never comes.
 TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnectingAgain) {
-  TransportOptions opt;
-  opt.job_id = "jobA";
-  opt.timeout = std::chrono::seconds(3);
-  opt.canceller = std::make_shared<SendCanceller>();
+  const TransportOptions opt = Cancellable();
   const std::vector<float> x = Ramp(10);
-  proto::TensorAck ok;
-  ok.set_ok(true);
-  PartStream parts;
-  FakeReceiver receiver([&](const std::string& got, int n) {
-    if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
-    return parts.Feed(got, [&](int) { return Framed(ok); });
-  });
+  PartReceiver receiver([](int) { return OkAck(); });
   TensorClient client(receiver.address(), opt);
   ASSERT_TRUE(client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait().ok());
   opt.canceller->Cancel("plan version 2 replaces version 1");
@@ -793,20 +817,11 @@ TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnec
 // sends in flight): the connection stays, that acknowledgement is read and dropped when it comes,
 // and the next version's part goes on the same connection (the receiver takes one only).
 TEST(SendCanceller, AConnectionWhosePartsWereWrittenWholeOutlivesTheCancellation) {
-  TransportOptions opt;
-  opt.job_id = "jobA";
-  opt.timeout = std::chrono::seconds(3);
-  opt.canceller = std::make_shared<SendCanceller>();
+  const TransportOptions opt = Cancellable();
   const std::vector<float> x = Ramp(10);
-  proto::TensorAck ok;
-  ok.set_ok(true);
-  PartStream stream;
-  FakeReceiver receiver([&](const std::string& got, int n) {
-    if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
-    // The first part's acknowledgement comes only with the second's.
-    return stream.Feed(got, [&](int part) { return part == 1 ? std::string() : part == 2 ? Framed(ok) + Framed(ok) : Framed(ok); });
-  });
-  const std::atomic<int>& parts = stream.parts;
+  // The first part's acknowledgement comes only with the second's.
+  PartReceiver receiver([](int part) { return part == 1 ? std::string() : part == 2 ? OkAck() + OkAck() : OkAck(); });
+  const std::atomic<int>& parts = receiver.stream.parts;
   TensorClient client(receiver.address(), opt);
   std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
   for (int i = 0; i < 200 && parts < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
