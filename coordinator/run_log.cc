@@ -28,10 +28,12 @@ RunLog::RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metr
       metrics_(std::move(metrics)) {}
 
 absl::Status RunLog::Rewind(int64_t step) {
+  start_ = step;
+  // As the audit's: read and rewritten whole only where it records steps to forget.
+  if (metrics_.rows().empty() || metrics_.rows().back().step <= step) return absl::OkStatus();
   absl::StatusOr<MetricsLog> rewound = MetricsLog::Resume(metrics_.path(), step);
   if (!rewound.ok()) return rewound.status();
   metrics_ = *std::move(rewound);
-  start_ = step;
   return absl::OkStatus();
 }
 

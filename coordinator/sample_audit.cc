@@ -107,6 +107,9 @@ absl::StatusOr<SampleAudit::Count> SampleAudit::Record(int64_t it, int stages,
 }
 
 absl::Status SampleAudit::Rewind(int64_t step) {
+  // A recovery rewinds before it publishes the next plan version: the file, of every step so far,
+  // is rewritten only where it holds steps to forget.
+  if (steps_.upper_bound(step) == steps_.end()) return absl::OkStatus();
   steps_.erase(steps_.upper_bound(step), steps_.end());
   counts_.erase(counts_.upper_bound(step), counts_.end());
   return Rewrite();

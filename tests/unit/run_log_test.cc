@@ -1,6 +1,6 @@
 // The coordinator's run log: a metrics row per iteration with the last stage's loss and stage 0
-// replica 0's time, per-worker means over the iterations after the first, and the records
-// written at the end.
+// replica 0's time, per-worker means over the iterations after the first, the records written
+// at the end, and a rewind that rewrites metrics.csv only where it forgets steps.
 #include "coordinator/run_log.h"
 
 #include <gtest/gtest.h>
@@ -78,6 +78,22 @@ TEST(RunLog, RowsSummaryAndRecords) {
   int lines = 0;
   while (std::getline(csv, line)) ++lines;
   EXPECT_EQ(lines, 4);  // header and three steps
+
+  // A rewind to the last step leaves metrics.csv as it is (a recovery's, before its plan goes out);
+  // one to step 1 forgets steps 2 and 3.
+  auto rows = [&] {
+    std::ifstream in(dir / "metrics.csv");
+    int n = 0;
+    for (std::string l; std::getline(in, l);) ++n;
+    return n - 1;
+  };
+  const auto written = fs::last_write_time(dir / "metrics.csv");
+  ASSERT_TRUE(log.Rewind(3).ok());
+  EXPECT_EQ(fs::last_write_time(dir / "metrics.csv"), written) << "rewritten with nothing to forget";
+  EXPECT_EQ(rows(), 3);
+  ASSERT_TRUE(log.Rewind(1).ok());
+  EXPECT_EQ(rows(), 1);
+  EXPECT_EQ(log.Summary("completed", "", 1)["last_step"], 1);
 }
 
 }  // namespace

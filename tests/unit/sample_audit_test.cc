@@ -5,6 +5,7 @@
 #include "coordinator/sample_audit.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -60,8 +61,18 @@ TEST(SampleAudit, AStepOfEveryStageAndMicroBatchOnceCountsNothingWhateverTheStag
   EXPECT_EQ(c->repeated, 4);
   EXPECT_EQ(audit->totals().steps, 5);
 
-  // The file reads back as written, each step with its own stage count; a rewind drops steps 4, 5.
+  // A rewind to the last step leaves the file as it is (a recovery's, before its plan goes out:
+  // the file is of every step so far); the file reads back as written, each step with its own
+  // stage count; a rewind drops steps 4, 5.
+  const auto inode = [&] {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  const auto before = inode();
+  ASSERT_TRUE(audit->Rewind(5).ok());
+  EXPECT_EQ(inode(), before) << "rewritten with nothing to forget";
   ASSERT_TRUE(audit->Rewind(3).ok());
+  EXPECT_NE(inode(), before);
   absl::StatusOr<SampleAudit> again = SampleAudit::Open(path, 4, 100);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->totals().steps, 3);
