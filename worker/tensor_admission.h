@@ -35,8 +35,6 @@ class PlanAdmission : public TensorAdmission {
   bool Ahead(const proto::TensorHeader& header, std::chrono::steady_clock::duration waited) const override;
   // Plan `version` is coming: the coordinator published it.
   void Expect(uint64_t version);
-  // Of a version older than the one set or expected: a peer's send from just before it moved on.
-  bool Stale(const proto::TensorHeader& header) const override;
   static constexpr std::chrono::seconds kUnheardPatience{1};
 
  private:

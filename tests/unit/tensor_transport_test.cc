@@ -154,36 +154,8 @@ class OneVersion : public TensorAdmission {
   bool Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration) const override {
     return h.plan_version() > version;
   }
-  bool Stale(const proto::TensorHeader& h) const override { return h.plan_version() < version; }
   std::atomic<uint64_t> version{1};
 };
-
-// A part of a version the receiver has left is read and dropped: its sender hears so, and the
-// connection carries the next version's tensors (a refusal would have closed it).
-TEST(TensorTransport, APartOfAVersionLeftIsDroppedAndItsConnectionStays) {
-  Mailbox box;
-  OneVersion admission;
-  admission.version = 2;
-  box.Reopen(2);
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &admission);
-  ASSERT_TRUE(server.ok());
-  TransportOptions opt;
-  opt.job_id = "jobA";
-  const std::vector<float> x = Ramp(5000);
-  TensorClient client((*server)->address(), opt);
-  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
-  h.set_plan_version(1);
-  const absl::Status old = client.Send(h, x.data(), x.size())->Wait();
-  EXPECT_EQ(old.code(), absl::StatusCode::kAborted) << old;
-  EXPECT_NE(old.message().find("dropped: plan version 1 was replaced"), std::string::npos) << old;
-  EXPECT_EQ(box.HeldFloats(), 0u);
-  h.set_plan_version(2);
-  ASSERT_TRUE(client.Send(h, x.data(), x.size())->Wait().ok());
-  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(*got, x);
-  EXPECT_EQ((*server)->refused(), 0) << "the drop was counted as a refusal";
-}
 
 // A resumed plan version has no start barrier: a tensor of a version the receiver has yet to set up
 // waits in its server until it has, and is refused only where it never comes (the part timeout).
@@ -811,31 +783,6 @@ TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnec
   client.Rearm(std::make_shared<SendCanceller>());
   const absl::Status again = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
   EXPECT_TRUE(again.ok()) << again << " (it connected again)";
-}
-
-// Cancelled while its part, written whole, awaits an acknowledgement (a plan version given up with
-// sends in flight): the connection stays, that acknowledgement is read and dropped when it comes,
-// and the next version's part goes on the same connection (the receiver takes one only).
-TEST(SendCanceller, AConnectionWhosePartsWereWrittenWholeOutlivesTheCancellation) {
-  const TransportOptions opt = Cancellable();
-  const std::vector<float> x = Ramp(10);
-  // The first part's acknowledgement comes only with the second's.
-  PartReceiver receiver([](int part) { return part == 1 ? std::string() : part == 2 ? OkAck() + OkAck() : OkAck(); });
-  const std::atomic<int>& parts = receiver.stream.parts;
-  TensorClient client(receiver.address(), opt);
-  std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
-  for (int i = 0; i < 200 && parts < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(parts, 1) << "the first part never reached the receiver";
-  EXPECT_FALSE(first->Done());
-  opt.canceller->Cancel("plan version 2 replaces version 1");
-  const absl::Status cancelled = first->Wait();
-  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
-  client.Rearm(std::make_shared<SendCanceller>());
-  const absl::Status again = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
-  EXPECT_TRUE(again.ok()) << again << " (it connected again, or took the dropped acknowledgement for its own)";
-  const absl::Status third = client.Send(Header(proto::ACTIVATION, 2), x.data(), x.size())->Wait();
-  EXPECT_TRUE(third.ok()) << third;
-  EXPECT_EQ(parts, 3);
 }
 
 TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
