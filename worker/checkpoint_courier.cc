@@ -20,14 +20,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::CheckpointChunk chunk,
-                      const std::function<bool()>& cancelled) {
+// Reads the file at `path` part by part, each of at most kCheckpointChunkBytes, and hands each to
+// send(the file's size, the part's offset, its bytes), stopping at the first error; Cancelled once
+// `cancelled` says so between parts.
+absl::Status SendInParts(const fs::path& path,
+                         const std::function<absl::Status(uint64_t, uint64_t, const std::string&)>& send,
+                         const std::function<bool()>& cancelled = {}) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot read the size of ", path.string(), ": ", ec.message()));
   std::ifstream f(path, std::ios::binary);
-  chunk.set_file(path.filename().string());
-  chunk.set_file_bytes(size);
   std::string data;
   uint64_t offset = 0;
   do {
@@ -36,12 +38,24 @@ absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::Ch
     if (!f.read(data.data(), static_cast<std::streamsize>(data.size()))) {
       return absl::InternalError(absl::StrCat("cannot read ", path.string()));
     }
-    chunk.set_offset(offset);
-    chunk.set_data(data);
-    LH_RETURN_IF_ERROR(client.ShipCheckpoint(chunk));
+    LH_RETURN_IF_ERROR(send(size, offset, data));
     offset += data.size();
   } while (offset < size);
   return absl::OkStatus();
+}
+
+absl::Status ShipFile(CoordinatorClient& client, const fs::path& path, proto::CheckpointChunk chunk,
+                      const std::function<bool()>& cancelled) {
+  chunk.set_file(path.filename().string());
+  return SendInParts(
+      path,
+      [&](uint64_t size, uint64_t offset, const std::string& data) {
+        chunk.set_file_bytes(size);
+        chunk.set_offset(offset);
+        chunk.set_data(data);
+        return client.ShipCheckpoint(chunk);
+      },
+      cancelled);
 }
 
 absl::Status FetchFile(CoordinatorClient& client, proto::CheckpointFetch fetch, const fs::path& to, uint64_t most) {
@@ -119,6 +133,17 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
 }
 
 }  // namespace
+
+absl::Status ShipTimelineFile(CoordinatorClient& client, const TraceFile& trace) {
+  proto::TimelineChunk chunk;
+  return SendInParts(trace.path, [&](uint64_t size, uint64_t offset, const std::string& data) {
+    if (size != trace.bytes) return absl::DataLossError(absl::StrFormat("%s changed since it was written", trace.path));
+    chunk.set_file_bytes(size);
+    chunk.set_offset(offset);
+    chunk.set_data(data);
+    return client.ShipTimeline(chunk);
+  });
+}
 
 absl::Status ShipCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, int64_t step,
                                  uint64_t version, const std::function<bool()>& cancelled) {

@@ -4,7 +4,8 @@
 // piece it writes (a shard's, its residuals', its own AdamW state's) goes to the coordinator before
 // it is reported, so a checkpoint the coordinator calls complete is whole there; a worker that
 // resumes lacking a piece (a spare in a lost worker's place, a survivor given other blocks) fetches
-// it from there. Without this, the shards of a dead machine died with its disk.
+// it from there. Without this, the shards of a dead machine died with its disk. Its timeline goes
+// there too, at the end, in parts as the pieces' files do.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "metrics/timeline.h"
 
 namespace longhaul {
 
@@ -57,6 +59,10 @@ class CheckpointShipper {
   absl::Status error_;
   std::thread thread_;
 };
+
+// Ships the timeline file `trace` (as its writer wrote it) in parts, into the coordinator's run
+// directory (timeline/worker_N.json): a worker that writes to a disk of its own sends it there too.
+absl::Status ShipTimelineFile(CoordinatorClient& client, const TraceFile& trace);
 
 // Ships step directory `step_dir` (checkpoints/<piece>/step_N) of `step` under plan `version`, file
 // by file in parts, state.json last; Cancelled once `cancelled` says so between parts.

@@ -1,14 +1,10 @@
 #include "worker/coordinator_client.h"
 
-#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/safetensors.h"
-#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
@@ -293,24 +289,9 @@ absl::Status CoordinatorClient::ReportSuspect(int stage, int replica) {
   return Report(&proto::Coordinator::Stub::ReportSuspect, report, "reporting a peer that left to the coordinator");
 }
 
-absl::Status CoordinatorClient::ShipTimeline(const TraceFile& trace) {
-  LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(trace.path));
-  if (text.size() != trace.bytes) {
-    return absl::DataLossError(absl::StrFormat("%s changed since it was written", trace.path));
-  }
-  proto::TimelineChunk chunk;
+absl::Status CoordinatorClient::ShipTimeline(proto::TimelineChunk chunk) {
   chunk.set_worker_id(id_);
-  chunk.set_file_bytes(text.size());
-  size_t offset = 0;
-  do {
-    const size_t n = std::min(kCheckpointChunkBytes, text.size() - offset);
-    chunk.set_offset(offset);
-    chunk.set_data(text.substr(offset, n));
-    LH_RETURN_IF_ERROR(
-        Report(&proto::Coordinator::Stub::ShipTimeline, chunk, "shipping this worker's timeline to the coordinator"));
-    offset += n;
-  } while (offset < text.size());
-  return absl::OkStatus();
+  return Report(&proto::Coordinator::Stub::ShipTimeline, chunk, "shipping this worker's timeline to the coordinator");
 }
 
 void CoordinatorClient::ReportDone(const proto::DoneReport& report) {

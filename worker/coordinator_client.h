@@ -70,8 +70,9 @@ class CoordinatorClient {
   // (checkpoint_courier.h); the worker id is filled in.
   absl::Status ShipCheckpoint(proto::CheckpointChunk chunk);
   absl::StatusOr<proto::CheckpointChunk> FetchCheckpoint(proto::CheckpointFetch fetch);
-  // The timeline file `trace` into the coordinator's run directory, part by part.
-  absl::Status ShipTimeline(const TraceFile& trace);
+  // A part of this worker's timeline file into the coordinator's run directory
+  // (checkpoint_courier.h ShipTimelineFile); the worker id is filled in.
+  absl::Status ShipTimeline(proto::TimelineChunk chunk);
   // Best effort: the coordinator may be gone already.
   void ReportDone(const proto::DoneReport& report);
   // From this process's monotonic clock to the coordinator's, from the heartbeats' round trips.

@@ -102,6 +102,9 @@ class Executor {
   void SetOverlap(bool overlap) { hooked_ = stage_.SetExchangeHooks(overlap ? &hooks_ : nullptr) && overlap; }
 
  private:
+  // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
+  absl::Status TakeHookStatus();
+
   Stage& stage_;
   Channel& channel_;
   Timeline& timeline_;
@@ -113,9 +116,6 @@ class Executor {
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done.
   std::vector<std::vector<float>> grads_out_;
-  // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
-  absl::Status TakeHookStatus();
-
   // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in
   // hook_status_ until its Forward or Backward returns.
   ExchangeHooks hooks_;
