@@ -143,6 +143,7 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     at[stage][replica] = worker_of_slot[k];
   }
   PlanLinks(cfg, workers, at, network, plan);
+  FixStreamWires(at, cfg.train.micro_batches, plan);
   return plan;
 }
 

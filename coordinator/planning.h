@@ -60,7 +60,8 @@ struct PlanRequest {
 // Version 1 of the plan for `workers` (every one registered), by worker id; slot k runs on worker
 // worker_of_slot[k], and shard k of stage s on replica shard_owner[s][k] (empty: on replica k).
 // The links between workers (worker w on host w; null: unknown, all fast) resolve an "auto"
-// transport.wire_dtype per link (transport/wire_plan.h).
+// transport.wire_dtype per link, and each tensor stream keeps its link's dtype in every later
+// version (transport/wire_plan.h FixStreamWires).
 proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                      const PlanRequest& request, const std::vector<int>& worker_of_slot,
                      const NetworkCost* network = nullptr, const std::vector<std::vector<int>>& shard_owner = {});

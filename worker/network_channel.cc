@@ -15,9 +15,9 @@ NetworkChannel::NetworkChannel(int stage, int replica, int groups, std::vector<p
     : stage_(stage), replica_(replica), groups_(groups), stage_shards_(std::move(stage_shards)),
       norm_hosts_(std::move(norm_hosts)), layout_(layout), mailbox_(mailbox), peers_(peers), timeline_(timeline),
       feedback_(groups), group_grads_(groups - 1) {
-  for (std::vector<ErrorFeedback>& f : feedback_)
+  for (int g = 0; g < groups_; ++g)
     for (const proto::ShardPlacement& sp : stage_shards_)
-      f.emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH));
+      feedback_[g].emplace_back(peers_.WireTo(stage_, sp.owner_replica(), proto::GRAD_PUSH, g, sp.shard()));
 }
 
 std::vector<float> NetworkChannel::Residuals(int group) const {
@@ -76,7 +76,7 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
                                 size_t n) {
   std::vector<float> own = mailbox_.Acquire(n);
-  RoundThroughWire(data, own.data(), n, peers_.WireTo(stage_, replica_, kind));
+  RoundThroughWire(data, own.data(), n, peers_.WireTo(stage_, replica_, kind, micro, shard));
   mailbox_.Put({kind, it, micro, stage_, replica_, shard}, std::move(own));
 }
 
@@ -195,7 +195,7 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
 
 absl::Status NetworkChannel::PlaceShard(Stage& stage, size_t begin, const float* params, size_t n) {
   std::vector<float> as_pulled(n);
-  RoundThroughWire(params, as_pulled.data(), n, peers_.WireTo(stage_, replica_, proto::PARAMS));
+  RoundThroughWire(params, as_pulled.data(), n, peers_.WireTo(stage_, replica_, proto::PARAMS, 0, 0));
   return stage.SetParams(begin, as_pulled.data(), n);
 }
 

@@ -57,8 +57,8 @@ std::string PeerDirectory::AddressOf(int stage, int replica) const {
   return "";
 }
 
-WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind) const {
-  return wires_.Of(self_, WorkerAt(plan_, stage, replica), kind);
+WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind, int micro, int shard) const {
+  return wires_.Of(self_, WorkerAt(plan_, stage, replica), kind, stage_, replica_, micro, shard);
 }
 
 TensorClient& PeerDirectory::Client(int to, const std::string& address) {
@@ -108,7 +108,7 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_replica(replica_);
   h.set_shard(shard);
   const int to_worker = WorkerAt(plan_, stage, replica);
-  const WireDtype wire = wires_.Of(self_, to_worker, kind);
+  const WireDtype wire = wires_.Of(self_, to_worker, kind, stage_, replica_, micro, shard);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
   static const char* names[] = {"?",           "send act",   "send grad", "push grads",

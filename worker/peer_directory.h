@@ -54,9 +54,9 @@ class PeerDirectory {
   static std::string Dial(const std::map<std::string, std::string>& dial_map, const std::string& address);
 
   const TransportOptions& transport() const { return transport_; }
-  // What a tensor of `kind` from this worker to the one running (stage, replica) travels in: the
-  // plan's (transport/wire_plan.h).
-  WireDtype WireTo(int stage, int replica, proto::TensorKind kind) const;
+  // What this worker's tensor of `kind`, micro-batch (a push: group) `micro` and push shard
+  // `shard`, to the one running (stage, replica) travels in: the plan's (transport/wire_plan.h).
+  WireDtype WireTo(int stage, int replica, proto::TensorKind kind, int micro, int shard) const;
   // The address of the worker running (stage, replica), or empty when the plan has none.
   std::string AddressOf(int stage, int replica) const;
 

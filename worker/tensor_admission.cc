@@ -17,14 +17,23 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   const uint64_t boundary = cfg.boundary_floats();
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);
-  auto dtype = [&](proto::TensorKind kind, int from_stage, int from_replica) {
-    return wires.Of(WorkerAt(plan, from_stage, from_replica), me, kind);
+  // Each micro-batch's (a push's: each group's) dtype: a fixed stream's may differ by group.
+  auto dtypes = [&](proto::TensorKind kind, int from_stage, int from_replica, int count, int shard) {
+    std::vector<WireDtype> d;
+    for (int m = 0; m < count; ++m) {
+      d.push_back(wires.Of(WorkerAt(plan, from_stage, from_replica), me, kind, from_stage, from_replica, m, shard));
+    }
+    return d;
   };
-  if (stage > 0) expected[{proto::ACTIVATION, stage - 1, replica, 0}] = {boundary, M, dtype(proto::ACTIVATION, stage - 1, replica)};
+  auto expect = [&](proto::TensorKind kind, int from_stage, int from_replica, int shard, uint64_t elements, int count) {
+    expected[{kind, from_stage, from_replica, shard}] = {elements, count,
+                                                         dtypes(kind, from_stage, from_replica, count, shard)};
+  };
+  if (stage > 0) expect(proto::ACTIVATION, stage - 1, replica, 0, boundary, M);
   if (const int evals = cfg.train.EvalShare(plan.replicas(), replica); stage > 0 && evals > 0) {
-    expected[{proto::EVAL_ACTIVATION, stage - 1, replica, 0}] = {boundary, evals, dtype(proto::EVAL_ACTIVATION, stage - 1, replica)};
+    expect(proto::EVAL_ACTIVATION, stage - 1, replica, 0, boundary, evals);
   }
-  if (stage < P - 1) expected[{proto::GRADIENT, stage + 1, replica, 0}] = {boundary, M, dtype(proto::GRADIENT, stage + 1, replica)};
+  if (stage < P - 1) expect(proto::GRADIENT, stage + 1, replica, 0, boundary, M);
   const ParamLayout layout(cfg.model, cfg.Stage(stage));
   for (const proto::ShardPlacement& sp : plan.shards()) {
     if (sp.stage() != stage) continue;
@@ -33,11 +42,9 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
       // This worker hosts the shard: every other replica of the stage pushes each of its groups'
       // gradients, the group as the micro-batch.
       for (int r = 0; r < plan.replicas(); ++r)
-        if (r != replica) {
-          expected[{proto::GRAD_PUSH, stage, r, sp.shard()}] = {end - begin, groups, dtype(proto::GRAD_PUSH, stage, r)};
-        }
+        if (r != replica) expect(proto::GRAD_PUSH, stage, r, sp.shard(), end - begin, groups);
     } else {
-      expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, wires.params_dtype};
+      expected[{proto::PARAMS, stage, sp.owner_replica(), sp.shard()}] = {end - begin, 1, {wires.params_dtype}};
     }
   }
   // A host's norm partials, from every other host, where the norm is reduced (not with local updates).
@@ -45,7 +52,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   auto hosts_here = [&](const NormHost& h) { return h.stage == stage && h.replica == replica; };
   if (cfg.train.local_steps <= 1 && std::any_of(hosts.begin(), hosts.end(), hosts_here)) {
     for (const NormHost& h : hosts)
-      if (!hosts_here(h)) expected[{proto::NORM, h.stage, h.replica, 0}] = {2 * h.shards.size(), 1, WireDtype::kF32};
+      if (!hosts_here(h)) expected[{proto::NORM, h.stage, h.replica, 0}] = {2 * h.shards.size(), 1, {WireDtype::kF32}};
   }
   std::lock_guard<std::mutex> lock(mu_);
   expected_ = std::move(expected);
@@ -108,10 +115,12 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
                                                  "every %d-th iteration and the run's last",
                                                  key.DebugString(), train_.local_steps, train_.local_steps));
   }
-  if (h.dtype() != static_cast<proto::WireDtype>(it->second.dtype)) {
+  const std::vector<WireDtype>& dtypes = it->second.dtypes;
+  const WireDtype want = dtypes[std::min<size_t>(static_cast<size_t>(h.micro_batch()), dtypes.size() - 1)];
+  if (h.dtype() != static_cast<proto::WireDtype>(want)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s in wire dtype %s; the plan's for it is %s (transport.wire_dtype)", key.DebugString(),
-        IsWireDtype(h.dtype()) ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(it->second.dtype)));
+        IsWireDtype(h.dtype()) ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(want)));
   }
   return it->second.elements;
 }

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
@@ -41,7 +42,9 @@ class PlanAdmission : public TensorAdmission {
   struct Expected {
     uint64_t elements = 0;
     int micro_batches = 1;  // micro-batch indices [0, micro_batches)
-    WireDtype dtype = WireDtype::kF32;  // the plan's for this tensor from this peer (wire_plan.h)
+    // The plan's for each micro-batch index of this tensor from this peer (wire_plan.h); one where
+    // they are alike.
+    std::vector<WireDtype> dtypes = {WireDtype::kF32};
   };
   using Source = std::tuple<int, int, int, int>;  // kind, from stage, from replica, shard
 

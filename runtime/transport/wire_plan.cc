@@ -1,5 +1,6 @@
 #include "transport/wire_plan.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -14,6 +15,16 @@ WireDtype WirePlan::Of(int from, int to, int kind) const {
   if (kind == proto::EVAL_ACTIVATION) return WireDtype::kF32;
   auto it = links.find({from, to});
   return it == links.end() ? default_dtype : it->second;
+}
+
+WireDtype WirePlan::Of(int from, int to, int kind, int stage, int replica, int micro, int shard) const {
+  if (group_micro_batches <= 0 || (kind != proto::ACTIVATION && kind != proto::GRADIENT && kind != proto::GRAD_PUSH)) {
+    return Of(from, to, kind);
+  }
+  const bool push = kind == proto::GRAD_PUSH;
+  const int job_replica = replica * groups + (push ? micro : micro / group_micro_batches);
+  auto it = streams.find({kind, stage, job_replica, push ? shard : 0});
+  return it == streams.end() ? default_dtype : it->second;
 }
 
 std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>& at) {
@@ -66,7 +77,39 @@ WirePlan WiresOf(const proto::Plan& plan) {
   for (const proto::LinkWire& l : plan.link_wires()) {
     w.links[{l.from_worker(), l.to_worker()}] = static_cast<WireDtype>(l.dtype());
   }
+  // A plan running a cut of its own has streams of its own: its links decide.
+  if (plan.stream_group_micro_batches() > 0 && plan.job_config_toml().empty()) {
+    w.group_micro_batches = plan.stream_group_micro_batches();
+    w.groups = std::max(1, plan.micro_batches() / w.group_micro_batches);
+    for (const proto::StreamWire& sw : plan.stream_wires()) {
+      w.streams[{sw.kind(), sw.stage(), sw.job_replica(), sw.shard()}] = static_cast<WireDtype>(sw.dtype());
+    }
+  }
   return w;
+}
+
+void FixStreamWires(const std::vector<std::vector<int>>& at, int micro_batches, proto::Plan& plan) {
+  const WirePlan wires = WiresOf(plan);
+  plan.clear_stream_wires();
+  plan.set_stream_group_micro_batches(micro_batches);
+  auto fix = [&](proto::TensorKind kind, int stage, int replica, int shard, int to) {
+    const WireDtype dtype = wires.Of(at[stage][replica], to, kind);
+    if (dtype == wires.default_dtype) return;
+    proto::StreamWire* sw = plan.add_stream_wires();
+    sw->set_kind(kind);
+    sw->set_stage(stage);
+    sw->set_job_replica(replica);
+    sw->set_shard(shard);
+    sw->set_dtype(static_cast<proto::WireDtype>(dtype));
+  };
+  const int stages = static_cast<int>(at.size());
+  for (int s = 0; s < stages; ++s)
+    for (int r = 0; r < static_cast<int>(at[s].size()); ++r) {
+      if (s + 1 < stages) fix(proto::ACTIVATION, s, r, 0, at[s + 1][r]);
+      if (s > 0) fix(proto::GRADIENT, s, r, 0, at[s - 1][r]);
+      for (const proto::ShardPlacement& sp : plan.shards())
+        if (sp.stage() == s) fix(proto::GRAD_PUSH, s, r, sp.shard(), at[s][sp.owner_replica()]);
+    }
 }
 
 int WorkerAt(const proto::Plan& plan, int stage, int replica) {
@@ -89,11 +132,13 @@ std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const Job
   std::set<std::pair<int, int>> streams;
   for (const proto::Assignment& a : plan.assignments())
     for (const proto::ShardPlacement& sp : plan.shards()) {
-      if (sp.stage() != a.stage() ||
-          wires.Of(a.worker_id(), WorkerAt(plan, sp.stage(), sp.owner_replica()), proto::GRAD_PUSH) != WireDtype::kInt8) {
-        continue;
-      }
-      for (int g = 0; g < groups; ++g) streams.insert({a.stage(), a.replica() * groups + g});
+      if (sp.stage() != a.stage()) continue;
+      const int owner = WorkerAt(plan, sp.stage(), sp.owner_replica());
+      for (int g = 0; g < groups; ++g)
+        if (wires.Of(a.worker_id(), owner, proto::GRAD_PUSH, a.stage(), a.replica(), g, sp.shard()) ==
+            WireDtype::kInt8) {
+          streams.insert({a.stage(), a.replica() * groups + g});
+        }
     }
   return streams;
 }

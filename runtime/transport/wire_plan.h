@@ -7,10 +7,16 @@
 //
 // The coordinator resolves it once, from the links it knows (a scenario or the link probes), and
 // the plan carries the result: a sender encodes by it, a receiver admits by it, and the simulator
-// prices each transfer by the same function.
+// prices each transfer by the same function. The job's first plan also fixes each tensor stream's
+// dtype by its place in the job's layout (FixStreamWires): a later version that moves a stream
+// onto other workers (a spare, a shrunk replica standing for several, a push to the pusher's own
+// shard) keeps its rounding and error feedback, so the run stays bitwise the uninterrupted one.
+// Where that puts a stream in fp32 over a slow link, the price is paid only while the layout
+// differs from the first.
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,8 +32,19 @@ struct WirePlan {
   WireDtype default_dtype = WireDtype::kF32;  // any pair not in `links`
   WireDtype params_dtype = WireDtype::kF32;   // PARAMS, on every link
   std::map<std::pair<int, int>, WireDtype> links;  // (from, to) whose dtype differs from the default
+  // Where the plan fixes streams (group_micro_batches > 0): (kind, stage, job replica, shard) of
+  // those whose dtype differs from the default; the plan's replica r runs job replicas
+  // r × groups … (r + 1) × groups − 1, group_micro_batches micro-batches each.
+  std::map<std::tuple<int, int, int, int>, WireDtype> streams;
+  int group_micro_batches = 0;
+  int groups = 1;
 
+  // By the link from worker `from` to `to` (PARAMS, NORM and EVAL_ACTIVATION by kind alone).
   WireDtype Of(int from, int to, int kind) const;
+  // A tensor of `kind` that (stage, replica) of the plan, worker `from`, sends to worker `to`, of
+  // micro-batch `micro` (a push: of group `micro`) and push shard `shard`: its stream's dtype
+  // where the plan fixes streams, else its link's.
+  WireDtype Of(int from, int to, int kind, int stage, int replica, int micro, int shard) const;
 };
 
 // The (from, to) pairs that carry tensors where at[stage][replica] runs each slot (a worker, or its
@@ -44,6 +61,9 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
 // In a plan, pairs by worker id.
 void SetWires(const WirePlan& wires, proto::Plan& plan);
 WirePlan WiresOf(const proto::Plan& plan);
+// Fixes every stream of `plan` (the job's first layout, at[stage][replica] its workers, its links'
+// dtypes and shards set) at its link's dtype; `micro_batches` is train.micro_batches.
+void FixStreamWires(const std::vector<std::vector<int>>& at, int micro_batches, proto::Plan& plan);
 // The id of the worker that runs (stage, replica) in `plan`, or -1.
 int WorkerAt(const proto::Plan& plan, int stage, int replica);
 // Worker `id`'s assignment in `plan`, or null where the plan has none for it (a spare).

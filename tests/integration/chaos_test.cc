@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -90,7 +91,8 @@ size_t Count(const std::string& text, const std::string& what) {
 // A job's processes, started and restarted as a supervisor would; everything is killed at the end.
 class Supervisor {
  public:
-  // `sets`: the coordinator's --set overrides of the job config. `own_disks`: each worker writes to a
+  // `sets`: the coordinator's --set overrides of the job config, and flags of its own (those that
+  // begin with "--", e.g. --scenario=FILE). `own_disks`: each worker writes to a
   // run directory of its own (--out-dir), as on machines that share no filesystem.
   Supervisor(fs::path out, std::vector<std::string> sets, bool own_disks = false)
       : out_(std::move(out)), sets_(std::move(sets)), own_disks_(own_disks), port_(FreeLoopbackPort()) {
@@ -104,7 +106,13 @@ class Supervisor {
     const fs::path log = out_ / absl::StrCat("coordinator_", ++coordinators_, ".txt");
     std::vector<std::string> args = {LONGHAUL_BINARY, "coordinator", "-c", (out_ / "job.toml").string(), "--set",
                                      "train.out_dir=" + out_.string(), "--listen", absl::StrCat("127.0.0.1:", port_)};
-    for (const std::string& s : sets_) args.insert(args.end(), {"--set", s});
+    for (const std::string& s : sets_) {
+      if (absl::StartsWith(s, "--")) {
+        args.push_back(s);
+      } else {
+        args.insert(args.end(), {"--set", s});
+      }
+    }
     coordinator_ = Spawn(args, log);
     all_.push_back(coordinator_);
   }
@@ -484,16 +492,22 @@ ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::stri
 // 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
 // makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run
 // completes with every (step, stage, micro-batch) once and ends with the uninterrupted run's
-// parameters bit for bit (the shrunk replica pushes each job replica's gradients on its own, in
-// int8 with that replica's error feedback); the losses of the shrunk steps differ only in the
-// order the report sums its micro-batches' losses.
+// parameters bit for bit (the shrunk replica pushes each job replica's gradients on its own, each
+// in the dtype of that replica's stream with its error feedback); the losses of the shrunk steps
+// differ only in the order the report sums its micro-batches' losses. The coordinator plans for
+// links of 10 ms and 1 Gbit/s (its --scenario; the workers talk over loopback), so the default
+// "auto" wire sends int8 between workers and fp32 to a worker's own shards: the shrunk replica's
+// pushes to the shards it now hosts keep int8 where the job's layout had them cross a link.
 TEST(Chaos, WithoutASpareTheLayoutShrinksAndGrowsBackWhenASpareJoins) {
   UseNewSecret();
+  const std::string scenario = std::string(LONGHAUL_SOURCE_DIR) + "/netem/scenarios/source-10ms-1gbit.toml";
   const ChangedRun run =
-      RunWithoutASpare("shrink", {"cluster.spare_wait_s=0", "transport.wire_dtype=int8"}, 4, 100,
+      RunWithoutASpare("shrink", {"cluster.spare_wait_s=0", "--scenario=" + scenario}, 4, 100,
                        "1 replicas of 4 micro-batches each instead of 2", 100,
                        "2 spares join: 2 replicas of 2 micro-batches each instead of 1", kSteps);
   ASSERT_FALSE(run.summary.is_discarded());
+  const std::string log = Read(run.out / "coordinator_1.txt");
+  EXPECT_NE(log.find("wire fp32; int8 on 8 links slower than 10 Gbit/s"), std::string::npos) << log;
   std::vector<std::string> changes;
   for (const nlohmann::json& r : run.summary["recoveries"]) {
     if (r.contains("shrunk_to_replicas")) changes.push_back("shrunk to " + r["shrunk_to_replicas"].dump());

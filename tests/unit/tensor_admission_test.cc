@@ -217,6 +217,39 @@ TEST(PlanAdmission, AShrunkReplicaPushesOneGroupPerJobReplicaItStandsFor) {
   EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0, 0, 6)).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// The same job shrunk under "auto", its streams fixed by its first layout (wire_plan.h): the
+// groups a replica stands for arrive each in its own job replica's dtype.
+TEST(PlanAdmission, AShrunkReplicasGroupsArriveEachInItsStreamsDtype) {
+  const JobConfig cfg = Config("auto", 4);
+  proto::Plan plan = Plan(cfg);
+  plan.set_micro_batches(6);
+  plan.set_stream_group_micro_batches(3);
+  auto fix = [&](proto::TensorKind kind, int stage, int job_replica, int shard) {
+    proto::StreamWire* sw = plan.add_stream_wires();
+    sw->set_kind(kind), sw->set_stage(stage), sw->set_job_replica(job_replica), sw->set_shard(shard);
+    sw->set_dtype(proto::INT8);
+  };
+  fix(proto::ACTIVATION, 0, 1, 0);  // replica 0's second group
+  fix(proto::GRAD_PUSH, 1, 2, 0);   // replica 1's first group, to shard 0
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, 1, 0);
+  auto in = [&](int kind, int stage, int replica, int shard, int micro, proto::WireDtype dtype) {
+    proto::TensorHeader h = From(kind, stage, replica, shard, micro);
+    h.set_dtype(dtype);
+    return a.Admit(h).status();
+  };
+  for (int m = 0; m < 6; ++m) {
+    const proto::WireDtype want = m < 3 ? proto::F32 : proto::INT8, other = m < 3 ? proto::INT8 : proto::F32;
+    EXPECT_TRUE(in(proto::ACTIVATION, 0, 0, 0, m, want).ok()) << m;
+    EXPECT_EQ(in(proto::ACTIVATION, 0, 0, 0, m, other).code(), absl::StatusCode::kInvalidArgument) << m;
+  }
+  EXPECT_TRUE(in(proto::GRAD_PUSH, 1, 1, 0, 0, proto::INT8).ok());
+  EXPECT_TRUE(in(proto::GRAD_PUSH, 1, 1, 0, 1, proto::F32).ok());
+  const absl::Status s = in(proto::GRAD_PUSH, 1, 1, 0, 0, proto::F32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the plan's for it is int8"), std::string::npos) << s;
+}
+
 TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {
   const JobConfig cfg = Config();
   PlanAdmission a;

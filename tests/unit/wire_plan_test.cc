@@ -1,5 +1,5 @@
 // Resolving transport.wire_dtype per link: which pairs carry tensors, "auto" against the link
-// rates, a named dtype everywhere, and the plan's copy of the result.
+// rates, a named dtype everywhere, the plan's copy of the result, and the streams it fixes.
 #include "transport/wire_plan.h"
 
 #include <gtest/gtest.h>
@@ -120,6 +120,58 @@ TEST(WirePlan, FeedbackStreamsAreTheJobReplicasPushingOverInt8) {
   plan.mutable_assignments()->DeleteSubrange(2, 2);
   plan.mutable_shards(1)->set_owner_replica(0);
   EXPECT_EQ(FeedbackStreams(plan, *cfg), (std::set<std::pair<int, int>>{{1, 0}, {1, 1}}));
+}
+
+// Each tensor stream keeps the dtype the job's first layout gave it wherever a later version puts
+// it: on a spare whose links the plan never resolved, or in a shrunk replica that pushes to its
+// own shards what crossed an int8 link before. Otherwise its rounding and error feedback would
+// change, and the run would no longer end bitwise as the uninterrupted one.
+TEST(WirePlan, StreamsKeepTheFirstLayoutsDtypeWhereverALaterVersionPutsThem) {
+  auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 2\n[train]\nmicro_batches = 2\n", "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const std::vector<std::vector<int>> at = {{0, 2}, {1, 3}};  // [stage][replica]
+  proto::Plan plan;
+  plan.set_replicas(2);
+  for (int s = 0; s < 2; ++s)
+    for (int r = 0; r < 2; ++r) {
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(at[s][r]), a->set_stage(s), a->set_replica(r);
+      proto::ShardPlacement* sp = plan.add_shards();
+      sp->set_stage(s), sp->set_shard(r), sp->set_owner_replica(r);
+    }
+  SetWires(ResolveWires(WireDtype::kAuto, WireDtype::kF32, TensorPairs(at), [](int, int) { return 1e6; }), plan);
+  FixStreamWires(at, 2, plan);
+  WirePlan w = WiresOf(plan);
+  EXPECT_EQ(w.Of(0, 1, proto::ACTIVATION, 0, 0, 1, 0), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(3, 2, proto::GRADIENT, 1, 1, 0, 0), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(0, 0, proto::GRAD_PUSH, 0, 0, 0, 0), WireDtype::kF32) << "its own shard";
+  EXPECT_EQ(w.Of(0, 2, proto::GRAD_PUSH, 0, 0, 0, 1), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(0, 2, proto::PARAMS, 0, 0, 0, 1), WireDtype::kBf16);
+  // A spare (worker 9) in stage 0 replica 0: its pair with worker 1 was never resolved.
+  EXPECT_EQ(w.Of(9, 1, proto::ACTIVATION), WireDtype::kF32);
+  EXPECT_EQ(w.Of(9, 1, proto::ACTIVATION, 0, 0, 0, 0), WireDtype::kInt8);
+
+  // Shrunk to replica 0 of 2 groups of 2 micro-batches, which hosts every shard.
+  plan.set_replicas(1);
+  plan.set_micro_batches(4);
+  for (proto::ShardPlacement& sp : *plan.mutable_shards()) sp.set_owner_replica(0);
+  w = WiresOf(plan);
+  EXPECT_EQ(w.groups, 2);
+  for (int m = 0; m < 4; ++m) EXPECT_EQ(w.Of(0, 1, proto::ACTIVATION, 0, 0, m, 0), WireDtype::kInt8) << m;
+  EXPECT_EQ(w.Of(0, 0, proto::GRAD_PUSH, 0, 0, 0, 0), WireDtype::kF32) << "job replica 0 to shard 0";
+  EXPECT_EQ(w.Of(0, 0, proto::GRAD_PUSH, 0, 0, 0, 1), WireDtype::kInt8) << "job replica 0 to shard 1";
+  EXPECT_EQ(w.Of(0, 0, proto::GRAD_PUSH, 0, 0, 1, 0), WireDtype::kInt8) << "job replica 1 to shard 0";
+  EXPECT_EQ(w.Of(0, 0, proto::GRAD_PUSH, 0, 0, 1, 1), WireDtype::kF32) << "job replica 1 to shard 1";
+  plan.clear_assignments();
+  for (int s = 0; s < 2; ++s) {
+    proto::Assignment* a = plan.add_assignments();
+    a->set_worker_id(at[s][0]), a->set_stage(s), a->set_replica(0);
+  }
+  EXPECT_EQ(FeedbackStreams(plan, *cfg), (std::set<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+
+  // A plan running a cut of its own has streams of its own: its links decide.
+  plan.set_job_config_toml("[cluster]\nstages = 2\n");
+  EXPECT_EQ(WiresOf(plan).Of(0, 0, proto::GRAD_PUSH, 0, 0, 0, 1), WireDtype::kF32);
 }
 
 // A plan's shards are the job's cuts, each hosted once by a replica the plan runs; a coordinator
