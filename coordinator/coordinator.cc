@@ -545,6 +545,12 @@ class Service final : public proto::Coordinator::Service {
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
     if (plan_.version() == 0) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan yet");
+    // The first report of the running version's failure: a loss, once found, answers it; where
+    // every worker is heard from after it instead, the layout starts again (Supervise).
+    if (!req->failure().empty() && req->plan_version() == plan_.version() && !restart_) {
+      restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now()};
+      cv_.notify_all();
+    }
     const int suspect = WorkerAt(plan_, req->stage(), req->replica());
     if (suspect < 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -672,6 +678,7 @@ class Service final : public proto::Coordinator::Service {
         Lose(*silent);
       }
       if (!vacant_.empty() && abort_.empty()) Replan();
+      if (restart_ && vacant_.empty() && abort_.empty() && !finished_) MaybeRestart();
     }
     if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);
     nlohmann::json stragglers = nlohmann::json::array();
@@ -876,6 +883,7 @@ class Service final : public proto::Coordinator::Service {
                             it + 1, c->lost, c->repeated));
     }
     if (it == end_ - 1) last_recorded_ = true;
+    restarts_in_a_row_ = 0;
     for (const Pending& p : pending_) {
       const double stall = std::chrono::duration<double>(Clock::now() - p.failed_at).count();
       recoveries_[p.event]["stall_s"] = stall;
@@ -1031,6 +1039,43 @@ class Service final : public proto::Coordinator::Service {
           absl::StrJoin(moves, "; "), replace);
   }
 
+  // REQUIRES: mu_ held, restart_ set and nobody lost. A worker's version failed (SuspectReport's
+  // failure); once every worker of the plan has been heard from since, nobody died: a link broke
+  // between live workers (a reset connection, a middlebox's timeout), and the same layout starts
+  // again from the last complete checkpoint, as after a loss. A dead worker is found first (a
+  // closed lifeline, a refused port); a silent one is never heard from and is lost after
+  // cluster.dead_after_s. A link that keeps breaking stops the job after kMaxRestarts.
+  void MaybeRestart() {
+    for (const proto::Assignment& a : plan_.assignments())
+      if (members_.last_seen(a.worker_id()) <= restart_->at) return;
+    const Restart r = *std::exchange(restart_, std::nullopt);
+    if (++restarts_in_a_row_ > kMaxRestarts) {
+      Abort(absl::StrFormat("plan version %d failed with every worker alive, the %d-th time with no iteration "
+                            "completed since (worker %d: %s): a link between the workers keeps breaking; check the "
+                            "network between them (a firewall, a NAT or proxy closing connections), then %s",
+                            plan_.version(), restarts_in_a_row_, r.worker, r.failure, ResumeAdvice()));
+      return;
+    }
+    const int64_t reached = Rollback();
+    const std::string what =
+        absl::StrFormat("worker %d's plan version %d failed with every worker alive (%s)", r.worker, plan_.version(),
+                        r.failure);
+    recoveries_.push_back({{"restart", true},
+                           {"worker", r.worker},
+                           {"failure", r.failure},
+                           {"plan_version", plan_.version()},
+                           {"detection_s", std::chrono::duration<double>(Clock::now() - r.at).count()},
+                           {"lost_at_unix_s", UnixSeconds()}});
+    const size_t event = recoveries_.size() - 1;
+    pending_.push_back({event, r.worker, r.at, what});
+    std::cout << "coordinator: " << what << "\n" << std::flush;
+    Adopt(NextPlan(plan_, {}, members_.registrations(), {start_, resume_name_, end_}), reached,
+          "the same layout again", {});
+    recoveries_[event]["new_plan_version"] = plan_.version();
+    recoveries_[event]["rollback_to_step"] = start_;
+    recoveries_[event]["redone_iterations"] = reached - start_;
+  }
+
   // REQUIRES: mu_ held, a checkpoint just completed. A shrunk layout takes back replicas from the
   // spares that joined since (GrowPlan) at this step: the iterations under way past it are redone.
   void Grow() {
@@ -1124,6 +1169,7 @@ class Service final : public proto::Coordinator::Service {
     }
     vacant_.clear();
     spare_wait_noted_ = false;
+    restart_.reset();  // the new version answers whatever failed the old one
     WriteJobState();
     cv_.notify_all();
   }
@@ -1423,6 +1469,15 @@ class Service final : public proto::Coordinator::Service {
     std::string what;
   };
   std::vector<Pending> pending_;
+  // A worker's report that the running version failed (SuspectReport.failure), not yet answered.
+  struct Restart {
+    int worker;
+    std::string failure;
+    Clock::time_point at;
+  };
+  std::optional<Restart> restart_;
+  int restarts_in_a_row_ = 0;  // versions started again since an iteration last completed
+  static constexpr int kMaxRestarts = 3;
   nlohmann::json cluster_record_ = nlohmann::json::object();  // cluster.json
   bool last_recorded_ = false;   // every worker reported the run's last iteration
   bool finished_ = false;        // ... and its checkpoint is complete

@@ -55,6 +55,8 @@ class Membership {
   // for a lost one's.
   absl::Status Check(int id) const;
   void Heard(int id, Clock::time_point now);
+  // When worker `id` was last heard from.
+  Clock::time_point last_seen(int id) const { return workers_.at(id).last_seen; }
   // The worker finished (or failed); `timeline` is its trace file, if it wrote one (path empty: none).
   void Done(int id, const TraceFile& timeline);
 

@@ -281,12 +281,17 @@ absl::StatusOr<proto::CheckpointChunk> CoordinatorClient::FetchCheckpoint(proto:
   return chunk;
 }
 
-absl::Status CoordinatorClient::ReportSuspect(int stage, int replica) {
+absl::Status CoordinatorClient::ReportSuspect(int stage, int replica, const std::string& failure,
+                                              uint64_t plan_version) {
   proto::SuspectReport report;
   report.set_worker_id(id_);
   report.set_stage(stage);
   report.set_replica(replica);
-  return Report(&proto::Coordinator::Stub::ReportSuspect, report, "reporting a peer that left to the coordinator");
+  report.set_failure(failure);
+  report.set_plan_version(plan_version);
+  return Report(&proto::Coordinator::Stub::ReportSuspect, report,
+                failure.empty() ? "reporting a peer that left to the coordinator"
+                                : "reporting this worker's failed plan version to the coordinator");
 }
 
 absl::Status CoordinatorClient::ShipTimeline(proto::TimelineChunk chunk) {

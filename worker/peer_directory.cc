@@ -113,8 +113,10 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
   static const char* names[] = {"?",           "send act",   "send grad", "push grads",
                                 "send params", "send probe", "send norm", "send validation act"};
-  in_flight_.push_back({Client(to_worker, to).Send(h, data, n), names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0],
-                        it, micro});
+  std::function<void(const absl::Status&)> failed;
+  if (on_failure_) failed = [f = on_failure_, stage, replica](const absl::Status& s) { f(stage, replica, s); };
+  in_flight_.push_back({Client(to_worker, to).Send(h, data, n, std::move(failed)),
+                        names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0], it, micro});
 }
 
 absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged) {

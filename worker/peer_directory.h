@@ -3,6 +3,7 @@
 // address (dialled through the dial map where one is given: an emulated link's proxy), the sends
 // in flight, and when each finished (for the timeline).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -66,6 +67,11 @@ class PeerDirectory {
   // iteration then does not wait for them.
   void OpenLinks();
 
+  // Called with the peer's (stage, replica) as a send to it fails other than by a cancellation
+  // (TensorClient::Send's on_failure), from whichever thread saw it.
+  void SetFailureObserver(std::function<void(int stage, int replica, const absl::Status&)> observer) {
+    on_failure_ = std::move(observer);
+  }
   // Sends n floats to the worker running (stage, replica) as a tensor of `kind`; with the fp32
   // wire, `data` is read in place and must stay unchanged until Flush.
   void Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
@@ -102,6 +108,7 @@ class PeerDirectory {
   std::map<std::pair<int, int>, uint64_t> sent_bytes_;
   std::vector<InFlight> in_flight_;
   absl::Status unaddressed_;  // a send to a (stage, replica) the plan does not have
+  std::function<void(int, int, const absl::Status&)> on_failure_;
 };
 
 }  // namespace longhaul

@@ -189,6 +189,8 @@ class Worker {
   std::optional<proto::ParamsCrc> pulled_crc_;
   Timeline timeline_;
   Clock::time_point heard_of_plan_{};  // when a newer plan version stopped the one running (stop_mu_)
+  // The peer (stage, replica) a send of this version failed to first, where one did (stop_mu_).
+  std::optional<std::pair<int, int>> failed_link_;
 };
 
 void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
@@ -411,6 +413,21 @@ absl::Status Worker::Setup() {
   for (const proto::Peer& p : members_) known.insert(p.worker_id());
   clients_.KeepOnly(known);
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
+  // A send that fails mid-run (a reset connection, a refusal) ends the version at once: its peer
+  // waits for the tensor, and this worker would hear of it only at its next Flush, past receives
+  // that may wait on that peer in turn.
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    failed_link_.reset();
+  }
+  peers_->SetFailureObserver([this](int stage, int replica, const absl::Status& s) {
+    if (!running_) return;
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (!failed_link_) failed_link_ = {stage, replica};
+    }
+    Stop(std::string(s.message()));
+  });
   peers_->OpenLinks();
 
   LH_RETURN_IF_ERROR(LoadData(cfg_));
@@ -861,6 +878,16 @@ absl::Status Worker::Run() {
     // (or sends every worker back, where one was lost before); after a failure a lost peer may
     // explain, it sends the next plan within the silence that loses a worker, or stops the job.
     if (!status.ok() && (!PeerMayExplain(status) || client_.job_stopped())) break;
+    // Failed on its own, not stopped by a newer version: where nobody was lost (a link broke
+    // between live workers), the coordinator starts the layout again on this report.
+    if (!status.ok() && client_.newest_plan() <= plan_.version()) {
+      std::pair<int, int> link{s_, r_};
+      {
+        std::lock_guard<std::mutex> lock(stop_mu_);
+        if (failed_link_) link = *failed_link_;
+      }
+      (void)client_.ReportSuspect(link.first, link.second, std::string(status.message()), plan_.version());
+    }
     const double wait_s = status.ok() ? 0 : 2 * cfg_.cluster.dead_after_s;
     absl::StatusOr<proto::Plan> next = client_.AwaitPlan(plan_.version(), wait_s);
     if (absl::IsOutOfRange(next.status()) && !status.ok()) {

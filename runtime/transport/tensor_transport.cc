@@ -557,6 +557,16 @@ class PeerConnection {
   // they arrive meanwhile (so each is timed when it came, and a refusal of this very part stops
   // its bytes at once).
   void Send(OutPart p) {
+    // A connection kept between tensors that its peer or a middlebox closed meanwhile (nothing is
+    // awaited on it, so anything to read is its end) is replaced before the part is written into
+    // it: the part would fail, and with it the plan version, over a link that works.
+    if (fd_ >= 0 && awaiting_.empty() && !proof_unacknowledged_) {
+      pollfd f{fd_, POLLIN, 0};
+      if (poll(&f, 1, 0) > 0) {
+        close(fd_);
+        fd_ = -1;
+      }
+    }
     if (fd_ < 0) {
       if (absl::Status s = Open(p.deadline); !s.ok()) return p.Done(Why(s));
     }
@@ -816,15 +826,20 @@ void SendOp::WaitWritten() {
 }
 
 void SendOp::PartDone(const absl::Status& s, bool written) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!written && --unwritten_ == 0) cv_.notify_all();
-  if (!s.ok() && status_.ok()) {
-    status_ = absl::Status(s.code(), absl::StrCat("sending ", what_, ": ", s.message()));
+  absl::Status failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!written && --unwritten_ == 0) cv_.notify_all();
+    if (!s.ok() && status_.ok()) {
+      status_ = absl::Status(s.code(), absl::StrCat("sending ", what_, ": ", s.message()));
+      if (!absl::IsCancelled(s)) failed = status_;
+    }
+    if (--pending_ == 0) {
+      seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      cv_.notify_all();
+    }
   }
-  if (--pending_ == 0) {
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    cv_.notify_all();
-  }
+  if (!failed.ok() && on_failure_) on_failure_(failed);
 }
 
 absl::Status SendOp::Wait() {
@@ -855,8 +870,10 @@ void TensorClient::Rearm(std::shared_ptr<SendCanceller> canceller) {
   for (auto& c : connections_) c->Rearm(canceller);
 }
 
-std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n) {
+std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n,
+                                           std::function<void(const absl::Status&)> on_failure) {
   auto op = std::make_shared<SendOp>();
+  op->on_failure_ = std::move(on_failure);
   const WireDtype dtype = header.dtype() != proto::WIRE_DTYPE_UNSPECIFIED ? static_cast<WireDtype>(header.dtype())
                                                                          : WireDtypeFor(options_.dtype, header.kind());
   op->start_ = std::chrono::steady_clock::now();

@@ -210,6 +210,7 @@ class SendOp {
   std::chrono::steady_clock::time_point start_;
   double seconds_ = 0;
   std::string what_;
+  std::function<void(const absl::Status&)> on_failure_;  // TensorClient::Send's
 };
 
 // Sends tensors to one peer over transport.connections connections, each with its own thread
@@ -227,8 +228,11 @@ class TensorClient {
   // job id, protocol version, sizes and checksum are filled in here, the rest of `header` (kind,
   // iteration, ...) by the caller. With the fp32 wire
   // dtype the bytes are sent from `data` itself, which must stay unchanged until the SendOp is
-  // done; fp16 and bf16 encode into the op's own buffer first.
-  std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n);
+  // done; fp16 and bf16 encode into the op's own buffer first. `on_failure`, where given, is called
+  // once as the op fails other than by a cancellation, from whichever thread saw it fail: a caller
+  // that waits only at its next Flush hears of a reset connection or a refusal at once.
+  std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n,
+                               std::function<void(const absl::Status&)> on_failure = {});
   // Opens every connection now, each on its own thread, so the first tensor does not pay for the
   // connection and the hello (round trips on a long link); returns at once. A connection that
   // cannot open now opens at its first send, which reports the error.

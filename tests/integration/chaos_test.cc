@@ -488,6 +488,56 @@ ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::stri
   return run;
 }
 
+// A connection between two live workers reset mid-run, as a middlebox or a NAT closing it would
+// (here the kernel's own socket destroy, `ss -K`, which needs root): the version of the worker
+// that sends on it fails at once, and nobody is lost, so once every worker is heard from the
+// coordinator starts the same layout again from the last checkpoint. The run ends bitwise as the
+// uninterrupted one, every sample once. Before, the sender waited for a plan that never came and
+// the job failed.
+TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
+  if (geteuid() != 0) GTEST_SKIP() << "resetting a connection (ss -K) needs root";
+  UseNewSecret();
+  const fs::path calm = Dir("reset_calm"), out = Dir("reset");
+  ASSERT_EQ(RunJob(calm, 0, [](Supervisor&) {}), 0) << Read(calm / "coordinator_1.txt");
+  std::string destroyed;
+  const int status = RunJob(out, 0, [&](Supervisor& sup) {
+        std::optional<proto::JobState> state;
+        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= 100 && (state = sup.State()).has_value(); },
+                              std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        // Every connection to stage 1 replica 0's tensor port: its activations from stage 0, and
+        // the pushes and parameters of stage 1 replica 1.
+        std::string address;
+        for (const proto::Assignment& a : state->plan().assignments())
+          if (a.stage() == 1 && a.replica() == 0) address = a.address();
+        const std::string port = address.substr(address.rfind(':') + 1);
+        FILE* ss = popen(("ss -K -H -t state established dst 127.0.0.1:" + port + " 2>&1").c_str(), "r");
+        ASSERT_NE(ss, nullptr);
+        char line[512];
+        while (fgets(line, sizeof(line), ss) != nullptr) destroyed += line;
+        pclose(ss);
+        std::cout << "ss -K destroyed:\n" << destroyed;
+      });
+  const std::string log = Read(out / "coordinator_1.txt");
+  if (destroyed.find("127.0.0.1:" ) == std::string::npos) {
+    GTEST_SKIP() << "ss -K destroyed no socket here (a kernel without CONFIG_INET_DIAG_DESTROY?): " << destroyed;
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  EXPECT_NE(log.find("failed with every worker alive"), std::string::npos) << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "completed");
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
+  ASSERT_GE(summary["recoveries"].size(), 1u) << summary.dump(2);
+  for (const nlohmann::json& r : summary["recoveries"]) {
+    std::cout << "plan change: " << r.dump() << "\n";
+    EXPECT_TRUE(r.value("restart", false)) << "nobody was lost: " << r.dump();
+  }
+  ExpectTheSameRun(calm, out, kSteps);
+}
+
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
 // 4 micro-batches, and the broken replica's survivor waits as a spare. A worker started later
 // makes a whole replica with it, and at the next checkpoint the job grows back to 2 x 2. The run

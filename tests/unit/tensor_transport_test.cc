@@ -300,6 +300,44 @@ TEST(TensorTransport, ARefusedLargeTensorReachesItsSenderWithTheReason) {
   EXPECT_NE(s.message().find("this receiver takes 1 to 1048576"), std::string::npos) << s;
 }
 
+// A sender that waits for its sends only later hears of a failure at once, from the thread that
+// saw it, once per tensor whatever its parts; a cancellation (a plan version's end) is no failure.
+TEST(TensorTransport, ASendTellsItsObserverOfAFailureOnceAndOfACancellationNever) {
+  Mailbox box;
+  const AnyTensorUpTo small(1 << 20);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &small);
+  ASSERT_TRUE(server.ok());
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.connections = 4;
+  std::atomic<int> told{0};
+  absl::Status heard;
+  std::mutex mu;
+  auto observe = [&](const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    heard = s;
+    ++told;
+  };
+  const std::vector<float> big(16 << 20, 1.0f);  // 4 parts, each refused
+  const absl::Status s =
+      TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(), big.size(), observe)->Wait();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(told, 1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(heard, s);
+  }
+
+  TransportOptions cancellable;
+  cancellable.timeout = std::chrono::seconds(60);
+  cancellable.canceller = std::make_shared<SendCanceller>();
+  TensorClient nowhere("127.0.0.1:1", cancellable);  // nobody listens: the send waits for the peer
+  auto op = nowhere.Send(Header(proto::ACTIVATION, 0), big.data(), 10, observe);
+  cancellable.canceller->Cancel("plan version 2 replaces version 1");
+  EXPECT_EQ(op->Wait().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(told, 1) << "a cancellation was told as a failure";
+}
+
 TEST(TensorTransport, APartThatStallsAfterItsHeaderIsDroppedAtThePartTimeout) {
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
