@@ -70,6 +70,17 @@ bool PlanAdmission::Ahead(const proto::TensorHeader& h, std::chrono::steady_cloc
          (h.plan_version() <= expected_version_ || waited < kUnheardPatience);
 }
 
+bool PlanAdmission::Stale(const proto::TensorHeader& h) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return have_plan_ && h.kind() != proto::LINK_PROBE &&
+         (h.plan_version() < plan_version_ || h.plan_version() < expected_version_ || h.plan_version() <= left_version_);
+}
+
+void PlanAdmission::Leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  left_version_ = std::max(left_version_, plan_version_);
+}
+
 void PlanAdmission::Expect(uint64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
   expected_version_ = std::max(expected_version_, version);

@@ -36,6 +36,12 @@ class PlanAdmission : public TensorAdmission {
   bool Ahead(const proto::TensorHeader& header, std::chrono::steady_clock::duration waited) const override;
   // Plan `version` is coming: the coordinator published it.
   void Expect(uint64_t version);
+  // This worker gave up the version it runs (it failed, or a newer one is coming): its tensors
+  // still under way are of no use.
+  void Leave();
+  // Of a version older than the one set or expected, or of one left: a peer's send from just
+  // before it moved on, or from before this worker gave the version up.
+  bool Stale(const proto::TensorHeader& header) const override;
   static constexpr std::chrono::seconds kUnheardPatience{1};
 
  private:
@@ -52,6 +58,7 @@ class PlanAdmission : public TensorAdmission {
   bool have_plan_ = false;
   uint64_t plan_version_ = 0;
   uint64_t expected_version_ = 0;  // the newest Expect'ed
+  uint64_t left_version_ = 0;      // the newest version Leave gave up
   int stage_ = 0, replica_ = 0;
   std::map<Source, Expected> expected_;
   // With local updates, pushes and parameters travel only on the iterations that exchange (and

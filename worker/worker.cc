@@ -197,6 +197,7 @@ void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (newer_plan > 0 && installed_ >= newer_plan) return;
   if (newer_plan > 0) heard_of_plan_ = Clock::now(), admission_.Expect(newer_plan);
+  admission_.Leave();
   mailbox_.Close(reason);
   canceller_->Cancel(reason);
 }

@@ -45,9 +45,10 @@ absl::StatusOr<uint32_t> ReadU32(int fd, Deadline deadline, const WakeFd& wake, 
 }
 
 // One acknowledgement frame: u32 length, serialized TensorAck.
-std::string AckFrame(const absl::Status& s) {
+std::string AckFrame(const absl::Status& s, bool dropped = false) {
   proto::TensorAck ack;
   ack.set_ok(s.ok());
+  ack.set_dropped(dropped);
   if (!s.ok()) {
     ack.set_code(static_cast<int32_t>(s.code()));
     ack.set_error(std::string(s.message()));
@@ -280,6 +281,10 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   if (!IsWireDtype(h.dtype())) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown wire dtype %d", h.dtype()));
   }
+  // A part of a version this worker has left comes from a peer that has not heard yet, or was
+  // written just before it did: dropped, its connection kept (a refusal closes it, and the next
+  // version's first tensor on it paid a round trip to connect again).
+  if (admission_->Stale(h)) return DropPart(fd, h, deadline);
   // Every size is checked against what the plan allows, overflow-safe, and the part is reserved in
   // the mailbox before any buffer exists.
   const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
@@ -336,6 +341,26 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   }
   const std::string ok = AckFrame(absl::OkStatus());
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+}
+
+absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadline deadline) {
+  // Only a peer that proved the job secret gets here; the bound keeps the byte count from
+  // overflowing, and the part timeout bounds the time.
+  constexpr uint64_t kMaxDroppedElements = uint64_t{1} << 34;
+  if (h.part_elements() > kMaxDroppedElements) {
+    return absl::InvalidArgumentError(absl::StrFormat("refused: a part of %d elements of plan version %d, which this "
+                                                      "worker has left",
+                                                      h.part_elements(), h.plan_version()));
+  }
+  char scratch[64 << 10];
+  for (uint64_t left = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype())) + 4; left > 0;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+    if (absl::Status s = ReadAll(fd, scratch, n, deadline, stop_); !s.ok()) return s;
+    left -= n;
+  }
+  const std::string dropped = AckFrame(
+      absl::AbortedError(absl::StrFormat("dropped: plan version %d was replaced", h.plan_version())), true);
+  return WriteAll(fd, dropped.data(), dropped.size(), Forever(), stop_);
 }
 
 absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline) {
@@ -528,10 +553,20 @@ class PeerConnection {
         // Once cancelled, every part fails at once, those queued later too.
         const absl::Status why = absl::CancelledError(stop && cancelled.empty() ? "the sender was closed" : cancelled);
         for (OutPart& p : next) p.Done(why);
-        // A connection with nothing awaiting an acknowledgement is between tensors (a part is
-        // awaited from its first byte): it stays open for whoever rearms it (a plan version's
-        // next, which then pays no connect and no handshake on a long link).
-        if (!awaiting_.empty() || stop) Broken(why);
+        // A connection whose parts were all written whole is between tensors (a write the
+        // cancellation cut short broke it in Send): it stays open for whoever rearms it (a plan
+        // version's next, which then pays no connect and no handshake on a long link), and the
+        // acknowledgements of the parts failed here are read and dropped before any later part's.
+        // Closing it too cost a recovery's first tensor between two survivors a round trip.
+        const bool whole = std::all_of(awaiting_.begin(), awaiting_.end(), [](const OutPart& p) { return p.written; });
+        if (stop || !whole) {
+          Broken(why);
+        } else {
+          orphaned_ += awaiting_.size();
+          std::deque<OutPart> failed;
+          failed.swap(awaiting_);
+          for (OutPart& p : failed) p.Done(why);
+        }
         {
           std::lock_guard<std::mutex> lock(mu_);
           cancel_handled_ = true;
@@ -557,14 +592,16 @@ class PeerConnection {
   // they arrive meanwhile (so each is timed when it came, and a refusal of this very part stops
   // its bytes at once).
   void Send(OutPart p) {
-    // A connection kept between tensors that its peer or a middlebox closed meanwhile (nothing is
-    // awaited on it, so anything to read is its end) is replaced before the part is written into
-    // it: the part would fail, and with it the plan version, over a link that works.
+    // A connection kept between tensors that its peer or a middlebox closed meanwhile is replaced
+    // before the part is written into it: the part would fail, and with it the plan version, over
+    // a link that works. Nothing is awaited on it, so what there is to read is its end, or the
+    // acknowledgements of parts a cancellation gave up, taken here.
     if (fd_ >= 0 && awaiting_.empty() && !proof_unacknowledged_) {
       pollfd f{fd_, POLLIN, 0};
-      if (poll(&f, 1, 0) > 0) {
+      if (poll(&f, 1, 0) > 0 && (orphaned_ == 0 || !PumpAcks().ok())) {
         close(fd_);
         fd_ = -1;
+        orphaned_ = 0;
       }
     }
     if (fd_ < 0) {
@@ -662,7 +699,7 @@ class PeerConnection {
       // Whole acknowledgements are taken as soon as they are in: what waits is at most one.
       while (acks_.size() >= 4) {
         const uint32_t n = GetU32(reinterpret_cast<const uint8_t*>(acks_.data()));
-        if (n > kMaxAckBytes || (awaiting_.empty() && !proof_unacknowledged_)) {
+        if (n > kMaxAckBytes || (awaiting_.empty() && orphaned_ == 0 && !proof_unacknowledged_)) {
           return absl::DataLossError("the receiver sent what is no acknowledgement: is it a longhaul worker?");
         }
         if (acks_.size() < 4 + n) break;
@@ -672,8 +709,17 @@ class PeerConnection {
         }
         acks_.erase(0, 4 + n);
         const absl::Status s = AckStatus(ack);
+        const bool refused = !s.ok() && !ack.dropped();  // a refusal closes the connection; a drop does not
         if (std::exchange(proof_unacknowledged_, false)) {
           if (!s.ok()) return s;  // every part written after the proof fails with the refusal
+          continue;
+        }
+        if (orphaned_ > 0) {  // a part a cancellation failed already
+          --orphaned_;
+          if (refused) {
+            return absl::UnavailableError(
+                absl::StrCat("the receiver closed the connection after refusing a tensor given up: ", s.message()));
+          }
           continue;
         }
         // A part is acknowledged after its last byte; a refusal may come sooner.
@@ -683,7 +729,7 @@ class PeerConnection {
         OutPart done = std::move(awaiting_.front());
         awaiting_.pop_front();
         done.Done(s);
-        if (!s.ok()) {
+        if (refused) {
           return absl::UnavailableError(
               absl::StrCat("the receiver closed the connection after refusing an earlier tensor: ", s.message()));
         }
@@ -768,6 +814,7 @@ class PeerConnection {
     for (OutPart& p : lost) p.Done(why);
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
+    orphaned_ = 0;
   }
 
   const std::string address_;
@@ -787,6 +834,7 @@ class PeerConnection {
   std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
   std::string acks_;              // bytes of acknowledgements not yet whole
   bool proof_unacknowledged_ = false;  // the next acknowledgement is the handshake's (Handshake)
+  size_t orphaned_ = 0;  // acknowledgements still to come of parts a cancellation failed
   int fd_ = -1;
   std::thread thread_;
 };

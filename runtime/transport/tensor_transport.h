@@ -104,6 +104,9 @@ class TensorAdmission {
   // and still expects: its sender set it up sooner. The server asks Admit once it is not, or at
   // the part timeout.
   virtual bool Ahead(const proto::TensorHeader&, std::chrono::steady_clock::duration /*waited*/) const { return false; }
+  // The header is of a plan version this process has left or heard is being replaced: its part is
+  // read and dropped (TensorAck.dropped), and the connection stays for the next version's tensors.
+  virtual bool Stale(const proto::TensorHeader&) const { return false; }
 };
 
 // Admits any tensor of at most `max_elements` in any wire dtype: for tools and tests without a plan.
@@ -162,6 +165,9 @@ class TensorServer {
   absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.
   absl::Status ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline);
+  // Reads a stale part's bytes (TensorAdmission::Stale) into a small buffer and acknowledges it
+  // as dropped.
+  absl::Status DropPart(int fd, const proto::TensorHeader& h, Deadline deadline);
   void Refuse(const std::string& why);
   void ReapFinished();
 

@@ -146,6 +146,36 @@ TEST(PlanAdmission, ATensorOfTheNextVersionIsAheadWhileThatVersionIsExpected) {
   EXPECT_EQ(a.Admit(next).value_or(0), 2u * 16 * 32);
 }
 
+// A tensor of a version older than the one set, or than one published since (Expect), or of one
+// this worker gave up (Leave) is stale: a peer's send from before it moved on, which the server
+// drops without closing the connection.
+TEST(PlanAdmission, TensorsOfAVersionLeftOrBeingReplacedAreStale) {
+  const JobConfig cfg = Config();
+  proto::Plan plan = Plan(cfg);  // version 3
+  PlanAdmission a;
+  proto::TensorHeader h = From(proto::ACTIVATION, 0, 0);
+  h.set_plan_version(1);
+  EXPECT_FALSE(a.Stale(h)) << "no plan yet: nothing to compare with";
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  EXPECT_TRUE(a.Stale(h));
+  h.set_plan_version(3);
+  EXPECT_FALSE(a.Stale(h)) << "the version running";
+  a.Expect(4);
+  EXPECT_TRUE(a.Stale(h)) << "the version running, once a newer one was published";
+  h.set_plan_version(4);
+  EXPECT_FALSE(a.Stale(h));
+  PlanAdmission failed;
+  failed.SetPlan(plan, cfg, 1, 0);
+  h.set_plan_version(3);
+  failed.Leave();
+  EXPECT_TRUE(failed.Stale(h)) << "the version running, once this worker gave it up";
+  h.set_plan_version(4);
+  EXPECT_FALSE(failed.Stale(h)) << "the next version's, which the worker waits for";
+  proto::TensorHeader probe = From(proto::LINK_PROBE, 0, 0);
+  probe.set_plan_version(0);
+  EXPECT_FALSE(a.Stale(probe)) << "a probe is refused by Admit, with the reason";
+}
+
 TEST(PlanAdmission, LocalUpdatesAdmitPushesAndParametersOnlyWhereTheReplicasExchange) {
   JobConfig cfg = Config();
   cfg.train.local_steps = 4;

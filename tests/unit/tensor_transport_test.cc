@@ -154,8 +154,36 @@ class OneVersion : public TensorAdmission {
   bool Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration) const override {
     return h.plan_version() > version;
   }
+  bool Stale(const proto::TensorHeader& h) const override { return h.plan_version() < version; }
   std::atomic<uint64_t> version{1};
 };
+
+// A part of a version the receiver has left is read and dropped: its sender hears so, and the
+// connection carries the next version's tensors (a refusal would have closed it).
+TEST(TensorTransport, APartOfAVersionLeftIsDroppedAndItsConnectionStays) {
+  Mailbox box;
+  OneVersion admission;
+  admission.version = 2;
+  box.Reopen(2);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &admission);
+  ASSERT_TRUE(server.ok());
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  const std::vector<float> x = Ramp(5000);
+  TensorClient client((*server)->address(), opt);
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_plan_version(1);
+  const absl::Status old = client.Send(h, x.data(), x.size())->Wait();
+  EXPECT_EQ(old.code(), absl::StatusCode::kAborted) << old;
+  EXPECT_NE(old.message().find("dropped: plan version 1 was replaced"), std::string::npos) << old;
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  h.set_plan_version(2);
+  ASSERT_TRUE(client.Send(h, x.data(), x.size())->Wait().ok());
+  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+  EXPECT_EQ((*server)->refused(), 0) << "the drop was counted as a refusal";
+}
 
 // A resumed plan version has no start barrier: a tensor of a version the receiver has yet to set up
 // waits in its server until it has, and is refused only where it never comes (the part timeout).
@@ -284,18 +312,28 @@ TEST(TensorTransport, GarbageOnThePortClosesOnlyThatConnection) {
   EXPECT_EQ(*b, x);
 }
 
+// A receiver of job "jobA" that takes tensors of at most 2^20 elements.
+struct SmallReceiver {
+  SmallReceiver() {
+    auto started = TensorServer::Start("127.0.0.1:0", "jobA", &box, &small);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) server = *std::move(started);
+  }
+  Mailbox box;
+  const AnyTensorUpTo small{1 << 20};
+  std::unique_ptr<TensorServer> server;
+};
+
 TEST(TensorTransport, ARefusedLargeTensorReachesItsSenderWithTheReason) {
   // The receiver refuses at the header while the sender still has most of 64 MiB to write: the
   // reason must come back, not a reset connection.
-  Mailbox box;
-  const AnyTensorUpTo small(1 << 20);
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &small);
-  ASSERT_TRUE(server.ok());
+  SmallReceiver receiver;
+  ASSERT_NE(receiver.server, nullptr);
   TransportOptions opt;
   opt.job_id = "jobA";
   const std::vector<float> big(16 << 20, 1.0f);
-  const absl::Status s = TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(),
-                                                                       big.size())->Wait();
+  const absl::Status s = TensorClient(receiver.server->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(),
+                                                                           big.size())->Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("this receiver takes 1 to 1048576"), std::string::npos) << s;
 }
@@ -303,10 +341,8 @@ TEST(TensorTransport, ARefusedLargeTensorReachesItsSenderWithTheReason) {
 // A sender that waits for its sends only later hears of a failure at once, from the thread that
 // saw it, once per tensor whatever its parts; a cancellation (a plan version's end) is no failure.
 TEST(TensorTransport, ASendTellsItsObserverOfAFailureOnceAndOfACancellationNever) {
-  Mailbox box;
-  const AnyTensorUpTo small(1 << 20);
-  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &small);
-  ASSERT_TRUE(server.ok());
+  SmallReceiver receiver;
+  ASSERT_NE(receiver.server, nullptr);
   TransportOptions opt;
   opt.job_id = "jobA";
   opt.connections = 4;
@@ -320,7 +356,7 @@ TEST(TensorTransport, ASendTellsItsObserverOfAFailureOnceAndOfACancellationNever
   };
   const std::vector<float> big(16 << 20, 1.0f);  // 4 parts, each refused
   const absl::Status s =
-      TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(), big.size(), observe)->Wait();
+      TensorClient(receiver.server->address(), opt).Send(Header(proto::ACTIVATION, 0), big.data(), big.size(), observe)->Wait();
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(told, 1);
   {
@@ -821,6 +857,30 @@ TEST(SendCanceller, AConnectionBetweenTensorsServesTheNextCancellerWithoutConnec
   client.Rearm(std::make_shared<SendCanceller>());
   const absl::Status again = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
   EXPECT_TRUE(again.ok()) << again << " (it connected again)";
+}
+
+// Cancelled while its part, written whole, awaits an acknowledgement (a plan version given up with
+// sends in flight): the connection stays, that acknowledgement is read and dropped when it comes,
+// and the next version's part goes on the same connection (the receiver takes one only).
+TEST(SendCanceller, AConnectionWhosePartsWereWrittenWholeOutlivesTheCancellation) {
+  const TransportOptions opt = Cancellable();
+  const std::vector<float> x = Ramp(10);
+  // The first part's acknowledgement comes only with the second's.
+  PartReceiver receiver([](int part) { return part == 1 ? "" : part == 2 ? OkAck() + OkAck() : OkAck(); });
+  TensorClient client(receiver.address(), opt);
+  std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
+  for (int i = 0; i < 200 && receiver.stream.parts < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(receiver.stream.parts, 1) << "the first part never reached the receiver";
+  EXPECT_FALSE(first->Done());
+  opt.canceller->Cancel("plan version 2 replaces version 1");
+  const absl::Status cancelled = first->Wait();
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  client.Rearm(std::make_shared<SendCanceller>());
+  const absl::Status again = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  EXPECT_TRUE(again.ok()) << again << " (it connected again, or took the dropped acknowledgement for its own)";
+  const absl::Status third = client.Send(Header(proto::ACTIVATION, 2), x.data(), x.size())->Wait();
+  EXPECT_TRUE(third.ok()) << third;
+  EXPECT_EQ(receiver.stream.parts, 3);
 }
 
 TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
