@@ -359,7 +359,7 @@ absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadli
     left -= n;
   }
   const std::string dropped = AckFrame(
-      absl::AbortedError(absl::StrFormat("dropped: plan version %d was replaced", h.plan_version())), true);
+      absl::AbortedError(absl::StrFormat("dropped: this worker has left plan version %d", h.plan_version())), true);
   return WriteAll(fd, dropped.data(), dropped.size(), Forever(), stop_);
 }
 
