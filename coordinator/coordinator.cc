@@ -1050,9 +1050,9 @@ class Service final : public proto::Coordinator::Service {
       if (members_.last_seen(a.worker_id()) <= restart_->at) return;
     const Restart r = *std::exchange(restart_, std::nullopt);
     if (++restarts_in_a_row_ > kMaxRestarts) {
-      Abort(absl::StrFormat("plan version %d failed with every worker alive, the %d-th time with no iteration "
-                            "completed since (worker %d: %s): a link between the workers keeps breaking; check the "
-                            "network between them (a firewall, a NAT or proxy closing connections), then %s",
+      Abort(absl::StrFormat("plan version %d failed with every worker alive, %d versions in a row with no iteration "
+                            "completed in between (worker %d: %s): a link between the workers keeps breaking; check "
+                            "the network between them (a firewall, a NAT or proxy closing connections), then %s",
                             plan_.version(), restarts_in_a_row_, r.worker, r.failure, ResumeAdvice()));
       return;
     }
