@@ -548,7 +548,7 @@ class Service final : public proto::Coordinator::Service {
     // The first report of the running version's failure: a loss, once found, answers it; where
     // every worker is heard from after it instead, the layout starts again (Supervise).
     if (!req->failure().empty() && req->plan_version() == plan_.version() && !restart_) {
-      restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now()};
+      restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now(), {}, {}};
       cv_.notify_all();
     }
     const int suspect = WorkerAt(plan_, req->stage(), req->replica());
@@ -678,7 +678,7 @@ class Service final : public proto::Coordinator::Service {
         Lose(*silent);
       }
       if (!vacant_.empty() && abort_.empty()) Replan();
-      if (restart_ && vacant_.empty() && abort_.empty() && !finished_) MaybeRestart();
+      if (restart_ && vacant_.empty() && abort_.empty() && !finished_) MaybeRestart(lock);
     }
     if (const std::optional<double> p = Predict()) log_.SetPrediction(*p);
     nlohmann::json stragglers = nlohmann::json::array();
@@ -1039,15 +1039,31 @@ class Service final : public proto::Coordinator::Service {
           absl::StrJoin(moves, "; "), replace);
   }
 
-  // REQUIRES: mu_ held, restart_ set and nobody lost. A worker's version failed (SuspectReport's
-  // failure); once every worker of the plan has been heard from since, nobody died: a link broke
-  // between live workers (a reset connection, a middlebox's timeout), and the same layout starts
-  // again from the last complete checkpoint, as after a loss. A dead worker is found first (a
-  // closed lifeline, a refused port); a silent one is never heard from and is lost after
-  // cluster.dead_after_s. A link that keeps breaking stops the job after kMaxRestarts.
-  void MaybeRestart() {
-    for (const proto::Assignment& a : plan_.assignments())
-      if (members_.last_seen(a.worker_id()) <= restart_->at) return;
+  // REQUIRES: `lock` holds mu_, restart_ set and nobody lost. A worker's version failed
+  // (SuspectReport's failure); once every worker of the plan has been heard from since, or its
+  // tensor port has answered this coordinator's dial since (its process lives: the kernel refuses
+  // a dead one's), nobody died: a link broke between live workers (a reset connection, a
+  // middlebox's timeout), and the same layout starts again from the last complete checkpoint, as
+  // after a loss. A dead worker is found first (a closed lifeline, a refused port); a silent one
+  // answers nothing and is lost after cluster.dead_after_s. A link that keeps breaking stops the
+  // job after kMaxRestarts.
+  void MaybeRestart(std::unique_lock<std::mutex>& lock) {
+    const uint64_t version = plan_.version();
+    for (const proto::Assignment& a : plan_.assignments()) {
+      const int id = a.worker_id();
+      if (members_.last_seen(id) > restart_->at || restart_->answered.count(id)) continue;
+      // One dial per worker and report, and only to a port this coordinator reached before; it
+      // leaves mu_ for at most cluster.lifeline_grace_s.
+      if (!members_.reachable(id) || !restart_->dialled.insert(id).second) return;
+      const PortAnswer answer = DialWorker(lock, id, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
+      if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
+        members_.Refused(id, Clock::now());  // its process ended: lost where anything else says so
+        cv_.notify_all();
+      }
+      if (!restart_ || plan_.version() != version || !vacant_.empty() || !abort_.empty()) return;
+      if (answer != PortAnswer::kListening) return;
+      restart_->answered.insert(id);
+    }
     const Restart r = *std::exchange(restart_, std::nullopt);
     if (++restarts_in_a_row_ > kMaxRestarts) {
       Abort(absl::StrFormat("plan version %d failed with every worker alive, %d versions in a row with no iteration "
@@ -1474,6 +1490,7 @@ class Service final : public proto::Coordinator::Service {
     int worker;
     std::string failure;
     Clock::time_point at;
+    std::set<int> dialled, answered;  // workers whose tensor port was dialled since, and answered
   };
   std::optional<Restart> restart_;
   int restarts_in_a_row_ = 0;  // versions started again since an iteration last completed

@@ -490,8 +490,8 @@ ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::stri
 
 // A connection between two live workers reset mid-run, as a middlebox or a NAT closing it would
 // (here the kernel's own socket destroy, `ss -K`, which needs root): the version of the worker
-// that sends on it fails at once, and nobody is lost, so once every worker is heard from the
-// coordinator starts the same layout again from the last checkpoint. The run ends bitwise as the
+// that sends on it fails at once, and nobody is lost, so once every worker is heard from (or its
+// port answers) the coordinator starts the same layout again from the last checkpoint. The run ends bitwise as the
 // uninterrupted one, every sample once. Before, the sender waited for a plan that never came and
 // the job failed.
 TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
