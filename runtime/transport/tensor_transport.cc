@@ -343,6 +343,20 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
 }
 
+absl::StatusOr<bool> TensorServer::ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
+                                                   Deadline deadline) {
+  uint32_t crc = 0;
+  for (uint64_t at = 0; at < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes - at, scratch_bytes));
+    if (absl::Status s = ReadAll(fd, scratch, n, deadline, stop_); !s.ok()) return s;
+    crc = Crc32c(crc, scratch, n);
+    at += n;
+  }
+  auto sent_crc = ReadU32(fd, deadline, stop_);
+  if (!sent_crc.ok()) return sent_crc.status();
+  return crc == *sent_crc;
+}
+
 absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadline deadline) {
   // Only a peer that proved the job secret gets here; the bound keeps the byte count from
   // overflowing, and the part timeout bounds the time.
@@ -352,12 +366,10 @@ absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadli
                                                       "worker has left",
                                                       h.part_elements(), h.plan_version()));
   }
-  char scratch[64 << 10];
-  for (uint64_t left = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype())) + 4; left > 0;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
-    if (absl::Status s = ReadAll(fd, scratch, n, deadline, stop_); !s.ok()) return s;
-    left -= n;
-  }
+  uint8_t scratch[64 << 10];
+  const absl::StatusOr<bool> read = ReadAndDiscard(
+      fd, WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype())), scratch, sizeof(scratch), deadline);
+  if (!read.ok()) return read.status();
   const std::string dropped = AckFrame(
       absl::AbortedError(absl::StrFormat("dropped: this worker has left plan version %d", h.plan_version())), true);
   return WriteAll(fd, dropped.data(), dropped.size(), Forever(), stop_);
@@ -369,16 +381,9 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
   }
   const size_t bytes = WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype()));
   std::vector<uint8_t> scratch(std::min<size_t>(bytes, 1 << 20));
-  uint32_t crc = 0;
-  for (size_t at = 0; at < bytes;) {
-    const size_t n = std::min(bytes - at, scratch.size());
-    if (absl::Status s = ReadAll(fd, scratch.data(), n, deadline, stop_); !s.ok()) return s;
-    crc = Crc32c(crc, scratch.data(), n);
-    at += n;
-  }
-  auto sent_crc = ReadU32(fd, deadline, stop_);
-  if (!sent_crc.ok()) return sent_crc.status();
-  if (crc != *sent_crc) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
+  const absl::StatusOr<bool> whole = ReadAndDiscard(fd, bytes, scratch.data(), scratch.size(), deadline);
+  if (!whole.ok()) return whole.status();
+  if (!*whole) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
   const std::string ok = AckFrame(absl::OkStatus());
   return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
 }
@@ -563,9 +568,7 @@ class PeerConnection {
           Broken(why);
         } else {
           orphaned_ += awaiting_.size();
-          std::deque<OutPart> failed;
-          failed.swap(awaiting_);
-          for (OutPart& p : failed) p.Done(why);
+          FailAwaiting(why);
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -599,9 +602,7 @@ class PeerConnection {
     if (fd_ >= 0 && awaiting_.empty() && !proof_unacknowledged_) {
       pollfd f{fd_, POLLIN, 0};
       if (poll(&f, 1, 0) > 0 && (orphaned_ == 0 || !PumpAcks().ok())) {
-        close(fd_);
-        fd_ = -1;
-        orphaned_ = 0;
+        Broken(absl::UnavailableError("the receiver closed the connection"));
       }
     }
     if (fd_ < 0) {
@@ -807,11 +808,16 @@ class PeerConnection {
     return absl::CancelledError(cancelled_.empty() ? "the sender was closed" : cancelled_);
   }
 
-  // Every part waiting for an acknowledgement fails with `why`; the next part connects afresh.
-  void Broken(const absl::Status& why) {
+  // Every part waiting for an acknowledgement fails with `why`.
+  void FailAwaiting(const absl::Status& why) {
     std::deque<OutPart> lost;
     lost.swap(awaiting_);
     for (OutPart& p : lost) p.Done(why);
+  }
+
+  // Every part waiting for an acknowledgement fails with `why`; the next part connects afresh.
+  void Broken(const absl::Status& why) {
+    FailAwaiting(why);
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
     orphaned_ = 0;

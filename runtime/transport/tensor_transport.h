@@ -168,6 +168,9 @@ class TensorServer {
   // Reads a stale part's bytes (TensorAdmission::Stale) into a small buffer and acknowledges it
   // as dropped.
   absl::Status DropPart(int fd, const proto::TensorHeader& h, Deadline deadline);
+  // Reads a part's `bytes` through `scratch` and its checksum, keeping nothing: whether they agree.
+  absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
+                                      Deadline deadline);
   void Refuse(const std::string& why);
   void ReapFinished();
 

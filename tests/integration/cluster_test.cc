@@ -832,6 +832,21 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("error-feedback residuals of another replica", coordinator->ReportCheckpoint(&ctx, ck, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
+  // What every file shipped in parts is checked for (the coordinator's CheckPart and ReceivePart):
+  // `chunk`, a whole file of 4 bytes, grown to 1 TiB; its part at byte 4 with none before; a part
+  // longer than its file. `ship` sends each and expects the code.
+  auto refuse_bad_parts = [](const std::string& what, const auto& chunk, const auto& ship) {
+    auto c = chunk;
+    c.set_file_bytes(uint64_t{1} << 40);
+    ship(("a " + what + " of 1 TiB").c_str(), c, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    c = chunk;
+    c.set_file_bytes(8);
+    c.set_offset(4);
+    ship(("a " + what + "'s part after one never sent").c_str(), c, grpc::StatusCode::FAILED_PRECONDITION);
+    c = chunk;
+    c.set_data(std::string(8, 'x'));
+    ship(("a " + what + "'s part longer than its file").c_str(), c, grpc::StatusCode::INVALID_ARGUMENT);
+  };
   {
     // Checkpoint pieces shipped into the run directory: each part is checked against the plan
     // before a byte is written (worker 0 is stage 0 replica 0 and hosts stage 0's shard 0).
@@ -879,16 +894,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     c = chunk;
     c.set_file("../../job_state.pb");
     ship("a file no checkpoint holds", c, grpc::StatusCode::INVALID_ARGUMENT);
-    c = chunk;
-    c.set_file_bytes(uint64_t{1} << 40);
-    ship("a file of 1 TiB", c, grpc::StatusCode::RESOURCE_EXHAUSTED);
-    c = chunk;
-    c.set_file_bytes(8);
-    c.set_offset(4);
-    ship("a part after one never sent", c, grpc::StatusCode::FAILED_PRECONDITION);
-    c = chunk;
-    c.set_data("abcdefgh");
-    ship("a part longer than its file", c, grpc::StatusCode::INVALID_ARGUMENT);
+    refuse_bad_parts("file", chunk, ship);
     EXPECT_FALSE(fs::exists(out / "checkpoints" / "stage_0_shard_0" / "step_00000100")) << "a refused part was written";
     grpc::ClientContext ctx;
     proto::CheckpointFetch fetch;
@@ -914,16 +920,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::TimelineChunk c = chunk;
     c.set_worker_id(77);
     ship("a timeline of worker 77", c, grpc::StatusCode::NOT_FOUND);
-    c = chunk;
-    c.set_file_bytes(uint64_t{1} << 40);
-    ship("a timeline of 1 TiB", c, grpc::StatusCode::RESOURCE_EXHAUSTED);
-    c = chunk;
-    c.set_file_bytes(8);
-    c.set_offset(4);
-    ship("a timeline's part after one never sent", c, grpc::StatusCode::FAILED_PRECONDITION);
-    c = chunk;
-    c.set_data("{}      ");
-    ship("a timeline's part longer than its file", c, grpc::StatusCode::INVALID_ARGUMENT);
+    refuse_bad_parts("timeline", chunk, ship);
     EXPECT_FALSE(fs::exists(out / "timeline" / "worker_0.json.part")) << "a refused part was written";
   }
   {
