@@ -566,14 +566,16 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: `lock` holds mu_. Evidence came that worker `id` is gone: where the coordinator
   // reached its tensor address before, a refusal there now (nothing listens) loses it at once
   // (Membership::Refused). The dial leaves mu_ for at most cluster.lifeline_grace_s: a host that
-  // vanished answers nothing, and the other rules lose its worker.
-  void ProbeGone(std::unique_lock<std::mutex>& lock, int id) {
-    if (!members_.reachable(id)) return;
+  // vanished answers nothing, and the other rules lose its worker. The port's answer, where it
+  // was dialled.
+  std::optional<PortAnswer> ProbeGone(std::unique_lock<std::mutex>& lock, int id) {
+    if (!members_.reachable(id)) return std::nullopt;
     const PortAnswer answer = DialWorker(lock, id, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
     if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
       members_.Refused(id, Clock::now());
       cv_.notify_all();
     }
+    return answer;
   }
 
   // REQUIRES: `lock` holds mu_, which the dial of worker `id`'s tensor address (ProbePort) leaves
@@ -1052,14 +1054,9 @@ class Service final : public proto::Coordinator::Service {
     for (const proto::Assignment& a : plan_.assignments()) {
       const int id = a.worker_id();
       if (members_.last_seen(id) > restart_->at || restart_->answered.count(id)) continue;
-      // One dial per worker and report, and only to a port this coordinator reached before; it
-      // leaves mu_ for at most cluster.lifeline_grace_s.
-      if (!members_.reachable(id) || !restart_->dialled.insert(id).second) return;
-      const PortAnswer answer = DialWorker(lock, id, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
-      if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
-        members_.Refused(id, Clock::now());  // its process ended: lost where anything else says so
-        cv_.notify_all();
-      }
+      // One dial per worker and report (ProbeGone: a refusal is evidence of its death).
+      if (!restart_->dialled.insert(id).second) return;
+      const std::optional<PortAnswer> answer = ProbeGone(lock, id);
       if (!restart_ || plan_.version() != version || !vacant_.empty() || !abort_.empty()) return;
       if (answer != PortAnswer::kListening) return;
       restart_->answered.insert(id);
@@ -1076,20 +1073,19 @@ class Service final : public proto::Coordinator::Service {
     const std::string what =
         absl::StrFormat("worker %d's plan version %d failed with every worker alive (%s)", r.worker, plan_.version(),
                         r.failure);
+    // Nobody was lost: the event names who reported, not a "worker" with a "lost_at_unix_s" as a
+    // loss's does (tools count losses by those).
+    const double after = std::chrono::duration<double>(Clock::now() - r.at).count();
     recoveries_.push_back({{"restart", true},
-                           {"worker", r.worker},
+                           {"reporter", r.worker},
                            {"failure", r.failure},
                            {"plan_version", plan_.version()},
-                           {"detection_s", std::chrono::duration<double>(Clock::now() - r.at).count()},
-                           {"lost_at_unix_s", UnixSeconds()}});
-    const size_t event = recoveries_.size() - 1;
-    pending_.push_back({event, r.worker, r.at, what});
+                           {"restarted_after_s", after},
+                           {"failed_at_unix_s", UnixSeconds() - after}});
+    pending_.push_back({recoveries_.size() - 1, -1, r.at, what});
     std::cout << "coordinator: " << what << "\n" << std::flush;
     Adopt(NextPlan(plan_, {}, members_.registrations(), {start_, resume_name_, end_}), reached,
           "the same layout again", {});
-    recoveries_[event]["new_plan_version"] = plan_.version();
-    recoveries_[event]["rollback_to_step"] = start_;
-    recoveries_[event]["redone_iterations"] = reached - start_;
   }
 
   // REQUIRES: mu_ held, a checkpoint just completed. A shrunk layout takes back replicas from the
@@ -1132,7 +1128,8 @@ class Service final : public proto::Coordinator::Service {
   }
 
   // REQUIRES: mu_ held, Rollback() done. `next` replaces the plan for the lost workers of vacant_
-  // (`replace`: lost -> the spare in its place); `change` says how, for the log.
+  // (`replace`: lost -> the spare in its place), or starts it again (MaybeRestart); `change` says
+  // how, for the log. The recoveries it answers record the new version and the rollback.
   void Adopt(proto::Plan next, int64_t reached, const std::string& change, const std::map<int, int>& replace) {
     plan_ = std::move(next);
     if (plan_.stages() != cfg_.cluster.stages) {  // a pipeline cut anew: the plan's config has its cut
@@ -1172,10 +1169,11 @@ class Service final : public proto::Coordinator::Service {
               << std::flush;
     for (const Pending& p : pending_) {
       nlohmann::json& event = recoveries_[p.event];
-      if (!vacant_.count(p.worker) || event.contains("new_plan_version")) continue;
+      const bool lost = vacant_.count(p.worker) > 0;
+      if (event.contains("new_plan_version") || (!lost && !event.contains("restart"))) continue;
       if (replace.count(p.worker)) {
         event["spare"] = replace.at(p.worker);
-      } else {
+      } else if (lost) {
         event["shrunk_to_replicas"] = plan_.replicas();
         event["blocks_per_stage"] = cfg_.Cut();
       }
