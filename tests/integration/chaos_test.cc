@@ -488,6 +488,28 @@ ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::stri
   return run;
 }
 
+// A shell command's exit status and its output, stderr included.
+struct ShResult {
+  int status = -1;
+  std::string output;
+};
+ShResult Sh(const std::string& command) {
+  ShResult r;
+  FILE* sh = popen((command + " 2>&1").c_str(), "r");
+  if (sh == nullptr) return r;
+  char line[512];
+  while (fgets(line, sizeof(line), sh) != nullptr) r.output += line;
+  r.status = pclose(sh);
+  return r;
+}
+
+// The tensor port of the worker `state`'s plan places at (stage, replica).
+std::string TensorPort(const proto::JobState& state, int stage, int replica) {
+  for (const proto::Assignment& a : state.plan().assignments())
+    if (a.stage() == stage && a.replica() == replica) return a.address().substr(a.address().rfind(':') + 1);
+  return "";
+}
+
 // A connection between two live workers reset mid-run, as a middlebox or a NAT closing it would
 // (here the kernel's own socket destroy, `ss -K`, which needs root): the version of the worker
 // that sends on it fails at once, and nobody is lost, so once every worker is heard from (or its
@@ -507,15 +529,7 @@ TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
             << sup.CoordinatorLogs();
         // Every connection to stage 1 replica 0's tensor port: its activations from stage 0, and
         // the pushes and parameters of stage 1 replica 1.
-        std::string address;
-        for (const proto::Assignment& a : state->plan().assignments())
-          if (a.stage() == 1 && a.replica() == 0) address = a.address();
-        const std::string port = address.substr(address.rfind(':') + 1);
-        FILE* ss = popen(("ss -K -H -t state established dst 127.0.0.1:" + port + " 2>&1").c_str(), "r");
-        ASSERT_NE(ss, nullptr);
-        char line[512];
-        while (fgets(line, sizeof(line), ss) != nullptr) destroyed += line;
-        pclose(ss);
+        destroyed = Sh("ss -K -H -t state established dst 127.0.0.1:" + TensorPort(*state, 1, 0)).output;
         std::cout << "ss -K destroyed:\n" << destroyed;
       });
   const std::string log = Read(out / "coordinator_1.txt");
@@ -536,6 +550,67 @@ TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
     EXPECT_TRUE(r.value("restart", false)) << "nobody was lost: " << r.dump();
   }
   ExpectTheSameRun(calm, out, kSteps);
+}
+
+// A link that breaks again whenever the layout starts again (here every segment carrying data into
+// stage 1 replica 0's tensor port answered with a reset, as a firewall or a broken middlebox
+// would; connecting still works, so its port answers the coordinator's dial): three restarts of
+// the same layout, each failing before an iteration completes, and the fourth failure stops the
+// job with a reason that names the link to check, instead of restarting forever or waiting for a
+// death that never comes.
+TEST(Chaos, ALinkThatKeepsBreakingStopsTheJobAfterThreeRestartsNamingIt) {
+  if (geteuid() != 0) GTEST_SKIP() << "an iptables rule needs root";
+  if (Sh("iptables -S OUTPUT").status != 0) GTEST_SKIP() << "iptables is unusable here: " << Sh("iptables -S").output;
+  UseNewSecret();
+  const fs::path out = Dir("link_keeps_breaking");
+  std::string rule;  // iptables' arguments after -I / -D OUTPUT, once inserted
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point broken;
+  const int status = RunJob(out, 0, [&](Supervisor& sup) {
+    std::optional<proto::JobState> state;
+    ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= 50 && (state = sup.State()).has_value(); },
+                          std::chrono::seconds(120)))
+        << sup.CoordinatorLogs();
+    // Segments of 100 bytes and more (a header and data; not the handshake's, not a bare
+    // acknowledgement or FIN) on loopback into that port.
+    const std::string r = "-o lo -p tcp --dport " + TensorPort(*state, 1, 0) +
+                          " -m conntrack --ctstate ESTABLISHED -m length --length 100:65535 -j REJECT --reject-with "
+                          "tcp-reset";
+    const ShResult inserted = Sh("iptables -I OUTPUT " + r);
+    ASSERT_EQ(inserted.status, 0) << inserted.output;
+    rule = r;
+    broken = std::chrono::steady_clock::now();
+    std::cout << "every data segment into stage 1 replica 0's port reset from step " << sup.Steps() << "\n";
+  });
+  if (!rule.empty()) {
+    EXPECT_EQ(Sh("iptables -D OUTPUT " + rule).status, 0) << "the test's rule stays: " << rule;
+  }
+  ASSERT_FALSE(rule.empty());
+  const double stopped_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - broken).count();
+  std::cout << "the job stopped " << stopped_after << " s after the link broke ("
+            << std::chrono::duration<double>(broken - started).count() << " s into the run)\n";
+  const std::string log = Read(out / "coordinator_1.txt");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "status " << status << "\n" << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << log;
+  EXPECT_EQ(summary["status"], "failed");
+  const std::string reason = summary.value("reason", "");
+  std::cout << "reason: " << reason << "\n";
+  EXPECT_NE(reason.find("4 versions in a row with no iteration completed"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("check the network between them"), std::string::npos) << reason;
+  int restarts = 0;
+  for (const nlohmann::json& r : summary["recoveries"]) {
+    std::cout << "plan change: " << r.dump() << "\n";
+    EXPECT_TRUE(r.value("restart", false)) << "nobody was lost: " << r.dump();
+    restarts += r.value("restart", false) ? 1 : 0;
+  }
+  EXPECT_EQ(restarts, 3) << summary.dump(2);
+  // Well before a silent worker would be declared dead (dead_after_s = 6): the restarts follow
+  // the failures, not a timeout.
+  EXPECT_LT(stopped_after, 6.0);
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
 }
 
 // No spare waits (cluster.spare_wait_s = 0): a killed worker's 2 x 2 job shrinks to one replica of
