@@ -117,13 +117,16 @@ PY
 )
         # The kill's wall-clock time, taken just before it: the coordinator's records of the loss and
         # the recovery are wall-clock too, so the failure is timed from the kill itself.
+        local recovered
+        recovered=$(grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null || true)
         date +%s.%N >> "$dir/kills"
         kill -9 "${worker_pid[$victim]}"
         wait "${worker_pid[$victim]}" 2> /dev/null || true
         killed=$((killed + 1))
         echo "recovery: $name: kill $killed of $3 ($4) at step $rows (slot $victim)" >&2
         # The next failure comes `every` committed steps after this one's recovery.
-        until [ "$4" = spare ] || grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null | grep -qx "$killed"; do
+        # (Counted from before the kill: a straggler moved off is a recovery of its own.)
+        until [ "$4" = spare ] || (($(grep -c "coordinator: recovered:" "$dir/coordinator.log" 2> /dev/null || true) > recovered)); do
           sleep 0.1
           kill -0 "$coord" 2> /dev/null || break
         done

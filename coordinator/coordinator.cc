@@ -626,7 +626,7 @@ class Service final : public proto::Coordinator::Service {
         continue;
       }
       // A closed lifeline is noticed here only: its delay is part of every failure's detection.
-      cv_.wait_for(lock, std::chrono::milliseconds(10));
+      cv_.wait_for(lock, kLifelinePoll);
     }
     if (ctx->IsCancelled() && members_.Check(id).ok() && lifeline_calls_[id] == call) {
       members_.CutOff(id, Clock::now());
@@ -654,8 +654,12 @@ class Service final : public proto::Coordinator::Service {
     std::unique_lock<std::mutex> lock(mu_);
     auto last_wait_note = Clock::now();
     while (true) {
-      // Often enough that a lost worker's detection is not this loop's period.
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      // Often enough that a lost worker's detection is not this loop's period; a restart is
+      // considered as soon as its grace ends.
+      const auto wake = Clock::now() + std::chrono::milliseconds(50);
+      cv_.wait_until(lock, restart_ && Clock::now() < restart_->at + kRestartGrace
+                               ? std::min(wake, restart_->at + kRestartGrace)
+                               : wake);
       if (g_stop_requested && abort_.empty()) Abort(absl::StrCat("interrupted; ", ResumeAdvice()));
       const int done = members_.done();
       // The plan's workers and the spares heard that the job finished (GetPlan); one that died
@@ -1042,18 +1046,26 @@ class Service final : public proto::Coordinator::Service {
   }
 
   // REQUIRES: `lock` holds mu_, restart_ set and nobody lost. A worker's version failed
-  // (SuspectReport's failure); once every worker of the plan has been heard from since, or its
-  // tensor port has answered this coordinator's dial since (its process lives: the kernel refuses
-  // a dead one's), nobody died: a link broke between live workers (a reset connection, a
-  // middlebox's timeout), and the same layout starts again from the last complete checkpoint, as
-  // after a loss. A dead worker is found first (a closed lifeline, a refused port); a silent one
-  // answers nothing and is lost after cluster.dead_after_s. A link that keeps breaking stops the
-  // job after kMaxRestarts.
+  // (SuspectReport's failure); once every worker of the plan has had its tensor port answer this
+  // coordinator's dial since (its process lives: the kernel refuses a dead one's), or, where the
+  // coordinator does not reach that port or the dial went unanswered, has been heard from a
+  // heartbeat period after the report, nobody died: a link broke between live workers (a reset
+  // connection, a middlebox's timeout), and the same layout starts again from the last complete
+  // checkpoint, as after a loss. Nothing is concluded within kRestartGrace of the report: a
+  // killed worker's connections reset as it dies, and the report that death caused can come
+  // before its lifeline's end is noticed, before the heartbeat it sent just before, and even
+  // before its port refuses (seen in bench/recovery.sh: a dial 0.3 ms after the report answered,
+  // the loss was found 4 ms later, two plan versions for one failure). A dead worker is found
+  // first (a closed lifeline, a refused port); a silent one answers nothing and is lost after
+  // cluster.dead_after_s. A link that keeps breaking stops the job after kMaxRestarts.
   void MaybeRestart(std::unique_lock<std::mutex>& lock) {
+    if (Clock::now() < restart_->at + kRestartGrace) return;
     const uint64_t version = plan_.version();
+    const auto heard_since =
+        restart_->at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s));
     for (const proto::Assignment& a : plan_.assignments()) {
       const int id = a.worker_id();
-      if (members_.last_seen(id) > restart_->at || restart_->answered.count(id)) continue;
+      if (restart_->answered.count(id) || members_.last_seen(id) > heard_since) continue;
       // One dial per worker and report (ProbeGone: a refusal is evidence of its death).
       if (!restart_->dialled.insert(id).second) return;
       const std::optional<PortAnswer> answer = ProbeGone(lock, id);
@@ -1493,6 +1505,11 @@ class Service final : public proto::Coordinator::Service {
   std::optional<Restart> restart_;
   int restarts_in_a_row_ = 0;  // versions started again since an iteration last completed
   static constexpr int kMaxRestarts = 3;
+  // How often a lifeline's handler looks whether its call ended (a closed lifeline's detection).
+  static constexpr std::chrono::milliseconds kLifelinePoll{10};
+  // A failure report's wait before the coordinator dials to decide that nobody died: a dying
+  // worker's lifeline end noticed (two polls, gRPC's threads on loaded cores among them).
+  static constexpr std::chrono::milliseconds kRestartGrace = 2 * kLifelinePoll;
   nlohmann::json cluster_record_ = nlohmann::json::object();  // cluster.json
   bool last_recorded_ = false;   // every worker reported the run's last iteration
   bool finished_ = false;        // ... and its checkpoint is complete
