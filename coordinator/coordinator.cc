@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -559,23 +560,39 @@ class Service final : public proto::Coordinator::Service {
     if (suspect == req->worker_id()) return grpc::Status::OK;
     members_.Suspect(suspect, req->worker_id(), Clock::now());
     cv_.notify_all();  // with its lifeline closed too, it is lost soon (Supervise)
-    ProbeGone(lock, suspect);
+    ProbeGone(lock, {suspect});
     return grpc::Status::OK;
   }
 
-  // REQUIRES: `lock` holds mu_. Evidence came that worker `id` is gone: where the coordinator
-  // reached its tensor address before, a refusal there now (nothing listens) loses it at once
-  // (Membership::Refused). The dial leaves mu_ for at most cluster.lifeline_grace_s: a host that
-  // vanished answers nothing, and the other rules lose its worker. The port's answer, where it
-  // was dialled.
-  std::optional<PortAnswer> ProbeGone(std::unique_lock<std::mutex>& lock, int id) {
-    if (!members_.reachable(id)) return std::nullopt;
-    const PortAnswer answer = DialWorker(lock, id, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
-    if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
-      members_.Refused(id, Clock::now());
-      cv_.notify_all();
+  // REQUIRES: `lock` holds mu_. Evidence came that workers `ids` may be gone: where the
+  // coordinator reached a worker's tensor address before, a refusal there now (nothing listens)
+  // loses it at once (Membership::Refused). The dials go out together (over slow links one after
+  // another would cost a round trip each) and leave mu_ for at most cluster.lifeline_grace_s: a
+  // host that vanished answers nothing, and the other rules lose its worker. The ports' answers,
+  // of the workers dialled.
+  std::map<int, PortAnswer> ProbeGone(std::unique_lock<std::mutex>& lock, const std::vector<int>& ids) {
+    std::vector<std::pair<int, std::string>> dial;
+    for (int id : ids)
+      if (members_.reachable(id)) dial.emplace_back(id, members_.registration(id).address());
+    std::map<int, PortAnswer> answers;
+    if (dial.empty()) return answers;
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
+    lock.unlock();
+    std::vector<std::future<PortAnswer>> dialled;
+    for (size_t i = 1; i < dial.size(); ++i)
+      dialled.push_back(std::async(std::launch::async, ProbePort, dial[i].second, deadline));
+    answers[dial[0].first] = ProbePort(dial[0].second, deadline);
+    for (size_t i = 1; i < dial.size(); ++i) answers[dial[i].first] = dialled[i - 1].get();
+    lock.lock();
+    for (const auto& [id, answer] : answers) {
+      if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
+        members_.Refused(id, Clock::now());
+        cv_.notify_all();
+      }
     }
-    return answer;
+    return answers;
   }
 
   // REQUIRES: `lock` holds mu_, which the dial of worker `id`'s tensor address (ProbePort) leaves
@@ -631,7 +648,7 @@ class Service final : public proto::Coordinator::Service {
     if (ctx->IsCancelled() && members_.Check(id).ok() && lifeline_calls_[id] == call) {
       members_.CutOff(id, Clock::now());
       cv_.notify_all();
-      ProbeGone(lock, id);
+      ProbeGone(lock, {id});
     }
     return grpc::Status::OK;
   }
@@ -1063,15 +1080,23 @@ class Service final : public proto::Coordinator::Service {
     const uint64_t version = plan_.version();
     const auto heard_since =
         restart_->at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s));
+    std::vector<int> dial;
     for (const proto::Assignment& a : plan_.assignments()) {
       const int id = a.worker_id();
       if (restart_->answered.count(id) || members_.last_seen(id) > heard_since) continue;
-      // One dial per worker and report (ProbeGone: a refusal is evidence of its death).
-      if (!restart_->dialled.insert(id).second) return;
-      const std::optional<PortAnswer> answer = ProbeGone(lock, id);
+      // One dial per worker and report; one left unanswered waits for its heartbeat.
+      if (restart_->dialled.count(id)) return;
+      dial.push_back(id);
+    }
+    if (!dial.empty()) {
+      restart_->dialled.insert(dial.begin(), dial.end());
+      const std::map<int, PortAnswer> answers = ProbeGone(lock, dial);  // a refusal is evidence of a death
       if (!restart_ || plan_.version() != version || !vacant_.empty() || !abort_.empty()) return;
-      if (answer != PortAnswer::kListening) return;
-      restart_->answered.insert(id);
+      for (int id : dial) {
+        const auto answer = answers.find(id);
+        if (answer == answers.end() || answer->second != PortAnswer::kListening) return;
+        restart_->answered.insert(id);
+      }
     }
     const Restart r = *std::exchange(restart_, std::nullopt);
     if (++restarts_in_a_row_ > kMaxRestarts) {
