@@ -1092,11 +1092,16 @@ class Service final : public proto::Coordinator::Service {
       restart_->dialled.insert(dial.begin(), dial.end());
       const std::map<int, PortAnswer> answers = ProbeGone(lock, dial);  // a refusal is evidence of a death
       if (!restart_ || plan_.version() != version || !vacant_.empty() || !abort_.empty()) return;
+      bool all = true;
       for (int id : dial) {
         const auto answer = answers.find(id);
-        if (answer == answers.end() || answer->second != PortAnswer::kListening) return;
-        restart_->answered.insert(id);
+        if (answer != answers.end() && answer->second == PortAnswer::kListening) {
+          restart_->answered.insert(id);
+        } else {
+          all = false;
+        }
       }
+      if (!all) return;
     }
     const Restart r = *std::exchange(restart_, std::nullopt);
     if (++restarts_in_a_row_ > kMaxRestarts) {
