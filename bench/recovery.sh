@@ -188,5 +188,9 @@ for against, what in (("checkpoints", ""), ("restarts", ", the restarted process
     print(f"each failure cost {cost:.2f} s of wall time ({cost / base:.1f} calm steps{what}); at one failure per "
           f"{every} steps: {base / (per_step('checkpoints') + cost / every):.1%} of calm retained")
 print(f"audit of the failure run: {s['failures']['audit']}")
+# A restart is a plan version started again with nobody lost (a broken link); here every failure is
+# a death, so each restart is one the coordinator took for a broken link before it found the loss.
+restarts = sum(1 for e in s["failures"]["recoveries"] if e.get("restart"))
+print(f"restarts of the same layout with nobody lost: {restarts}")
 PY
 echo "recovery: logs and run directories in $out" >&2
