@@ -560,10 +560,22 @@ TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
 // death that never comes.
 TEST(Chaos, ALinkThatKeepsBreakingStopsTheJobAfterThreeRestartsNamingIt) {
   if (geteuid() != 0) GTEST_SKIP() << "an iptables rule needs root";
-  if (Sh("iptables -S OUTPUT").status != 0) GTEST_SKIP() << "iptables is unusable here: " << Sh("iptables -S").output;
+  // Segments of 100 bytes and more (a header and data; not the handshake's, not a bare
+  // acknowledgement or FIN) on loopback into `port`, answered with a reset.
+  auto rule = [](const std::string& port) {
+    return "-o lo -p tcp --dport " + port +
+           " -m conntrack --ctstate ESTABLISHED -m length --length 100:65535 -j REJECT --reject-with tcp-reset";
+  };
+  // The same rule, once on a port nothing uses: a container without the capability or a kernel
+  // without these matches skips here rather than failing mid-run.
+  const std::string unused = std::to_string(FreeLoopbackPort());
+  if (const ShResult tried = Sh("iptables -I OUTPUT " + rule(unused)); tried.status != 0) {
+    GTEST_SKIP() << "iptables cannot insert the test's rule here: " << tried.output;
+  }
+  ASSERT_EQ(Sh("iptables -D OUTPUT " + rule(unused)).status, 0);
   UseNewSecret();
   const fs::path out = Dir("link_keeps_breaking");
-  std::string rule;  // iptables' arguments after -I / -D OUTPUT, once inserted
+  std::string inserted;  // iptables' arguments after -I / -D OUTPUT, once inserted
   const auto started = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point broken;
   const int status = RunJob(out, 0, [&](Supervisor& sup) {
@@ -571,21 +583,17 @@ TEST(Chaos, ALinkThatKeepsBreakingStopsTheJobAfterThreeRestartsNamingIt) {
     ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= 50 && (state = sup.State()).has_value(); },
                           std::chrono::seconds(120)))
         << sup.CoordinatorLogs();
-    // Segments of 100 bytes and more (a header and data; not the handshake's, not a bare
-    // acknowledgement or FIN) on loopback into that port.
-    const std::string r = "-o lo -p tcp --dport " + TensorPort(*state, 1, 0) +
-                          " -m conntrack --ctstate ESTABLISHED -m length --length 100:65535 -j REJECT --reject-with "
-                          "tcp-reset";
-    const ShResult inserted = Sh("iptables -I OUTPUT " + r);
-    ASSERT_EQ(inserted.status, 0) << inserted.output;
-    rule = r;
+    const std::string r = rule(TensorPort(*state, 1, 0));
+    const ShResult done = Sh("iptables -I OUTPUT " + r);
+    ASSERT_EQ(done.status, 0) << done.output;
+    inserted = r;
     broken = std::chrono::steady_clock::now();
     std::cout << "every data segment into stage 1 replica 0's port reset from step " << sup.Steps() << "\n";
   });
-  if (!rule.empty()) {
-    EXPECT_EQ(Sh("iptables -D OUTPUT " + rule).status, 0) << "the test's rule stays: " << rule;
+  if (!inserted.empty()) {
+    EXPECT_EQ(Sh("iptables -D OUTPUT " + inserted).status, 0) << "the test's rule stays: " << inserted;
   }
-  ASSERT_FALSE(rule.empty());
+  ASSERT_FALSE(inserted.empty());
   const double stopped_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - broken).count();
   std::cout << "the job stopped " << stopped_after << " s after the link broke ("
             << std::chrono::duration<double>(broken - started).count() << " s into the run)\n";
