@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "util/dynamic_library.h"
+#include "util/status_macros.h"
 
 namespace longhaul::cpu {
 namespace {
@@ -27,27 +27,18 @@ const char* CoreTypeForThisCpu() {
   return nullptr;  // let OpenBLAS decide
 }
 
-// The first of `libraries` that loads and has the functions. dlopen keeps a library it loaded
-// either way, which is harmless: only the returned table is used.
+// The first of `libraries` that loads and has the functions.
 absl::StatusOr<Blas> Open(const std::vector<std::string>& libraries) {
   if (const char* core = CoreTypeForThisCpu(); core != nullptr) setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/0);
-  std::vector<std::string> tried;
-  for (const std::string& lib : libraries) {
-    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (h == nullptr) {
-      tried.push_back(absl::StrCat(lib, " (", dlerror(), ")"));
-      continue;
-    }
-    Blas b;
-    b.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(h, "cblas_sgemm"));
-    b.sgemv = reinterpret_cast<decltype(&cblas_sgemv)>(dlsym(h, "cblas_sgemv"));
-    b.corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
-    if (b.sgemm != nullptr && b.sgemv != nullptr) return b;
-    tried.push_back(absl::StrCat(lib, " (loads, but has no cblas_sgemm/cblas_sgemv)"));
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cannot load OpenBLAS: tried ", absl::StrJoin(tried, ", "),
-      "; install libopenblas0-openmp (or libopenblas-openmp-dev to build; bash deploy/setup.sh does)"));
+  LH_ASSIGN_OR_RETURN(const LoadedLibrary lib,
+                      LoadFirst("OpenBLAS", libraries, {"cblas_sgemm", "cblas_sgemv"},
+                                "install libopenblas0-openmp (or libopenblas-openmp-dev to build; bash deploy/setup.sh "
+                                "does)"));
+  Blas b;
+  b.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(lib.symbols[0]);
+  b.sgemv = reinterpret_cast<decltype(&cblas_sgemv)>(lib.symbols[1]);
+  b.corename = reinterpret_cast<char* (*)()>(dlsym(lib.handle, "openblas_get_corename"));
+  return b;
 }
 
 // The library CMake found, then whatever the loader finds (a bundle carried with its libraries).

@@ -1,6 +1,8 @@
 #include <cfloat>
 
 #include "cuda/cuda_ops.cuh"
+
+#include "cuda/cublas_api.h"
 #include "model/layer_norm.h"
 
 namespace longhaul::cuda {
@@ -45,7 +47,7 @@ __device__ float BlockMax(float v) { return BlockReduce(v, -FLT_MAX, MaxOp{}); }
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C through column-major cuBLAS (C^T = B^T A^T).
 void Gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const void* A, cudaDataType_t at,
           int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
-  cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, bt, ldb, A, at,
+  LoadedCublas().gemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, bt, ldb, A, at,
                lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
@@ -410,9 +412,9 @@ template <typename T>
 void BatchedGemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const T* a, long stride_a,
                  const T* b, long stride_b, float beta, T* c, long stride_c, int batch) {
   const int lda = ta ? M : K, ldb = tb ? K : N;
-  cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, b,
-                             kDataType<T>, ldb, stride_b, a, kDataType<T>, lda, stride_a, &beta, c, kDataType<T>, N,
-                             stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  LoadedCublas().gemm_strided_batched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                      &alpha, b, kDataType<T>, ldb, stride_b, a, kDataType<T>, lda, stride_a, &beta,
+                                      c, kDataType<T>, N, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 // ---- Loss -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cuda/cublas_api.h"
 #include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/flash_attention.cuh"
@@ -112,7 +113,7 @@ class StageImpl final : public CudaStage {
   ~StageImpl() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
-    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (blas_ != nullptr) LoadedCublas().destroy(blas_);
     for (cudaStream_t st : {stream_, copy_stream_})
       if (st != nullptr) cudaStreamDestroy(st);
   }
@@ -125,8 +126,12 @@ class StageImpl final : public CudaStage {
     device_name_ = prop.name;
     LH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     LH_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
-    if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSetStream failed");
+    const absl::StatusOr<const Cublas*> cublas = LoadCublas();
+    if (!cublas.ok()) return cublas.status();
+    if ((*cublas)->create(&blas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
+    if ((*cublas)->set_stream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+      return absl::InternalError("cublasSetStream failed");
+    }
     const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model;
     const size_t nb = spec_.end_block - spec_.first_block, heads = static_cast<size_t>(B_) * cfg_.n_head;
     const AttentionSizes att{flash_, heads * T_, heads * T_ * T_};
