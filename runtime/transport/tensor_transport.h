@@ -168,6 +168,9 @@ class TensorServer {
   // Reads a stale part's bytes (TensorAdmission::Stale) into a small buffer and acknowledges it
   // as dropped.
   absl::Status DropPart(int fd, const proto::TensorHeader& h, Deadline deadline);
+  // Tells the sender its part of `h`'s version, which this worker left, was dropped (TensorAck's
+  // `dropped`: the connection stays).
+  absl::Status AckDropped(int fd, const proto::TensorHeader& h);
   // Reads a part's `bytes` through `scratch` and its checksum, keeping nothing: whether they agree.
   absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
                                       Deadline deadline);

@@ -429,6 +429,51 @@ proto::TensorHeader Crafted(int64_t iteration, uint64_t total, uint64_t offset, 
   return h;
 }
 
+// A part admitted under one version whose receiver moves to the next while its bytes come (the new
+// version's mailbox has no place for it): dropped as a stale part is, and the connection carries
+// the next version's part. Refused, it closed the connection under that next part.
+TEST(TensorTransport, APartWhoseVersionIsLeftWhileItArrivesIsDroppedAndItsConnectionStays) {
+  // Counts the parts it lets in: the server reserves each in the mailbox right after.
+  struct CountingVersion : OneVersion {
+    absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+      ++admitted;
+      return OneVersion::Admit(h);
+    }
+    mutable std::atomic<int> admitted{0};
+  };
+  Mailbox box;
+  CountingVersion admission;
+  box.Reopen(1);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &admission);
+  ASSERT_TRUE(server.ok());
+  testing::RawPeer peer((*server)->address(), "jobA");
+  ASSERT_TRUE(peer.hello().ok()) << peer.hello();
+  const std::vector<float> x = Ramp(5000);
+  proto::TensorHeader h = Crafted(5, x.size(), 0, x.size());
+  h.set_plan_version(1);
+  const std::string frame = testing::PartFrame(h, x);
+  const size_t half = frame.size() / 2;
+  ASSERT_TRUE(peer.Write(frame.substr(0, half)));
+  // Admitted, then reserved in version 1's mailbox on the same thread (a moment is plenty; were
+  // it not yet reserved, version 2's mailbox would refuse it and the test fail, not pass).
+  for (int i = 0; i < 500 && admission.admitted == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(admission.admitted, 1) << "the part was never admitted";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  admission.version = 2;
+  box.Reopen(2);
+  ASSERT_TRUE(peer.Write(frame.substr(half)));
+  const absl::Status dropped = peer.Ack(std::chrono::seconds(10));
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kAborted) << dropped;
+  EXPECT_NE(dropped.message().find("dropped: this worker has left plan version 1"), std::string::npos) << dropped;
+  h.set_plan_version(2);
+  ASSERT_TRUE(peer.Write(testing::PartFrame(h, x)));
+  EXPECT_TRUE(peer.Ack(std::chrono::seconds(10)).ok()) << "the connection did not carry the next version's part";
+  auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+  EXPECT_EQ((*server)->refused(), 0) << "the drop was counted as a refusal";
+}
+
 // The receiver's answer to one crafted part on a connection of its own.
 absl::Status SendCrafted(const std::string& address, const proto::TensorHeader& h, const std::vector<float>& values) {
   testing::RawPeer peer(address, "jobA");
