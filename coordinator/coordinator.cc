@@ -549,7 +549,7 @@ class Service final : public proto::Coordinator::Service {
     // The first report of the running version's failure: a loss, once found, answers it; where
     // every worker is heard from after it instead, the layout starts again (Supervise).
     if (!req->failure().empty() && req->plan_version() == plan_.version() && !restart_) {
-      restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now(), {}, {}};
+      restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now(), false, {}};
       cv_.notify_all();
     }
     const int suspect = WorkerAt(plan_, req->stage(), req->replica());
@@ -566,26 +566,15 @@ class Service final : public proto::Coordinator::Service {
 
   // REQUIRES: `lock` holds mu_. Evidence came that workers `ids` may be gone: where the
   // coordinator reached a worker's tensor address before, a refusal there now (nothing listens)
-  // loses it at once (Membership::Refused). The dials go out together (over slow links one after
-  // another would cost a round trip each) and leave mu_ for at most cluster.lifeline_grace_s: a
-  // host that vanished answers nothing, and the other rules lose its worker. The ports' answers,
-  // of the workers dialled.
+  // loses it at once (Membership::Refused). The dials leave mu_ for at most
+  // cluster.lifeline_grace_s: a host that vanished answers nothing, and the other rules lose its
+  // worker. The ports' answers, of the workers dialled.
   std::map<int, PortAnswer> ProbeGone(std::unique_lock<std::mutex>& lock, const std::vector<int>& ids) {
-    std::vector<std::pair<int, std::string>> dial;
+    std::vector<int> reachable;
     for (int id : ids)
-      if (members_.reachable(id)) dial.emplace_back(id, members_.registration(id).address());
-    std::map<int, PortAnswer> answers;
-    if (dial.empty()) return answers;
-    const Clock::time_point deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
-    lock.unlock();
-    std::vector<std::future<PortAnswer>> dialled;
-    for (size_t i = 1; i < dial.size(); ++i)
-      dialled.push_back(std::async(std::launch::async, ProbePort, dial[i].second, deadline));
-    answers[dial[0].first] = ProbePort(dial[0].second, deadline);
-    for (size_t i = 1; i < dial.size(); ++i) answers[dial[i].first] = dialled[i - 1].get();
-    lock.lock();
+      if (members_.reachable(id)) reachable.push_back(id);
+    const std::map<int, PortAnswer> answers =
+        DialWorkers(lock, reachable, std::chrono::duration<double>(cfg_.cluster.lifeline_grace_s));
     for (const auto& [id, answer] : answers) {
       if (answer == PortAnswer::kRefused && members_.Check(id).ok()) {
         members_.Refused(id, Clock::now());
@@ -595,14 +584,24 @@ class Service final : public proto::Coordinator::Service {
     return answers;
   }
 
-  // REQUIRES: `lock` holds mu_, which the dial of worker `id`'s tensor address (ProbePort) leaves
-  // for `wait` at most.
-  PortAnswer DialWorker(std::unique_lock<std::mutex>& lock, int id, std::chrono::duration<double> wait) {
-    const std::string address = members_.registration(id).address();
+  // REQUIRES: `lock` holds mu_, which the dials of workers `ids`' tensor addresses (ProbePort)
+  // leave for `wait` at most. The dials go out together: over slow links, one after another would
+  // cost a round trip each.
+  std::map<int, PortAnswer> DialWorkers(std::unique_lock<std::mutex>& lock, const std::vector<int>& ids,
+                                        std::chrono::duration<double> wait) {
+    std::map<int, PortAnswer> answers;
+    if (ids.empty()) return answers;
+    std::vector<std::string> addresses;
+    for (int id : ids) addresses.push_back(members_.registration(id).address());
+    const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(wait);
     lock.unlock();
-    const PortAnswer answer = ProbePort(address, Clock::now() + std::chrono::duration_cast<Clock::duration>(wait));
+    std::vector<std::future<PortAnswer>> dialled;  // all but the first, which this thread dials
+    for (size_t i = 1; i < ids.size(); ++i)
+      dialled.push_back(std::async(std::launch::async, ProbePort, addresses[i], deadline));
+    answers[ids[0]] = ProbePort(addresses[0], deadline);
+    for (size_t i = 1; i < ids.size(); ++i) answers[ids[i]] = dialled[i - 1].get();
     lock.lock();
-    return answer;
+    return answers;
   }
 
   // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
@@ -619,7 +618,7 @@ class Service final : public proto::Coordinator::Service {
     // after this one began, and must not cut the worker off then.
     const uint64_t call = ++lifeline_calls_[id];
     // Whether this coordinator reaches the worker's tensor port at all (ProbeGone).
-    if (!members_.reachable(id) && DialWorker(lock, id, std::chrono::seconds(1)) == PortAnswer::kListening &&
+    if (!members_.reachable(id) && DialWorkers(lock, {id}, std::chrono::seconds(1))[id] == PortAnswer::kListening &&
         members_.Check(id).ok()) {
       members_.Reachable(id);
     }
@@ -1078,18 +1077,17 @@ class Service final : public proto::Coordinator::Service {
   void MaybeRestart(std::unique_lock<std::mutex>& lock) {
     if (Clock::now() < restart_->at + kRestartGrace) return;
     const uint64_t version = plan_.version();
-    const auto heard_since =
-        restart_->at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s));
+    const auto heard_since = restart_->at + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(cfg_.cluster.heartbeat_s));
     std::vector<int> dial;
     for (const proto::Assignment& a : plan_.assignments()) {
       const int id = a.worker_id();
-      if (restart_->answered.count(id) || members_.last_seen(id) > heard_since) continue;
-      // One dial per worker and report; one left unanswered waits for its heartbeat.
-      if (restart_->dialled.count(id)) return;
-      dial.push_back(id);
+      if (!restart_->answered.count(id) && members_.last_seen(id) <= heard_since) dial.push_back(id);
     }
     if (!dial.empty()) {
-      restart_->dialled.insert(dial.begin(), dial.end());
+      // One round of dials per report (every worker not heard from then); one left unanswered
+      // waits for its heartbeat.
+      if (std::exchange(restart_->dialled, true)) return;
       const std::map<int, PortAnswer> answers = ProbeGone(lock, dial);  // a refusal is evidence of a death
       if (!restart_ || plan_.version() != version || !vacant_.empty() || !abort_.empty()) return;
       bool all = true;
@@ -1530,7 +1528,8 @@ class Service final : public proto::Coordinator::Service {
     int worker;
     std::string failure;
     Clock::time_point at;
-    std::set<int> dialled, answered;  // workers whose tensor port was dialled since, and answered
+    bool dialled = false;    // the workers not heard from were dialled since
+    std::set<int> answered;  // of them, those whose tensor port answered
   };
   std::optional<Restart> restart_;
   int restarts_in_a_row_ = 0;  // versions started again since an iteration last completed

@@ -47,8 +47,8 @@ __device__ float BlockMax(float v) { return BlockReduce(v, -FLT_MAX, MaxOp{}); }
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C through column-major cuBLAS (C^T = B^T A^T).
 void Gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const void* A, cudaDataType_t at,
           int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
-  LoadedCublas().gemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, bt, ldb, A, at,
-               lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  LoadedCublas().gemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, bt, ldb,
+                      A, at, lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 // Element-wise passes over a row-major (N, OC) matrix put columns on threads and rows on blocks:

@@ -512,9 +512,9 @@ std::string TensorPort(const proto::JobState& state, int stage, int replica) {
 
 // A connection between two live workers reset mid-run, as a middlebox or a NAT closing it would
 // (here the kernel's own socket destroy, `ss -K`, which needs root): the version of the worker
-// that sends on it fails at once, and nobody is lost, so once every worker is heard from (or its
-// port answers) the coordinator starts the same layout again from the last checkpoint. The run ends bitwise as the
-// uninterrupted one, every sample once. Before, the sender waited for a plan that never came and
+// that sends on it fails at once, and nobody is lost, so once every worker's port answers the
+// coordinator's dial it starts the same layout again from the last checkpoint. The run ends
+// bitwise as the uninterrupted one, every sample once. Before, the sender waited for a plan that never came and
 // the job failed.
 TEST(Chaos, AConnectionResetBetweenLiveWorkersCostsARestartNotTheJob) {
   if (geteuid() != 0) GTEST_SKIP() << "resetting a connection (ss -K) needs root";
