@@ -350,6 +350,7 @@ class Service final : public proto::Coordinator::Service {
         Abort(std::string(st.message()));
       }
       std::optional<std::pair<int, std::string>> move;  // a straggler a spare replaces, once the report is in
+      std::optional<std::pair<int, proto::Plan>> rebalance;  // or the plan that moves blocks off it
       for (const auto& [id, s] : stragglers_.Add(rec.reports)) {
         const proto::IterationReport& r = rec.reports.at(id);
         const std::string what = absl::StrFormat(
@@ -359,16 +360,30 @@ class Service final : public proto::Coordinator::Service {
         // A move sends every worker back to the last complete checkpoint: worth it only where that
         // redoes fewer iterations than the straggler was watched for.
         const int64_t redo = req->iteration() + 1 - latest_step_;
-        const bool moved =
-            cfg_.cluster.replace_stragglers && !move && !Spares().empty() && redo <= StragglerWatch::kWindow;
-        std::cout << "coordinator: " << what
-                  << (moved ? "; a spare takes its place and it waits as a spare\n"
-                            : absl::StrFormat("; it keeps its place (slow, not dead; it moves to a waiting spare where "
-                                              "cluster.replace_stragglers is on and the last complete checkpoint is "
-                                              "at most %d iterations back, here %d)\n",
-                                              StragglerWatch::kWindow, redo))
-                  << std::flush;
-        if (moved) move.emplace(id, what);
+        const bool may = cfg_.cluster.replace_stragglers && !move && !rebalance && redo <= StragglerWatch::kWindow;
+        std::string outcome;
+        if (may && !Spares().empty()) {
+          move.emplace(id, what);
+          outcome = "a spare takes its place and it waits as a spare";
+        } else if (may && plan_.replicas() == 1 && plan_.stages() > 1) {
+          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, members_.registrations(),
+                                                        {latest_step_, latest_name_, end_},
+                                                        network_ ? &*network_ : nullptr, PacedProfiles());
+          if (p.ok()) {
+            outcome = absl::StrFormat("no spare waits: blocks move off it, [%s] blocks per stage instead of [%s]",
+                                      absl::StrJoin(BlocksPerStage(*p), ", "), absl::StrJoin(cfg_.Cut(), ", "));
+            rebalance.emplace(id, *std::move(p));
+          } else {
+            outcome = absl::StrCat("it keeps its place: ", p.status().message());
+          }
+        } else {
+          outcome = absl::StrFormat(
+              "it keeps its place (slow, not dead; it moves to a waiting spare, or blocks of a one-replica "
+              "pipeline move off it, where cluster.replace_stragglers is on and the last complete checkpoint is at "
+              "most %d iterations back, here %d)",
+              StragglerWatch::kWindow, redo);
+        }
+        std::cout << "coordinator: " << what << "; " << outcome << "\n" << std::flush;
       }
       job_metrics_.SetSlowdowns(stragglers_.Current());
       if (req->iteration() == start_ + 2) {
@@ -390,6 +405,20 @@ class Service final : public proto::Coordinator::Service {
                                {"plan_version", plan_.version()}});
         pending_.push_back({recoveries_.size() - 1, move->first, Clock::now(), move->second});
         Replan();
+      }
+      if (rebalance) {
+        const auto& [id, next] = *rebalance;
+        const int64_t reached = Rollback();
+        recoveries_.push_back({{"worker", id},
+                               {"stage", AssignmentOf(plan_, id)->stage()},
+                               {"replica", 0},
+                               {"straggler", true},
+                               {"blocks_per_stage", BlocksPerStage(next)},
+                               {"plan_version", plan_.version()},
+                               {"new_plan_version", next.version()},
+                               {"rollback_to_step", start_},
+                               {"redone_iterations", reached - start_}});
+        Adopt(next, reached, absl::StrFormat("blocks move off straggling worker %d", id), {});
       }
     }
     return grpc::Status::OK;
@@ -1002,6 +1031,24 @@ class Service final : public proto::Coordinator::Service {
     return fast;
   }
 
+  // REQUIRES: mu_ held. The plan's workers' compute as RebalancePlan weighs it: each one's profile
+  // from its join, times its slowdown since the start of the run (stragglers.h).
+  std::map<int, proto::ComputeProfile> PacedProfiles() const {
+    std::map<int, proto::ComputeProfile> paced;
+    for (const proto::Assignment& a : plan_.assignments()) {
+      if (!members_.HasProfile(a.worker_id())) continue;
+      proto::ComputeProfile p = members_.profile(a.worker_id());
+      const auto s = stragglers_.Current().find(a.worker_id());
+      const double k = s == stragglers_.Current().end() ? 1 : s->second.vs_start;
+      p.set_block_forward_s(k * p.block_forward_s());
+      p.set_block_backward_s(k * p.block_backward_s());
+      p.set_head_forward_s(k * p.head_forward_s());
+      p.set_head_backward_s(k * p.head_backward_s());
+      paced[a.worker_id()] = std::move(p);
+    }
+    return paced;
+  }
+
   // REQUIRES: mu_ held, vacant_ not empty. Spares (registered, profiled, in no place) take the
   // lost workers' places in the next plan version, which rolls every worker back to the last
   // complete checkpoint (or the run's start); without enough spares for cluster.spare_wait_s the
@@ -1172,7 +1219,7 @@ class Service final : public proto::Coordinator::Service {
   // how, for the log. The recoveries it answers record the new version and the rollback.
   void Adopt(proto::Plan next, int64_t reached, const std::string& change, const std::map<int, int>& replace) {
     plan_ = std::move(next);
-    if (plan_.stages() != cfg_.cluster.stages) {  // a pipeline cut anew: the plan's config has its cut
+    if (BlocksPerStage(plan_) != cfg_.Cut()) {  // a pipeline cut anew: the plan's config has its cut
       absl::StatusOr<JobConfig> recut = ParseJobConfig(plan_.config_toml(), "the re-cut plan's job config");
       if (!recut.ok()) {
         Abort(std::string(recut.status().message()));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
 #include "transport/link_connections.h"
@@ -199,6 +200,11 @@ void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int rep
   a->set_end_block(peer.end_block());
 }
 
+// The job's own config: a re-cut plan keeps it aside.
+std::string JobConfigOf(const proto::Plan& plan) {
+  return plan.job_config_toml().empty() ? plan.config_toml() : plan.job_config_toml();
+}
+
 // `old` as one replica of `run`'s stages (the job's config, or one with the model cut anew), stage
 // s on left[s]; every parameter-server shard on that replica, its home the one the job's full
 // layout gives it; `job_config` (empty where `run` is the job's) what a later version grows back
@@ -236,22 +242,23 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
   return plan;
 }
 
-// Blocks per stage of `stages` stages, stage s on worker left[s]: the even cut, or BalancedCut of
-// the workers' measured compute where every one of them has a profile and it is predicted
-// kPlacementMinGain faster (profiles differ by a few percent between like workers).
+// Blocks per stage of `stages` stages, stage s on worker left[s]: `reference` (empty: the even
+// cut), or BalancedCut of the workers' measured compute where every one of them has a profile and
+// it is predicted kPlacementMinGain faster (profiles differ by a few percent between like workers).
 std::vector<int> RecutBlocks(const ModelConfig& model, int stages, const std::vector<int>& left,
-                             const std::map<int, proto::ComputeProfile>& profiles) {
-  std::vector<int> even;
-  for (int s = 0; s < stages; ++s) {
-    const StageSpec spec = StageSpec::Even(model, s, stages);
-    even.push_back(spec.end_block - spec.first_block);
+                             const std::map<int, proto::ComputeProfile>& profiles, std::vector<int> reference = {}) {
+  if (reference.empty()) {
+    for (int s = 0; s < stages; ++s) {
+      const StageSpec spec = StageSpec::Even(model, s, stages);
+      reference.push_back(spec.end_block - spec.first_block);
+    }
   }
   std::vector<double> block_s;
   for (int s = 0; s < stages; ++s) {
     auto it = profiles.find(left[s]);
-    if (it == profiles.end()) return even;
+    if (it == profiles.end()) return reference;
     const double t = it->second.block_forward_s() + it->second.block_backward_s();
-    if (!(t > 0) || !std::isfinite(t)) return even;
+    if (!(t > 0) || !std::isfinite(t)) return reference;
     block_s.push_back(t);
   }
   const proto::ComputeProfile& last = profiles.at(left[stages - 1]);
@@ -262,7 +269,7 @@ std::vector<int> RecutBlocks(const ModelConfig& model, int stages, const std::ve
     return slowest;
   };
   const std::vector<int> balanced = BalancedCut(model.n_layer, block_s, head_s);
-  return bottleneck(balanced) < (1 - kPlacementMinGain) * bottleneck(even) ? balanced : even;
+  return bottleneck(balanced) < (1 - kPlacementMinGain) * bottleneck(reference) ? balanced : reference;
 }
 
 // `old` as one replica of fewer stages over `left` (one per block at most, fewer than old's), the
@@ -277,8 +284,7 @@ absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& c
         absl::StrFormat("no worker is left of the %d stages, and no spare waits", old.stages()));
   }
   LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles)));
-  return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
-                        workers, request, network);
+  return OneReplicaPlan(old, recut, JobConfigOf(old), left, workers, request, network);
 }
 
 }  // namespace
@@ -384,11 +390,38 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   return plan;
 }
 
+absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old,
+                                          const std::map<int, proto::RegisterRequest>& workers,
+                                          const PlanRequest& request, const NetworkCost* network,
+                                          const std::map<int, proto::ComputeProfile>& profiles) {
+  LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
+  if (old.replicas() != 1 || old.stages() < 2) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "blocks move between the stages of one pipeline only (the plan runs %d stages x %d replicas)", old.stages(),
+        old.replicas()));
+  }
+  std::vector<int> left;
+  for (int s = 0; s < old.stages(); ++s) left.push_back(WorkerAt(old, s, 0));
+  const std::vector<int> was = cfg.Cut();
+  const std::vector<int> cut = RecutBlocks(cfg.model, old.stages(), left, profiles, was);
+  if (cut == was) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no cut of the %d blocks is predicted %.0f%% faster than [%s] at the workers' measured compute",
+        cfg.model.n_layer, 100 * kPlacementMinGain, absl::StrJoin(was, ", ")));
+  }
+  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
+  return OneReplicaPlan(old, recut, JobConfigOf(old), left, workers, request, network);
+}
+
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,
                                      const PlanRequest& request, const NetworkCost* network) {
   if (!old.job_config_toml().empty()) {
     LH_ASSIGN_OR_RETURN(const JobConfig job, ParseJobConfig(old.job_config_toml(), "the job config of the plan"));
+    if (old.stages() >= job.cluster.stages) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the pipeline runs the job's %d stages already (cut anew to move blocks off a straggler)", old.stages()));
+    }
     std::vector<int> left;
     for (int s = 0; s < old.stages(); ++s) left.push_back(WorkerAt(old, s, 0));
     left.insert(left.end(), spares.begin(), spares.end());
@@ -420,6 +453,13 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
     }
   }
   return plan;
+}
+
+std::vector<int> BlocksPerStage(const proto::Plan& plan) {
+  std::vector<int> blocks(plan.stages(), 0);
+  for (const proto::Assignment& a : plan.assignments())
+    if (a.replica() == 0 && a.stage() >= 0 && a.stage() < plan.stages()) blocks[a.stage()] = a.end_block() - a.first_block();
+  return blocks;
 }
 
 std::vector<std::vector<int>> ShardOwners(const proto::Plan& plan) {

@@ -111,16 +111,31 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
                                        const PlanRequest& request, const NetworkCost* network = nullptr,
                                        const std::map<int, proto::ComputeProfile>& profiles = {});
 
+// The version after a one-replica pipeline `old` with the same workers in the same stages and the
+// model's blocks cut anew by their compute (`profiles`, by worker id, as measured now: a straggler's
+// scaled by its slowdown), BalancedCut's where it is predicted kPlacementMinGain faster than the
+// plan's cut. The plan's config carries the new cut (Plan.job_config_toml the job's own), the links
+// are planned anew (`network`, as MakePlan's), and the run stays bitwise the uninterrupted one as
+// after any re-cut (see ShrinkPlan). FailedPrecondition where the plan runs several replicas, one
+// stage, or where no cut is that much faster.
+absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old,
+                                          const std::map<int, proto::RegisterRequest>& workers,
+                                          const PlanRequest& request, const NetworkCost* network,
+                                          const std::map<int, proto::ComputeProfile>& profiles);
+
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
 // replicas, up to the config's count, as many as divide the config's (whole groups); at the config's
 // count each runs train.micro_batches again and every shard goes back to its home replica.
 // A pipeline cut anew grows back first: once its workers (in their stages' order) and the spares
 // fill the job's own stages, one replica of the job's config and cut (Plan.job_config_toml), the
 // links planned anew (`network`). FailedPrecondition where the spares make no replica (or stage)
-// more.
+// more: a pipeline of the job's stages cut anew by RebalancePlan keeps its cut.
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,
                                      const PlanRequest& request, const NetworkCost* network = nullptr);
+
+// The blocks each stage of `plan` runs, in stage order.
+std::vector<int> BlocksPerStage(const proto::Plan& plan);
 
 // Whether the worker at assignment `a` hosts shard `shard` of stage `stage` in `plan`.
 bool HostsShard(const proto::Plan& plan, const proto::Assignment& a, int stage, int shard);
