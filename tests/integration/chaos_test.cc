@@ -36,6 +36,7 @@
 #include "tests/support/processes.h"
 #include "tests/support/tiny_model.h"
 #include "transport/job_secret.h"
+#include "transport/wire_plan.h"
 #include "util/ports.h"
 
 namespace longhaul {
@@ -678,14 +679,19 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
       3, 55, "the model cut anew into 2 stages instead of 3", 60,
       "1 spares join: the job's 3 stages again instead of 2", 300);
   ASSERT_FALSE(run.summary.is_discarded());
-  ASSERT_EQ(run.summary["recoveries"].size(), 2u) << run.summary.dump(2);
+  // Blocks moved off a straggler (on these shared cores one of the workers left may compute slower
+  // for a while) change no stage count.
+  nlohmann::json changes = nlohmann::json::array();
+  for (const nlohmann::json& r : run.summary["recoveries"])
+    if (!r.value("straggler", false)) changes.push_back(r);
+  ASSERT_EQ(changes.size(), 2u) << run.summary.dump(2);
   // The 4 blocks over 2 stages: evenly, or as the two workers' measured compute balances them
   // (on these shared cores a tiny model's profiles may differ enough).
-  const nlohmann::json cut = run.summary["recoveries"][0]["blocks_per_stage"];
+  const nlohmann::json cut = changes[0]["blocks_per_stage"];
   ASSERT_TRUE(cut.is_array() && cut.size() == 2u) << run.summary.dump(2);
   EXPECT_EQ(cut[0].get<int>() + cut[1].get<int>(), 4) << cut;
   std::cout << "cut anew as " << cut.dump() << "\n";
-  EXPECT_EQ(run.summary["recoveries"][1]["grown_to_stages"], 3) << run.summary.dump(2);
+  EXPECT_EQ(changes[1]["grown_to_stages"], 3) << run.summary.dump(2);
   // Steps ran under 3 stages, then 2, then 3 again, each audited with its plan's.
   std::set<std::string> stage_counts;
   std::ifstream audit(run.out / "samples.csv");
@@ -700,6 +706,82 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
   EXPECT_EQ(stage_counts, (std::set<std::string>{"2", "3"}));
   EXPECT_EQ(last.substr(0, 6), "300,3,") << last;
   ExpectTheSameRun(run.calm, run.out, 300);
+}
+
+// The job of `sets` (the model big enough that computing is most of what each worker does) with
+// `placed` workers run undisturbed, then again with `spares` more, and from step 25 stage 0
+// replica 0's worker stopped 30 ms of every 35 ms (SIGSTOP, SIGCONT), as a noisy neighbour or a
+// throttled instance would, until the coordinator logs `moved`. Its compute stays over 1.5x its
+// start for 20 iterations, so it straggles: it runs 5 ms at a time, so nearly every iteration's
+// compute (4 micro-batches, 10 ms or more) is stopped at least once. Both runs complete and end bitwise alike, every sample
+// once; returns the first plan change, which must be the straggler's.
+nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::string> sets, int placed, int spares,
+                                 const std::string& moved) {
+  sets.insert(sets.end(), {"train.steps=200", "train.micro_batches=4", "model.d_model=128", "model.max_seq_len=64",
+                           "train.seq_len=64"});
+  const fs::path calm = Dir(name + "_calm"), out = Dir(name);
+  EXPECT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets, placed), 0) << Read(calm / "coordinator_1.txt");
+  const int status = RunJob(
+      out, spares,
+      [&](Supervisor& sup) {
+        std::optional<proto::JobState> state;
+        ASSERT_TRUE(sup.Await([&] { return sup.Steps() >= 25 && (state = sup.State()).has_value(); },
+                              std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        pid_t victim = -1;
+        for (const proto::WorkerRecord& r : state->workers())
+          if (r.id() == WorkerAt(state->plan(), 0, 0)) victim = r.registration().pid();
+        ASSERT_GT(victim, 0);
+        std::cout << "throttling stage 0 replica 0's worker from step " << sup.Steps() << "\n";
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (Count(sup.CoordinatorLogs(), moved) == 0 && std::chrono::steady_clock::now() < deadline) {
+          kill(victim, SIGSTOP);
+          std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          kill(victim, SIGCONT);
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        std::cout << "stopped throttling at step " << sup.Steps() << "\n";
+      },
+      sets, placed);
+  const std::string log = Read(out / "coordinator_1.txt");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+  EXPECT_NE(log.find(moved), std::string::npos) << log;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  EXPECT_FALSE(summary.is_discarded()) << log;
+  if (summary.is_discarded()) return nlohmann::json::object();
+  EXPECT_EQ(summary["status"], "completed");
+  EXPECT_EQ(summary["audit"]["lost"], 0);
+  EXPECT_EQ(summary["audit"]["repeated"], 0);
+  EXPECT_GE(summary["recoveries"].size(), 1u) << summary.dump(2);
+  if (summary["recoveries"].empty()) return nlohmann::json::object();
+  const nlohmann::json first = summary["recoveries"][0];
+  std::cout << "plan change: " << first.dump() << "\n";
+  EXPECT_TRUE(first.value("straggler", false)) << first.dump();
+  EXPECT_EQ(first["stage"], 0) << first.dump();
+  EXPECT_EQ(first["replica"], 0) << first.dump();
+  ExpectTheSameRun(calm, out, 200);
+  return first;
+}
+
+// A 2 x 2 job with a spare: the straggler gives its place to the spare, from the last checkpoint,
+// and waits as a spare itself.
+TEST(Chaos, AStragglerGivesItsPlaceToASpareAndTheRunEndsBitwise) {
+  UseNewSecret();
+  const nlohmann::json change =
+      RunWithAStraggler("straggler_spare", {}, 4, 1, "a spare takes its place and it waits as a spare");
+  EXPECT_EQ(change["spare"], 4) << change.dump();
+}
+
+// A pipeline of 3 stages and one replica, no spare: the same workers run the model cut anew ([2,
+// 1, 1] of 4 blocks becomes a cut that gives stage 0 one), from the last checkpoint.
+TEST(Chaos, WithoutASpareAStragglersBlocksMoveToTheOtherStages) {
+  UseNewSecret();
+  const nlohmann::json change = RunWithAStraggler(
+      "straggler_recut", {"cluster.stages=3", "cluster.replicas=1", "cluster.spare_wait_s=0"},
+      3, 0, "no spare waits: blocks move off it");
+  ASSERT_TRUE(change["blocks_per_stage"].is_array() && change["blocks_per_stage"].size() == 3u) << change.dump();
+  EXPECT_EQ(change["blocks_per_stage"][0], 1) << change.dump();
 }
 
 }  // namespace
