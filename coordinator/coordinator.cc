@@ -365,10 +365,8 @@ class Service final : public proto::Coordinator::Service {
         if (may && !Spares().empty()) {
           move.emplace(id, what);
           outcome = "a spare takes its place and it waits as a spare";
-        } else if (may && plan_.replicas() == 1 && plan_.stages() > 1) {
-          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, members_.registrations(),
-                                                        {latest_step_, latest_name_, end_},
-                                                        network_ ? &*network_ : nullptr, PacedProfiles());
+        } else if (may) {
+          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles());
           if (p.ok()) {
             outcome = absl::StrFormat("no spare waits: blocks move off it, [%s] blocks per stage instead of [%s]",
                                       absl::StrJoin(BlocksPerStage(*p), ", "), absl::StrJoin(cfg_.Cut(), ", "));
@@ -378,9 +376,9 @@ class Service final : public proto::Coordinator::Service {
           }
         } else {
           outcome = absl::StrFormat(
-              "it keeps its place (slow, not dead; it moves to a waiting spare, or blocks of a one-replica "
-              "pipeline move off it, where cluster.replace_stragglers is on and the last complete checkpoint is at "
-              "most %d iterations back, here %d)",
+              "it keeps its place (slow, not dead; it moves to a waiting spare, or blocks move off its stage, "
+              "where cluster.replace_stragglers is on and the last complete checkpoint is at most %d iterations "
+              "back, here %d)",
               StragglerWatch::kWindow, redo);
         }
         std::cout << "coordinator: " << what << "; " << outcome << "\n" << std::flush;
@@ -411,7 +409,7 @@ class Service final : public proto::Coordinator::Service {
         const int64_t reached = Rollback();
         recoveries_.push_back({{"worker", id},
                                {"stage", AssignmentOf(plan_, id)->stage()},
-                               {"replica", 0},
+                               {"replica", AssignmentOf(plan_, id)->replica()},
                                {"straggler", true},
                                {"blocks_per_stage", BlocksPerStage(next)},
                                {"plan_version", plan_.version()},

@@ -390,27 +390,58 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
   return plan;
 }
 
-absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old,
-                                          const std::map<int, proto::RegisterRequest>& workers,
-                                          const PlanRequest& request, const NetworkCost* network,
+absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequest& request,
                                           const std::map<int, proto::ComputeProfile>& profiles) {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
-  if (old.replicas() != 1 || old.stages() < 2) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "blocks move between the stages of one pipeline only (the plan runs %d stages x %d replicas)", old.stages(),
-        old.replicas()));
+  const int P = old.stages();
+  if (P < 2) return absl::FailedPreconditionError("a plan of one stage has no blocks to move");
+  // Each stage priced at its slowest replica's worker, which every step waits for.
+  std::vector<int> slowest(P, -1);
+  auto block_s = [&](int id) {
+    auto it = profiles.find(id);
+    return it == profiles.end() ? 0.0 : it->second.block_forward_s() + it->second.block_backward_s();
+  };
+  for (const proto::Assignment& a : old.assignments()) {
+    if (a.stage() < 0 || a.stage() >= P) continue;
+    int& w = slowest[a.stage()];
+    if (w < 0 || block_s(a.worker_id()) > block_s(w)) w = a.worker_id();
   }
-  std::vector<int> left;
-  for (int s = 0; s < old.stages(); ++s) left.push_back(WorkerAt(old, s, 0));
-  const std::vector<int> was = cfg.Cut();
-  const std::vector<int> cut = RecutBlocks(cfg.model, old.stages(), left, profiles, was);
+  const std::vector<int> was = BlocksPerStage(old);
+  const std::vector<int> cut = RecutBlocks(cfg.model, P, slowest, profiles, was);
   if (cut == was) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "no cut of the %d blocks is predicted %.0f%% faster than [%s] at the workers' measured compute",
         cfg.model.n_layer, 100 * kPlacementMinGain, absl::StrJoin(was, ", ")));
   }
   LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
-  return OneReplicaPlan(old, recut, JobConfigOf(old), left, workers, request, network);
+  // The same workers, links and shard owners; each stage's blocks and its shards' tensors anew.
+  std::map<std::pair<int, int>, proto::ShardPlacement> owners;
+  for (const proto::ShardPlacement& sp : old.shards()) owners[{sp.stage(), sp.shard()}] = sp;
+  const std::vector<proto::ShardPlacement> shards = PlanShards(recut);
+  if (shards.size() != owners.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the cut [%s] would make %d parameter-server shards, not the plan's %d",
+                        absl::StrJoin(cut, ", "), shards.size(), owners.size()));
+  }
+  proto::Plan plan = NextVersion(old, request);
+  plan.set_config_toml(recut.toml_text);
+  for (proto::Assignment& a : *plan.mutable_assignments()) {
+    const StageSpec spec = recut.Stage(a.stage());
+    a.set_first_block(spec.first_block);
+    a.set_end_block(spec.end_block);
+  }
+  plan.clear_shards();
+  for (proto::ShardPlacement sp : shards) {
+    auto it = owners.find({sp.stage(), sp.shard()});
+    if (it == owners.end()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the cut [%s] gives stage %d a shard %d the plan has not", absl::StrJoin(cut, ", "), sp.stage(), sp.shard()));
+    }
+    sp.set_owner_replica(it->second.owner_replica());
+    if (it->second.has_home_replica()) sp.set_home_replica(it->second.home_replica());
+    *plan.add_shards() = sp;
+  }
+  return plan;
 }
 
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
@@ -418,10 +449,6 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
                                      const PlanRequest& request, const NetworkCost* network) {
   if (!old.job_config_toml().empty()) {
     LH_ASSIGN_OR_RETURN(const JobConfig job, ParseJobConfig(old.job_config_toml(), "the job config of the plan"));
-    if (old.stages() >= job.cluster.stages) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the pipeline runs the job's %d stages already (cut anew to move blocks off a straggler)", old.stages()));
-    }
     std::vector<int> left;
     for (int s = 0; s < old.stages(); ++s) left.push_back(WorkerAt(old, s, 0));
     left.insert(left.end(), spares.begin(), spares.end());

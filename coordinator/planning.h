@@ -111,16 +111,17 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
                                        const PlanRequest& request, const NetworkCost* network = nullptr,
                                        const std::map<int, proto::ComputeProfile>& profiles = {});
 
-// The version after a one-replica pipeline `old` with the same workers in the same stages and the
-// model's blocks cut anew by their compute (`profiles`, by worker id, as measured now: a straggler's
-// scaled by its slowdown), BalancedCut's where it is predicted kPlacementMinGain faster than the
-// plan's cut. The plan's config carries the new cut (Plan.job_config_toml the job's own), the links
-// are planned anew (`network`, as MakePlan's), and the run stays bitwise the uninterrupted one as
-// after any re-cut (see ShrinkPlan). FailedPrecondition where the plan runs several replicas, one
-// stage, or where no cut is that much faster.
-absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old,
-                                          const std::map<int, proto::RegisterRequest>& workers,
-                                          const PlanRequest& request, const NetworkCost* network,
+// The version after `old` with the same workers, links and shard owners and the model's blocks cut
+// anew by their compute (`profiles`, by worker id, as measured now: a straggler's scaled by its
+// slowdown), each stage priced at its slowest replica's worker: BalancedCut's where it is
+// predicted kPlacementMinGain faster than the plan's cut. Every replica runs the new cut, which
+// the plan's config carries (as a cut the placement search chose would; Plan.job_config_toml
+// stays what it was); each stage's shards cover its new tensors, owned where the plan's shard of
+// that number was. A pipeline sums each gradient in the one process's order at any cut, so the
+// run stays bitwise the uninterrupted one as after any re-cut (see ShrinkPlan). FailedPrecondition
+// for one stage, where no cut is that much faster, or where the new cut would change a stage's
+// shard count.
+absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequest& request,
                                           const std::map<int, proto::ComputeProfile>& profiles);
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
@@ -129,7 +130,7 @@ absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old,
 // A pipeline cut anew grows back first: once its workers (in their stages' order) and the spares
 // fill the job's own stages, one replica of the job's config and cut (Plan.job_config_toml), the
 // links planned anew (`network`). FailedPrecondition where the spares make no replica (or stage)
-// more: a pipeline of the job's stages cut anew by RebalancePlan keeps its cut.
+// more.
 absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<int>& spares,
                                      const std::map<int, proto::RegisterRequest>& workers,
                                      const PlanRequest& request, const NetworkCost* network = nullptr);

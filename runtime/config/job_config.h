@@ -111,8 +111,8 @@ struct ClusterConfig {
   // it (0: at once) the job stops, naming the lost worker.
   double spare_wait_s = 60.0;
   // A straggler (coordinator/stragglers.h) gives its place to a waiting spare at the next plan
-  // version and waits as a spare itself; with no spare, a one-replica pipeline is cut anew with
-  // fewer blocks on it (RebalancePlan); false: it keeps its place and its blocks.
+  // version and waits as a spare itself; with no spare, the model is cut anew with fewer blocks on
+  // its stage (RebalancePlan); false: it keeps its place and its blocks.
   bool replace_stragglers = true;
 };
 

@@ -717,7 +717,7 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
 // once; returns the first plan change, which must be the straggler's.
 nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::string> sets, int placed, int spares,
                                  const std::string& moved) {
-  sets.insert(sets.end(), {"train.steps=200", "train.micro_batches=4", "model.d_model=128", "model.max_seq_len=64",
+  sets.insert(sets.end(), {"train.steps=120", "train.micro_batches=4", "model.d_model=128", "model.max_seq_len=64",
                            "train.seq_len=64"});
   const fs::path calm = Dir(name + "_calm"), out = Dir(name);
   EXPECT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets, placed), 0) << Read(calm / "coordinator_1.txt");
@@ -760,7 +760,7 @@ nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::strin
   EXPECT_TRUE(first.value("straggler", false)) << first.dump();
   EXPECT_EQ(first["stage"], 0) << first.dump();
   EXPECT_EQ(first["replica"], 0) << first.dump();
-  ExpectTheSameRun(calm, out, 200);
+  ExpectTheSameRun(calm, out, 120);
   return first;
 }
 
@@ -771,6 +771,15 @@ TEST(Chaos, AStragglerGivesItsPlaceToASpareAndTheRunEndsBitwise) {
   const nlohmann::json change =
       RunWithAStraggler("straggler_spare", {}, 4, 1, "a spare takes its place and it waits as a spare");
   EXPECT_EQ(change["spare"], 4) << change.dump();
+}
+
+// A 2 x 2 job with no spare: both replicas run the model cut anew with one block of 4 on stage 0,
+// every parameter-server shard where it was, from the last checkpoint.
+TEST(Chaos, WithoutASpareAStragglersBlocksMoveToTheOtherStageInEveryReplica) {
+  UseNewSecret();
+  const nlohmann::json change =
+      RunWithAStraggler("straggler_replicas", {"cluster.spare_wait_s=0"}, 4, 0, "no spare waits: blocks move off it");
+  EXPECT_EQ(change["blocks_per_stage"], nlohmann::json::parse("[1, 3]")) << change.dump();
 }
 
 // A pipeline of 3 stages and one replica, no spare: the same workers run the model cut anew ([2,
