@@ -1030,14 +1030,20 @@ class Service final : public proto::Coordinator::Service {
   }
 
   // REQUIRES: mu_ held. The plan's workers' compute as RebalancePlan weighs it: each one's profile
-  // from its join, times its slowdown since the start of the run (stragglers.h).
+  // from its join scaled to its pace now (stragglers.h), which computes its stage's blocks, and the
+  // head on the last stage, at the profile's ratio of the two. A worker without a pace yet is left
+  // out (RebalancePlan then keeps the cut).
   std::map<int, proto::ComputeProfile> PacedProfiles() const {
+    const std::map<int, double> paces = stragglers_.Paces();
     std::map<int, proto::ComputeProfile> paced;
     for (const proto::Assignment& a : plan_.assignments()) {
-      if (!members_.HasProfile(a.worker_id())) continue;
+      const auto pace = paces.find(a.worker_id());
+      if (pace == paces.end() || !members_.HasProfile(a.worker_id())) continue;
       proto::ComputeProfile p = members_.profile(a.worker_id());
-      const auto s = stragglers_.Current().find(a.worker_id());
-      const double k = s == stragglers_.Current().end() ? 1 : s->second.vs_start;
+      const double block_s = p.block_forward_s() + p.block_backward_s();
+      if (!(block_s > 0)) continue;
+      const double head = a.stage() == plan_.stages() - 1 ? (p.head_forward_s() + p.head_backward_s()) / block_s : 0;
+      const double k = pace->second / (a.end_block() - a.first_block() + head) / block_s;
       p.set_block_forward_s(k * p.block_forward_s());
       p.set_block_backward_s(k * p.block_backward_s());
       p.set_head_forward_s(k * p.head_forward_s());

@@ -10,6 +10,13 @@ double StragglerWatch::Pace(const Worker& w) {
   return static_cast<int>(w.recent.size()) < kWindow ? 0 : Median(w.recent);
 }
 
+std::map<int, double> StragglerWatch::Paces() const {
+  std::map<int, double> paces;
+  for (const auto& [id, w] : workers_)
+    if (const double pace = Pace(w); pace > 0) paces[id] = pace;
+  return paces;
+}
+
 std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, proto::IterationReport>& reports) {
   // The first iteration opens connections and warms caches: no pace of anyone's.
   if (seen_++ == 0) return {};
@@ -29,9 +36,7 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
     if (static_cast<int>(w.recent.size()) > kWindow) w.recent.erase(w.recent.begin());
   }
   // Each pace once (a median of the window), then each worker against its start and its peers'.
-  std::map<int, double> paces;
-  for (const auto& [id, w] : workers_)
-    if (const double pace = Pace(w); pace > 0) paces[id] = pace;
+  const std::map<int, double> paces = Paces();
   std::map<int, double> drift;  // pace now / pace at the start
   for (const auto& [id, pace] : paces) {
     const Worker& w = workers_.at(id);

@@ -44,6 +44,9 @@ class StragglerWatch {
   }
   // Each worker's slowdown as of the last Add, once it has a pace.
   const std::map<int, Slowdown>& Current() const { return current_; }
+  // Each worker's pace as of the last Add (the median compute per micro-batch of its last kWindow
+  // iterations), once it has one.
+  std::map<int, double> Paces() const;
   // Each worker that was ever a straggler, with its worst slowdown.
   const std::map<int, Slowdown>& worst() const { return worst_; }
 

@@ -45,6 +45,9 @@ TEST(StragglerWatch, ASlowedWorkerIsReportedOnceAgainstItsStartAndItsPeers) {
   EXPECT_NEAR(watch.Current().at(3).vs_start, 2, 0.2);
   EXPECT_NEAR(watch.Current().at(3).vs_peers, 2, 0.2);
   EXPECT_NEAR(watch.Current().at(1).vs_peers, 0.5, 0.05) << "its peer, worker 3, is the slow one";
+  // Each pace is per micro-batch (one here), the window's median.
+  EXPECT_NEAR(watch.Paces().at(0), 0.010, 0.001);
+  EXPECT_NEAR(watch.Paces().at(3), 0.040, 0.004);
   // Back to its pace: no longer a straggler; its worst stays on record.
   for (int k = 0; k < 40; ++k, ++it) EXPECT_TRUE(watch.Add(Reports(normal)).empty());
   EXPECT_LT(watch.Current().at(3).worst(), StragglerWatch::kThreshold);
