@@ -405,21 +405,65 @@ class Service final : public proto::Coordinator::Service {
         Replan();
       }
       if (rebalance) {
-        const auto& [id, next] = *rebalance;
-        const int64_t reached = Rollback();
-        recoveries_.push_back({{"worker", id},
-                               {"stage", AssignmentOf(plan_, id)->stage()},
-                               {"replica", AssignmentOf(plan_, id)->replica()},
-                               {"straggler", true},
-                               {"blocks_per_stage", BlocksPerStage(next)},
-                               {"plan_version", plan_.version()},
-                               {"new_plan_version", next.version()},
-                               {"rollback_to_step", start_},
-                               {"redone_iterations", reached - start_}});
-        Adopt(next, reached, absl::StrFormat("blocks move off straggling worker %d", id), {});
+        eased_.insert(rebalance->first);
+        AdoptRebalance(rebalance->first, std::move(rebalance->second), false);
+      } else if (!move) {
+        MoveBlocksBack(req->iteration() + 1 - latest_step_);
       }
     }
     return grpc::Status::OK;
+  }
+
+  // REQUIRES: mu_ held. A worker whose blocks moved off it computes fast again (its straggling
+  // passed: a noisy neighbour left): the blocks move back, as far as its pace now says, where that
+  // is predicted faster and redoes no more iterations than a move off it would.
+  void MoveBlocksBack(int64_t redo) {
+    for (auto it = eased_.begin(); it != eased_.end();) {
+      const int id = *it;
+      const proto::Assignment* a = AssignmentOf(plan_, id);
+      if (a == nullptr) {
+        it = eased_.erase(it);
+        continue;
+      }
+      if (!stragglers_.Quick(id) || !cfg_.cluster.replace_stragglers || redo > StragglerWatch::kWindow) {
+        ++it;
+        continue;
+      }
+      it = eased_.erase(it);
+      const std::string what = absl::StrFormat(
+          "worker %d (stage %d, replica %d), whose blocks moved off it, computes %.2fx as fast as since they moved",
+          id, a->stage(), a->replica(), 1 / stragglers_.Drift(id));
+      absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles());
+      if (!p.ok()) {
+        std::cout << "coordinator: " << what << "; the cut stays: " << p.status().message() << "\n" << std::flush;
+        return;
+      }
+      std::cout << "coordinator: " << what
+                << absl::StrFormat("; blocks move back, [%s] blocks per stage instead of [%s]\n",
+                                   absl::StrJoin(BlocksPerStage(*p), ", "), absl::StrJoin(cfg_.Cut(), ", "))
+                << std::flush;
+      AdoptRebalance(id, *std::move(p), true);
+      return;
+    }
+  }
+
+  // REQUIRES: mu_ held. `next` (RebalancePlan's) moves blocks off straggling worker `id`, or, with
+  // `back`, back to it: every worker goes back to the last complete checkpoint.
+  void AdoptRebalance(int id, proto::Plan next, bool back) {
+    const int64_t reached = Rollback();
+    nlohmann::json event = {{"worker", id},
+                            {"stage", AssignmentOf(plan_, id)->stage()},
+                            {"replica", AssignmentOf(plan_, id)->replica()},
+                            {"straggler", true},
+                            {"blocks_per_stage", BlocksPerStage(next)},
+                            {"plan_version", plan_.version()},
+                            {"new_plan_version", next.version()},
+                            {"rollback_to_step", start_},
+                            {"redone_iterations", reached - start_}};
+    if (back) event["fast_again"] = true;
+    recoveries_.push_back(std::move(event));
+    Adopt(std::move(next), reached,
+          absl::StrFormat(back ? "blocks move back to worker %d" : "blocks move off straggling worker %d", id), {});
   }
 
   grpc::Status ReportCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointReport* req, proto::Empty*) override {
@@ -1552,6 +1596,7 @@ class Service final : public proto::Coordinator::Service {
   std::map<std::pair<int, int64_t>, std::pair<int, uint32_t>> first_crc_;
   std::map<int64_t, int> crcs_in_;
   StragglerWatch stragglers_;
+  std::set<int> eased_;  // workers blocks moved off for straggling, until they move back
   // The last step whose every shard is on disk: where a lost worker sends every worker back to.
   int64_t latest_step_;
   std::string latest_name_;

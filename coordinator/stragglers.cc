@@ -44,13 +44,16 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
   }
   current_.clear();
   for (const auto& [id, pace] : paces) {
-    const Worker& w = workers_.at(id);
+    Worker& w = workers_.at(id);
     Slowdown& s = current_[id];
+    w.drift = 1;
     if (const auto own = drift.find(id); own != drift.end()) {
       std::vector<double> others;
       for (const auto& [other, d] : drift)
         if (other != id) others.push_back(d);
-      s.vs_start = own->second / std::max(1.0, others.empty() ? 1.0 : Median(others));
+      const double theirs = others.empty() ? 1.0 : Median(others);
+      s.vs_start = own->second / std::max(1.0, theirs);
+      w.drift = own->second / theirs;
     }
     std::vector<double> peers;
     for (const auto& [other, other_pace] : paces)
@@ -62,6 +65,7 @@ std::vector<std::pair<int, Slowdown>> StragglerWatch::Add(const std::map<int, pr
     const auto now = current_.find(id);
     const Slowdown s = now == current_.end() ? Slowdown{} : now->second;
     w.slow_for = s.worst() > kThreshold ? w.slow_for + 1 : 0;
+    w.fast_for = w.drift < 1 / kThreshold ? w.fast_for + 1 : 0;
     const bool straggling = w.slow_for >= kWindow;
     if (straggling) {
       Slowdown& worst = worst_[id];

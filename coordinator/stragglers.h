@@ -44,6 +44,20 @@ class StragglerWatch {
   }
   // Each worker's slowdown as of the last Add, once it has a pace.
   const std::map<int, Slowdown>& Current() const { return current_; }
+  // Whether worker `id` has computed in under 1/kThreshold of its time at the start, against the
+  // other workers' drift either way (a job-wide speed-up quickens no one), for kWindow iterations
+  // in a row: a straggler whose blocks moved (its start is its slow pace under the new cut) that
+  // is fast again.
+  bool Quick(int id) const {
+    auto it = workers_.find(id);
+    return it != workers_.end() && it->second.fast_for >= kWindow;
+  }
+  // Worker `id`'s pace now over its pace at the start, over the other workers' median of the same
+  // (1 until it has both).
+  double Drift(int id) const {
+    auto it = workers_.find(id);
+    return it == workers_.end() ? 1 : it->second.drift;
+  }
   // Each worker's pace as of the last Add (the median compute per micro-batch of its last kWindow
   // iterations), once it has one.
   std::map<int, double> Paces() const;
@@ -56,6 +70,8 @@ class StragglerWatch {
     std::vector<double> start;   // compute seconds of its first kWindow timed iterations
     std::vector<double> recent;  // of its last kWindow, oldest first
     int slow_for = 0;  // iterations in a row over the threshold
+    int fast_for = 0;  // and with its drift under its inverse
+    double drift = 1;
     bool straggling = false;
   };
   // Median of the recent window; 0 until it is full.

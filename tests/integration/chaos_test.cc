@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -713,11 +714,13 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
 // replica 0's worker stopped 30 ms of every 35 ms (SIGSTOP, SIGCONT), as a noisy neighbour or a
 // throttled instance would, until the coordinator logs `moved`. Its compute stays over 1.5x its
 // start for 20 iterations, so it straggles: it runs 5 ms at a time, so nearly every iteration's
-// compute (4 micro-batches, 10 ms or more) is stopped at least once. Both runs complete and end bitwise alike, every sample
-// once; returns the first plan change, which must be the straggler's.
+// compute (4 micro-batches, 10 ms or more) is stopped at least once. Unless `back` is empty, the
+// worker is stopped so 30 steps longer, then no more, and the test waits for the coordinator to
+// log `back`. Both runs complete and end bitwise alike,
+// every sample once; returns the plan changes, the first of which must be the straggler's.
 nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::string> sets, int placed, int spares,
-                                 const std::string& moved) {
-  sets.insert(sets.end(), {"train.steps=120", "train.micro_batches=4", "model.d_model=128", "model.max_seq_len=64",
+                                 const std::string& moved, const std::string& back = "", int steps = 120) {
+  sets.insert(sets.end(), {absl::StrCat("train.steps=", steps), "train.micro_batches=4", "model.d_model=128", "model.max_seq_len=64",
                            "train.seq_len=64"});
   const fs::path calm = Dir(name + "_calm"), out = Dir(name);
   EXPECT_EQ(RunJob(calm, 0, [](Supervisor&) {}, sets, placed), 0) << Read(calm / "coordinator_1.txt");
@@ -733,14 +736,24 @@ nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::strin
           if (r.id() == WorkerAt(state->plan(), 0, 0)) victim = r.registration().pid();
         ASSERT_GT(victim, 0);
         std::cout << "throttling stage 0 replica 0's worker from step " << sup.Steps() << "\n";
+        // Until the move; with `back`, 30 steps past it too, so that the pace the straggler
+        // starts from under the new cut is its slow one.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-        while (Count(sup.CoordinatorLogs(), moved) == 0 && std::chrono::steady_clock::now() < deadline) {
+        size_t until = std::numeric_limits<size_t>::max();
+        while (sup.Steps() < until && std::chrono::steady_clock::now() < deadline) {
           kill(victim, SIGSTOP);
           std::this_thread::sleep_for(std::chrono::milliseconds(30));
           kill(victim, SIGCONT);
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (until == std::numeric_limits<size_t>::max() && Count(sup.CoordinatorLogs(), moved) > 0) {
+            until = back.empty() ? 0 : sup.Steps() + 30;
+          }
         }
         std::cout << "stopped throttling at step " << sup.Steps() << "\n";
+        if (back.empty()) return;
+        ASSERT_TRUE(sup.Await([&] { return Count(sup.CoordinatorLogs(), back) > 0; }, std::chrono::seconds(120)))
+            << sup.CoordinatorLogs();
+        std::cout << "\"" << back << "\" by step " << sup.Steps() << "\n";
       },
       sets, placed);
   const std::string log = Read(out / "coordinator_1.txt");
@@ -749,19 +762,19 @@ nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::strin
   std::ifstream sf(out / "summary.json");
   const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
   EXPECT_FALSE(summary.is_discarded()) << log;
-  if (summary.is_discarded()) return nlohmann::json::object();
+  if (summary.is_discarded()) return nlohmann::json::array({nlohmann::json::object()});
   EXPECT_EQ(summary["status"], "completed");
   EXPECT_EQ(summary["audit"]["lost"], 0);
   EXPECT_EQ(summary["audit"]["repeated"], 0);
   EXPECT_GE(summary["recoveries"].size(), 1u) << summary.dump(2);
-  if (summary["recoveries"].empty()) return nlohmann::json::object();
+  if (summary["recoveries"].empty()) return nlohmann::json::array({nlohmann::json::object()});
+  for (const nlohmann::json& r : summary["recoveries"]) std::cout << "plan change: " << r.dump() << "\n";
   const nlohmann::json first = summary["recoveries"][0];
-  std::cout << "plan change: " << first.dump() << "\n";
   EXPECT_TRUE(first.value("straggler", false)) << first.dump();
   EXPECT_EQ(first["stage"], 0) << first.dump();
   EXPECT_EQ(first["replica"], 0) << first.dump();
-  ExpectTheSameRun(calm, out, 120);
-  return first;
+  ExpectTheSameRun(calm, out, steps);
+  return summary["recoveries"];
 }
 
 // A 2 x 2 job with a spare: the straggler gives its place to the spare, from the last checkpoint,
@@ -769,17 +782,22 @@ nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::strin
 TEST(Chaos, AStragglerGivesItsPlaceToASpareAndTheRunEndsBitwise) {
   UseNewSecret();
   const nlohmann::json change =
-      RunWithAStraggler("straggler_spare", {}, 4, 1, "a spare takes its place and it waits as a spare");
+      RunWithAStraggler("straggler_spare", {}, 4, 1, "a spare takes its place and it waits as a spare")[0];
   EXPECT_EQ(change["spare"], 4) << change.dump();
 }
 
 // A 2 x 2 job with no spare: both replicas run the model cut anew with one block of 4 on stage 0,
-// every parameter-server shard where it was, from the last checkpoint.
-TEST(Chaos, WithoutASpareAStragglersBlocksMoveToTheOtherStageInEveryReplica) {
+// every parameter-server shard where it was, from the last checkpoint. Once the straggler is no
+// longer stopped it computes over 1.5x as fast as since the move, and the blocks move back.
+TEST(Chaos, WithoutASpareAStragglersBlocksMoveToTheOtherStageInEveryReplicaAndBack) {
   UseNewSecret();
-  const nlohmann::json change =
-      RunWithAStraggler("straggler_replicas", {"cluster.spare_wait_s=0"}, 4, 0, "no spare waits: blocks move off it");
-  EXPECT_EQ(change["blocks_per_stage"], nlohmann::json::parse("[1, 3]")) << change.dump();
+  const nlohmann::json changes = RunWithAStraggler("straggler_replicas", {"cluster.spare_wait_s=0"}, 4, 0,
+                                                   "no spare waits: blocks move off it", "blocks move back", 200);
+  ASSERT_EQ(changes.size(), 2u) << changes.dump(2);
+  EXPECT_EQ(changes[0]["blocks_per_stage"], nlohmann::json::parse("[1, 3]")) << changes.dump();
+  EXPECT_EQ(changes[1]["worker"], changes[0]["worker"]) << changes.dump();
+  EXPECT_TRUE(changes[1].value("fast_again", false)) << changes.dump();
+  EXPECT_EQ(changes[1]["blocks_per_stage"], nlohmann::json::parse("[2, 2]")) << changes.dump();
 }
 
 // A pipeline of 3 stages and one replica, no spare: the same workers run the model cut anew ([2,
@@ -788,7 +806,7 @@ TEST(Chaos, WithoutASpareAStragglersBlocksMoveToTheOtherStages) {
   UseNewSecret();
   const nlohmann::json change = RunWithAStraggler(
       "straggler_recut", {"cluster.stages=3", "cluster.replicas=1", "cluster.spare_wait_s=0"},
-      3, 0, "no spare waits: blocks move off it");
+      3, 0, "no spare waits: blocks move off it")[0];
   ASSERT_TRUE(change["blocks_per_stage"].is_array() && change["blocks_per_stage"].size() == 3u) << change.dump();
   EXPECT_EQ(change["blocks_per_stage"][0], 1) << change.dump();
 }

@@ -53,10 +53,33 @@ TEST(StragglerWatch, ASlowedWorkerIsReportedOnceAgainstItsStartAndItsPeers) {
   EXPECT_LT(watch.Current().at(3).worst(), StragglerWatch::kThreshold);
   ASSERT_EQ(watch.worst().size(), 1u);
   EXPECT_NEAR(watch.worst().at(3).vs_start, 2, 0.2);
+  EXPECT_FALSE(watch.Quick(3)) << "back to its start's pace is not faster than it";
   // Slowed again: reported again.
   int again = 0;
   for (int k = 0; k < 40; ++k, ++it) again += static_cast<int>(watch.Add(Reports(slowed)).size());
   EXPECT_EQ(again, 1);
+}
+
+// A straggler whose blocks moved starts its pace again slow (Restart); once it computes faster
+// than 1/1.5 of that start for a window, beyond the others' drift, it is quick; a job-wide
+// speed-up makes no one quick.
+TEST(StragglerWatch, AWorkerFasterThanItsStartForAWindowIsQuick) {
+  StragglerWatch watch;
+  int it = 0;
+  auto slow = [&](int id) { return (id == 0 ? 0.030 : 0.010) * (1 + 0.05 * std::sin(7.0 * it + id)); };
+  for (; it < 30; ++it) watch.Add(Reports(slow));
+  auto all_faster = [&](int id) { return slow(id) * 0.6; };
+  for (int k = 0; k < 40; ++k, ++it) watch.Add(Reports(all_faster));
+  for (int id = 0; id < 4; ++id) EXPECT_FALSE(watch.Quick(id)) << "worker " << id;
+  auto fast = [&](int id) { return 0.010 * (1 + 0.05 * std::sin(7.0 * it + id)); };
+  int quick_at = -1;
+  for (int k = 0; k < 40 && quick_at < 0; ++k, ++it) {
+    watch.Add(Reports(fast));
+    if (watch.Quick(0)) quick_at = k;
+  }
+  EXPECT_GE(quick_at, StragglerWatch::kWindow - 1) << "a window of it, after the median moved";
+  EXPECT_LT(quick_at, 2 * StragglerWatch::kWindow);
+  for (int id = 1; id < 4; ++id) EXPECT_FALSE(watch.Quick(id)) << "worker " << id;
 }
 
 TEST(StragglerWatch, AFirstSlowIterationAndShortSpikesMakeNoStraggler) {
