@@ -112,7 +112,8 @@ struct ClusterConfig {
   double spare_wait_s = 60.0;
   // A straggler (coordinator/stragglers.h) gives its place to a waiting spare at the next plan
   // version and waits as a spare itself; with no spare, the model is cut anew with fewer blocks on
-  // its stage (RebalancePlan); false: it keeps its place and its blocks.
+  // its stage (RebalancePlan), and back once it is fast again; false: it keeps its place and its
+  // blocks.
   bool replace_stragglers = true;
 };
 
