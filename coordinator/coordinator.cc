@@ -353,10 +353,11 @@ class Service final : public proto::Coordinator::Service {
       std::optional<std::pair<int, proto::Plan>> rebalance;  // or the plan that moves blocks off it
       for (const auto& [id, s] : stragglers_.Add(rec.reports)) {
         const proto::IterationReport& r = rec.reports.at(id);
-        const std::string what = absl::StrFormat(
-            "worker %d (stage %d, replica %d) straggles: its compute per iteration, median of the last %d, is %.2fx "
-            "its own at the start of the run (beyond the other workers' drift) and %.2fx its stage's other replicas'",
-            id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start, s.vs_peers);
+        const std::string what = absl::StrCat(
+            absl::StrFormat("worker %d (stage %d, replica %d) straggles: its compute per iteration, median of the "
+                            "last %d, is %.2fx its own at the start of the run (beyond the other workers' drift)",
+                            id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start),
+            plan_.replicas() > 1 ? absl::StrFormat(" and %.2fx its stage's other replicas'", s.vs_peers) : "");
         // A move sends every worker back to the last complete checkpoint: worth it only where that
         // redoes fewer iterations than the straggler was watched for.
         const int64_t redo = req->iteration() + 1 - latest_step_;
