@@ -351,6 +351,10 @@ class Service final : public proto::Coordinator::Service {
       }
       std::optional<std::pair<int, std::string>> move;  // a straggler a spare replaces, once the report is in
       std::optional<std::pair<int, proto::Plan>> rebalance;  // or the plan that moves blocks off it
+      // A move sends every worker back to the last complete checkpoint: worth it only where that
+      // redoes fewer iterations than the straggler was watched for.
+      const int64_t redo = req->iteration() + 1 - latest_step_;
+      const bool movable = cfg_.cluster.replace_stragglers && redo <= StragglerWatch::kWindow;
       for (const auto& [id, s] : stragglers_.Add(rec.reports)) {
         const proto::IterationReport& r = rec.reports.at(id);
         const std::string what = absl::StrCat(
@@ -358,10 +362,7 @@ class Service final : public proto::Coordinator::Service {
                             "last %d, is %.2fx its own at the start of the run (beyond the other workers' drift)",
                             id, r.stage(), r.replica(), StragglerWatch::kWindow, s.vs_start),
             plan_.replicas() > 1 ? absl::StrFormat(" and %.2fx its stage's other replicas'", s.vs_peers) : "");
-        // A move sends every worker back to the last complete checkpoint: worth it only where that
-        // redoes fewer iterations than the straggler was watched for.
-        const int64_t redo = req->iteration() + 1 - latest_step_;
-        const bool may = cfg_.cluster.replace_stragglers && !move && !rebalance && redo <= StragglerWatch::kWindow;
+        const bool may = movable && !move && !rebalance;
         std::string outcome;
         if (may && !Spares().empty()) {
           move.emplace(id, what);
@@ -369,8 +370,7 @@ class Service final : public proto::Coordinator::Service {
         } else if (may) {
           absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles());
           if (p.ok()) {
-            outcome = absl::StrFormat("no spare waits: blocks move off it, [%s] blocks per stage instead of [%s]",
-                                      absl::StrJoin(BlocksPerStage(*p), ", "), absl::StrJoin(cfg_.Cut(), ", "));
+            outcome = absl::StrCat("no spare waits: blocks move off it, ", CutChange(*p));
             rebalance.emplace(id, *std::move(p));
           } else {
             outcome = absl::StrCat("it keeps its place: ", p.status().message());
@@ -408,17 +408,18 @@ class Service final : public proto::Coordinator::Service {
       if (rebalance) {
         eased_.insert(rebalance->first);
         AdoptRebalance(rebalance->first, std::move(rebalance->second), false);
-      } else if (!move) {
-        MoveBlocksBack(req->iteration() + 1 - latest_step_);
+      } else if (!move && movable) {
+        MoveBlocksBack();
       }
     }
     return grpc::Status::OK;
   }
 
-  // REQUIRES: mu_ held. A worker whose blocks moved off it computes fast again (its straggling
-  // passed: a noisy neighbour left): the blocks move back, as far as its pace now says, where that
-  // is predicted faster and redoes no more iterations than a move off it would.
-  void MoveBlocksBack(int64_t redo) {
+  // REQUIRES: mu_ held, a move allowed now (cluster.replace_stragglers, the last checkpoint near).
+  // A worker whose blocks moved off it computes fast again (its straggling passed: a noisy
+  // neighbour left): the blocks move back, as far as its pace now says, where that is predicted
+  // faster.
+  void MoveBlocksBack() {
     for (auto it = eased_.begin(); it != eased_.end();) {
       const int id = *it;
       const proto::Assignment* a = AssignmentOf(plan_, id);
@@ -426,7 +427,7 @@ class Service final : public proto::Coordinator::Service {
         it = eased_.erase(it);
         continue;
       }
-      if (!stragglers_.Quick(id) || !cfg_.cluster.replace_stragglers || redo > StragglerWatch::kWindow) {
+      if (!stragglers_.Quick(id)) {
         ++it;
         continue;
       }
@@ -439,13 +440,16 @@ class Service final : public proto::Coordinator::Service {
         std::cout << "coordinator: " << what << "; the cut stays: " << p.status().message() << "\n" << std::flush;
         return;
       }
-      std::cout << "coordinator: " << what
-                << absl::StrFormat("; blocks move back, [%s] blocks per stage instead of [%s]\n",
-                                   absl::StrJoin(BlocksPerStage(*p), ", "), absl::StrJoin(cfg_.Cut(), ", "))
-                << std::flush;
+      std::cout << "coordinator: " << what << "; blocks move back, " << CutChange(*p) << "\n" << std::flush;
       AdoptRebalance(id, *std::move(p), true);
       return;
     }
+  }
+
+  // REQUIRES: mu_ held. How `next` cuts the model against the running plan.
+  std::string CutChange(const proto::Plan& next) const {
+    return absl::StrFormat("[%s] blocks per stage instead of [%s]", absl::StrJoin(BlocksPerStage(next), ", "),
+                           absl::StrJoin(cfg_.Cut(), ", "));
   }
 
   // REQUIRES: mu_ held. `next` (RebalancePlan's) moves blocks off straggling worker `id`, or, with

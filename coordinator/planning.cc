@@ -200,11 +200,6 @@ void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int rep
   a->set_end_block(peer.end_block());
 }
 
-// The job's own config: a re-cut plan keeps it aside.
-std::string JobConfigOf(const proto::Plan& plan) {
-  return plan.job_config_toml().empty() ? plan.config_toml() : plan.job_config_toml();
-}
-
 // `old` as one replica of `run`'s stages (the job's config, or one with the model cut anew), stage
 // s on left[s]; every parameter-server shard on that replica, its home the one the job's full
 // layout gives it; `job_config` (empty where `run` is the job's) what a later version grows back
@@ -284,7 +279,8 @@ absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& c
         absl::StrFormat("no worker is left of the %d stages, and no spare waits", old.stages()));
   }
   LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles)));
-  return OneReplicaPlan(old, recut, JobConfigOf(old), left, workers, request, network);
+  return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
+                        workers, request, network);
 }
 
 }  // namespace

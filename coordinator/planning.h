@@ -113,8 +113,8 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 
 // The version after `old` with the same workers, links and shard owners and the model's blocks cut
 // anew by their compute (`profiles`, by worker id, as measured now: the coordinator scales each
-// join profile to the worker's pace), each stage priced at its slowest replica's worker: BalancedCut's where it is
-// predicted kPlacementMinGain faster than the plan's cut. Every replica runs the new cut, which
+// join profile to the worker's pace), each stage priced at its slowest replica's worker:
+// BalancedCut's where it is predicted kPlacementMinGain faster than the plan's cut. Every replica runs the new cut, which
 // the plan's config carries (as a cut the placement search chose would; Plan.job_config_toml
 // stays what it was); each stage's shards cover its new tensors, owned where the plan's shard of
 // that number was. A pipeline sums each gradient in the one process's order at any cut, so the
