@@ -368,7 +368,8 @@ class Service final : public proto::Coordinator::Service {
           move.emplace(id, what);
           outcome = "a spare takes its place and it waits as a spare";
         } else if (may) {
-          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles());
+          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles(),
+                                                        members_.registrations());
           if (p.ok()) {
             outcome = absl::StrCat("no spare waits: blocks move off it, ", CutChange(*p));
             rebalance.emplace(id, *std::move(p));
@@ -435,7 +436,8 @@ class Service final : public proto::Coordinator::Service {
       const std::string what = absl::StrFormat(
           "worker %d (stage %d, replica %d), whose blocks moved off it, computes %.2fx as fast as since they moved",
           id, a->stage(), a->replica(), 1 / stragglers_.Drift(id));
-      absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles());
+      absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles(),
+                                                        members_.registrations());
       if (!p.ok()) {
         std::cout << "coordinator: " << what << "; the cut stays: " << p.status().message() << "\n" << std::flush;
         return;
@@ -1080,19 +1082,22 @@ class Service final : public proto::Coordinator::Service {
 
   // REQUIRES: mu_ held. The plan's workers' compute as RebalancePlan weighs it: each one's profile
   // from its join scaled to its pace now (stragglers.h), which computes its stage's blocks, and the
-  // head on the last stage, at the profile's ratio of the two. A worker without a pace yet is left
-  // out (RebalancePlan then keeps the cut).
+  // head on the last stage, at the profile's ratio of the two. A worker without a pace yet keeps
+  // only its memory (RebalancePlan then moves blocks for memory alone).
   std::map<int, proto::ComputeProfile> PacedProfiles() const {
     const std::map<int, double> paces = stragglers_.Paces();
     std::map<int, proto::ComputeProfile> paced;
     for (const proto::Assignment& a : plan_.assignments()) {
-      const auto pace = paces.find(a.worker_id());
-      if (pace == paces.end() || !members_.HasProfile(a.worker_id())) continue;
+      if (!members_.HasProfile(a.worker_id())) continue;
       proto::ComputeProfile p = members_.profile(a.worker_id());
+      const auto pace = paces.find(a.worker_id());
       const double block_s = p.block_forward_s() + p.block_backward_s();
-      if (!(block_s > 0)) continue;
-      const double head = a.stage() == plan_.stages() - 1 ? (p.head_forward_s() + p.head_backward_s()) / block_s : 0;
-      const double k = pace->second / (a.end_block() - a.first_block() + head) / block_s;
+      double k = 0;
+      if (pace != paces.end() && block_s > 0) {
+        const double head =
+            a.stage() == plan_.stages() - 1 ? (p.head_forward_s() + p.head_backward_s()) / block_s : 0;
+        k = pace->second / (a.end_block() - a.first_block() + head) / block_s;
+      }
       p.set_block_forward_s(k * p.block_forward_s());
       p.set_block_backward_s(k * p.block_backward_s());
       p.set_head_forward_s(k * p.head_forward_s());

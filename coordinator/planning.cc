@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
+#include "schedule/schedule.h"
 #include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 #include "util/median.h"
@@ -35,6 +37,19 @@ std::vector<proto::ShardPlacement> PlanShards(const JobConfig& cfg) {
   return shards;
 }
 
+namespace {
+
+// A worker given no --backend computes on the job's.
+std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& reg) {
+  return reg.backend().empty() ? BackendName(cfg.train.backend_device) : reg.backend();
+}
+
+Backend MemoryBackend(const std::string& backend) {
+  return backend.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
+}
+
+}  // namespace
+
 std::pair<int, int> SlotOf(const JobConfig& cfg, int k) { return {k % cfg.cluster.stages, k / cfg.cluster.stages}; }
 
 std::vector<int> RegistrationOrder(const JobConfig& cfg) {
@@ -53,10 +68,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
         workers.size(), profiles.size()));
   }
   std::map<std::pair<std::string, std::string>, std::vector<int>> machines;  // (host, backend) -> workers
-  for (const auto& [id, reg] : workers) {
-    // A worker given no --backend computes on the job's.
-    machines[{reg.host(), reg.backend().empty() ? BackendName(cfg.train.backend_device) : reg.backend()}].push_back(id);
-  }
+  for (const auto& [id, reg] : workers) machines[{reg.host(), WorkerBackend(cfg, reg)}].push_back(id);
   std::vector<DeviceCost> devices;
   std::vector<int> device_of(W, 0);
   for (const auto& [machine, ids] : machines) {
@@ -69,7 +81,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
                              median(&proto::ComputeProfile::block_backward_s)};
     const ComputeTimes head{median(&proto::ComputeProfile::head_forward_s),
                             median(&proto::ComputeProfile::head_backward_s)};
-    const Backend backend = machine.second.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
+    const Backend backend = MemoryBackend(machine.second);
     // A stage must fit the least any of them has (0, unknown, checks nothing).
     double memory = 0;
     for (int id : ids) {
@@ -237,24 +249,69 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
   return plan;
 }
 
-// Blocks per stage of `stages` stages, stage s on worker left[s]: `reference` (empty: the even
-// cut), or BalancedCut of the workers' measured compute where every one of them has a profile and
-// it is predicted kPlacementMinGain faster (profiles differ by a few percent between like workers).
+// The most blocks each stage may take where its workers at[s][r] (replica r) must hold it, with
+// the shards of it each hosts (owner(s, k): the replica hosting shard k), in the memory they
+// reported, as the placement search counts memory (Simulate's fits); `run` gives the model, the
+// schedule and the shard cut, M the micro-batches a replica runs. A worker that reported none caps
+// nothing; every stage may take one block whatever it needs.
+std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::vector<int>>& at,
+                            const std::function<int(int, int)>& owner,
+                            const std::map<int, proto::ComputeProfile>& profiles,
+                            const std::map<int, proto::RegisterRequest>& workers) {
+  const int P = static_cast<int>(at.size());
+  const WorkShape work = JobWorkShape(run);
+  std::vector<int> caps(P, run.model.n_layer - (P - 1));
+  for (int s = 0; s < P; ++s) {
+    const int slots = ActivationSlots(run.cluster.schedule, P, s, M);
+    for (int r = 0; r < static_cast<int>(at[s].size()); ++r) {
+      auto profile = profiles.find(at[s][r]);
+      auto reg = workers.find(at[s][r]);
+      if (profile == profiles.end() || !(profile->second.memory_bytes() > 0) || reg == workers.end()) continue;
+      const Backend backend = MemoryBackend(WorkerBackend(run, reg->second));
+      // Memory grows with the blocks; where they sit does not change it, only the first stage's
+      // embedding and the last one's head.
+      auto need = [&](int blocks) {
+        const StageSpec spec{s, s + blocks, s == 0, s == P - 1};
+        double hosted = 0;
+        for (const ParamLayout::PsShardCut& cut :
+             ParamLayout(run.model, spec).PsShards(run.cluster.replicas, run.cluster.central_ps))
+          if (owner(s, cut.owner_replica) == r) hosted += static_cast<double>(cut.floats);
+        return StageMemoryOn(backend, work, spec, slots).total() + kPsShardBytesPerParam * hosted;
+      };
+      while (caps[s] > 1 && need(caps[s]) > profile->second.memory_bytes()) --caps[s];
+    }
+  }
+  return caps;
+}
+
+// Blocks per stage of `stages` stages, stage s on worker left[s] (its slowest replica's):
+// `reference` (empty: the even cut), or BalancedCut of the workers' measured compute, at most
+// max_blocks[s] each (MemoryCaps; empty: unchecked), where it is predicted kPlacementMinGain
+// faster (profiles differ by a few percent between like workers) or the reference does not fit.
+// Where a worker's compute is unknown only memory moves blocks.
 std::vector<int> RecutBlocks(const ModelConfig& model, int stages, const std::vector<int>& left,
-                             const std::map<int, proto::ComputeProfile>& profiles, std::vector<int> reference = {}) {
+                             const std::map<int, proto::ComputeProfile>& profiles, std::vector<int> reference,
+                             const std::vector<int>& max_blocks) {
   if (reference.empty()) {
     for (int s = 0; s < stages; ++s) {
       const StageSpec spec = StageSpec::Even(model, s, stages);
       reference.push_back(spec.end_block - spec.first_block);
     }
   }
+  auto fits = [&](const std::vector<int>& cut) {
+    for (int s = 0; s < stages && !max_blocks.empty(); ++s)
+      if (cut[s] > max_blocks[s]) return false;
+    return true;
+  };
   std::vector<double> block_s;
   for (int s = 0; s < stages; ++s) {
     auto it = profiles.find(left[s]);
-    if (it == profiles.end()) return reference;
-    const double t = it->second.block_forward_s() + it->second.block_backward_s();
-    if (!(t > 0) || !std::isfinite(t)) return reference;
-    block_s.push_back(t);
+    const double t = it == profiles.end() ? 0 : it->second.block_forward_s() + it->second.block_backward_s();
+    if (t > 0 && std::isfinite(t)) block_s.push_back(t);
+  }
+  if (static_cast<int>(block_s.size()) < stages) {
+    const std::vector<int> even = BalancedCut(model.n_layer, std::vector<double>(stages, 1.0), 0, max_blocks);
+    return fits(reference) || even.empty() ? reference : even;
   }
   const proto::ComputeProfile& last = profiles.at(left[stages - 1]);
   const double head_s = std::max(0.0, last.head_forward_s() + last.head_backward_s());
@@ -263,7 +320,10 @@ std::vector<int> RecutBlocks(const ModelConfig& model, int stages, const std::ve
     for (int s = 0; s < stages; ++s) slowest = std::max(slowest, cut[s] * block_s[s] + (s == stages - 1 ? head_s : 0));
     return slowest;
   };
-  const std::vector<int> balanced = BalancedCut(model.n_layer, block_s, head_s);
+  // Where nothing fits, the cut stays and the workers' own memory checks name the problem.
+  const std::vector<int> balanced = BalancedCut(model.n_layer, block_s, head_s, max_blocks);
+  if (balanced.empty()) return reference;
+  if (!fits(reference)) return balanced;
   return bottleneck(balanced) < (1 - kPlacementMinGain) * bottleneck(reference) ? balanced : reference;
 }
 
@@ -278,7 +338,12 @@ absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& c
     return absl::FailedPreconditionError(
         absl::StrFormat("no worker is left of the %d stages, and no spare waits", old.stages()));
   }
-  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles)));
+  // One replica runs every replica's micro-batches and hosts every shard.
+  std::vector<std::vector<int>> at;
+  for (int s = 0; s < stages; ++s) at.push_back({left[s]});
+  const std::vector<int> caps = MemoryCaps(cfg, cfg.cluster.replicas * cfg.train.micro_batches, at,
+                                           [](int, int) { return 0; }, profiles, workers);
+  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles, {}, caps)));
   return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
                         workers, request, network);
 }
@@ -387,7 +452,8 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 }
 
 absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequest& request,
-                                          const std::map<int, proto::ComputeProfile>& profiles) {
+                                          const std::map<int, proto::ComputeProfile>& profiles,
+                                          const std::map<int, proto::RegisterRequest>& workers) {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages();
   if (P < 2) return absl::FailedPreconditionError("a plan of one stage has no blocks to move");
@@ -397,22 +463,30 @@ absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequ
     auto it = profiles.find(id);
     return it == profiles.end() ? 0.0 : it->second.block_forward_s() + it->second.block_backward_s();
   };
+  std::vector<std::vector<int>> at(P, std::vector<int>(old.replicas(), -1));
   for (const proto::Assignment& a : old.assignments()) {
-    if (a.stage() < 0 || a.stage() >= P) continue;
+    if (a.stage() < 0 || a.stage() >= P || a.replica() < 0 || a.replica() >= old.replicas()) continue;
+    at[a.stage()][a.replica()] = a.worker_id();
     int& w = slowest[a.stage()];
     if (w < 0 || block_s(a.worker_id()) > block_s(w)) w = a.worker_id();
   }
-  const std::vector<int> was = BlocksPerStage(old);
-  const std::vector<int> cut = RecutBlocks(cfg.model, P, slowest, profiles, was);
-  if (cut == was) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "no cut of the %d blocks is predicted %.0f%% faster than [%s] at the workers' measured compute",
-        cfg.model.n_layer, 100 * kPlacementMinGain, absl::StrJoin(was, ", ")));
-  }
-  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
   // The same workers, links and shard owners; each stage's blocks and its shards' tensors anew.
   std::map<std::pair<int, int>, proto::ShardPlacement> owners;
   for (const proto::ShardPlacement& sp : old.shards()) owners[{sp.stage(), sp.shard()}] = sp;
+  auto owner = [&](int stage, int shard) {
+    auto it = owners.find({stage, shard});
+    return it == owners.end() ? shard : it->second.owner_replica();
+  };
+  const std::vector<int> was = BlocksPerStage(old);
+  const std::vector<int> cut = RecutBlocks(cfg.model, P, slowest, profiles, was,
+                                           MemoryCaps(cfg, ReplicaMicroBatches(old, cfg), at, owner, profiles, workers));
+  if (cut == was) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no cut of the %d blocks that fits the workers' memory is predicted %.0f%% faster than [%s] at their "
+        "measured compute",
+        cfg.model.n_layer, 100 * kPlacementMinGain, absl::StrJoin(was, ", ")));
+  }
+  LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(cut));
   const std::vector<proto::ShardPlacement> shards = PlanShards(recut);
   if (shards.size() != owners.size()) {
     return absl::FailedPreconditionError(

@@ -98,7 +98,8 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
 // pipeline is cut anew: one replica of P' < P stages over the survivors (in their stages' order)
 // and the spares, the blocks split evenly unless the workers' measured compute (`profiles`, by
 // worker id) gives a cut predicted kPlacementMinGain faster (BalancedCut: a slower worker gets
-// fewer blocks, the last stage's head counted), the plan's config carrying the new cluster.stages and
+// fewer blocks, the last stage's head counted) or needed for a stage to fit a worker's memory (as
+// RebalancePlan's), the plan's config carrying the new cluster.stages and
 // cluster.stage_layers (Plan.job_config_toml the job's own) and the links' wire dtypes and
 // connections planned anew (`network`, as MakePlan's). Each stage reads its tensors from the
 // checkpoint by name (CheckpointPieces), and a pipeline sums each gradient in the one process's
@@ -114,7 +115,9 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 // The version after `old` with the same workers, links and shard owners and the model's blocks cut
 // anew by their compute (`profiles`, by worker id, as measured now: the coordinator scales each
 // join profile to the worker's pace), each stage priced at its slowest replica's worker:
-// BalancedCut's where it is predicted kPlacementMinGain faster than the plan's cut. Every replica runs the new cut, which
+// BalancedCut's where it is predicted kPlacementMinGain faster than the plan's cut, no stage given
+// more blocks than fit the memory each of its workers reported at join (with the shards it hosts,
+// as the placement search counts memory; `workers` give their backends). Every replica runs the new cut, which
 // the plan's config carries (as a cut the placement search chose would; Plan.job_config_toml
 // stays what it was); each stage's shards cover its new tensors, owned where the plan's shard of
 // that number was. A pipeline sums each gradient in the one process's order at any cut, so the
@@ -122,7 +125,8 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 // for one stage, where no cut is that much faster, or where the new cut would change a stage's
 // shard count.
 absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequest& request,
-                                          const std::map<int, proto::ComputeProfile>& profiles);
+                                          const std::map<int, proto::ComputeProfile>& profiles,
+                                          const std::map<int, proto::RegisterRequest>& workers);
 
 // The version after a shrunk `old` with more replicas again: `spares` (in order) make whole new
 // replicas, up to the config's count, as many as divide the config's (whole groups); at the config's

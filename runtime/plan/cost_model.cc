@@ -218,6 +218,10 @@ double DeviceCost::StepSeconds(double param_count, int replicas) const {
 }
 
 MemoryEstimate DeviceCost::StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const {
+  return StageMemoryOn(backend_, w, spec, activation_slots);
+}
+
+MemoryEstimate StageMemoryOn(Backend backend, const WorkShape& w, const StageSpec& spec, int activation_slots) {
   StageMemoryRequest r;
   r.model = w.model;
   r.spec = spec;
@@ -225,7 +229,7 @@ MemoryEstimate DeviceCost::StageMemory(const WorkShape& w, const StageSpec& spec
   r.T = w.seq_len;
   r.recompute = w.recompute;
   r.activation_slots = activation_slots;
-  r.backend = backend_;
+  r.backend = backend;
   r.precision = w.precision;
   return EstimateStage(r);
 }

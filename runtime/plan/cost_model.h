@@ -58,6 +58,10 @@ struct ComputeTimes {
   double forward_s = 0, backward_s = 0;
 };
 
+// What a stage of `spec` holds on `backend` (model/memory_estimate.h), `activation_slots`
+// micro-batches' activations at once: the memory the planner checks a placement against.
+MemoryEstimate StageMemoryOn(Backend backend, const WorkShape& w, const StageSpec& spec, int activation_slots);
+
 class DeviceCost {
  public:
   // "v100" (16 GB), "v100-32gb", "a100" (80 GB), "h100" (SXM, 80 GB): dense peaks for the
@@ -91,7 +95,7 @@ class DeviceCost {
   // gradient and both moments, write parameter and moments), all streaming fp32 at memory
   // bandwidth.
   double StepSeconds(double param_count, int replicas) const;
-  // What the stage holds on this device (model/memory_estimate.h, this device's backend).
+  // What the stage holds on this device (StageMemoryOn this device's backend).
   MemoryEstimate StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const;
 
  private:

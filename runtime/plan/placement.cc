@@ -604,8 +604,13 @@ std::vector<int> OrderCrossover(const std::vector<int>& a, const std::vector<int
 
 }  // namespace
 
-std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, double head_s) {
+std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, double head_s,
+                             const std::vector<int>& max_blocks) {
   const int P = static_cast<int>(block_s.size());
+  auto most = [&](int s) { return max_blocks.empty() ? blocks : std::max(1, std::min(blocks, max_blocks[s])); };
+  int room = 0;
+  for (int s = 0; s < P; ++s) room += most(s);
+  if (room < blocks) return {};
   auto extra = [&](int s) { return s == P - 1 ? head_s : 0.0; };
   auto time = [&](int s, int n) { return n * block_s[s] + extra(s); };
   // The bottleneck is some stage's time for some block count: the least such time at which every
@@ -619,7 +624,7 @@ std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, dou
     int sum = 0;
     for (int s = 0; s < P; ++s) {
       cut[s] = 1;
-      while (cut[s] + 1 <= blocks && time(s, cut[s] + 1) <= limit * (1 + 1e-12)) ++cut[s];
+      while (cut[s] + 1 <= most(s) && time(s, cut[s] + 1) <= limit * (1 + 1e-12)) ++cut[s];
       sum += cut[s];
     }
     if (sum >= blocks) break;

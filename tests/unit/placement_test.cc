@@ -147,6 +147,10 @@ TEST(Placement, BalancedCutGivesFasterStagesMoreBlocksAndTheHeadFewer) {
   EXPECT_EQ(*std::max_element(cut.begin(), cut.end()), 4);
   // Every stage keeps a block.
   EXPECT_EQ(BalancedCut(3, {1, 100, 1}, 0), (std::vector<int>{1, 1, 1}));
+  // At most max_blocks[s] each: the fast stage's room caps it, the rest go where the time is least.
+  EXPECT_EQ(BalancedCut(8, {1, 3}, 0, {4, 8}), (std::vector<int>{4, 4}));
+  EXPECT_EQ(BalancedCut(9, {1, 1, 1}, 0, {1, 8, 8}), (std::vector<int>{1, 4, 4}));
+  EXPECT_TRUE(BalancedCut(8, {1, 1}, 0, {3, 4}).empty()) << "room for 7 blocks of 8";
 }
 
 TEST(Placement, FasterDeviceGetsMoreBlocks) {

@@ -13,6 +13,7 @@
 #include "model/param_layout.h"
 #include "netem/scenario.h"
 #include "plan/job_problem.h"
+#include "schedule/schedule.h"
 #include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 
@@ -23,6 +24,14 @@ JobConfig Config(const std::vector<std::string>& overrides) {
   auto c = ParseJobConfig("[model]\nn_layer = 4\nd_model = 16\nn_head = 2\n", "job.toml", overrides);
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
+}
+
+// Bytes stage s of P with `blocks` blocks needs on a CPU worker hosting all its shards (one replica
+// running M micro-batches), as the planner counts memory: what MemoryCaps holds a worker's report to.
+double StageBytes(const JobConfig& cfg, int P, int s, int blocks, int M) {
+  const StageSpec spec{s, s + blocks, s == 0, s == P - 1};
+  return StageMemoryOn(Backend::kCpu, JobWorkShape(cfg), spec, ActivationSlots(cfg.cluster.schedule, P, s, M)).total() +
+         kPsShardBytesPerParam * StageParamCount(cfg.model, spec);
 }
 
 std::map<int, proto::RegisterRequest> Workers(int n) {
@@ -347,6 +356,24 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
   EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}}), (std::vector<int>{2, 2})) << "a worker without a profile: even";
   EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, profile(1.0, 3.0)}}), (std::vector<int>{3, 1}))
       << "the last stage's head counts: 2 + 3 s evenly, 3 s and 1 + 3 s cut so";
+  // No stage takes more blocks than fit the memory its worker reported (the one replica left runs
+  // the job's micro-batches and hosts every shard), and a cut that does not fit moves for memory
+  // alone; where nothing fits the cut stays, for the workers' own checks to name.
+  const int M = cfg.cluster.replicas * cfg.train.micro_batches;
+  auto with_memory = [&](proto::ComputeProfile p, int stage, int blocks) {
+    p.set_memory_bytes(1.001 * StageBytes(cfg, 2, stage, blocks, M));
+    return p;
+  };
+  EXPECT_EQ(cut_of({{0, with_memory(profile(1.0, 0.1), 0, 2)}, {2, profile(3.0, 0.1)}}), (std::vector<int>{2, 2}))
+      << "the fast worker has room for 2 blocks, not 3";
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, with_memory(profile(1.0, 0.1), 1, 1)}}), (std::vector<int>{3, 1}))
+      << "the last worker has room for 1 block: the even cut does not fit";
+  EXPECT_EQ(cut_of({{0, proto::ComputeProfile()}, {2, with_memory(proto::ComputeProfile(), 1, 1)}}),
+            (std::vector<int>{3, 1}))
+      << "memory moves blocks without a timing";
+  EXPECT_EQ(cut_of({{0, with_memory(profile(1.0, 0.1), 0, 1)}, {2, with_memory(profile(1.0, 0.1), 1, 1)}}),
+            (std::vector<int>{2, 2}))
+      << "2 blocks fit, of 4";
 
   workers.erase(2);
   workers[5].set_address("10.0.0.5:7000");
@@ -418,13 +445,15 @@ TEST(Planning, AStragglersBlocksMoveToTheOtherStages) {
   };
   // Like workers, 3% apart: the cut stays, and says why.
   const absl::Status same =
-      RebalancePlan(v1, {40, "step_00000040", 100}, {{0, profile(1.0)}, {1, profile(1.03)}, {2, profile(1.0)}})
+      RebalancePlan(v1, {40, "step_00000040", 100}, {{0, profile(1.0)}, {1, profile(1.03)}, {2, profile(1.0)}},
+                    Workers(3))
           .status();
   EXPECT_EQ(same.code(), absl::StatusCode::kFailedPrecondition) << same;
   EXPECT_NE(same.message().find("than [2, 1, 1]"), std::string::npos) << same;
   // Stage 0's worker at 2.5x: 2 blocks of it are 5 s against 1 s for the others; 1 block is 2.5 s.
   const absl::StatusOr<proto::Plan> v2 =
-      RebalancePlan(v1, {40, "step_00000040", 100}, {{0, profile(2.5)}, {1, profile(1.0)}, {2, profile(1.0)}});
+      RebalancePlan(v1, {40, "step_00000040", 100}, {{0, profile(2.5)}, {1, profile(1.0)}, {2, profile(1.0)}},
+                    Workers(3));
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(v2->version(), 2u);
   EXPECT_EQ(v2->start_iteration(), 40);
@@ -439,9 +468,35 @@ TEST(Planning, AStragglersBlocksMoveToTheOtherStages) {
   EXPECT_EQ(WiresOf(*v2).Of(0, 1, proto::ACTIVATION), WiresOf(v1).Of(0, 1, proto::ACTIVATION));
   // Moved again, from the plan that moved them.
   const absl::StatusOr<proto::Plan> v3 =
-      RebalancePlan(*v2, {60, "step_00000060", 100}, {{0, profile(1.0)}, {1, profile(3.0)}, {2, profile(1.0)}});
+      RebalancePlan(*v2, {60, "step_00000060", 100}, {{0, profile(1.0)}, {1, profile(3.0)}, {2, profile(1.0)}},
+                    Workers(3));
   ASSERT_TRUE(v3.ok()) << v3.status();
   EXPECT_EQ(BlocksPerStage(*v3), (std::vector<int>{2, 1, 1}));
+  // The blocks go only where they fit: stage 1's worker has room for 1 block, so stage 2 takes the
+  // one stage 0 gives up; and a cut that does not fit a worker moves with no straggler at all.
+  const int M = cfg.train.micro_batches;
+  auto with_memory = [&](proto::ComputeProfile p, int stage, int blocks) {
+    p.set_memory_bytes(1.001 * StageBytes(cfg, 3, stage, blocks, M));
+    return p;
+  };
+  const absl::StatusOr<proto::Plan> roomless = RebalancePlan(
+      v1, {40, "step_00000040", 100}, {{0, profile(2.5)}, {1, with_memory(profile(1.0), 1, 1)}, {2, profile(1.0)}},
+      Workers(3));
+  ASSERT_TRUE(roomless.ok()) << roomless.status();
+  EXPECT_EQ(BlocksPerStage(*roomless), (std::vector<int>{1, 1, 2}));
+  const absl::StatusOr<proto::Plan> full = RebalancePlan(
+      v1, {40, "step_00000040", 100}, {{0, with_memory(profile(1.0), 0, 1)}, {1, profile(1.0)}, {2, profile(1.0)}},
+      Workers(3));
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(BlocksPerStage(*full), (std::vector<int>{1, 2, 1}));
+  const absl::Status tight = RebalancePlan(v1, {40, "step_00000040", 100},
+                                           {{0, profile(2.5)},
+                                            {1, with_memory(profile(1.0), 1, 1)},
+                                            {2, with_memory(profile(1.0), 2, 1)}},
+                                           Workers(3))
+                                 .status();
+  EXPECT_EQ(tight.code(), absl::StatusCode::kFailedPrecondition) << tight;
+  EXPECT_NE(tight.message().find("fits the workers' memory"), std::string::npos) << tight;
 
   // 2 x 2: worker 0 (stage 0, replica 0) at 3x prices stage 0 for both replicas; each shard keeps
   // the owner the placement gave it.
@@ -449,7 +504,8 @@ TEST(Planning, AStragglersBlocksMoveToTheOtherStages) {
   const std::vector<std::vector<int>> owners = {{1, 0}, {0, 1}};
   const proto::Plan d1 = MakePlan(two, Workers(4), {0, "", 100}, RegistrationOrder(two), nullptr, owners);
   const absl::StatusOr<proto::Plan> d2 = RebalancePlan(
-      d1, {30, "step_00000030", 100}, {{0, profile(3.0)}, {1, profile(1.0)}, {2, profile(1.0)}, {3, profile(1.0)}});
+      d1, {30, "step_00000030", 100}, {{0, profile(3.0)}, {1, profile(1.0)}, {2, profile(1.0)}, {3, profile(1.0)}},
+      Workers(4));
   ASSERT_TRUE(d2.ok()) << d2.status();
   EXPECT_EQ(BlocksPerStage(*d2), (std::vector<int>{1, 3}));
   for (const proto::Assignment& a : d2->assignments()) {
@@ -463,7 +519,7 @@ TEST(Planning, AStragglersBlocksMoveToTheOtherStages) {
 
   const JobConfig one = Config({"cluster.stages=1"});
   EXPECT_EQ(RebalancePlan(MakePlan(one, Workers(1), {0, "", 100}, RegistrationOrder(one)), {0, "", 100},
-                          {{0, profile(3.0)}})
+                          {{0, profile(3.0)}}, Workers(1))
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
