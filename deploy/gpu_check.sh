@@ -24,6 +24,9 @@
 #   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
 #      against the same model in one process: iteration time and the share spent waiting.
 #   8. `longhaul sample --greedy` of check 2's CPU run on cuda:0 against the CPU: the same text.
+#   9. chaos_test's recoveries with every worker on cuda:0: workers (a shard owner among them) and
+#      the coordinator killed with SIGKILL in a 2 x 2 job with a spare, the layout shrunk and grown
+#      back, a pipeline cut anew; each run bitwise the uninterrupted one, every sample once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir="${1:-${OUT:-gpu-report}}"
@@ -176,6 +179,15 @@ if step "sample cpu" "$run" longhaul sample "$work/cpu" --prompt ab --tokens 60 
   result "longhaul sample on cuda:0" PASS "the CPU's greedy text: $(head -1 "$work/last.log")"
 else
   result "longhaul sample on cuda:0" FAIL "CPU: $(head -1 "$work/sample_cpu.txt" 2>/dev/null); GPU: $(head -1 "$work/last.log")"
+fi
+
+chaos=(Chaos.KilledWorkersAndCoordinatorAreRecovered'*' Chaos.WithoutASpareTheLayoutShrinks'*'
+       Chaos.WithoutASpareAPipelineIsCutAnew'*')
+if step "chaos_test on cuda:0" env LONGHAUL_BIN="$bundle/bundle/bin/longhaul" LONGHAUL_CHAOS_SET=train.backend=cuda:0 \
+  "$run" chaos_test --gtest_filter="$(IFS=:; echo "${chaos[*]}")" && grep -q '^\[  PASSED  \] 3 tests' "$work/last.log"; then
+  result "recovery of GPU workers" PASS "$(grep -E '^killed|^\[       OK' "$work/last.log" | tr '\n' ' ')"
+else
+  result "recovery of GPU workers" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi
 
 echo >>"$report"

@@ -90,6 +90,21 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// deploy/gpu_check.sh runs these tests from a packed bundle on a GPU machine: LONGHAUL_BIN names
+// the packed binary, and LONGHAUL_CHAOS_SET adds config overrides (key=value, space-separated,
+// e.g. train.backend=cuda:0) to every job after the test's own.
+std::string Binary() {
+  const char* bin = std::getenv("LONGHAUL_BIN");
+  return bin != nullptr && *bin != '\0' ? bin : LONGHAUL_BINARY;
+}
+
+std::vector<std::string> WithEnvironmentSets(std::vector<std::string> sets) {
+  const char* extra = std::getenv("LONGHAUL_CHAOS_SET");
+  if (extra == nullptr) return sets;
+  for (absl::string_view kv : absl::StrSplit(extra, ' ', absl::SkipEmpty())) sets.emplace_back(kv);
+  return sets;
+}
+
 // A job's processes, started and restarted as a supervisor would; everything is killed at the end.
 class Supervisor {
  public:
@@ -97,7 +112,7 @@ class Supervisor {
   // begin with "--", e.g. --scenario=FILE). `own_disks`: each worker writes to a
   // run directory of its own (--out-dir), as on machines that share no filesystem.
   Supervisor(fs::path out, std::vector<std::string> sets, bool own_disks = false)
-      : out_(std::move(out)), sets_(std::move(sets)), own_disks_(own_disks), port_(FreeLoopbackPort()) {
+      : out_(std::move(out)), sets_(WithEnvironmentSets(std::move(sets))), own_disks_(own_disks), port_(FreeLoopbackPort()) {
     std::ofstream(out_ / "job.toml") << testing::kTinyModelToml << kJob;
   }
   ~Supervisor() {
@@ -106,7 +121,7 @@ class Supervisor {
 
   void StartCoordinator() {
     const fs::path log = out_ / absl::StrCat("coordinator_", ++coordinators_, ".txt");
-    std::vector<std::string> args = {LONGHAUL_BINARY, "coordinator", "-c", (out_ / "job.toml").string(), "--set",
+    std::vector<std::string> args = {Binary(), "coordinator", "-c", (out_ / "job.toml").string(), "--set",
                                      "train.out_dir=" + out_.string(), "--listen", absl::StrCat("127.0.0.1:", port_)};
     for (const std::string& s : sets_) {
       if (absl::StartsWith(s, "--")) {
@@ -120,7 +135,7 @@ class Supervisor {
   }
   void StartWorker() {
     const fs::path log = out_ / absl::StrCat("worker_process_", ++workers_, ".txt");
-    std::vector<std::string> args = {LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_),
+    std::vector<std::string> args = {Binary(), "worker", "--coordinator", absl::StrCat("127.0.0.1:", port_),
                                      "--listen", "127.0.0.1:0", "--threads", "1"};
     if (own_disks_) {
       const fs::path disk = out_ / absl::StrCat("disk_", workers_);
