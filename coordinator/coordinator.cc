@@ -44,6 +44,7 @@
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 #include "util/atomic_file.h"
+#include "util/background_writer.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -806,6 +807,7 @@ class Service final : public proto::Coordinator::Service {
     // The job ended here, whatever ended it: a coordinator started on this directory starts anew
     // (or resumes from a checkpoint where train.resume says so).
     std::error_code ec;
+    state_writer_.Flush();
     fs::remove(JobStatePath(cfg_), ec);
     if (!abort_.empty()) return absl::AbortedError(abort_);
     log_.PrintSummary(summary);
@@ -1338,21 +1340,26 @@ class Service final : public proto::Coordinator::Service {
     return fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", worker);
   }
 
-  // REQUIRES: mu_ held. The job state file for a coordinator started after this one: written
-  // aside and renamed, so it is whole or the previous one.
+  // REQUIRES: mu_ held. The job state file for a coordinator started after this one, and
+  // cluster.json: each written aside and renamed, so it is whole or the previous one, on the
+  // writer's thread, so that the workers hear of a new plan version without waiting for the disk.
+  // A coordinator killed before the write leaves the state before it, whose successor therefore
+  // skips a version (Restore). A failed write stops the job at the next one.
   void WriteJobState() {
+    if (absl::Status st = state_writer_.status(); !st.ok() && abort_.empty()) {
+      Abort(absl::StrCat("cannot keep the job state: ", st.message()));
+    }
+    UpdateClusterRecord();
     proto::JobState state;
     *state.mutable_plan() = plan_;
     for (proto::WorkerRecord& r : members_.Records()) *state.add_workers() = std::move(r);
     state.set_recoveries_json(recoveries_.dump());
     state.set_cluster_json(cluster_record_.dump());
-    WriteClusterRecord();
     state.set_redone_iterations(redone_);
     std::string bytes;
     state.SerializeToString(&bytes);
-    if (absl::Status st = WriteFileAtomically(JobStatePath(cfg_), bytes); !st.ok() && abort_.empty()) {
-      Abort(absl::StrCat("cannot keep the job state: ", st.message()));
-    }
+    state_writer_.Post({{JobStatePath(cfg_), std::move(bytes)},
+                        {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster_record_.dump(2) + "\n"}});
   }
 
   // The job state a coordinator before this one left: its workers and the next version of its
@@ -1368,6 +1375,9 @@ class Service final : public proto::Coordinator::Service {
     redone_ = state.redone_iterations();
     const int64_t reached = state.plan().start_iteration();
     plan_ = NextPlan(state.plan(), {}, members_.registrations(), {start_, resume_name_, end_});
+    // The coordinator before may have published the version after the state's and died before
+    // its state was written (WriteJobState): workers on that version take this one, which is newer.
+    plan_.set_version(state.plan().version() + 2);
     worker_of_slot_.assign(expected_, -1);
     for (const proto::Assignment& a : plan_.assignments()) {
       worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
@@ -1505,7 +1515,7 @@ class Service final : public proto::Coordinator::Service {
 
   // REQUIRES: mu_ held. cluster.json: how the job was placed and who runs what under the current
   // plan version, and who waits as a spare.
-  void WriteClusterRecord() {
+  void UpdateClusterRecord() {
     nlohmann::json workers = nlohmann::json::array(), spares = nlohmann::json::array();
     for (const auto& [id, reg] : members_.registrations()) {
       const proto::Assignment* a = AssignmentOf(plan_, id);
@@ -1519,7 +1529,6 @@ class Service final : public proto::Coordinator::Service {
     cluster_record_["plan_version"] = plan_.version();
     cluster_record_["workers"] = std::move(workers);
     cluster_record_["spares"] = std::move(spares);
-    (void)WriteFileAtomically((fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster_record_.dump(2) + "\n");
   }
 
   // REQUIRES: mu_ held, every worker registered and profiled.
@@ -1589,6 +1598,7 @@ class Service final : public proto::Coordinator::Service {
   const int64_t end_;
   std::string resume_name_;
 
+  BackgroundWriter state_writer_;  // job_state.pb and cluster.json (WriteJobState)
   std::mutex mu_;
   std::condition_variable cv_;
   Membership members_;
