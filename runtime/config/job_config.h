@@ -108,7 +108,8 @@ struct ClusterConfig {
   // place (worker/worker.cc runs each plan version); more are refused.
   int spares = 4;
   // How long the coordinator waits for a spare to join once a worker is lost and none waits; past
-  // it (0: at once) the job stops, naming the lost worker.
+  // it (0: at once) the layout shrinks (fewer replicas, or the pipeline cut anew), and where no
+  // smaller layout can run the job stops, naming the lost worker.
   double spare_wait_s = 60.0;
   // A straggler (coordinator/stragglers.h) gives its place to a waiting spare at the next plan
   // version and waits as a spare itself; with no spare, the model is cut anew with fewer blocks on
