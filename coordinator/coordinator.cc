@@ -807,6 +807,7 @@ class Service final : public proto::Coordinator::Service {
     // The job ended here, whatever ended it: a coordinator started on this directory starts anew
     // (or resumes from a checkpoint where train.resume says so).
     std::error_code ec;
+    state_closed_ = true;  // a worker registering late must not bring the job state back
     state_writer_.Flush();
     fs::remove(JobStatePath(cfg_), ec);
     if (!abort_.empty()) return absl::AbortedError(abort_);
@@ -1344,11 +1345,18 @@ class Service final : public proto::Coordinator::Service {
   // cluster.json: each written aside and renamed, so it is whole or the previous one, on the
   // writer's thread, so that the workers hear of a new plan version without waiting for the disk.
   // A coordinator killed before the write leaves the state before it, whose successor therefore
-  // skips a version (Restore). A failed write stops the job at the next one.
+  // skips a version (Restore): so at most one published version may be unwritten, and a new
+  // version waits for the last one's write; this coordinator's first version is written before
+  // any worker sees it. A failed write (of either file: they share the run directory) stops the
+  // job at the next one.
   void WriteJobState() {
+    if (state_closed_) return;
     if (absl::Status st = state_writer_.status(); !st.ok() && abort_.empty()) {
       Abort(absl::StrCat("cannot keep the job state: ", st.message()));
     }
+    const bool first = posted_version_ == 0;
+    if (plan_.version() != posted_version_) state_writer_.Flush();
+    posted_version_ = plan_.version();
     UpdateClusterRecord();
     proto::JobState state;
     *state.mutable_plan() = plan_;
@@ -1360,6 +1368,7 @@ class Service final : public proto::Coordinator::Service {
     state.SerializeToString(&bytes);
     state_writer_.Post({{JobStatePath(cfg_), std::move(bytes)},
                         {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster_record_.dump(2) + "\n"}});
+    if (first) state_writer_.Flush();
   }
 
   // The job state a coordinator before this one left: its workers and the next version of its
@@ -1599,6 +1608,8 @@ class Service final : public proto::Coordinator::Service {
   std::string resume_name_;
 
   BackgroundWriter state_writer_;  // job_state.pb and cluster.json (WriteJobState)
+  uint64_t posted_version_ = 0;    // the plan version of the last state posted to it
+  bool state_closed_ = false;      // the job ended: its state file is gone for good
   std::mutex mu_;
   std::condition_variable cv_;
   Membership members_;

@@ -253,7 +253,8 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
 // the shards of it each hosts (owner(s, k): the replica hosting shard k), in the memory they
 // reported, as the placement search counts memory (Simulate's fits); `run` gives the model, the
 // schedule and the shard cut, M the micro-batches a replica runs. A worker that reported none caps
-// nothing; every stage may take one block whatever it needs.
+// nothing; a stage with no room for one block gets 0. The caps count up, stopping at the first
+// count that does not fit: a replica's share of the shards need not grow evenly with the blocks.
 std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::vector<int>>& at,
                             const std::function<int(int, int)>& owner,
                             const std::map<int, proto::ComputeProfile>& profiles,
@@ -268,8 +269,8 @@ std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::
       auto reg = workers.find(at[s][r]);
       if (profile == profiles.end() || !(profile->second.memory_bytes() > 0) || reg == workers.end()) continue;
       const Backend backend = MemoryBackend(WorkerBackend(run, reg->second));
-      // Memory grows with the blocks; where they sit does not change it, only the first stage's
-      // embedding and the last one's head.
+      // Where the blocks sit does not change the memory, only the first stage's embedding and the
+      // last one's head.
       auto need = [&](int blocks) {
         const StageSpec spec{s, s + blocks, s == 0, s == P - 1};
         double hosted = 0;
@@ -278,7 +279,9 @@ std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::
           if (owner(s, cut.owner_replica) == r) hosted += static_cast<double>(cut.floats);
         return StageMemoryOn(backend, work, spec, slots).total() + kPsShardBytesPerParam * hosted;
       };
-      while (caps[s] > 1 && need(caps[s]) > profile->second.memory_bytes()) --caps[s];
+      int fits = 0;
+      while (fits < caps[s] && need(fits + 1) <= profile->second.memory_bytes()) ++fits;
+      caps[s] = fits;
     }
   }
   return caps;

@@ -607,9 +607,12 @@ std::vector<int> OrderCrossover(const std::vector<int>& a, const std::vector<int
 std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, double head_s,
                              const std::vector<int>& max_blocks) {
   const int P = static_cast<int>(block_s.size());
-  auto most = [&](int s) { return max_blocks.empty() ? blocks : std::max(1, std::min(blocks, max_blocks[s])); };
+  auto most = [&](int s) { return max_blocks.empty() ? blocks : std::min(blocks, max_blocks[s]); };
   int room = 0;
-  for (int s = 0; s < P; ++s) room += most(s);
+  for (int s = 0; s < P; ++s) {
+    if (most(s) < 1) return {};
+    room += most(s);
+  }
   if (room < blocks) return {};
   auto extra = [&](int s) { return s == P - 1 ? head_s : 0.0; };
   auto time = [&](int s, int n) { return n * block_s[s] + extra(s); };

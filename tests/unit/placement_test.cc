@@ -151,6 +151,7 @@ TEST(Placement, BalancedCutGivesFasterStagesMoreBlocksAndTheHeadFewer) {
   EXPECT_EQ(BalancedCut(8, {1, 3}, 0, {4, 8}), (std::vector<int>{4, 4}));
   EXPECT_EQ(BalancedCut(9, {1, 1, 1}, 0, {1, 8, 8}), (std::vector<int>{1, 4, 4}));
   EXPECT_TRUE(BalancedCut(8, {1, 1}, 0, {3, 4}).empty()) << "room for 7 blocks of 8";
+  EXPECT_TRUE(BalancedCut(8, {1, 1}, 0, {0, 8}).empty()) << "no room for stage 0's one block";
 }
 
 TEST(Placement, FasterDeviceGetsMoreBlocks) {

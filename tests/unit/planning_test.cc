@@ -374,6 +374,10 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
   EXPECT_EQ(cut_of({{0, with_memory(profile(1.0, 0.1), 0, 1)}, {2, with_memory(profile(1.0, 0.1), 1, 1)}}),
             (std::vector<int>{2, 2}))
       << "2 blocks fit, of 4";
+  proto::ComputeProfile roomless = profile(3.0, 0.1);
+  roomless.set_memory_bytes(0.5 * StageBytes(cfg, 2, 1, 1, M));
+  EXPECT_EQ(cut_of({{0, profile(1.0, 0.1)}, {2, roomless}}), (std::vector<int>{2, 2}))
+      << "no room for one block: nothing fits, however slow the worker";
 
   workers.erase(2);
   workers[5].set_address("10.0.0.5:7000");
