@@ -253,8 +253,10 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
 // the shards of it each hosts (owner(s, k): the replica hosting shard k), in the memory they
 // reported, as the placement search counts memory (Simulate's fits); `run` gives the model, the
 // schedule and the shard cut, M the micro-batches a replica runs. A worker that reported none caps
-// nothing; a stage with no room for one block gets 0. The caps count up, stopping at the first
-// count that does not fit: a replica's share of the shards need not grow evenly with the blocks.
+// nothing; a stage with no room for one block gets 0. Where the most blocks do not fit, the cap
+// counts up to the first count that does not: a replica's share of the shards need not grow
+// evenly with the blocks (it may shrink by a tensor's worth as a block comes, less than the
+// block's own memory, so room for the most is room for fewer).
 std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::vector<int>>& at,
                             const std::function<int(int, int)>& owner,
                             const std::map<int, proto::ComputeProfile>& profiles,
@@ -279,8 +281,10 @@ std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::
           if (owner(s, cut.owner_replica) == r) hosted += static_cast<double>(cut.floats);
         return StageMemoryOn(backend, work, spec, slots).total() + kPsShardBytesPerParam * hosted;
       };
+      const double memory = profile->second.memory_bytes();
+      if (need(caps[s]) <= memory) continue;
       int fits = 0;
-      while (fits < caps[s] && need(fits + 1) <= profile->second.memory_bytes()) ++fits;
+      while (fits < caps[s] && need(fits + 1) <= memory) ++fits;
       caps[s] = fits;
     }
   }

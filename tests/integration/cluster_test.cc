@@ -863,11 +863,13 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
       expect_refused(what, coordinator->ShipCheckpoint(&ctx, c, &empty), code);
     };
     // The coordinator's memory stays flat under parts it refuses, each of 3 MiB (a part is at most
-    // 1 MiB): after 20 of them (gRPC's and the allocator's buffers for such messages), 120 more,
-    // which a coordinator keeping even half of each would grow by 180 MiB. The bound leaves room
+    // 1 MiB): after 20 of them (gRPC's and the allocator's buffers for such messages), 200 more,
+    // which a coordinator keeping even half of each would grow by 300 MiB. The bound leaves room
     // for what the training beside them and the allocator's per-thread arenas take: gRPC's
-    // threads each keep a freed 3 MiB buffer for the next, and the full suite's load spreads the
-    // calls over more threads (60 parts grew it by up to 38 MiB there, by -11 to +16 alone).
+    // threads each keep freed 3 MiB buffers for the next, and the full suite's load spreads the
+    // calls over more threads (60 parts grew it by up to 38 MiB there, by -11 to +16 alone; 120
+    // parts once by 71 MiB, in CI beside the suite's other work: what arenas keep is bounded by
+    // the threads, not by the parts).
     pid_t coordinator_pid = 0;
     {
       const std::string log = Log(out), mark = "coordinator (pid ";
@@ -880,15 +882,15 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     big.set_data(std::string(3 << 20, 'x'));
     ship("a part of 3 MiB", big, grpc::StatusCode::RESOURCE_EXHAUSTED);
     int64_t rss_before = 0;
-    for (int i = 0; i < 140; ++i) {
+    for (int i = 0; i < 220; ++i) {
       if (i == 20) rss_before = testing::ResidentBytes(coordinator_pid);
       grpc::ClientContext ctx;
       ASSERT_EQ(coordinator->ShipCheckpoint(&ctx, big, &empty).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     }
     const int64_t rss_after = testing::ResidentBytes(coordinator_pid);
     std::cout << "coordinator resident memory: " << rss_before / (1 << 20) << " MiB after 20 refused parts of 3 MiB, "
-              << rss_after / (1 << 20) << " MiB after 120 more\n";
-    EXPECT_LT(rss_after - rss_before, 64 << 20);
+              << rss_after / (1 << 20) << " MiB after 200 more\n";
+    EXPECT_LT(rss_after - rss_before, 128 << 20);
     proto::CheckpointChunk c = chunk;
     c.set_piece("../../../../tmp/stage_0_shard_0");
     ship("a piece outside the run directory", c, grpc::StatusCode::INVALID_ARGUMENT);
