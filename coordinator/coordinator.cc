@@ -369,8 +369,7 @@ class Service final : public proto::Coordinator::Service {
           move.emplace(id, what);
           outcome = "a spare takes its place and it waits as a spare";
         } else if (may) {
-          absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles(),
-                                                        members_.registrations());
+          absl::StatusOr<proto::Plan> p = Rebalanced();
           if (p.ok()) {
             outcome = absl::StrCat("no spare waits: blocks move off it, ", CutChange(*p));
             rebalance.emplace(id, *std::move(p));
@@ -437,8 +436,7 @@ class Service final : public proto::Coordinator::Service {
       const std::string what = absl::StrFormat(
           "worker %d (stage %d, replica %d), whose blocks moved off it, computes %.2fx as fast as since they moved",
           id, a->stage(), a->replica(), 1 / stragglers_.Drift(id));
-      absl::StatusOr<proto::Plan> p = RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles(),
-                                                        members_.registrations());
+      absl::StatusOr<proto::Plan> p = Rebalanced();
       if (!p.ok()) {
         std::cout << "coordinator: " << what << "; the cut stays: " << p.status().message() << "\n" << std::flush;
         return;
@@ -447,6 +445,12 @@ class Service final : public proto::Coordinator::Service {
       AdoptRebalance(id, *std::move(p), true);
       return;
     }
+  }
+
+  // REQUIRES: mu_ held. The next version with the blocks cut anew at the workers' paces now, from
+  // the last complete checkpoint (RebalancePlan).
+  absl::StatusOr<proto::Plan> Rebalanced() const {
+    return RebalancePlan(plan_, {latest_step_, latest_name_, end_}, PacedProfiles(), members_.registrations());
   }
 
   // REQUIRES: mu_ held. How `next` cuts the model against the running plan.
@@ -459,9 +463,10 @@ class Service final : public proto::Coordinator::Service {
   // `back`, back to it: every worker goes back to the last complete checkpoint.
   void AdoptRebalance(int id, proto::Plan next, bool back) {
     const int64_t reached = Rollback();
+    const proto::Assignment& a = *AssignmentOf(plan_, id);
     nlohmann::json event = {{"worker", id},
-                            {"stage", AssignmentOf(plan_, id)->stage()},
-                            {"replica", AssignmentOf(plan_, id)->replica()},
+                            {"stage", a.stage()},
+                            {"replica", a.replica()},
                             {"straggler", true},
                             {"blocks_per_stage", BlocksPerStage(next)},
                             {"plan_version", plan_.version()},
@@ -1362,12 +1367,13 @@ class Service final : public proto::Coordinator::Service {
     *state.mutable_plan() = plan_;
     for (proto::WorkerRecord& r : members_.Records()) *state.add_workers() = std::move(r);
     state.set_recoveries_json(recoveries_.dump());
-    state.set_cluster_json(cluster_record_.dump());
+    const std::string cluster = cluster_record_.dump(2) + "\n";
+    state.set_cluster_json(cluster);
     state.set_redone_iterations(redone_);
     std::string bytes;
     state.SerializeToString(&bytes);
     state_writer_.Post({{JobStatePath(cfg_), std::move(bytes)},
-                        {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster_record_.dump(2) + "\n"}});
+                        {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster}});
     if (first) state_writer_.Flush();
   }
 
