@@ -275,10 +275,8 @@ std::vector<int> MemoryCaps(const JobConfig& run, int M, const std::vector<std::
       // last one's head.
       auto need = [&](int blocks) {
         const StageSpec spec{s, s + blocks, s == 0, s == P - 1};
-        double hosted = 0;
-        for (const ParamLayout::PsShardCut& cut :
-             ParamLayout(run.model, spec).PsShards(run.cluster.replicas, run.cluster.central_ps))
-          if (owner(s, cut.owner_replica) == r) hosted += static_cast<double>(cut.floats);
+        const double hosted = ParamLayout(run.model, spec).HostedShardFloats(
+            run.cluster.replicas, run.cluster.central_ps, r, [&](int shard) { return owner(s, shard); });
         return StageMemoryOn(backend, work, spec, slots).total() + kPsShardBytesPerParam * hosted;
       };
       const double memory = profile->second.memory_bytes();

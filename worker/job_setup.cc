@@ -109,17 +109,15 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
 }
 
 double HostedPsFloats(const JobConfig& cfg, int stage, int replica, const proto::Plan* plan) {
-  double floats = 0;
-  for (const ParamLayout::PsShardCut& cut :
-       ParamLayout(cfg.model, cfg.Stage(stage)).PsShards(cfg.cluster.replicas, cfg.cluster.central_ps)) {
-    int owner = cut.owner_replica;  // also the shard's number
+  auto owner = [&](int shard) {
     if (plan != nullptr) {
       for (const proto::ShardPlacement& sp : plan->shards())
-        if (sp.stage() == stage && sp.shard() == cut.owner_replica) owner = sp.owner_replica();
+        if (sp.stage() == stage && sp.shard() == shard) return sp.owner_replica();
     }
-    if (owner == replica) floats += static_cast<double>(cut.floats);
-  }
-  return floats;
+    return shard;  // a shard's number is its home replica
+  };
+  return ParamLayout(cfg.model, cfg.Stage(stage))
+      .HostedShardFloats(cfg.cluster.replicas, cfg.cluster.central_ps, replica, owner);
 }
 
 absl::Status CheckTrainerMemory(const JobConfig& cfg, const MemoryLimit& available) {

@@ -85,6 +85,14 @@ std::vector<ParamLayout::PsShardCut> ParamLayout::PsShards(int replicas, bool ce
   return out;
 }
 
+double ParamLayout::HostedShardFloats(int replicas, bool central, int replica,
+                                      const std::function<int(int)>& owner) const {
+  double floats = 0;
+  for (const PsShardCut& cut : PsShards(replicas, central))
+    if (owner(cut.owner_replica) == replica) floats += static_cast<double>(cut.floats);
+  return floats;
+}
+
 int ParamLayout::Find(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i)
     if (tensors_[i].name == name) return static_cast<int>(i);

@@ -5,6 +5,7 @@
 // parameters are therefore one contiguous range, which a parameter server can shard by offsets.
 // Parameters, gradients and AdamW moments all use this same table.
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ class ParamLayout {
     size_t floats = 0;
   };
   std::vector<PsShardCut> PsShards(int replicas, bool central) const;
+  // Floats of PsShards(replicas, central) that replica `replica` hosts, shard k on owner(k) (a
+  // plan may have moved a shard from replica k, its home): what a replica's memory counts.
+  double HostedShardFloats(int replicas, bool central, int replica, const std::function<int(int)>& owner) const;
 
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }

@@ -17,6 +17,27 @@ ModelConfig Cfg(bool tied) {
   return c;
 }
 
+// A replica hosts its home shards, and those a plan moved to it; the shards' floats add to the
+// stage's whichever replicas host them.
+TEST(ParamLayout, HostedShardFloatsFollowTheOwners) {
+  const ModelConfig c = Cfg(false);
+  const ParamLayout whole(c, StageSpec::Whole(c));
+  const std::vector<ParamLayout::PsShardCut> cuts = whole.PsShards(3, false);
+  ASSERT_EQ(cuts.size(), 3u);
+  auto home = [](int shard) { return shard; };
+  double sum = 0;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(whole.HostedShardFloats(3, false, r, home), static_cast<double>(cuts[r].floats)) << r;
+    sum += whole.HostedShardFloats(3, false, r, home);
+  }
+  EXPECT_EQ(sum, static_cast<double>(whole.total()));
+  auto moved = [](int shard) { return shard == 2 ? 0 : shard; };  // replica 2's shard on replica 0
+  EXPECT_EQ(whole.HostedShardFloats(3, false, 0, moved), static_cast<double>(cuts[0].floats + cuts[2].floats));
+  EXPECT_EQ(whole.HostedShardFloats(3, false, 2, moved), 0.0);
+  EXPECT_EQ(whole.HostedShardFloats(3, true, 0, home), static_cast<double>(whole.total()));
+  EXPECT_EQ(whole.HostedShardFloats(3, true, 1, home), 0.0);
+}
+
 TEST(ParamLayout, LayerMajorAndContiguous) {
   const ModelConfig c = Cfg(false);
   ParamLayout whole(c, StageSpec::Whole(c));
