@@ -1352,15 +1352,15 @@ class Service final : public proto::Coordinator::Service {
   // A coordinator killed before the write leaves the state before it, whose successor therefore
   // skips a version (Restore): so at most one published version may be unwritten, and a new
   // version waits for the last one's write; this coordinator's first version is written before
-  // any worker sees it. A failed write (of either file: they share the run directory) stops the
-  // job at the next one.
+  // any worker sees it. That write is the version's first post: the later ones of a version (a
+  // loss, a spare's join) may still be under way as the next version comes out, which need not
+  // wait for them. A failed write (of either file: they share the run directory) stops the job
+  // before the workers hear of a version it left unwritten, or at the next write.
   void WriteJobState() {
     if (state_closed_) return;
-    if (absl::Status st = state_writer_.status(); !st.ok() && abort_.empty()) {
-      Abort(absl::StrCat("cannot keep the job state: ", st.message()));
-    }
-    const bool first = posted_version_ == 0;
-    if (plan_.version() != posted_version_) state_writer_.Flush();
+    const bool first = posted_version_ == 0, next = plan_.version() != posted_version_;
+    if (next && state_writer_.written() < version_post_) state_writer_.Flush();
+    StopIfStateFailed();
     posted_version_ = plan_.version();
     UpdateClusterRecord();
     proto::JobState state;
@@ -1372,9 +1372,21 @@ class Service final : public proto::Coordinator::Service {
     state.set_redone_iterations(redone_);
     std::string bytes;
     state.SerializeToString(&bytes);
-    state_writer_.Post({{JobStatePath(cfg_), std::move(bytes)},
-                        {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster}});
-    if (first) state_writer_.Flush();
+    const uint64_t post = state_writer_.Post({{JobStatePath(cfg_), std::move(bytes)},
+                                              {(fs::path(cfg_.train.out_dir) / "cluster.json").string(), cluster}});
+    if (next) version_post_ = post;
+    if (first) {
+      state_writer_.Flush();
+      StopIfStateFailed();
+    }
+  }
+
+  // REQUIRES: mu_ held.
+  void StopIfStateFailed() {
+    if (absl::Status st = state_writer_.status(); !st.ok() && abort_.empty()) {
+      Abort(absl::StrCat("cannot keep the job state, which a coordinator started again resumes from: ", st.message(),
+                         "; give train.out_dir a writable disk with room, then start the job again"));
+    }
   }
 
   // The job state a coordinator before this one left: its workers and the next version of its
@@ -1615,6 +1627,7 @@ class Service final : public proto::Coordinator::Service {
 
   BackgroundWriter state_writer_;  // job_state.pb and cluster.json (WriteJobState)
   uint64_t posted_version_ = 0;    // the plan version of the last state posted to it
+  uint64_t version_post_ = 0;      // the number of that version's first post (WriteJobState)
   bool state_closed_ = false;      // the job ended: its state file is gone for good
   std::mutex mu_;
   std::condition_variable cv_;

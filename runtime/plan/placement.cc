@@ -607,6 +607,7 @@ std::vector<int> OrderCrossover(const std::vector<int>& a, const std::vector<int
 std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, double head_s,
                              const std::vector<int>& max_blocks) {
   const int P = static_cast<int>(block_s.size());
+  if (P < 1 || blocks < P) return {};
   auto most = [&](int s) { return max_blocks.empty() ? blocks : std::min(blocks, max_blocks[s]); };
   int room = 0;
   for (int s = 0; s < P; ++s) {

@@ -110,8 +110,8 @@ absl::StatusOr<PlacementResult> GeneticPlacement(const PlacementProblem& problem
 // Blocks per stage minimizing the slowest stage, where stage s's block costs block_s seconds and
 // the last stage also pays head_s (every stage gets at least one block, and at most max_blocks[s]
 // where given: what fits its workers' memory). Among cuts with that bottleneck, blocks are taken
-// from the slowest stages first. Empty where max_blocks holds fewer than `blocks` or leaves a stage
-// none.
+// from the slowest stages first. Empty where there are fewer blocks than stages, or max_blocks
+// holds fewer than `blocks` or leaves a stage none.
 std::vector<int> BalancedCut(int blocks, const std::vector<double>& block_s, double head_s,
                              const std::vector<int>& max_blocks = {});
 

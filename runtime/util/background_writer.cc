@@ -17,15 +17,23 @@ BackgroundWriter::~BackgroundWriter() {
   thread_.join();
 }
 
-void BackgroundWriter::Post(std::vector<std::pair<std::string, std::string>> files) {
+uint64_t BackgroundWriter::Post(std::vector<std::pair<std::string, std::string>> files) {
+  uint64_t number;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& file : files) {
       std::erase_if(pending_, [&](const auto& p) { return p.first == file.first; });
       pending_.push_back(std::move(file));
     }
+    number = ++posted_;
   }
   cv_.notify_all();
+  return number;
+}
+
+uint64_t BackgroundWriter::written() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_;
 }
 
 void BackgroundWriter::Flush() {
@@ -45,6 +53,7 @@ void BackgroundWriter::Run() {
     if (pending_.empty()) return;  // stopping, everything written
     std::vector<std::pair<std::string, std::string>> files;
     files.swap(pending_);
+    const uint64_t up_to = posted_;  // a merged post's files are among these
     writing_ = true;
     lock.unlock();
     absl::Status failed;
@@ -53,6 +62,7 @@ void BackgroundWriter::Run() {
     }
     lock.lock();
     writing_ = false;
+    written_ = up_to;
     if (status_.ok()) status_ = failed;
     cv_.notify_all();
   }

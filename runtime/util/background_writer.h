@@ -4,6 +4,7 @@
 // under the lock its plan requests wait on, and a recovery's new plan version waited 0.4-2.3 ms
 // (once 3.5) for two such files on these virtual disks before any worker heard of it.
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -24,8 +25,11 @@ class BackgroundWriter {
 
   // Hands over (path, contents) pairs, written in order after everything posted before. Where a
   // later Post arrives before the writing began, only the latest contents of each path are written
-  // (in the order of the latest Post): a reader wants the newest, not every one.
-  void Post(std::vector<std::pair<std::string, std::string>> files);
+  // (in the order of the latest Post): a reader wants the newest, not every one. Returns the post's
+  // number (1, 2, ...), which written() reaches once it is written (or failed).
+  uint64_t Post(std::vector<std::pair<std::string, std::string>> files);
+  // The number of the last post written (or failed), and every one before it: 0 before any.
+  uint64_t written();
   // Returns once everything posted so far is written (or failed).
   void Flush();
   // The first write that failed, with its reason; OK while every one succeeded.
@@ -38,6 +42,7 @@ class BackgroundWriter {
   std::condition_variable cv_;
   std::vector<std::pair<std::string, std::string>> pending_;  // under mu_
   bool writing_ = false, stop_ = false;
+  uint64_t posted_ = 0, written_ = 0;  // post numbers
   absl::Status status_;
   std::thread thread_;
 };

@@ -1196,6 +1196,22 @@ TEST(Cluster, MutualTlsAndASecretOnEveryPortTrainToTheEnd) {
 
 // A worker waiting for its plan is alive, however long the last worker takes to register; the
 // coordinator names the worker ids nobody has taken yet.
+// The job state is what a coordinator started again resumes from: a job whose state cannot be
+// written stops at its first plan version, naming the file, rather than train on with nothing to
+// resume from (its write goes aside first, to job_state.pb.tmp, here a directory).
+TEST(Cluster, AJobStateThatCannotBeWrittenStopsTheJobNamingTheFile) {
+  const fs::path out = Dir("unwritable_state");
+  fs::create_directories(out / "job_state.pb.tmp");
+  EXPECT_NE(Longhaul("local", out, {"cluster.stages=2", "train.steps=200"}), 0);
+  const std::string log = Log(out);
+  EXPECT_NE(log.find("cannot keep the job state, which a coordinator started again resumes from: cannot write " +
+                     (out / "job_state.pb.tmp").string()),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("give train.out_dir a writable disk with room"), std::string::npos) << log;
+  EXPECT_LT(Losses(out).size(), 200u) << log;
+}
+
 TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
   const fs::path out = Dir("late");
   const std::string bin = LONGHAUL_BINARY, port = (out / "port").string();

@@ -1,5 +1,6 @@
-// Files written on the writer's own thread: whole and the latest after Flush, every posted file
-// written before the writer is gone, and a failed write reported rather than lost.
+// Files written on the writer's own thread: whole and the latest after Flush, the posts numbered
+// as they reach the disk, every posted file written before the writer is gone, and a failed write
+// reported rather than lost.
 #include "util/background_writer.h"
 
 #include <gtest/gtest.h>
@@ -38,6 +39,25 @@ TEST(BackgroundWriter, FlushLeavesTheLatestContentsOfEveryFile) {
   EXPECT_EQ(Read(d / "record"), "record 199");
   EXPECT_FALSE(fs::exists(d / "state.tmp")) << "written aside and renamed";
   EXPECT_TRUE(w.status().ok()) << w.status();
+}
+
+// Posts are numbered in order, and written() says how far the disk has them: a caller waits
+// only where the post it needs is not written yet.
+TEST(BackgroundWriter, WrittenCountsThePostsOnDisk) {
+  const fs::path d = Dir();
+  BackgroundWriter w;
+  EXPECT_EQ(w.written(), 0u);
+  const uint64_t first = w.Post({{(d / "state").string(), "one"}});
+  const uint64_t second = w.Post({{(d / "state").string(), "two"}, {(d / "record").string(), "r"}});
+  EXPECT_EQ(first, 1u);
+  EXPECT_EQ(second, 2u);
+  w.Flush();
+  EXPECT_EQ(w.written(), second) << "a post merged into a later one is written with it";
+  EXPECT_EQ(Read(d / "state"), "two");
+  const uint64_t failed = w.Post({{(d / "no_such_directory" / "state").string(), "x"}});
+  w.Flush();
+  EXPECT_EQ(w.written(), failed) << "a failed post is done too, its failure in status()";
+  EXPECT_FALSE(w.status().ok());
 }
 
 TEST(BackgroundWriter, WhatWasPostedIsWrittenBeforeTheWriterIsGone) {

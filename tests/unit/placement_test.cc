@@ -152,6 +152,7 @@ TEST(Placement, BalancedCutGivesFasterStagesMoreBlocksAndTheHeadFewer) {
   EXPECT_EQ(BalancedCut(9, {1, 1, 1}, 0, {1, 8, 8}), (std::vector<int>{1, 4, 4}));
   EXPECT_TRUE(BalancedCut(8, {1, 1}, 0, {3, 4}).empty()) << "room for 7 blocks of 8";
   EXPECT_TRUE(BalancedCut(8, {1, 1}, 0, {0, 8}).empty()) << "no room for stage 0's one block";
+  EXPECT_TRUE(BalancedCut(2, {1, 1, 1}, 0).empty()) << "3 stages of 2 blocks";
 }
 
 TEST(Placement, FasterDeviceGetsMoreBlocks) {
