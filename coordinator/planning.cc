@@ -462,11 +462,14 @@ absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequ
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
   const int P = old.stages();
   if (P < 2) return absl::FailedPreconditionError("a plan of one stage has no blocks to move");
-  // Each stage priced at its slowest replica's worker, which every step waits for.
+  // Each stage priced at its slowest replica's worker, which every step waits for; a worker whose
+  // compute is unknown stands for its stage, whose compute then is unknown too (RecutBlocks: only
+  // memory moves its blocks), not hidden behind a replica that was timed.
   std::vector<int> slowest(P, -1);
   auto block_s = [&](int id) {
     auto it = profiles.find(id);
-    return it == profiles.end() ? 0.0 : it->second.block_forward_s() + it->second.block_backward_s();
+    const double t = it == profiles.end() ? 0.0 : it->second.block_forward_s() + it->second.block_backward_s();
+    return t > 0 && std::isfinite(t) ? t : std::numeric_limits<double>::infinity();
   };
   std::vector<std::vector<int>> at(P, std::vector<int>(old.replicas(), -1));
   for (const proto::Assignment& a : old.assignments()) {

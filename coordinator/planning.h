@@ -114,7 +114,8 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
 
 // The version after `old` with the same workers, links and shard owners and the model's blocks cut
 // anew by their compute (`profiles`, by worker id, as measured now: the coordinator scales each
-// join profile to the worker's pace), each stage priced at its slowest replica's worker:
+// join profile to the worker's pace), each stage priced at its slowest replica's worker (one not
+// timed leaves the stage's compute unknown, whose blocks then move only to fit memory):
 // BalancedCut's where it is predicted kPlacementMinGain faster than the plan's cut, no stage given
 // more blocks than fit the memory each of its workers reported at join (with the shards it hosts,
 // as the placement search counts memory; `workers` give their backends). Every replica runs the new cut, which

@@ -520,6 +520,16 @@ TEST(Planning, AStragglersBlocksMoveToTheOtherStages) {
   ASSERT_TRUE(wide.ok()) << wide.status();
   EXPECT_TRUE(CheckPlanShards(*d2, *wide).ok()) << CheckPlanShards(*d2, *wide);
   EXPECT_EQ(ShardOwners(*d2), owners);
+  // Stage 0's other worker not timed (a spare that took its place): stage 0's compute is unknown,
+  // and the blocks stay where nothing but the compute would move them.
+  proto::ComputeProfile untimed;
+  untimed.set_memory_bytes(1e12);
+  for (const std::map<int, proto::ComputeProfile>& some :
+       {std::map<int, proto::ComputeProfile>{{0, profile(3.0)}, {1, profile(1.0)}, {3, profile(1.0)}},
+        std::map<int, proto::ComputeProfile>{{0, profile(3.0)}, {1, profile(1.0)}, {2, untimed}, {3, profile(1.0)}}}) {
+    const absl::Status unknown = RebalancePlan(d1, {30, "step_00000030", 100}, some, Workers(4)).status();
+    EXPECT_EQ(unknown.code(), absl::StatusCode::kFailedPrecondition) << unknown;
+  }
 
   const JobConfig one = Config({"cluster.stages=1"});
   EXPECT_EQ(RebalancePlan(MakePlan(one, Workers(1), {0, "", 100}, RegistrationOrder(one)), {0, "", 100},
