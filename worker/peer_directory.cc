@@ -28,7 +28,17 @@ void ClientPool::Warm(int to, const std::string& dial, const TransportOptions& t
 }
 
 void ClientPool::KeepOnly(const std::set<int>& workers) {
-  std::erase_if(clients_, [&workers](const auto& entry) { return !workers.count(std::get<0>(entry.first)); });
+  // The clients closed at the last call have ended by now: joining them waits for nothing.
+  closed_.clear();
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (workers.count(std::get<0>(it->first))) {
+      ++it;
+      continue;
+    }
+    it->second->Close();
+    closed_.push_back(std::move(it->second));
+    it = clients_.erase(it);
+  }
 }
 
 PeerDirectory::PeerDirectory(const proto::Plan& plan, int stage, int replica, TransportOptions transport,

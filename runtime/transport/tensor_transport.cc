@@ -471,14 +471,20 @@ class PeerConnection {
   }
 
   ~PeerConnection() {
-    if (canceller_) canceller_->Unregister(this);
+    Close();
+    thread_.join();
+  }
+
+  // Tells the thread to fail what it holds and end, without waiting for it.
+  void Close() {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
       stop_ = true;
     }
+    if (canceller_) canceller_->Unregister(this);
     cv_.notify_all();
     cancel_.Wake();
-    thread_.join();
   }
 
   // Connects and says hello on the connection's thread now, not at the first part.
@@ -925,6 +931,10 @@ TensorClient::TensorClient(const std::string& address, const TransportOptions& o
 }
 
 TensorClient::~TensorClient() = default;
+
+void TensorClient::Close() {
+  for (auto& c : connections_) c->Close();
+}
 
 void TensorClient::OpenSoon() {
   for (auto& c : connections_) c->OpenSoon();

@@ -233,6 +233,7 @@ class SendOp {
 class TensorClient {
  public:
   TensorClient(const std::string& address, const TransportOptions& options);
+  // Closes the connections and waits for their threads.
   ~TensorClient();
   const std::string& address() const { return address_; }
 
@@ -253,6 +254,9 @@ class TensorClient {
   // canceller found between tensors are still open; the others connect again at their next part.
   // REQUIRES: every SendOp of this client is done.
   void Rearm(std::shared_ptr<SendCanceller> canceller);
+  // Fails every send in flight and closes the connections, without waiting for their threads to
+  // end (the destructor does): no more sends.
+  void Close();
 
  private:
   std::string address_;

@@ -1,6 +1,6 @@
 // The peer directory: addresses from the plan, dialling through the dial map, sends that reach a
 // real tensor server and are timed in the timeline, and a send to a worker the plan does not have
-// reported at Flush.
+// reported at Flush, and the pool closing the clients of workers a version drops.
 #include "worker/peer_directory.h"
 
 #include <gtest/gtest.h>
@@ -61,6 +61,26 @@ TEST(PeerDirectory, ASendToAWorkerThePlanDoesNotHaveFailsAtFlush) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("plan v1 has no worker for stage 5 replica 0"), std::string::npos) << s;
   EXPECT_TRUE(peers.Flush(timeline).ok()) << "reported once";
+}
+
+// A worker the next version drops: its client's sends end at once, the kept worker's go on, and
+// the pool joins the dropped one's threads later.
+TEST(ClientPool, KeepOnlyClosesTheOthersAtOnce) {
+  ClientPool pool;
+  TransportOptions transport;
+  transport.timeout = std::chrono::seconds(60);
+  const std::vector<float> x(10, 1.0f);
+  proto::TensorHeader h;
+  h.set_kind(proto::ACTIVATION);
+  // Nobody listens at port 1: each send waits for its peer to come up.
+  auto kept = pool.Get(1, "127.0.0.1:1", transport).Send(h, x.data(), x.size());
+  auto dropped = pool.Get(2, "127.0.0.1:1", transport).Send(h, x.data(), x.size());
+  pool.KeepOnly({1});
+  const absl::Status s = dropped->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_FALSE(kept->Done()) << "the kept worker's send ended";
+  pool.KeepOnly({});
+  EXPECT_EQ(kept->Wait().code(), absl::StatusCode::kCancelled);
 }
 
 TEST(PeerDirectory, ReadsADialMapAndNamesAMissingOne) {

@@ -957,5 +957,23 @@ TEST(SendCanceller, EndsSendsInFlightAtOnceAndRefusesLaterOnes) {
   EXPECT_LT(cpu() - before, 0.1);
 }
 
+// Close ends a client's sends in flight without waiting for its threads, which the destructor
+// joins: a recovery drops a lost peer's client that way, off its set-up's path.
+TEST(TensorTransport, CloseFailsSendsInFlightAndReturnsAtOnce) {
+  TransportOptions opt;
+  opt.timeout = std::chrono::seconds(60);
+  const std::vector<float> x = Ramp(10);
+  auto client = std::make_unique<TensorClient>("127.0.0.1:1", opt);  // nobody listens: the send waits
+  auto op = client->Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(op->Done());
+  client->Close();
+  const absl::Status s = op->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("the sender was closed"), std::string::npos) << s;
+  client->Close();  // a second Close does nothing
+  client.reset();
+}
+
 }  // namespace
 }  // namespace longhaul
