@@ -334,6 +334,11 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = CheckParamsIterations(*req); !st.ok()) return st;
     if (grpc::Status st = CheckMicroBatches(*req); !st.ok()) return st;
     if (grpc::Status st = CheckValidation(*req); !st.ok()) return st;
+    if (req->iteration() <= completed_through_) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrFormat("iteration %d is complete: worker %d reported it already",
+                                          req->iteration() + 1, req->worker_id()));
+    }
     IterationRecord& rec = iterations_[req->iteration()];
     if (rec.reports.count(req->worker_id()) > 0) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -385,6 +390,10 @@ class Service final : public proto::Coordinator::Service {
         }
         std::cout << "coordinator: " << what << "; " << outcome << "\n" << std::flush;
       }
+      // Iterations complete in order (each worker reports its own in order): the record goes once
+      // every use above is done, a run's reports not kept for its length.
+      completed_through_ = req->iteration();
+      iterations_.erase(req->iteration());
       job_metrics_.SetSlowdowns(stragglers_.Current());
       if (req->iteration() == start_ + 2) {
         if (const std::optional<double> p = Predict()) {
@@ -567,7 +576,7 @@ class Service final : public proto::Coordinator::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
-      path = ShippedTimelinePath(req->worker_id());
+      path = TimelinePath(req->worker_id());
     }
     if (req->file_bytes() > kMaxTimelineBytes) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -740,9 +749,13 @@ class Service final : public proto::Coordinator::Service {
     if (grpc::Status st = verifier_.Check(*ctx, "ReportDone", *req); !st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status st = CheckWorker(req->worker_id()); !st.ok()) return st;
+    if (req->timeline_bytes() > kMaxTimelineBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("a timeline of %d bytes (at most %d)", req->timeline_bytes(),
+                                          kMaxTimelineBytes));
+    }
     members_.Done(req->worker_id(),
-                  {req->timeline_shipped() ? ShippedTimelinePath(req->worker_id()).string() : req->timeline_file(),
-                   req->timeline_bytes(), req->timeline_crc32c()});
+                  {TimelinePath(req->worker_id()).string(), req->timeline_bytes(), req->timeline_crc32c()});
     if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
     cv_.notify_all();
     return grpc::Status::OK;
@@ -915,6 +928,14 @@ class Service final : public proto::Coordinator::Service {
 
   // A report's parameter CRCs name this iteration or the one before, each at most once.
   static grpc::Status CheckParamsIterations(const proto::IterationReport& r) {
+    // At most one of each: a duplicate counted as another worker's would mark a step checked
+    // before every replica's parameters were compared.
+    if (r.params_size() > 2) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("worker %d's report of iteration %d carries %d parameter checksums; at most "
+                                          "this iteration's and the one before's may come",
+                                          r.worker_id(), r.iteration() + 1, r.params_size()));
+    }
     for (int i = 0; i < r.params_size(); ++i) {
       const proto::ParamsCrc& p = r.params(i);
       if (p.iteration() > r.iteration() || p.iteration() < r.iteration() - 1 ||
@@ -1273,7 +1294,9 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held. The run goes back to the last complete checkpoint (or its start): the
   // iteration reached before it.
   int64_t Rollback() {
-    const int64_t reached = iterations_.empty() ? start_ : std::max(start_, iterations_.rbegin()->first + 1);
+    const int64_t highest = iterations_.empty() ? completed_through_
+                                                : std::max(completed_through_, iterations_.rbegin()->first);
+    const int64_t reached = std::max(start_, highest + 1);
     redone_ += std::max<int64_t>(0, reached - latest_step_);
     start_ = latest_step_;
     resume_name_ = latest_name_;
@@ -1299,6 +1322,7 @@ class Service final : public proto::Coordinator::Service {
     for (const proto::Assignment& a : plan_.assignments())
       worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
     iterations_.erase(iterations_.lower_bound(start_), iterations_.end());
+    completed_through_ = std::min(completed_through_, start_ - 1);
     if (absl::Status st = samples_.Rewind(start_); !st.ok()) {
       Abort(std::string(st.message()));
       return;
@@ -1341,8 +1365,9 @@ class Service final : public proto::Coordinator::Service {
     cv_.notify_all();
   }
 
-  // REQUIRES: mu_ held. Where a worker that does not share the run directory ships its timeline.
-  fs::path ShippedTimelinePath(int worker) const {
+  // REQUIRES: mu_ held. Where a worker's timeline is in the run directory: written there by a
+  // worker that shares it, shipped there by one that does not.
+  fs::path TimelinePath(int worker) const {
     return fs::path(cfg_.train.out_dir) / "timeline" / absl::StrFormat("worker_%d.json", worker);
   }
 
@@ -1636,7 +1661,8 @@ class Service final : public proto::Coordinator::Service {
   std::vector<int> worker_of_slot_;  // slot k = replica * stages + stage runs worker worker_of_slot_[k]
   std::vector<std::vector<int>> shard_owner_;  // the placement search's, for MakePlan (empty: shard k on replica k)
   std::set<int> ready_;  // workers that installed plan_
-  std::map<int64_t, IterationRecord> iterations_;
+  std::map<int64_t, IterationRecord> iterations_;  // reported, not yet complete
+  int64_t completed_through_ = -1;                  // every iteration up to it is complete
   std::map<int, uint64_t> lifeline_calls_;  // by worker: Lifeline calls begun, the newest is the one held
   // By step: (stage, shard) on disk, and (stage, -1 - job replica) of error-feedback residuals.
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;

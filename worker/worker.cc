@@ -927,9 +927,8 @@ absl::Status Worker::Run() {
       done.set_timeline_bytes(trace->bytes);
       done.set_timeline_crc32c(trace->crc32c);
       if (shares_run_dir_) {
-        done.set_timeline_file(trace->path);
+        // Written where the coordinator looks for it already.
       } else if (const absl::Status shipped = ShipTimelineFile(client_, *trace); shipped.ok()) {
-        done.set_timeline_shipped(true);
         if (clock.error_us() > 0) {
           std::cout << absl::StrFormat("%s timeline shipped to the coordinator, on its clock within %.1f ms\n", Who(),
                                        clock.error_us() / 1e3);

@@ -1,6 +1,7 @@
 #include "metrics/timeline.h"
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,13 @@ int64_t ClockOffset::error_us() const {
 }
 
 absl::Status CheckTraceFile(const TraceFile& f) {
+  // Only a regular file of the size written is read: not a device or a pipe, which might never end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(f.path, ec)) return absl::NotFoundError(absl::StrCat("no trace file at ", f.path));
+  if (const uintmax_t size = std::filesystem::file_size(f.path, ec); ec || size != f.bytes) {
+    return absl::DataLossError(absl::StrFormat("%s holds %d bytes that are not the trace written there (%d bytes)",
+                                               f.path, ec ? 0 : size, f.bytes));
+  }
   const absl::StatusOr<std::string> text = ReadWholeFile(f.path);
   if (!text.ok()) return absl::NotFoundError(absl::StrCat("no trace file at ", f.path));
   if (text->size() != f.bytes || Crc32c(0, text->data(), text->size()) != f.crc32c) {

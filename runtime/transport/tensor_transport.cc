@@ -377,6 +377,9 @@ absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadli
   const absl::StatusOr<bool> read = ReadAndDiscard(
       fd, WireBytes(h.part_elements(), static_cast<WireDtype>(h.dtype())), scratch, sizeof(scratch), deadline);
   if (!read.ok()) return read.status();
+  // A wrong checksum is a stream out of step (more or fewer bytes than announced): what follows
+  // would be read as a header.
+  if (!*read) return absl::DataLossError("checksum mismatch in a part of a plan version this worker has left");
   return AckDropped(fd, h);
 }
 

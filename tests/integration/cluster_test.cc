@@ -786,6 +786,16 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     rep.set_worker_id(0);
     rep.set_plan_version(1);
     rep.set_iteration(140);
+    for (int64_t it : {140, 139, 139}) rep.add_params()->set_iteration(it);
+    expect_refused("a report with one step's parameters twice", coordinator->ReportIteration(&ctx, rep, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_plan_version(1);
+    rep.set_iteration(140);
     for (int64_t g : {0, 1'000'000'000}) rep.add_micro_batches(g);
     expect_refused("a report of micro-batches the iteration does not have",
                    coordinator->ReportIteration(&ctx, rep, &empty), grpc::StatusCode::INVALID_ARGUMENT);

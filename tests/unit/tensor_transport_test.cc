@@ -610,6 +610,17 @@ TEST_F(Hostile, ReplaysAndIterationsOutsideTheWindowAreRefused) {
   ExpectStillServes(7);
 }
 
+// The window of a run's start begins at iteration -1 (the initial parameters' broadcast), where
+// INT64_MAX less its start overflowed and took the part in.
+TEST(Mailbox, TheLastIterationIsOutsideAWindowFromMinusOne) {
+  Mailbox box;
+  box.SetWindow(-1);
+  const absl::Status s =
+      box.BeginPart({proto::ACTIVATION, std::numeric_limits<int64_t>::max(), 0, 1, 0, 0}, 1, 10, 0, 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_TRUE(box.BeginPart({proto::ACTIVATION, 0, 0, 1, 0, 0}, 1, 10, 0, 10).ok());
+}
+
 TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   proto::TensorHeader fat = Crafted(5, 10, 0, 10);
   for (int i = 0; i < 5000; ++i) fat.add_shape(i);
