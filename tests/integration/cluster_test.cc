@@ -792,6 +792,15 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   }
   {
     grpc::ClientContext ctx;
+    proto::DoneReport done;
+    done.set_worker_id(0);
+    done.set_ok(true);
+    done.set_timeline_bytes(uint64_t{1} << 40);
+    expect_refused("a finished worker's timeline of 1 TiB", coordinator->ReportDone(&ctx, done, &empty),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);

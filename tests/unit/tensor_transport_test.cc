@@ -183,6 +183,24 @@ TEST(TensorTransport, APartOfAVersionLeftIsDroppedAndItsConnectionStays) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, x);
   EXPECT_EQ((*server)->refused(), 0) << "the drop was counted as a refusal";
+  // A stale part whose bytes do not match its checksum (more or fewer than announced) is no drop:
+  // the stream is out of step, and its connection closes with the reason.
+  proto::TensorHeader stale = h;
+  stale.set_job_id("jobA");
+  stale.set_protocol_version(kProtocolVersion);
+  stale.set_dtype(proto::F32);
+  stale.set_plan_version(1);
+  stale.set_total_elements(10);
+  stale.set_part_offset(0);
+  stale.set_part_elements(10);
+  std::string corrupt = testing::PartFrame(stale, Ramp(10));
+  corrupt[corrupt.size() - 20] ^= 0x40;
+  testing::RawPeer peer((*server)->address(), "jobA");
+  ASSERT_TRUE(peer.hello().ok()) << peer.hello();
+  peer.Write(corrupt);
+  const absl::Status bad = peer.Ack();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_NE(bad.message().find("checksum mismatch"), std::string::npos) << bad;
 }
 
 // A resumed plan version has no start barrier: a tensor of a version the receiver has yet to set up
