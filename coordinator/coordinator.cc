@@ -756,7 +756,10 @@ class Service final : public proto::Coordinator::Service {
     }
     members_.Done(req->worker_id(),
                   {TimelinePath(req->worker_id()).string(), req->timeline_bytes(), req->timeline_crc32c()});
-    if (!req->ok() && abort_.empty()) Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error()));
+    // Bounded: the reason goes out again in every heartbeat's reply.
+    if (!req->ok() && abort_.empty()) {
+      Abort(absl::StrCat("worker ", req->worker_id(), " failed: ", req->error().substr(0, 1000)));
+    }
     cv_.notify_all();
     return grpc::Status::OK;
   }

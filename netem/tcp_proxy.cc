@@ -196,6 +196,13 @@ void OnReadable(uv_poll_t* p, int status, int) {
     c->proxy->line->Push(std::max(MonotonicNs(), s.serializer_free_ns) + s.delay_ns, Chunk{c, r->upstream, nullptr, 0});
     return;
   }
+  // A short read keeps only its bytes: `held` counts those, and a long link's many small segments
+  // (acknowledgements) in whole read buffers held far more memory than the cap allows.
+  if (static_cast<size_t>(n) < kReadBytes / 4) {
+    std::unique_ptr<char[]> exact(new char[n]);
+    std::memcpy(exact.get(), data.get(), static_cast<size_t>(n));
+    data = std::move(exact);
+  }
   const int64_t wire = s.bytes_per_ns > 0 ? static_cast<int64_t>(n / s.bytes_per_ns) : 0;
   s.serializer_free_ns = std::max(s.serializer_free_ns, ArrivalNs(m)) + wire;
   s.held += static_cast<size_t>(n);

@@ -347,7 +347,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
     return received;
   }
   const std::string ok = AckFrame(absl::OkStatus());
-  return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+  return WriteAll(fd, ok.data(), ok.size(), After(part_timeout()), stop_);
 }
 
 absl::StatusOr<bool> TensorServer::ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
@@ -386,7 +386,7 @@ absl::Status TensorServer::DropPart(int fd, const proto::TensorHeader& h, Deadli
 absl::Status TensorServer::AckDropped(int fd, const proto::TensorHeader& h) {
   const std::string dropped = AckFrame(
       absl::AbortedError(absl::StrFormat("dropped: this worker has left plan version %d", h.plan_version())), true);
-  return WriteAll(fd, dropped.data(), dropped.size(), Forever(), stop_);
+  return WriteAll(fd, dropped.data(), dropped.size(), After(part_timeout()), stop_);
 }
 
 absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline) {
@@ -399,7 +399,7 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
   if (!whole.ok()) return whole.status();
   if (!*whole) return absl::DataLossError("link probe checksum mismatch: corrupted in transit");
   const std::string ok = AckFrame(absl::OkStatus());
-  return WriteAll(fd, ok.data(), ok.size(), Forever(), stop_);
+  return WriteAll(fd, ok.data(), ok.size(), After(part_timeout()), stop_);
 }
 
 void TensorServer::SetSenderLeftObserver(std::function<void(int stage, int replica)> observer) {
