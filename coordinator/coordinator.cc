@@ -528,6 +528,10 @@ class Service final : public proto::Coordinator::Service {
         std::cout << "coordinator: warning: " << st.message() << "\n";
       }
       checkpointed_.erase(checkpointed_.begin(), checkpointed_.find(req->step()));
+      // No rollback goes before this step: the checks of earlier iterations are only counted now.
+      const auto settled = replica_checked_.lower_bound(latest_step_);
+      replicas_checked_before_ += std::distance(replica_checked_.begin(), settled);
+      replica_checked_.erase(replica_checked_.begin(), settled);
       CheckFinished();
       Grow();
     }
@@ -810,7 +814,7 @@ class Service final : public proto::Coordinator::Service {
     log_.SetStragglers(std::move(stragglers));
     nlohmann::json summary =
         log_.Summary(abort_.empty() ? "completed" : g_stop_requested ? "interrupted" : "failed", abort_,
-                     static_cast<int64_t>(replica_checked_.size()));
+                     replicas_checked_before_ + static_cast<int64_t>(replica_checked_.size()));
     summary["audit"] = AuditSummary();
     summary["recoveries"] = recoveries_;
     std::vector<std::string> traces;
@@ -1670,6 +1674,7 @@ class Service final : public proto::Coordinator::Service {
   // By step: (stage, shard) on disk, and (stage, -1 - job replica) of error-feedback residuals.
   std::map<int64_t, std::set<std::pair<int, int>>> checkpointed_;
   std::set<int64_t> replica_checked_;  // iterations whose replicas were checked to agree
+  int64_t replicas_checked_before_ = 0;  // how many of them before the last complete checkpoint
   // By (stage, iteration): the first replica's parameters CRC reported; by iteration: how many
   // workers' are in. A step leaves both once every worker's is.
   std::map<std::pair<int, int64_t>, std::pair<int, uint32_t>> first_crc_;
