@@ -1301,8 +1301,8 @@ class Service final : public proto::Coordinator::Service {
   // REQUIRES: mu_ held. The run goes back to the last complete checkpoint (or its start): the
   // iteration reached before it.
   int64_t Rollback() {
-    const int64_t highest = iterations_.empty() ? completed_through_
-                                                : std::max(completed_through_, iterations_.rbegin()->first);
+    // What iterations_ holds is past completed_through_ (a report of a completed one is refused).
+    const int64_t highest = iterations_.empty() ? completed_through_ : iterations_.rbegin()->first;
     const int64_t reached = std::max(start_, highest + 1);
     redone_ += std::max<int64_t>(0, reached - latest_step_);
     start_ = latest_step_;

@@ -83,8 +83,10 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t plan_version, uin
                                                          key.DebugString(), plan_version, plan_version_));
   }
   // Unsigned: the window may start at -1 (the initial parameters), and INT64_MAX less that overflows.
-  if (windowed_ && (key.iteration < window_lo_ || static_cast<uint64_t>(key.iteration) - static_cast<uint64_t>(window_lo_) >=
-                                                      static_cast<uint64_t>(window_width_))) {
+  const bool outside = key.iteration < window_lo_ || static_cast<uint64_t>(key.iteration) -
+                                                             static_cast<uint64_t>(window_lo_) >=
+                                                         static_cast<uint64_t>(window_width_);
+  if (windowed_ && outside) {
     return absl::OutOfRangeError(absl::StrFormat("%s is outside the iterations this worker accepts now ([%d, %d])",
                                                  key.DebugString(), window_lo_, window_lo_ + window_width_ - 1));
   }

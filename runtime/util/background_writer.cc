@@ -38,7 +38,7 @@ uint64_t BackgroundWriter::written() {
 
 void BackgroundWriter::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_.empty() && !writing_; });
+  cv_.wait(lock, [&] { return written_ == posted_; });
 }
 
 absl::Status BackgroundWriter::status() {
@@ -54,14 +54,12 @@ void BackgroundWriter::Run() {
     std::vector<std::pair<std::string, std::string>> files;
     files.swap(pending_);
     const uint64_t up_to = posted_;  // a merged post's files are among these
-    writing_ = true;
     lock.unlock();
     absl::Status failed;
     for (const auto& [path, text] : files) {
       if (absl::Status s = WriteFileAtomically(path, text); !s.ok() && failed.ok()) failed = s;
     }
     lock.lock();
-    writing_ = false;
     written_ = up_to;
     if (status_.ok()) status_ = failed;
     cv_.notify_all();

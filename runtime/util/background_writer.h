@@ -41,8 +41,8 @@ class BackgroundWriter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::string, std::string>> pending_;  // under mu_
-  bool writing_ = false, stop_ = false;
-  uint64_t posted_ = 0, written_ = 0;  // post numbers
+  bool stop_ = false;
+  uint64_t posted_ = 0, written_ = 0;  // post numbers: everything is on disk where they are equal
   absl::Status status_;
   std::thread thread_;
 };
