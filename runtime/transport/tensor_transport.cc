@@ -2,7 +2,9 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -502,17 +504,22 @@ class PeerConnection {
   void Enqueue(OutPart p) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // The thread sleeps with nothing in flight and no other caller writes, so the socket's
-      // buffer is empty: a small part is written from the caller's thread at once, sparing it the
-      // thread's wake-up (tens of microseconds on a virtual CPU, the larger share of a small
-      // tensor's cost). The thread then only reads the acknowledgement.
-      if (idle_ && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
-          p.bytes <= kDirectWriteBytes) {
+      // The thread sleeps, between tensors or waiting for acknowledgements, and no other caller
+      // writes: a small part is written from the caller's thread at once where the socket's
+      // buffer is empty, sparing it the thread's wake-up (tens of microseconds on a virtual CPU,
+      // the larger share of a small tensor's cost). The thread then only reads the
+      // acknowledgement. A pipeline's next small tensor often leaves before the last one's
+      // acknowledgement is back.
+      if ((idle_ || polling_) && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
+          p.bytes <= kDirectWriteBytes && (idle_ || Unsent() == 0)) {
         claimed_ = true;
+        const int fd = fd_;
         lock.unlock();
         Send(std::move(p));
         lock.lock();
         claimed_ = false;
+        // The thread polls the connection it saw: this write replaced or broke it.
+        if (polling_ && fd_ != fd) kick_.Wake();
       } else {
         queue_.push_back(std::move(p));
         lock.unlock();
@@ -554,8 +561,8 @@ class PeerConnection {
       {
         std::unique_lock<std::mutex> lock(mu_);
         // With parts awaiting acknowledgement, AwaitAcks waits instead (new parts kick it). While
-        // idle, a caller may claim the connection to write a part itself (Enqueue): the thread
-        // touches nothing of the connection's until the caller is done.
+        // idle, as while polling there, a caller may claim the connection to write a part itself
+        // (Enqueue): the thread touches nothing of the connection's until the caller is done.
         if (awaiting_.empty()) {
           idle_ = true;
           cv_.wait(lock, [&] {
@@ -760,18 +767,38 @@ class PeerConnection {
     }
   }
 
-  // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline.
+  // Bytes written to the socket that its peer has not received yet (-1 where unknown).
+  int Unsent() const {
+    int n = -1;
+    return ioctl(fd_, SIOCOUTQ, &n) == 0 ? n : -1;
+  }
+
+  // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline. A
+  // caller may claim the connection meanwhile to write a small part (Enqueue).
   void AwaitAcks() {
     const Deadline deadline = awaiting_.front().deadline;
-    pollfd p[3] = {{fd_, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
+    const int fd = fd_;
+    pollfd p[3] = {{fd, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
+    SetPolling(true);
     const int r = poll(p, 3, PollTimeoutMs(deadline));
+    SetPolling(false);
     kick_.Clear();
+    // A caller's write meanwhile broke or replaced the connection the poll saw.
+    if (fd != fd_ || awaiting_.empty()) return;
     if (r > 0 && p[0].revents != 0) {
       if (absl::Status s = PumpAcks(); !s.ok()) Broken(s);
     } else if (r == 0 && std::chrono::steady_clock::now() >= deadline) {
       Broken(absl::DeadlineExceededError(absl::StrFormat("no acknowledgement within %.1f s",
                                                          std::chrono::duration<double>(opt_.timeout).count())));
     }
+  }
+
+  // Lends the connection to callers while the thread polls, and takes it back once no caller
+  // writes.
+  void SetPolling(bool polling) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!polling) cv_.wait(lock, [&] { return !claimed_; });
+    polling_ = polling;
   }
 
   absl::Status Open(Deadline deadline) {
@@ -851,7 +878,8 @@ class PeerConnection {
   bool stop_ = false;
   std::string cancelled_;
   bool idle_ = false;     // the thread waits for work, with nothing awaiting acknowledgement
-  bool claimed_ = false;  // a caller writes a part on the idle thread's behalf
+  bool polling_ = false;  // the thread waits for acknowledgements (AwaitAcks)
+  bool claimed_ = false;  // a caller writes a part on the idle or polling thread's behalf
   bool open_soon_ = false;  // OpenSoon asked the thread to connect
   bool cancel_handled_ = false;  // the thread failed what cancelled_ ends
   std::shared_ptr<SendCanceller> canceller_;  // the one this connection is registered with

@@ -916,6 +916,56 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
       << "the part was not sent before the proof was acknowledged";
 }
 
+// Small parts leave from the caller's thread while earlier ones await their acknowledgements
+// (TensorClient's connection thread polls meanwhile): each acknowledgement still completes its own
+// part, in order. The receiver answers part 1 only with part 2, and refuses part 2.
+TEST(TensorTransport, APartSentWhileAnEarlierAwaitsItsAcknowledgementGetsItsOwn) {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);
+  const std::vector<float> x = Ramp(10);
+  proto::TensorAck refusal;
+  refusal.set_ok(false);
+  refusal.set_code(static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  refusal.set_error("part 2 is refused");
+  const std::string refusal_frame = Framed(refusal);
+  PartReceiver receiver([&](int part) { return part == 1 ? "" : part == 2 ? OkAck() + refusal_frame : OkAck(); });
+  TensorClient client(receiver.address(), opt);
+  std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
+  for (int i = 0; i < 400 && receiver.stream.parts < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(receiver.stream.parts, 1) << "the first part never reached the receiver";
+  EXPECT_FALSE(first->Done());
+  std::shared_ptr<SendOp> second = client.Send(Header(proto::ACTIVATION, 1), x.data(), x.size());
+  EXPECT_TRUE(first->Wait().ok()) << first->Wait();
+  const absl::Status s = second->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("part 2 is refused"), std::string::npos) << s;
+}
+
+// Thousands of tensors sent back to back without waiting, small ones (written by the caller where
+// the connection allows) between larger ones (written by the connection's thread): every one
+// arrives whole, bit for bit, and is acknowledged.
+TEST(TensorTransport, SmallAndLargeTensorsInterleavedArriveWhole) {
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  TensorClient client((*server)->address(), opt);
+  const std::vector<float> x = Ramp(6000);  // 24 KB: above the caller's 16 KiB
+  const size_t sizes[] = {1, 100, 6000, 3};
+  constexpr int kTensors = 3000;
+  std::vector<std::shared_ptr<SendOp>> ops;
+  for (int i = 0; i < kTensors; ++i) ops.push_back(client.Send(Header(proto::ACTIVATION, i), x.data(), sizes[i % 4]));
+  for (int i = 0; i < kTensors; ++i) {
+    ASSERT_TRUE(ops[i]->Wait().ok()) << i << ": " << ops[i]->Wait();
+    auto got = box.Take(Key(proto::ACTIVATION, i), std::chrono::seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, std::vector<float>(x.begin(), x.begin() + sizes[i % 4])) << i;
+  }
+  EXPECT_EQ((*server)->refused(), 0);
+}
+
 // A plan version's end cancels its sends; a connection it found between tensors stays open, and
 // the next version's canceller rearms it. The receiver takes one connection only: a client that
 // connected again would wait out its timeout for a hello that never comes.
