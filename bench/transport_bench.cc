@@ -3,7 +3,7 @@
 // and torch.distributed (gloo) send/recv too where installed; and the fixed cost of one tensor,
 // acknowledged, and one way as a pipeline's boundary tensors pay it.
 //
-//   build/bench/transport_bench [--sizes-mb 1,16,256] [--connections 1] [--chunk-mib 2]
+//   build/bench/transport_bench [--sizes-mb 1,16,256] [--connections 1] [--chunk-mib 2] [--rounds 5]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -16,12 +16,13 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"
 #include "transport/tensor_transport.h"
@@ -226,56 +227,94 @@ double Iperf3(size_t bytes) {
 
 }  // namespace
 
+// A figure measured once per round: its median over the rounds, and the range.
+struct Rounds {
+  std::vector<double> v;
+  std::string Show(int decimals, const char* suffix = "") const {
+    if (v.empty()) return "-";
+    const auto one = [&](double x) { return absl::StrFormat("%.*f%s", decimals, x, suffix); };
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return one(Median(v)) + (v.size() > 1 ? absl::StrCat(" (", one(*lo), "-", one(*hi), ")") : "");
+  }
+};
+
 int main(int argc, char** argv) {
   CLI::App app{"tensor transfer: longhaul transport vs a plain TCP socket pair"};
   std::vector<int> sizes_mb = {1, 16, 256};
-  int connections = 1, chunk_mib = 2;
+  int connections = 1, chunk_mib = 2, rounds = 5;
   app.add_option("--sizes-mb", sizes_mb)->delimiter(',');
   app.add_option("--connections", connections);
   app.add_option("--chunk-mib", chunk_mib);
+  app.add_option("--rounds", rounds, "every measurement this many times, in turn")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
 
-  const longhaul::bench::ScriptOutput gloo_run = longhaul::bench::RunBaselineScript(
-      "torch_gloo_sendrecv.py",
-      absl::StrFormat("--sizes-mb %d,%d,%d", sizes_mb[0], sizes_mb.size() > 1 ? sizes_mb[1] : 0,
-                      sizes_mb.size() > 2 ? sizes_mb[2] : 0),
-      600);
-  const std::string gloo = gloo_run.ok ? gloo_run.text : "";
+  // Each round measures every transport one after the other, so that the ratios compare figures
+  // taken seconds apart: a shared machine's pace drifts over a minute by more than the margins.
+  struct PerSize {
+    Rounds ours, plain, ratio, iperf, gloo, vs_gloo;
+  };
+  std::vector<PerSize> per_size(sizes_mb.size());
+  Rounds fixed_ours, fixed_plain, fixed_more, one_way_ours, one_way_plain, one_way_more;
+  bool have_gloo = false;
+  for (int round = 0; round < rounds; ++round) {
+    const longhaul::bench::ScriptOutput gloo_run = longhaul::bench::RunBaselineScript(
+        "torch_gloo_sendrecv.py",
+        absl::StrFormat("--sizes-mb %d,%d,%d", sizes_mb[0], sizes_mb.size() > 1 ? sizes_mb[1] : 0,
+                        sizes_mb.size() > 2 ? sizes_mb[2] : 0),
+        600);
+    have_gloo = gloo_run.ok;
+    for (size_t i = 0; i < sizes_mb.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(sizes_mb[i]) << 20;
+      PerSize& m = per_size[i];
+      const double ours = bytes / Longhaul(bytes, connections, chunk_mib) / 1e9;
+      const double plain = bytes / PlainSocket(bytes) / 1e9;
+      m.ours.v.push_back(ours);
+      m.plain.v.push_back(plain);
+      m.ratio.v.push_back(ours / plain);
+      // iperf3 is too short a test below 16 MB.
+      if (const double iperf = bytes >= (16u << 20) ? Iperf3(bytes) : -1; iperf > 0) m.iperf.v.push_back(iperf);
+      if (const std::optional<double> gloo =
+              gloo_run.ok ? longhaul::bench::PrintedValue("\n" + gloo_run.text,
+                                                          absl::StrFormat("\nsize_mb=%d gbps", sizes_mb[i]))
+                          : std::nullopt;
+          gloo && *gloo > 0) {
+        m.gloo.v.push_back(*gloo);
+        m.vs_gloo.v.push_back(ours / *gloo);
+      }
+    }
+    // The fixed cost of a tensor: its header, the thread hand-offs on both sides and the
+    // acknowledgement, beyond what a socket needs to carry 4 bytes and answer them.
+    const double ours_small = Longhaul(4, connections, chunk_mib), plain_small = PlainSocket(4);
+    fixed_ours.v.push_back(ours_small * 1e6);
+    fixed_plain.v.push_back(plain_small * 1e6);
+    fixed_more.v.push_back((ours_small - plain_small) * 1e6);
+    const double ours_one_way = LonghaulPingPong(200), plain_one_way = PlainPingPong(200);
+    one_way_ours.v.push_back(ours_one_way * 1e6);
+    one_way_plain.v.push_back(plain_one_way * 1e6);
+    one_way_more.v.push_back((ours_one_way - plain_one_way) * 1e6);
+  }
+
   std::cout << absl::StrFormat(
       "tensor transfer over loopback, fp32, median of 5-50 transfers after a warm-up (time from send to the whole "
-      "tensor received and acknowledged); longhaul with %d connection(s), %d MiB chunks, CRC-32C\n",
-      connections, chunk_mib);
-  std::cout << absl::StrFormat("%8s %14s %14s %8s %12s %12s %9s\n", "size", "longhaul GB/s", "socket GB/s", "ratio",
-                               "iperf3 GB/s", "gloo GB/s", "vs gloo");
-  for (int mb : sizes_mb) {
-    const size_t bytes = static_cast<size_t>(mb) << 20;
-    const double ours = bytes / Longhaul(bytes, connections, chunk_mib) / 1e9;
-    const double plain = bytes / PlainSocket(bytes) / 1e9;
-    const double iperf = bytes >= (16u << 20) ? Iperf3(bytes) : -1;  // too short a test below that
-    std::string gloo_rate = "-";
-    const std::string key = absl::StrFormat("size_mb=%d gbps=", mb);
-    if (size_t at = gloo.find(key); at != std::string::npos) {
-      gloo_rate = gloo.substr(at + key.size(), gloo.find('\n', at) - at - key.size());
-    }
-    double gloo_gbps = 0;
-    const bool have_gloo = absl::SimpleAtod(gloo_rate, &gloo_gbps) && gloo_gbps > 0;
-    std::cout << absl::StrFormat("%6d MB %14.2f %14.2f %7.2fx %12s %12s %9s\n", mb, ours, plain, ours / plain,
-                                 iperf < 0 ? "-" : absl::StrFormat("%.2f", iperf), gloo_rate,
-                                 have_gloo ? absl::StrFormat("%.2fx", ours / gloo_gbps) : "-");
+      "tensor received and acknowledged); longhaul with %d connection(s), %d MiB chunks, CRC-32C; %d round(s), each "
+      "measuring every transport in turn: the median over the rounds, (the range)\n",
+      connections, chunk_mib, rounds);
+  for (size_t i = 0; i < sizes_mb.size(); ++i) {
+    const PerSize& m = per_size[i];
+    std::cout << absl::StrFormat("%5d MB  longhaul %s GB/s, socket %s GB/s: %s of the socket\n", sizes_mb[i],
+                                 m.ours.Show(2), m.plain.Show(2), m.ratio.Show(2, "x"));
+    std::cout << absl::StrFormat("          iperf3 %s GB/s, gloo %s GB/s: longhaul %s of gloo\n", m.iperf.Show(2),
+                                 m.gloo.Show(2), m.vs_gloo.Show(2, "x"));
   }
-  // The fixed cost of a tensor: its header, the thread hand-offs on both sides and the
-  // acknowledgement, beyond what a socket needs to carry 4 bytes and answer them.
-  const double ours_small = Longhaul(4, connections, chunk_mib), plain_small = PlainSocket(4);
   std::cout << absl::StrFormat(
-      "fixed cost: a one-element tensor sent, received and acknowledged in %.0f us (median of 50); a plain socket's 4 "
-      "bytes and 1-byte answer in %.0f us: %.0f us more per tensor\n",
-      ours_small * 1e6, plain_small * 1e6, (ours_small - plain_small) * 1e6);
-  const double ours_one_way = LonghaulPingPong(200), plain_one_way = PlainPingPong(200);
+      "fixed cost: a one-element tensor sent, received and acknowledged in %s us (median of 50); a plain socket's 4 "
+      "bytes and 1-byte answer in %s us: %s us more per tensor\n",
+      fixed_ours.Show(0), fixed_plain.Show(0), fixed_more.Show(0));
   std::cout << absl::StrFormat(
       "fixed cost one way: a one-element tensor bounced between two endpoints, each sending on what its mailbox "
-      "got, %.0f us per crossing (median of 200 half round trips); a plain socket's 4 bytes bounced, %.0f us: %.0f "
+      "got, %s us per crossing (median of 200 half round trips); a plain socket's 4 bytes bounced, %s us: %s "
       "us more per tensor\n",
-      ours_one_way * 1e6, plain_one_way * 1e6, (ours_one_way - plain_one_way) * 1e6);
+      one_way_ours.Show(0), one_way_plain.Show(0), one_way_more.Show(0));
   // The socket pair's two threads share one CPU; a tensor hops between threads on both sides, and a
   // hop to an idle CPU waits for it to wake: on a virtual machine whose idle CPUs halt at once, a
   // hypervisor's interrupt (20-35 us each in `perf sched timehist` here).
@@ -287,7 +326,7 @@ int main(int argc, char** argv) {
         ns == 0 ? ": each hand-off to a sleeping thread on the other CPU waits for the hypervisor to wake that CPU"
                 : "");
   }
-  if (gloo.empty()) std::cout << "gloo: skipped (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)\n";
+  if (!have_gloo) std::cout << "gloo: skipped (needs Debian's python3-torch: bash deploy/setup.sh --with-torch)\n";
   if (Run("command -v iperf3").empty()) std::cout << "iperf3: skipped (not installed: apt-get install iperf3)\n";
   return 0;
 }
