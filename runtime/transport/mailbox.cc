@@ -95,7 +95,12 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t plan_version, uin
     return absl::InvalidArgumentError(absl::StrFormat("%s: a part announces %d elements, an earlier one %d",
                                                       key.DebugString(), total, e.total));
   }
-  for (const auto& [o, p] : e.parts) {
+  // The parts held are disjoint: only the first at or after `offset` and the one before it can
+  // overlap [offset, offset + n), found in log time however many tiny parts a peer sent.
+  auto after = e.parts.lower_bound(offset);
+  for (auto it : {after, after == e.parts.begin() ? e.parts.end() : std::prev(after)}) {
+    if (it == e.parts.end()) continue;
+    const auto& [o, p] = *it;
     if (offset < o + p.elements && o < offset + n) {
       return absl::AlreadyExistsError(absl::StrFormat("%s: part [%d, +%d) overlaps part [%d, +%d), already %s",
                                                       key.DebugString(), offset, n, o, p.elements,

@@ -149,7 +149,23 @@ void TensorServer::AcceptLoop() {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
     std::lock_guard<std::mutex> lock(conns_mu_);
-    if (conns_.size() >= kMaxConnections) {
+    size_t serving = 0;
+    Connection* oldest_stranger = nullptr;  // still in its hello: not proved to hold the secret
+    for (Connection& c : conns_) {
+      if (c.done || c.evicted) continue;
+      ++serving;
+      if (oldest_stranger == nullptr && !c.proved) oldest_stranger = &c;
+    }
+    if (serving >= kMaxConnections && oldest_stranger != nullptr) {
+      // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
+      // for kHelloTimeout after kHelloTimeout; a peer of the job finishes its hello in a round
+      // trip, long before 512 newer connections could push it out.
+      oldest_stranger->evicted = true;
+      oldest_stranger->hello_wake.Wake();
+      Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
+                             "at once were taken",
+                             kMaxConnections));
+    } else if (serving >= kMaxConnections) {
       const absl::Status why = absl::ResourceExhaustedError(
           absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
       Refuse(std::string(why.message()));
@@ -177,8 +193,9 @@ void TensorServer::ReapFinished() {
 }
 
 void TensorServer::Serve(Connection* c) {
-  absl::Status s = ServeHello(c->fd);
+  absl::Status s = ServeHello(c->fd, c->hello_wake);
   if (s.ok()) {
+    c->proved = true;
     const std::string ok = AckFrame(absl::OkStatus());
     s = WriteAll(c->fd, ok.data(), ok.size(), After(kHelloTimeout), stop_);
   }
@@ -213,24 +230,24 @@ void TensorServer::Serve(Connection* c) {
   c->done = true;
 }
 
-absl::Status TensorServer::ServeHello(int fd) {
+absl::Status TensorServer::ServeHello(int fd, const WakeFd& wake) {
   const Deadline deadline = After(kHelloTimeout);
   char magic[4];
-  if (absl::Status s = ReadAll(fd, magic, 4, deadline, stop_); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, magic, 4, deadline, wake); !s.ok()) return s;
   if (std::memcmp(magic, kTensorMagic, 4) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a connection that does not speak longhaul's tensor protocol (first bytes %s); only longhaul workers send here",
         absl::CHexEscape(std::string(magic, 4))));
   }
-  auto version = ReadU32(fd, deadline, stop_);
+  auto version = ReadU32(fd, deadline, wake);
   if (!version.ok()) return version.status();
-  auto job_bytes = ReadU32(fd, deadline, stop_);
+  auto job_bytes = ReadU32(fd, deadline, wake);
   if (!job_bytes.ok()) return job_bytes.status();
   if (*job_bytes > kMaxJobIdBytes) {
     return absl::InvalidArgumentError(absl::StrFormat("a job id of %d bytes (at most %d)", *job_bytes, kMaxJobIdBytes));
   }
   std::string job(*job_bytes, '\0');
-  if (absl::Status s = ReadAll(fd, job.data(), job.size(), deadline, stop_); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, job.data(), job.size(), deadline, wake); !s.ok()) return s;
   if (job != job_id() || *version != kProtocolVersion) {
     return absl::FailedPreconditionError(
         absl::StrFormat("refused: the peer runs job '%s' with protocol version %d, this worker runs job '%s' with "
@@ -240,14 +257,14 @@ absl::Status TensorServer::ServeHello(int fd) {
   // Both sides prove they hold the job secret over both nonces (job_secret.h): the server's nonce
   // is fresh, so a recorded handshake replayed here proves nothing.
   std::string client_nonce(kNonceBytes, '\0');
-  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, stop_); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, wake); !s.ok()) return s;
   absl::StatusOr<std::string> server_nonce = RandomNonce();
   if (!server_nonce.ok()) return server_nonce.status();
   const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
                                 ReceiverProof(secret_, job, client_nonce, *server_nonce);
-  if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
+  if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, wake); !s.ok()) return s;
   std::string proof(kProofBytes, '\0');
-  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
+  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, wake); !s.ok()) {
     // A sender that finds this worker's proof wrong (it holds another secret) hangs up here.
     if (!absl::IsUnavailable(s)) return s;
     return absl::PermissionDeniedError(absl::StrFormat(
@@ -446,6 +463,7 @@ void TensorServer::Shutdown() {
   acceptor_.join();
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
+    for (Connection& c : conns_) c.hello_wake.Wake();
     for (Connection& c : conns_) c.thread.join();
     conns_.clear();
   }
@@ -464,7 +482,8 @@ struct OutPart {
   void Done(const absl::Status& s) { op->PartDone(s, written); }
 };
 
-// A part this small goes out from the caller's thread where the connection is idle.
+// A part this small goes out from the caller's thread where the connection's thread sleeps and
+// the socket takes it at once (PeerConnection::Enqueue).
 constexpr size_t kDirectWriteBytes = 16u << 10;
 
 class PeerConnection {
@@ -506,12 +525,12 @@ class PeerConnection {
       std::unique_lock<std::mutex> lock(mu_);
       // The thread sleeps, between tensors or waiting for acknowledgements, and no other caller
       // writes: a small part is written from the caller's thread at once where the socket's
-      // buffer is empty, sparing it the thread's wake-up (tens of microseconds on a virtual CPU,
-      // the larger share of a small tensor's cost). The thread then only reads the
+      // buffer has room for it whole, sparing it the thread's wake-up (tens of microseconds on a
+      // virtual CPU, the larger share of a small tensor's cost). The thread then only reads the
       // acknowledgement. A pipeline's next small tensor often leaves before the last one's
-      // acknowledgement is back.
+      // acknowledgement is back. The room is checked: a caller must never wait on the peer.
       if ((idle_ || polling_) && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
-          p.bytes <= kDirectWriteBytes && (idle_ || Unsent() == 0)) {
+          p.bytes <= kDirectWriteBytes && Fits(p.header.size() + p.bytes + 4)) {
         claimed_ = true;
         const int fd = fd_;
         lock.unlock();
@@ -767,27 +786,31 @@ class PeerConnection {
     }
   }
 
-  // Bytes written to the socket that its peer has not received yet (-1 where unknown).
-  int Unsent() const {
-    int n = -1;
-    return ioctl(fd_, SIOCOUTQ, &n) == 0 ? n : -1;
+  // Whether `bytes` more go into the socket's send buffer at once: nothing is waiting there for
+  // its peer to receive it, and the buffer takes twice the bytes (the kernel counts its own
+  // overhead against it).
+  bool Fits(size_t bytes) const {
+    int unsent = -1, buffer = 0;
+    socklen_t len = sizeof(buffer);
+    return ioctl(fd_, SIOCOUTQ, &unsent) == 0 && unsent == 0 &&
+           getsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buffer, &len) == 0 && static_cast<size_t>(buffer) >= 2 * bytes;
   }
 
   // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline. A
   // caller may claim the connection meanwhile to write a small part (Enqueue).
   void AwaitAcks() {
-    const Deadline deadline = awaiting_.front().deadline;
     const int fd = fd_;
     pollfd p[3] = {{fd, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
     SetPolling(true);
-    const int r = poll(p, 3, PollTimeoutMs(deadline));
+    const int r = poll(p, 3, PollTimeoutMs(awaiting_.front().deadline));
     SetPolling(false);
     kick_.Clear();
-    // A caller's write meanwhile broke or replaced the connection the poll saw.
+    // A caller's write meanwhile broke the connection the poll saw, or read the acknowledgements
+    // it waited for.
     if (fd != fd_ || awaiting_.empty()) return;
     if (r > 0 && p[0].revents != 0) {
       if (absl::Status s = PumpAcks(); !s.ok()) Broken(s);
-    } else if (r == 0 && std::chrono::steady_clock::now() >= deadline) {
+    } else if (r == 0 && std::chrono::steady_clock::now() >= awaiting_.front().deadline) {
       Broken(absl::DeadlineExceededError(absl::StrFormat("no acknowledgement within %.1f s",
                                                          std::chrono::duration<double>(opt_.timeout).count())));
     }

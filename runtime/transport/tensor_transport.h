@@ -119,7 +119,8 @@ class AnyTensorUpTo : public TensorAdmission {
   uint64_t max_;
 };
 
-// Receives tensors into a Mailbox: one thread accepts, one thread serves each connection.
+// Receives tensors into a Mailbox: one thread accepts, one thread serves each connection, 512 at
+// most; when all are taken, a new connection takes the place of the oldest still in its hello.
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
@@ -154,13 +155,16 @@ class TensorServer {
     int fd = -1;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<bool> proved{false};  // the peer proved it holds the job secret
+    bool evicted = false;             // under conns_mu_: woken out of its hello for a newer connection
+    WakeFd hello_wake;                // ends the hello's reads and writes (eviction, Shutdown)
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret);
   void AcceptLoop();
+  // The hello, then parts until the peer closes or a part is refused.
   void Serve(Connection* c);
-  // The hello and the secret's proofs, checked; then parts until the peer closes or a part is
-  // refused.
-  absl::Status ServeHello(int fd);
+  // The hello and the secret's proofs, checked, until `wake` (or kHelloTimeout).
+  absl::Status ServeHello(int fd, const WakeFd& wake);
   // `sender` becomes the (stage, replica) of an admitted tensor's header.
   absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.
@@ -227,8 +231,9 @@ class SendOp {
 
 // Sends tensors to one peer over transport.connections connections, each with its own thread
 // that connects (waiting for a peer still starting up, until the send's deadline), writes parts in
-// order and reads their acknowledgements; where that thread is idle, a part of at most 16 KiB is
-// written by the caller itself and the thread only reads its acknowledgement. Wait for every
+// order and reads their acknowledgements; where that thread sleeps (between tensors or waiting for
+// acknowledgements) and the socket takes it at once, a part of at most 16 KiB is written by the
+// caller itself and the thread only reads its acknowledgement. Wait for every
 // SendOp before destroying the client.
 class TensorClient {
  public:

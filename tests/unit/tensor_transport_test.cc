@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -249,6 +250,56 @@ JobSecret TestSecret(const std::string& name) {
 // recorded handshake replayed byte for byte are refused before anything is read past the hello,
 // and the receiver holds no memory for them; a sender finds out, before sending a byte of tensor,
 // that a receiver without the secret is no peer of its job.
+// A stranger that opens as many connections as a server serves at once and never says hello does
+// not keep the job's peers out: the oldest connection still in its hello gives way to each newer
+// one.
+TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
+  constexpr int kStrangers = 512;  // the server's limit
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < 4 * kStrangers) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4 * kStrangers);
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (files.rlim_cur < 4 * kStrangers) {
+    GTEST_SKIP() << "needs " << 4 * kStrangers << " open files (ulimit -n), allowed " << files.rlim_cur;
+  }
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto [host, port] = *SplitHostPort((*server)->address());
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &at.sin_addr);
+  std::vector<int> strangers;
+  for (int i = 0; i < kStrangers; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0) << strerror(errno);
+    strangers.push_back(fd);
+  }
+  // Every stranger's connection is served before the peer's comes.
+  for (int i = 0; i < 500 && (*server)->refused() == 0; ++i) {
+    int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_EQ(connect(probe, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0) << strerror(errno);
+    strangers.push_back(probe);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE((*server)->refused(), 1) << "the server never reached its limit";
+  std::cout << "at the limit: " << (*server)->last_refusal() << "\n";
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(5);
+  const std::vector<float> x = Ramp(100);
+  const absl::Status s = TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  EXPECT_NE((*server)->last_refusal().find("gave way to a newer one"), std::string::npos) << (*server)->last_refusal();
+  for (int fd : strangers) close(fd);
+}
+
 TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   const JobSecret secret = TestSecret("a"), other = TestSecret("b");
   Mailbox box;
@@ -639,6 +690,41 @@ TEST(Mailbox, TheLastIterationIsOutsideAWindowFromMinusOne) {
   EXPECT_TRUE(box.BeginPart({proto::ACTIVATION, 0, 0, 1, 0, 0}, 1, 10, 0, 10).ok());
 }
 
+// A part is refused exactly where it overlaps one reserved before (checked against every part,
+// one by one, over random parts of one tensor), and 100000 one-element parts of one tensor are
+// reserved (a scan over the parts already there made that 5·10^9 comparisons).
+TEST(Mailbox, APartIsRefusedExactlyWhereItOverlapsAnother) {
+  Mailbox box;
+  const TensorKey key{proto::GRADIENT, 0, 0, 1, 0, 0};
+  constexpr uint64_t kTotal = 1000;
+  std::vector<std::pair<uint64_t, uint64_t>> taken;  // [offset, offset + n)
+  uint64_t state = 12345;
+  auto next = [&](uint64_t bound) {
+    state = state * 6364136223846793005u + 1442695040888963407u;
+    return (state >> 33) % bound;
+  };
+  int accepted = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const uint64_t offset = next(kTotal), n = 1 + next(std::min<uint64_t>(40, kTotal - offset));
+    const bool overlaps = std::any_of(taken.begin(), taken.end(),
+                                      [&](const auto& t) { return offset < t.second && t.first < offset + n; });
+    const absl::Status s = box.BeginPart(key, 1, kTotal, offset, n);
+    ASSERT_EQ(s.ok(), !overlaps) << "[" << offset << ", +" << n << "): " << s;
+    if (overlaps) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+    } else {
+      taken.emplace_back(offset, offset + n);
+      ++accepted;
+    }
+  }
+  EXPECT_GT(accepted, 20);
+
+  const TensorKey many{proto::GRADIENT, 0, 0, 1, 0, 1};
+  constexpr uint64_t kParts = 100000;
+  for (uint64_t i = 0; i < kParts; ++i) ASSERT_TRUE(box.BeginPart(many, 1, kParts, i, 1).ok()) << i;
+  EXPECT_EQ(box.BeginPart(many, 1, kParts, kParts / 2, 1).code(), absl::StatusCode::kAlreadyExists);
+}
+
 TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   proto::TensorHeader fat = Crafted(5, 10, 0, 10);
   for (int i = 0; i < 5000; ++i) fat.add_shape(i);
@@ -951,6 +1037,7 @@ TEST(TensorTransport, SmallAndLargeTensorsInterleavedArriveWhole) {
   ASSERT_TRUE(server.ok()) << server.status();
   TransportOptions opt;
   opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);  // a part lost between the threads fails within it
   TensorClient client((*server)->address(), opt);
   const std::vector<float> x = Ramp(6000);  // 24 KB: above the caller's 16 KiB
   const size_t sizes[] = {1, 100, 6000, 3};
