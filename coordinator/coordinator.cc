@@ -569,6 +569,7 @@ class Service final : public proto::Coordinator::Service {
       if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
       path = fs::path(cfg_.train.out_dir) / "checkpoints" / req->piece() / CheckpointName(req->step()) / req->file();
     }
+    std::lock_guard<std::mutex> lock(files_mu_);
     return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
   }
 
@@ -588,6 +589,7 @@ class Service final : public proto::Coordinator::Service {
                                           req->file_bytes(), kMaxTimelineBytes));
     }
     if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
+    std::lock_guard<std::mutex> lock(files_mu_);
     return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
   }
 
@@ -701,9 +703,10 @@ class Service final : public proto::Coordinator::Service {
     return answers;
   }
 
-  // Held until the worker goes (its process's connection closes: the call is cancelled) or the job
-  // ends, carrying each new plan version; a worker of the job whose lifeline closes is cut off
-  // (Membership::CutOff).
+  // Held until the worker goes (its process's connection closes: the call is cancelled), the job
+  // ends or the worker holds a newer one, carrying each new plan version; a worker of the job
+  // whose lifeline closes is cut off (Membership::CutOff). One call per worker: each holds one of
+  // the server's threads.
   grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest* req,
                         grpc::ServerWriter<proto::LifelineNews>* news) override {
     if (grpc::Status st = verifier_.Check(*ctx, "Lifeline", *req); !st.ok()) return st;
@@ -714,6 +717,7 @@ class Service final : public proto::Coordinator::Service {
     // A worker holds its lifeline again at once: the call it replaces may notice its own end only
     // after this one began, and must not cut the worker off then.
     const uint64_t call = ++lifeline_calls_[id];
+    cv_.notify_all();  // the call this one replaces ends
     // Whether this coordinator reaches the worker's tensor port at all (ProbeGone).
     if (!members_.reachable(id) && DialWorkers(lock, {id}, std::chrono::seconds(1))[id] == PortAnswer::kListening &&
         members_.Check(id).ok()) {
@@ -721,7 +725,8 @@ class Service final : public proto::Coordinator::Service {
     }
     uint64_t told = plan_.version();
     std::optional<uint64_t> told_members;  // members_.changes() when last told
-    while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok()) {
+    while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok() &&
+           lifeline_calls_[id] == call) {
       if (plan_.version() > told || told_members != members_.changes()) {
         told = plan_.version();
         told_members = members_.changes();
@@ -741,7 +746,11 @@ class Service final : public proto::Coordinator::Service {
       // A closed lifeline is noticed here only: its delay is part of every failure's detection.
       cv_.wait_for(lock, kLifelinePoll);
     }
-    if (ctx->IsCancelled() && members_.Check(id).ok() && lifeline_calls_[id] == call) {
+    if (lifeline_calls_[id] != call) {
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          absl::StrFormat("a newer lifeline of worker %d began: it holds one at a time", id));
+    }
+    if (ctx->IsCancelled() && members_.Check(id).ok()) {
       members_.CutOff(id, Clock::now());
       cv_.notify_all();
       ProbeGone(lock, {id});
@@ -1314,13 +1323,24 @@ class Service final : public proto::Coordinator::Service {
   // (`replace`: lost -> the spare in its place), or starts it again (MaybeRestart); `change` says
   // how, for the log. The recoveries it answers record the new version and the rollback.
   void Adopt(proto::Plan next, int64_t reached, const std::string& change, const std::map<int, int>& replace) {
-    plan_ = std::move(next);
-    if (BlocksPerStage(plan_) != cfg_.Cut()) {  // a pipeline cut anew: the plan's config has its cut
-      absl::StatusOr<JobConfig> recut = ParseJobConfig(plan_.config_toml(), "the re-cut plan's job config");
-      if (!recut.ok()) {
-        Abort(std::string(recut.status().message()));
+    // What can fail comes first: a job stopped here keeps the plan its workers run.
+    std::optional<JobConfig> recut;
+    if (BlocksPerStage(next) != cfg_.Cut()) {  // a pipeline cut anew: the plan's config has its cut
+      absl::StatusOr<JobConfig> parsed = ParseJobConfig(next.config_toml(), "the re-cut plan's job config");
+      if (!parsed.ok()) {
+        Abort(std::string(parsed.status().message()));
         return;
       }
+      recut = *std::move(parsed);
+    }
+    absl::Status rewound = samples_.Rewind(start_);
+    if (rewound.ok()) rewound = log_.Rewind(start_);
+    if (!rewound.ok()) {
+      Abort(std::string(rewound.message()));
+      return;
+    }
+    plan_ = std::move(next);
+    if (recut) {
       cfg_ = *std::move(recut);
       recut_ = true;
       stragglers_.Restart();
@@ -1330,10 +1350,6 @@ class Service final : public proto::Coordinator::Service {
       worker_of_slot_[a.replica() * plan_.stages() + a.stage()] = a.worker_id();
     iterations_.erase(iterations_.lower_bound(start_), iterations_.end());
     completed_through_ = std::min(completed_through_, start_ - 1);
-    if (absl::Status st = samples_.Rewind(start_); !st.ok()) {
-      Abort(std::string(st.message()));
-      return;
-    }
     checkpointed_.erase(checkpointed_.upper_bound(start_), checkpointed_.end());
     first_crc_.clear();
     crcs_in_.clear();
@@ -1341,10 +1357,6 @@ class Service final : public proto::Coordinator::Service {
     ready_.clear();
     last_recorded_ = false;
     job_metrics_.SetPlan(plan_, members_.registrations());
-    if (absl::Status st = log_.Rewind(start_); !st.ok()) {
-      Abort(std::string(st.message()));
-      return;
-    }
     std::cout << absl::StrFormat("coordinator: plan v%d: %s; every worker goes back to step %d (%s) and redoes %d "
                                  "iterations\n",
                                  plan_.version(), change, start_,
@@ -1662,6 +1674,9 @@ class Service final : public proto::Coordinator::Service {
   uint64_t version_post_ = 0;      // the number of that version's first post (WriteJobState)
   bool state_closed_ = false;      // the job ended: its state file is gone for good
   std::mutex mu_;
+  // Held while a shipped part is written (ReceivePart): two parts at one offset of one file (a
+  // call and its retry) would both find the file that long and both append.
+  std::mutex files_mu_;
   std::condition_variable cv_;
   Membership members_;
   proto::Plan plan_;

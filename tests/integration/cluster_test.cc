@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -739,6 +740,30 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   auto coordinator = proto::Coordinator::NewStub(*channel);
   proto::Empty empty;
   {
+    // Two lifelines held for worker 0 beside its own, which begins again after each: every one ends
+    // as aborted once a newer one begins (at the job's end it would end as OK), so that calls
+    // cannot pile up on the coordinator's threads; none was cancelled, so worker 0 stays.
+    grpc::ClientContext first_ctx, second_ctx;
+    first_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    second_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    proto::LifelineRequest req;
+    req.set_worker_id(0);
+    auto first = coordinator->Lifeline(&first_ctx, req);
+    proto::LifelineNews news;
+    ASSERT_TRUE(first->Read(&news)) << "no plan version on a lifeline";
+    while (first->Read(&news)) {
+    }
+    const grpc::Status ended = first->Finish();
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::ABORTED) << ended.error_message();
+    EXPECT_NE(ended.error_message().find("a newer lifeline"), std::string::npos) << ended.error_message();
+    std::cout << "an older lifeline: " << ended.error_message() << "\n";
+    auto second = coordinator->Lifeline(&second_ctx, req);
+    while (second->Read(&news)) {
+    }
+    const grpc::Status second_ended = second->Finish();
+    EXPECT_EQ(second_ended.error_code(), grpc::StatusCode::ABORTED) << second_ended.error_message();
+  }
+  {
     grpc::ClientContext ctx;
     proto::DoneReport done;
     done.set_worker_id(1000);
@@ -948,6 +973,32 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     c.set_worker_id(77);
     ship("a timeline of worker 77", c, grpc::StatusCode::NOT_FOUND);
     refuse_bad_parts("timeline", chunk, ship);
+    // A file's second part, of 1 MiB, shipped eight times at once (a call and its retries): one is
+    // written, the others are refused, and the file holds each byte once.
+    for (int trial = 0; trial < 10; ++trial) {
+      proto::TimelineChunk first = chunk, second = chunk;
+      const std::string spaces(1 << 20, ' ');
+      first.set_file_bytes(2 + spaces.size());
+      first.set_data("{}");
+      second.set_file_bytes(2 + spaces.size());
+      second.set_offset(2);
+      second.set_data(spaces);
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(coordinator->ShipTimeline(&ctx, first, &empty).ok());
+      std::atomic<int> written{0};
+      std::vector<std::thread> retries;
+      for (int i = 0; i < 8; ++i) {
+        retries.emplace_back([&] {
+          grpc::ClientContext ctx;
+          proto::Empty none;
+          if (coordinator->ShipTimeline(&ctx, second, &none).ok()) ++written;
+        });
+      }
+      for (std::thread& t : retries) t.join();
+      EXPECT_EQ(written.load(), 1) << "trial " << trial;
+      std::ifstream f(out / "timeline" / "worker_0.json", std::ios::binary);
+      EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), "{}" + spaces) << "trial " << trial;
+    }
     EXPECT_FALSE(fs::exists(out / "timeline" / "worker_0.json.part")) << "a refused part was written";
   }
   {
