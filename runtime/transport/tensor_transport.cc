@@ -786,14 +786,15 @@ class PeerConnection {
     }
   }
 
-  // Whether `bytes` more go into the socket's send buffer at once: nothing is waiting there for
-  // its peer to receive it, and the buffer takes twice the bytes (the kernel counts its own
-  // overhead against it).
+  // Whether `bytes` more go into the socket's send buffer at once: the buffer takes twice what it
+  // holds (bytes its peer has yet to acknowledge) and these (the kernel counts its own overhead
+  // against it).
   bool Fits(size_t bytes) const {
-    int unsent = -1, buffer = 0;
+    int held = -1, buffer = 0;
     socklen_t len = sizeof(buffer);
-    return ioctl(fd_, SIOCOUTQ, &unsent) == 0 && unsent == 0 &&
-           getsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buffer, &len) == 0 && static_cast<size_t>(buffer) >= 2 * bytes;
+    return ioctl(fd_, SIOCOUTQ, &held) == 0 && held >= 0 &&
+           getsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buffer, &len) == 0 &&
+           2 * (static_cast<size_t>(held) + bytes) <= static_cast<size_t>(buffer);
   }
 
   // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline. A
