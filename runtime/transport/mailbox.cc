@@ -154,7 +154,8 @@ void Mailbox::Put(const TensorKey& key, std::vector<float> tensor) {
   Entry& e = entries_[key];
   RecycleLocked(std::move(e.data));
   const uint64_t n = tensor.size();
-  e = Entry{n, std::move(tensor), {{0, {n, true}}}, n, false};
+  e = Entry{n, std::move(tensor), {}, n, false};
+  if (n > 0) e.parts[0] = {n, true};  // an empty part would hide its neighbours from BeginPart
   cv_.notify_all();
 }
 

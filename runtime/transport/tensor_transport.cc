@@ -2,9 +2,8 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <linux/sockios.h>
+#include <linux/sock_diag.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -150,18 +149,18 @@ void TensorServer::AcceptLoop() {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
     std::lock_guard<std::mutex> lock(conns_mu_);
     size_t serving = 0;
-    Connection* oldest_stranger = nullptr;  // still in its hello: not proved to hold the secret
-    for (Connection& c : conns_) {
-      if (c.done || c.evicted) continue;
-      ++serving;
-      if (oldest_stranger == nullptr && !c.proved) oldest_stranger = &c;
+    for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
+    // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
+    // for kHelloTimeout after kHelloTimeout; a peer of the job finishes its hello in a round trip,
+    // long before 512 newer connections could push it out. The oldest still in its hello gives way.
+    bool evicted = false;
+    for (auto c = conns_.begin(); serving >= kMaxConnections && !evicted && c != conns_.end(); ++c) {
+      std::lock_guard<std::mutex> fd_lock(c->fd_mu);
+      int in_hello = Connection::kInHello;
+      evicted = c->hello.compare_exchange_strong(in_hello, Connection::kEvicted);
+      if (evicted) shutdown(c->fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
     }
-    if (serving >= kMaxConnections && oldest_stranger != nullptr) {
-      // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
-      // for kHelloTimeout after kHelloTimeout; a peer of the job finishes its hello in a round
-      // trip, long before 512 newer connections could push it out.
-      oldest_stranger->evicted = true;
-      oldest_stranger->hello_wake.Wake();
+    if (evicted) {
       Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
                              "at once were taken",
                              kMaxConnections));
@@ -193,9 +192,16 @@ void TensorServer::ReapFinished() {
 }
 
 void TensorServer::Serve(Connection* c) {
-  absl::Status s = ServeHello(c->fd, c->hello_wake);
+  absl::Status s = ServeHello(c->fd);
+  int in_hello = Connection::kInHello;
+  if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
+    // Evicted (AcceptLoop): the socket was shut down under fd_mu, which this close waits for.
+    std::lock_guard<std::mutex> fd_lock(c->fd_mu);
+    close(c->fd);
+    c->done = true;
+    return;
+  }
   if (s.ok()) {
-    c->proved = true;
     const std::string ok = AckFrame(absl::OkStatus());
     s = WriteAll(c->fd, ok.data(), ok.size(), After(kHelloTimeout), stop_);
   }
@@ -230,24 +236,24 @@ void TensorServer::Serve(Connection* c) {
   c->done = true;
 }
 
-absl::Status TensorServer::ServeHello(int fd, const WakeFd& wake) {
+absl::Status TensorServer::ServeHello(int fd) {
   const Deadline deadline = After(kHelloTimeout);
   char magic[4];
-  if (absl::Status s = ReadAll(fd, magic, 4, deadline, wake); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, magic, 4, deadline, stop_); !s.ok()) return s;
   if (std::memcmp(magic, kTensorMagic, 4) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a connection that does not speak longhaul's tensor protocol (first bytes %s); only longhaul workers send here",
         absl::CHexEscape(std::string(magic, 4))));
   }
-  auto version = ReadU32(fd, deadline, wake);
+  auto version = ReadU32(fd, deadline, stop_);
   if (!version.ok()) return version.status();
-  auto job_bytes = ReadU32(fd, deadline, wake);
+  auto job_bytes = ReadU32(fd, deadline, stop_);
   if (!job_bytes.ok()) return job_bytes.status();
   if (*job_bytes > kMaxJobIdBytes) {
     return absl::InvalidArgumentError(absl::StrFormat("a job id of %d bytes (at most %d)", *job_bytes, kMaxJobIdBytes));
   }
   std::string job(*job_bytes, '\0');
-  if (absl::Status s = ReadAll(fd, job.data(), job.size(), deadline, wake); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, job.data(), job.size(), deadline, stop_); !s.ok()) return s;
   if (job != job_id() || *version != kProtocolVersion) {
     return absl::FailedPreconditionError(
         absl::StrFormat("refused: the peer runs job '%s' with protocol version %d, this worker runs job '%s' with "
@@ -257,14 +263,14 @@ absl::Status TensorServer::ServeHello(int fd, const WakeFd& wake) {
   // Both sides prove they hold the job secret over both nonces (job_secret.h): the server's nonce
   // is fresh, so a recorded handshake replayed here proves nothing.
   std::string client_nonce(kNonceBytes, '\0');
-  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, wake); !s.ok()) return s;
+  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, stop_); !s.ok()) return s;
   absl::StatusOr<std::string> server_nonce = RandomNonce();
   if (!server_nonce.ok()) return server_nonce.status();
   const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
                                 ReceiverProof(secret_, job, client_nonce, *server_nonce);
-  if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, wake); !s.ok()) return s;
+  if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
   std::string proof(kProofBytes, '\0');
-  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, wake); !s.ok()) {
+  if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
     // A sender that finds this worker's proof wrong (it holds another secret) hangs up here.
     if (!absl::IsUnavailable(s)) return s;
     return absl::PermissionDeniedError(absl::StrFormat(
@@ -463,7 +469,6 @@ void TensorServer::Shutdown() {
   acceptor_.join();
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
-    for (Connection& c : conns_) c.hello_wake.Wake();
     for (Connection& c : conns_) c.thread.join();
     conns_.clear();
   }
@@ -786,24 +791,22 @@ class PeerConnection {
     }
   }
 
-  // Whether `bytes` more go into the socket's send buffer at once: the buffer takes twice what it
-  // holds (bytes its peer has yet to acknowledge) and these (the kernel counts its own overhead
-  // against it).
+  // Whether `bytes` more go into the socket's send buffer at once: what the buffer holds, as the
+  // kernel counts it (packets' overhead included), leaves room for twice the bytes and a page.
   bool Fits(size_t bytes) const {
-    int held = -1, buffer = 0;
-    socklen_t len = sizeof(buffer);
-    return ioctl(fd_, SIOCOUTQ, &held) == 0 && held >= 0 &&
-           getsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buffer, &len) == 0 &&
-           2 * (static_cast<size_t>(held) + bytes) <= static_cast<size_t>(buffer);
+    uint32_t memory[SK_MEMINFO_VARS] = {};
+    socklen_t len = sizeof(memory);
+    return getsockopt(fd_, SOL_SOCKET, SO_MEMINFO, memory, &len) == 0 && len == sizeof(memory) &&
+           memory[SK_MEMINFO_WMEM_QUEUED] + 2 * bytes + 4096 <= memory[SK_MEMINFO_SNDBUF];
   }
 
   // Waits for acknowledgements, new parts or cancellation, until the oldest part's deadline. A
   // caller may claim the connection meanwhile to write a small part (Enqueue).
   void AwaitAcks() {
-    const int fd = fd_;
+    const int fd = fd_, timeout = PollTimeoutMs(awaiting_.front().deadline);
     pollfd p[3] = {{fd, POLLIN, 0}, {kick_.fd(), POLLIN, 0}, {cancel_.fd(), POLLIN, 0}};
-    SetPolling(true);
-    const int r = poll(p, 3, PollTimeoutMs(awaiting_.front().deadline));
+    SetPolling(true);  // from here until SetPolling(false) a caller may change awaiting_
+    const int r = poll(p, 3, timeout);
     SetPolling(false);
     kick_.Clear();
     // A caller's write meanwhile broke the connection the poll saw, or read the acknowledgements

@@ -155,16 +155,17 @@ class TensorServer {
     int fd = -1;
     std::thread thread;
     std::atomic<bool> done{false};
-    std::atomic<bool> proved{false};  // the peer proved it holds the job secret
-    bool evicted = false;             // under conns_mu_: woken out of its hello for a newer connection
-    WakeFd hello_wake;                // ends the hello's reads and writes (eviction, Shutdown)
+    // Where the hello stands: its end (proved or not) and an eviction (AcceptLoop) race for it.
+    enum HelloState { kInHello, kProved, kEnded, kEvicted };
+    std::atomic<int> hello{kInHello};
+    std::mutex fd_mu;  // an eviction shuts the socket down under it, so it is not closed meanwhile
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret);
   void AcceptLoop();
   // The hello, then parts until the peer closes or a part is refused.
   void Serve(Connection* c);
-  // The hello and the secret's proofs, checked, until `wake` (or kHelloTimeout).
-  absl::Status ServeHello(int fd, const WakeFd& wake);
+  // The hello and the secret's proofs, checked, within kHelloTimeout.
+  absl::Status ServeHello(int fd);
   // `sender` becomes the (stage, replica) of an admitted tensor's header.
   absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.

@@ -817,6 +817,14 @@ std::string OkAck() {
   return Framed(ok);
 }
 
+std::string RefusalAck(absl::StatusCode code, const std::string& error) {
+  proto::TensorAck refusal;
+  refusal.set_ok(false);
+  refusal.set_code(static_cast<int32_t>(code));
+  refusal.set_error(error);
+  return Framed(refusal);
+}
+
 // What a fake receiver reads after the hello: the sender's proof, acknowledged, then parts, each
 // answered once whole (its header's length, the header, its fp32 bytes and checksum) with
 // ack_for(its number, from 1).
@@ -979,11 +987,8 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
   const std::vector<float> x = Ramp(1000);
   std::string after_hello;
   std::mutex mu;
-  proto::TensorAck refusal;
-  refusal.set_ok(false);
-  refusal.set_code(static_cast<int32_t>(absl::StatusCode::kPermissionDenied));
-  refusal.set_error("refused: the peer does not hold this job's secret");
-  const std::string refusal_frame = Framed(refusal);
+  const std::string refusal_frame =
+      RefusalAck(absl::StatusCode::kPermissionDenied, "refused: the peer does not hold this job's secret");
   {
     // It proves itself, then says nothing until the part's bytes are in: the proof's
     // acknowledgement comes only then, and it is a refusal.
@@ -1010,11 +1015,7 @@ TEST(TensorTransport, APartSentWhileAnEarlierAwaitsItsAcknowledgementGetsItsOwn)
   opt.job_id = "jobA";
   opt.timeout = std::chrono::seconds(10);
   const std::vector<float> x = Ramp(10);
-  proto::TensorAck refusal;
-  refusal.set_ok(false);
-  refusal.set_code(static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
-  refusal.set_error("part 2 is refused");
-  const std::string refusal_frame = Framed(refusal);
+  const std::string refusal_frame = RefusalAck(absl::StatusCode::kInvalidArgument, "part 2 is refused");
   PartReceiver receiver([&](int part) { return part == 1 ? "" : part == 2 ? OkAck() + refusal_frame : OkAck(); });
   TensorClient client(receiver.address(), opt);
   std::shared_ptr<SendOp> first = client.Send(Header(proto::ACTIVATION, 0), x.data(), x.size());
