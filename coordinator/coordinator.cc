@@ -118,6 +118,10 @@ grpc::Status CheckPart(uint64_t file_bytes, uint64_t offset, uint64_t bytes) {
 // Appends a checked part (CheckPart) to `path`.part, which holds the parts before it, and renames
 // it to `path` with the last one.
 grpc::Status ReceivePart(const fs::path& path, uint64_t file_bytes, uint64_t offset, const std::string& data) {
+  // One part at a time: two at one offset of one file (a call and its retry) would both find the
+  // file that long and both append.
+  static std::mutex writing;
+  std::lock_guard<std::mutex> lock(writing);
   const fs::path part = path.string() + ".part";
   std::error_code ec;
   if (offset == 0) {
@@ -569,7 +573,6 @@ class Service final : public proto::Coordinator::Service {
       if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
       path = fs::path(cfg_.train.out_dir) / "checkpoints" / req->piece() / CheckpointName(req->step()) / req->file();
     }
-    std::lock_guard<std::mutex> lock(files_mu_);
     return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
   }
 
@@ -589,7 +592,6 @@ class Service final : public proto::Coordinator::Service {
                                           req->file_bytes(), kMaxTimelineBytes));
     }
     if (grpc::Status st = CheckPart(req->file_bytes(), req->offset(), req->data().size()); !st.ok()) return st;
-    std::lock_guard<std::mutex> lock(files_mu_);
     return ReceivePart(path, req->file_bytes(), req->offset(), req->data());
   }
 
@@ -1674,9 +1676,6 @@ class Service final : public proto::Coordinator::Service {
   uint64_t version_post_ = 0;      // the number of that version's first post (WriteJobState)
   bool state_closed_ = false;      // the job ended: its state file is gone for good
   std::mutex mu_;
-  // Held while a shipped part is written (ReceivePart): two parts at one offset of one file (a
-  // call and its retry) would both find the file that long and both append.
-  std::mutex files_mu_;
   std::condition_variable cv_;
   Membership members_;
   proto::Plan plan_;

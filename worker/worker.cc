@@ -926,16 +926,15 @@ absl::Status Worker::Run() {
     if (trace.ok()) {
       done.set_timeline_bytes(trace->bytes);
       done.set_timeline_crc32c(trace->crc32c);
-      if (shares_run_dir_) {
-        // Written where the coordinator looks for it already.
-      } else if (const absl::Status shipped = ShipTimelineFile(client_, *trace); shipped.ok()) {
-        if (clock.error_us() > 0) {
+      // A worker that shares the run directory wrote it where the coordinator looks for it.
+      if (!shares_run_dir_) {
+        if (const absl::Status shipped = ShipTimelineFile(client_, *trace); !shipped.ok()) {
+          std::cout << absl::StrFormat("%s timeline not shipped (%s); it is at %s\n", Who(), shipped.message(),
+                                       trace->path);
+        } else if (clock.error_us() > 0) {
           std::cout << absl::StrFormat("%s timeline shipped to the coordinator, on its clock within %.1f ms\n", Who(),
                                        clock.error_us() / 1e3);
         }
-      } else {
-        std::cout << absl::StrFormat("%s timeline not shipped (%s); it is at %s\n", Who(), shipped.message(),
-                                     trace->path);
       }
     }
   }

@@ -542,7 +542,7 @@ class PeerConnection {
         Send(std::move(p));
         lock.lock();
         claimed_ = false;
-        // The thread polls the connection it saw: this write replaced or broke it.
+        // The thread polls the connection it saw: this write broke it.
         if (polling_ && fd_ != fd) kick_.Wake();
       } else {
         queue_.push_back(std::move(p));
