@@ -268,6 +268,7 @@ TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
   ASSERT_TRUE(server.ok()) << server.status();
+  const int64_t rss = testing::ResidentBytes();
   const auto [host, port] = *SplitHostPort((*server)->address());
   sockaddr_in at{};
   at.sin_family = AF_INET;
@@ -297,6 +298,11 @@ TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
   EXPECT_NE((*server)->last_refusal().find("gave way to a newer one"), std::string::npos) << (*server)->last_refusal();
+  // A connection in its hello holds a thread and nothing sized by what a stranger says.
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "with " << strangers.size() << " silent connections: resident memory grew by " << grew / 1024
+            << " KiB\n";
+  EXPECT_LT(grew, 64 << 20);
   for (int fd : strangers) close(fd);
 }
 
