@@ -1,12 +1,14 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <map>
@@ -118,10 +120,10 @@ grpc::Status CheckPart(uint64_t file_bytes, uint64_t offset, uint64_t bytes) {
 // Appends a checked part (CheckPart) to `path`.part, which holds the parts before it, and renames
 // it to `path` with the last one.
 grpc::Status ReceivePart(const fs::path& path, uint64_t file_bytes, uint64_t offset, const std::string& data) {
-  // One part at a time: two at one offset of one file (a call and its retry) would both find the
-  // file that long and both append.
-  static std::mutex writing;
-  std::lock_guard<std::mutex> lock(writing);
+  // One part of a file at a time: two at one offset (a call and its retry) would both find the
+  // file that long and both append. Other files' parts, most of them, go on meanwhile.
+  static std::array<std::mutex, 64> writing;
+  std::lock_guard<std::mutex> lock(writing[std::hash<std::string>{}(path.string()) % writing.size()]);
   const fs::path part = path.string() + ".part";
   std::error_code ec;
   if (offset == 0) {

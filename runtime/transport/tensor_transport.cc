@@ -11,9 +11,12 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <iostream>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -147,19 +150,17 @@ void TensorServer::AcceptLoop() {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    sockaddr_in peer{};
+    socklen_t peer_len = sizeof(peer);
+    getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len);
     std::lock_guard<std::mutex> lock(conns_mu_);
     size_t serving = 0;
     for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
     // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
-    // for kHelloTimeout after kHelloTimeout; a peer of the job finishes its hello in a round trip,
-    // long before 512 newer connections could push it out. The oldest still in its hello gives way.
-    bool evicted = false;
-    for (auto c = conns_.begin(); serving >= kMaxConnections && !evicted && c != conns_.end(); ++c) {
-      std::lock_guard<std::mutex> fd_lock(c->fd_mu);
-      int in_hello = Connection::kInHello;
-      evicted = c->hello.compare_exchange_strong(in_hello, Connection::kEvicted);
-      if (evicted) shutdown(c->fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
-    }
+    // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: the oldest
+    // of the address that holds the most of them, so that a flood from one address pushes out its
+    // own, not a far peer of the job whose hello takes a round trip.
+    const bool evicted = serving >= kMaxConnections && EvictOneInHello();
     if (evicted) {
       Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
                              "at once were taken",
@@ -175,8 +176,32 @@ void TensorServer::AcceptLoop() {
     }
     Connection& c = conns_.emplace_back();
     c.fd = fd;
+    c.peer_ip = peer.sin_addr.s_addr;
     c.thread = std::thread([this, &c] { Serve(&c); });
   }
+}
+
+bool TensorServer::EvictOneInHello() {
+  std::unordered_map<uint32_t, int> in_hello_from;
+  for (const Connection& c : conns_) in_hello_from[c.peer_ip] += !c.done && c.hello == Connection::kInHello;
+  std::vector<std::pair<int, uint32_t>> most_first;  // (connections in their hello, address)
+  for (const auto& [ip, n] : in_hello_from) {
+    if (n > 0) most_first.emplace_back(n, ip);
+  }
+  std::sort(most_first.begin(), most_first.end(), std::greater<>());
+  // Another address's turn only where each of this one's ended its hello meanwhile.
+  for (const auto& [n, ip] : most_first) {
+    for (Connection& c : conns_) {
+      if (c.peer_ip != ip) continue;
+      std::lock_guard<std::mutex> fd_lock(c.fd_mu);
+      int in_hello = Connection::kInHello;
+      if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {
+        shutdown(c.fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 void TensorServer::ReapFinished() {

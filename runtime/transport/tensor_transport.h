@@ -120,7 +120,8 @@ class AnyTensorUpTo : public TensorAdmission {
 };
 
 // Receives tensors into a Mailbox: one thread accepts, one thread serves each connection, 512 at
-// most; when all are taken, a new connection takes the place of the oldest still in its hello.
+// most; when all are taken, a new connection takes the place of one still in its hello, the oldest
+// of the address that holds the most of those.
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
@@ -159,6 +160,7 @@ class TensorServer {
     enum HelloState { kInHello, kProved, kEnded, kEvicted };
     std::atomic<int> hello{kInHello};
     std::mutex fd_mu;  // an eviction shuts the socket down under it, so it is not closed meanwhile
+    uint32_t peer_ip = 0;  // the peer's IPv4 address, in network order
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret);
   void AcceptLoop();
@@ -180,6 +182,9 @@ class TensorServer {
   absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
                                       Deadline deadline);
   void Refuse(const std::string& why);
+  // Shuts down a connection still in its hello (conns_mu_ held), the oldest of the address that
+  // holds the most of them: whether there was one.
+  bool EvictOneInHello();
   void ReapFinished();
 
   std::string job_id_, address_;

@@ -70,7 +70,7 @@ class RawPeer {
       hello_ = absl::UnavailableError("cannot connect");
       return;
     }
-    if (!job.empty()) hello_ = Handshake(job, secret);
+    if (!job.empty()) Hello(job, secret);
   }
   ~RawPeer() { Close(); }
 
@@ -78,6 +78,12 @@ class RawPeer {
   const absl::Status& hello() const { return hello_; }
   // What this peer wrote to get there: a recording to replay.
   const std::string& handshake() const { return handshake_; }
+  // Says hello as a peer of `job` holding `secret`, as the constructor does; a peer constructed
+  // with no job may have written the hello's first `sent` bytes (HelloFrame) by hand already.
+  const absl::Status& Hello(const std::string& job, const JobSecret& secret, size_t sent = 0) {
+    hello_ = Handshake(job, secret, sent);
+    return hello_;
+  }
   bool Write(const std::string& bytes) {
     return fd_ >= 0 && send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
   }
@@ -111,10 +117,10 @@ class RawPeer {
   }
 
  private:
-  absl::Status Handshake(const std::string& job, const JobSecret& secret) {
+  absl::Status Handshake(const std::string& job, const JobSecret& secret, size_t sent) {
     const std::string nonce = RandomNonce().value();
     handshake_ = HelloFrame(job) + nonce;
-    Write(handshake_);
+    Write(handshake_.substr(sent));
     if (absl::Status s = Ack(); !s.ok()) return s;
     std::string challenge(kNonceBytes + kProofBytes, '\0');
     if (absl::Status s = Read(challenge.data(), challenge.size(), std::chrono::seconds(30)); !s.ok()) return s;

@@ -246,6 +246,18 @@ JobSecret TestSecret(const std::string& name) {
   return secret.value_or(JobSecret());
 }
 
+// Raises this process's limit of open files towards `wanted`: the limit now.
+rlim_t AllowOpenFiles(rlim_t wanted) {
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < wanted) {
+    files.rlim_cur = std::min(files.rlim_max, wanted);
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+  }
+  return files.rlim_cur;
+}
+
 // The tensor port takes only peers that prove they hold the job secret: none, another, and a
 // recorded handshake replayed byte for byte are refused before anything is read past the hello,
 // and the receiver holds no memory for them; a sender finds out, before sending a byte of tensor,
@@ -255,15 +267,8 @@ JobSecret TestSecret(const std::string& name) {
 // one.
 TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
   constexpr int kStrangers = 512;  // the server's limit
-  rlimit files{};
-  getrlimit(RLIMIT_NOFILE, &files);
-  if (files.rlim_cur < 4 * kStrangers) {
-    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4 * kStrangers);
-    setrlimit(RLIMIT_NOFILE, &files);
-    getrlimit(RLIMIT_NOFILE, &files);
-  }
-  if (files.rlim_cur < 4 * kStrangers) {
-    GTEST_SKIP() << "needs " << 4 * kStrangers << " open files (ulimit -n), allowed " << files.rlim_cur;
+  if (const rlim_t allowed = AllowOpenFiles(4 * kStrangers); allowed < 4 * kStrangers) {
+    GTEST_SKIP() << "needs " << 4 * kStrangers << " open files (ulimit -n), allowed " << allowed;
   }
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
@@ -502,6 +507,41 @@ proto::TensorHeader Crafted(int64_t iteration, uint64_t total, uint64_t offset, 
   h.set_part_offset(offset);
   h.set_part_elements(n);
   return h;
+}
+
+// A flood of connections from one address that never say hello pushes out its own, not a far
+// peer of the job from another address whose hello is under way (a round trip on a slow link).
+TEST(TensorTransport, AFloodFromOneAddressPushesOutItsOwnConnectionsNotAnotherPeersHello) {
+  constexpr int kFlood = 612;  // 100 beyond the server's limit
+  if (const rlim_t allowed = AllowOpenFiles(4 * kFlood); allowed < 4 * kFlood) {
+    GTEST_SKIP() << "needs " << 4 * kFlood << " open files (ulimit -n), allowed " << allowed;
+  }
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  testing::RawPeer far((*server)->address(), "");
+  ASSERT_TRUE(far.Write(testing::HelloFrame("jobA").substr(0, 4)));  // the rest is a round trip away
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = testing::ConnectLoopback((*server)->address(), "127.0.0.2");
+    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2: " << strerror(errno);
+    flood.push_back(fd);
+  }
+  const int evictions = kFlood + 1 - 512;
+  for (int i = 0; i < 500 && (*server)->refused() < evictions; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::cout << "after " << kFlood << " connections from 127.0.0.2: " << (*server)->refused()
+            << " refused, the last: " << (*server)->last_refusal() << "\n";
+  ASSERT_GE((*server)->refused(), evictions) << "the server never reached its limit";
+  const absl::Status hello = far.Hello("jobA", JobSecret(), 4);
+  EXPECT_TRUE(hello.ok()) << hello;
+  const std::vector<float> x = Ramp(100);
+  ASSERT_TRUE(far.Write(testing::PartFrame(Crafted(5, x.size(), 0, x.size()), x)));
+  const absl::Status ack = far.Ack();
+  EXPECT_TRUE(ack.ok()) << ack;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  for (int fd : flood) close(fd);
 }
 
 // A part admitted under one version whose receiver moves to the next while its bytes come (the new
