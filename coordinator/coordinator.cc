@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "model/param_layout.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"
@@ -70,19 +71,45 @@ absl::StatusOr<std::string> RunDirToken(const std::string& out_dir) {
 
 std::string JobStatePath(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "job_state.pb").string(); }
 
+// The job state a coordinator before this one left in `cfg`'s train.out_dir, checked before
+// anything is indexed by it: its plan a layout of its own config (which the job goes on under),
+// each placed worker one it recorded, and written in this directory, not one it was copied from.
 absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobConfig& cfg) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (!bytes.ok()) return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", bytes.status().message()));
+  auto damaged = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(path, " is damaged", why, ": remove it to start the job anew, or to resume "
+                                            "from the last checkpoint with --set train.resume=true"));
+  };
   proto::JobState state;
-  if (!in.good() && !in.eof()) return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  if (!state.ParseFromString(bytes) || state.plan().version() == 0) {
-    return absl::DataLossError(absl::StrCat(path, " is damaged: remove it to start the job anew, or to resume from "
-                                                  "the last checkpoint with --set train.resume=true"));
-  }
+  if (!state.ParseFromString(*bytes) || state.plan().version() == 0) return damaged("");
   if (state.plan().job_id() != cfg.cluster.job_id) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s holds the state of job '%s', not '%s': give this job another train.out_dir, or remove the file", path,
         state.plan().job_id(), cfg.cluster.job_id));
+  }
+  // Each restart publishes the version two past it.
+  if (state.plan().version() > uint64_t{1} << 62) return damaged(absl::StrCat(" (plan version ", state.plan().version(), ")"));
+  const absl::StatusOr<JobConfig> run = ParseJobConfig(state.plan().config_toml(), "its plan's config");
+  if (!run.ok()) return damaged(absl::StrCat(" (", run.status().message(), ")"));
+  std::error_code ec;
+  if (!fs::equivalent(run->train.out_dir, cfg.train.out_dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is the state of the job whose train.out_dir is %s: a run directory copied or moved elsewhere goes on from "
+        "its checkpoints, not from its job state (remove the file and --set train.resume=true)",
+        path, run->train.out_dir));
+  }
+  if (const absl::Status layout = CheckPlanLayout(state.plan(), *run); !layout.ok()) {
+    return damaged(absl::StrCat(" (", layout.message(), ")"));
+  }
+  std::set<int> recorded;
+  for (const proto::WorkerRecord& w : state.workers()) {
+    if (!recorded.insert(w.id()).second) return damaged(absl::StrFormat(" (worker %d recorded twice)", w.id()));
+  }
+  for (const proto::Assignment& a : state.plan().assignments()) {
+    if (!recorded.count(a.worker_id())) {
+      return damaged(absl::StrFormat(" (its plan places worker %d, which it does not record)", a.worker_id()));
+    }
   }
   return state;
 }
@@ -1762,10 +1789,26 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   if (fs::exists(JobStatePath(cfg))) {
     LH_ASSIGN_OR_RETURN(restored, ReadJobState(JobStatePath(cfg), cfg));
     LH_ASSIGN_OR_RETURN(cfg, ParseJobConfig(restored->plan().config_toml(), "the job state's plan"));
-    if (absl::StatusOr<std::string> dir = LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string());
-        dir.ok()) {
+    const fs::path checkpoints = fs::path(cfg.train.out_dir) / "checkpoints";
+    const absl::StatusOr<std::string> dir = LatestCheckpoint(checkpoints.string());
+    if (dir.ok()) {
       resume_name = fs::path(*dir).filename().string();
       LH_ASSIGN_OR_RETURN(start, CheckpointStep(*dir));
+      if (start > cfg.train.steps || !fs::is_directory(CheckpointStateDir(checkpoints.string(), resume_name))) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s names %s, %s: write the name of the newest complete step_* directory into it",
+            (checkpoints / "latest").string(), resume_name,
+            start > cfg.train.steps ? absl::StrFormat("beyond the job's %d steps", cfg.train.steps)
+                                    : std::string("which is not there")));
+      }
+    } else if (!absl::IsNotFound(dir.status())) {
+      return dir.status();
+    } else if (restored->plan().start_iteration() > 0) {
+      // Starting over would rewrite the run's records from step 0.
+      return absl::DataLossError(absl::StrFormat(
+          "%s is missing, yet the job state's plan went on from step %d: write the name of the newest complete "
+          "step_* directory into it",
+          (checkpoints / "latest").string(), restored->plan().start_iteration()));
     }
   } else if (cfg.train.resume) {
     LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));

@@ -392,11 +392,16 @@ absl::Status Worker::Setup() {
     // Best effort: the heartbeats find a dead worker without it, only later.
     if (running_) (void)client_.ReportSuspect(stage, replica);
   });
-  for (const proto::Assignment& a : plan_.assignments())
-    if (a.worker_id() == client_.worker_id()) s_ = a.stage(), r_ = a.replica();
+  LH_RETURN_IF_ERROR(CheckPlanLayout(plan_, cfg_));
+  const proto::Assignment* mine = AssignmentOf(plan_, client_.worker_id());
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan version %d has no place for worker %d, which the coordinator sent it: run one longhaul version on every "
+        "host",
+        plan_.version(), client_.worker_id()));
+  }
+  s_ = mine->stage(), r_ = mine->replica();
   const int P = plan_.stages(), D = plan_.replicas();
-  LH_RETURN_IF_ERROR(CheckReplicaBatches(plan_, cfg_));
-  LH_RETURN_IF_ERROR(CheckPlanShards(plan_, cfg_));
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/safetensors.h"
 #include "metrics/loss_curve.h"
 #include "util/atomic_file.h"
 
@@ -69,11 +69,9 @@ const std::string& MetricsHeader() {
 absl::StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-  std::stringstream buf;
-  buf << f.rdbuf();
-  const std::string text = buf.str();
+  absl::StatusOr<std::string> read = ReadWholeFile(path);
+  if (!read.ok()) return absl::InternalError(read.status().message());
+  const std::string text = *std::move(read);
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   // The text after the last newline is empty, or the row a killed process was writing: never a
   // complete row.

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 
@@ -192,6 +194,37 @@ absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg) {
     return bad(absl::StrFormat("%d parameter-server shards, the job has %d", shards.size(), expected));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckPlanLayout(const proto::Plan& plan, const JobConfig& cfg) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat("plan version %d: %s", plan.version(), why));
+  };
+  if (plan.stages() != cfg.cluster.stages) {
+    return bad(absl::StrFormat("%d stages, its config %d", plan.stages(), cfg.cluster.stages));
+  }
+  LH_RETURN_IF_ERROR(CheckReplicaBatches(plan, cfg));
+  std::set<std::pair<int, int>> places;
+  std::set<int> workers;
+  for (const proto::Assignment& a : plan.assignments()) {
+    if (a.stage() < 0 || a.stage() >= plan.stages() || a.replica() < 0 || a.replica() >= plan.replicas()) {
+      return bad(absl::StrFormat("worker %d at stage %d replica %d of %d x %d", a.worker_id(), a.stage(), a.replica(),
+                                 plan.stages(), plan.replicas()));
+    }
+    if (!places.insert({a.stage(), a.replica()}).second) {
+      return bad(absl::StrFormat("two workers at stage %d replica %d", a.stage(), a.replica()));
+    }
+    if (!workers.insert(a.worker_id()).second) return bad(absl::StrFormat("worker %d placed twice", a.worker_id()));
+    const StageSpec spec = cfg.Stage(a.stage());
+    if (a.first_block() != spec.first_block || a.end_block() != spec.end_block) {
+      return bad(absl::StrFormat("worker %d runs blocks [%d, %d) of stage %d, whose cut is [%d, %d)", a.worker_id(),
+                                 a.first_block(), a.end_block(), a.stage(), spec.first_block, spec.end_block));
+    }
+  }
+  if (static_cast<int64_t>(places.size()) != static_cast<int64_t>(plan.stages()) * plan.replicas()) {
+    return bad(absl::StrFormat("%d workers for %d x %d places", places.size(), plan.stages(), plan.replicas()));
+  }
+  return CheckPlanShards(plan, cfg);
 }
 
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id) {

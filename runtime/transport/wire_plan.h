@@ -91,5 +91,10 @@ absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);
 // nowhere, twice or on a replica that does not exist would leave the workers waiting for
 // parameters nobody sends, or step tensors twice.
 absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg);
+// A plan is a layout of `cfg` (the plan's own config): its stages, a worker at each (stage,
+// replica) it runs and nowhere else, each worker once, each with its stage's blocks of the cut;
+// its replicas' batches (CheckReplicaBatches) and shards (CheckPlanShards). What a worker checks
+// before it indexes anything by the plan, and a coordinator before it resumes a job state's.
+absl::Status CheckPlanLayout(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul

@@ -1284,6 +1284,65 @@ TEST(Cluster, AJobStateThatCannotBeWrittenStopsTheJobNamingTheFile) {
   EXPECT_LT(Losses(out).size(), 200u) << log;
 }
 
+// A coordinator started again goes on from the job state its predecessor left. One it cannot
+// trust (damaged, of another directory, or without the checkpoint its plan went on from) is
+// refused, naming the problem, before anything is indexed by it or the run's records rewritten.
+TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
+  const fs::path out = Dir("untrusted_state");
+  Reaper reaper{Start("local", out,
+                      {"cluster.stages=2", "cluster.replicas=2", "train.steps=100000", "train.checkpoint_every=5"})};
+  ASSERT_GE(WaitForSteps(out, 12), 12u) << Log(out);
+  kill(-reaper.pid, SIGKILL);
+  waitpid(reaper.pid, nullptr, 0);
+  reaper.pid = 0;
+  const std::string pristine = ReadFile(out / "job_state.pb"), latest = ReadFile(out / "checkpoints" / "latest");
+  proto::JobState state;
+  ASSERT_TRUE(state.ParseFromString(pristine)) << "no job state left: " << Log(out);
+  const std::string metrics = ReadFile(out / "metrics.csv");
+  auto write = [](const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
+  // The coordinator on `dir` stops at once, saying `expected`, and leaves out's records as they were.
+  auto refused = [&](const std::string& change, const fs::path& dir, const std::string& expected) {
+    const pid_t pid = Start("coordinator", dir, {}, {"--listen", "127.0.0.1:0"});
+    const int status = testing::WaitFor(pid, std::chrono::seconds(60));
+    if (status < 0) kill(-pid, SIGKILL), waitpid(pid, nullptr, 0);
+    const std::string log = Log(dir);
+    EXPECT_TRUE(status > 0 && WIFEXITED(status)) << change << ": " << log;
+    EXPECT_NE(log.find(expected), std::string::npos) << change << ": " << log;
+    EXPECT_EQ(ReadFile(out / "metrics.csv"), metrics) << change;
+    write(out / "job_state.pb", pristine);
+    write(out / "checkpoints" / "latest", latest);
+  };
+  proto::JobState bad = state;
+  bad.mutable_plan()->mutable_assignments(0)->set_replica(100000);
+  write(out / "job_state.pb", bad.SerializeAsString());
+  refused("a worker placed at replica 100000", out, "is damaged (plan version");
+  bad = state;
+  bad.mutable_plan()->set_version(~uint64_t{0});
+  write(out / "job_state.pb", bad.SerializeAsString());
+  refused("plan version 2^64 - 1", out, "is damaged (plan version 18446744073709551615)");
+  bad = state;
+  bad.clear_workers();
+  write(out / "job_state.pb", bad.SerializeAsString());
+  refused("no worker records", out, "which it does not record");
+  write(out / "checkpoints" / "latest", "garbage\n");
+  refused("latest naming no step", out, "names \"garbage\", not a checkpoint directory");
+  write(out / "checkpoints" / "latest", "step_99999999\n");
+  refused("latest beyond the job's steps", out, "names step_99999999, beyond the job's 100000 steps");
+  fs::remove(out / "checkpoints" / "latest");
+  bad = state;
+  bad.mutable_plan()->set_start_iteration(10);
+  write(out / "job_state.pb", bad.SerializeAsString());
+  refused("latest missing after a resume", out, "is missing, yet the job state's plan went on from step 10");
+  fs::remove(out / "job_state.pb");
+  fs::create_directories(out / "job_state.pb");
+  refused("job_state.pb a directory", out, "cannot read " + (out / "job_state.pb").string());
+  fs::remove(out / "job_state.pb");
+  write(out / "job_state.pb", pristine);
+  const fs::path copy = Dir("untrusted_state_copy");
+  fs::copy(out, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  refused("a copied run directory", copy, "a run directory copied or moved elsewhere goes on from its checkpoints");
+}
+
 TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
   const fs::path out = Dir("late");
   const std::string bin = LONGHAUL_BINARY, port = (out / "port").string();

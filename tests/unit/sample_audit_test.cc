@@ -96,5 +96,29 @@ TEST(SampleAudit, ADamagedRowIsRefusedNamingTheLine) {
   }
 }
 
+// A row a killed coordinator was writing (no newline yet) is dropped, not refused: the audit
+// reads back every whole row before it.
+TEST(SampleAudit, ATornLastRowIsDroppedAndTheRowsBeforeKept) {
+  const std::string path = Path();
+  std::ofstream(path) << "step,stages,stage,replica,worker,micro_batches\n1,1,0,0,0,0 1 2 3\n2,1,0,0,0,0 1";
+  const absl::StatusOr<SampleAudit> audit = SampleAudit::Open(path, 4, 100);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  EXPECT_EQ(audit->totals().steps, 1);
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "step,stages,stage,replica,worker,micro_batches\n1,1,0,0,0,0 1 2 3\n");
+}
+
+// An audit that cannot be read is an error, not an empty audit written over it.
+TEST(SampleAudit, AnUnreadableFileIsAnErrorAndKeepsWhatItHolds) {
+  const std::string path = Path();
+  fs::create_directories(path);  // read(2) fails on a directory
+  const absl::Status s = SampleAudit::Open(path, 4, 100).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot read " + path), std::string::npos) << s;
+  EXPECT_TRUE(fs::is_directory(path));
+  fs::remove(path);
+}
+
 }  // namespace
 }  // namespace longhaul

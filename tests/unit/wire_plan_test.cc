@@ -219,5 +219,64 @@ TEST(WirePlan, APlansShardsMustBeTheJobsCutsEachOnAReplicaItRuns) {
   refused(p, "5 parameter-server shards, the job has 4");
 }
 
+// A plan is a layout of its config: a worker at each place, once, with its stage's blocks; a plan
+// a worker or a restarted coordinator would index out of its layout is refused, naming why.
+TEST(WirePlan, APlanPlacesOneWorkerAtEachPlaceOfItsLayoutWithItsStagesBlocks) {
+  auto cfg = ParseJobConfig("[cluster]\nstages = 2\nreplicas = 2\n", "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  proto::Plan plan;
+  plan.set_version(3);
+  plan.set_stages(2);
+  plan.set_replicas(2);
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 2; ++s) {
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(10 * r + s);
+      a->set_stage(s);
+      a->set_replica(r);
+      a->set_first_block(cfg->Stage(s).first_block);
+      a->set_end_block(cfg->Stage(s).end_block);
+    }
+  for (int s = 0; s < 2; ++s)
+    for (const ParamLayout::PsShardCut& cut : ParamLayout(cfg->model, cfg->Stage(s)).PsShards(2, false)) {
+      proto::ShardPlacement* sp = plan.add_shards();
+      sp->set_stage(s);
+      sp->set_shard(cut.owner_replica);
+      sp->set_owner_replica(cut.owner_replica);
+      sp->set_first_tensor(cut.first_tensor);
+      sp->set_end_tensor(cut.end_tensor);
+    }
+  EXPECT_TRUE(CheckPlanLayout(plan, *cfg).ok()) << CheckPlanLayout(plan, *cfg);
+  auto refused = [&](const proto::Plan& p, const std::string& why) {
+    const absl::Status s = CheckPlanLayout(p, *cfg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  };
+  proto::Plan p = plan;
+  p.set_stages(3);
+  refused(p, "3 stages, its config 2");
+  p = plan;
+  p.mutable_assignments(1)->set_replica(100000);
+  refused(p, "worker 1 at stage 1 replica 100000 of 2 x 2");
+  p = plan;
+  p.mutable_assignments(2)->set_stage(-1);
+  refused(p, "at stage -1");
+  p = plan;
+  p.mutable_assignments(3)->set_stage(0);
+  refused(p, "two workers at stage 0 replica 1");
+  p = plan;
+  p.mutable_assignments(3)->set_worker_id(10);
+  refused(p, "worker 10 placed twice");
+  p = plan;
+  p.mutable_assignments()->RemoveLast();
+  refused(p, "3 workers for 2 x 2 places");
+  p = plan;
+  p.mutable_assignments(0)->set_end_block(cfg->Stage(0).end_block + 1);
+  refused(p, "whose cut is");
+  p = plan;
+  p.set_replicas(3);
+  refused(p, "runs 3 replicas");
+}
+
 }  // namespace
 }  // namespace longhaul
