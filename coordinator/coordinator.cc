@@ -43,12 +43,14 @@
 #include "metrics/metrics_log.h"
 #include "metrics/timeline.h"
 #include "transport/link_connections.h"
+#include "transport/mailbox.h"
 #include "transport/socket_io.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 #include "util/atomic_file.h"
 #include "util/background_writer.h"
 #include "util/status_macros.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -321,6 +323,12 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("worker %d is ready for plan version %d; the plan is version %d",
                                           req->worker_id(), req->plan_version(), plan_.version()));
     }
+    // The barrier counts the plan's workers: a spare's word would open it early, or never.
+    if (AssignmentOf(plan_, req->worker_id()) == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d has no place in plan version %d to be ready for",
+                                          req->worker_id(), plan_.version()));
+    }
     ready_.insert(req->worker_id());
     cv_.notify_all();
     const uint64_t version = plan_.version();
@@ -365,6 +373,8 @@ class Service final : public proto::Coordinator::Service {
                                           req->worker_id(), req->stage(), req->replica(), a.stage(), a.replica()));
     }
     if (grpc::Status st = CheckParamsIterations(*req); !st.ok()) return st;
+    if (grpc::Status st = CheckParamsOnce(*req); !st.ok()) return st;
+    if (grpc::Status st = CheckTimes(*req); !st.ok()) return st;
     if (grpc::Status st = CheckMicroBatches(*req); !st.ok()) return st;
     if (grpc::Status st = CheckValidation(*req); !st.ok()) return st;
     if (req->iteration() <= completed_through_) {
@@ -798,6 +808,13 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("a timeline of %d bytes (at most %d)", req->timeline_bytes(),
                                           kMaxTimelineBytes));
     }
+    // A worker done is never lost: one the plan still runs is done only once the job is.
+    if (req->ok() && !finished_ && abort_.empty() && AssignmentOf(plan_, req->worker_id()) != nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d says it is done, but plan version %d runs it and the job has "
+                                          "not finished",
+                                          req->worker_id(), plan_.version()));
+    }
     members_.Done(req->worker_id(),
                   {TimelinePath(req->worker_id()).string(), req->timeline_bytes(), req->timeline_crc32c()});
     // Bounded: the reason goes out again in every heartbeat's reply.
@@ -970,6 +987,14 @@ class Service final : public proto::Coordinator::Service {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                           absl::StrFormat("iteration %d is outside this run's [%d, %d)", iteration, start_, end_));
     }
+    // Held until complete: no worker runs further ahead of the others than its mailbox's window,
+    // here with room for reports on their way.
+    const int64_t ahead = 8 * std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps + 1);
+    if (iteration > std::max(completed_through_, start_ - 1) + ahead) {
+      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                          absl::StrFormat("iteration %d is more than %d past the last complete one, %d", iteration,
+                                          ahead, std::max(completed_through_, start_ - 1)));
+    }
     return grpc::Status::OK;
   }
 
@@ -995,6 +1020,33 @@ class Service final : public proto::Coordinator::Service {
     }
     return grpc::Status::OK;
   }
+  // REQUIRES: mu_ held. A worker reports each step's parameters once, in step order: one counted
+  // twice would mark a step checked before every replica's were compared.
+  grpc::Status CheckParamsOnce(const proto::IterationReport& r) const {
+    const auto last = last_crc_.find(r.worker_id());
+    for (const proto::ParamsCrc& p : r.params()) {
+      if (last != last_crc_.end() && p.iteration() <= last->second) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("worker %d reports the parameters of iteration %d, after those of "
+                                            "iteration %d",
+                                            r.worker_id(), p.iteration() + 1, last->second + 1));
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  // A report's times are durations: what the straggler watch and the metrics divide by.
+  static grpc::Status CheckTimes(const proto::IterationReport& r) {
+    for (const double t : {r.seconds(), r.compute_seconds(), r.wait_seconds()}) {
+      if (!std::isfinite(t) || t < 0 || t > 1e7) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("worker %d's report of iteration %d gives a time of %g s", r.worker_id(),
+                                            r.iteration() + 1, t));
+      }
+    }
+    return grpc::Status::OK;
+  }
+
   // REQUIRES: mu_ held. Every replica of a stage must hold the same parameters after a step; a
   // difference means the replicas train different models, so the job stops. A report carries the
   // CRC of the steps whose parameters its worker holds complete since its last report (one may
@@ -1002,6 +1054,8 @@ class Service final : public proto::Coordinator::Service {
   // same stage and step, and a step counts as checked once every worker's is in.
   void CheckReplicasAgree(const proto::IterationReport& r) {
     for (const proto::ParamsCrc& p : r.params()) {
+      int64_t& last = last_crc_[r.worker_id()];
+      last = std::max(last, p.iteration());
       auto [first, inserted] = first_crc_.emplace(std::pair(r.stage(), p.iteration()), std::pair(r.replica(), p.crc32c()));
       if (!inserted && first->second.second != p.crc32c() && abort_.empty()) {
         Abort(absl::StrFormat("after iteration %d, replica %d of stage %d holds parameters with CRC-32C %08x and "
@@ -1384,6 +1438,7 @@ class Service final : public proto::Coordinator::Service {
     checkpointed_.erase(checkpointed_.upper_bound(start_), checkpointed_.end());
     first_crc_.clear();
     crcs_in_.clear();
+    last_crc_.clear();
     replica_checked_.erase(replica_checked_.lower_bound(start_), replica_checked_.end());
     ready_.clear();
     last_recorded_ = false;
@@ -1470,9 +1525,9 @@ class Service final : public proto::Coordinator::Service {
   void Restore(const proto::JobState& state) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const proto::WorkerRecord& r : state.workers()) members_.Restore(r, Clock::now());
-    cluster_record_ = nlohmann::json::parse(state.cluster_json(), nullptr, false);
+    cluster_record_ = ParseBoundedJson(state.cluster_json());
     if (!cluster_record_.is_object()) cluster_record_ = nlohmann::json::object();
-    recoveries_ = nlohmann::json::parse(state.recoveries_json(), nullptr, false);
+    recoveries_ = ParseBoundedJson(state.recoveries_json());
     if (!recoveries_.is_array()) recoveries_ = nlohmann::json::array();
     redone_ = state.redone_iterations();
     const int64_t reached = state.plan().start_iteration();
@@ -1722,6 +1777,7 @@ class Service final : public proto::Coordinator::Service {
   // workers' are in. A step leaves both once every worker's is.
   std::map<std::pair<int, int64_t>, std::pair<int, uint32_t>> first_crc_;
   std::map<int64_t, int> crcs_in_;
+  std::map<int, int64_t> last_crc_;  // by worker: the last step whose parameters it reported
   StragglerWatch stragglers_;
   std::set<int> eased_;  // workers blocks moved off for straggling, until they move back
   // The last step whose every shard is on disk: where a lost worker sends every worker back to.

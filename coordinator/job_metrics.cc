@@ -1,5 +1,7 @@
 #include "coordinator/job_metrics.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "metrics/prometheus_text.h"
@@ -14,6 +16,7 @@ JobMetrics::JobMetrics(const JobConfig& cfg)
 void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::RegisterRequest>& registrations) {
   std::lock_guard<std::mutex> lock(mu_);
   stages_ = plan.stages();  // a pipeline cut anew has fewer than the job's config
+  worker_at_.clear();  // a place a shrunk or re-cut plan no longer has takes no bytes
   for (const proto::Assignment& a : plan.assignments()) {
     Worker& w = workers_[a.worker_id()];
     w.stage = a.stage();
@@ -32,11 +35,16 @@ void JobMetrics::SetLinks(const NetworkCost& network, std::string source) {
 
 absl::Status JobMetrics::Report(const proto::IterationReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
+  std::set<std::pair<int, int>> named;
   for (const proto::LinkBytes& l : report.sent()) {
     if (worker_at_.find({l.stage(), l.replica()}) == worker_at_.end()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker %d reports bytes sent to stage %d replica %d, which the plan (%d stages x %d replicas) does not have",
           report.worker_id(), l.stage(), l.replica(), stages_, replicas_));
+    }
+    if (!named.insert({l.stage(), l.replica()}).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("worker %d reports bytes sent to stage %d replica %d twice",
+                                                        report.worker_id(), l.stage(), l.replica()));
     }
   }
   for (const proto::LinkBytes& l : report.sent()) sent_[{report.worker_id(), worker_at_.at({l.stage(), l.replica()})}] += l.bytes();

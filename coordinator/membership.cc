@@ -4,10 +4,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
+
+namespace {
+constexpr size_t kMaxRegistrationText = 255;
+}  // namespace
 
 Membership::Membership(std::string job_id, int expected, int spares, double dead_after_s, double suspect_silent_s,
                        double cut_off_silent_s)
@@ -23,6 +28,18 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   if (!req.job_id().empty() && req.job_id() != job_id_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req.job_id(), job_id_));
+  }
+  // Kept for the job's life and sent again in every plan and lifeline's news.
+  for (const auto& [field, value] : {std::pair{"address", &req.address()}, std::pair{"host", &req.host()},
+                                     std::pair{"backend", &req.backend()}}) {
+    if (value->size() > kMaxRegistrationText) {
+      return absl::InvalidArgumentError(absl::StrFormat("a worker's %s of %d bytes (at most %d)", field,
+                                                        value->size(), kMaxRegistrationText));
+    }
+  }
+  if (!SplitHostPort(req.address()).ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a worker's tensor address '%s' is not host:port", absl::CHexEscape(req.address())));
   }
   if (registered() >= expected_ + spares_) {
     return absl::ResourceExhaustedError(absl::StrFormat(

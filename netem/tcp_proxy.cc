@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -215,19 +216,27 @@ void OnReadable(uv_poll_t* p, int status, int) {
   }
 }
 
-void StartReading(Connection* c, uv_tcp_t* t, Reader* r, bool upstream) {
+// Whether it reads: where not, the connection is closed.
+bool StartReading(Connection* c, uv_tcp_t* t, Reader* r, bool upstream) {
   uv_os_fd_t fd;
-  uv_fileno(reinterpret_cast<uv_handle_t*>(t), &fd);
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(t), &fd) != 0) {
+    Close(c);
+    return false;
+  }
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
   r->conn = c;
   r->upstream = upstream;
   r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (r->fd < 0) return Close(c);
+  if (r->fd < 0) {
+    Close(c);
+    return false;
+  }
   uv_poll_init(c->proxy->loop, &r->poll, r->fd);
   r->poll.data = r;
   ++c->open_handles;
   uv_poll_start(&r->poll, UV_READABLE, OnReadable);
+  return true;
 }
 
 void OnAccept(uv_stream_t* listener, int status) {
@@ -242,13 +251,20 @@ void OnAccept(uv_stream_t* listener, int status) {
   uv_tcp_nodelay(&c->server, 1);
   auto* req = new uv_connect_t;
   req->data = c;
-  uv_tcp_connect(req, &c->server, reinterpret_cast<sockaddr*>(&route->target), [](uv_connect_t* r, int st) {
-    auto* conn = static_cast<Connection*>(r->data);
-    delete r;
-    if (st < 0) return Close(conn);
-    StartReading(conn, &conn->client, &conn->from_client, true);
-    StartReading(conn, &conn->server, &conn->from_server, false);
-  });
+  const int connecting =
+      uv_tcp_connect(req, &c->server, reinterpret_cast<sockaddr*>(&route->target), [](uv_connect_t* r, int st) {
+        auto* conn = static_cast<Connection*>(r->data);
+        delete r;
+        if (st < 0) return Close(conn);
+        if (StartReading(conn, &conn->client, &conn->from_client, true)) {
+          StartReading(conn, &conn->server, &conn->from_server, false);
+        }
+      });
+  // Out of descriptors, say: no callback comes, so the client is let go now.
+  if (connecting != 0) {
+    delete req;
+    Close(c);
+  }
 }
 
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& hostport) {
@@ -277,10 +293,20 @@ absl::StatusOr<std::vector<ProxyRoute>> ReadRoutesFile(const std::string& path) 
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open routes file ", path));
   std::vector<ProxyRoute> routes;
   std::string line;
-  while (std::getline(f, line)) {
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::istringstream in(line);
     ProxyRoute r;
-    if (in >> r.listen >> r.target >> r.link.delay_ms >> r.link.rate_mbit) routes.push_back(r);
+    std::string rest;
+    if (!(in >> r.listen >> r.target >> r.link.delay_ms >> r.link.rate_mbit) || (in >> rest) ||
+        !std::isfinite(r.link.delay_ms) || !std::isfinite(r.link.rate_mbit) || r.link.delay_ms < 0 ||
+        r.link.rate_mbit < 0 || r.link.delay_ms > 1e6 || r.link.rate_mbit > 1e7) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "routes file %s line %d is not 'LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS RATE_MBIT' with a delay in "
+          "[0, 1e6] ms and a rate in [0, 1e7] Mbit/s (0: unlimited): %s",
+          path, n, line));
+    }
+    routes.push_back(r);
   }
   return routes;
 }

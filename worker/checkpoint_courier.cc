@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "util/status_macros.h"
 #include "worker/coordinator_client.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 namespace {
@@ -105,7 +106,7 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
   // The files state.json lists must have come; their sizes and CRC-32s are checked again when the
   // piece is read. One it does not list (moments of a piece that has none) goes.
   LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile((aside / "state.json").string()));
-  const nlohmann::json state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json state = ParseBoundedJson(text);
   if (!state.is_object() || !state.contains("files") || !state["files"].is_object()) {
     return absl::DataLossError(absl::StrCat("the coordinator's ", fetch.piece(),
                                             "/state.json lists no files: restore that checkpoint piece"));

@@ -1,5 +1,7 @@
 #include "worker/coordinator_client.h"
 
+#include <cmath>
+
 #include <chrono>
 #include <thread>
 
@@ -104,6 +106,14 @@ absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::Register
         connect_timeout_s_));
   }
   if (!st.ok()) return FromGrpc(st, absl::StrCat("the coordinator at ", address_, " refused this worker"));
+  // Deadlines and periods are made of them: a zero would spin, a NaN or a huge one overflow.
+  auto sane = [](double s) { return std::isfinite(s) && s > 0 && s <= 1e7; };
+  if (!sane(reply.heartbeat_s()) || !sane(reply.dead_after_s()) || reply.dead_after_s() <= reply.heartbeat_s()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the coordinator at %s gave a heartbeat every %g s and a worker lost after %g s of silence: it is no longhaul "
+        "coordinator of this build; run one longhaul version on every host",
+        address_, reply.heartbeat_s(), reply.dead_after_s()));
+  }
   id_ = reply.worker_id();
   dead_after_s_ = reply.dead_after_s();
   heartbeat_ = std::thread([this, period = reply.heartbeat_s(), dead_after = reply.dead_after_s()] {

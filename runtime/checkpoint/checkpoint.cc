@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "util/atomic_file.h"
 #include "util/status_macros.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -51,7 +52,7 @@ absl::StatusOr<State> ReadState(const std::string& dir) {
                                             "; not the JSON longhaul writes): restore it or resume from an earlier "
                                             "step"));
   };
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = ParseBoundedJson(text);
   if (j.is_discarded()) return corrupt("not valid JSON");
   if (!j.is_object()) return corrupt("not a JSON object");
   auto field = [&](const char* key) -> const nlohmann::json* { return j.contains(key) ? &j.at(key) : nullptr; };

@@ -14,6 +14,7 @@
 #include "model/layer_norm.h"
 #include "util/atomic_file.h"
 #include "util/status_macros.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 namespace {
@@ -44,7 +45,7 @@ std::string ShapeText(const std::vector<int64_t>& s) { return absl::StrCat("[", 
 absl::StatusOr<ModelConfig> ReadHfGpt2Config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   LH_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = ParseBoundedJson(text);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object: not a Hugging Face config.json"));
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/status_macros.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 
@@ -122,8 +123,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path
   const uint64_t len = SafetensorsHeaderLength(head);
   if (len > file_size - 8) return corrupt(absl::StrFormat("header of %d bytes in a %d-byte file", len, file_size));
   if (len > head.size() - 8) return corrupt(absl::StrFormat("header of %d bytes, %d read", len, head.size() - 8));
-  nlohmann::json header = nlohmann::json::parse(head.begin() + 8, head.begin() + 8 + static_cast<long>(len), nullptr,
-                                                /*allow_exceptions=*/false);
+  nlohmann::json header = ParseBoundedJson(head.substr(8, len));
   if (header.is_discarded() || !header.is_object()) return corrupt("header is not valid JSON");
   SafetensorsHeader out;
   out.data_start = 8 + len;

@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/unicode_classes.h"
 #include "util/status_macros.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 namespace {
@@ -148,7 +149,7 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Load(const std::string& dir) {
   Gpt2Tokenizer t;
   const std::string vocab_path = (fs::path(dir) / "vocab.json").string();
   LH_ASSIGN_OR_RETURN(const std::string vocab_text, ReadWholeFile(vocab_path));
-  const nlohmann::json vocab = nlohmann::json::parse(vocab_text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json vocab = ParseBoundedJson(vocab_text);
   if (vocab.is_discarded() || !vocab.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(vocab_path, " is not a JSON object of token: id"));
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
 #include "transport/crc32c.h"
+#include "util/bounded_json.h"
 
 namespace longhaul {
 
@@ -101,9 +102,10 @@ absl::Status CheckTraceFile(const TraceFile& f) {
 absl::Status MergeTraces(const std::vector<std::string>& files, const std::string& out) {
   nlohmann::json all = nlohmann::json::array();
   for (const std::string& path : files) {
-    std::ifstream f(path);
-    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded() || !j.contains("traceEvents")) {
+    const absl::StatusOr<std::string> text = ReadWholeFile(path);
+    if (!text.ok()) return text.status();
+    nlohmann::json j = ParseBoundedJson(*text);
+    if (j.is_discarded() || !j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array()) {
       return absl::DataLossError(absl::StrCat("trace file ", path, " is not valid JSON"));
     }
     for (auto& e : j["traceEvents"]) all.push_back(e);

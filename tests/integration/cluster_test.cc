@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <limits>
 #include <map>
@@ -792,7 +793,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
-    rep.set_iteration(140);
+    rep.set_iteration(2);
     rep.set_stage(1);
     expect_refused("report under another stage", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
@@ -802,8 +803,8 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
-    rep.set_iteration(140);
-    rep.add_params()->set_iteration(3);
+    rep.set_iteration(2);
+    rep.add_params()->set_iteration(0);
     expect_refused("a report with the parameters of long ago", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -812,8 +813,8 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
-    rep.set_iteration(140);
-    for (int64_t it : {140, 139, 139}) rep.add_params()->set_iteration(it);
+    rep.set_iteration(2);
+    for (int64_t it : {2, 1, 1}) rep.add_params()->set_iteration(it);
     expect_refused("a report with one step's parameters twice", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -831,7 +832,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
-    rep.set_iteration(140);
+    rep.set_iteration(2);
     for (int64_t g : {0, 1'000'000'000}) rep.add_micro_batches(g);
     expect_refused("a report of micro-batches the iteration does not have",
                    coordinator->ReportIteration(&ctx, rep, &empty), grpc::StatusCode::INVALID_ARGUMENT);
@@ -841,7 +842,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
-    rep.set_iteration(140);
+    rep.set_iteration(2);
     rep.set_val_batches(1'000'000);
     rep.set_val_loss_sum(1.0);
     expect_refused("a report of validation micro-batches where the plan has none",
@@ -852,7 +853,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(7);
-    rep.set_iteration(140);
+    rep.set_iteration(2);
     expect_refused("a report under a plan version never made", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::FAILED_PRECONDITION);
   }
@@ -863,7 +864,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     ck.set_plan_version(1);
     ck.set_stage(0);
     ck.set_shard(1);  // hosted by replica 1
-    ck.set_step(150);
+    ck.set_step(2);
     expect_refused("a checkpoint of another worker's shard", coordinator->ReportCheckpoint(&ctx, ck, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -874,7 +875,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     ck.set_plan_version(1);
     ck.set_stage(0);
     ck.set_residual_replica(2);  // replica 1's pushes, which worker 0 (replica 0) does not make
-    ck.set_step(150);
+    ck.set_step(2);
     expect_refused("error-feedback residuals of another replica", coordinator->ReportCheckpoint(&ctx, ck, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -1037,6 +1038,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     grpc::ClientContext ctx;
     proto::RegisterRequest reg;
     reg.set_protocol_version(kProtocolVersion);
+    reg.set_address("127.0.0.1:1");
     reg.set_slot(99);
     proto::RegisterReply reply;
     expect_refused("a fifth worker for slot 99", coordinator->Register(&ctx, reg, &reply),
@@ -1055,6 +1057,51 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     }
     grpc::ClientContext ctx;
     expect_refused("a fifth spare", coordinator->Register(&ctx, reg, &reply), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    // The plan's barrier counts the workers it places: a spare's word would open it early, or
+    // (the workers in) never.
+    grpc::ClientContext ready_ctx;
+    proto::ReadyRequest ready;
+    ready.set_worker_id(reply.worker_id());
+    ready.set_plan_version(1);
+    proto::ReadyReply ready_reply;
+    expect_refused("a spare ready for the plan", coordinator->Ready(&ready_ctx, ready, &ready_reply),
+                   grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    // A worker done is never lost: one the plan runs cannot say so before the job ends.
+    grpc::ClientContext ctx;
+    proto::DoneReport done;
+    done.set_worker_id(1);
+    done.set_ok(true);
+    expect_refused("a placed worker done mid-run", coordinator->ReportDone(&ctx, done, &empty),
+                   grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::RegisterRequest reg;
+    reg.set_protocol_version(kProtocolVersion);
+    reg.set_address("127.0.0.1:" + std::string(1 << 20, '7'));
+    proto::RegisterReply reply;
+    expect_refused("a registration with a 1 MiB address", coordinator->Register(&ctx, reg, &reply),
+                   grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  for (const auto& [what, report] :
+       std::vector<std::pair<const char*, std::function<void(proto::IterationReport&)>>>{
+           {"a report of a NaN compute time", [](proto::IterationReport& r) { r.set_compute_seconds(std::nan("")); }},
+           {"a report of a negative wait", [](proto::IterationReport& r) { r.set_wait_seconds(-1); }},
+           {"a report of the job's last iteration, far ahead", [](proto::IterationReport& r) { r.set_iteration(999); }},
+           {"a report of iteration 3's parameters again", [](proto::IterationReport& r) {
+              r.set_iteration(2);
+              r.add_params()->set_iteration(2);
+            }}}) {
+    grpc::ClientContext ctx;
+    proto::IterationReport rep;
+    rep.set_worker_id(0);
+    rep.set_plan_version(1);
+    rep.set_iteration(2);
+    report(rep);
+    expect_refused(what, coordinator->ReportIteration(&ctx, rep, &empty),
+                   rep.iteration() == 999 ? grpc::StatusCode::OUT_OF_RANGE : grpc::StatusCode::INVALID_ARGUMENT);
   }
   for (auto [reporter, stage, code] : {std::tuple{1000, 1, grpc::StatusCode::NOT_FOUND},
                                        std::tuple{0, 7, grpc::StatusCode::INVALID_ARGUMENT}}) {

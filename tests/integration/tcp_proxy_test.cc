@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -87,6 +88,24 @@ class ProxyTest : public ::testing::Test {
   pid_t pid_ = -1;
   std::string log_;
 };
+
+// A routes file line the proxy cannot follow is refused, naming it: skipped, it would leave a pair
+// of workers unshaped.
+TEST(ProxyRoutes, ALineItCannotFollowIsRefusedNamingIt) {
+  const std::string routes = ::testing::TempDir() + "/routes_" + std::to_string(getpid()),
+                    log = ::testing::TempDir() + "/routes_" + std::to_string(getpid()) + ".log";
+  for (const char* bad : {"127.0.0.1:1 127.0.0.1:2 5", "127.0.0.1:1 127.0.0.1:2 -1 100",
+                          "127.0.0.1:1 127.0.0.1:2 5 100 more", "127.0.0.1:1 127.0.0.1:2 1e300 100"}) {
+    std::ofstream(routes) << "127.0.0.1:3 127.0.0.1:4 1 10\n" << bad << "\n";
+    const int status =
+        std::system((std::string(LONGHAUL_BINARY) + " netem proxy --routes " + routes + " > " + log + " 2>&1").c_str());
+    std::ifstream in(log);
+    const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(status, 0) << bad;
+    EXPECT_NE(said.find("line 2 is not 'LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS RATE_MBIT'"), std::string::npos)
+        << said;
+  }
+}
 
 // What the proxy adds per direction: half the difference between the median round trip through it
 // and the median round trip of a direct loopback connection, both timed by the kernel's socket

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -24,7 +26,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest*, proto::RegisterReply* reply) override {
     reply->set_worker_id(3);
     reply->set_heartbeat_s(heartbeat_s);
-    reply->set_dead_after_s(0.5);
+    reply->set_dead_after_s(dead_after_s);
     return grpc::Status::OK;
   }
   grpc::Status GetPlan(grpc::ServerContext*, const proto::PlanRequest* req, proto::Plan* plan) override {
@@ -58,7 +60,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     }
     return grpc::Status::OK;
   }
-  std::atomic<double> heartbeat_s{0.05};
+  std::atomic<double> heartbeat_s{0.05}, dead_after_s{0.5};
   std::atomic<int> plan_polls{0}, heartbeats{0};
   std::atomic<int64_t> last_iteration{-1};
   std::atomic<bool> abort{false}, finished{false};
@@ -159,6 +161,7 @@ TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
 TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
   Running coordinator;
   coordinator.service.heartbeat_s = 5;
+  coordinator.service.dead_after_s = 30;
   StopRecorder stop;
   CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5,
                            [&](const std::string& why, uint64_t newer) { stop(why, newer); });
@@ -185,6 +188,18 @@ TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
   coordinator.reset();
   ASSERT_TRUE(stop.Await(std::chrono::seconds(10)));
   EXPECT_NE(stop.reason.find("lost the coordinator at 127.0.0.1:"), std::string::npos) << stop.reason;
+}
+
+// Periods a worker would spin on (0) or overflow with (NaN) are refused at the registration.
+TEST(CoordinatorClient, ACoordinatorsAbsurdPeriodsAreRefused) {
+  for (const double period : {0.0, std::nan(""), 1e300}) {
+    Running coordinator;
+    coordinator.service.heartbeat_s = period;
+    CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5, [](const std::string&, uint64_t) {});
+    const absl::Status s = client.Register(proto::RegisterRequest()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << period;
+    EXPECT_NE(s.message().find("run one longhaul version on every host"), std::string::npos) << s;
+  }
 }
 
 TEST(CoordinatorClient, AnUnreachableCoordinatorIsNamed) {

@@ -57,6 +57,32 @@ TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
   EXPECT_EQ(m.Check(-1).code(), absl::StatusCode::kNotFound);
 }
 
+// What a registration carries is kept for the job's life and sent again in every plan: sizes are
+// bounded and the tensor address must be host:port.
+TEST(Membership, ARegistrationsTextIsBoundedAndItsAddressHostAndPort) {
+  Membership m("job", 2, 0, 5, 2, 0.5);
+  const Clock::time_point t0 = Clock::now();
+  struct Bad {
+    proto::RegisterRequest req;
+    const char* says;
+  };
+  std::vector<Bad> bad(4, {Request("job"), ""});
+  bad[0].req.set_address("127.0.0.1:" + std::string(4 << 20, '1'));
+  bad[0].says = "a worker's address of 4194314 bytes (at most 255)";
+  bad[1].req.set_host(std::string(1000, 'h'));
+  bad[1].says = "a worker's host of 1000 bytes";
+  bad[2].req.set_backend(std::string(300, 'b'));
+  bad[2].says = "a worker's backend of 300 bytes";
+  bad[3].req.set_address("nowhere");
+  bad[3].says = "a worker's tensor address 'nowhere' is not host:port";
+  for (const Bad& b : bad) {
+    const absl::StatusOr<int> id = m.Register(b.req, t0);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << b.says;
+    EXPECT_NE(id.status().message().find(b.says), std::string::npos) << id.status();
+  }
+  EXPECT_EQ(m.registrations().size(), 0u);
+}
+
 TEST(Membership, ALauncherMayPlaceWorkersInSlots) {
   Membership m("job", 3, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
