@@ -764,14 +764,16 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     const grpc::Status second_ended = second->Finish();
     EXPECT_EQ(second_ended.error_code(), grpc::StatusCode::ABORTED) << second_ended.error_message();
   }
-  {
+  // A worker's report that it is done (with a timeline of `timeline_bytes`), refused with `code`.
+  auto done_refused = [&](const char* what, int id, bool ok, uint64_t timeline_bytes, grpc::StatusCode code) {
     grpc::ClientContext ctx;
     proto::DoneReport done;
-    done.set_worker_id(1000);
-    done.set_ok(false);
-    expect_refused("done report of worker 1000", coordinator->ReportDone(&ctx, done, &empty),
-                   grpc::StatusCode::NOT_FOUND);
-  }
+    done.set_worker_id(id);
+    done.set_ok(ok);
+    done.set_timeline_bytes(timeline_bytes);
+    expect_refused(what, coordinator->ReportDone(&ctx, done, &empty), code);
+  };
+  done_refused("done report of worker 1000", 1000, false, 0, grpc::StatusCode::NOT_FOUND);
   {
     grpc::ClientContext ctx;
     proto::HeartbeatRequest hb;
@@ -818,15 +820,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("a report with one step's parameters twice", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
-  {
-    grpc::ClientContext ctx;
-    proto::DoneReport done;
-    done.set_worker_id(0);
-    done.set_ok(true);
-    done.set_timeline_bytes(uint64_t{1} << 40);
-    expect_refused("a finished worker's timeline of 1 TiB", coordinator->ReportDone(&ctx, done, &empty),
-                   grpc::StatusCode::INVALID_ARGUMENT);
-  }
+  done_refused("a finished worker's timeline of 1 TiB", 0, true, uint64_t{1} << 40, grpc::StatusCode::INVALID_ARGUMENT);
   {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
@@ -1067,15 +1061,8 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("a spare ready for the plan", coordinator->Ready(&ready_ctx, ready, &ready_reply),
                    grpc::StatusCode::FAILED_PRECONDITION);
   }
-  {
-    // A worker done is never lost: one the plan runs cannot say so before the job ends.
-    grpc::ClientContext ctx;
-    proto::DoneReport done;
-    done.set_worker_id(1);
-    done.set_ok(true);
-    expect_refused("a placed worker done mid-run", coordinator->ReportDone(&ctx, done, &empty),
-                   grpc::StatusCode::FAILED_PRECONDITION);
-  }
+  // A worker done is never lost: one the plan runs cannot say so before the job ends.
+  done_refused("a placed worker done mid-run", 1, true, 0, grpc::StatusCode::FAILED_PRECONDITION);
   {
     grpc::ClientContext ctx;
     proto::RegisterRequest reg;

@@ -174,6 +174,25 @@ TEST(WirePlan, StreamsKeepTheFirstLayoutsDtypeWhereverALaterVersionPutsThem) {
   EXPECT_EQ(WiresOf(plan).Of(0, 0, proto::GRAD_PUSH, 0, 0, 0, 1), WireDtype::kF32);
 }
 
+// The job's parameter-server shards of a 2-replica `cfg`, each on the replica `owner` gives it.
+void AddJobShards(proto::Plan& plan, const JobConfig& cfg, int (*owner)(int shard)) {
+  for (int s = 0; s < cfg.cluster.stages; ++s)
+    for (const ParamLayout::PsShardCut& cut : ParamLayout(cfg.model, cfg.Stage(s)).PsShards(2, false)) {
+      proto::ShardPlacement* sp = plan.add_shards();
+      sp->set_stage(s);
+      sp->set_shard(cut.owner_replica);
+      sp->set_owner_replica(owner(cut.owner_replica));
+      sp->set_first_tensor(cut.first_tensor);
+      sp->set_end_tensor(cut.end_tensor);
+    }
+}
+
+// A check's refusal of a plan: invalid, naming `why`.
+void ExpectRefused(const absl::Status& s, const std::string& why) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
+  EXPECT_NE(s.message().find(why), std::string::npos) << s;
+}
+
 // A plan's shards are the job's cuts, each hosted once by a replica the plan runs; a coordinator
 // of another build that disagrees is named, before the worker waits for parameters nobody sends.
 TEST(WirePlan, APlansShardsMustBeTheJobsCutsEachOnAReplicaItRuns) {
@@ -182,22 +201,10 @@ TEST(WirePlan, APlansShardsMustBeTheJobsCutsEachOnAReplicaItRuns) {
   proto::Plan plan;
   plan.set_version(2);
   plan.set_replicas(2);
-  for (int s = 0; s < 2; ++s)
-    for (const ParamLayout::PsShardCut& cut : ParamLayout(cfg->model, cfg->Stage(s)).PsShards(2, false)) {
-      proto::ShardPlacement* sp = plan.add_shards();
-      sp->set_stage(s);
-      sp->set_shard(cut.owner_replica);
-      sp->set_owner_replica(1 - cut.owner_replica);  // moved, as the placement search may
-      sp->set_first_tensor(cut.first_tensor);
-      sp->set_end_tensor(cut.end_tensor);
-    }
+  AddJobShards(plan, *cfg, [](int shard) { return 1 - shard; });  // moved, as the placement search may
   ASSERT_EQ(plan.shards_size(), 4);
   EXPECT_TRUE(CheckPlanShards(plan, *cfg).ok()) << CheckPlanShards(plan, *cfg);
-  auto refused = [&](proto::Plan p, const std::string& why) {
-    const absl::Status s = CheckPlanShards(p, *cfg);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
-    EXPECT_NE(s.message().find(why), std::string::npos) << s;
-  };
+  auto refused = [&](const proto::Plan& p, const std::string& why) { ExpectRefused(CheckPlanShards(p, *cfg), why); };
   proto::Plan p = plan;
   p.mutable_shards(1)->set_owner_replica(2);
   refused(p, "shard 1 of stage 0 is on replica 2 of 2");
@@ -237,21 +244,9 @@ TEST(WirePlan, APlanPlacesOneWorkerAtEachPlaceOfItsLayoutWithItsStagesBlocks) {
       a->set_first_block(cfg->Stage(s).first_block);
       a->set_end_block(cfg->Stage(s).end_block);
     }
-  for (int s = 0; s < 2; ++s)
-    for (const ParamLayout::PsShardCut& cut : ParamLayout(cfg->model, cfg->Stage(s)).PsShards(2, false)) {
-      proto::ShardPlacement* sp = plan.add_shards();
-      sp->set_stage(s);
-      sp->set_shard(cut.owner_replica);
-      sp->set_owner_replica(cut.owner_replica);
-      sp->set_first_tensor(cut.first_tensor);
-      sp->set_end_tensor(cut.end_tensor);
-    }
+  AddJobShards(plan, *cfg, [](int shard) { return shard; });
   EXPECT_TRUE(CheckPlanLayout(plan, *cfg).ok()) << CheckPlanLayout(plan, *cfg);
-  auto refused = [&](const proto::Plan& p, const std::string& why) {
-    const absl::Status s = CheckPlanLayout(p, *cfg);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
-    EXPECT_NE(s.message().find(why), std::string::npos) << s;
-  };
+  auto refused = [&](const proto::Plan& p, const std::string& why) { ExpectRefused(CheckPlanLayout(p, *cfg), why); };
   proto::Plan p = plan;
   p.set_stages(3);
   refused(p, "3 stages, its config 2");
