@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -1845,6 +1846,17 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   if (fs::exists(JobStatePath(cfg))) {
     LH_ASSIGN_OR_RETURN(restored, ReadJobState(JobStatePath(cfg), cfg));
     LH_ASSIGN_OR_RETURN(cfg, ParseJobConfig(restored->plan().config_toml(), "the job state's plan"));
+    // The state's config holds (the placement search's cut, a re-cut): said, not ignored silently.
+    std::vector<std::string> changes;
+    for (const std::string& o : opt.overrides)
+      if (!absl::StartsWith(o, "train.out_dir=")) changes.push_back(o);
+    if (const absl::StatusOr<JobConfig> with = ParseJobConfig(cfg.toml_text, "the job state's plan", changes);
+        !changes.empty() && (!with.ok() || with->as_json != cfg.as_json)) {
+      std::cout << "coordinator: warning: --set " << absl::StrJoin(changes, " --set ")
+                << " is not applied: a job resumed from its job state runs on under its plan's config; to change it, "
+                   "stop the job, remove job_state.pb and resume from the last checkpoint with --set "
+                   "train.resume=true\n";
+    }
     const fs::path checkpoints = fs::path(cfg.train.out_dir) / "checkpoints";
     const absl::StatusOr<std::string> dir = LatestCheckpoint(checkpoints.string());
     if (dir.ok()) {

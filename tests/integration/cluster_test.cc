@@ -1326,6 +1326,20 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   Reaper reaper{Start("local", out,
                       {"cluster.stages=2", "cluster.replicas=2", "train.steps=100000", "train.checkpoint_every=5"})};
   ASSERT_GE(WaitForSteps(out, 12), 12u) << Log(out);
+  // The coordinator dies as a crash kills it (the launcher's death would stop it gently): every
+  // process whose command line names the run directory, until none is left.
+  for (int i = 0; i < 500; ++i) {
+    bool any = false;
+    for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (ReadFile(e.path() / "cmdline").find("train.out_dir=" + out.string()) == std::string::npos) continue;
+      any = kill(std::stoi(name), SIGKILL) == 0 || any;
+    }
+    waitpid(reaper.pid, nullptr, WNOHANG);
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   kill(-reaper.pid, SIGKILL);
   waitpid(reaper.pid, nullptr, 0);
   reaper.pid = 0;
@@ -1335,13 +1349,15 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   const std::string metrics = ReadFile(out / "metrics.csv");
   auto write = [](const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
   // The coordinator on `dir` stops at once, saying `expected`, and leaves out's records as they were.
-  auto refused = [&](const std::string& change, const fs::path& dir, const std::string& expected) {
-    const pid_t pid = Start("coordinator", dir, {}, {"--listen", "127.0.0.1:0"});
+  auto refused = [&](const std::string& change, const fs::path& dir, const std::string& expected,
+                     const std::vector<std::string>& sets = {}) {
+    const pid_t pid = Start("coordinator", dir, sets, {"--listen", "127.0.0.1:0"});
     const int status = testing::WaitFor(pid, std::chrono::seconds(60));
     if (status < 0) kill(-pid, SIGKILL), waitpid(pid, nullptr, 0);
     const std::string log = Log(dir);
     EXPECT_TRUE(status > 0 && WIFEXITED(status)) << change << ": " << log;
     EXPECT_NE(log.find(expected), std::string::npos) << change << ": " << log;
+    if (sets.empty()) EXPECT_EQ(log.find("is not applied"), std::string::npos) << change << ": " << log;
     EXPECT_EQ(ReadFile(out / "metrics.csv"), metrics) << change;
     write(out / "job_state.pb", pristine);
     write(out / "checkpoints" / "latest", latest);
@@ -1360,6 +1376,9 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   refused("no worker records", out, "which it does not record");
   write(out / "checkpoints" / "latest", "garbage\n");
   refused("latest naming no step", out, "names \"garbage\", not a checkpoint directory");
+  // A --set that would change the job's config is said not to apply (the state's config holds).
+  write(out / "checkpoints" / "latest", "garbage\n");
+  refused("a --set on a restart", out, "--set train.steps=5000 is not applied", {"train.steps=5000"});
   write(out / "checkpoints" / "latest", "step_99999999\n");
   refused("latest beyond the job's steps", out, "names step_99999999, beyond the job's 100000 steps");
   fs::remove(out / "checkpoints" / "latest");
