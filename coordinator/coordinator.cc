@@ -95,8 +95,10 @@ absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobC
   if (state.plan().version() > uint64_t{1} << 62) return damaged(absl::StrCat(" (plan version ", state.plan().version(), ")"));
   const absl::StatusOr<JobConfig> run = ParseJobConfig(state.plan().config_toml(), "its plan's config");
   if (!run.ok()) return damaged(absl::StrCat(" (", run.status().message(), ")"));
+  // A relative train.out_dir the state holds may not resolve from this coordinator's directory:
+  // only one that resolves elsewhere is another job's directory.
   std::error_code ec;
-  if (!fs::equivalent(run->train.out_dir, cfg.train.out_dir, ec)) {
+  if (fs::exists(run->train.out_dir, ec) && !fs::equivalent(run->train.out_dir, cfg.train.out_dir, ec)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is the state of the job whose train.out_dir is %s: a run directory copied or moved elsewhere goes on from "
         "its checkpoints, not from its job state (remove the file and --set train.resume=true)",
@@ -993,8 +995,8 @@ class Service final : public proto::Coordinator::Service {
     const int64_t ahead = 8 * std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps + 1);
     if (iteration > std::max(completed_through_, start_ - 1) + ahead) {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                          absl::StrFormat("iteration %d is more than %d past the last complete one, %d", iteration,
-                                          ahead, std::max(completed_through_, start_ - 1)));
+                          absl::StrFormat("iteration %d is more than %d past the last complete one, %d", iteration + 1,
+                                          ahead, std::max(completed_through_, start_ - 1) + 1));
     }
     return grpc::Status::OK;
   }
@@ -1028,9 +1030,11 @@ class Service final : public proto::Coordinator::Service {
     for (const proto::ParamsCrc& p : r.params()) {
       if (last != last_crc_.end() && p.iteration() <= last->second) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrFormat("worker %d reports the parameters of iteration %d, after those of "
-                                            "iteration %d",
-                                            r.worker_id(), p.iteration() + 1, last->second + 1));
+                            absl::StrFormat("worker %d reports the parameters of iteration %d %s", r.worker_id(),
+                                            p.iteration() + 1,
+                                            p.iteration() == last->second
+                                                ? std::string("again")
+                                                : absl::StrFormat("after those of iteration %d", last->second + 1)));
       }
     }
     return grpc::Status::OK;
@@ -1845,7 +1849,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   std::optional<proto::JobState> restored;
   if (fs::exists(JobStatePath(cfg))) {
     LH_ASSIGN_OR_RETURN(restored, ReadJobState(JobStatePath(cfg), cfg));
+    const std::string out_dir = cfg.train.out_dir;  // where the state is, however it was named
     LH_ASSIGN_OR_RETURN(cfg, ParseJobConfig(restored->plan().config_toml(), "the job state's plan"));
+    cfg.train.out_dir = out_dir;
     // The state's config holds (the placement search's cut, a re-cut): said, not ignored silently.
     std::vector<std::string> changes;
     for (const std::string& o : opt.overrides)

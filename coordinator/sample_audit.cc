@@ -29,8 +29,8 @@ absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int micro
   if (std::filesystem::exists(path, ec)) {
     absl::StatusOr<std::string> read = ReadWholeFile(path);
     if (!read.ok()) {
-      return absl::Status(read.status().code(), absl::StrCat(read.status().message(),
-                                                             ": the audit so far is there; make it readable"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(read.status().message(), ": the audit so far is there; make it readable"));
     }
     text = *std::move(read);
   }

@@ -673,8 +673,9 @@ absl::Status Worker::RunIteration(int64_t it) {
     rep.set_val_batches(static_cast<int>(val_mbs_.size()));
   }
   rep.set_seconds(std::chrono::duration<double>(Clock::now() - t_start).count());
-  rep.set_compute_seconds(result.compute_seconds);
-  rep.set_wait_seconds(result.wait_seconds);
+  // Differences of rounded clocks: an iteration of waits alone may sum a hair below zero.
+  rep.set_compute_seconds(std::max(0.0, result.compute_seconds));
+  rep.set_wait_seconds(std::max(0.0, result.wait_seconds));
   rep.set_lr(result.step.lr);
   rep.set_grad_norm(result.step.grad_norm);
   for (const auto& [to, bytes] : peers_->TakeSentBytes()) {

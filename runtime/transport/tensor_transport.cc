@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <initializer_list>
 #include <iostream>
 #include <unordered_map>
@@ -157,9 +156,9 @@ void TensorServer::AcceptLoop() {
     size_t serving = 0;
     for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
     // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
-    // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: the oldest
-    // of the address that holds the most of them, so that a flood from one address pushes out its
-    // own, not a far peer of the job whose hello takes a round trip.
+    // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: a flood's
+    // from one address first, so that it pushes out its own, not a far peer of the job whose hello
+    // takes a round trip.
     const bool evicted = serving >= kMaxConnections && EvictOneInHello();
     if (evicted) {
       Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
@@ -184,15 +183,18 @@ void TensorServer::AcceptLoop() {
 bool TensorServer::EvictOneInHello() {
   std::unordered_map<uint32_t, int> in_hello_from;
   for (const Connection& c : conns_) in_hello_from[c.peer_ip] += !c.done && c.hello == Connection::kInHello;
-  std::vector<std::pair<int, uint32_t>> most_first;  // (connections in their hello, address)
+  // An address with more than half of the connections a worker serves in their hellos floods: its
+  // own give way first. Below that (a host of the job opens up to transport.connections per link
+  // for each of its workers at once), the oldest gives way, whoever holds it.
+  std::vector<std::optional<uint32_t>> order;  // addresses in turn; nullopt: any
   for (const auto& [ip, n] : in_hello_from) {
-    if (n > 0) most_first.emplace_back(n, ip);
+    if (n > kMaxConnections / 2) order.push_back(ip);
   }
-  std::sort(most_first.begin(), most_first.end(), std::greater<>());
-  // Another address's turn only where each of this one's ended its hello meanwhile.
-  for (const auto& [n, ip] : most_first) {
+  order.push_back(std::nullopt);
+  // Another turn only where each of this one's ended its hello meanwhile.
+  for (const std::optional<uint32_t>& from : order) {
     for (Connection& c : conns_) {
-      if (c.peer_ip != ip) continue;
+      if (from && c.peer_ip != *from) continue;
       std::lock_guard<std::mutex> fd_lock(c.fd_mu);
       int in_hello = Connection::kInHello;
       if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {

@@ -120,8 +120,8 @@ class AnyTensorUpTo : public TensorAdmission {
 };
 
 // Receives tensors into a Mailbox: one thread accepts, one thread serves each connection, 512 at
-// most; when all are taken, a new connection takes the place of one still in its hello, the oldest
-// of the address that holds the most of those.
+// most; when all are taken, a new connection takes the place of one still in its hello: the oldest
+// of an address holding more than half of them in their hellos, else the oldest.
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
@@ -182,8 +182,8 @@ class TensorServer {
   absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
                                       Deadline deadline);
   void Refuse(const std::string& why);
-  // Shuts down a connection still in its hello (conns_mu_ held), the oldest of the address that
-  // holds the most of them: whether there was one.
+  // Shuts down a connection still in its hello (conns_mu_ held), the oldest of an address holding
+  // more than half of kMaxConnections in their hellos, else the oldest: whether there was one.
   bool EvictOneInHello();
   void ReapFinished();
 

@@ -688,8 +688,10 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   std::ifstream(out / ".coordinator_port") >> port;
   ASSERT_GT(port, 0) << Log(out);
   const std::string address = "127.0.0.1:" + std::to_string(port);
-  auto expect_refused = [](const char* what, const grpc::Status& s, grpc::StatusCode code) {
+  auto expect_refused = [](const char* what, const grpc::Status& s, grpc::StatusCode code,
+                           const std::string& says = "") {
     EXPECT_EQ(s.error_code(), code) << what << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(says), std::string::npos) << what << ": " << s.error_message();
     std::cout << what << ": " << s.error_message() << "\n";
   };
   // Calls without the run's secret (`longhaul local` made one) are refused before they are read:
@@ -765,13 +767,14 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     EXPECT_EQ(second_ended.error_code(), grpc::StatusCode::ABORTED) << second_ended.error_message();
   }
   // A worker's report that it is done (with a timeline of `timeline_bytes`), refused with `code`.
-  auto done_refused = [&](const char* what, int id, bool ok, uint64_t timeline_bytes, grpc::StatusCode code) {
+  auto done_refused = [&](const char* what, int id, bool ok, uint64_t timeline_bytes, grpc::StatusCode code,
+                          const std::string& says = "") {
     grpc::ClientContext ctx;
     proto::DoneReport done;
     done.set_worker_id(id);
     done.set_ok(ok);
     done.set_timeline_bytes(timeline_bytes);
-    expect_refused(what, coordinator->ReportDone(&ctx, done, &empty), code);
+    expect_refused(what, coordinator->ReportDone(&ctx, done, &empty), code, says);
   };
   done_refused("done report of worker 1000", 1000, false, 0, grpc::StatusCode::NOT_FOUND);
   {
@@ -894,7 +897,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     proto::CheckpointChunk chunk;
     chunk.set_worker_id(0);
     chunk.set_plan_version(1);
-    chunk.set_step(100);
+    chunk.set_step(2);
     chunk.set_piece("stage_0_shard_0");
     chunk.set_file("model.safetensors");
     chunk.set_file_bytes(4);
@@ -942,7 +945,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     c.set_file("../../job_state.pb");
     ship("a file no checkpoint holds", c, grpc::StatusCode::INVALID_ARGUMENT);
     refuse_bad_parts("file", chunk, ship);
-    EXPECT_FALSE(fs::exists(out / "checkpoints" / "stage_0_shard_0" / "step_00000100")) << "a refused part was written";
+    EXPECT_FALSE(fs::exists(out / "checkpoints" / "stage_0_shard_0" / "step_00000002")) << "a refused part was written";
     grpc::ClientContext ctx;
     proto::CheckpointFetch fetch;
     fetch.set_worker_id(0);
@@ -1059,10 +1062,11 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     ready.set_plan_version(1);
     proto::ReadyReply ready_reply;
     expect_refused("a spare ready for the plan", coordinator->Ready(&ready_ctx, ready, &ready_reply),
-                   grpc::StatusCode::FAILED_PRECONDITION);
+                   grpc::StatusCode::FAILED_PRECONDITION, "has no place in plan version 1");
   }
   // A worker done is never lost: one the plan runs cannot say so before the job ends.
-  done_refused("a placed worker done mid-run", 1, true, 0, grpc::StatusCode::FAILED_PRECONDITION);
+  done_refused("a placed worker done mid-run", 1, true, 0, grpc::StatusCode::FAILED_PRECONDITION,
+               "the job has not finished");
   {
     grpc::ClientContext ctx;
     proto::RegisterRequest reg;
@@ -1072,23 +1076,28 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("a registration with a 1 MiB address", coordinator->Register(&ctx, reg, &reply),
                    grpc::StatusCode::INVALID_ARGUMENT);
   }
-  for (const auto& [what, report] :
-       std::vector<std::pair<const char*, std::function<void(proto::IterationReport&)>>>{
-           {"a report of a NaN compute time", [](proto::IterationReport& r) { r.set_compute_seconds(std::nan("")); }},
-           {"a report of a negative wait", [](proto::IterationReport& r) { r.set_wait_seconds(-1); }},
-           {"a report of the job's last iteration, far ahead", [](proto::IterationReport& r) { r.set_iteration(999); }},
-           {"a report of iteration 3's parameters again", [](proto::IterationReport& r) {
-              r.set_iteration(2);
-              r.add_params()->set_iteration(2);
-            }}}) {
+  // Worker 0 has reported iteration 3 (which carries iteration 2's parameters, pulled late), and
+  // an iteration 100 past the job's is far ahead of it, within its steps.
+  const int64_t done = static_cast<int64_t>(WaitForSteps(out, 5));
+  ASSERT_LT(done + 100, 1000) << "the job ran out before the crafted calls: " << Log(out);
+  for (const auto& [what, report, code, says] :
+       std::vector<std::tuple<const char*, std::function<void(proto::IterationReport&)>, grpc::StatusCode,
+                              std::string>>{
+           {"a report of a NaN compute time", [](proto::IterationReport& r) { r.set_compute_seconds(std::nan("")); },
+            grpc::StatusCode::INVALID_ARGUMENT, "gives a time of nan s"},
+           {"a report of a negative wait", [](proto::IterationReport& r) { r.set_wait_seconds(-1); },
+            grpc::StatusCode::INVALID_ARGUMENT, "gives a time of -1 s"},
+           {"a report far ahead", [done](proto::IterationReport& r) { r.set_iteration(done + 100); },
+            grpc::StatusCode::OUT_OF_RANGE, "past the last complete one"},
+           {"a report of iteration 3's parameters again", [](proto::IterationReport& r) { r.add_params()->set_iteration(2); },
+            grpc::StatusCode::INVALID_ARGUMENT, "reports the parameters of iteration 3 after those of"}}) {
     grpc::ClientContext ctx;
     proto::IterationReport rep;
     rep.set_worker_id(0);
     rep.set_plan_version(1);
     rep.set_iteration(2);
     report(rep);
-    expect_refused(what, coordinator->ReportIteration(&ctx, rep, &empty),
-                   rep.iteration() == 999 ? grpc::StatusCode::OUT_OF_RANGE : grpc::StatusCode::INVALID_ARGUMENT);
+    expect_refused(what, coordinator->ReportIteration(&ctx, rep, &empty), code, says);
   }
   for (auto [reporter, stage, code] : {std::tuple{1000, 1, grpc::StatusCode::NOT_FOUND},
                                        std::tuple{0, 7, grpc::StatusCode::INVALID_ARGUMENT}}) {
@@ -1394,6 +1403,18 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   const fs::path copy = Dir("untrusted_state_copy");
   fs::copy(out, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   refused("a copied run directory", copy, "a run directory copied or moved elsewhere goes on from its checkpoints");
+  // The state as the killed job left it is trusted: the coordinator resumes the job from it.
+  {
+    const pid_t pid = Start("coordinator", out, {}, {"--listen", "127.0.0.1:0"});
+    Reaper resumed{pid};
+    bool resuming = false;
+    for (int i = 0; i < 300 && !resuming; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      resuming = Log(out).find("resuming job 'equivalence' from its job state") != std::string::npos;
+    }
+    EXPECT_TRUE(resuming) << Log(out);
+    EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the coordinator did not wait for its workers: " << Log(out);
+  }
 }
 
 TEST(Cluster, AWorkerThatRegistersLateDoesNotKillTheJob) {
