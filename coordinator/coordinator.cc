@@ -74,10 +74,17 @@ absl::StatusOr<std::string> RunDirToken(const std::string& out_dir) {
 
 std::string JobStatePath(const JobConfig& cfg) { return (fs::path(cfg.train.out_dir) / "job_state.pb").string(); }
 
+// A job state and the config of its plan, which the job goes on under.
+struct RestoredJob {
+  proto::JobState state;
+  JobConfig cfg;
+};
+
 // The job state a coordinator before this one left in `cfg`'s train.out_dir, checked before
-// anything is indexed by it: its plan a layout of its own config (which the job goes on under),
-// each placed worker one it recorded, and written in this directory, not one it was copied from.
-absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobConfig& cfg) {
+// anything is indexed by it: its plan a layout of its own config, each placed worker one it
+// recorded, and written in this directory, not one it was copied from. The config keeps `cfg`'s
+// train.out_dir, where the state is, however the state names it.
+absl::StatusOr<RestoredJob> ReadJobState(const std::string& path, const JobConfig& cfg) {
   const absl::StatusOr<std::string> bytes = ReadWholeFile(path);
   if (!bytes.ok()) return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", bytes.status().message()));
   auto damaged = [&](const std::string& why) {
@@ -93,7 +100,7 @@ absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobC
   }
   // Each restart publishes the version two past it.
   if (state.plan().version() > uint64_t{1} << 62) return damaged(absl::StrCat(" (plan version ", state.plan().version(), ")"));
-  const absl::StatusOr<JobConfig> run = ParseJobConfig(state.plan().config_toml(), "its plan's config");
+  absl::StatusOr<JobConfig> run = ParseJobConfig(state.plan().config_toml(), "the job state's plan");
   if (!run.ok()) return damaged(absl::StrCat(" (", run.status().message(), ")"));
   // A relative train.out_dir the state holds may not resolve from this coordinator's directory:
   // only one that resolves elsewhere is another job's directory.
@@ -116,7 +123,8 @@ absl::StatusOr<proto::JobState> ReadJobState(const std::string& path, const JobC
       return damaged(absl::StrFormat(" (its plan places worker %d, which it does not record)", a.worker_id()));
     }
   }
-  return state;
+  run->train.out_dir = cfg.train.out_dir;
+  return RestoredJob{std::move(state), *std::move(run)};
 }
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -992,7 +1000,7 @@ class Service final : public proto::Coordinator::Service {
     }
     // Held until complete: no worker runs further ahead of the others than its mailbox's window,
     // here with room for reports on their way.
-    const int64_t ahead = 8 * std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps + 1);
+    const int64_t ahead = 8 * Mailbox::WindowIterations(cfg_.train.local_steps);
     if (iteration > std::max(completed_through_, start_ - 1) + ahead) {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                           absl::StrFormat("iteration %d is more than %d past the last complete one, %d", iteration + 1,
@@ -1043,7 +1051,7 @@ class Service final : public proto::Coordinator::Service {
   // A report's times are durations: what the straggler watch and the metrics divide by.
   static grpc::Status CheckTimes(const proto::IterationReport& r) {
     for (const double t : {r.seconds(), r.compute_seconds(), r.wait_seconds()}) {
-      if (!std::isfinite(t) || t < 0 || t > 1e7) {
+      if (!std::isfinite(t) || t < 0 || t > kLongestSeconds) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrFormat("worker %d's report of iteration %d gives a time of %g s", r.worker_id(),
                                             r.iteration() + 1, t));
@@ -1848,16 +1856,16 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   // config of that job's plan (the placement search's cut included), from its last checkpoint.
   std::optional<proto::JobState> restored;
   if (fs::exists(JobStatePath(cfg))) {
-    LH_ASSIGN_OR_RETURN(restored, ReadJobState(JobStatePath(cfg), cfg));
-    const std::string out_dir = cfg.train.out_dir;  // where the state is, however it was named
-    LH_ASSIGN_OR_RETURN(cfg, ParseJobConfig(restored->plan().config_toml(), "the job state's plan"));
-    cfg.train.out_dir = out_dir;
+    LH_ASSIGN_OR_RETURN(RestoredJob job, ReadJobState(JobStatePath(cfg), cfg));
+    restored = std::move(job.state);
+    cfg = std::move(job.cfg);
     // The state's config holds (the placement search's cut, a re-cut): said, not ignored silently.
     std::vector<std::string> changes;
     for (const std::string& o : opt.overrides)
       if (!absl::StartsWith(o, "train.out_dir=")) changes.push_back(o);
-    if (const absl::StatusOr<JobConfig> with = ParseJobConfig(cfg.toml_text, "the job state's plan", changes);
-        !changes.empty() && (!with.ok() || with->as_json != cfg.as_json)) {
+    absl::StatusOr<JobConfig> with = cfg;
+    if (!changes.empty()) with = ParseJobConfig(cfg.toml_text, "the job state's plan", changes);
+    if (!with.ok() || with->as_json != cfg.as_json) {
       std::cout << "coordinator: warning: --set " << absl::StrJoin(changes, " --set ")
                 << " is not applied: a job resumed from its job state runs on under its plan's config; to change it, "
                    "stop the job, remove job_state.pb and resume from the last checkpoint with --set "

@@ -2,14 +2,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/safetensors.h"
+#include "metrics/metrics_log.h"
 #include "util/atomic_file.h"
 
 namespace longhaul {
@@ -24,21 +23,14 @@ absl::StatusOr<SampleAudit> SampleAudit::Open(const std::string& path, int micro
   SampleAudit audit;
   audit.path_ = path;
   audit.micro_batches_ = micro_batches;
-  std::error_code ec;
-  std::string text;
-  if (std::filesystem::exists(path, ec)) {
-    absl::StatusOr<std::string> read = ReadWholeFile(path);
-    if (!read.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(read.status().message(), ": the audit so far is there; make it readable"));
-    }
-    text = *std::move(read);
+  absl::StatusOr<std::vector<std::string>> lines = ReadCompleteLines(path);
+  if (absl::IsNotFound(lines.status())) lines = std::vector<std::string>();
+  if (!lines.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(lines.status().message(), ": the audit so far is there; make it readable"));
   }
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  // The text after the last newline is empty, or the row a killed process was writing.
-  lines.pop_back();
-  for (int n = 1; n <= static_cast<int>(lines.size()); ++n) {
-    const absl::string_view line = lines[n - 1];
+  for (int n = 1; n <= static_cast<int>(lines->size()); ++n) {
+    const absl::string_view line = (*lines)[n - 1];
     if (n == 1 || line.empty()) continue;
     const std::vector<std::string> cells = absl::StrSplit(line, ',');
     int64_t step = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/job_config.h"
 
 namespace longhaul {
 namespace {
@@ -107,7 +108,7 @@ absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::Register
   }
   if (!st.ok()) return FromGrpc(st, absl::StrCat("the coordinator at ", address_, " refused this worker"));
   // Deadlines and periods are made of them: a zero would spin, a NaN or a huge one overflow.
-  auto sane = [](double s) { return std::isfinite(s) && s > 0 && s <= 1e7; };
+  auto sane = [](double s) { return std::isfinite(s) && s > 0 && s <= kLongestSeconds; };
   if (!sane(reply.heartbeat_s()) || !sane(reply.dead_after_s()) || reply.dead_after_s() <= reply.heartbeat_s()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the coordinator at %s gave a heartbeat every %g s and a worker lost after %g s of silence: it is no longhaul "

@@ -89,12 +89,7 @@ class Worker {
     return ((cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end_) &&
            cfg_.train.ExchangesAfter(it, end_);
   }
-  // Iterations the mailbox accepts from the one under way: the next too, or with local updates the
-  // next local_steps, as far as another replica can run ahead of this one: to the exchange after
-  // the last one this worker took part in (at the start, the initial broadcast).
-  int64_t WindowIterations() const {
-    return std::max<int64_t>(Mailbox::kWindowIterations, cfg_.train.local_steps + 1);
-  }
+  int64_t WindowIterations() const { return Mailbox::WindowIterations(cfg_.train.local_steps); }
   // A spare builds, while it waits, the stage of every place of the job's own layout, each run once
   // forward and backward so that its memory is touched and its kernels loaded; a resumed version
   // that places it takes the one it needs (Setup). Building one cost a spare's set-up 9-13 ms of

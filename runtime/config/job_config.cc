@@ -299,8 +299,8 @@ const std::vector<KeyDef>& Table() {
          for (int d : c.cluster.stage_backends) names.push_back(BackendName(d));
          return names;
        }},
-      Value("cluster", "heartbeat_s", R::kFree, LH_FIELD(cluster.heartbeat_s), AboveUpTo(0, 1e7)),
-      Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), AboveUpTo(0, 1e7)),
+      Value("cluster", "heartbeat_s", R::kFree, LH_FIELD(cluster.heartbeat_s), AboveUpTo(0, kLongestSeconds)),
+      Value("cluster", "dead_after_s", R::kFree, LH_FIELD(cluster.dead_after_s), AboveUpTo(0, kLongestSeconds)),
       Value("cluster", "lifeline_grace_s", R::kFree, LH_FIELD(cluster.lifeline_grace_s), Above(0)),
       Value("cluster", "spares", R::kFree, LH_FIELD(cluster.spares), Within(0, 1024)),
       Value("cluster", "spare_wait_s", R::kFree, LH_FIELD(cluster.spare_wait_s), Within(0.0, 86400.0)),

@@ -80,6 +80,10 @@ struct TrainConfig {
   }
 };
 
+// The longest period or duration of a job, in seconds (about 116 days): a heartbeat, a silence, an
+// iteration. Deadlines made of more overflow.
+inline constexpr double kLongestSeconds = 1e7;
+
 struct ClusterConfig {
   std::string job_id = "longhaul";  // every process of a job must agree; strangers are refused
   int stages = 1;                   // pipeline stages

@@ -15,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "metrics/loss_curve.h"
 #include "util/atomic_file.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -66,16 +67,20 @@ const std::string& MetricsHeader() {
   return header;
 }
 
-absl::StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
+absl::StatusOr<std::vector<std::string>> ReadCompleteLines(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-  absl::StatusOr<std::string> read = ReadWholeFile(path);
-  if (!read.ok()) return absl::InternalError(read.status().message());
-  const std::string text = *std::move(read);
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  const absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return absl::InternalError(text.status().message());
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   // The text after the last newline is empty, or the row a killed process was writing: never a
   // complete row.
   lines.pop_back();
+  return lines;
+}
+
+absl::StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
+  LH_ASSIGN_OR_RETURN(const std::vector<std::string> lines, ReadCompleteLines(path));
   std::vector<MetricsRow> rows;
   if (lines.empty()) return rows;  // killed before the header was out: nothing was recorded
 

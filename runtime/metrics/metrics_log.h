@@ -30,6 +30,11 @@ struct MetricsRow {
 // The header line of metrics.csv, without the newline.
 const std::string& MetricsHeader();
 
+// The complete lines of a file that grows by appended rows (metrics.csv, samples.csv): the text
+// after the last newline, the row a killed process was writing, is dropped. NotFound where the
+// file does not exist; Internal where it does and cannot be read.
+absl::StatusOr<std::vector<std::string>> ReadCompleteLines(const std::string& path);
+
 // Every complete row of a metrics.csv. `step` and `loss` are required columns; any other column
 // may be missing (its default is used) and unknown columns are ignored. A malformed file is a
 // DataLoss error naming the file and line. A missing file is NotFound.

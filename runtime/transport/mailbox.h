@@ -10,6 +10,7 @@
 // parameters are still to be pulled (an overlapped exchange), lo is that iteration and the width
 // one more. Moving the window drops whatever older
 // tensors are still held, so a peer cannot park memory here.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,6 +39,12 @@ struct TensorKey {
 class Mailbox {
  public:
   static constexpr int64_t kWindowIterations = 2;
+  // Iterations a worker's mailbox accepts from the one under way: the next too, or with local
+  // updates every `local_steps` iteration, as far as another replica can run ahead of this one: to
+  // the exchange after the last one this worker took part in (at the start, the initial broadcast).
+  static int64_t WindowIterations(int local_steps) {
+    return std::max<int64_t>(kWindowIterations, int64_t{local_steps} + 1);
+  }
 
   // Accepts network tensors of iterations [lo, lo + width) from now on and drops held tensors of
   // earlier iterations. Until the first call every iteration is accepted.

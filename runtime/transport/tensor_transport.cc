@@ -15,7 +15,6 @@
 #include <iostream>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -183,16 +182,15 @@ void TensorServer::AcceptLoop() {
 bool TensorServer::EvictOneInHello() {
   std::unordered_map<uint32_t, int> in_hello_from;
   for (const Connection& c : conns_) in_hello_from[c.peer_ip] += !c.done && c.hello == Connection::kInHello;
-  // An address with more than half of the connections a worker serves in their hellos floods: its
-  // own give way first. Below that (a host of the job opens up to transport.connections per link
-  // for each of its workers at once), the oldest gives way, whoever holds it.
-  std::vector<std::optional<uint32_t>> order;  // addresses in turn; nullopt: any
+  // An address with more than half of the connections a worker serves in their hellos (one at
+  // most) floods: its own give way first. Below that (a host of the job opens up to
+  // transport.connections per link for each of its workers at once), the oldest gives way,
+  // whoever holds it; so too where each of the flood's ended its hello meanwhile.
+  std::optional<uint32_t> flood;
   for (const auto& [ip, n] : in_hello_from) {
-    if (n > kMaxConnections / 2) order.push_back(ip);
+    if (n > kMaxConnections / 2) flood = ip;
   }
-  order.push_back(std::nullopt);
-  // Another turn only where each of this one's ended its hello meanwhile.
-  for (const std::optional<uint32_t>& from : order) {
+  auto evict_oldest = [&](std::optional<uint32_t> from) {
     for (Connection& c : conns_) {
       if (from && c.peer_ip != *from) continue;
       std::lock_guard<std::mutex> fd_lock(c.fd_mu);
@@ -202,8 +200,9 @@ bool TensorServer::EvictOneInHello() {
         return true;
       }
     }
-  }
-  return false;
+    return false;
+  };
+  return (flood && evict_oldest(flood)) || evict_oldest(std::nullopt);
 }
 
 void TensorServer::ReapFinished() {
