@@ -780,9 +780,14 @@ class Service final : public proto::Coordinator::Service {
     while (!ctx->IsCancelled() && !finished_ && abort_.empty() && members_.Check(id).ok() &&
            lifeline_calls_[id] == call) {
       if (plan_.version() > told || told_members != members_.changes()) {
+        const bool new_version = plan_.version() > told;
         told = plan_.version();
         told_members = members_.changes();
         proto::LifelineNews n;
+        if (new_version && AssignmentOf(plan_, id) != nullptr) {
+          *n.mutable_plan() = plan_;
+          n.mutable_plan()->set_run_dir_token(run_dir_token_);
+        }
         n.set_plan_version(told);
         for (const auto& [worker, reg] : members_.registrations()) {
           proto::Peer* p = n.add_members();

@@ -73,6 +73,10 @@ void CoordinatorClient::HoldLifeline() {
         std::lock_guard<std::mutex> lock(members_mu_);
         members_.emplace(news.members().begin(), news.members().end());
       }
+      if (news.has_plan()) {
+        std::lock_guard<std::mutex> lock(news_mu_);
+        if (!news_plan_ || news_plan_->version() < news.plan().version()) news_plan_ = std::move(*news.mutable_plan());
+      }
       HeardOfPlan(news.plan_version());
     }
     (void)reader->Finish();
@@ -186,6 +190,10 @@ absl::StatusOr<Reply> CoordinatorClient::LongPoll(
 }
 
 absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version, double max_wait_s) {
+  {
+    std::lock_guard<std::mutex> lock(news_mu_);
+    if (news_plan_ && news_plan_->version() > known_version) return *std::exchange(news_plan_, std::nullopt);
+  }
   proto::PlanRequest req;
   req.set_worker_id(id_);
   req.set_known_version(known_version);

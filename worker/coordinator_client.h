@@ -44,7 +44,8 @@ class CoordinatorClient {
   absl::Status ReportProfile(const proto::ComputeProfile& compute);
   // A plan newer than `known_version` with a place for this worker: waits as long as it takes
   // (every worker to register; a spare, a lost worker's place), or at most `max_wait_s` where that
-  // is positive (Unavailable past it). OutOfRange: the job finished without one.
+  // is positive (Unavailable past it). OutOfRange: the job finished without one. One the lifeline
+  // brought is taken without asking.
   absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0);
   // The plan version this worker runs: a heartbeat that sees a newer one calls on_stop.
   void SetPlanVersion(uint64_t version) { plan_version_ = version; }
@@ -118,6 +119,7 @@ class CoordinatorClient {
   std::atomic<uint64_t> newest_plan_{0};  // the newest plan version heard of
   std::mutex news_mu_;     // HeardOfPlan's, from two threads
   uint64_t replaced_ = 0;  // the newest plan version on_stop was called for
+  std::optional<proto::Plan> news_plan_;  // the newest plan the lifeline brought, until AwaitPlan takes it
   std::atomic<bool> job_stopped_{false};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;

@@ -1,7 +1,8 @@
 // The worker's coordinator client against a coordinator faked in-process: it registers, waits
 // out "no plan yet", heartbeats from registration on, hears a stop within a heartbeat and a newer
-// plan once, hears that the job finished, gives up waiting for a plan when told to, notices a
-// coordinator that went away after dead_after_s, and names an unreachable one.
+// plan once, takes the plan its lifeline brought without asking, hears that the job finished,
+// gives up waiting for a plan when told to, notices a coordinator that went away after
+// dead_after_s, and names an unreachable one.
 #include "worker/coordinator_client.h"
 
 #include <gtest/gtest.h>
@@ -45,7 +46,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     reply->set_plan_version(plan_version);
     return grpc::Status::OK;
   }
-  // Writes each new plan version until the client ends the call.
+  // Writes each new plan version until the client ends the call (with the plan itself where
+  // lifeline_plans says so, as the coordinator does to a worker the plan places).
   grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest*,
                         grpc::ServerWriter<proto::LifelineNews>* writer) override {
     uint64_t told = plan_version;
@@ -54,6 +56,10 @@ class FakeCoordinator final : public proto::Coordinator::Service {
         told = plan_version;
         proto::LifelineNews news;
         news.set_plan_version(told);
+        if (lifeline_plans) {
+          news.mutable_plan()->set_version(told);
+          news.mutable_plan()->set_job_id("from the lifeline");
+        }
         if (!writer->Write(news)) break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -63,7 +69,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   std::atomic<double> heartbeat_s{0.05}, dead_after_s{0.5};
   std::atomic<int> plan_polls{0}, heartbeats{0};
   std::atomic<int64_t> last_iteration{-1};
-  std::atomic<bool> abort{false}, finished{false};
+  std::atomic<bool> abort{false}, finished{false}, lifeline_plans{false};
   std::atomic<uint64_t> plan_version{0};
 };
 
@@ -157,9 +163,11 @@ TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(800));
 }
 
-// With heartbeats 5 s apart, a newer plan still reaches the worker at once: on its lifeline.
+// With heartbeats 5 s apart, a newer plan still reaches the worker at once: on its lifeline, which
+// brings the plan itself too, taken without asking for it.
 TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
   Running coordinator;
+  coordinator.service.lifeline_plans = true;
   coordinator.service.heartbeat_s = 5;
   coordinator.service.dead_after_s = 30;
   StopRecorder stop;
@@ -175,8 +183,19 @@ TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "plan 10 reached the worker " << took << " s after it was made (heartbeats 5 s apart)\n";
   EXPECT_EQ(coordinator.service.heartbeats, beats) << "no heartbeat came between: the lifeline carried it";
-  std::lock_guard<std::mutex> lock(stop.mu);
-  EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
+  {
+    std::lock_guard<std::mutex> lock(stop.mu);
+    EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
+  }
+  const int polls = coordinator.service.plan_polls;
+  // The fake's GetPlan has nothing past version 9: only the lifeline's plan answers in time.
+  absl::StatusOr<proto::Plan> plan = client.AwaitPlan(9, 1.0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->version(), 10u);
+  EXPECT_EQ(plan->job_id(), "from the lifeline");
+  EXPECT_EQ(coordinator.service.plan_polls, polls) << "the plan the lifeline brought is taken without asking";
+  // Taken once: the next wait asks the coordinator again.
+  EXPECT_EQ(client.AwaitPlan(10, 0.3).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
