@@ -19,13 +19,24 @@ absl::Status PsHost::Send(int64_t it, PsShard& shard) {
   return absl::OkStatus();
 }
 
+absl::Status PsHost::MakePending() {
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (shards_[k]) continue;
+    LH_ASSIGN_OR_RETURN(shards_[k], pending_[k]());
+    pending_[k] = nullptr;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PsHost::Broadcast(int64_t it) {
+  LH_RETURN_IF_ERROR(MakePending());
   for (auto& shard : shards_) LH_RETURN_IF_ERROR(Send(it, *shard));
   return absl::OkStatus();
 }
 
 absl::Status PsHost::ReduceNorm(int64_t it) {
   if (shards_.empty()) return absl::OkStatus();
+  LH_RETURN_IF_ERROR(MakePending());
   std::vector<ShardSquares> squares;
   for (auto& shard : shards_) {
     for (int r = 0; r < replicas_; ++r)
@@ -54,6 +65,7 @@ absl::Status PsHost::ReduceNorm(int64_t it) {
 absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
   OptimizerStepResult result;
   if (shards_.empty()) return result;
+  LH_RETURN_IF_ERROR(MakePending());
   if (norm_iteration_ != it) {
     return absl::FailedPreconditionError(
         absl::StrFormat("iteration %d steps before its gradient norm was reduced (schedule out of order)", it + 1));
@@ -75,16 +87,19 @@ absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
 std::vector<PsHost::Hosted> PsHost::Release() {
   std::vector<Hosted> out;
   for (size_t k = 0; k < shards_.size(); ++k) {
+    if (!shards_[k]) continue;
     shards_[k]->DiscardGradients();
     out.push_back({std::move(shards_[k]), stepped_[k]});
   }
   shards_.clear();
+  pending_.clear();
   stepped_.clear();
   return out;
 }
 
 absl::Status PsHost::Checkpoint(int64_t step, const std::string& checkpoints_root, const nlohmann::json& run_config,
                                 const std::function<absl::Status(const proto::CheckpointReport&)>& report) {
+  LH_RETURN_IF_ERROR(MakePending());
   for (auto& shard : shards_) {
     const std::string root = ShardCheckpointRoot(checkpoints_root, stage_, shard->shard());
     const size_t n = shard->size();

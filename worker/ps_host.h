@@ -50,10 +50,17 @@ class PsHost {
          OuterOptimizer outer, PsLinks links);
 
   // `stepped`: the last iteration whose step the shard's state holds, where the caller knows it.
-  void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) {
+  void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) { AddPending(nullptr, stepped, std::move(shard)); }
+  // A shard whose state is still being read (a recovery's, from the checkpoint, while the first
+  // forwards compute): `make` waits for what it reads and builds the shard, at the host's first
+  // exchange (Broadcast, ReduceNorm, Step or Checkpoint), in the place of the order it was added.
+  using MakeShard = std::function<absl::StatusOr<std::unique_ptr<PsShard>>()>;
+  void AddPending(MakeShard make, int64_t stepped, std::unique_ptr<PsShard> shard = nullptr) {
     shards_.push_back(std::move(shard));
+    pending_.push_back(std::move(make));
     stepped_.push_back(stepped);
   }
+  // The hosted shards, a pending one null until it is made.
   const std::vector<std::unique_ptr<PsShard>>& shards() const { return shards_; }
   // A hosted shard and the last iteration it stepped (-1: unknown).
   struct Hosted {
@@ -61,7 +68,8 @@ class PsHost {
     int64_t stepped = -1;
   };
   // Every hosted shard, without the gradients of an iteration under way: a new plan version's
-  // host keeps one whose state is the one it resumes from.
+  // host keeps one whose state is the one it resumes from. A pending one is dropped unmade (once
+  // its reading ended): the next version reads it again.
   std::vector<Hosted> Release();
 
   // Sends every hosted shard's parameters to every replica (how a run starts: the same init, or
@@ -81,6 +89,8 @@ class PsHost {
 
  private:
   absl::Status Send(int64_t it, PsShard& shard);
+  // Makes every pending shard (AddPending).
+  absl::Status MakePending();
 
   const int worker_id_, stage_, replicas_, groups_;
   const LrSchedule schedule_;
@@ -88,6 +98,7 @@ class PsHost {
   const OuterOptimizer outer_;
   PsLinks links_;
   std::vector<std::unique_ptr<PsShard>> shards_;
+  std::vector<MakeShard> pending_;  // [shard of shards_]: how to make it while it is null
   std::vector<int64_t> stepped_;  // [shard of shards_]: the last iteration it stepped, -1 where unknown
   // One shard's parameters and moments on their way to a checkpoint, kept between checkpoints:
   // memory allocated afresh for every one was 3-4x slower to fill on the VMs we measure.

@@ -95,6 +95,10 @@ class Worker {
   // that places it takes the one it needs (Setup). Building one cost a spare's set-up 9-13 ms of
   // the demo's recovery, and its first iteration ran its compute at half pace.
   void WarmSpareStages(const JobConfig& cfg, const std::string& config_toml);
+  // A placed spare's other warm stages go. A GPU's go at once, before the set-up allocates its
+  // shards there; host memory is freed on a thread of its own (freeing_), off the recovery's path:
+  // freeing it took 1-3 ms of a demo spare's 3-11 ms set-up on these shared cores.
+  void RetireWarmStages();
   // What a stage is built for: its index, device and slots, and the job config's text.
   static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
     return absl::StrCat(stage, " ", device, " ", slots, "\n", config_toml);
@@ -173,6 +177,7 @@ class Worker {
   std::vector<float> snapshot_;
   int64_t snapshot_step_ = -1;
   std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
+  std::future<void> freeing_;  // RetireWarmStages' thread (its destructor waits for it)
   ClientPool clients_;  // outlives each version's peers_, whose clients they are
   std::vector<proto::Peer> members_;  // the workers not lost, as the lifeline last told
   std::unique_ptr<PeerDirectory> peers_;
@@ -291,6 +296,16 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
     }
     if (warmed) warm_stages_[StageKey(s, *device, request.slots, config_toml)] = *std::move(stage);
   }
+}
+
+void Worker::RetireWarmStages() {
+  if (warm_stages_.empty()) return;
+  bool on_host = true;
+  for (int s = 0; s < cfg_.cluster.stages; ++s) on_host = on_host && Device(cfg_, s).value_or(0) < 0;
+  if (on_host) {
+    freeing_ = std::async(std::launch::async, [stages = std::move(warm_stages_)]() mutable { stages.clear(); });
+  }
+  warm_stages_.clear();
 }
 
 void Worker::WarmClients(const JobConfig& cfg) {
@@ -465,11 +480,10 @@ absl::Status Worker::Setup() {
   if (!kept) {
     stage_.reset();
     // A spare's warm stage, where the checkpoint sets every parameter (not for a start from the
-    // seed's or init_from's, nor one that steps itself: those are built with what they need); the
-    // others go before anything else is allocated.
+    // seed's or init_from's, nor one that steps itself: those are built with what they need).
     auto warm = warm_stages_.find(stage_key);
     if (resumed && !local_updates && warm != warm_stages_.end()) stage_ = std::move(warm->second);
-    warm_stages_.clear();
+    RetireWarmStages();
     if (!stage_) {
       LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
     }
@@ -540,29 +554,44 @@ absl::Status Worker::Setup() {
       continue;
     }
     if (!owns && (!resumed || holds)) continue;
-    // The shard's state: the stage's initial parameters, or the checkpoint's (with the moments
-    // where this worker hosts it).
-    const float* state = init + begin;
-    std::vector<float> params, m, v;
-    if (resumed) {
-      if (!shard_pieces) {
-        LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch_));
-        LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
-      }
-      params.resize(n);
-      if (owns) m.resize(n), v.resize(n);
-      LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, stage_->layout().Slice(sp.first_tensor(), sp.end_tensor()),
-                                        params.data(), owns ? m.data() : nullptr, owns ? v.data() : nullptr, false,
-                                        fetch_));
-      if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
-      state = params.data();
+    if (!resumed) {  // the stage's initial parameters
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
+                          MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
+                                      sp.end_tensor(), cfg_.cluster.replicas));
+      LH_RETURN_IF_ERROR(shard->SetState(init + begin, nullptr, nullptr));
+      ps_host_->Add(std::move(shard), start - 1);
+      continue;
     }
+    if (!shard_pieces) {
+      LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch_));
+      LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
+    }
+    const ParamLayout slice = stage_->layout().Slice(sp.first_tensor(), sp.end_tensor());
+    std::vector<float> params(n);
+    LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
+    if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
     if (!owns) continue;
-    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
-                        MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
-                                    sp.end_tensor(), cfg_.cluster.replicas));
-    LH_RETURN_IF_ERROR(shard->SetState(state, resumed ? m.data() : nullptr, resumed ? v.data() : nullptr));
-    ps_host_->Add(std::move(shard), start - 1);
+    // The shard's moments, two thirds of what it reads, are read on a thread of their own while
+    // the first forwards compute, and the shard is made at the first exchange: read and made here,
+    // they took a stage-0 spare's set-up 3-7 ms of its 8-15 on the demo's shared cores.
+    using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
+    std::shared_future<Moments> moments =
+        std::async(std::launch::async, [pieces = *shard_pieces, slice, n, fetch = fetch_]() -> Moments {
+          std::vector<float> mv(2 * n);
+          LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n, false, fetch));
+          return mv;
+        }).share();
+    ps_host_->AddPending(
+        [moments, params = std::move(params), device, adamw = cfg_.train.adamw, layout = &stage_->layout(),
+         stage = s_, sp, replicas = cfg_.cluster.replicas]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+          const Moments& mv = moments.get();
+          if (!mv.ok()) return mv.status();
+          LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
+                                                                          sp.first_tensor(), sp.end_tensor(), replicas));
+          LH_RETURN_IF_ERROR(shard->SetState(params.data(), mv->data(), mv->data() + params.size()));
+          return shard;
+        },
+        start - 1);
   }
   if (local_updates && resumed) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,

@@ -377,7 +377,7 @@ absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const Para
 absl::StatusOr<CheckpointData> LoadCheckpointTensors(const std::string& dir, const std::vector<ParamTensor>& tensors,
                                                      float* params, float* m, float* v) {
   LH_ASSIGN_OR_RETURN(State state, ReadState(dir));
-  LH_RETURN_IF_ERROR(ReadListedInto(dir, state, "model.safetensors", tensors, {{"", params}}));
+  if (params != nullptr) LH_RETURN_IF_ERROR(ReadListedInto(dir, state, "model.safetensors", tensors, {{"", params}}));
   if (m != nullptr && v != nullptr) {
     LH_RETURN_IF_ERROR(
         ReadListedInto(dir, state, "optimizer.safetensors", tensors, {{"exp_avg.", m}, {"exp_avg_sq.", v}}));

@@ -100,7 +100,8 @@ absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir);
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,
                                               float* m, float* v);
 // LoadCheckpoint of some of a directory's tensors, each to its own offset in the buffers: a
-// checkpoint written under another cut of the model holds a stage's tensors in several.
+// checkpoint written under another cut of the model holds a stage's tensors in several. Without
+// `params` only the moments are read (their file alone).
 absl::StatusOr<CheckpointData> LoadCheckpointTensors(const std::string& dir, const std::vector<ParamTensor>& tensors,
                                                      float* params, float* m, float* v);
 

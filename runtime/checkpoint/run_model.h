@@ -55,12 +55,13 @@ absl::StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(
 absl::Status FetchPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout,
                          const FetchPiece& fetch);
 
-// Reads `layout`'s tensors (and with m and v their AdamW moments) from the pieces that hold them,
-// whatever stages and shards wrote them: a stage of a new cut of the model resumes from the old
-// cut's files. Sizes, CRC-32s, names and shapes are checked; a tensor no piece holds, or a piece's
-// missing directory, is named with the fix. With `skip_absent`, a piece whose directory is missing
-// leaves its tensors as they were (error-feedback residuals a stage without int8 pushes never
-// kept, which are zero). With `fetch`, every piece that holds a wanted tensor is fetched first.
+// Reads `layout`'s tensors (and with m and v their AdamW moments; without params those alone) from
+// the pieces that hold them, whatever stages and shards wrote them: a stage of a new cut of the
+// model resumes from the old cut's files. Sizes, CRC-32s, names and shapes are checked; a tensor
+// no piece holds, or a piece's missing directory, is named with the fix. With `skip_absent`, a
+// piece whose directory is missing leaves its tensors as they were (error-feedback residuals a
+// stage without int8 pushes never kept, which are zero). With `fetch`, every piece that holds a
+// wanted tensor is fetched first.
 absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
                             float* m, float* v, bool skip_absent = false, const FetchPiece& fetch = {});
 

@@ -103,6 +103,26 @@ TEST_F(CheckpointTest, ASliceReadsItsTensorsAndChecksTheWholeFile) {
   EXPECT_NE(s.message().find("model.safetensors is corrupt: CRC-32"), std::string::npos) << s;
 }
 
+// Without parameters only the moments are read, from their own file (a recovery reads them off its
+// set-up's path, after the parameters): a corrupt model file is not this read's to find.
+TEST_F(CheckpointTest, MomentsAloneAreReadFromTheirOwnFile) {
+  const std::string dir = Saved();
+  const fs::path f = fs::path(dir) / "model.safetensors";
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 1));
+    io.put('\x7f');
+  }
+  std::vector<float> m(layout_->total()), v(layout_->total());
+  const auto data = LoadCheckpointTensors(dir, layout_->tensors(), nullptr, m.data(), v.data());
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(m, m_);
+  EXPECT_EQ(v, v_);
+  std::vector<float> p(layout_->total());
+  EXPECT_EQ(LoadCheckpointTensors(dir, layout_->tensors(), p.data(), nullptr, nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 // A header whose tensors share bytes (the format forbids it), its size and CRC listed correctly.
 TEST_F(CheckpointTest, TensorsSharingBytesAreCorrupt) {
   const std::string dir = Saved();

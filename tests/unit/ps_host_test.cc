@@ -1,7 +1,8 @@
 // The parameter-server host: it sums its replicas' pushes in replica order, reports Σ g² of the
 // averaged gradient, steps with the global norm it is given (or, with local updates, the outer
 // Nesterov step), sends the parameters to every replica, refuses a push of the wrong size and a
-// norm that is not finite, checkpoints its shards, and releases them to a new plan version's host.
+// norm that is not finite, checkpoints its shards, releases them to a new plan version's host, and
+// makes a shard whose state a recovery still reads at its first exchange.
 #include "worker/ps_host.h"
 
 #include <gtest/gtest.h>
@@ -173,6 +174,90 @@ TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
   ASSERT_TRUE(host.ReduceNorm(0).ok());
   ASSERT_TRUE(host.Step(0).ok());
   EXPECT_EQ(sends, (std::vector<std::pair<int, bool>>{{0, false}, {0, false}, {1, true}, {1, true}}));
+}
+
+// A recovery's shard whose moments are still being read is made at the host's first exchange, not
+// before, in the place of the order it was added (its parameters go out before the next shard's),
+// and then steps bit for bit as a shard added whole does.
+TEST(PsHost, APendingShardIsMadeAtTheFirstExchangeInItsPlaceAndStepsAsAWholeOne) {
+  Fixture whole_links, pending_links;
+  const size_t n = whole_links.layout.total();
+  for (int r = 0; r < 2; ++r) {
+    whole_links.pushes[r].resize(n);
+    for (size_t i = 0; i < n; ++i) whole_links.pushes[r][i] = std::sin(0.2f * static_cast<float>(i) - r);
+  }
+  pending_links.pushes = whole_links.pushes;
+  PsHost whole(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, whole_links.Links());
+  PsHost pending(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, pending_links.Links());
+  whole.Add(whole_links.Shard());
+  int made = 0;
+  pending.AddPending(
+      [&]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        ++made;
+        return pending_links.Shard();
+      },
+      -1);
+  ASSERT_EQ(pending.shards().size(), 1u);
+  EXPECT_EQ(pending.shards()[0], nullptr);
+  EXPECT_EQ(made, 0) << "made before the first exchange";
+  for (int64_t it = 0; it < 2; ++it) {
+    ASSERT_TRUE(whole.ReduceNorm(it).ok());
+    ASSERT_TRUE(pending.ReduceNorm(it).ok());
+    ASSERT_TRUE(whole.Step(it).ok());
+    ASSERT_TRUE(pending.Step(it).ok());
+  }
+  EXPECT_EQ(made, 1);
+  const float* a = *whole.shards()[0]->Params();
+  const float* b = *pending.shards()[0]->Params();
+  EXPECT_EQ(std::vector<float>(a, a + n), std::vector<float>(b, b + n));
+
+  // The first of two shards pending, the second whole: the first is still sent first.
+  Fixture f;
+  const int tensors = static_cast<int>(f.layout.tensors().size());
+  const size_t cut = f.layout.Range(0, tensors / 2).second;
+  PsLinks links = f.Links();
+  links.take_push = [&](int64_t, int, int, int shard) -> absl::StatusOr<std::vector<float>> {
+    return std::vector<float>(shard == 0 ? cut : n - cut, 0.5f);
+  };
+  std::vector<int> sent;
+  links.send_params = [&](int64_t, int, int shard, const float*, size_t) { sent.push_back(shard); };
+  PsHost host(3, 0, 2, 1, kSchedule, 0.0f, OuterOptimizer{}, links);
+  const std::vector<float> init = f.Init();
+  auto half = [&](int first, int end, int shard) {
+    auto s = std::make_unique<HostPsShard>(AdamWConfig{}, f.layout, 0, shard, first, end, 2);
+    EXPECT_TRUE(s->SetState(init.data() + f.layout.Range(first, end).first, nullptr, nullptr).ok());
+    return s;
+  };
+  host.AddPending([&]() -> absl::StatusOr<std::unique_ptr<PsShard>> { return half(0, tensors / 2, 0); }, -1);
+  host.Add(half(tensors / 2, tensors, 1));
+  ASSERT_TRUE(host.ReduceNorm(0).ok());
+  ASSERT_TRUE(host.Step(0).ok());
+  EXPECT_EQ(sent, (std::vector<int>{0, 0, 1, 1}));
+}
+
+// A version that ends before its first exchange drops a pending shard unmade (the next reads it
+// again); one whose state cannot be read fails the exchange with the reader's error.
+TEST(PsHost, AnUnmadePendingShardIsDroppedAndOneThatCannotBeMadeFailsTheExchange) {
+  Fixture f;
+  PsHost ended(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  ended.AddPending(
+      [&]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        ADD_FAILURE() << "made by Release";
+        return f.Shard();
+      },
+      4);
+  EXPECT_TRUE(ended.Release().empty());
+  EXPECT_TRUE(ended.shards().empty());
+
+  PsHost unreadable(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
+  unreadable.AddPending(
+      []() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        return absl::DataLossError("optimizer.safetensors: checksum mismatch");
+      },
+      -1);
+  const absl::Status s = unreadable.ReduceNorm(0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message(), "optimizer.safetensors: checksum mismatch");
 }
 
 // Local updates: the pushes are the replicas' changes since the last exchange; their average
