@@ -108,7 +108,7 @@ const float* GptStage::Output(const Activations& act) const {
 
 const float* GptStage::Probs(const Activations& act) const { return act.probs.data(); }
 
-void GptStage::BlockForward(int layer, const float* x, BlockActs& a, const int* prefix) {
+bool GptStage::BlockForward(int layer, const float* x, BlockActs& a, const int* prefix) {
   const BlockTensors& w = layout_.block(layer);
   const int N = B_ * T_, C = cfg_.d_model;
   cpu::LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(w.ln1_w), P(w.ln1_b), N, C);
@@ -116,15 +116,17 @@ void GptStage::BlockForward(int layer, const float* x, BlockActs& a, const int* 
   cpu::AttentionForward(a.atty.data(), a.att.data(), a.qkv.data(), prefix, B_, T_, C, cfg_.n_head);
   std::memcpy(a.res2.data(), x, sizeof(float) * N * C);
   cpu::LinearForward(a.res2.data(), a.atty.data(), P(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
+  if (!ForwardNeeds(layout_.BlockRange(layer).second)) return false;
   cpu::LayerNormForward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(w.ln2_w), P(w.ln2_b), N,
                         C);
   cpu::LinearForward(a.fch.data(), a.ln2.data(), P(w.fc_w), P(w.fc_b), N, C, 4 * C, false);
   cpu::GeluForward(a.fch_gelu.data(), a.fch.data(), static_cast<long>(N) * 4 * C);
   std::memcpy(a.out.data(), a.res2.data(), sizeof(float) * N * C);
   cpu::LinearForward(a.out.data(), a.fch_gelu.data(), P(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
+  return true;
 }
 
-void GptStage::BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix) {
+bool GptStage::BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix) {
   const BlockTensors& w = layout_.block(layer);
   const int N = B_ * T_, C = cfg_.d_model;
   float* g = g_resid_.data();  // ∂L/∂out, which is also ∂L/∂res2 through the skip connection
@@ -134,6 +136,7 @@ void GptStage::BlockBackward(int layer, const float* x, const BlockActs& a, cons
   cpu::LinearBackward(g_ln_.data(), G(w.fc_w), G(w.fc_b), g_fch_.data(), a.ln2.data(), P(w.fc_w), N, C, 4 * C);
   cpu::LayerNormBackward(g, G(w.ln2_w), G(w.ln2_b), g_ln_.data(), a.res2.data(), P(w.ln2_w), a.ln2_mean.data(),
                          a.ln2_rstd.data(), N, C);
+  if (!BackwardDone(Offset(w.ln2_w))) return false;
   // Attention branch: res2 = x + attn_proj(attention(qkv(ln1(x))))
   cpu::LinearBackward(g_atty_.data(), G(w.attn_proj_w), G(w.attn_proj_b), g, a.atty.data(), P(w.attn_proj_w), N, C,
                       C);
@@ -142,6 +145,7 @@ void GptStage::BlockBackward(int layer, const float* x, const BlockActs& a, cons
   cpu::LinearBackward(g_ln_.data(), G(w.qkv_w), G(w.qkv_b), g_qkv_.data(), a.ln1.data(), P(w.qkv_w), N, C, 3 * C);
   cpu::LayerNormBackward(g, G(w.ln1_w), G(w.ln1_b), g_ln_.data(), x, P(w.ln1_w), a.ln1_mean.data(), a.ln1_rstd.data(),
                          N, C);
+  return true;
 }
 
 float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* input) {
@@ -157,10 +161,10 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
     const int i = l - spec_.first_block;
     if (!ForwardNeeds(layout_.BlockRange(l).second)) return 0.0f;
     if (recompute_) {
-      BlockForward(l, BlockInput(act, l), *recompute_acts_, prefix);
+      if (!BlockForward(l, BlockInput(act, l), *recompute_acts_, prefix)) return 0.0f;
       act.outs[i] = recompute_acts_->out;
-    } else {
-      BlockForward(l, BlockInput(act, l), act.blocks[i], prefix);
+    } else if (!BlockForward(l, BlockInput(act, l), act.blocks[i], prefix)) {
+      return 0.0f;
     }
   }
   if (!spec_.has_head) return 0.0f;
@@ -189,13 +193,10 @@ const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const fl
   }
   for (int l = spec_.end_block - 1; l >= spec_.first_block; --l) {
     const float* x = BlockInput(act, l);
-    if (recompute_) {
-      BlockForward(l, x, *recompute_acts_, prefix);
-      BlockBackward(l, x, *recompute_acts_, prefix);
-    } else {
-      BlockBackward(l, x, act.blocks[l - spec_.first_block], prefix);
-    }
-    if (!BackwardDone(layout_.BlockRange(l).first)) return nullptr;
+    const bool done = recompute_ ? BlockForward(l, x, *recompute_acts_, prefix) &&
+                                       BlockBackward(l, x, *recompute_acts_, prefix)
+                                 : BlockBackward(l, x, act.blocks[l - spec_.first_block], prefix);
+    if (!done || !BackwardDone(layout_.BlockRange(l).first)) return nullptr;
   }
   if (!spec_.has_embedding) return g_resid_.data();
   cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), g_resid_.data(), mb.tokens.data(), B_, T_, C);

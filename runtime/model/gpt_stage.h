@@ -65,17 +65,19 @@ class GptStage {
   // stage and where a hook gave it up.
   const float* Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale);
 
-  // Called between blocks by every later Forward and Backward; null: none. Must outlive the stage
-  // (or be unset first).
+  // Called between blocks, and between a block's attention and MLP halves (a stop is heard within
+  // half a block: a whole one cost a recovery up to 13 ms of leaving on the demo's shared cores), by
+  // every later Forward and Backward; null: none. Must outlive the stage (or be unset first).
   void SetExchangeHooks(const ExchangeHooks* hooks) { hooks_ = hooks; }
 
  private:
   struct BlockActs;
   GptStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, bool recompute);
 
-  void BlockForward(int layer, const float* x, BlockActs& a, const int* prefix);
+  // False: a hook gave the block up halfway (its results unfinished).
+  bool BlockForward(int layer, const float* x, BlockActs& a, const int* prefix);
   // g_resid (N, C): ∂L/∂block output on entry, ∂L/∂block input on exit.
-  void BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix);
+  bool BlockBackward(int layer, const float* x, const BlockActs& a, const int* prefix);
   const float* BlockInput(const Activations& act, int layer) const;
   // Float offset of tensor `tensor` in the buffers.
   size_t Offset(int tensor) const { return layout_.tensors()[tensor].offset; }

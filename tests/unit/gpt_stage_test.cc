@@ -92,8 +92,9 @@ TEST(GptStage, RecomputeGivesIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
-// The whole model (5 blocks) asks its hooks 7 times per forward (embeddings, each block, the
-// head) and answers after 7 per backward (the head, each block, the embeddings).
+// The whole model (5 blocks) asks its hooks 12 times per forward (the embeddings, each block and
+// again halfway through it, the head) and answers after 12 per backward (the head, each block's MLP
+// half and the whole block, the embeddings): a stop is heard within half a block.
 TEST(GptStage, AHookThatSaysStopGivesUpTheRestOfTheForwardOrBackward) {
   const ModelConfig cfg = Cfg();
   const auto tokens = Tokens();
@@ -110,26 +111,36 @@ TEST(GptStage, AHookThatSaysStopGivesUpTheRestOfTheForwardOrBackward) {
   hooks.after_backward = [&](size_t) { return ++calls != stop_at; };
   stage.SetExchangeHooks(&hooks);
   EXPECT_EQ(stage.Forward(*act, mb, nullptr), 0.0f);
-  EXPECT_EQ(calls, 3) << "no block after the second was asked for";
+  EXPECT_EQ(calls, 3) << "the first block's MLP half was computed, or a later block asked";
   calls = 0, stop_at = -1;
   EXPECT_GT(stage.Forward(*act, mb, nullptr), 0.0f);
-  EXPECT_EQ(calls, 7);
+  EXPECT_EQ(calls, 12);
+  const BlockTensors& last = stage.layout().block(cfg.n_layer - 1);
+  auto grad_norm = [&](int tensor) {
+    const ParamTensor& t = stage.layout().tensors()[tensor];
+    double s = 0;
+    for (size_t i = 0; i < t.size; ++i) s += std::abs(stage.grads()[t.offset + i]);
+    return s;
+  };
   // Stopped after the head's gradients: no block's are computed.
   stage.ZeroGrads();
   calls = 0, stop_at = 1;
   EXPECT_EQ(stage.Backward(*act, mb, nullptr, 1.0f), nullptr);
   EXPECT_EQ(calls, 1);
-  const ParamTensor& qkv = stage.layout().tensors()[stage.layout().block(0).qkv_w];
-  auto block0_grad_norm = [&]() {
-    double s = 0;
-    for (size_t i = 0; i < qkv.size; ++i) s += std::abs(stage.grads()[qkv.offset + i]);
-    return s;
-  };
-  EXPECT_EQ(block0_grad_norm(), 0.0);
+  EXPECT_EQ(grad_norm(stage.layout().block(0).qkv_w), 0.0);
+  EXPECT_EQ(grad_norm(last.fc_w), 0.0);
+  // Stopped halfway through the last block: its MLP's gradients are there, its attention's not.
+  stage.ZeroGrads();
+  calls = 0, stop_at = 2;
+  EXPECT_EQ(stage.Backward(*act, mb, nullptr, 1.0f), nullptr);
+  EXPECT_EQ(calls, 2);
+  EXPECT_GT(grad_norm(last.fc_w), 0.0);
+  EXPECT_EQ(grad_norm(last.qkv_w), 0.0);
+  stage.ZeroGrads();
   calls = 0, stop_at = -1;
   stage.Backward(*act, mb, nullptr, 1.0f);
-  EXPECT_EQ(calls, 7);
-  EXPECT_GT(block0_grad_norm(), 0.0);
+  EXPECT_EQ(calls, 12);
+  EXPECT_GT(grad_norm(stage.layout().block(0).qkv_w), 0.0);
   stage.SetExchangeHooks(nullptr);
 }
 
