@@ -42,15 +42,27 @@ for kv in ${RECOVERY_SET:-}; do overrides+=(--set "$kv"); done
 # Five slots (four workers and a spare), each a fixed port; every ordered pair through the proxy.
 slots=5
 ports=()
-for ((i = 0; i < slots; i++)); do ports+=("$(free_port)"); done
+# A port not yet handed out (free_port's may repeat, nothing being bound yet), nor a slot's.
+other_port() {
+  local p
+  p=$(free_port)
+  while [[ " ${ports[*]} " == *" $p "* ]]; do p=$(free_port); done
+  echo "$p"
+}
+for ((i = 0; i < slots; i++)); do ports+=("$(other_port)"); done
 python3 - "$scenario" "$out" "${ports[@]}" <<'PY'
 import sys, tomllib, socket
 scenario, out, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
 s = tomllib.load(open(f"netem/scenarios/{scenario}.toml", "rb"))
 delay = s["delay_ms"][0][0] / (1 if s.get("delays_are", "one-way") == "one-way" else 2)
 rate = s["rate_mbit"][0][0]
-def free():
-    k = socket.socket(); k.bind(("127.0.0.1", 0)); p = k.getsockname()[1]; k.close(); return p
+taken = {int(p) for p in ports}
+def free():  # a port no slot and no other route has: the slots' ports are free until the workers bind them
+    while True:
+        k = socket.socket(); k.bind(("127.0.0.1", 0)); p = k.getsockname()[1]; k.close()
+        if p not in taken:
+            taken.add(p)
+            return p
 with open(f"{out}/routes", "w") as routes:
     for i, _ in enumerate(ports):
         with open(f"{out}/dial_map_{i}", "w") as m:
@@ -91,7 +103,7 @@ restart_spare() {  # slot, run directory
 run() {  # name, checkpoint_every (0: none), kills, whom ("placed": a worker of the plan; "spare")
   local name=$1 dir=$out/$1
   mkdir -p "$dir"
-  coord_port=$(free_port)
+  coord_port=$(other_port)  # the slots' ports are free between runs, until each run's workers bind them
   "$bin" coordinator -c configs/demo.toml --listen "127.0.0.1:$coord_port" --set train.steps=$steps \
     --set train.out_dir="\"$dir\"" --set train.checkpoint_every="$2" --set train.keep_checkpoints=2 \
     --set train.log_every=100 --set cluster.heartbeat_s=0.2 --set cluster.link_probe=\"off\" \
