@@ -192,7 +192,10 @@ absl::StatusOr<Reply> CoordinatorClient::LongPoll(
 absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version, double max_wait_s) {
   {
     std::lock_guard<std::mutex> lock(news_mu_);
-    if (news_plan_ && news_plan_->version() > known_version) return *std::exchange(news_plan_, std::nullopt);
+    if (news_plan_ && news_plan_->version() > known_version && news_plan_->version() >= newest_plan_) {
+      return *std::exchange(news_plan_, std::nullopt);
+    }
+    news_plan_.reset();
   }
   proto::PlanRequest req;
   req.set_worker_id(id_);

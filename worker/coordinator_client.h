@@ -45,7 +45,8 @@ class CoordinatorClient {
   // A plan newer than `known_version` with a place for this worker: waits as long as it takes
   // (every worker to register; a spare, a lost worker's place), or at most `max_wait_s` where that
   // is positive (Unavailable past it). OutOfRange: the job finished without one. One the lifeline
-  // brought is taken without asking.
+  // brought is taken without asking, unless a newer version was heard of since (one that does not
+  // place this worker: the coordinator is asked, and answers when a plan places it).
   absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0);
   // The plan version this worker runs: a heartbeat that sees a newer one calls on_stop.
   void SetPlanVersion(uint64_t version) { plan_version_ = version; }
@@ -117,7 +118,7 @@ class CoordinatorClient {
   ClockOffset coordinator_clock_;
   std::atomic<uint64_t> plan_version_{0};
   std::atomic<uint64_t> newest_plan_{0};  // the newest plan version heard of
-  std::mutex news_mu_;     // HeardOfPlan's, from two threads
+  std::mutex news_mu_;     // HeardOfPlan's (from two threads) and news_plan_
   uint64_t replaced_ = 0;  // the newest plan version on_stop was called for
   std::optional<proto::Plan> news_plan_;  // the newest plan the lifeline brought, until AwaitPlan takes it
   std::atomic<bool> job_stopped_{false};

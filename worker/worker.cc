@@ -95,8 +95,8 @@ class Worker {
   // that places it takes the one it needs (Setup). Building one cost a spare's set-up 9-13 ms of
   // the demo's recovery, and its first iteration ran its compute at half pace.
   void WarmSpareStages(const JobConfig& cfg, const std::string& config_toml);
-  // A placed spare's other warm stages go. A GPU's go at once, before the set-up allocates its
-  // shards there; host memory is freed on a thread of its own (freeing_), off the recovery's path:
+  // A placed spare's other warm stages go. A GPU's go at once, before its shards are allocated
+  // there; host memory is freed on a thread of its own (freeing_), off the recovery's path:
   // freeing it took 1-3 ms of a demo spare's 3-11 ms set-up on these shared cores.
   void RetireWarmStages();
   // What a stage is built for: its index, device and slots, and the job config's text.
@@ -573,19 +573,23 @@ absl::Status Worker::Setup() {
     if (!owns) continue;
     // The shard's moments, two thirds of what it reads, are read on a thread of their own while
     // the first forwards compute, and the shard is made at the first exchange: read and made here,
-    // they took a stage-0 spare's set-up 3-7 ms of its 8-15 on the demo's shared cores.
+    // they took a stage-0 spare's set-up 3-7 ms of its 8-15 on the demo's shared cores. Their
+    // pieces are here already: the parameters' read above fetched them whole where they were not.
     using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
     std::shared_future<Moments> moments =
-        std::async(std::launch::async, [pieces = *shard_pieces, slice, n, fetch = fetch_]() -> Moments {
+        std::async(std::launch::async, [pieces = *shard_pieces, slice, n]() -> Moments {
           std::vector<float> mv(2 * n);
-          LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n, false, fetch));
+          LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n));
           return mv;
         }).share();
     ps_host_->AddPending(
         [moments, params = std::move(params), device, adamw = cfg_.train.adamw, layout = &stage_->layout(),
          stage = s_, sp, replicas = cfg_.cluster.replicas]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
           const Moments& mv = moments.get();
-          if (!mv.ok()) return mv.status();
+          if (!mv.ok()) {
+            return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
+                                                                    sp.shard(), mv.status().message()));
+          }
           LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
                                                                           sp.first_tensor(), sp.end_tensor(), replicas));
           LH_RETURN_IF_ERROR(shard->SetState(params.data(), mv->data(), mv->data() + params.size()));

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/support/grpc_server.h"
 #include "util/ports.h"
 
@@ -46,8 +47,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     reply->set_plan_version(plan_version);
     return grpc::Status::OK;
   }
-  // Writes each new plan version until the client ends the call (with the plan itself where
-  // lifeline_plans says so, as the coordinator does to a worker the plan places).
+  // Writes each new plan version until the client ends the call (with the plan itself up to
+  // version lifeline_plans_through, as the coordinator does to a worker the plan places).
   grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest*,
                         grpc::ServerWriter<proto::LifelineNews>* writer) override {
     uint64_t told = plan_version;
@@ -56,7 +57,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
         told = plan_version;
         proto::LifelineNews news;
         news.set_plan_version(told);
-        if (lifeline_plans) {
+        if (told <= lifeline_plans_through) {
           news.mutable_plan()->set_version(told);
           news.mutable_plan()->set_job_id("from the lifeline");
         }
@@ -69,8 +70,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   std::atomic<double> heartbeat_s{0.05}, dead_after_s{0.5};
   std::atomic<int> plan_polls{0}, heartbeats{0};
   std::atomic<int64_t> last_iteration{-1};
-  std::atomic<bool> abort{false}, finished{false}, lifeline_plans{false};
-  std::atomic<uint64_t> plan_version{0};
+  std::atomic<bool> abort{false}, finished{false};
+  std::atomic<uint64_t> plan_version{0}, lifeline_plans_through{0};
 };
 
 struct Running {
@@ -167,7 +168,7 @@ TEST(CoordinatorClient, HearsANewerPlanOnceAndThatTheJobFinished) {
 // brings the plan itself too, taken without asking for it.
 TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
   Running coordinator;
-  coordinator.service.lifeline_plans = true;
+  coordinator.service.lifeline_plans_through = 100;
   coordinator.service.heartbeat_s = 5;
   coordinator.service.dead_after_s = 30;
   StopRecorder stop;
@@ -196,6 +197,35 @@ TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
   EXPECT_EQ(coordinator.service.plan_polls, polls) << "the plan the lifeline brought is taken without asking";
   // Taken once: the next wait asks the coordinator again.
   EXPECT_EQ(client.AwaitPlan(10, 0.3).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Plan 10 places this worker and came on the lifeline; plan 11, heard of before the worker asks,
+// does not: the worker is a spare now and asks the coordinator until a plan places it (here, until
+// the job finishes), rather than set up plan 10, whose peers have moved on.
+TEST(CoordinatorClient, ALifelinesPlanThatANewerVersionReplacedIsNotTaken) {
+  Running coordinator;
+  coordinator.service.lifeline_plans_through = 10;
+  StopRecorder stop;
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5,
+                           [&](const std::string& why, uint64_t newer) { stop(why, newer); });
+  ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
+  client.SetPlanVersion(9);
+  coordinator.service.plan_version = 10;
+  ASSERT_TRUE(stop.Await(std::chrono::seconds(3)));
+  coordinator.service.plan_version = 11;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (client.newest_plan() < 11 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(client.newest_plan(), 11u);
+  std::thread finish([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    coordinator.service.finished = true;
+  });
+  const absl::StatusOr<proto::Plan> plan = client.AwaitPlan(9, 0.3);
+  finish.join();
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kOutOfRange)
+      << (plan.ok() ? absl::StrCat("took plan ", plan->version()) : plan.status().ToString());
 }
 
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {
