@@ -31,6 +31,12 @@ class CheckpointTest : public ::testing::Test {
     EXPECT_TRUE(dir.ok());
     return *dir;
   }
+  // Writes 0x7f over the byte `from_end` bytes before the end of file f.
+  static void FlipByte(const fs::path& f, size_t from_end) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - from_end));
+    io.put('\x7f');
+  }
   absl::Status Load(const std::string& dir) {
     std::vector<float> p(layout_->total()), m(layout_->total()), v(layout_->total());
     return LoadCheckpoint(dir, *layout_, p.data(), m.data(), v.data()).status();
@@ -72,11 +78,7 @@ TEST_F(CheckpointTest, TruncatedFileIsNamed) {
 TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
   const std::string dir = Saved();
   const fs::path f = fs::path(dir) / "model.safetensors";
-  {
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 5));
-    io.put('\x7f');
-  }
+  FlipByte(f, 5);
   absl::Status s = Load(dir);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("model.safetensors is corrupt"), std::string::npos) << s;
@@ -93,11 +95,7 @@ TEST_F(CheckpointTest, ASliceReadsItsTensorsAndChecksTheWholeFile) {
   EXPECT_EQ(p, std::vector<float>(p_.begin() + begin, p_.begin() + begin + p.size()));
   EXPECT_EQ(v, std::vector<float>(v_.begin() + begin, v_.begin() + begin + v.size()));
   const fs::path f = fs::path(dir) / "model.safetensors";
-  {
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 1));  // the last tensor's, not the slice's
-    io.put('\x7f');
-  }
+  FlipByte(f, 1);  // the last tensor's, not the slice's
   const absl::Status s = LoadCheckpoint(dir, slice, p.data(), m.data(), v.data()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("model.safetensors is corrupt: CRC-32"), std::string::npos) << s;
@@ -108,11 +106,7 @@ TEST_F(CheckpointTest, ASliceReadsItsTensorsAndChecksTheWholeFile) {
 TEST_F(CheckpointTest, MomentsAloneAreReadFromTheirOwnFile) {
   const std::string dir = Saved();
   const fs::path f = fs::path(dir) / "model.safetensors";
-  {
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 1));
-    io.put('\x7f');
-  }
+  FlipByte(f, 1);
   std::vector<float> m(layout_->total()), v(layout_->total());
   const auto data = LoadCheckpointTensors(dir, layout_->tensors(), nullptr, m.data(), v.data());
   ASSERT_TRUE(data.ok()) << data.status();

@@ -44,6 +44,13 @@ struct Fixture {
             },
             [this](int64_t, int replica, int, const float*, size_t n) { sent.emplace_back(replica, n); }};
   }
+  // Replicas 0 and 1 push sin(k·i − r) at float i of the stage.
+  void WavePushes(float k) {
+    for (int r = 0; r < 2; ++r) {
+      pushes[r].resize(layout.total());
+      for (size_t i = 0; i < pushes[r].size(); ++i) pushes[r][i] = std::sin(k * static_cast<float>(i) - r);
+    }
+  }
   std::vector<float> Init() const {
     std::vector<float> p(layout.total());
     for (size_t i = 0; i < p.size(); ++i) p[i] = 0.01f * static_cast<float>(i % 17);
@@ -62,10 +69,7 @@ const LrSchedule kSchedule{1e-2f, 1e-3f, 0, 10};
 TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   Fixture f;
   const size_t n = f.layout.total();
-  for (int r = 0; r < 2; ++r) {
-    f.pushes[r].resize(n);
-    for (size_t i = 0; i < n; ++i) f.pushes[r][i] = std::sin(0.1f * static_cast<float>(i) + r);
-  }
+  f.WavePushes(0.1f);
   PsHost host(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, f.Links());
   host.Add(f.Shard());
   // What the host must compute, done by hand in the same order.
@@ -98,10 +102,7 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
 TEST(PsHost, AReplicaOfTwoGroupsStepsAsTwoReplicasDo) {
   Fixture two, one;
   const size_t n = two.layout.total();
-  for (int r = 0; r < 2; ++r) {
-    two.pushes[r].resize(n);
-    for (size_t i = 0; i < n; ++i) two.pushes[r][i] = std::cos(0.3f * static_cast<float>(i) - r);
-  }
+  two.WavePushes(0.3f);
   one.pushes = two.pushes;
   one.groups = 2;
   PsHost replicas(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, two.Links());
@@ -182,10 +183,7 @@ TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
 TEST(PsHost, APendingShardIsMadeAtTheFirstExchangeInItsPlaceAndStepsAsAWholeOne) {
   Fixture whole_links, pending_links;
   const size_t n = whole_links.layout.total();
-  for (int r = 0; r < 2; ++r) {
-    whole_links.pushes[r].resize(n);
-    for (size_t i = 0; i < n; ++i) whole_links.pushes[r][i] = std::sin(0.2f * static_cast<float>(i) - r);
-  }
+  whole_links.WavePushes(0.2f);
   pending_links.pushes = whole_links.pushes;
   PsHost whole(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, whole_links.Links());
   PsHost pending(7, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{}, pending_links.Links());
