@@ -189,14 +189,20 @@ TEST(CoordinatorClient, HearsOfANewerPlanOnItsLifelineBeforeTheNextHeartbeat) {
     EXPECT_EQ(stop.newer_plans, std::vector<uint64_t>{10});
   }
   const int polls = coordinator.service.plan_polls;
-  // The fake's GetPlan has nothing past version 9: only the lifeline's plan answers in time.
+  // The fake's GetPlan has nothing past version 9, and says the job finished after a second:
+  // only the lifeline's plan answers before that.
+  std::thread finish([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    coordinator.service.finished = true;
+  });
   absl::StatusOr<proto::Plan> plan = client.AwaitPlan(9, 1.0);
+  EXPECT_EQ(coordinator.service.plan_polls, polls) << "the plan the lifeline brought is taken without asking";
+  finish.join();
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->version(), 10u);
   EXPECT_EQ(plan->job_id(), "from the lifeline");
-  EXPECT_EQ(coordinator.service.plan_polls, polls) << "the plan the lifeline brought is taken without asking";
-  // Taken once: the next wait asks the coordinator again.
-  EXPECT_EQ(client.AwaitPlan(10, 0.3).status().code(), absl::StatusCode::kUnavailable);
+  // Taken once: the next wait asks the coordinator again, which says the job finished.
+  EXPECT_EQ(client.AwaitPlan(10, 0.3).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 // Plan 10 places this worker and came on the lifeline; plan 11, heard of before the worker asks,
