@@ -315,8 +315,7 @@ class Service final : public proto::Coordinator::Service {
     cv_.wait_for(lock, std::chrono::seconds(5), [&] { return placed() || finished_ || !abort_.empty(); });
     if (!abort_.empty()) return grpc::Status(grpc::StatusCode::ABORTED, abort_);
     if (placed()) {
-      *plan = plan_;
-      plan->set_run_dir_token(run_dir_token_);
+      *plan = PlanToSend();
       return grpc::Status::OK;
     }
     if (finished_) return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the job finished");
@@ -784,10 +783,7 @@ class Service final : public proto::Coordinator::Service {
         told = plan_.version();
         told_members = members_.changes();
         proto::LifelineNews n;
-        if (new_version && AssignmentOf(plan_, id) != nullptr) {
-          *n.mutable_plan() = plan_;
-          n.mutable_plan()->set_run_dir_token(run_dir_token_);
-        }
+        if (new_version && AssignmentOf(plan_, id) != nullptr) *n.mutable_plan() = PlanToSend();
         n.set_plan_version(told);
         for (const auto& [worker, reg] : members_.registrations()) {
           proto::Peer* p = n.add_members();
@@ -1486,6 +1482,13 @@ class Service final : public proto::Coordinator::Service {
     restart_.reset();  // the new version answers whatever failed the old one
     WriteJobState();
     cv_.notify_all();
+  }
+
+  // REQUIRES: mu_ held. The plan as a worker it places receives it (GetPlan, or its lifeline's news).
+  proto::Plan PlanToSend() const {
+    proto::Plan plan = plan_;
+    plan.set_run_dir_token(run_dir_token_);
+    return plan;
   }
 
   // REQUIRES: mu_ held. Where a worker's timeline is in the run directory: written there by a

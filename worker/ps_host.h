@@ -50,16 +50,12 @@ class PsHost {
          OuterOptimizer outer, PsLinks links);
 
   // `stepped`: the last iteration whose step the shard's state holds, where the caller knows it.
-  void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) { AddPending(nullptr, stepped, std::move(shard)); }
+  void Add(std::unique_ptr<PsShard> shard, int64_t stepped = -1) { Place(std::move(shard), nullptr, stepped); }
   // A shard whose state is still being read (a recovery's, from the checkpoint, while the first
   // forwards compute): `make` waits for what it reads and builds the shard, at the host's first
   // exchange (Broadcast, ReduceNorm, Step or Checkpoint), in the place of the order it was added.
   using MakeShard = std::function<absl::StatusOr<std::unique_ptr<PsShard>>()>;
-  void AddPending(MakeShard make, int64_t stepped, std::unique_ptr<PsShard> shard = nullptr) {
-    shards_.push_back(std::move(shard));
-    pending_.push_back(std::move(make));
-    stepped_.push_back(stepped);
-  }
+  void AddPending(MakeShard make, int64_t stepped) { Place(nullptr, std::move(make), stepped); }
   // The hosted shards, a pending one null until it is made.
   const std::vector<std::unique_ptr<PsShard>>& shards() const { return shards_; }
   // A hosted shard and the last iteration it stepped (-1: unknown).
@@ -89,6 +85,12 @@ class PsHost {
 
  private:
   absl::Status Send(int64_t it, PsShard& shard);
+  // A shard, or how to make it, in the next place of the order.
+  void Place(std::unique_ptr<PsShard> shard, MakeShard make, int64_t stepped) {
+    shards_.push_back(std::move(shard));
+    pending_.push_back(std::move(make));
+    stepped_.push_back(stepped);
+  }
   // Makes every pending shard (AddPending).
   absl::Status MakePending();
 
