@@ -12,24 +12,25 @@ constexpr int kThreads = 256;
 inline int Blocks(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
 struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  template <typename V>
+  __device__ V operator()(V a, V b) const { return a + b; }
 };
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-template <typename Op>
-__device__ __forceinline__ float WarpReduce(float v, Op op) {
+template <typename V, typename Op>
+__device__ __forceinline__ V WarpReduce(V v, Op op) {
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffff, v, o));
   return v;
 }
 __device__ __forceinline__ float WarpSum(float v) { return WarpReduce(v, SumOp{}); }
 
 // Reduction over a block of kThreads threads; every thread gets the result.
-template <typename Op>
-__device__ float BlockReduce(float v, float identity, Op op) {
-  __shared__ float part[kThreads / 32];
-  __shared__ float total;
+template <typename V, typename Op>
+__device__ V BlockReduce(V v, V identity, Op op) {
+  __shared__ V part[kThreads / 32];
+  __shared__ V total;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   v = WarpReduce(v, op);
   __syncthreads();  // the shared slots may still be read by a previous reduction
@@ -474,14 +475,17 @@ __global__ void AddKernel(T* out, const T* a, const T* b, long n) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = FromF<T>(ToF(a[i]) + ToF(b[i]));
 }
-__global__ void SquaresKernel(float* partial, const float* x, long n) {
-  float s = 0.0f;
+// In doubles, as the CPU's SquaredNorm: which elements share a block's sum follows a shard's size
+// and offset, which a pipeline cut anew changes, and a float sum's rounding then moved the clip
+// factor by an ulp (a GPU re-cut ran bitwise for 40 steps, then parted at the first clipped step).
+__global__ void SquaresKernel(double* partial, const float* x, long n) {
+  double s = 0.0;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x)
-    s += x[i] * x[i];
-  s = BlockSum(s);
+    s += static_cast<double>(x[i]) * x[i];
+  s = BlockReduce(s, 0.0, SumOp{});
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
-__global__ void SumPartialsKernel(double* out, const float* partial, int n) {
+__global__ void SumPartialsKernel(double* out, const double* partial, int n) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     double s = 0.0;
     for (int i = 0; i < n; ++i) s += partial[i];
@@ -511,7 +515,6 @@ __global__ void NesterovKernel(float* p, const float* g, float* m, float lr, flo
   const float mi = m[i] = momentum * m[i] + g[i];
   p[i] -= lr * (g[i] + momentum * mi);
 }
-constexpr int kNormBlocks = 1024;
 }  // namespace
 
 template <typename T>
@@ -526,9 +529,9 @@ template <typename T>
 void Add(cudaStream_t s, T* out, const T* a, const T* b, long n) {
   AddKernel<<<Blocks(n), kThreads, 0, s>>>(out, a, b, n);
 }
-void SquaredNorm(cudaStream_t s, float* partial, double* out, const float* x, long n) {
-  SquaresKernel<<<kNormBlocks, kThreads, 0, s>>>(partial, x, n);
-  SumPartialsKernel<<<1, 32, 0, s>>>(out, partial, kNormBlocks);
+void SquaredNorm(cudaStream_t s, double* partial, double* out, const float* x, long n) {
+  SquaresKernel<<<kNormPartials, kThreads, 0, s>>>(partial, x, n);
+  SumPartialsKernel<<<1, 32, 0, s>>>(out, partial, kNormPartials);
 }
 void Scale(cudaStream_t s, float* x, float factor, long n) { ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(x, factor, n); }
 template <typename T>

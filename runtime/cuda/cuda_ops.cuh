@@ -122,8 +122,10 @@ void CastToFloat(cudaStream_t s, float* out, const T* in, long n);
 // out = a + b (n elements)
 template <typename T>
 void Add(cudaStream_t s, T* out, const T* a, const T* b, long n);
-// Σ x² into *out (fp32 partial sums per block, then one pass: deterministic for a given launch).
-void SquaredNorm(cudaStream_t s, float* partial, double* out, const float* x, long n);
+// Σ x² into *out (partial sums in doubles per block, then one pass: deterministic for a given
+// launch); `partial` holds kNormPartials.
+constexpr int kNormPartials = 1024;
+void SquaredNorm(cudaStream_t s, double* partial, double* out, const float* x, long n);
 void Scale(cudaStream_t s, float* x, float factor, long n);
 // AdamW as torch.optim.AdamW on the gradients g · grad_scale (the clipping factor, folded in
 // instead of a pass of its own); decay (n) flags elements that take weight decay. With `compute`

@@ -36,7 +36,7 @@ class CudaPsShard final : public PsShard {
     const size_t n = size();
     for (auto* a : {&params_, &grads_, &incoming_, &m_, &v_}) LH_RETURN_IF(a->Alloc(n));
     LH_RETURN_IF(decay_.Alloc(n));
-    LH_RETURN_IF(norm_partial_.Alloc(1024));
+    LH_RETURN_IF(norm_partial_.Alloc(cuda::kNormPartials));
     LH_RETURN_IF(norm_.Alloc(1));
     LH_RETURN_IF(host_params_.Alloc(n));
     LH_RETURN_IF(uploader_.Init(std::min<size_t>(16 << 20, 4 * n)));
@@ -113,9 +113,9 @@ class CudaPsShard final : public PsShard {
   const AdamWConfig adamw_;
   const int device_;
   cudaStream_t stream_ = nullptr;
-  DeviceArray<float> params_, grads_, incoming_, m_, v_, norm_partial_;
+  DeviceArray<float> params_, grads_, incoming_, m_, v_;
   DeviceArray<uint8_t> decay_;
-  DeviceArray<double> norm_;
+  DeviceArray<double> norm_partial_, norm_;
   PinnedArray host_params_;
   cuda::HostUploader uploader_;  // gradients and state from the host
 };

@@ -185,7 +185,7 @@ class StageImpl final : public CudaStage {
       LH_RETURN_IF(losses_host_.Alloc(N));
       LH_RETURN_IF(dlogits_.Alloc(N * vocab_ld_));
     }
-    LH_RETURN_IF(norm_partial_.Alloc(1024));
+    LH_RETURN_IF(norm_partial_.Alloc(cuda::kNormPartials));
     LH_RETURN_IF(norm_.Alloc(1));
     LH_RETURN_IF(output_free_.Create());
     LH_RETURN_IF(grad_free_.Create());
@@ -610,14 +610,14 @@ class StageImpl final : public CudaStage {
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
-  DeviceArray<float> input_, boundary_, g_, losses_, norm_partial_, reduce_scratch_, delta_;  // boundary_: the output
+  DeviceArray<float> input_, boundary_, g_, losses_, reduce_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
   Event output_free_, grad_free_;  // boundary_ and g_ may be written again
   // Uploads of boundary tensors and parameters from the host (Upload).
   static constexpr size_t kUploadHalf = 16 << 20;
   cuda::HostUploader uploader_;
   Event upload_done_, upload_free_, input_free_;  // input_free_: input_ was read
-  DeviceArray<double> norm_;
+  DeviceArray<double> norm_partial_, norm_;
 };
 
 template <typename T>
