@@ -3,7 +3,8 @@
 # job secret every process reads, `pids` (each started process goes in; all are killed at exit),
 # `free_port` and `await_proxy`.
 bench_processes() {  # NAME
-  bin=$PWD/build/longhaul
+  # LONGHAUL_BIN: another build's binary, e.g. a packed bundle's on a machine that built nothing.
+  bin=${LONGHAUL_BIN:-$PWD/build/longhaul}
   out=$(mktemp -d "/tmp/longhaul-$1.XXXXXX")
   export LONGHAUL_SECRET_FILE=$out/secret
   "$bin" secret "$LONGHAUL_SECRET_FILE" > /dev/null
