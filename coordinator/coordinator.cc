@@ -554,15 +554,26 @@ class Service final : public proto::Coordinator::Service {
                                     req->stage(), residuals ? job_replica : req->shard()};
     const std::pair<int, int> key = residuals ? std::make_pair(req->stage(), -1 - job_replica)
                                               : std::make_pair(req->stage(), req->shard());
-    if (!Gives(a, piece) || !checkpointed_[req->step()].insert(key).second) {
+    const std::string what = absl::StrFormat(
+        "worker %d reports a checkpoint of %s of stage %d at step %d", req->worker_id(),
+        residuals ? absl::StrFormat("replica %d's error-feedback residuals", job_replica)
+                  : absl::StrFormat("shard %d", req->shard()),
+        req->stage(), req->step());
+    if (!Gives(a, piece)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what + ", which the plan does not give it");
+    }
+    // Checked before the piece is counted: a premature report would make the step's real one a
+    // second report.
+    const int64_t end = RunEnd(plan_, cfg_);
+    if (!cfg_.train.CheckpointsAfter(req->step() - 1, end)) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrFormat("worker %d reports a checkpoint of %s of stage %d at step %d, which the plan does not give "
-                          "it or which was already reported",
-                          req->worker_id(),
-                          residuals ? absl::StrFormat("replica %d's error-feedback residuals", job_replica)
-                                    : absl::StrFormat("shard %d", req->shard()),
-                          req->stage(), req->step()));
+          absl::StrFormat("%s, where none is due (train.checkpoint_every = %d, local_steps = %d, this plan ends after "
+                          "step %d): does the worker run the job's config?",
+                          what, cfg_.train.checkpoint_every, cfg_.train.local_steps, end));
+    }
+    if (!checkpointed_[req->step()].insert(key).second) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what + ", which was already reported");
     }
     if (checkpointed_[req->step()].size() == plan_.shards_size() + streams.size()) {
       // Every shard is on disk: only now does `latest` move, so a resume never finds half a step.
@@ -702,6 +713,14 @@ class Service final : public proto::Coordinator::Service {
       restart_ = Restart{req->worker_id(), req->failure().substr(0, 1000), Clock::now(), false, {}};
       cv_.notify_all();
     }
+    if (req->plan_version() > plan_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrFormat("worker %d reports under plan version %d; the plan is version %d",
+                                          req->worker_id(), req->plan_version(), plan_.version()));
+    }
+    // A connection of an earlier version may close after its receiver began the next: that place's
+    // worker then may be another one, or none.
+    if (req->plan_version() < plan_.version()) return grpc::Status::OK;
     const int suspect = WorkerAt(plan_, req->stage(), req->replica());
     if (suspect < 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -79,10 +79,10 @@ class CoordinatorClient {
   void ReportDone(const proto::DoneReport& report);
   // From this process's monotonic clock to the coordinator's, from the heartbeats' round trips.
   const ClockOffset& coordinator_clock() const { return coordinator_clock_; }
-  // The worker of (stage, replica) closed its connection to this one mid-run (SuspectReport); or,
-  // with a `failure`, this worker's plan version `plan_version` failed with it, last on a link to
-  // that worker (or where none is known, this worker's own place).
-  absl::Status ReportSuspect(int stage, int replica, const std::string& failure = "", uint64_t plan_version = 0);
+  // The worker of (stage, replica) under plan version `plan_version` closed its connection to this
+  // one mid-run (SuspectReport); or, with a `failure`, this worker's plan version `plan_version`
+  // failed with it, last on a link to that worker (or where none is known, this worker's own place).
+  absl::Status ReportSuspect(int stage, int replica, const std::string& failure, uint64_t plan_version);
   // The newest plan version the heartbeats or the lifeline brought.
   uint64_t newest_plan() const { return newest_plan_; }
 

@@ -82,13 +82,6 @@ class Worker {
   // plan_ from its start barrier to its last iteration, or to a failure.
   absl::Status RunPlan();
   absl::Status RunIteration(int64_t it);
-  // After iteration `it`; with local updates only where the replicas exchanged (checkpoint_every
-  // is a multiple).
-  bool CheckpointDue(int64_t it) const {
-    const int64_t step = it + 1;
-    return ((cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) || step == end_) &&
-           cfg_.train.ExchangesAfter(it, end_);
-  }
   int64_t WindowIterations() const { return Mailbox::WindowIterations(cfg_.train.local_steps); }
   // A spare builds, while it waits, the stage of every place of the job's own layout, each run once
   // forward and backward so that its memory is touched and its kernels loaded; a resumed version
@@ -398,9 +391,10 @@ absl::Status Worker::Setup() {
                              });
   fetched_ = 0;
   server_->SetJobId(plan_.job_id());
-  server_->SetSenderLeftObserver([this](int stage, int replica) {
-    // Best effort: the heartbeats find a dead worker without it, only later.
-    if (running_) (void)client_.ReportSuspect(stage, replica);
+  server_->SetSenderLeftObserver([this](const TensorServer::Sender& sender) {
+    // Best effort: the heartbeats find a dead worker without it, only later. The version names
+    // which plan's place it was: a connection of the version before may close after this one began.
+    if (running_) (void)client_.ReportSuspect(sender.stage, sender.replica, "", sender.plan_version);
   });
   LH_RETURN_IF_ERROR(CheckPlanLayout(plan_, cfg_));
   const proto::Assignment* mine = AssignmentOf(plan_, client_.worker_id());
@@ -643,7 +637,7 @@ absl::Status Worker::Setup() {
     pulled_crc_.emplace();
     pulled_crc_->set_iteration(it);
     pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
-    if (CheckpointDue(it)) {
+    if (cfg_.train.CheckpointsAfter(it, end_)) {
       snapshot_.assign(*params, *params + stage_->num_params());
       snapshot_step_ = it + 1;
     }
@@ -883,7 +877,7 @@ absl::Status Worker::RunPlan() {
     const int64_t behind = executor_->pull_pending() >= 0 ? 1 : 0;
     mailbox_.SetWindow(it - behind, WindowIterations() + behind);
     status = RunIteration(it);
-    if (status.ok() && CheckpointDue(it)) status = Checkpoint(it + 1);
+    if (status.ok() && cfg_.train.CheckpointsAfter(it, end_)) status = Checkpoint(it + 1);
     if (status.ok()) status = shipper_.Error();
   }
   // The run's last checkpoint is whole at the coordinator before this worker says it is done.

@@ -67,6 +67,13 @@ struct TrainConfig {
   bool ExchangesAfter(int64_t it, int64_t end) const {
     return local_steps <= 1 || (it + 1) % local_steps == 0 || it + 1 == end;
   }
+  // Whether a checkpoint follows iteration `it` of a run that ends before iteration `end`: every
+  // checkpoint_every-th step and the run's last, where the replicas exchanged. The worker writes
+  // one there, and the coordinator takes reports of no other step.
+  bool CheckpointsAfter(int64_t it, int64_t end) const {
+    const int64_t step = it + 1;
+    return ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == end) && ExchangesAfter(it, end);
+  }
   // Whether step `step` of a run ending before `end` is evaluated on the validation data:
   // `longhaul train`'s steps; a cluster evaluates iteration `it`'s step where it is one of those
   // and the replicas exchanged (with local updates each holds its own parameters in between).

@@ -231,7 +231,7 @@ void TensorServer::Serve(Connection* c) {
     const std::string ok = AckFrame(absl::OkStatus());
     s = WriteAll(c->fd, ok.data(), ok.size(), After(kHelloTimeout), stop_);
   }
-  std::optional<std::pair<int, int>> sender;
+  std::optional<Sender> sender;
   bool left = false;  // the sender closed the connection, or it broke
   while (s.ok()) {
     bool closed = false;
@@ -245,12 +245,12 @@ void TensorServer::Serve(Connection* c) {
     left = absl::IsUnavailable(s);
   }
   if (left && sender) {
-    std::function<void(int, int)> observer;
+    std::function<void(const Sender&)> observer;
     {
       std::lock_guard<std::mutex> lock(mu_);
       observer = sender_left_;
     }
-    if (observer) observer(sender->first, sender->second);
+    if (observer) observer(*sender);
   }
   // Shutting down or a broken connection: nobody to tell. A refusal: the peer hears why.
   if (s.ok() || absl::IsCancelled(s) || absl::IsUnavailable(s)) {
@@ -312,7 +312,7 @@ absl::Status TensorServer::ServeHello(int fd) {
   return absl::OkStatus();
 }
 
-absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender) {
+absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optional<Sender>* sender) {
   if (header_bytes == 0 || header_bytes > kMaxTensorHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
@@ -353,7 +353,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
                                                       key.DebugString(), h.total_elements(), *allowed));
   }
   if (h.kind() == proto::LINK_PROBE) return ServeProbe(fd, h, deadline);
-  *sender = std::pair(h.from_stage(), h.from_replica());
+  *sender = Sender{h.from_stage(), h.from_replica(), h.plan_version()};
   if (absl::Status s = mailbox_->BeginPart(key, h.plan_version(), h.total_elements(), h.part_offset(), h.part_elements()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refused: ", s.message()));
   }
@@ -453,7 +453,7 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
   return WriteAll(fd, ok.data(), ok.size(), After(part_timeout()), stop_);
 }
 
-void TensorServer::SetSenderLeftObserver(std::function<void(int stage, int replica)> observer) {
+void TensorServer::SetSenderLeftObserver(std::function<void(const Sender&)> observer) {
   std::lock_guard<std::mutex> lock(mu_);
   sender_left_ = std::move(observer);
 }

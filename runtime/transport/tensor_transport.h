@@ -139,11 +139,15 @@ class TensorServer {
   // until set). Waits between parts have no limit: a quiet peer is a peer between iterations.
   void SetPartTimeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds part_timeout() const;
+  // Who sent a connection's last admitted part, as its header said: its place under its plan version.
+  struct Sender {
+    int stage = 0, replica = 0;
+    uint64_t plan_version = 0;
+  };
   // Called, from the connection's thread, when a sender whose tensors this server admitted closes
-  // its connection or the connection breaks (not at Shutdown): `stage` and `replica` are what its
-  // last admitted header said it was. A killed process's connections close at once, so this is
-  // the first evidence of its death.
-  void SetSenderLeftObserver(std::function<void(int stage, int replica)> observer);
+  // its connection or the connection breaks (not at Shutdown). A killed process's connections
+  // close at once, so this is the first evidence of its death.
+  void SetSenderLeftObserver(std::function<void(const Sender&)> observer);
   // Connections and parts refused so far (stranger, garbage, bad header, checksum), and the last
   // reason.
   int refused() const { return refused_.load(); }
@@ -169,7 +173,7 @@ class TensorServer {
   // The hello and the secret's proofs, checked, within kHelloTimeout.
   absl::Status ServeHello(int fd);
   // `sender` becomes the (stage, replica) of an admitted tensor's header.
-  absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<std::pair<int, int>>* sender);
+  absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<Sender>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.
   absl::Status ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline);
   // Reads a stale part's bytes (TensorAdmission::Stale) into a small buffer and acknowledges it
@@ -200,7 +204,7 @@ class TensorServer {
   mutable std::mutex mu_;
   std::string last_refusal_;
   std::chrono::milliseconds part_timeout_{120000};
-  std::function<void(int, int)> sender_left_;
+  std::function<void(const Sender&)> sender_left_;
 };
 
 // One send in flight: its bytes are written (the caller's buffer is free again) before the

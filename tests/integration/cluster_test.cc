@@ -855,28 +855,26 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     expect_refused("a report under a plan version never made", coordinator->ReportIteration(&ctx, rep, &empty),
                    grpc::StatusCode::FAILED_PRECONDITION);
   }
-  {
+  // Worker 0's (stage 0, replica 0) report of a checkpoint at `step` of stage 0's shard `shard`, or
+  // with `residual_replica` of that job replica's error-feedback residuals (1-based).
+  auto checkpoint_refused = [&](const char* what, int64_t step, int shard, int residual_replica,
+                                const std::string& says) {
     grpc::ClientContext ctx;
     proto::CheckpointReport ck;
     ck.set_worker_id(0);
     ck.set_plan_version(1);
     ck.set_stage(0);
-    ck.set_shard(1);  // hosted by replica 1
-    ck.set_step(2);
-    expect_refused("a checkpoint of another worker's shard", coordinator->ReportCheckpoint(&ctx, ck, &empty),
-                   grpc::StatusCode::INVALID_ARGUMENT);
-  }
-  {
-    grpc::ClientContext ctx;
-    proto::CheckpointReport ck;
-    ck.set_worker_id(0);
-    ck.set_plan_version(1);
-    ck.set_stage(0);
-    ck.set_residual_replica(2);  // replica 1's pushes, which worker 0 (replica 0) does not make
-    ck.set_step(2);
-    expect_refused("error-feedback residuals of another replica", coordinator->ReportCheckpoint(&ctx, ck, &empty),
-                   grpc::StatusCode::INVALID_ARGUMENT);
-  }
+    ck.set_shard(shard);
+    ck.set_residual_replica(residual_replica);
+    ck.set_step(step);
+    expect_refused(what, coordinator->ReportCheckpoint(&ctx, ck, &empty), grpc::StatusCode::INVALID_ARGUMENT, says);
+  };
+  checkpoint_refused("a checkpoint of another worker's shard", 2, /*hosted by replica 1*/ 1, 0, "does not give it");
+  // Replica 1's pushes, which worker 0 (replica 0) does not make.
+  checkpoint_refused("error-feedback residuals of another replica", 2, 0, 2, "does not give it");
+  // Its own shard, but train.checkpoint_every = 0 makes only the last step's: counted, such a
+  // report would make the real one at step 1000 a second report.
+  checkpoint_refused("a checkpoint no step is due", 2, 0, 0, "where none is due");
   // What every file shipped in parts is checked for (the coordinator's CheckPart and ReceivePart):
   // `chunk`, a whole file of 4 bytes, grown to 1 TiB; its part at byte 4 with none before; a part
   // longer than its file. `ship` sends each and expects the code.
@@ -1100,13 +1098,16 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     report(rep);
     expect_refused(what, coordinator->ReportIteration(&ctx, rep, &empty), code, says);
   }
-  for (auto [reporter, stage, code] : {std::tuple{1000, 1, grpc::StatusCode::NOT_FOUND},
-                                       std::tuple{0, 7, grpc::StatusCode::INVALID_ARGUMENT}}) {
+  for (auto [what, reporter, stage, version, code] :
+       {std::tuple{"a suspect report from worker 1000", 1000, 1, 1, grpc::StatusCode::NOT_FOUND},
+        std::tuple{"a suspect report of stage 7", 0, 7, 1, grpc::StatusCode::INVALID_ARGUMENT},
+        std::tuple{"a suspect report under plan version 9", 0, 1, 9, grpc::StatusCode::FAILED_PRECONDITION}}) {
     grpc::ClientContext ctx;
     proto::SuspectReport suspect;
     suspect.set_worker_id(reporter);
     suspect.set_stage(stage);
-    expect_refused("a suspect report", coordinator->ReportSuspect(&ctx, suspect, &empty), code);
+    suspect.set_plan_version(version);
+    expect_refused(what, coordinator->ReportSuspect(&ctx, suspect, &empty), code);
   }
   {
     // A false suspicion of a live worker: it keeps its heartbeats, so the run goes on to its end.
@@ -1115,6 +1116,7 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     suspect.set_worker_id(0);
     suspect.set_stage(1);
     suspect.set_replica(1);
+    suspect.set_plan_version(1);
     EXPECT_TRUE(coordinator->ReportSuspect(&ctx, suspect, &empty).ok());
   }
   ASSERT_EQ(run.get(), 0) << Log(out);

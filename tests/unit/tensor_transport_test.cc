@@ -143,6 +143,45 @@ TEST(TensorTransport, AReopenedMailboxTakesOnlyTheNewPlanVersion) {
   EXPECT_EQ((*mine)[0], 2.0f);
 }
 
+// A sender whose connection closes after its tensors were admitted is reported with the place and
+// the plan version its last header gave: the coordinator maps only the running version's places
+// onto workers (a connection of the version before may close after its receiver began the next).
+TEST(TensorTransport, ASenderThatLeavesIsNamedWithItsPlaceAndPlanVersion) {
+  Mailbox box;
+  box.Reopen(3);
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok());
+  std::mutex mu;
+  std::vector<TensorServer::Sender> left;
+  (*server)->SetSenderLeftObserver([&](const TensorServer::Sender& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    left.push_back(s);
+  });
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  const std::vector<float> x = Ramp(100);
+  proto::TensorHeader h = Header(proto::ACTIVATION, 0);
+  h.set_plan_version(3);
+  h.set_from_stage(2);
+  h.set_from_replica(1);
+  {
+    TensorClient client((*server)->address(), opt);
+    ASSERT_TRUE(client.Send(h, x.data(), x.size())->Wait().ok());
+  }
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!left.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(left.size(), 1u) << "the closed connection was not reported within 10 s";
+  EXPECT_EQ(left[0].stage, 2);
+  EXPECT_EQ(left[0].replica, 1);
+  EXPECT_EQ(left[0].plan_version, 3u);
+}
+
 // Admits tensors of one plan version, which the test moves on; newer ones are ahead of it.
 class OneVersion : public TensorAdmission {
  public:
