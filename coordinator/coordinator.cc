@@ -718,13 +718,17 @@ class Service final : public proto::Coordinator::Service {
                           absl::StrFormat("worker %d reports under plan version %d; the plan is version %d",
                                           req->worker_id(), req->plan_version(), plan_.version()));
     }
-    // A connection of an earlier version may close after its receiver began the next: that place's
-    // worker then may be another one, or none.
-    if (req->plan_version() < plan_.version()) return grpc::Status::OK;
-    const int suspect = WorkerAt(plan_, req->stage(), req->replica());
+    // Connections outlive a version, and one whose last tensor was of an earlier version may close
+    // after the next began (a peer killed before it sent anything of the new one): the place is
+    // that version's, whose worker may hold another place now, or none. A version too old to be
+    // kept names nobody to suspect.
+    const auto reported = recent_plans_.find(req->plan_version());
+    if (reported == recent_plans_.end()) return grpc::Status::OK;
+    const int suspect = WorkerAt(reported->second, req->stage(), req->replica());
     if (suspect < 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("the plan has no stage %d replica %d", req->stage(), req->replica()));
+                          absl::StrFormat("plan version %d has no stage %d replica %d", req->plan_version(),
+                                          req->stage(), req->replica()));
     }
     if (suspect == req->worker_id()) return grpc::Status::OK;
     members_.Suspect(suspect, req->worker_id(), Clock::now());
@@ -1437,6 +1441,14 @@ class Service final : public proto::Coordinator::Service {
     return reached;
   }
 
+  // REQUIRES: mu_ held; plan_ was replaced. The metrics show it, and its places stay known for a
+  // while after: a report may name a place of the version before (ReportSuspect).
+  void NotePlan() {
+    job_metrics_.SetPlan(plan_, members_.registrations());
+    recent_plans_[plan_.version()] = plan_;
+    while (recent_plans_.size() > kRecentPlans) recent_plans_.erase(recent_plans_.begin());
+  }
+
   // REQUIRES: mu_ held, Rollback() done. `next` replaces the plan for the lost workers of vacant_
   // (`replace`: lost -> the spare in its place), or starts it again (MaybeRestart); `change` says
   // how, for the log. The recoveries it answers record the new version and the rollback.
@@ -1475,7 +1487,7 @@ class Service final : public proto::Coordinator::Service {
     replica_checked_.erase(replica_checked_.lower_bound(start_), replica_checked_.end());
     ready_.clear();
     last_recorded_ = false;
-    job_metrics_.SetPlan(plan_, members_.registrations());
+    NotePlan();
     std::cout << absl::StrFormat("coordinator: plan v%d: %s; every worker goes back to step %d (%s) and redoes %d "
                                  "iterations\n",
                                  plan_.version(), change, start_,
@@ -1581,7 +1593,7 @@ class Service final : public proto::Coordinator::Service {
       if (!members_.Check(a.worker_id()).ok()) vacant_[a.worker_id()] = absl::StrFormat("worker %d", a.worker_id());
     }
     if (!vacant_.empty()) vacant_since_ = Clock::now();
-    job_metrics_.SetPlan(plan_, members_.registrations());
+    NotePlan();
     recoveries_.push_back({{"coordinator_restart", true},
                            {"plan_version", state.plan().version()},
                            {"new_plan_version", plan_.version()},
@@ -1734,7 +1746,7 @@ class Service final : public proto::Coordinator::Service {
     log_.SetPlacement(placement);
     plan_ = longhaul::MakePlan(cfg_, FirstWorkers(), {start_, resume_name_, end_}, worker_of_slot_,
                                network_ ? &*network_ : nullptr, shard_owner_);
-    job_metrics_.SetPlan(plan_, members_.registrations());
+    NotePlan();
     if (network_) job_metrics_.SetLinks(*network_, links_);
     const WirePlan wires = WiresOf(plan_);
     nlohmann::json narrow = nlohmann::json::array();
@@ -1803,6 +1815,10 @@ class Service final : public proto::Coordinator::Service {
   std::condition_variable cv_;
   Membership members_;
   proto::Plan plan_;
+  // The newest plans by version, plan_ among them (NotePlan): a worker's connection made under one
+  // version may close, and be reported, after the next began.
+  static constexpr size_t kRecentPlans = 4;
+  std::map<uint64_t, proto::Plan> recent_plans_;
   std::vector<int> worker_of_slot_;  // slot k = replica * stages + stage runs worker worker_of_slot_[k]
   std::vector<std::vector<int>> shard_owner_;  // the placement search's, for MakePlan (empty: shard k on replica k)
   std::set<int> ready_;  // workers that installed plan_

@@ -31,6 +31,10 @@
 #      back, a pipeline cut anew; each run bitwise the uninterrupted one, every sample once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+GPU_CHECKS=$(echo ${GPU_CHECKS:-})
+for c in $GPU_CHECKS; do
+  [[ "$c" =~ ^[1-9]$ ]] || { echo "gpu_check: GPU_CHECKS names checks 1 to 9, separated by spaces; not '$c'" >&2; exit 2; }
+done
 report_dir="${1:-${OUT:-gpu-report}}"
 mkdir -p "$report_dir"
 report="$report_dir/gpu_report.md"
@@ -38,9 +42,10 @@ log="$report_dir/gpu_check.log"
 : >"$log"
 bundle=/tmp/longhaul-gpu-check
 [ -f .device/longhaul-bundle.tar.xz ] || { echo "gpu_check: no .device/longhaul-bundle.tar.xz: run bash deploy/pack.sh where longhaul is built" >&2; exit 2; }
-# A bundle unpacked by an earlier run is used only if the tarball is not newer.
-if [ ! -x "$bundle/bundle/run" ] || [ .device/longhaul-bundle.tar.xz -nt "$bundle/bundle/run" ]; then
-  rm -rf "$bundle" && mkdir -p "$bundle" && tar xJf .device/longhaul-bundle.tar.xz -C "$bundle" && touch "$bundle/bundle/run"
+# A bundle unpacked by an earlier run is used only if it came from this very tarball.
+sum=$(sha256sum .device/longhaul-bundle.tar.xz | cut -d' ' -f1)
+if [ ! -x "$bundle/bundle/run" ] || [ "$(cat "$bundle/.sha256" 2>/dev/null)" != "$sum" ]; then
+  rm -rf "$bundle" && mkdir -p "$bundle" && tar xJf .device/longhaul-bundle.tar.xz -C "$bundle" && echo "$sum" >"$bundle/.sha256"
 fi
 run="$bundle/bundle/run"
 work=$(mktemp -d)
