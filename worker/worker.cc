@@ -548,11 +548,18 @@ absl::Status Worker::Setup() {
       continue;
     }
     if (!owns && (!resumed || holds)) continue;
+    // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
+    // pending shard is made after this set-up returned.
+    auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage_->layout(), stage = s_, sp,
+                       replicas = cfg_.cluster.replicas](const float* params, const float* m,
+                                                         const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
+                                                                      sp.first_tensor(), sp.end_tensor(), replicas));
+      LH_RETURN_IF_ERROR(shard->SetState(params, m, v));
+      return shard;
+    };
     if (!resumed) {  // the stage's initial parameters
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard,
-                          MakePsShard(device, cfg_.train.adamw, stage_->layout(), s_, sp.shard(), sp.first_tensor(),
-                                      sp.end_tensor(), cfg_.cluster.replicas));
-      LH_RETURN_IF_ERROR(shard->SetState(init + begin, nullptr, nullptr));
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, make_shard(init + begin, nullptr, nullptr));
       ps_host_->Add(std::move(shard), start - 1);
       continue;
     }
@@ -577,17 +584,13 @@ absl::Status Worker::Setup() {
           return mv;
         }).share();
     ps_host_->AddPending(
-        [moments, params = std::move(params), device, adamw = cfg_.train.adamw, layout = &stage_->layout(),
-         stage = s_, sp, replicas = cfg_.cluster.replicas]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
           const Moments& mv = moments.get();
           if (!mv.ok()) {
             return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
-                                                                    sp.shard(), mv.status().message()));
+                                                                    shard, mv.status().message()));
           }
-          LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
-                                                                          sp.first_tensor(), sp.end_tensor(), replicas));
-          LH_RETURN_IF_ERROR(shard->SetState(params.data(), mv->data(), mv->data() + params.size()));
-          return shard;
+          return make_shard(params.data(), mv->data(), mv->data() + params.size());
         },
         start - 1);
   }

@@ -172,7 +172,7 @@ class TensorServer {
   void Serve(Connection* c);
   // The hello and the secret's proofs, checked, within kHelloTimeout.
   absl::Status ServeHello(int fd);
-  // `sender` becomes the (stage, replica) of an admitted tensor's header.
+  // `sender` becomes the place and plan version of an admitted tensor's header.
   absl::Status ServePart(int fd, uint32_t header_bytes, std::optional<Sender>* sender);
   // A link probe the admission let in: read, checked and dropped, never held.
   absl::Status ServeProbe(int fd, const proto::TensorHeader& h, Deadline deadline);
