@@ -9,12 +9,12 @@
 namespace longhaul {
 
 JobMetrics::JobMetrics(const JobConfig& cfg)
-    : stages_(cfg.cluster.stages),
-      replicas_(cfg.cluster.replicas),
-      tokens_per_replica_(static_cast<double>(cfg.tokens_per_step()) / cfg.cluster.replicas) {}
+    : replicas_(cfg.cluster.replicas),
+      tokens_per_replica_(static_cast<double>(cfg.tokens_per_step()) / cfg.cluster.replicas),
+      stages_(cfg.cluster.stages) {}
 
 void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::RegisterRequest>& registrations) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stages_ = plan.stages();  // a pipeline cut anew has fewer than the job's config
   worker_at_.clear();  // a place a shrunk or re-cut plan no longer has takes no bytes
   for (const proto::Assignment& a : plan.assignments()) {
@@ -28,13 +28,13 @@ void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::Reg
 }
 
 void JobMetrics::SetLinks(const NetworkCost& network, std::string source) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   network_ = network;
   links_source_ = std::move(source);
 }
 
 absl::Status JobMetrics::Report(const proto::IterationReport& report) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::set<std::pair<int, int>> named;
   for (const proto::LinkBytes& l : report.sent()) {
     if (worker_at_.find({l.stage(), l.replica()}) == worker_at_.end()) {
@@ -53,7 +53,7 @@ absl::Status JobMetrics::Report(const proto::IterationReport& report) {
 }
 
 void JobMetrics::Complete(int64_t it, const std::map<int, proto::IterationReport>& reports) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   step_ = it + 1;
   double loss = 0, seconds = 0;
   int last_stage = 0;
@@ -66,7 +66,7 @@ void JobMetrics::Complete(int64_t it, const std::map<int, proto::IterationReport
 }
 
 std::string JobMetrics::Render(int64_t refused_calls) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   PrometheusText t;
   t.Family("longhaul_step", "gauge", "Steps completed by every worker.");
   t.Sample({}, static_cast<double>(step_));

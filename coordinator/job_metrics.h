@@ -6,12 +6,13 @@
 // the failures: calls refused at the coordinator's port, workers lost, whether the job failed.
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "config/job_config.h"
 #include "coordinator/stragglers.h"
 #include "longhaul.pb.h"
@@ -31,13 +32,13 @@ class JobMetrics {
   absl::Status Report(const proto::IterationReport& report);
   // Every worker has reported iteration `it`.
   void Complete(int64_t it, const std::map<int, proto::IterationReport>& reports);
-  void WorkerLost() { std::lock_guard<std::mutex> lock(mu_); ++lost_; }
+  void WorkerLost() { absl::MutexLock lock(&mu_); ++lost_; }
   // Each worker's slowdown (stragglers.h), as the run measures it.
   void SetSlowdowns(std::map<int, Slowdown> slowdowns) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     slowdowns_ = std::move(slowdowns);
   }
-  void Failed() { std::lock_guard<std::mutex> lock(mu_); failed_ = true; }
+  void Failed() { absl::MutexLock lock(&mu_); failed_ = true; }
   // Everything above, and `refused_calls` made to the coordinator's port without the job secret.
   std::string Render(int64_t refused_calls) const;
 
@@ -47,20 +48,23 @@ class JobMetrics {
     std::string host, address;
     std::optional<proto::IterationReport> last;
   };
-  int stages_;  // the plan's
   const int replicas_;
   const double tokens_per_replica_;  // per iteration
-  mutable std::mutex mu_;
-  std::map<int, Worker> workers_;
-  std::map<std::pair<int, int>, int> worker_at_;  // (stage, replica) -> worker id
-  std::map<std::pair<int, int>, uint64_t> sent_;  // (from worker, to worker) -> bytes
-  std::map<int, Slowdown> slowdowns_;
-  std::optional<NetworkCost> network_;
-  std::string links_source_;
-  int64_t step_ = 0;
-  double loss_ = 0, tokens_per_s_ = 0;
-  int lost_ = 0;
-  bool failed_ = false;
+  // The coordinator's job reports under its own lock; the metrics endpoint renders from its own
+  // thread.
+  mutable absl::Mutex mu_;
+  int stages_ ABSL_GUARDED_BY(mu_);  // the plan's
+  std::map<int, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int, int>, int> worker_at_ ABSL_GUARDED_BY(mu_);  // (stage, replica) -> worker id
+  std::map<std::pair<int, int>, uint64_t> sent_ ABSL_GUARDED_BY(mu_);  // (from worker, to worker) -> bytes
+  std::map<int, Slowdown> slowdowns_ ABSL_GUARDED_BY(mu_);
+  std::optional<NetworkCost> network_ ABSL_GUARDED_BY(mu_);
+  std::string links_source_ ABSL_GUARDED_BY(mu_);
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  double loss_ ABSL_GUARDED_BY(mu_) = 0;
+  double tokens_per_s_ ABSL_GUARDED_BY(mu_) = 0;
+  int lost_ ABSL_GUARDED_BY(mu_) = 0;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace longhaul
