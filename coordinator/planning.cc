@@ -72,7 +72,7 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   std::vector<DeviceCost> devices;
   std::vector<int> device_of(W, 0);
   for (const auto& [machine, ids] : machines) {
-    auto median = [&](double (proto::ComputeProfile::*field)() const) {
+    auto median = [&profiles, &ids = ids](double (proto::ComputeProfile::*field)() const) {
       std::vector<double> v;
       for (int id : ids) v.push_back(std::max(1e-9, (profiles.at(id).*field)()));
       return Median(std::move(v));
