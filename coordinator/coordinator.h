@@ -1,8 +1,10 @@
 #pragma once
 // The coordinator role: one per job, control plane only (no tensor passes through it). It admits
 // workers, publishes the plan (stage and replica of each worker, parameter-server shard
-// placement), reduces the global gradient norm, prints one progress line per iteration, keeps the
-// checkpoint index, watches heartbeats, and at the end merges the workers' timelines.
+// placement) and its later versions, records each iteration and prints its progress line, keeps
+// the checkpoint index, notices lost workers and recovers from them, and at the end writes the
+// run's records. RunCoordinator is its start-up: where the job goes on from, the job (job.h), the
+// gRPC service (service.h) and the supervisor's loop (supervisor.h).
 #include <cstdint>
 #include <string>
 #include <vector>
