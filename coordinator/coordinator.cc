@@ -1,7 +1,10 @@
 #include "coordinator/coordinator.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include "coordinator/service.h"
 #include "coordinator/supervisor.h"
 #include "netem/scenario.h"
+#include "transport/socket_io.h"
 #include "util/atomic_file.h"
 #include "util/status_macros.h"
 
@@ -39,13 +43,14 @@ struct JobOrigin {
   int64_t start = 0;
   std::string resume_name;
   std::optional<proto::JobState> restored;
+  bool goes_on = false;  // the run's records so far are kept (a resume, a restored job)
 };
 
 // A coordinator before this one ran the job from here and did not end it: it goes on under the
 // config of that job's plan (the placement search's cut included), from its last checkpoint.
 absl::StatusOr<JobOrigin> FromJobState(const JobConfig& cfg, const std::vector<std::string>& overrides) {
   LH_ASSIGN_OR_RETURN(RestoredJob job, ReadJobState(JobStatePath(cfg.train.out_dir), cfg));
-  JobOrigin origin{std::move(job.cfg), 0, "", std::move(job.state)};
+  JobOrigin origin{std::move(job.cfg), 0, "", std::move(job.state), true};
   // The state's config holds (the placement search's cut, a re-cut): said, not ignored silently.
   std::vector<std::string> changes;
   for (const std::string& o : overrides)
@@ -85,12 +90,29 @@ absl::StatusOr<JobOrigin> FromJobState(const JobConfig& cfg, const std::vector<s
 // train.resume: the job goes on from its last complete checkpoint, under that checkpoint's cut.
 absl::StatusOr<JobOrigin> FromCheckpoint(JobConfig cfg) {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));
-  JobOrigin origin{std::move(cfg), 0, fs::path(dir).filename().string(), std::nullopt};
+  JobOrigin origin{std::move(cfg), 0, fs::path(dir).filename().string(), std::nullopt, true};
   LH_ASSIGN_OR_RETURN(origin.start, CheckpointStep(dir));
   const std::string state_dir = CheckpointStateDir(fs::path(dir).parent_path().string(), origin.resume_name);
   LH_ASSIGN_OR_RETURN(origin.cfg, WithCheckpointCut(state_dir, std::move(origin.cfg)));
   LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, origin.cfg));
   return origin;
+}
+
+// Whether every worker the job state's plan places is gone: its tensor port refuses connections,
+// which a host's kernel says of a process that ended (a forced stop killed every process of the
+// job, or all of them crashed). One that does not answer within `wait_s` may be alive behind a
+// slow or broken route: then the job is not taken for dead.
+bool EveryWorkerGone(const proto::JobState& state, double wait_s) {
+  std::map<int, std::string> address;
+  for (const proto::WorkerRecord& w : state.workers()) address[w.id()] = w.registration().address();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait_s));
+  std::vector<std::future<PortAnswer>> answers;
+  for (const proto::Assignment& a : state.plan().assignments())
+    answers.push_back(std::async(std::launch::async, ProbePort, address[a.worker_id()], deadline));
+  bool gone = !answers.empty();
+  for (std::future<PortAnswer>& answer : answers) gone = answer.get() == PortAnswer::kRefused && gone;
+  return gone;
 }
 
 }  // namespace
@@ -103,13 +125,41 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   JobOrigin origin{cfg};
   if (fs::exists(JobStatePath(cfg.train.out_dir))) {
     LH_ASSIGN_OR_RETURN(origin, FromJobState(cfg, opt.overrides));
+    if (EveryWorkerGone(*origin.restored, cfg.cluster.lifeline_grace_s)) {
+      // The job did not end, and nothing of it runs: it goes on from its last checkpoint (or its
+      // start) with the workers that join this coordinator, as a resume would.
+      const bool checkpointed = !origin.resume_name.empty();
+      std::cout << absl::StrFormat("coordinator: %s is the state of a job none of whose %d workers runs any more (every "
+                                   "process was stopped, or crashed): it goes on from %s with the workers that join "
+                                   "now\n",
+                                   JobStatePath(cfg.train.out_dir), origin.restored->plan().assignments_size(),
+                                   checkpointed ? origin.resume_name : std::string("its start"))
+                << std::flush;
+      fs::remove(JobStatePath(cfg.train.out_dir), ec);
+      if (checkpointed) {
+        LH_ASSIGN_OR_RETURN(origin, FromCheckpoint(std::move(cfg)));
+      } else {
+        origin = JobOrigin{cfg};
+      }
+    }
   } else if (cfg.train.resume) {
     LH_ASSIGN_OR_RETURN(origin, FromCheckpoint(std::move(cfg)));
   }
   cfg = std::move(origin.cfg);
   const int64_t start = origin.start;
+  // A run whose last checkpoint is its last step has nothing left to do: said, and a success (its
+  // records are those of the run that wrote the checkpoint).
+  if (const int64_t end = opt.stop_at > 0 ? std::min(opt.stop_at, cfg.train.steps) : cfg.train.steps; start >= end) {
+    std::cout << absl::StrFormat("coordinator: nothing to run: the last checkpoint, %s, is step %d, where this run ends "
+                                 "(train.steps = %d%s); to train further, raise train.steps\n",
+                                 origin.resume_name, start, cfg.train.steps,
+                                 opt.stop_at > 0 ? absl::StrFormat(", --stop-at %d", opt.stop_at) : "")
+              << std::flush;
+    if (origin.restored) fs::remove(JobStatePath(cfg.train.out_dir), ec);  // that job ended
+    return absl::OkStatus();
+  }
   const std::string csv = (fs::path(cfg.train.out_dir) / "metrics.csv").string();
-  const bool goes_on = cfg.train.resume || origin.restored;
+  const bool goes_on = origin.goes_on;
   LH_ASSIGN_OR_RETURN(MetricsLog metrics, goes_on ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
   LH_ASSIGN_OR_RETURN(SampleAudit samples,
                       SampleAudit::Open((fs::path(cfg.train.out_dir) / "samples.csv").string(),

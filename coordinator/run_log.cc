@@ -142,10 +142,15 @@ std::vector<double> RunLog::ComputePerMicroByWorker() const {
 void RunLog::PrintSummary(const nlohmann::json& s) const {
   if (timed_ == 0) return;
   const double sec = s["iteration_seconds"], tps = s["tokens_per_second"];
+  // A run that went on from a checkpoint counts its steps from the job's start, and says how many
+  // this coordinator ran.
+  const std::string iterations =
+      first_ > 0 ? absl::StrFormat("%d iterations (the last %d here, from step %d)", end_, end_ - first_, first_)
+                 : absl::StrFormat("%d iterations", end_);
   std::cout << absl::StrFormat(
-      "done: %d iterations | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
+      "done: %s | final loss %.4f | iteration time %.3f s (stage 0 replica 0, mean after the first) | "
       "%.0f tokens/s | %.4f TFLOPs per worker [%s / time / %d workers] | %.1f days per 100B tokens\n",
-      end_ - first_, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / workers_,
+      iterations, s["final_loss"].get<double>(), sec, tps, flops_ / sec / 1e12 / workers_,
       FlopsFormulaName(cfg_.train.recompute), workers_, DaysFor100BTokens(tps));
   if (s["predicted_iteration_seconds"].is_number()) {
     const double predicted = s["predicted_iteration_seconds"];

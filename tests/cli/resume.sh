@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Resume never misleads. A `longhaul local` run stopped by a double Ctrl-C (every process killed at
+# once, its job state left behind) is taken over by the next `longhaul local`: it goes on from the
+# last checkpoint and ends bitwise as an undisturbed run. Resuming a run that already finished
+# says so and exits 0 at once.
+# Usage: resume.sh path/to/longhaul
+set -u
+bin="$1"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/job.toml" <<'TOML'
+[model]
+n_layer = 2
+d_model = 32
+n_head = 2
+max_seq_len = 16
+[data]
+train_tokens = 100000
+val_tokens = 1000
+[train]
+steps = 60
+seq_len = 16
+micro_batch_size = 4
+micro_batches = 2
+checkpoint_every = 10
+log_every = 1
+eval_every = 0
+[cluster]
+stages = 2
+replicas = 2
+TOML
+failures=0
+check() {  # description, condition exit status
+  if [ "$2" = 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; failures=$((failures + 1)); fi
+}
+run() {  # out_dir, log, more --set arguments
+  local out="$1" log="$2"
+  shift 2
+  timeout 300 "$bin" local -c "$dir/job.toml" --set "train.out_dir=\"$out\"" "$@" >"$log" 2>&1
+}
+final_loss() { tail -n 1 "$1/metrics.csv" | cut -d, -f2; }
+
+run "$dir/calm" "$dir/calm.txt"
+check "the undisturbed run completes" $?
+
+# A double Ctrl-C once step 20's checkpoint is complete.
+"$bin" local -c "$dir/job.toml" --set "train.out_dir=\"$dir/run\"" \
+  >"$dir/first.txt" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q "checkpoint step_00000020 complete" "$dir/first.txt" && break
+  sleep 0.05
+done
+kill -INT "$pid"
+sleep 0.05
+kill -INT "$pid"
+wait "$pid"
+check "the double Ctrl-C leaves the job's state behind" $([ -f "$dir/run/job_state.pb" ]; echo $?)
+
+run "$dir/run" "$dir/second.txt" --set train.resume=true
+rc=$?
+check "the next run takes the dead job over and completes (exit $rc)" \
+  $([ "$rc" = 0 ] && grep -q "none of whose 4 workers runs any more" "$dir/second.txt"; echo $?)
+check "it goes on from the last checkpoint: $(grep -o 'goes on from step_[0-9]*' "$dir/second.txt")" \
+  $(grep -qE "goes on from step_000000[2-6]0 with the workers that join now" "$dir/second.txt"; echo $?)
+check "its final loss is the undisturbed run's, bitwise ($(final_loss "$dir/run") and $(final_loss "$dir/calm"))" \
+  $([ -n "$(final_loss "$dir/calm")" ] && [ "$(final_loss "$dir/run")" = "$(final_loss "$dir/calm")" ]; echo $?)
+check "its checkpoints are the undisturbed run's, bitwise" \
+  $(cmp -s "$dir/run/checkpoints/stage_1_shard_1/step_00000060/model.safetensors" \
+          "$dir/calm/checkpoints/stage_1_shard_1/step_00000060/model.safetensors"; echo $?)
+check "the done line counts the whole run" $(grep -qE "^done: 60 iterations \(the last [0-9]+ here, from step" \
+  "$dir/second.txt"; echo $?)
+
+run "$dir/calm" "$dir/again.txt" --set train.resume=true
+rc=$?
+check "resuming a finished run exits 0 (exit $rc) and says so: $(grep -o 'nothing to run.*' "$dir/again.txt")" \
+  $([ "$rc" = 0 ] && grep -q "nothing to run: the last checkpoint, step_00000060, is step 60" "$dir/again.txt"; echo $?)
+
+[ "$failures" = 0 ] || { tail -n 30 "$dir"/*.txt; exit 1; }
