@@ -97,6 +97,11 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   const int workers = cfg->cluster.stages * cfg->cluster.replicas;
   std::error_code ec;
   fs::create_directories(cfg->train.out_dir, ec);
+  if (ec) {
+    std::cerr << "longhaul: error: cannot create train.out_dir " << cfg->train.out_dir << ": " << ec.message()
+              << ": give train.out_dir a directory this user may write\n";
+    return 2;
+  }
   const std::string port_file = (fs::path(cfg->train.out_dir) / ".coordinator_port").string();
   fs::remove(port_file, ec);
   // Every port of the run is authenticated: a fresh secret per run where the user gave none, which

@@ -118,5 +118,11 @@ check secret_missing 1 "cannot read the job secret file $dir/none.secret"
 rc=$?
 check coordinator_secret_missing 2 "cannot read the job secret file"
 
+# `longhaul local` names a train.out_dir it cannot create, not a file it would have written there.
+touch "$dir/a_file"
+"$bin" local -c /dev/null --set "train.out_dir=\"$dir/a_file/run\"" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+check local_out_dir_not_a_directory 2 "cannot create train.out_dir $dir/a_file/run: Not a directory: give train.out_dir a directory"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
