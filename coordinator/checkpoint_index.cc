@@ -74,8 +74,8 @@ absl::Status CheckPart(uint64_t file_bytes, uint64_t offset, uint64_t bytes) {
 
 absl::Status ReceivePart(const std::string& path_name, uint64_t file_bytes, uint64_t offset, const std::string& data) {
   // One part of a file at a time: two at one offset (a call and its retry) would both find the
-  // file that long and both append. Other files' parts, most of them, go on meanwhile. The locks
-  // guard no field, only the files whose names hash to them.
+  // file that long and both append. Other files' parts, most of them, go on meanwhile.
+  // Each lock guards no field, only the files whose names hash to it.
   static std::array<absl::Mutex, 64> writing;
   absl::MutexLock lock(&writing[std::hash<std::string>{}(path_name) % writing.size()]);
   const fs::path path(path_name);
