@@ -86,8 +86,8 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
   proto::CheckpointFetch fetch;
   fetch.set_plan_version(version);
   fetch.set_piece(dir.parent_path().filename().string());
-  // Every file at once: on a link to the coordinator 10 ms away, one after another took a round
-  // trip each, and a spare fetches a few pieces before its first iteration.
+  // Every file at once: one after another would take a round trip each on a slow link to the
+  // coordinator, and a spare fetches a few pieces before its first iteration.
   LH_ASSIGN_OR_RETURN(const uint64_t state_most, MaxCheckpointFileBytes("state.json", 0, 0, false));
   std::vector<std::future<absl::Status>> files;
   for (const char* file : kCheckpointFiles) {

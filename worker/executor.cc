@@ -99,8 +99,8 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
       }
       case Op::kForward: {
         // A stage 0 of GPipe runs its forwards back to back: a stopped version (a recovery under
-        // way) left after all of them, up to 13 ms late on the demo's shared cores. A stage
-        // without hooks stops only here.
+        // way) is left here, between them, not after all of them. A stage without hooks stops
+        // only here.
         LH_RETURN_IF_ERROR(channel_.Stopped());
         const int64_t t0 = Timeline::NowMicros();
         const double waited_before = result.wait_seconds;

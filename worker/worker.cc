@@ -85,12 +85,12 @@ class Worker {
   int64_t WindowIterations() const { return Mailbox::WindowIterations(cfg_.train.local_steps); }
   // A spare builds, while it waits, the stage of every place of the job's own layout, each run once
   // forward and backward so that its memory is touched and its kernels loaded; a resumed version
-  // that places it takes the one it needs (Setup). Building one cost a spare's set-up 9-13 ms of
-  // the demo's recovery, and its first iteration ran its compute at half pace.
+  // that places it takes the one it needs (Setup): building it is then off the recovery's path, and
+  // its first iteration computes at full pace, not paying for first touches and kernel loads.
   void WarmSpareStages(const JobConfig& cfg, const std::string& config_toml);
   // A placed spare's other warm stages go. A GPU's go at once, before its shards are allocated
-  // there; host memory is freed on a thread of its own (freeing_), off the recovery's path:
-  // freeing it took 1-3 ms of a demo spare's 3-11 ms set-up on these shared cores.
+  // there; host memory is freed on a thread of its own (freeing_), off the recovery's path: nothing
+  // of the new version waits for it.
   void RetireWarmStages();
   // What a stage is built for: its index, device and slots, and the job config's text.
   static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
@@ -257,7 +257,7 @@ absl::Status Worker::Join() {
 
 absl::Status Worker::LoadData(const JobConfig& cfg) {
   // Every plan version of a job keeps its data, a pipeline cut anew too (its config differs in
-  // the cut only): building the demo's corpus again took most of a re-cut's set-up.
+  // the cut only): building the corpus again would weigh on every re-cut's set-up.
   const std::string key = absl::StrCat(cfg.as_json.at("data").dump(), " vocab ", cfg.model.vocab_size);
   if (data_ && data_key_ == key) return absl::OkStatus();
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
@@ -417,7 +417,7 @@ absl::Status Worker::Setup() {
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
   // The links open (a round trip or two each) while the stage is built and the others set up:
-  // opened after, they cost a spare's first sends 0.02-0.03 s on 10 ms links.
+  // opened after, a spare's first sends would wait for those round trips.
   std::set<int> known;
   for (const proto::Assignment& a : plan_.assignments()) known.insert(a.worker_id());
   for (const proto::Peer& p : members_) known.insert(p.worker_id());
@@ -461,10 +461,10 @@ absl::Status Worker::Setup() {
   const bool resumed = !plan_.resume_checkpoint().empty();
   if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || resumed) request.init_from.clear();
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
-  // first cost a spare's set-up 7-17 ms of the demo's 30.
+  // first would be work thrown away on a recovery's path.
   if (resumed) request.seed.reset();
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
-  // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
+  // parameters) is a large part of a set-up, which every survivor would pay.
   // Its parameters are the ones it pulled last where they are the checkpoint's, else the
   // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps
   // itself (local updates) holds more, and is rebuilt. So is one whose version starts over from
@@ -510,10 +510,10 @@ absl::Status Worker::Setup() {
   const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
-  // broadcast cost a recovery on 10 ms links 0.03-0.05 s, most of it opening the links to the
-  // spare; survivors hold them nearly always, as the checkpoint is written after the step.
+  // broadcast would cost a recovery round trips on slow links, most of them opening the links to
+  // the spare; survivors hold them nearly always, as the checkpoint is written after the step.
   // Likewise a shard this worker hosted and last stepped in the iteration before the start holds
-  // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
+  // the checkpoint's state: it stays, rather than being read again from its files.
   const int64_t start = plan_.start_iteration();
   bool holds = kept && held == start - 1;
   // A survivor that ran past the checkpoint takes the parameters it pulled for it back from its
@@ -522,8 +522,8 @@ absl::Status Worker::Setup() {
     LH_RETURN_IF_ERROR(stage_->SetParams(0, snapshot_.data(), snapshot_.size()));
     holds = true;
   }
-  // On a disk of its own, the loads below find their pieces here already: one round each to the
-  // coordinator took a spare's set-up 0.11 s on a 10 ms link.
+  // On a disk of its own, the loads below find their pieces here already: fetched as each load
+  // needs them, each would wait a round trip of its own to the coordinator.
   if (resumed && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(checkpoints, !holds));
   // The resumed step's shard files by the cut that wrote them (a re-cut layout's is another),
   // read once where a shard is read.
@@ -573,8 +573,8 @@ absl::Status Worker::Setup() {
     if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
     if (!owns) continue;
     // The shard's moments, two thirds of what it reads, are read on a thread of their own while
-    // the first forwards compute, and the shard is made at the first exchange: read and made here,
-    // they took a stage-0 spare's set-up 3-7 ms of its 8-15 on the demo's shared cores. Their
+    // the first forwards compute, and the shard is made at the first exchange, the first moment it
+    // is needed: read and made here, they would lengthen the set-up a recovery waits for. Their
     // pieces are here already: the parameters' read above fetched them whole where they were not.
     using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
     std::shared_future<Moments> moments =
@@ -720,8 +720,7 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
     trusted_.insert(step_dir);
   }
   // Reports go through the shipper too, shipping or not: on a slow link to the coordinator each
-  // took a round trip from the iterations (the demo checkpointing every step, the coordinator
-  // 10 ms away: 0.083 s per step with the reports in line, 0.064 s without).
+  // would take a round trip from the iterations.
   shipper_.Ship(shares_run_dir_ ? "" : step_dir, step, plan_.version(),
                 [report = std::move(report), checkpoints = fs::path(piece_root).parent_path().string(), step,
                  keep = cfg_.train.keep_checkpoints, own = !shares_run_dir_] {
