@@ -76,9 +76,78 @@ class Worker {
   // stands for: the plan's streams (wire_plan.h FeedbackStreams), which the coordinator counts
   // towards a complete checkpoint.
   std::vector<std::pair<int, int>> FeedbackGroups() const;
-  // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
-  // move to plan_, then its parts are built.
+  // Sets plan_ up, in phases: the previous version's parts go (TearDown), its version is
+  // installed, its config read, this worker's place in it taken, the links to its peers opened,
+  // the samplers, stage and exchange (channel and parameter-server host) built, the stage's
+  // shards given their state, the stage's own optimizer state and the residuals resumed, and the
+  // executor built.
   absl::Status Setup();
+  // What the version before leaves the next: the iteration whose parameters its stage held (-1:
+  // none, or a pull part way) and the shards it hosted.
+  struct Leftovers {
+    int64_t held = -1;
+    std::vector<PsHost::Hosted> hosted;
+  };
+  // Every part of the previous plan goes but the stage, the data and the links' clients, which the
+  // next set-up may keep, and the hosted shards, which it hands back.
+  Leftovers TearDown();
+  // The mailbox, the sends' canceller, the heartbeats and the tensor server move to plan_.
+  void InstallVersion();
+  // cfg_ from plan_ (with --out-dir), and whether this worker shares the coordinator's run
+  // directory or fetches checkpoint pieces from it.
+  absl::Status ReadConfig();
+  // This worker's place in plan_ (s_, r_, M_), checked against its memory; its device.
+  absl::StatusOr<int> TakePlace();
+  // What each peer may send (the mailbox's window, the admission), and peers_ with its links open.
+  void OpenLinks();
+  // A send of this version failed to the worker of (stage, replica): the version ends at once, as
+  // that peer waits for the tensor and this worker would hear of it only at its next Flush.
+  void SendFailed(int stage, int replica, const absl::Status& s);
+  // sampler_ and this replica's validation micro-batches.
+  absl::Status SetUpSamplers();
+  // stage_: the one of the version before where plan_ leaves it as it was (true), else a spare's
+  // warm one, else one built.
+  absl::StatusOr<bool> SetUpStage(int device);
+  // channel_ and ps_host_.
+  void BuildExchange();
+  // Every shard of the stage at the start of plan_ (SetUpShard), the stage holding the start's
+  // parameters after it. `kept`: SetUpStage kept the stage; `left`: TearDown's.
+  absl::Status SetUpShards(int device, bool kept, Leftovers& left);
+  // Where a version's shards take their state from.
+  struct ShardSources {
+    std::vector<PsHost::Hosted>* hosted = nullptr;  // the version before's, where its stage is kept
+    bool holds = false;              // the stage holds the start's parameters already
+    const float* initial = nullptr;  // the stage's initial parameters, for a version that resumes nothing
+    std::optional<std::vector<CheckpointPiece>> pieces;  // the resumed step's shard files, read once
+  };
+  // Brings shard `sp` to the start of plan_, whatever the source of its state: the shard this
+  // worker hosted and last stepped in the iteration before the start, the stage's initial
+  // parameters, or the resumed checkpoint's files. Its parameters go into the stage where it does
+  // not hold them; the shard goes to the host where this replica owns it.
+  absl::Status SetUpShard(const proto::ShardPlacement& sp, int device, ShardSources& from);
+  // The hosted shard of `from` that is `sp` (its `n` floats from `begin`) as stepped in the
+  // iteration before plan_'s start; null where there is none.
+  std::unique_ptr<PsShard> TakeHosted(ShardSources& from, const proto::ShardPlacement& sp, size_t begin, size_t n);
+  // With local updates, the stage's own AdamW state from the resumed checkpoint.
+  absl::Status ResumeStageOptimizer();
+  // The error-feedback residuals of this replica's groups from the resumed checkpoint.
+  absl::Status ResumeResiduals();
+  void BuildExecutor();
+  // The executor's deferred pull of iteration `it` completed: its CRC goes into the next report,
+  // and the parameters into snapshot_ where a checkpoint follows `it`.
+  void PulledDeferred(int64_t it);
+  // plan_'s shards of this worker's stage.
+  std::vector<proto::ShardPlacement> StageShards() const;
+  // The resumed checkpoint's pieces, by the layout that wrote it: the shards' (an empty
+  // `stage_root`), else those under each stage's `stage_root(stage)`.
+  absl::StatusOr<std::vector<CheckpointPiece>> ResumedPieces(const std::function<std::string(int)>& stage_root) const;
+  std::string CheckpointsDir() const { return (fs::path(cfg_.train.out_dir) / "checkpoints").string(); }
+  bool Resumed() const { return !plan_.resume_checkpoint().empty(); }
+  bool LocalUpdates() const { return cfg_.train.local_steps > 1; }
+  LrSchedule LearningRates() const {
+    const TrainConfig& tc = cfg_.train;
+    return LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
+  }
   // plan_ from its start barrier to its last iteration, or to a failure.
   absl::Status RunPlan();
   absl::Status RunIteration(int64_t it);
@@ -106,10 +175,10 @@ class Worker {
   // `layout_only`), unless this worker, which does not share the coordinator's run directory,
   // wrote or fetched it itself (NotFound where it is not there).
   absl::Status Fetch(const std::string& step_dir, bool layout_only);
-  // Every piece of the resumed checkpoint under `checkpoints` the set-up may read (with `params`,
-  // the stage's shards), fetched in two rounds at most: this place's own pieces and the layout's
-  // state.json at once, then whatever else holds the stage's tensors (a cut anew).
-  absl::Status Prefetch(const std::string& checkpoints, bool params);
+  // Every piece of the resumed checkpoint the set-up may read (with `params`, the stage's shards),
+  // fetched in two rounds at most: this place's own pieces and the layout's state.json at once,
+  // then whatever else holds the stage's tensors (a cut anew).
+  absl::Status Prefetch(bool params);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
   void Stop(const std::string& reason, uint64_t newer_plan = 0);
@@ -359,19 +428,43 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 }
 
 absl::Status Worker::Setup() {
+  Leftovers left = TearDown();
+  InstallVersion();
+  LH_RETURN_IF_ERROR(ReadConfig());
+  LH_ASSIGN_OR_RETURN(const int device, TakePlace());
+  OpenLinks();
+  LH_RETURN_IF_ERROR(SetUpSamplers());
+  LH_ASSIGN_OR_RETURN(const bool kept, SetUpStage(device));
+  BuildExchange();
+  LH_RETURN_IF_ERROR(SetUpShards(device, kept, left));
+  LH_RETURN_IF_ERROR(ResumeStageOptimizer());
+  LH_RETURN_IF_ERROR(ResumeResiduals());
+  BuildExecutor();
+  std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
+                               stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
+                               stage_->num_params(), server_->address(), stage_->Describe())
+            << std::flush;
+  return absl::OkStatus();
+}
+
+Worker::Leftovers Worker::TearDown() {
   // What the stage and the hosted shards hold, before the channel and the host that know go.
-  const int64_t held = channel_ ? channel_->held() : -1;
+  Leftovers left;
+  left.held = channel_ ? channel_->held() : -1;
   // A replaced version's pieces yet to ship count for nothing: the coordinator goes back to a step
   // whose every piece it holds.
   shipper_.Drop();
   executor_.reset();
-  std::vector<PsHost::Hosted> hosted;
-  if (ps_host_) hosted = ps_host_->Release();
+  if (ps_host_) left.hosted = ps_host_->Release();
   ps_host_.reset();
   channel_.reset();
   peers_.reset();
   sampler_.reset();
   pulled_crc_.reset();
+  return left;
+}
+
+void Worker::InstallVersion() {
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
     installed_ = plan_.version();
@@ -379,23 +472,28 @@ absl::Status Worker::Setup() {
     mailbox_.Reopen(installed_);
     canceller_ = std::make_shared<SendCanceller>();
   }
-  LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
-  if (!opt_.out_dir.empty()) cfg_.train.out_dir = opt_.out_dir;
-  {
-    const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
-    shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
-  }
-  fetch_ = shares_run_dir_ ? FetchPiece()
-                           : FetchPiece([this](const std::string& step_dir, bool layout_only) {
-                               return Fetch(step_dir, layout_only);
-                             });
-  fetched_ = 0;
   server_->SetJobId(plan_.job_id());
   server_->SetSenderLeftObserver([this](const TensorServer::Sender& sender) {
     // Best effort: the heartbeats find a dead worker without it, only later. The version names
     // which plan's place it was: a connection of the version before may close after this one began.
     if (running_) (void)client_.ReportSuspect(sender.stage, sender.replica, "", sender.plan_version);
   });
+}
+
+absl::Status Worker::ReadConfig() {
+  LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
+  if (!opt_.out_dir.empty()) cfg_.train.out_dir = opt_.out_dir;
+  const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
+  shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
+  fetch_ = shares_run_dir_ ? FetchPiece()
+                           : FetchPiece([this](const std::string& step_dir, bool layout_only) {
+                               return Fetch(step_dir, layout_only);
+                             });
+  fetched_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Worker::TakePlace() {
   LH_RETURN_IF_ERROR(CheckPlanLayout(plan_, cfg_));
   const proto::Assignment* mine = AssignmentOf(plan_, client_.worker_id());
   if (mine == nullptr) {
@@ -405,13 +503,16 @@ absl::Status Worker::Setup() {
         plan_.version(), client_.worker_id()));
   }
   s_ = mine->stage(), r_ = mine->replica();
-  const int P = plan_.stages(), D = plan_.replicas();
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, &plan_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
-  TransportOptions transport = TransportFor(cfg_, plan_.job_id());
+  return device;
+}
+
+void Worker::OpenLinks() {
+  const TransportOptions transport = TransportFor(cfg_, plan_.job_id());
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
   // what each peer may send.
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
@@ -423,42 +524,48 @@ absl::Status Worker::Setup() {
   for (const proto::Peer& p : members_) known.insert(p.worker_id());
   clients_.KeepOnly(known);
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
-  // A send that fails mid-run (a reset connection, a refusal) ends the version at once: its peer
-  // waits for the tensor, and this worker would hear of it only at its next Flush, past receives
-  // that may wait on that peer in turn.
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
     failed_link_.reset();
   }
-  peers_->SetFailureObserver([this](int stage, int replica, const absl::Status& s) {
-    if (!running_) return;
-    {
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      if (!failed_link_) failed_link_ = {stage, replica};
-    }
-    Stop(std::string(s.message()));
-  });
+  peers_->SetFailureObserver(
+      [this](int stage, int replica, const absl::Status& s) { SendFailed(stage, replica, s); });
   peers_->OpenLinks();
+}
 
+void Worker::SendFailed(int stage, int replica, const absl::Status& s) {
+  if (!running_) return;
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (!failed_link_) failed_link_ = {stage, replica};
+  }
+  Stop(std::string(s.message()));
+}
+
+absl::Status Worker::SetUpSamplers() {
   LH_RETURN_IF_ERROR(LoadData(cfg_));
   const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
                                M_};
   sampler_ = std::make_unique<BatchSampler>(sampling, data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
   val_mbs_.clear();
+  const int D = plan_.replicas();
   if (cfg_.train.EvalShare(D, r_) > 0) {
     BatchSampler val(sampling, data_->val());
     LH_RETURN_IF_ERROR(val.Check("validation"));
     for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, 0, i));
   }
-  StageRequest request = StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_));
-  const TrainConfig& tc = cfg_.train;
-  const bool local_updates = tc.local_steps > 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Worker::SetUpStage(int device) {
+  StageRequest request =
+      StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, plan_.stages(), s_, M_));
+  const bool local_updates = LocalUpdates(), resumed = Resumed();
   request.optimizer = local_updates;
   // Only the hosts of the stage's shards start from its initial parameters, and only where no
   // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
   // the directory).
-  const bool resumed = !plan_.resume_checkpoint().empty();
   if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || resumed) request.init_from.clear();
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
   // first would be work thrown away on a recovery's path.
@@ -466,9 +573,10 @@ absl::Status Worker::Setup() {
   // A stage the new version leaves as it was is kept: building one (allocating, initialising its
   // parameters) is a large part of a set-up, which every survivor would pay.
   // Its parameters are the ones it pulled last where they are the checkpoint's, else the
-  // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps
-  // itself (local updates) holds more, and is rebuilt. So is one whose version starts over from
-  // the initial parameters (no checkpoint yet): its own are trained, and its shards start from them.
+  // checkpoint's files' (SetUpShards), and its gradients are zeroed every iteration; a stage that
+  // steps itself (local updates) holds more, and is rebuilt. So is one whose version starts over
+  // from the initial parameters (no checkpoint yet): its own are trained, and its shards start from
+  // them.
   const std::string stage_key = StageKey(s_, device, request.slots, plan_.config_toml());
   const bool kept = stage_ && !local_updates && stage_key == stage_key_ && resumed;
   if (!kept) {
@@ -484,18 +592,20 @@ absl::Status Worker::Setup() {
     stage_key_ = stage_key;
     snapshot_step_ = -1;
   }
-  const LrSchedule lr_schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
   // Between exchanges the stage steps itself; its clipping norm is its own, which spares the
   // replica's stages a round of their own every iteration.
-  if (local_updates) LH_RETURN_IF_ERROR(stage_->AttachOptimizer({tc.adamw, lr_schedule, tc.grad_clip}));
+  if (local_updates) {
+    LH_RETURN_IF_ERROR(stage_->AttachOptimizer({cfg_.train.adamw, LearningRates(), cfg_.train.grad_clip}));
+  }
+  return kept;
+}
 
-  std::vector<proto::ShardPlacement> stage_shards;
-  for (const proto::ShardPlacement& sp : plan_.shards())
-    if (sp.stage() == s_) stage_shards.push_back(sp);
+void Worker::BuildExchange() {
+  const TrainConfig& tc = cfg_.train;
   const int groups = GroupsPerReplica(plan_, cfg_);
-  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, stage_shards, NormHosts(plan_), stage_->layout(),
+  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage_->layout(),
                                               mailbox_, *peers_, timeline_);
-  if (local_updates) channel_->PushChanges();
+  if (LocalUpdates()) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
   PsLinks links{
       [channel](int64_t it, int replica, int group, int shard) { return channel->TakePush(it, replica, group, shard); },
@@ -504,10 +614,15 @@ absl::Status Worker::Setup() {
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};
-  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D, groups, lr_schedule, tc.grad_clip,
-                                      OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
-  LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
-  const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, plan_.replicas(), groups, LearningRates(),
+                                      tc.grad_clip, OuterOptimizer{LocalUpdates(), tc.outer_lr, tc.outer_momentum},
+                                      std::move(links));
+  channel_->SetPsHost(ps_host_.get());
+}
+
+absl::Status Worker::SetUpShards(int device, bool kept, Leftovers& left) {
+  ShardSources from;
+  LH_ASSIGN_OR_RETURN(from.initial, stage_->Params());
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
   // broadcast would cost a recovery round trips on slow links, most of them opening the links to
@@ -515,103 +630,120 @@ absl::Status Worker::Setup() {
   // Likewise a shard this worker hosted and last stepped in the iteration before the start holds
   // the checkpoint's state: it stays, rather than being read again from its files.
   const int64_t start = plan_.start_iteration();
-  bool holds = kept && held == start - 1;
+  if (kept) from.hosted = &left.hosted;
+  from.holds = kept && left.held == start - 1;
   // A survivor that ran past the checkpoint takes the parameters it pulled for it back from its
   // snapshot: nothing to read from the shards' files, or to fetch where they are elsewhere.
-  if (kept && !holds && snapshot_step_ == start) {
+  if (kept && !from.holds && snapshot_step_ == start) {
     LH_RETURN_IF_ERROR(stage_->SetParams(0, snapshot_.data(), snapshot_.size()));
-    holds = true;
+    from.holds = true;
   }
   // On a disk of its own, the loads below find their pieces here already: fetched as each load
   // needs them, each would wait a round trip of its own to the coordinator.
-  if (resumed && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(checkpoints, !holds));
-  // The resumed step's shard files by the cut that wrote them (a re-cut layout's is another),
-  // read once where a shard is read.
-  std::optional<std::vector<CheckpointPiece>> shard_pieces;
-  for (const proto::ShardPlacement& sp : stage_shards) {
-    const bool owns = sp.owner_replica() == r_;
-    const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
-    const size_t n = end - begin;
-    auto same = hosted.end();
-    if (owns && kept) {
-      same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
-        return h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
-               h.stepped == start - 1;
-      });
-    }
-    if (same != hosted.end()) {
-      if (!holds) {
-        LH_ASSIGN_OR_RETURN(const float* params, same->shard->Params());
-        LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, n));
-      }
-      ps_host_->Add(std::move(same->shard), start - 1);
-      continue;
-    }
-    if (!owns && (!resumed || holds)) continue;
-    // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
-    // pending shard is made after this set-up returned.
-    auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage_->layout(), stage = s_, sp,
-                       replicas = cfg_.cluster.replicas](const float* params, const float* m,
-                                                         const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
-                                                                      sp.first_tensor(), sp.end_tensor(), replicas));
-      LH_RETURN_IF_ERROR(shard->SetState(params, m, v));
-      return shard;
-    };
-    if (!resumed) {  // the stage's initial parameters
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, make_shard(init + begin, nullptr, nullptr));
-      ps_host_->Add(std::move(shard), start - 1);
-      continue;
-    }
-    if (!shard_pieces) {
-      LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch_));
-      LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
-    }
-    const ParamLayout slice = stage_->layout().Slice(sp.first_tensor(), sp.end_tensor());
-    std::vector<float> params(n);
-    LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
-    if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
-    if (!owns) continue;
-    // The shard's moments, two thirds of what it reads, are read on a thread of their own while
-    // the first forwards compute, and the shard is made at the first exchange, the first moment it
-    // is needed: read and made here, they would lengthen the set-up a recovery waits for. Their
-    // pieces are here already: the parameters' read above fetched them whole where they were not.
-    using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
-    std::shared_future<Moments> moments =
-        std::async(std::launch::async, [pieces = *shard_pieces, slice, n]() -> Moments {
-          std::vector<float> mv(2 * n);
-          LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n));
-          return mv;
-        }).share();
-    ps_host_->AddPending(
-        [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
-          const Moments& mv = moments.get();
-          if (!mv.ok()) {
-            return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
-                                                                    shard, mv.status().message()));
-          }
-          return make_shard(params.data(), mv->data(), mv->data() + params.size());
-        },
-        start - 1);
+  if (Resumed() && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(!from.holds));
+  for (const proto::ShardPlacement& sp : StageShards()) LH_RETURN_IF_ERROR(SetUpShard(sp, device, from));
+  if (Resumed()) {
+    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+    channel_->Held(start - 1, params);
   }
-  if (local_updates && resumed) {
-    LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
-                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(),
-                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }, fetch_));
-    std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch_));
-    LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, ShardSources& from) {
+  const bool owns = sp.owner_replica() == r_, resumed = Resumed();
+  const int64_t stepped = plan_.start_iteration() - 1;
+  const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
+  const size_t n = end - begin;
+  if (std::unique_ptr<PsShard> same = owns ? TakeHosted(from, sp, begin, n) : nullptr) {
+    if (!from.holds) {
+      LH_ASSIGN_OR_RETURN(const float* params, same->Params());
+      LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, n));
+    }
+    ps_host_->Add(std::move(same), stepped);
+    return absl::OkStatus();
   }
+  if (!owns && (!resumed || from.holds)) return absl::OkStatus();
+  // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
+  // pending shard is made after this set-up returned.
+  auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage_->layout(), stage = s_, sp,
+                     replicas = cfg_.cluster.replicas](const float* params, const float* m,
+                                                       const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
+                                                                    sp.first_tensor(), sp.end_tensor(), replicas));
+    LH_RETURN_IF_ERROR(shard->SetState(params, m, v));
+    return shard;
+  };
+  if (!resumed) {  // the stage's initial parameters
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, make_shard(from.initial + begin, nullptr, nullptr));
+    ps_host_->Add(std::move(shard), stepped);
+    return absl::OkStatus();
+  }
+  if (!from.pieces) {
+    LH_ASSIGN_OR_RETURN(from.pieces, ResumedPieces({}));
+    LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(CheckpointsDir(), plan_.resume_checkpoint()), cfg_));
+  }
+  const ParamLayout slice = stage_->layout().Slice(sp.first_tensor(), sp.end_tensor());
+  std::vector<float> params(n);
+  LH_RETURN_IF_ERROR(LoadFromPieces(*from.pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
+  if (!from.holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
+  if (!owns) return absl::OkStatus();
+  // The shard's moments, two thirds of what it reads, are read on a thread of their own while
+  // the first forwards compute, and the shard is made at the first exchange, the first moment it
+  // is needed: read and made here, they would lengthen the set-up a recovery waits for. Their
+  // pieces are here already: the parameters' read above fetched them whole where they were not.
+  using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
+  std::shared_future<Moments> moments =
+      std::async(std::launch::async, [pieces = *from.pieces, slice, n]() -> Moments {
+        std::vector<float> mv(2 * n);
+        LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n));
+        return mv;
+      }).share();
+  ps_host_->AddPending(
+      [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        const Moments& mv = moments.get();
+        if (!mv.ok()) {
+          return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
+                                                                  shard, mv.status().message()));
+        }
+        return make_shard(params.data(), mv->data(), mv->data() + params.size());
+      },
+      stepped);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<PsShard> Worker::TakeHosted(ShardSources& from, const proto::ShardPlacement& sp, size_t begin,
+                                            size_t n) {
+  if (from.hosted == nullptr) return nullptr;
+  for (PsHost::Hosted& h : *from.hosted) {
+    if (h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
+        h.stepped == plan_.start_iteration() - 1) {
+      return std::move(h.shard);
+    }
+  }
+  return nullptr;
+}
+
+absl::Status Worker::ResumeStageOptimizer() {
+  if (!LocalUpdates() || !Resumed()) return absl::OkStatus();
+  const std::string checkpoints = CheckpointsDir();
+  LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
+                      ResumedPieces([&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }));
+  std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
+  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch_));
+  return stage_->SetOptimizerState(m.data(), v.data());
+}
+
+absl::Status Worker::ResumeResiduals() {
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
   // before residuals were kept has none: its int8 pushes start without, as they used to. A version
   // that starts over from the initial parameters has none to go back to.
-  const std::vector<std::pair<int, int>> resumed_feedback =
-      resumed ? FeedbackGroups() : std::vector<std::pair<int, int>>();
-  for (const auto& [g, job_replica] : resumed_feedback) {
+  if (!Resumed()) return absl::OkStatus();
+  const std::string checkpoints = CheckpointsDir();
+  for (const auto& [g, job_replica] : FeedbackGroups()) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
-                        CheckpointPieces(
-                            checkpoints, plan_.resume_checkpoint(),
-                            [&](int s) { return ResidualCheckpointRoot(checkpoints, s, job_replica); }, fetch_));
+                        ResumedPieces([&checkpoints, job = job_replica](int s) {
+                          return ResidualCheckpointRoot(checkpoints, s, job);
+                        }));
     std::vector<float> residuals(stage_->num_params());
     LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch_));
     std::error_code ec;
@@ -622,37 +754,46 @@ absl::Status Worker::Setup() {
     }
     channel_->SetResiduals(g, residuals.data());
   }
-  channel_->SetPsHost(ps_host_.get());
-  if (resumed) {
-    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
-    channel_->Held(start - 1, params);
-  }
+  return absl::OkStatus();
+}
+
+void Worker::BuildExecutor() {
+  const int P = plan_.stages();
   const bool hosts = !ps_host_->shards().empty();
   executor_ = std::make_unique<Executor>(
       *stage_, *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
-                   local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, tc.micro_batches, cfg_.boundary_floats());
+                   LocalUpdates() ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
+      s_, P, M_, cfg_.train.micro_batches, cfg_.boundary_floats());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
-  executor_->SetOnDeferredPull([this](int64_t it) {
-    const absl::StatusOr<const float*> params = stage_->Params();
-    if (!params.ok()) return;
-    pulled_crc_.emplace();
-    pulled_crc_->set_iteration(it);
-    pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
-    if (cfg_.train.CheckpointsAfter(it, end_)) {
-      snapshot_.assign(*params, *params + stage_->num_params());
-      snapshot_step_ = it + 1;
-    }
-  });
-  if (local_updates) {
+  executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
+  if (LocalUpdates()) {
     executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
   }
-  std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
-                               stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
-                               stage_->num_params(), server_->address(), stage_->Describe())
-            << std::flush;
-  return absl::OkStatus();
+}
+
+void Worker::PulledDeferred(int64_t it) {
+  const absl::StatusOr<const float*> params = stage_->Params();
+  if (!params.ok()) return;
+  pulled_crc_.emplace();
+  pulled_crc_->set_iteration(it);
+  pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
+  if (cfg_.train.CheckpointsAfter(it, end_)) {
+    snapshot_.assign(*params, *params + stage_->num_params());
+    snapshot_step_ = it + 1;
+  }
+}
+
+std::vector<proto::ShardPlacement> Worker::StageShards() const {
+  std::vector<proto::ShardPlacement> shards;
+  for (const proto::ShardPlacement& sp : plan_.shards())
+    if (sp.stage() == s_) shards.push_back(sp);
+  return shards;
+}
+
+absl::StatusOr<std::vector<CheckpointPiece>> Worker::ResumedPieces(
+    const std::function<std::string(int)>& stage_root) const {
+  return CheckpointPieces(CheckpointsDir(), plan_.resume_checkpoint(), stage_root, fetch_);
 }
 
 absl::Status Worker::RunIteration(int64_t it) {
@@ -662,7 +803,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   // In step (no local updates) the new parameters may arrive while the next iteration computes,
   // unless nothing follows. A checkpoint does not wait for them: it writes the shards' own state,
   // stepped already (the stage's parameters are read only with local updates, which never defer).
-  const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_;
+  const bool defer_pull = !LocalUpdates() && it + 1 < end_;
   LH_ASSIGN_OR_RETURN(const IterationResult result,
                       executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
   double val_loss_sum = 0;
@@ -753,10 +894,11 @@ absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   return absl::OkStatus();
 }
 
-absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
+absl::Status Worker::Prefetch(bool params) {
   // First round: the pieces this place writes under the plan's own layout (nearly always the
   // checkpoint's), and the state.json that records the checkpoint's layout where none of them is
   // the first shard's, at once.
+  const std::string checkpoints = CheckpointsDir();
   const std::string& name = plan_.resume_checkpoint();
   std::map<std::string, bool> first;  // step directory -> its state.json alone
   if (params) {
@@ -780,22 +922,21 @@ absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
   for (const auto& [g, job_replica] : FeedbackGroups()) {
     roots.emplace_back([&checkpoints, job = job_replica](int s) { return ResidualCheckpointRoot(checkpoints, s, job); });
   }
-  if (cfg_.train.local_steps > 1) {
+  if (LocalUpdates()) {
     roots.emplace_back([&checkpoints, this](int s) { return LocalCheckpointRoot(checkpoints, s, r_); });
   }
   std::vector<CheckpointPiece> pieces;
   for (const auto& root : roots) {
-    LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some,
-                        CheckpointPieces(checkpoints, name, root, fetch_));
+    LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some, ResumedPieces(root));
     pieces.insert(pieces.end(), some.begin(), some.end());
   }
   return FetchPieces(pieces, ParamLayout(cfg_.model, cfg_.Stage(s_)), fetch_);
 }
 
 absl::Status Worker::Checkpoint(int64_t step) {
-  const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  const std::string root = CheckpointsDir();
   // The stage's own AdamW state first: the shards' reports make the step one to resume from.
-  if (cfg_.train.local_steps > 1) {
+  if (LocalUpdates()) {
     LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
     std::vector<float> m(stage_->num_params()), v(m.size());
     LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
@@ -831,7 +972,7 @@ absl::Status Worker::RunPlan() {
   absl::Status status = Setup();
   const auto set_up = Clock::now();
   const int64_t start = plan_.start_iteration();
-  const bool broadcast = plan_.resume_checkpoint().empty();
+  const bool broadcast = !Resumed();
   // A resumed version starts each worker once it is set up, without waiting for the others: its
   // tensors to a worker still setting up wait in that worker's server until the version is there
   // (PlanAdmission::Ahead). The barrier made every recovery wait for its slowest worker's set-up
