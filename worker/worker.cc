@@ -11,13 +11,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/run_model.h"
 #include "config/job_config.h"
@@ -50,6 +50,15 @@ using Clock = std::chrono::steady_clock;
 
 // One worker: its parts (coordinator client, tensor server, peer directory, parameter-server
 // host, executor) put together, and the loop over iterations.
+//
+// Threads: the worker's own (Run: the join, every set-up and iteration) owns every field but those
+// named here. Others reach in: the coordinator client's heartbeat and lifeline threads call Stop;
+// a send's thread calls SendFailed (the peers' failure observer) and a connection thread of the
+// tensor server reports a peer that left; both read running_, an atomic, and call client_ (which
+// is thread-safe) or Stop. stop_mu_ guards what Stop reads and changes. Prefetch runs Fetch on
+// threads of its own while the worker's thread waits for them: trusted_mu_ guards the trusted
+// pieces, fetched_ is an atomic, and cfg_ and plan_ stay unchanged meanwhile. The checkpoint
+// shipper's thread runs Deliver's reports, which use client_ and what they captured by value.
 class Worker {
  public:
   Worker(const WorkerOptions& opt, JobSecret secret)
@@ -59,7 +68,7 @@ class Worker {
                 [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }) {}
   Worker(const Worker&) = delete;
 
-  absl::Status Run();
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(stop_mu_);
 
  private:
   absl::Status Join();
@@ -67,7 +76,7 @@ class Worker {
   absl::Status ProbeLinks(const JobConfig& cfg);
   // The job's data, loaded once for the config's data section and vocabulary.
   absl::Status LoadData(const JobConfig& cfg);
-  TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
+  TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const ABSL_LOCKS_EXCLUDED(stop_mu_);
   // Where the lifeline told of the workers not lost, opens connections to the new ones among them
   // (ClientPool::Warm): a recovery's first tensors between a spare and the others, and a plan's
   // first, then find them open.
@@ -92,17 +101,17 @@ class Worker {
   // next set-up may keep, and the hosted shards, which it hands back.
   Leftovers TearDown();
   // The mailbox, the sends' canceller, the heartbeats and the tensor server move to plan_.
-  void InstallVersion();
+  void InstallVersion() ABSL_LOCKS_EXCLUDED(stop_mu_);
   // cfg_ from plan_ (with --out-dir), and whether this worker shares the coordinator's run
   // directory or fetches checkpoint pieces from it.
   absl::Status ReadConfig();
   // This worker's place in plan_ (s_, r_, M_), checked against its memory; its device.
   absl::StatusOr<int> TakePlace();
   // What each peer may send (the mailbox's window, the admission), and peers_ with its links open.
-  void OpenLinks();
+  void OpenLinks() ABSL_LOCKS_EXCLUDED(stop_mu_);
   // A send of this version failed to the worker of (stage, replica): the version ends at once, as
   // that peer waits for the tensor and this worker would hear of it only at its next Flush.
-  void SendFailed(int stage, int replica, const absl::Status& s);
+  void SendFailed(int stage, int replica, const absl::Status& s) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // sampler_ and this replica's validation micro-batches.
   absl::Status SetUpSamplers();
   // stage_: the one of the version before where plan_ leaves it as it was (true), else a spare's
@@ -149,7 +158,7 @@ class Worker {
     return LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
   }
   // plan_ from its start barrier to its last iteration, or to a failure.
-  absl::Status RunPlan();
+  absl::Status RunPlan() ABSL_LOCKS_EXCLUDED(stop_mu_);
   absl::Status RunIteration(int64_t it);
   int64_t WindowIterations() const { return Mailbox::WindowIterations(cfg_.train.local_steps); }
   // A spare builds, while it waits, the stage of every place of the job's own layout, each run once
@@ -170,18 +179,19 @@ class Worker {
   // Reports step `step` of a checkpoint piece this worker wrote (`report`, may be empty) in the
   // background; where this worker does not share the coordinator's run directory, ships it there
   // first (checkpoint_courier.h). OK, or the shipper's first failure so far.
-  absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
+  absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report)
+      ABSL_LOCKS_EXCLUDED(trusted_mu_);
   // A piece of the resumed checkpoint from the coordinator (its state.json alone where
   // `layout_only`), unless this worker, which does not share the coordinator's run directory,
   // wrote or fetched it itself (NotFound where it is not there).
-  absl::Status Fetch(const std::string& step_dir, bool layout_only);
+  absl::Status Fetch(const std::string& step_dir, bool layout_only) ABSL_LOCKS_EXCLUDED(trusted_mu_);
   // Every piece of the resumed checkpoint the set-up may read (with `params`, the stage's shards),
   // fetched in two rounds at most: this place's own pieces and the layout's state.json at once,
   // then whatever else holds the stage's tensors (a cut anew).
   absl::Status Prefetch(bool params);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
-  void Stop(const std::string& reason, uint64_t newer_plan = 0);
+  void Stop(const std::string& reason, uint64_t newer_plan = 0) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // A failure a lost peer may explain (a closed connection, a receive or report that could not
   // complete): the coordinator may answer it with a new plan.
   static bool PeerMayExplain(const absl::Status& s) {
@@ -207,10 +217,15 @@ class Worker {
   std::atomic<bool> running_{false};
   Mailbox mailbox_;
   PlanAdmission admission_;
-  // Guards canceller_'s replacement and the installed plan version against Stop.
-  std::mutex stop_mu_;
-  uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
-  std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
+  // Guards canceller_'s replacement and the installed plan version against Stop, and what Stop
+  // leaves for the worker's thread.
+  mutable absl::Mutex stop_mu_;
+  uint64_t installed_ ABSL_GUARDED_BY(stop_mu_) = 0;  // the plan version the mailbox and canceller serve
+  std::shared_ptr<SendCanceller> canceller_ ABSL_GUARDED_BY(stop_mu_) = std::make_shared<SendCanceller>();
+  // When a newer plan version stopped the one running.
+  Clock::time_point heard_of_plan_ ABSL_GUARDED_BY(stop_mu_);
+  // The peer (stage, replica) a send of this version failed to first, where one did.
+  std::optional<std::pair<int, int>> failed_link_ ABSL_GUARDED_BY(stop_mu_);
   CoordinatorClient client_;
   CheckpointShipper shipper_{client_};
   std::unique_ptr<TensorServer> server_;
@@ -224,8 +239,9 @@ class Worker {
   FetchPiece fetch_;
   // Step directories of pieces this process wrote or fetched, where it does not share the
   // coordinator's run directory: any other on its disk may be another job's, left there.
-  std::mutex trusted_mu_;
-  std::set<std::string> trusted_, trusted_state_;  // whole pieces; pieces whose state.json alone
+  absl::Mutex trusted_mu_;
+  std::set<std::string> trusted_ ABSL_GUARDED_BY(trusted_mu_);        // whole pieces
+  std::set<std::string> trusted_state_ ABSL_GUARDED_BY(trusted_mu_);  // pieces whose state.json alone
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
@@ -250,13 +266,10 @@ class Worker {
   // The CRC of the parameters a deferred pull completed, for the next report.
   std::optional<proto::ParamsCrc> pulled_crc_;
   Timeline timeline_;
-  Clock::time_point heard_of_plan_{};  // when a newer plan version stopped the one running (stop_mu_)
-  // The peer (stage, replica) a send of this version failed to first, where one did (stop_mu_).
-  std::optional<std::pair<int, int>> failed_link_;
 };
 
 void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  absl::MutexLock lock(&stop_mu_);
   if (newer_plan > 0 && installed_ >= newer_plan) return;
   if (newer_plan > 0) heard_of_plan_ = Clock::now(), admission_.Expect(newer_plan);
   admission_.Leave();
@@ -398,6 +411,7 @@ TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& j
   transport.connections = std::max(1, cfg.transport.connections);
   transport.congestion_control = cfg.transport.congestion_control;
   transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000));
+  absl::MutexLock lock(&stop_mu_);
   transport.canceller = canceller_;
   return transport;
 }
@@ -466,7 +480,7 @@ Worker::Leftovers Worker::TearDown() {
 
 void Worker::InstallVersion() {
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    absl::MutexLock lock(&stop_mu_);
     installed_ = plan_.version();
     client_.SetPlanVersion(installed_);
     mailbox_.Reopen(installed_);
@@ -525,7 +539,7 @@ void Worker::OpenLinks() {
   clients_.KeepOnly(known);
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    absl::MutexLock lock(&stop_mu_);
     failed_link_.reset();
   }
   peers_->SetFailureObserver(
@@ -536,7 +550,7 @@ void Worker::OpenLinks() {
 void Worker::SendFailed(int stage, int replica, const absl::Status& s) {
   if (!running_) return;
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    absl::MutexLock lock(&stop_mu_);
     if (!failed_link_) failed_link_ = {stage, replica};
   }
   Stop(std::string(s.message()));
@@ -857,7 +871,7 @@ absl::Status Worker::RunIteration(int64_t it) {
 absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report) {
   const std::string step_dir = (fs::path(piece_root) / CheckpointName(step)).string();
   if (!shares_run_dir_) {
-    std::lock_guard<std::mutex> lock(trusted_mu_);
+    absl::MutexLock lock(&trusted_mu_);
     trusted_.insert(step_dir);
   }
   // Reports go through the shipper too, shipping or not: on a slow link to the coordinator each
@@ -876,7 +890,7 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
 absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   std::error_code ec;
   {
-    std::lock_guard<std::mutex> lock(trusted_mu_);
+    absl::MutexLock lock(&trusted_mu_);
     const bool trusted = trusted_.count(step_dir) > 0 || (layout_only && trusted_state_.count(step_dir) > 0);
     if (trusted && fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
   }
@@ -888,7 +902,7 @@ absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   // What the coordinator does not have is no piece of this run, whatever lies here.
   if (absl::IsNotFound(fetched)) fs::remove_all(step_dir, ec);
   LH_RETURN_IF_ERROR(fetched);
-  std::lock_guard<std::mutex> lock(trusted_mu_);
+  absl::MutexLock lock(&trusted_mu_);
   (layout_only ? trusted_state_ : trusted_).insert(step_dir);
   if (!layout_only) ++fetched_;
   return absl::OkStatus();
@@ -993,7 +1007,7 @@ absl::Status Worker::RunPlan() {
     auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     Clock::time_point heard;
     {
-      std::lock_guard<std::mutex> lock(stop_mu_);
+      absl::MutexLock lock(&stop_mu_);
       heard = std::exchange(heard_of_plan_, Clock::time_point{});  // not a later version's news
     }
     const std::string left = heard == Clock::time_point{}
@@ -1055,7 +1069,7 @@ absl::Status Worker::Run() {
     if (!status.ok() && client_.newest_plan() <= plan_.version()) {
       std::pair<int, int> link{s_, r_};
       {
-        std::lock_guard<std::mutex> lock(stop_mu_);
+        absl::MutexLock lock(&stop_mu_);
         if (failed_link_) link = *failed_link_;
       }
       (void)client_.ReportSuspect(link.first, link.second, std::string(status.message()), plan_.version());
