@@ -38,6 +38,7 @@
 #include "worker/network_channel.h"
 #include "worker/peer_directory.h"
 #include "worker/stage_factory.h"
+#include "worker/stage_keeper.h"
 #include "worker/ps_host.h"
 #include "worker/tensor_admission.h"
 
@@ -114,8 +115,8 @@ class Worker {
   void SendFailed(int stage, int replica, const absl::Status& s) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // sampler_ and this replica's validation micro-batches.
   absl::Status SetUpSamplers();
-  // stage_: the one of the version before where plan_ leaves it as it was (true), else a spare's
-  // warm one, else one built.
+  // The stage (stages_): the one of the version before where plan_ leaves it as it was (true), else
+  // a spare's warm one, else one built.
   absl::StatusOr<bool> SetUpStage(int device);
   // channel_ and ps_host_.
   void BuildExchange();
@@ -143,7 +144,7 @@ class Worker {
   absl::Status ResumeResiduals();
   void BuildExecutor();
   // The executor's deferred pull of iteration `it` completed: its CRC goes into the next report,
-  // and the parameters into snapshot_ where a checkpoint follows `it`.
+  // and the parameters into the stage's snapshot where a checkpoint follows `it`.
   void PulledDeferred(int64_t it);
   // plan_'s shards of this worker's stage.
   std::vector<proto::ShardPlacement> StageShards() const;
@@ -166,14 +167,9 @@ class Worker {
   // that places it takes the one it needs (Setup): building it is then off the recovery's path, and
   // its first iteration computes at full pace, not paying for first touches and kernel loads.
   void WarmSpareStages(const JobConfig& cfg, const std::string& config_toml);
-  // A placed spare's other warm stages go. A GPU's go at once, before its shards are allocated
-  // there; host memory is freed on a thread of its own (freeing_), off the recovery's path: nothing
-  // of the new version waits for it.
-  void RetireWarmStages();
-  // What a stage is built for: its index, device and slots, and the job config's text.
-  static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
-    return absl::StrCat(stage, " ", device, " ", slots, "\n", config_toml);
-  }
+  // Whether every stage of cfg_ lives in host memory, where a spare's warm stages are freed on a
+  // thread of their own (StageKeeper::Take).
+  bool StagesOnHost() const;
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
   // Reports step `step` of a checkpoint piece this worker wrote (`report`, may be empty) in the
@@ -198,6 +194,8 @@ class Worker {
     return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
            absl::IsDataLoss(s) || absl::IsFailedPrecondition(s);
   }
+  // The stage stages_ holds: from SetUpStage on.
+  Stage& stage() const { return *stages_.stage(); }
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
   void SetThreads(const JobConfig& cfg) const {
     omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
@@ -248,14 +246,7 @@ class Worker {
   std::string data_key_;  // what data_ was loaded for: LoadDataset's keys of the config
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<MicroBatch> val_mbs_;  // this replica's share of the validation micro-batches
-  std::unique_ptr<Stage> stage_;
-  std::string stage_key_;  // what stage_ was built for (StageKey)
-  // The stage's parameters as pulled for the newest checkpoint step this worker took part in
-  // (snapshot_step_; -1: none), kept in memory while the stage is kept.
-  std::vector<float> snapshot_;
-  int64_t snapshot_step_ = -1;
-  std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
-  std::future<void> freeing_;  // RetireWarmStages' thread (its destructor waits for it)
+  StageKeeper stages_;  // the stage, kept across versions, and a spare's warm ones
   ClientPool clients_;  // outlives each version's peers_, whose clients they are
   std::vector<proto::Peer> members_;  // the workers not lost, as the lifeline last told
   std::unique_ptr<PeerDirectory> peers_;
@@ -328,7 +319,7 @@ absl::Status Worker::Join() {
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     WarmSpareStages(cfg, reply.config_toml());
     std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place (%d of %d stages built)\n",
-                                 client_.worker_id(), warm_stages_.size(), cfg.cluster.stages)
+                                 client_.worker_id(), stages_.warm_stages(), cfg.cluster.stages)
               << std::flush;
   }
   WarmClients(cfg);
@@ -369,18 +360,14 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
       warmed = (*stage)->Forward(slot, mb, s == 0 ? nullptr : zeros.data()).ok() &&
                (*stage)->Backward(slot, mb, s == P - 1 ? nullptr : zeros.data(), 1.0f).ok();
     }
-    if (warmed) warm_stages_[StageKey(s, *device, request.slots, config_toml)] = *std::move(stage);
+    if (warmed) stages_.AddWarm(StageKeeper::Key(s, *device, request.slots, config_toml), *std::move(stage));
   }
 }
 
-void Worker::RetireWarmStages() {
-  if (warm_stages_.empty()) return;
+bool Worker::StagesOnHost() const {
   bool on_host = true;
   for (int s = 0; s < cfg_.cluster.stages; ++s) on_host = on_host && Device(cfg_, s).value_or(0) < 0;
-  if (on_host) {
-    freeing_ = std::async(std::launch::async, [stages = std::move(warm_stages_)]() mutable { stages.clear(); });
-  }
-  warm_stages_.clear();
+  return on_host;
 }
 
 void Worker::WarmClients(const JobConfig& cfg) {
@@ -455,8 +442,8 @@ absl::Status Worker::Setup() {
   LH_RETURN_IF_ERROR(ResumeResiduals());
   BuildExecutor();
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
-                               stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
-                               stage_->num_params(), server_->address(), stage_->Describe())
+                               stage().spec().first_block, stage().spec().end_block, cfg_.model.n_layer,
+                               stage().num_params(), server_->address(), stage().Describe())
             << std::flush;
   return absl::OkStatus();
 }
@@ -584,32 +571,19 @@ absl::StatusOr<bool> Worker::SetUpStage(int device) {
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
   // first would be work thrown away on a recovery's path.
   if (resumed) request.seed.reset();
-  // A stage the new version leaves as it was is kept: building one (allocating, initialising its
-  // parameters) is a large part of a set-up, which every survivor would pay.
-  // Its parameters are the ones it pulled last where they are the checkpoint's, else the
+  // A stage kept has the parameters it pulled last where they are the checkpoint's, else the
   // checkpoint's files' (SetUpShards), and its gradients are zeroed every iteration; a stage that
   // steps itself (local updates) holds more, and is rebuilt. So is one whose version starts over
   // from the initial parameters (no checkpoint yet): its own are trained, and its shards start from
-  // them.
-  const std::string stage_key = StageKey(s_, device, request.slots, plan_.config_toml());
-  const bool kept = stage_ && !local_updates && stage_key == stage_key_ && resumed;
-  if (!kept) {
-    stage_.reset();
-    // A spare's warm stage, where the checkpoint sets every parameter (not for a start from the
-    // seed's or init_from's, nor one that steps itself: those are built with what they need).
-    auto warm = warm_stages_.find(stage_key);
-    if (resumed && !local_updates && warm != warm_stages_.end()) stage_ = std::move(warm->second);
-    RetireWarmStages();
-    if (!stage_) {
-      LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
-    }
-    stage_key_ = stage_key;
-    snapshot_step_ = -1;
-  }
+  // them. A spare's warm stage serves alike: a start from the seed's or init_from's parameters, or
+  // one that steps itself, is built with what it needs.
+  LH_ASSIGN_OR_RETURN(const bool kept,
+                      stages_.Take(StageKeeper::Key(s_, device, request.slots, plan_.config_toml()),
+                                   resumed && !local_updates, request, StagesOnHost()));
   // Between exchanges the stage steps itself; its clipping norm is its own, which spares the
   // replica's stages a round of their own every iteration.
   if (local_updates) {
-    LH_RETURN_IF_ERROR(stage_->AttachOptimizer({cfg_.train.adamw, LearningRates(), cfg_.train.grad_clip}));
+    LH_RETURN_IF_ERROR(stage().AttachOptimizer({cfg_.train.adamw, LearningRates(), cfg_.train.grad_clip}));
   }
   return kept;
 }
@@ -617,7 +591,7 @@ absl::StatusOr<bool> Worker::SetUpStage(int device) {
 void Worker::BuildExchange() {
   const TrainConfig& tc = cfg_.train;
   const int groups = GroupsPerReplica(plan_, cfg_);
-  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage_->layout(),
+  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage().layout(),
                                               mailbox_, *peers_, timeline_);
   if (LocalUpdates()) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
@@ -636,7 +610,7 @@ void Worker::BuildExchange() {
 
 absl::Status Worker::SetUpShards(int device, bool kept, Leftovers& left) {
   ShardSources from;
-  LH_ASSIGN_OR_RETURN(from.initial, stage_->Params());
+  LH_ASSIGN_OR_RETURN(from.initial, stage().Params());
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
   // broadcast would cost a recovery round trips on slow links, most of them opening the links to
@@ -648,16 +622,15 @@ absl::Status Worker::SetUpShards(int device, bool kept, Leftovers& left) {
   from.holds = kept && left.held == start - 1;
   // A survivor that ran past the checkpoint takes the parameters it pulled for it back from its
   // snapshot: nothing to read from the shards' files, or to fetch where they are elsewhere.
-  if (kept && !from.holds && snapshot_step_ == start) {
-    LH_RETURN_IF_ERROR(stage_->SetParams(0, snapshot_.data(), snapshot_.size()));
-    from.holds = true;
+  if (kept && !from.holds) {
+    LH_ASSIGN_OR_RETURN(from.holds, stages_.Restore(start));
   }
   // On a disk of its own, the loads below find their pieces here already: fetched as each load
   // needs them, each would wait a round trip of its own to the coordinator.
   if (Resumed() && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(!from.holds));
   for (const proto::ShardPlacement& sp : StageShards()) LH_RETURN_IF_ERROR(SetUpShard(sp, device, from));
   if (Resumed()) {
-    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+    LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
     channel_->Held(start - 1, params);
   }
   return absl::OkStatus();
@@ -666,12 +639,12 @@ absl::Status Worker::SetUpShards(int device, bool kept, Leftovers& left) {
 absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, ShardSources& from) {
   const bool owns = sp.owner_replica() == r_, resumed = Resumed();
   const int64_t stepped = plan_.start_iteration() - 1;
-  const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
+  const auto [begin, end] = stage().layout().Range(sp.first_tensor(), sp.end_tensor());
   const size_t n = end - begin;
   if (std::unique_ptr<PsShard> same = owns ? TakeHosted(from, sp, begin, n) : nullptr) {
     if (!from.holds) {
       LH_ASSIGN_OR_RETURN(const float* params, same->Params());
-      LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, n));
+      LH_RETURN_IF_ERROR(channel_->PlaceShard(stage(), begin, params, n));
     }
     ps_host_->Add(std::move(same), stepped);
     return absl::OkStatus();
@@ -679,7 +652,7 @@ absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, Sha
   if (!owns && (!resumed || from.holds)) return absl::OkStatus();
   // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
   // pending shard is made after this set-up returned.
-  auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage_->layout(), stage = s_, sp,
+  auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage().layout(), stage = s_, sp,
                      replicas = cfg_.cluster.replicas](const float* params, const float* m,
                                                        const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
     LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
@@ -696,10 +669,10 @@ absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, Sha
     LH_ASSIGN_OR_RETURN(from.pieces, ResumedPieces({}));
     LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(CheckpointsDir(), plan_.resume_checkpoint()), cfg_));
   }
-  const ParamLayout slice = stage_->layout().Slice(sp.first_tensor(), sp.end_tensor());
+  const ParamLayout slice = stage().layout().Slice(sp.first_tensor(), sp.end_tensor());
   std::vector<float> params(n);
   LH_RETURN_IF_ERROR(LoadFromPieces(*from.pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
-  if (!from.holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
+  if (!from.holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(stage(), begin, params.data(), n));
   if (!owns) return absl::OkStatus();
   // The shard's moments, two thirds of what it reads, are read on a thread of their own while
   // the first forwards compute, and the shard is made at the first exchange, the first moment it
@@ -742,9 +715,9 @@ absl::Status Worker::ResumeStageOptimizer() {
   const std::string checkpoints = CheckpointsDir();
   LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
                       ResumedPieces([&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }));
-  std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch_));
-  return stage_->SetOptimizerState(m.data(), v.data());
+  std::vector<float> params(stage().num_params()), m(params.size()), v(params.size());
+  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage().layout(), params.data(), m.data(), v.data(), false, fetch_));
+  return stage().SetOptimizerState(m.data(), v.data());
 }
 
 absl::Status Worker::ResumeResiduals() {
@@ -758,8 +731,8 @@ absl::Status Worker::ResumeResiduals() {
                         ResumedPieces([&checkpoints, job = job_replica](int s) {
                           return ResidualCheckpointRoot(checkpoints, s, job);
                         }));
-    std::vector<float> residuals(stage_->num_params());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch_));
+    std::vector<float> residuals(stage().num_params());
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage().layout(), residuals.data(), nullptr, nullptr, true, fetch_));
     std::error_code ec;
     if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
@@ -775,7 +748,7 @@ void Worker::BuildExecutor() {
   const int P = plan_.stages();
   const bool hosts = !ps_host_->shards().empty();
   executor_ = std::make_unique<Executor>(
-      *stage_, *channel_, timeline_,
+      stage(), *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    LocalUpdates() ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
       s_, P, M_, cfg_.train.micro_batches, cfg_.boundary_floats());
@@ -787,15 +760,12 @@ void Worker::BuildExecutor() {
 }
 
 void Worker::PulledDeferred(int64_t it) {
-  const absl::StatusOr<const float*> params = stage_->Params();
+  const absl::StatusOr<const float*> params = stage().Params();
   if (!params.ok()) return;
   pulled_crc_.emplace();
   pulled_crc_->set_iteration(it);
-  pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
-  if (cfg_.train.CheckpointsAfter(it, end_)) {
-    snapshot_.assign(*params, *params + stage_->num_params());
-    snapshot_step_ = it + 1;
-  }
+  pulled_crc_->set_crc32c(Crc32c(0, *params, stage().num_params() * sizeof(float)));
+  if (cfg_.train.CheckpointsAfter(it, end_)) stages_.Snapshot(it + 1, *params);
 }
 
 std::vector<proto::ShardPlacement> Worker::StageShards() const {
@@ -830,7 +800,7 @@ absl::Status Worker::RunIteration(int64_t it) {
     floor = 0;
     for (const MicroBatch& mb : mbs) floor += EntropyFloor(*data_, mb) / M_;
   }
-  LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+  LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
   proto::IterationReport rep;
   if (pulled_crc_) *rep.add_params() = *pulled_crc_;
   pulled_crc_.reset();
@@ -838,7 +808,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_)) {
     proto::ParamsCrc* now = rep.add_params();
     now->set_iteration(it);
-    now->set_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
+    now->set_crc32c(Crc32c(0, params, stage().num_params() * sizeof(float)));
   }
   rep.set_worker_id(client_.worker_id());
   rep.set_plan_version(plan_.version());
@@ -951,11 +921,11 @@ absl::Status Worker::Checkpoint(int64_t step) {
   const std::string root = CheckpointsDir();
   // The stage's own AdamW state first: the shards' reports make the step one to resume from.
   if (LocalUpdates()) {
-    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
-    std::vector<float> m(stage_->num_params()), v(m.size());
-    LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
+    LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
+    std::vector<float> m(stage().num_params()), v(m.size());
+    LH_RETURN_IF_ERROR(stage().GetOptimizerState(m.data(), v.data()));
     const std::string local_root = LocalCheckpointRoot(root, s_, r_);
-    LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage_->layout(), params, m.data(), v.data()));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage().layout(), params, m.data(), v.data()));
     LH_RETURN_IF_ERROR(Deliver(local_root, step, {}));
   }
   auto report = [this, step](proto::CheckpointReport rep) {
@@ -969,7 +939,7 @@ absl::Status Worker::Checkpoint(int64_t step) {
   for (const auto& [g, job_replica] : FeedbackGroups()) {
     const std::string residual_root = ResidualCheckpointRoot(root, s_, job_replica);
     const std::vector<float> residuals = channel_->Residuals(g);
-    LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage_->layout(), residuals.data(), nullptr,
+    LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage().layout(), residuals.data(), nullptr,
                                       nullptr));
     proto::CheckpointReport rep;
     rep.set_stage(s_);
@@ -999,7 +969,7 @@ absl::Status Worker::RunPlan() {
     // stages hold the checkpoint's already).
     status = ps_host_->Broadcast(start - 1);
     double waited = 0;
-    if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
+    if (status.ok()) status = channel_->PullParameters(start - 1, stage(), &waited, SIZE_MAX);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   if (status.ok() && (plan_.version() > 1 || !broadcast)) {
