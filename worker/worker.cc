@@ -56,10 +56,11 @@ using Clock = std::chrono::steady_clock;
 // named here. Others reach in: the coordinator client's heartbeat and lifeline threads call Stop;
 // a send's thread calls SendFailed (the peers' failure observer) and a connection thread of the
 // tensor server reports a peer that left; both read running_, an atomic, and call client_ (which
-// is thread-safe) or Stop. stop_mu_ guards what Stop reads and changes. Prefetch runs Fetch on
-// threads of its own while the worker's thread waits for them: trusted_mu_ guards the trusted
-// pieces, fetched_ is an atomic, and cfg_ and plan_ stay unchanged meanwhile. The checkpoint
-// shipper's thread runs Deliver's reports, which use client_ and what they captured by value.
+// is thread-safe) or Stop. stop_mu_ guards what Stop reads and changes. The checkpoint reads of a
+// set-up (Prefetch, FetchPieces) run Fetch on threads of their own while the worker's thread waits
+// for them: trusted_mu_ guards the trusted pieces, fetched_ is an atomic, and cfg_ and plan_ stay
+// unchanged meanwhile. The checkpoint shipper's thread runs Deliver's reports, which use client_
+// and what they captured by value.
 class Worker {
  public:
   Worker(const WorkerOptions& opt, JobSecret secret)
