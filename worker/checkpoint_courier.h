@@ -55,7 +55,7 @@ class CheckpointShipper {
 
   CoordinatorClient& client_;
   absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled on every change of the fields mu_ guards
+  absl::CondVar cv_;  // signalled where a wait may end: a job given, a job done, the stop
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a job is under way, taken from jobs_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
