@@ -86,8 +86,8 @@ absl::Status FetchInto(CoordinatorClient& client, const fs::path& dir, const fs:
   proto::CheckpointFetch fetch;
   fetch.set_plan_version(version);
   fetch.set_piece(dir.parent_path().filename().string());
-  // Every file at once: on a link to the coordinator 10 ms away, one after another took a round
-  // trip each, and a spare fetches a few pieces before its first iteration.
+  // Every file at once: one after another would take a round trip each on a slow link to the
+  // coordinator, and a spare fetches a few pieces before its first iteration.
   LH_ASSIGN_OR_RETURN(const uint64_t state_most, MaxCheckpointFileBytes("state.json", 0, 0, false));
   std::vector<std::future<absl::Status>> files;
   for (const char* file : kCheckpointFiles) {
@@ -164,61 +164,64 @@ CheckpointShipper::CheckpointShipper(CoordinatorClient& client) : client_(client
 
 CheckpointShipper::~CheckpointShipper() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
     jobs_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void CheckpointShipper::Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs_.push_back({std::move(step_dir), step, version, std::move(then)});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 absl::Status CheckpointShipper::Flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return (jobs_.empty() && !busy_) || !error_.ok(); });
+  absl::MutexLock lock(&mu_);
+  while (!((jobs_.empty() && !busy_) || !error_.ok())) cv_.Wait(&mu_);
   return error_;
 }
 
 absl::Status CheckpointShipper::Error() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return error_;
 }
 
 void CheckpointShipper::Drop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   jobs_.clear();
   dropping_ = true;
-  cv_.wait(lock, [&] { return !busy_; });
+  while (busy_) cv_.Wait(&mu_);
   dropping_ = false;
   error_ = absl::OkStatus();
 }
 
 void CheckpointShipper::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  // mu_ is held throughout but while a job ships: locked and unlocked by hand, as a scoped lock
+  // cannot let go in the middle.
+  mu_.Lock();
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-    if (stop_) return;
+    while (!stop_ && jobs_.empty()) cv_.Wait(&mu_);
+    if (stop_) break;
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     busy_ = true;
-    lock.unlock();
+    mu_.Unlock();
     absl::Status st = job.step_dir.empty() ? absl::OkStatus()
                                            : ShipCheckpointPiece(client_, job.step_dir, job.step, job.version,
                                                                  [this] { return dropping_.load(); });
     if (st.ok()) st = job.then();
-    lock.lock();
+    mu_.Lock();
     busy_ = false;
     // After a failure nothing later is shipped: the piece it failed on would be missing there.
     if (!st.ok() && error_.ok()) error_ = st, jobs_.clear();
-    cv_.notify_all();
+    cv_.SignalAll();
   }
+  mu_.Unlock();
 }
 
 absl::Status FetchCheckpointPiece(CoordinatorClient& client, const std::string& step_dir, uint64_t version,

@@ -7,15 +7,14 @@
 // it from there. Without this, the shards of a dead machine died with its disk. Its timeline goes
 // there too, at the end, in parts as the pieces' files do.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "metrics/timeline.h"
 
 namespace longhaul {
@@ -25,21 +24,24 @@ class CoordinatorClient;
 // Ships pieces on a thread of its own, in the order given, each followed by what comes after it
 // (its report to the coordinator): the iterations pay a checkpoint's writing to the local disk,
 // not its trip over the coordinator's link (a shard of GPT-3 XL is about 1.3 GB).
+// Thread-safe: the worker's thread gives and waits, the shipper's own thread ships; mu_ guards
+// the queue and its state, and dropping_, an atomic, is read between a piece's parts without it.
 class CheckpointShipper {
  public:
   explicit CheckpointShipper(CoordinatorClient& client);
-  ~CheckpointShipper();  // drops what waits
+  ~CheckpointShipper() ABSL_LOCKS_EXCLUDED(mu_);  // drops what waits
   CheckpointShipper(const CheckpointShipper&) = delete;
 
   // Step directory `step_dir` of `step` under plan `version`, then `then` once it is shipped
   // (empty `step_dir`: `then` alone, in its turn).
-  void Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then);
+  void Ship(std::string step_dir, int64_t step, uint64_t version, std::function<absl::Status()> then)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until everything given is shipped; the first failure since the last Drop, or OK.
-  absl::Status Flush();
+  absl::Status Flush() ABSL_LOCKS_EXCLUDED(mu_);
   // The first failure since the last Drop, or OK; does not wait.
-  absl::Status Error();
+  absl::Status Error() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops what waits and ends the piece under way (its plan version was replaced).
-  void Drop();
+  void Drop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job {
@@ -48,15 +50,17 @@ class CheckpointShipper {
     uint64_t version;
     std::function<absl::Status()> then;
   };
-  void Loop();
+  // The shipper's thread: takes each job in turn, ships it without mu_ held.
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   CoordinatorClient& client_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool busy_ = false, stop_ = false;
-  std::atomic<bool> dropping_{false};
-  absl::Status error_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled where a wait may end: a job given, a job done, the stop
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a job is under way, taken from jobs_
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> dropping_{false};  // Drop waits for the job under way: its shipping gives up
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -76,8 +76,9 @@ absl::StatusOr<StageTimes> TimeStage(Stage& stage, const MicroBatch& mb, int d_m
 
 absl::StatusOr<proto::ComputeProfile> MeasureCompute(const JobConfig& cfg, int device) {
   // Workers that share a machine time themselves one after another, each with the machine to
-  // itself: timed together, 4 workers on 2 cores measured 1.5x their compute (and the placement
-  // search priced them so). The lock goes with the descriptor, whatever way this returns.
+  // itself: timed together, workers that share cores would each measure the others' compute as
+  // their own (and the placement search would price them so). The lock goes with the descriptor,
+  // whatever way this returns.
   // One lock per user (another's file may not be ours to open); a probe that hangs holds the
   // others back a minute at most, then they time themselves anyway.
   const std::string path = absl::StrFormat("%s-%d.lock", kComputeProbeLock, getuid());

@@ -38,7 +38,7 @@ CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secre
 
 CoordinatorClient::~CoordinatorClient() {
   {
-    std::lock_guard<std::mutex> lock(lifeline_mu_);
+    absl::MutexLock lock(&lifeline_mu_);
     stop_ = true;
     if (lifeline_ctx_) lifeline_ctx_->TryCancel();
   }
@@ -47,7 +47,7 @@ CoordinatorClient::~CoordinatorClient() {
 }
 
 void CoordinatorClient::HeardOfPlan(uint64_t version) {
-  std::lock_guard<std::mutex> lock(news_mu_);
+  absl::MutexLock lock(&news_mu_);
   newest_plan_ = std::max<uint64_t>(newest_plan_, version);
   const uint64_t running = plan_version_;
   if (running == 0 || version <= running || version <= replaced_) return;
@@ -59,22 +59,26 @@ void CoordinatorClient::HoldLifeline() {
   proto::LifelineRequest req;
   req.set_worker_id(id_);
   while (true) {
+    // Replaced by this thread alone, so the call may use it without the lock; the destructor
+    // cancels it under the lock.
+    grpc::ClientContext* ctx;
     {
-      std::lock_guard<std::mutex> lock(lifeline_mu_);
+      absl::MutexLock lock(&lifeline_mu_);
       if (stop_) return;
       lifeline_ctx_ = std::make_unique<grpc::ClientContext>();
       lifeline_ctx_->set_wait_for_ready(true);  // through a coordinator's restart
+      ctx = lifeline_ctx_.get();
     }
     const auto held = Clock::now();
-    std::unique_ptr<grpc::ClientReader<proto::LifelineNews>> reader = stub_->Lifeline(lifeline_ctx_.get(), req);
+    std::unique_ptr<grpc::ClientReader<proto::LifelineNews>> reader = stub_->Lifeline(ctx, req);
     proto::LifelineNews news;
     while (reader->Read(&news)) {
       if (news.members_size() > 0) {
-        std::lock_guard<std::mutex> lock(members_mu_);
+        absl::MutexLock lock(&members_mu_);
         members_.emplace(news.members().begin(), news.members().end());
       }
       if (news.has_plan()) {
-        std::lock_guard<std::mutex> lock(news_mu_);
+        absl::MutexLock lock(&news_mu_);
         if (!news_plan_ || news_plan_->version() < news.plan().version()) news_plan_ = std::move(*news.mutable_plan());
       }
       HeardOfPlan(news.plan_version());
@@ -89,7 +93,7 @@ void CoordinatorClient::HoldLifeline() {
 }
 
 std::optional<std::vector<proto::Peer>> CoordinatorClient::TakeMembers() {
-  std::lock_guard<std::mutex> lock(members_mu_);
+  absl::MutexLock lock(&members_mu_);
   return std::exchange(members_, std::nullopt);
 }
 
@@ -191,7 +195,7 @@ absl::StatusOr<Reply> CoordinatorClient::LongPoll(
 
 absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version, double max_wait_s) {
   {
-    std::lock_guard<std::mutex> lock(news_mu_);
+    absl::MutexLock lock(&news_mu_);
     if (news_plan_ && news_plan_->version() > known_version && news_plan_->version() >= newest_plan_) {
       return *std::exchange(news_plan_, std::nullopt);
     }

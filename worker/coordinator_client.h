@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -17,21 +16,28 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/timeline.h"
 #include "transport/rpc_auth.h"
 
 namespace longhaul {
 
+// Threads: the worker's own calls; the heartbeat thread and the lifeline thread (from Register on),
+// which call on_stop and hear of plans (HeardOfPlan, news_mu_) and members (members_mu_); and any
+// thread that reports (the checkpoint shipper's, the tensor server's). Fields without a mutex are
+// atomics, or set before the threads start (the constructor; Register: id_, dead_after_s_) and
+// only read after; coordinator_clock_ locks itself.
 class CoordinatorClient {
  public:
   // `on_stop` is called from the heartbeat thread with the reason when the coordinator stops the
   // job or has not answered for the job's dead_after_s (once per silence; newer_plan 0), or has a plan newer than the
-  // one this worker runs (SetPlanVersion; once per version, which newer_plan names). Every call is signed with
-  // `secret`, over TLS where `tls` names files (rpc_auth.h).
+  // one this worker runs (SetPlanVersion; once per version, which newer_plan names), the latter with news_mu_
+  // held: it must not call back into this client. Every call is signed with `secret`, over TLS where `tls` names
+  // files (rpc_auth.h).
   CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
                     std::function<void(const std::string& reason, uint64_t newer_plan)> on_stop);
-  ~CoordinatorClient();  // ends the heartbeats
+  ~CoordinatorClient() ABSL_LOCKS_EXCLUDED(lifeline_mu_);  // ends the heartbeats
   CoordinatorClient(const CoordinatorClient&) = delete;
 
   const std::string& address() const { return address_; }
@@ -47,7 +53,7 @@ class CoordinatorClient {
   // is positive (Unavailable past it). OutOfRange: the job finished without one. One the lifeline
   // brought is taken without asking, unless a newer version was heard of since (one that does not
   // place this worker: the coordinator is asked, and answers when a plan places it).
-  absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0);
+  absl::StatusOr<proto::Plan> AwaitPlan(uint64_t known_version, double max_wait_s = 0) ABSL_LOCKS_EXCLUDED(news_mu_);
   // The plan version this worker runs: a heartbeat that sees a newer one calls on_stop.
   void SetPlanVersion(uint64_t version) { plan_version_ = version; }
   // The coordinator stopped the job or refused this worker: no plan will come.
@@ -60,7 +66,7 @@ class CoordinatorClient {
   absl::Status AwaitStart(uint64_t version);
   // The workers not lost, with their tensor addresses, where the lifeline brought news of them
   // since the last call.
-  std::optional<std::vector<proto::Peer>> TakeMembers();
+  std::optional<std::vector<proto::Peer>> TakeMembers() ABSL_LOCKS_EXCLUDED(members_mu_);
   // What the heartbeats report as the iteration under way.
   void SetIteration(int64_t it) { iteration_ = it; }
   // Deadlines of the calls below: transport.timeout_s, once the plan is known.
@@ -89,9 +95,9 @@ class CoordinatorClient {
  private:
   void Heartbeat(double period_s, double dead_after_s);
   // Holds the Lifeline call open (again after each end) until this client ends.
-  void HoldLifeline();
+  void HoldLifeline() ABSL_LOCKS_EXCLUDED(lifeline_mu_, members_mu_, news_mu_);
   // The heartbeats or the lifeline heard of plan `version`: on_stop once for a newer one than runs.
-  void HeardOfPlan(uint64_t version);
+  void HeardOfPlan(uint64_t version) ABSL_LOCKS_EXCLUDED(news_mu_);
   std::chrono::system_clock::time_point Deadline() const;
   std::chrono::system_clock::time_point PollDeadline() const;
   // One report the coordinator answers with Empty, within the call deadline; errors say `what`.
@@ -107,7 +113,8 @@ class CoordinatorClient {
                                  const Request& req, const std::string& waiting_for, double max_wait_s = 0);
 
   std::string address_;
-  double connect_timeout_s_, timeout_s_ = 120, dead_after_s_ = 20;
+  double connect_timeout_s_, dead_after_s_ = 20;
+  std::atomic<double> timeout_s_{120};  // set by the worker's thread, read by every caller's
   std::function<void(const std::string&, uint64_t)> on_stop_;
   absl::Status channel_status_;  // why no channel could be made (a TLS file), returned by Register
   std::shared_ptr<grpc::Channel> channel_;
@@ -117,17 +124,21 @@ class CoordinatorClient {
   const std::string boot_id_ = BootId();
   ClockOffset coordinator_clock_;
   std::atomic<uint64_t> plan_version_{0};
-  std::atomic<uint64_t> newest_plan_{0};  // the newest plan version heard of
-  std::mutex news_mu_;     // HeardOfPlan's (from two threads) and news_plan_
-  uint64_t replaced_ = 0;  // the newest plan version on_stop was called for
-  std::optional<proto::Plan> news_plan_;  // the newest plan the lifeline brought, until AwaitPlan takes it
+  // The newest plan version heard of: raised under news_mu_ (HeardOfPlan, from two threads), read
+  // without it.
+  std::atomic<uint64_t> newest_plan_{0};
+  absl::Mutex news_mu_;
+  uint64_t replaced_ ABSL_GUARDED_BY(news_mu_) = 0;  // the newest plan version on_stop was called for
+  // The newest plan the lifeline brought, until AwaitPlan takes it.
+  std::optional<proto::Plan> news_plan_ ABSL_GUARDED_BY(news_mu_);
   std::atomic<bool> job_stopped_{false};
+  // The client ends: set under lifeline_mu_, so that a lifeline call made after it is never made.
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
-  std::mutex lifeline_mu_;  // guards lifeline_ctx_'s replacement and its cancellation at the end
-  std::unique_ptr<grpc::ClientContext> lifeline_ctx_;
-  std::mutex members_mu_;
-  std::optional<std::vector<proto::Peer>> members_;  // the lifeline's news, until TakeMembers
+  absl::Mutex lifeline_mu_;  // the lifeline call's replacement against its cancellation at the end
+  std::unique_ptr<grpc::ClientContext> lifeline_ctx_ ABSL_GUARDED_BY(lifeline_mu_);
+  absl::Mutex members_mu_;
+  std::optional<std::vector<proto::Peer>> members_ ABSL_GUARDED_BY(members_mu_);  // the lifeline's news, until TakeMembers
   std::thread lifeline_;
 };
 

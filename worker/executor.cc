@@ -43,37 +43,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
     return absl::InvalidArgumentError(absl::StrFormat("%d micro-batches for a schedule of %d in groups of %d",
                                                       mbs.size(), micro_batches_, group_));
   }
-  IterationResult result;
-  std::vector<std::vector<float>> inputs(micro_batches_), grads_in(micro_batches_);
-  const int slots = stage_.slots();
-  // Times one compute instruction and puts it in the timeline. On a stage that queues its work
-  // this is the time to queue it; the waits for its results land in the sends. A forward that
-  // pulled parameters between its blocks waited `waited` seconds of it, counted as waiting.
-  auto computed = [&](const std::string& name, int m, int64_t t0, double waited = 0) {
-    const int64_t t1 = Timeline::NowMicros();
-    result.compute_seconds += (t1 - t0) * 1e-6 - waited;
-    timeline_.Add(name, Track::kCompute, t0, t1, it, m);
-  };
-  auto send = [&](const Instr& in) -> absl::Status {
-    const int m = in.micro;
-    if (in.op == Op::kSendAct) {
-      LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % slots));
-      channel_.Send(proto::ACTIVATION, it, m, out, boundary_);
-      return absl::OkStatus();
-    }
-    LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % slots));
-    grads_out_[m].assign(grad, grad + boundary_);
-    channel_.Send(proto::GRADIENT, it, m, grads_out_[m].data(), boundary_);
-    return absl::OkStatus();
-  };
-  // A stage that queues its work sends a micro-batch's result once the next compute is queued
-  // (its copy then overlaps that compute), and before anything that waits on a peer.
-  std::vector<Instr> deferred;
-  auto flush_sends = [&]() -> absl::Status {
-    for (const Instr& in : deferred) LH_RETURN_IF_ERROR(send(in));
-    deferred.clear();
-    return absl::OkStatus();
-  };
+  Pass pass(it, mbs, defer_pull);
   hook_status_ = absl::OkStatus();
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
@@ -82,102 +52,127 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   // instead. Only the first stage pushes the last group during that backward: a later one would
   // encode its pushes on the critical path of the previous stage, which waits for its input
   // gradient. An earlier group is pushed after its last backward, and the next starts from zero.
-  const bool pushes = std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
-  const bool push_early = hooked_ && first_ && local_schedule_.empty() && pushes;
-  const int last_group = micro_batches_ / group_ - 1;
-  bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
-  for (const Instr& in : program) {
-    const int m = in.micro;
-    switch (in.op) {
-      case Op::kRecvAct:
-      case Op::kRecvGrad: {
-        LH_RETURN_IF_ERROR(flush_sends());
-        const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
-        LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? inputs : grads_in)[m],
-                            channel_.Receive(kind, it, m, &result.wait_seconds));
-        break;
-      }
-      case Op::kForward: {
-        // A stage 0 of GPipe runs its forwards back to back: a stopped version (a recovery under
-        // way) left after all of them, up to 13 ms late on the demo's shared cores. A stage
-        // without hooks stops only here.
-        LH_RETURN_IF_ERROR(channel_.Stopped());
-        const int64_t t0 = Timeline::NowMicros();
-        const double waited_before = result.wait_seconds;
-        pull_waited_ = &result.wait_seconds;
-        LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % slots, mbs[m], first_ ? nullptr : inputs[m].data()));
-        LH_RETURN_IF_ERROR(TakeHookStatus());
-        if (pull_pending_ >= 0) {  // the shards no block asked for (none, where every one holds a block)
-          LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &result.wait_seconds, SIZE_MAX));
-          if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
-          pull_pending_ = -1;
-        }
-        channel_.Recycle(std::move(inputs[m]));
-        if (last_) result.loss += loss / micro_batches_;
-        computed(absl::StrCat("F", m), m, t0, result.wait_seconds - waited_before);
-        LH_RETURN_IF_ERROR(flush_sends());
-        break;
-      }
-      case Op::kBackward: {
-        LH_RETURN_IF_ERROR(channel_.Stopped());
-        const int64_t t0 = Timeline::NowMicros();
-        if (push_early && m == micro_batches_ - 1) push_early_ = it, push_group_ = last_group;
-        const absl::Status backward = stage_.Backward(m % slots, mbs[m], last_ ? nullptr : grads_in[m].data(),
-                                                      1.0f / static_cast<float>(group_));
-        push_early_ = -1;
-        LH_RETURN_IF_ERROR(backward);
-        LH_RETURN_IF_ERROR(TakeHookStatus());
-        if (pushes && (m + 1) % group_ == 0 && m + 1 < micro_batches_) {
-          LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0, m / group_));
-          LH_RETURN_IF_ERROR(stage_.ZeroGrads());
-        }
-        channel_.Recycle(std::move(grads_in[m]));
-        computed(absl::StrCat("B", m), m, t0);
-        LH_RETURN_IF_ERROR(flush_sends());
-        break;
-      }
-      case Op::kSendAct:
-      case Op::kSendGrad:
-        if (stage_.queues_work()) {
-          deferred.push_back(in);
-        } else {
-          LH_RETURN_IF_ERROR(send(in));
-        }
-        break;
-      case Op::kPushGrads: {
-        LH_RETURN_IF_ERROR(flush_sends());
-        LH_RETURN_IF_ERROR(channel_.PushGradients(it, stage_, 0, last_group));
-        break;
-      }
-      case Op::kReduceNorm:
-        LH_RETURN_IF_ERROR(flush_sends());
-        LH_RETURN_IF_ERROR(channel_.ReduceNorm(it, &result.wait_seconds));
-        break;
-      case Op::kStep: {
-        LH_ASSIGN_OR_RETURN(const OptimizerStepResult step, channel_.Step(it));
-        if (!stepped_locally) result.step = step;
-        break;
-      }
-      case Op::kLocalStep: {
-        const int64_t t0 = Timeline::NowMicros();
-        LH_ASSIGN_OR_RETURN(result.step, stage_.Step(it));
-        stepped_locally = true;
-        computed("local step", -1, t0);
-        break;
-      }
-      case Op::kPullParams:
-        LH_RETURN_IF_ERROR(flush_sends());
-        if (hooked_ && defer_pull) {
-          pull_pending_ = it;
-        } else {
-          LH_RETURN_IF_ERROR(channel_.PullParameters(it, stage_, &result.wait_seconds, SIZE_MAX));
-        }
-        break;
-    }
-  }
-  LH_RETURN_IF_ERROR(flush_sends());
+  pass.pushes = std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
+  pass.push_early = hooked_ && first_ && local_schedule_.empty() && pass.pushes;
+  pass.last_group = micro_batches_ / group_ - 1;
+  for (const Instr& in : program) LH_RETURN_IF_ERROR(Execute(pass, in));
+  LH_RETURN_IF_ERROR(FlushSends(pass));
   LH_RETURN_IF_ERROR(channel_.Flush(it));
-  return result;
+  return pass.result;
+}
+
+absl::Status Executor::Execute(Pass& pass, const Instr& in) {
+  const int m = in.micro;
+  switch (in.op) {
+    case Op::kRecvAct:
+    case Op::kRecvGrad: {
+      LH_RETURN_IF_ERROR(FlushSends(pass));
+      const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
+      LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m],
+                          channel_.Receive(kind, pass.it, m, &pass.result.wait_seconds));
+      return absl::OkStatus();
+    }
+    case Op::kForward:
+      return Forward(pass, m);
+    case Op::kBackward:
+      return Backward(pass, m);
+    case Op::kSendAct:
+    case Op::kSendGrad:
+      if (!stage_.queues_work()) return Send(pass, in);
+      pass.deferred.push_back(in);
+      return absl::OkStatus();
+    case Op::kPushGrads:
+      LH_RETURN_IF_ERROR(FlushSends(pass));
+      return channel_.PushGradients(pass.it, stage_, 0, pass.last_group);
+    case Op::kReduceNorm:
+      LH_RETURN_IF_ERROR(FlushSends(pass));
+      return channel_.ReduceNorm(pass.it, &pass.result.wait_seconds);
+    case Op::kStep: {
+      LH_ASSIGN_OR_RETURN(const OptimizerStepResult step, channel_.Step(pass.it));
+      if (!pass.stepped_locally) pass.result.step = step;
+      return absl::OkStatus();
+    }
+    case Op::kLocalStep: {
+      const int64_t t0 = Timeline::NowMicros();
+      LH_ASSIGN_OR_RETURN(pass.result.step, stage_.Step(pass.it));
+      pass.stepped_locally = true;
+      Computed(pass, "local step", -1, t0);
+      return absl::OkStatus();
+    }
+    case Op::kPullParams:
+      LH_RETURN_IF_ERROR(FlushSends(pass));
+      if (hooked_ && pass.defer_pull) {
+        pull_pending_ = pass.it;
+        return absl::OkStatus();
+      }
+      return channel_.PullParameters(pass.it, stage_, &pass.result.wait_seconds, SIZE_MAX);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Forward(Pass& pass, int m) {
+  // A stage 0 of GPipe runs its forwards back to back: a stopped version (a recovery under way) is
+  // left here, between them, not after all of them. A stage without hooks stops only here.
+  LH_RETURN_IF_ERROR(channel_.Stopped());
+  const int64_t t0 = Timeline::NowMicros();
+  const double waited_before = pass.result.wait_seconds;
+  pull_waited_ = &pass.result.wait_seconds;
+  LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % stage_.slots(), pass.mbs[m],
+                                                       first_ ? nullptr : pass.inputs[m].data()));
+  LH_RETURN_IF_ERROR(TakeHookStatus());
+  if (pull_pending_ >= 0) {  // the shards no block asked for (none, where every one holds a block)
+    LH_RETURN_IF_ERROR(channel_.PullParameters(pull_pending_, stage_, &pass.result.wait_seconds, SIZE_MAX));
+    if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
+    pull_pending_ = -1;
+  }
+  channel_.Recycle(std::move(pass.inputs[m]));
+  if (last_) pass.result.loss += loss / micro_batches_;
+  Computed(pass, absl::StrCat("F", m), m, t0, pass.result.wait_seconds - waited_before);
+  return FlushSends(pass);
+}
+
+absl::Status Executor::Backward(Pass& pass, int m) {
+  LH_RETURN_IF_ERROR(channel_.Stopped());
+  const int64_t t0 = Timeline::NowMicros();
+  if (pass.push_early && m == micro_batches_ - 1) push_early_ = pass.it, push_group_ = pass.last_group;
+  const absl::Status backward = stage_.Backward(m % stage_.slots(), pass.mbs[m],
+                                                last_ ? nullptr : pass.grads_in[m].data(),
+                                                1.0f / static_cast<float>(group_));
+  push_early_ = -1;
+  LH_RETURN_IF_ERROR(backward);
+  LH_RETURN_IF_ERROR(TakeHookStatus());
+  if (pass.pushes && (m + 1) % group_ == 0 && m + 1 < micro_batches_) {
+    LH_RETURN_IF_ERROR(channel_.PushGradients(pass.it, stage_, 0, m / group_));
+    LH_RETURN_IF_ERROR(stage_.ZeroGrads());
+  }
+  channel_.Recycle(std::move(pass.grads_in[m]));
+  Computed(pass, absl::StrCat("B", m), m, t0);
+  return FlushSends(pass);
+}
+
+absl::Status Executor::Send(Pass& pass, const Instr& in) {
+  const int m = in.micro;
+  if (in.op == Op::kSendAct) {
+    LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
+    channel_.Send(proto::ACTIVATION, pass.it, m, out, boundary_);
+    return absl::OkStatus();
+  }
+  LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % stage_.slots()));
+  grads_out_[m].assign(grad, grad + boundary_);
+  channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), boundary_);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::FlushSends(Pass& pass) {
+  for (const Instr& in : pass.deferred) LH_RETURN_IF_ERROR(Send(pass, in));
+  pass.deferred.clear();
+  return absl::OkStatus();
+}
+
+void Executor::Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited) {
+  const int64_t t1 = Timeline::NowMicros();
+  pass.result.compute_seconds += (t1 - t0) * 1e-6 - waited;
+  timeline_.Add(name, Track::kCompute, t0, t1, pass.it, m);
 }
 
 absl::Status Executor::TakeHookStatus() { return std::exchange(hook_status_, absl::OkStatus()); }

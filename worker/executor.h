@@ -6,6 +6,7 @@
 // and puts both in the timeline.
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -102,6 +103,36 @@ class Executor {
   void SetOverlap(bool overlap) { hooked_ = stage_.SetExchangeHooks(overlap ? &hooks_ : nullptr) && overlap; }
 
  private:
+  // One Run: its iteration and micro-batches, the tensors it received, the sends it holds back and
+  // what it reports.
+  struct Pass {
+    Pass(int64_t it, const std::vector<MicroBatch>& mbs, bool defer_pull)
+        : it(it), mbs(mbs), defer_pull(defer_pull), inputs(mbs.size()), grads_in(mbs.size()) {}
+    const int64_t it;
+    const std::vector<MicroBatch>& mbs;
+    const bool defer_pull;
+    IterationResult result;
+    std::vector<std::vector<float>> inputs, grads_in;  // [micro-batch]: received
+    // Sends held back: a stage that queues its work sends a micro-batch's result once the next
+    // compute is queued (its copy then overlaps that compute), and before anything that waits on
+    // a peer.
+    std::vector<Instr> deferred;
+    bool pushes = false;      // the program pushes gradients
+    bool push_early = false;  // the last group's are pushed during the last backward, by the hooks
+    int last_group = 0;
+    bool stepped_locally = false;  // the report then gives the local step's learning rate and norm
+  };
+  // Instruction `in` of the pass's program.
+  absl::Status Execute(Pass& pass, const Instr& in);
+  absl::Status Forward(Pass& pass, int m);
+  absl::Status Backward(Pass& pass, int m);
+  // A kSendAct or kSendGrad now.
+  absl::Status Send(Pass& pass, const Instr& in);
+  absl::Status FlushSends(Pass& pass);
+  // Times one compute instruction and puts it in the timeline. On a stage that queues its work
+  // this is the time to queue it; the waits for its results land in the sends. A forward that
+  // pulled parameters between its blocks waited `waited` seconds of it, counted as waiting.
+  void Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited = 0);
   // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
   absl::Status TakeHookStatus();
 

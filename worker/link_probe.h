@@ -9,8 +9,8 @@
 // round trip), then two equal tensors of up to 8 MiB back to back (the second's bytes over the
 // gap between their acknowledgements), within the byte and time budgets; the bandwidth is the
 // best of these. TCP's slow start means a link whose bandwidth-delay product is more than the
-// probe's bytes can fill reads slower than it is: the bandwidth is a floor (50-85% of the rate on
-// four-regions' 400-1000 Mbit/s links, 64-220 ms round trips, netem_test).
+// probe's bytes can fill reads slower than it is: the bandwidth is a floor, the further below the
+// link's rate the larger that product.
 #include <chrono>
 #include <cstdint>
 #include <vector>

@@ -36,8 +36,8 @@ class ClientPool {
   // may have a place in the next version (a spare), or in the first.
   void Warm(int to, const std::string& dial, const TransportOptions& transport);
   // Closes the clients of every other worker. Their threads are joined at the next call (or with
-  // the pool): joined here, a recovery's set-up waited 0.5-5 ms for a lost peer's client thread
-  // to be scheduled on these busy cores, before the survivor's first tensor of the new version.
+  // the pool): joined here, a recovery's set-up would wait for a lost peer's client thread to be
+  // scheduled on busy cores, before the survivor's first tensor of the new version.
   // REQUIRES: no PeerDirectory uses them.
   void KeepOnly(const std::set<int>& workers);
 

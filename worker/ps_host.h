@@ -103,7 +103,7 @@ class PsHost {
   std::vector<MakeShard> pending_;  // [shard of shards_]: how to make it while it is null
   std::vector<int64_t> stepped_;  // [shard of shards_]: the last iteration it stepped, -1 where unknown
   // One shard's parameters and moments on their way to a checkpoint, kept between checkpoints:
-  // memory allocated afresh for every one was 3-4x slower to fill on the VMs we measure.
+  // memory allocated afresh for every one is slower to fill, its pages faulted in as it is written.
   std::vector<float> checkpoint_state_;
   int64_t norm_iteration_ = -1;  // the iteration whose global norm ReduceNorm holds
   double global_norm_ = 0;

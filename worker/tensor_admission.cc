@@ -54,7 +54,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     for (const NormHost& h : hosts)
       if (!hosts_here(h)) expected[{proto::NORM, h.stage, h.replica, 0}] = {2 * h.shards.size(), 1, {WireDtype::kF32}};
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   expected_ = std::move(expected);
   plan_version_ = plan.version();
   stage_ = stage, replica_ = replica;
@@ -65,29 +65,29 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
 }
 
 bool PlanAdmission::Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration waited) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return h.kind() != proto::LINK_PROBE && h.plan_version() > plan_version_ &&
          (h.plan_version() <= expected_version_ || waited < kUnheardPatience);
 }
 
 bool PlanAdmission::Stale(const proto::TensorHeader& h) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return have_plan_ && h.kind() != proto::LINK_PROBE &&
          (h.plan_version() < plan_version_ || h.plan_version() < expected_version_ || h.plan_version() <= left_version_);
 }
 
 void PlanAdmission::Leave() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   left_version_ = std::max(left_version_, plan_version_);
 }
 
 void PlanAdmission::Expect(uint64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   expected_version_ = std::max(expected_version_, version);
 }
 
 absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (h.kind() == proto::LINK_PROBE) {
     // Probes come from the job's workers (the hello checked the job) while they measure their
     // links, before any plan; they are read and dropped, never held.

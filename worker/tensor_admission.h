@@ -9,39 +9,42 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "config/job_config.h"
 #include "longhaul.pb.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
 
+// Thread-safe: the tensor server's connection threads ask while the worker sets a plan, and
+// whichever thread stops a version (Worker::Stop) calls Expect and Leave; mu_ guards every field.
 class PlanAdmission : public TensorAdmission {
  public:
   // Refuses everything but link probes until SetPlan, and link probes from then on.
   PlanAdmission() = default;
 
   // The plan this worker runs, as stage `stage` of replica `replica`, under config `cfg`.
-  void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica);
+  void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const override;
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const override ABSL_LOCKS_EXCLUDED(mu_);
   // A version newer than the one set: a resumed version has no start barrier (Worker::RunPlan),
   // so a peer that set it up sooner sends before this worker has. One this worker heard of
   // (Expect) is waited for as long as its set-up takes; another only kUnheardPatience, as a peer
   // may hear of a version a moment sooner, and a crafted one must not hold a connection for long.
-  bool Ahead(const proto::TensorHeader& header, std::chrono::steady_clock::duration waited) const override;
+  bool Ahead(const proto::TensorHeader& header, std::chrono::steady_clock::duration waited) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Plan `version` is coming: the coordinator published it.
-  void Expect(uint64_t version);
+  void Expect(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // This worker gave up the version it runs (it failed, or a newer one is coming): its tensors
   // still under way are of no use.
-  void Leave();
+  void Leave() ABSL_LOCKS_EXCLUDED(mu_);
   // Of a version older than the one set or expected, or of one left: a peer's send from just
   // before it moved on, or from before this worker gave the version up.
-  bool Stale(const proto::TensorHeader& header) const override;
+  bool Stale(const proto::TensorHeader& header) const override ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr std::chrono::seconds kUnheardPatience{1};
 
  private:
@@ -54,17 +57,19 @@ class PlanAdmission : public TensorAdmission {
   };
   using Source = std::tuple<int, int, int, int>;  // kind, from stage, from replica, shard
 
-  mutable std::mutex mu_;
-  bool have_plan_ = false;
-  uint64_t plan_version_ = 0;
-  uint64_t expected_version_ = 0;  // the newest Expect'ed
-  uint64_t left_version_ = 0;      // the newest version Leave gave up
-  int stage_ = 0, replica_ = 0;
-  std::map<Source, Expected> expected_;
+  mutable absl::Mutex mu_;
+  bool have_plan_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t plan_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t expected_version_ ABSL_GUARDED_BY(mu_) = 0;  // the newest Expect'ed
+  uint64_t left_version_ ABSL_GUARDED_BY(mu_) = 0;      // the newest version Leave gave up
+  int stage_ ABSL_GUARDED_BY(mu_) = 0;
+  int replica_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<Source, Expected> expected_ ABSL_GUARDED_BY(mu_);
   // With local updates, pushes and parameters travel only on the iterations that exchange (and
   // parameters on the one before the run's first, the initial broadcast).
-  TrainConfig train_;
-  int64_t start_ = 0, end_ = 0;
+  TrainConfig train_ ABSL_GUARDED_BY(mu_);
+  int64_t start_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t end_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace longhaul

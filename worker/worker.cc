@@ -11,13 +11,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/run_model.h"
 #include "config/job_config.h"
@@ -38,6 +38,7 @@
 #include "worker/network_channel.h"
 #include "worker/peer_directory.h"
 #include "worker/stage_factory.h"
+#include "worker/stage_keeper.h"
 #include "worker/ps_host.h"
 #include "worker/tensor_admission.h"
 
@@ -50,6 +51,16 @@ using Clock = std::chrono::steady_clock;
 
 // One worker: its parts (coordinator client, tensor server, peer directory, parameter-server
 // host, executor) put together, and the loop over iterations.
+//
+// Threads: the worker's own (Run: the join, every set-up and iteration) owns every field but those
+// named here. Others reach in: the coordinator client's heartbeat and lifeline threads call Stop;
+// a send's thread calls SendFailed (the peers' failure observer) and a connection thread of the
+// tensor server reports a peer that left; both read running_, an atomic, and call client_ (which
+// is thread-safe) or Stop. stop_mu_ guards what Stop reads and changes. The checkpoint reads of a
+// set-up (Prefetch, FetchPieces) run Fetch on threads of their own while the worker's thread waits
+// for them: trusted_mu_ guards the trusted pieces, fetched_ is an atomic, and cfg_ and plan_ stay
+// unchanged meanwhile. The checkpoint shipper's thread runs Deliver's reports, which use client_
+// and what they captured by value.
 class Worker {
  public:
   Worker(const WorkerOptions& opt, JobSecret secret)
@@ -59,7 +70,7 @@ class Worker {
                 [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }) {}
   Worker(const Worker&) = delete;
 
-  absl::Status Run();
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(stop_mu_);
 
  private:
   absl::Status Join();
@@ -67,7 +78,7 @@ class Worker {
   absl::Status ProbeLinks(const JobConfig& cfg);
   // The job's data, loaded once for the config's data section and vocabulary.
   absl::Status LoadData(const JobConfig& cfg);
-  TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const;
+  TransportOptions TransportFor(const JobConfig& cfg, const std::string& job_id) const ABSL_LOCKS_EXCLUDED(stop_mu_);
   // Where the lifeline told of the workers not lost, opens connections to the new ones among them
   // (ClientPool::Warm): a recovery's first tensors between a spare and the others, and a plan's
   // first, then find them open.
@@ -76,49 +87,116 @@ class Worker {
   // stands for: the plan's streams (wire_plan.h FeedbackStreams), which the coordinator counts
   // towards a complete checkpoint.
   std::vector<std::pair<int, int>> FeedbackGroups() const;
-  // Every part of the previous plan goes; the mailbox, the sends' canceller and the heartbeats
-  // move to plan_, then its parts are built.
+  // Sets plan_ up, in phases: the previous version's parts go (TearDown), its version is
+  // installed, its config read, this worker's place in it taken, the links to its peers opened,
+  // the samplers, stage and exchange (channel and parameter-server host) built, the stage's
+  // shards given their state, the stage's own optimizer state and the residuals resumed, and the
+  // executor built.
   absl::Status Setup();
+  // What the version before leaves the next: the iteration whose parameters its stage held (-1:
+  // none, or a pull part way) and the shards it hosted.
+  struct Leftovers {
+    int64_t held = -1;
+    std::vector<PsHost::Hosted> hosted;
+  };
+  // Every part of the previous plan goes but the stage, the data and the links' clients, which the
+  // next set-up may keep, and the hosted shards, which it hands back.
+  Leftovers TearDown();
+  // The mailbox, the sends' canceller, the heartbeats and the tensor server move to plan_.
+  void InstallVersion() ABSL_LOCKS_EXCLUDED(stop_mu_);
+  // cfg_ from plan_ (with --out-dir), and whether this worker shares the coordinator's run
+  // directory or fetches checkpoint pieces from it.
+  absl::Status ReadConfig();
+  // This worker's place in plan_ (s_, r_, M_), checked against its memory; its device.
+  absl::StatusOr<int> TakePlace();
+  // What each peer may send (the mailbox's window, the admission), and peers_ with its links open.
+  void OpenLinks() ABSL_LOCKS_EXCLUDED(stop_mu_);
+  // A send of this version failed to the worker of (stage, replica): the version ends at once, as
+  // that peer waits for the tensor and this worker would hear of it only at its next Flush.
+  void SendFailed(int stage, int replica, const absl::Status& s) ABSL_LOCKS_EXCLUDED(stop_mu_);
+  // sampler_ and this replica's validation micro-batches.
+  absl::Status SetUpSamplers();
+  // The stage (stages_): the one of the version before where plan_ leaves it as it was (true), else
+  // a spare's warm one, else one built.
+  absl::StatusOr<bool> SetUpStage(int device);
+  // channel_ and ps_host_.
+  void BuildExchange();
+  // Every shard of the stage at the start of plan_ (SetUpShard), the stage holding the start's
+  // parameters after it. `kept`: SetUpStage kept the stage; `left`: TearDown's.
+  absl::Status SetUpShards(int device, bool kept, Leftovers& left);
+  // Where a version's shards take their state from.
+  struct ShardSources {
+    std::vector<PsHost::Hosted>* hosted = nullptr;  // the version before's, where its stage is kept
+    bool holds = false;              // the stage holds the start's parameters already
+    const float* initial = nullptr;  // the stage's initial parameters, for a version that resumes nothing
+    std::optional<std::vector<CheckpointPiece>> pieces;  // the resumed step's shard files, read once
+  };
+  // Brings shard `sp` to the start of plan_, whatever the source of its state: the shard this
+  // worker hosted and last stepped in the iteration before the start, the stage's initial
+  // parameters, or the resumed checkpoint's files. Its parameters go into the stage where it does
+  // not hold them; the shard goes to the host where this replica owns it.
+  absl::Status SetUpShard(const proto::ShardPlacement& sp, int device, ShardSources& from);
+  // The hosted shard of `from` that is `sp` (its `n` floats from `begin`) as stepped in the
+  // iteration before plan_'s start; null where there is none.
+  std::unique_ptr<PsShard> TakeHosted(ShardSources& from, const proto::ShardPlacement& sp, size_t begin, size_t n);
+  // With local updates, the stage's own AdamW state from the resumed checkpoint.
+  absl::Status ResumeStageOptimizer();
+  // The error-feedback residuals of this replica's groups from the resumed checkpoint.
+  absl::Status ResumeResiduals();
+  void BuildExecutor();
+  // The executor's deferred pull of iteration `it` completed: its CRC goes into the next report,
+  // and the parameters into the stage's snapshot where a checkpoint follows `it`.
+  void PulledDeferred(int64_t it);
+  // plan_'s shards of this worker's stage.
+  std::vector<proto::ShardPlacement> StageShards() const;
+  // The resumed checkpoint's pieces, by the layout that wrote it: the shards' (an empty
+  // `stage_root`), else those under each stage's `stage_root(stage)`.
+  absl::StatusOr<std::vector<CheckpointPiece>> ResumedPieces(const std::function<std::string(int)>& stage_root) const;
+  std::string CheckpointsDir() const { return (fs::path(cfg_.train.out_dir) / "checkpoints").string(); }
+  bool Resumed() const { return !plan_.resume_checkpoint().empty(); }
+  bool LocalUpdates() const { return cfg_.train.local_steps > 1; }
+  LrSchedule LearningRates() const {
+    const TrainConfig& tc = cfg_.train;
+    return LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
+  }
   // plan_ from its start barrier to its last iteration, or to a failure.
-  absl::Status RunPlan();
+  absl::Status RunPlan() ABSL_LOCKS_EXCLUDED(stop_mu_);
   absl::Status RunIteration(int64_t it);
   int64_t WindowIterations() const { return Mailbox::WindowIterations(cfg_.train.local_steps); }
   // A spare builds, while it waits, the stage of every place of the job's own layout, each run once
   // forward and backward so that its memory is touched and its kernels loaded; a resumed version
-  // that places it takes the one it needs (Setup). Building one cost a spare's set-up 9-13 ms of
-  // the demo's recovery, and its first iteration ran its compute at half pace.
+  // that places it takes the one it needs (Setup): building it is then off the recovery's path, and
+  // its first iteration computes at full pace, not paying for first touches and kernel loads.
   void WarmSpareStages(const JobConfig& cfg, const std::string& config_toml);
-  // A placed spare's other warm stages go. A GPU's go at once, before its shards are allocated
-  // there; host memory is freed on a thread of its own (freeing_), off the recovery's path:
-  // freeing it took 1-3 ms of a demo spare's 3-11 ms set-up on these shared cores.
-  void RetireWarmStages();
-  // What a stage is built for: its index, device and slots, and the job config's text.
-  static std::string StageKey(int stage, int device, int slots, const std::string& config_toml) {
-    return absl::StrCat(stage, " ", device, " ", slots, "\n", config_toml);
-  }
+  // Whether every stage of cfg_ lives in host memory, where a spare's warm stages are freed on a
+  // thread of their own (StageKeeper::Take).
+  bool StagesOnHost() const;
   // Every hosted shard's checkpoint of `step`, and with local updates the stage's own AdamW state.
   absl::Status Checkpoint(int64_t step);
   // Reports step `step` of a checkpoint piece this worker wrote (`report`, may be empty) in the
   // background; where this worker does not share the coordinator's run directory, ships it there
   // first (checkpoint_courier.h). OK, or the shipper's first failure so far.
-  absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report);
+  absl::Status Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report)
+      ABSL_LOCKS_EXCLUDED(trusted_mu_);
   // A piece of the resumed checkpoint from the coordinator (its state.json alone where
   // `layout_only`), unless this worker, which does not share the coordinator's run directory,
   // wrote or fetched it itself (NotFound where it is not there).
-  absl::Status Fetch(const std::string& step_dir, bool layout_only);
-  // Every piece of the resumed checkpoint under `checkpoints` the set-up may read (with `params`,
-  // the stage's shards), fetched in two rounds at most: this place's own pieces and the layout's
-  // state.json at once, then whatever else holds the stage's tensors (a cut anew).
-  absl::Status Prefetch(const std::string& checkpoints, bool params);
+  absl::Status Fetch(const std::string& step_dir, bool layout_only) ABSL_LOCKS_EXCLUDED(trusted_mu_);
+  // Every piece of the resumed checkpoint the set-up may read (with `params`, the stage's shards),
+  // fetched in two rounds at most: this place's own pieces and the layout's state.json at once,
+  // then whatever else holds the stage's tensors (a cut anew).
+  absl::Status Prefetch(bool params);
   // Ends every receive and send at once, with `reason` as their error; where `newer_plan` is set,
   // only if this worker runs an older plan than that (it may have moved to it already).
-  void Stop(const std::string& reason, uint64_t newer_plan = 0);
+  void Stop(const std::string& reason, uint64_t newer_plan = 0) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // A failure a lost peer may explain (a closed connection, a receive or report that could not
   // complete): the coordinator may answer it with a new plan.
   static bool PeerMayExplain(const absl::Status& s) {
     return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
            absl::IsDataLoss(s) || absl::IsFailedPrecondition(s);
   }
+  // The stage stages_ holds: from SetUpStage on.
+  Stage& stage() const { return *stages_.stage(); }
   std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
   void SetThreads(const JobConfig& cfg) const {
     omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
@@ -138,10 +216,15 @@ class Worker {
   std::atomic<bool> running_{false};
   Mailbox mailbox_;
   PlanAdmission admission_;
-  // Guards canceller_'s replacement and the installed plan version against Stop.
-  std::mutex stop_mu_;
-  uint64_t installed_ = 0;  // the plan version the mailbox and canceller serve
-  std::shared_ptr<SendCanceller> canceller_ = std::make_shared<SendCanceller>();
+  // Guards canceller_'s replacement and the installed plan version against Stop, and what Stop
+  // leaves for the worker's thread.
+  mutable absl::Mutex stop_mu_;
+  uint64_t installed_ ABSL_GUARDED_BY(stop_mu_) = 0;  // the plan version the mailbox and canceller serve
+  std::shared_ptr<SendCanceller> canceller_ ABSL_GUARDED_BY(stop_mu_) = std::make_shared<SendCanceller>();
+  // When a newer plan version stopped the one running.
+  Clock::time_point heard_of_plan_ ABSL_GUARDED_BY(stop_mu_);
+  // The peer (stage, replica) a send of this version failed to first, where one did.
+  std::optional<std::pair<int, int>> failed_link_ ABSL_GUARDED_BY(stop_mu_);
   CoordinatorClient client_;
   CheckpointShipper shipper_{client_};
   std::unique_ptr<TensorServer> server_;
@@ -155,22 +238,16 @@ class Worker {
   FetchPiece fetch_;
   // Step directories of pieces this process wrote or fetched, where it does not share the
   // coordinator's run directory: any other on its disk may be another job's, left there.
-  std::mutex trusted_mu_;
-  std::set<std::string> trusted_, trusted_state_;  // whole pieces; pieces whose state.json alone
+  absl::Mutex trusted_mu_;
+  std::set<std::string> trusted_ ABSL_GUARDED_BY(trusted_mu_);        // whole pieces
+  std::set<std::string> trusted_state_ ABSL_GUARDED_BY(trusted_mu_);  // pieces whose state.json alone
   int s_ = 0, r_ = 0, M_ = 1;
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
   std::string data_key_;  // what data_ was loaded for: LoadDataset's keys of the config
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<MicroBatch> val_mbs_;  // this replica's share of the validation micro-batches
-  std::unique_ptr<Stage> stage_;
-  std::string stage_key_;  // what stage_ was built for (StageKey)
-  // The stage's parameters as pulled for the newest checkpoint step this worker took part in
-  // (snapshot_step_; -1: none), kept in memory while the stage is kept.
-  std::vector<float> snapshot_;
-  int64_t snapshot_step_ = -1;
-  std::map<std::string, std::unique_ptr<Stage>> warm_stages_;  // a spare's, by StageKey
-  std::future<void> freeing_;  // RetireWarmStages' thread (its destructor waits for it)
+  StageKeeper stages_;  // the stage, kept across versions, and a spare's warm ones
   ClientPool clients_;  // outlives each version's peers_, whose clients they are
   std::vector<proto::Peer> members_;  // the workers not lost, as the lifeline last told
   std::unique_ptr<PeerDirectory> peers_;
@@ -181,13 +258,10 @@ class Worker {
   // The CRC of the parameters a deferred pull completed, for the next report.
   std::optional<proto::ParamsCrc> pulled_crc_;
   Timeline timeline_;
-  Clock::time_point heard_of_plan_{};  // when a newer plan version stopped the one running (stop_mu_)
-  // The peer (stage, replica) a send of this version failed to first, where one did (stop_mu_).
-  std::optional<std::pair<int, int>> failed_link_;
 };
 
 void Worker::Stop(const std::string& reason, uint64_t newer_plan) {
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  absl::MutexLock lock(&stop_mu_);
   if (newer_plan > 0 && installed_ >= newer_plan) return;
   if (newer_plan > 0) heard_of_plan_ = Clock::now(), admission_.Expect(newer_plan);
   admission_.Leave();
@@ -246,7 +320,7 @@ absl::Status Worker::Join() {
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     WarmSpareStages(cfg, reply.config_toml());
     std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place (%d of %d stages built)\n",
-                                 client_.worker_id(), warm_stages_.size(), cfg.cluster.stages)
+                                 client_.worker_id(), stages_.warm_stages(), cfg.cluster.stages)
               << std::flush;
   }
   WarmClients(cfg);
@@ -257,7 +331,7 @@ absl::Status Worker::Join() {
 
 absl::Status Worker::LoadData(const JobConfig& cfg) {
   // Every plan version of a job keeps its data, a pipeline cut anew too (its config differs in
-  // the cut only): building the demo's corpus again took most of a re-cut's set-up.
+  // the cut only): building the corpus again would weigh on every re-cut's set-up.
   const std::string key = absl::StrCat(cfg.as_json.at("data").dump(), " vocab ", cfg.model.vocab_size);
   if (data_ && data_key_ == key) return absl::OkStatus();
   LH_ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(cfg));
@@ -287,18 +361,14 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
       warmed = (*stage)->Forward(slot, mb, s == 0 ? nullptr : zeros.data()).ok() &&
                (*stage)->Backward(slot, mb, s == P - 1 ? nullptr : zeros.data(), 1.0f).ok();
     }
-    if (warmed) warm_stages_[StageKey(s, *device, request.slots, config_toml)] = *std::move(stage);
+    if (warmed) stages_.AddWarm(StageKeeper::Key(s, *device, request.slots, config_toml), *std::move(stage));
   }
 }
 
-void Worker::RetireWarmStages() {
-  if (warm_stages_.empty()) return;
+bool Worker::StagesOnHost() const {
   bool on_host = true;
   for (int s = 0; s < cfg_.cluster.stages; ++s) on_host = on_host && Device(cfg_, s).value_or(0) < 0;
-  if (on_host) {
-    freeing_ = std::async(std::launch::async, [stages = std::move(warm_stages_)]() mutable { stages.clear(); });
-  }
-  warm_stages_.clear();
+  return on_host;
 }
 
 void Worker::WarmClients(const JobConfig& cfg) {
@@ -329,6 +399,7 @@ TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& j
   transport.connections = std::max(1, cfg.transport.connections);
   transport.congestion_control = cfg.transport.congestion_control;
   transport.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000));
+  absl::MutexLock lock(&stop_mu_);
   transport.canceller = canceller_;
   return transport;
 }
@@ -359,43 +430,72 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
 }
 
 absl::Status Worker::Setup() {
+  Leftovers left = TearDown();
+  InstallVersion();
+  LH_RETURN_IF_ERROR(ReadConfig());
+  LH_ASSIGN_OR_RETURN(const int device, TakePlace());
+  OpenLinks();
+  LH_RETURN_IF_ERROR(SetUpSamplers());
+  LH_ASSIGN_OR_RETURN(const bool kept, SetUpStage(device));
+  BuildExchange();
+  LH_RETURN_IF_ERROR(SetUpShards(device, kept, left));
+  LH_RETURN_IF_ERROR(ResumeStageOptimizer());
+  LH_RETURN_IF_ERROR(ResumeResiduals());
+  BuildExecutor();
+  std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
+                               stage().spec().first_block, stage().spec().end_block, cfg_.model.n_layer,
+                               stage().num_params(), server_->address(), stage().Describe())
+            << std::flush;
+  return absl::OkStatus();
+}
+
+Worker::Leftovers Worker::TearDown() {
   // What the stage and the hosted shards hold, before the channel and the host that know go.
-  const int64_t held = channel_ ? channel_->held() : -1;
+  Leftovers left;
+  left.held = channel_ ? channel_->held() : -1;
   // A replaced version's pieces yet to ship count for nothing: the coordinator goes back to a step
   // whose every piece it holds.
   shipper_.Drop();
   executor_.reset();
-  std::vector<PsHost::Hosted> hosted;
-  if (ps_host_) hosted = ps_host_->Release();
+  if (ps_host_) left.hosted = ps_host_->Release();
   ps_host_.reset();
   channel_.reset();
   peers_.reset();
   sampler_.reset();
   pulled_crc_.reset();
+  return left;
+}
+
+void Worker::InstallVersion() {
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    absl::MutexLock lock(&stop_mu_);
     installed_ = plan_.version();
     client_.SetPlanVersion(installed_);
     mailbox_.Reopen(installed_);
     canceller_ = std::make_shared<SendCanceller>();
   }
-  LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
-  if (!opt_.out_dir.empty()) cfg_.train.out_dir = opt_.out_dir;
-  {
-    const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
-    shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
-  }
-  fetch_ = shares_run_dir_ ? FetchPiece()
-                           : FetchPiece([this](const std::string& step_dir, bool layout_only) {
-                               return Fetch(step_dir, layout_only);
-                             });
-  fetched_ = 0;
   server_->SetJobId(plan_.job_id());
   server_->SetSenderLeftObserver([this](const TensorServer::Sender& sender) {
     // Best effort: the heartbeats find a dead worker without it, only later. The version names
     // which plan's place it was: a connection of the version before may close after this one began.
     if (running_) (void)client_.ReportSuspect(sender.stage, sender.replica, "", sender.plan_version);
   });
+}
+
+absl::Status Worker::ReadConfig() {
+  LH_ASSIGN_OR_RETURN(cfg_, ParseJobConfig(plan_.config_toml(), "the job config from the coordinator"));
+  if (!opt_.out_dir.empty()) cfg_.train.out_dir = opt_.out_dir;
+  const absl::StatusOr<std::string> token = ReadWholeFile((fs::path(cfg_.train.out_dir) / kRunDirIdFile).string());
+  shares_run_dir_ = plan_.run_dir_token().empty() || (token.ok() && *token == plan_.run_dir_token());
+  fetch_ = shares_run_dir_ ? FetchPiece()
+                           : FetchPiece([this](const std::string& step_dir, bool layout_only) {
+                               return Fetch(step_dir, layout_only);
+                             });
+  fetched_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Worker::TakePlace() {
   LH_RETURN_IF_ERROR(CheckPlanLayout(plan_, cfg_));
   const proto::Assignment* mine = AssignmentOf(plan_, client_.worker_id());
   if (mine == nullptr) {
@@ -405,97 +505,96 @@ absl::Status Worker::Setup() {
         plan_.version(), client_.worker_id()));
   }
   s_ = mine->stage(), r_ = mine->replica();
-  const int P = plan_.stages(), D = plan_.replicas();
   M_ = ReplicaMicroBatches(plan_, cfg_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, &plan_, s_, r_, omp_get_max_threads(), device));
   client_.SetTimeout(cfg_.transport.timeout_s);
-  TransportOptions transport = TransportFor(cfg_, plan_.job_id());
+  return device;
+}
+
+void Worker::OpenLinks() {
+  const TransportOptions transport = TransportFor(cfg_, plan_.job_id());
   // Tensors of the initial parameter broadcast (iteration start - 1) onwards; then the plan says
   // what each peer may send.
   mailbox_.SetWindow(plan_.start_iteration() - 1, WindowIterations());
   admission_.SetPlan(plan_, cfg_, s_, r_);
   // The links open (a round trip or two each) while the stage is built and the others set up:
-  // opened after, they cost a spare's first sends 0.02-0.03 s on 10 ms links.
+  // opened after, a spare's first sends would wait for those round trips.
   std::set<int> known;
   for (const proto::Assignment& a : plan_.assignments()) known.insert(a.worker_id());
   for (const proto::Peer& p : members_) known.insert(p.worker_id());
   clients_.KeepOnly(known);
   peers_ = std::make_unique<PeerDirectory>(plan_, s_, r_, transport, dial_map_, &clients_);
-  // A send that fails mid-run (a reset connection, a refusal) ends the version at once: its peer
-  // waits for the tensor, and this worker would hear of it only at its next Flush, past receives
-  // that may wait on that peer in turn.
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    absl::MutexLock lock(&stop_mu_);
     failed_link_.reset();
   }
-  peers_->SetFailureObserver([this](int stage, int replica, const absl::Status& s) {
-    if (!running_) return;
-    {
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      if (!failed_link_) failed_link_ = {stage, replica};
-    }
-    Stop(std::string(s.message()));
-  });
+  peers_->SetFailureObserver(
+      [this](int stage, int replica, const absl::Status& s) { SendFailed(stage, replica, s); });
   peers_->OpenLinks();
+}
 
+void Worker::SendFailed(int stage, int replica, const absl::Status& s) {
+  if (!running_) return;
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (!failed_link_) failed_link_ = {stage, replica};
+  }
+  Stop(std::string(s.message()));
+}
+
+absl::Status Worker::SetUpSamplers() {
   LH_RETURN_IF_ERROR(LoadData(cfg_));
   const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
                                M_};
   sampler_ = std::make_unique<BatchSampler>(sampling, data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
   val_mbs_.clear();
+  const int D = plan_.replicas();
   if (cfg_.train.EvalShare(D, r_) > 0) {
     BatchSampler val(sampling, data_->val());
     LH_RETURN_IF_ERROR(val.Check("validation"));
     for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, 0, i));
   }
-  StageRequest request = StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, P, s_, M_));
-  const TrainConfig& tc = cfg_.train;
-  const bool local_updates = tc.local_steps > 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Worker::SetUpStage(int device) {
+  StageRequest request =
+      StageRequestFor(cfg_, s_, device, ActivationSlots(cfg_.cluster.schedule, plan_.stages(), s_, M_));
+  const bool local_updates = LocalUpdates(), resumed = Resumed();
   request.optimizer = local_updates;
   // Only the hosts of the stage's shards start from its initial parameters, and only where no
   // checkpoint does: the others' come from the shards' broadcast (and a spare elsewhere may lack
   // the directory).
-  const bool resumed = !plan_.resume_checkpoint().empty();
   if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || resumed) request.init_from.clear();
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
-  // first cost a spare's set-up 7-17 ms of the demo's 30.
+  // first would be work thrown away on a recovery's path.
   if (resumed) request.seed.reset();
-  // A stage the new version leaves as it was is kept: building one (allocating, initialising its
-  // parameters) took 0.13 s of a d_model 512 recovery's 0.45 s set-up, which every survivor paid.
-  // Its parameters are the ones it pulled last where they are the checkpoint's, else the
-  // checkpoint's files' (below), and its gradients are zeroed every iteration; a stage that steps
-  // itself (local updates) holds more, and is rebuilt. So is one whose version starts over from
-  // the initial parameters (no checkpoint yet): its own are trained, and its shards start from them.
-  const std::string stage_key = StageKey(s_, device, request.slots, plan_.config_toml());
-  const bool kept = stage_ && !local_updates && stage_key == stage_key_ && resumed;
-  if (!kept) {
-    stage_.reset();
-    // A spare's warm stage, where the checkpoint sets every parameter (not for a start from the
-    // seed's or init_from's, nor one that steps itself: those are built with what they need).
-    auto warm = warm_stages_.find(stage_key);
-    if (resumed && !local_updates && warm != warm_stages_.end()) stage_ = std::move(warm->second);
-    RetireWarmStages();
-    if (!stage_) {
-      LH_ASSIGN_OR_RETURN(stage_, MakeStage(request));
-    }
-    stage_key_ = stage_key;
-    snapshot_step_ = -1;
-  }
-  const LrSchedule lr_schedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
+  // A stage kept has the parameters it pulled last where they are the checkpoint's, else the
+  // checkpoint's files' (SetUpShards), and its gradients are zeroed every iteration; a stage that
+  // steps itself (local updates) holds more, and is rebuilt. So is one whose version starts over
+  // from the initial parameters (no checkpoint yet): its own are trained, and its shards start from
+  // them. A spare's warm stage serves alike: a start from the seed's or init_from's parameters, or
+  // one that steps itself, is built with what it needs.
+  LH_ASSIGN_OR_RETURN(const bool kept,
+                      stages_.Take(StageKeeper::Key(s_, device, request.slots, plan_.config_toml()),
+                                   resumed && !local_updates, request, StagesOnHost()));
   // Between exchanges the stage steps itself; its clipping norm is its own, which spares the
   // replica's stages a round of their own every iteration.
-  if (local_updates) LH_RETURN_IF_ERROR(stage_->AttachOptimizer({tc.adamw, lr_schedule, tc.grad_clip}));
+  if (local_updates) {
+    LH_RETURN_IF_ERROR(stage().AttachOptimizer({cfg_.train.adamw, LearningRates(), cfg_.train.grad_clip}));
+  }
+  return kept;
+}
 
-  std::vector<proto::ShardPlacement> stage_shards;
-  for (const proto::ShardPlacement& sp : plan_.shards())
-    if (sp.stage() == s_) stage_shards.push_back(sp);
+void Worker::BuildExchange() {
+  const TrainConfig& tc = cfg_.train;
   const int groups = GroupsPerReplica(plan_, cfg_);
-  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, stage_shards, NormHosts(plan_), stage_->layout(),
+  channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage().layout(),
                                               mailbox_, *peers_, timeline_);
-  if (local_updates) channel_->PushChanges();
+  if (LocalUpdates()) channel_->PushChanges();
   NetworkChannel* channel = channel_.get();
   PsLinks links{
       [channel](int64_t it, int replica, int group, int shard) { return channel->TakePush(it, replica, group, shard); },
@@ -504,116 +603,137 @@ absl::Status Worker::Setup() {
       [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
         channel->SendParams(it, replica, shard, data, n);
       }};
-  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, D, groups, lr_schedule, tc.grad_clip,
-                                      OuterOptimizer{local_updates, tc.outer_lr, tc.outer_momentum}, std::move(links));
-  LH_ASSIGN_OR_RETURN(const float* init, stage_->Params());
-  const std::string checkpoints = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, plan_.replicas(), groups, LearningRates(),
+                                      tc.grad_clip, OuterOptimizer{LocalUpdates(), tc.outer_lr, tc.outer_momentum},
+                                      std::move(links));
+  channel_->SetPsHost(ps_host_.get());
+}
+
+absl::Status Worker::SetUpShards(int device, bool kept, Leftovers& left) {
+  ShardSources from;
+  LH_ASSIGN_OR_RETURN(from.initial, stage().Params());
   // A resumed version broadcasts no parameters: every stage already holds the checkpoint's, kept
   // from the version before where it pulled exactly those, else read from the shards' files. The
-  // broadcast cost a recovery on 10 ms links 0.03-0.05 s, most of it opening the links to the
-  // spare; survivors hold them nearly always, as the checkpoint is written after the step.
+  // broadcast would cost a recovery round trips on slow links, most of them opening the links to
+  // the spare; survivors hold them nearly always, as the checkpoint is written after the step.
   // Likewise a shard this worker hosted and last stepped in the iteration before the start holds
-  // the checkpoint's state: it stays, where reading its files took a survivor's set-up up to 15 ms.
+  // the checkpoint's state: it stays, rather than being read again from its files.
   const int64_t start = plan_.start_iteration();
-  bool holds = kept && held == start - 1;
+  if (kept) from.hosted = &left.hosted;
+  from.holds = kept && left.held == start - 1;
   // A survivor that ran past the checkpoint takes the parameters it pulled for it back from its
   // snapshot: nothing to read from the shards' files, or to fetch where they are elsewhere.
-  if (kept && !holds && snapshot_step_ == start) {
-    LH_RETURN_IF_ERROR(stage_->SetParams(0, snapshot_.data(), snapshot_.size()));
-    holds = true;
+  if (kept && !from.holds) {
+    LH_ASSIGN_OR_RETURN(from.holds, stages_.Restore(start));
   }
-  // On a disk of its own, the loads below find their pieces here already: one round each to the
-  // coordinator took a spare's set-up 0.11 s on a 10 ms link.
-  if (resumed && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(checkpoints, !holds));
-  // The resumed step's shard files by the cut that wrote them (a re-cut layout's is another),
-  // read once where a shard is read.
-  std::optional<std::vector<CheckpointPiece>> shard_pieces;
-  for (const proto::ShardPlacement& sp : stage_shards) {
-    const bool owns = sp.owner_replica() == r_;
-    const auto [begin, end] = stage_->layout().Range(sp.first_tensor(), sp.end_tensor());
-    const size_t n = end - begin;
-    auto same = hosted.end();
-    if (owns && kept) {
-      same = std::find_if(hosted.begin(), hosted.end(), [&](const PsHost::Hosted& h) {
-        return h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
-               h.stepped == start - 1;
-      });
-    }
-    if (same != hosted.end()) {
-      if (!holds) {
-        LH_ASSIGN_OR_RETURN(const float* params, same->shard->Params());
-        LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params, n));
-      }
-      ps_host_->Add(std::move(same->shard), start - 1);
-      continue;
-    }
-    if (!owns && (!resumed || holds)) continue;
-    // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
-    // pending shard is made after this set-up returned.
-    auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage_->layout(), stage = s_, sp,
-                       replicas = cfg_.cluster.replicas](const float* params, const float* m,
-                                                         const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
-                                                                      sp.first_tensor(), sp.end_tensor(), replicas));
-      LH_RETURN_IF_ERROR(shard->SetState(params, m, v));
-      return shard;
-    };
-    if (!resumed) {  // the stage's initial parameters
-      LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, make_shard(init + begin, nullptr, nullptr));
-      ps_host_->Add(std::move(shard), start - 1);
-      continue;
-    }
-    if (!shard_pieces) {
-      LH_ASSIGN_OR_RETURN(shard_pieces, CheckpointPieces(checkpoints, plan_.resume_checkpoint(), {}, fetch_));
-      LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(checkpoints, plan_.resume_checkpoint()), cfg_));
-    }
-    const ParamLayout slice = stage_->layout().Slice(sp.first_tensor(), sp.end_tensor());
-    std::vector<float> params(n);
-    LH_RETURN_IF_ERROR(LoadFromPieces(*shard_pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
-    if (!holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(*stage_, begin, params.data(), n));
-    if (!owns) continue;
-    // The shard's moments, two thirds of what it reads, are read on a thread of their own while
-    // the first forwards compute, and the shard is made at the first exchange: read and made here,
-    // they took a stage-0 spare's set-up 3-7 ms of its 8-15 on the demo's shared cores. Their
-    // pieces are here already: the parameters' read above fetched them whole where they were not.
-    using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
-    std::shared_future<Moments> moments =
-        std::async(std::launch::async, [pieces = *shard_pieces, slice, n]() -> Moments {
-          std::vector<float> mv(2 * n);
-          LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n));
-          return mv;
-        }).share();
-    ps_host_->AddPending(
-        [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
-          const Moments& mv = moments.get();
-          if (!mv.ok()) {
-            return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
-                                                                    shard, mv.status().message()));
-          }
-          return make_shard(params.data(), mv->data(), mv->data() + params.size());
-        },
-        start - 1);
+  // On a disk of its own, the loads below find their pieces here already: fetched as each load
+  // needs them, each would wait a round trip of its own to the coordinator.
+  if (Resumed() && !shares_run_dir_) LH_RETURN_IF_ERROR(Prefetch(!from.holds));
+  for (const proto::ShardPlacement& sp : StageShards()) LH_RETURN_IF_ERROR(SetUpShard(sp, device, from));
+  if (Resumed()) {
+    LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
+    channel_->Held(start - 1, params);
   }
-  if (local_updates && resumed) {
-    LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
-                        CheckpointPieces(checkpoints, plan_.resume_checkpoint(),
-                                         [&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }, fetch_));
-    std::vector<float> params(stage_->num_params()), m(params.size()), v(params.size());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), params.data(), m.data(), v.data(), false, fetch_));
-    LH_RETURN_IF_ERROR(stage_->SetOptimizerState(m.data(), v.data()));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, ShardSources& from) {
+  const bool owns = sp.owner_replica() == r_, resumed = Resumed();
+  const int64_t stepped = plan_.start_iteration() - 1;
+  const auto [begin, end] = stage().layout().Range(sp.first_tensor(), sp.end_tensor());
+  const size_t n = end - begin;
+  if (std::unique_ptr<PsShard> same = owns ? TakeHosted(from, sp, begin, n) : nullptr) {
+    if (!from.holds) {
+      LH_ASSIGN_OR_RETURN(const float* params, same->Params());
+      LH_RETURN_IF_ERROR(channel_->PlaceShard(stage(), begin, params, n));
+    }
+    ps_host_->Add(std::move(same), stepped);
+    return absl::OkStatus();
   }
+  if (!owns && (!resumed || from.holds)) return absl::OkStatus();
+  // The shard, holding `params` and the moments (none for a fresh one). It captures by value: a
+  // pending shard is made after this set-up returned.
+  auto make_shard = [device, adamw = cfg_.train.adamw, layout = &stage().layout(), stage = s_, sp,
+                     replicas = cfg_.cluster.replicas](const float* params, const float* m,
+                                                       const float* v) -> absl::StatusOr<std::unique_ptr<PsShard>> {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, MakePsShard(device, adamw, *layout, stage, sp.shard(),
+                                                                    sp.first_tensor(), sp.end_tensor(), replicas));
+    LH_RETURN_IF_ERROR(shard->SetState(params, m, v));
+    return shard;
+  };
+  if (!resumed) {  // the stage's initial parameters
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> shard, make_shard(from.initial + begin, nullptr, nullptr));
+    ps_host_->Add(std::move(shard), stepped);
+    return absl::OkStatus();
+  }
+  if (!from.pieces) {
+    LH_ASSIGN_OR_RETURN(from.pieces, ResumedPieces({}));
+    LH_RETURN_IF_ERROR(CheckCheckpointResumable(CheckpointStateDir(CheckpointsDir(), plan_.resume_checkpoint()), cfg_));
+  }
+  const ParamLayout slice = stage().layout().Slice(sp.first_tensor(), sp.end_tensor());
+  std::vector<float> params(n);
+  LH_RETURN_IF_ERROR(LoadFromPieces(*from.pieces, slice, params.data(), nullptr, nullptr, false, fetch_));
+  if (!from.holds) LH_RETURN_IF_ERROR(channel_->PlaceShard(stage(), begin, params.data(), n));
+  if (!owns) return absl::OkStatus();
+  // The shard's moments, two thirds of what it reads, are read on a thread of their own while
+  // the first forwards compute, and the shard is made at the first exchange, the first moment it
+  // is needed: read and made here, they would lengthen the set-up a recovery waits for. Their
+  // pieces are here already: the parameters' read above fetched them whole where they were not.
+  using Moments = absl::StatusOr<std::vector<float>>;  // m, then v
+  std::shared_future<Moments> moments =
+      std::async(std::launch::async, [pieces = *from.pieces, slice, n]() -> Moments {
+        std::vector<float> mv(2 * n);
+        LH_RETURN_IF_ERROR(LoadFromPieces(pieces, slice, nullptr, mv.data(), mv.data() + n));
+        return mv;
+      }).share();
+  ps_host_->AddPending(
+      [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+        const Moments& mv = moments.get();
+        if (!mv.ok()) {
+          return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
+                                                                  shard, mv.status().message()));
+        }
+        return make_shard(params.data(), mv->data(), mv->data() + params.size());
+      },
+      stepped);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<PsShard> Worker::TakeHosted(ShardSources& from, const proto::ShardPlacement& sp, size_t begin,
+                                            size_t n) {
+  if (from.hosted == nullptr) return nullptr;
+  for (PsHost::Hosted& h : *from.hosted) {
+    if (h.shard && h.shard->shard() == sp.shard() && h.shard->begin() == begin && h.shard->size() == n &&
+        h.stepped == plan_.start_iteration() - 1) {
+      return std::move(h.shard);
+    }
+  }
+  return nullptr;
+}
+
+absl::Status Worker::ResumeStageOptimizer() {
+  if (!LocalUpdates() || !Resumed()) return absl::OkStatus();
+  const std::string checkpoints = CheckpointsDir();
+  LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
+                      ResumedPieces([&](int s) { return LocalCheckpointRoot(checkpoints, s, r_); }));
+  std::vector<float> params(stage().num_params()), m(params.size()), v(params.size());
+  LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage().layout(), params.data(), m.data(), v.data(), false, fetch_));
+  return stage().SetOptimizerState(m.data(), v.data());
+}
+
+absl::Status Worker::ResumeResiduals() {
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
   // before residuals were kept has none: its int8 pushes start without, as they used to. A version
   // that starts over from the initial parameters has none to go back to.
-  const std::vector<std::pair<int, int>> resumed_feedback =
-      resumed ? FeedbackGroups() : std::vector<std::pair<int, int>>();
-  for (const auto& [g, job_replica] : resumed_feedback) {
+  if (!Resumed()) return absl::OkStatus();
+  const std::string checkpoints = CheckpointsDir();
+  for (const auto& [g, job_replica] : FeedbackGroups()) {
     LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces,
-                        CheckpointPieces(
-                            checkpoints, plan_.resume_checkpoint(),
-                            [&](int s) { return ResidualCheckpointRoot(checkpoints, s, job_replica); }, fetch_));
-    std::vector<float> residuals(stage_->num_params());
-    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage_->layout(), residuals.data(), nullptr, nullptr, true, fetch_));
+                        ResumedPieces([&checkpoints, job = job_replica](int s) {
+                          return ResidualCheckpointRoot(checkpoints, s, job);
+                        }));
+    std::vector<float> residuals(stage().num_params());
+    LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage().layout(), residuals.data(), nullptr, nullptr, true, fetch_));
     std::error_code ec;
     if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
       std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
@@ -622,37 +742,43 @@ absl::Status Worker::Setup() {
     }
     channel_->SetResiduals(g, residuals.data());
   }
-  channel_->SetPsHost(ps_host_.get());
-  if (resumed) {
-    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
-    channel_->Held(start - 1, params);
-  }
+  return absl::OkStatus();
+}
+
+void Worker::BuildExecutor() {
+  const int P = plan_.stages();
   const bool hosts = !ps_host_->shards().empty();
   executor_ = std::make_unique<Executor>(
-      *stage_, *channel_, timeline_,
+      stage(), *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
-                   local_updates ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, tc.micro_batches, cfg_.boundary_floats());
+                   LocalUpdates() ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
+      s_, P, M_, cfg_.train.micro_batches, cfg_.boundary_floats());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
-  executor_->SetOnDeferredPull([this](int64_t it) {
-    const absl::StatusOr<const float*> params = stage_->Params();
-    if (!params.ok()) return;
-    pulled_crc_.emplace();
-    pulled_crc_->set_iteration(it);
-    pulled_crc_->set_crc32c(Crc32c(0, *params, stage_->num_params() * sizeof(float)));
-    if (cfg_.train.CheckpointsAfter(it, end_)) {
-      snapshot_.assign(*params, *params + stage_->num_params());
-      snapshot_step_ = it + 1;
-    }
-  });
-  if (local_updates) {
+  executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
+  if (LocalUpdates()) {
     executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
   }
-  std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
-                               stage_->spec().first_block, stage_->spec().end_block, cfg_.model.n_layer,
-                               stage_->num_params(), server_->address(), stage_->Describe())
-            << std::flush;
-  return absl::OkStatus();
+}
+
+void Worker::PulledDeferred(int64_t it) {
+  const absl::StatusOr<const float*> params = stage().Params();
+  if (!params.ok()) return;
+  pulled_crc_.emplace();
+  pulled_crc_->set_iteration(it);
+  pulled_crc_->set_crc32c(Crc32c(0, *params, stage().num_params() * sizeof(float)));
+  if (cfg_.train.CheckpointsAfter(it, end_)) stages_.Snapshot(it + 1, *params);
+}
+
+std::vector<proto::ShardPlacement> Worker::StageShards() const {
+  std::vector<proto::ShardPlacement> shards;
+  for (const proto::ShardPlacement& sp : plan_.shards())
+    if (sp.stage() == s_) shards.push_back(sp);
+  return shards;
+}
+
+absl::StatusOr<std::vector<CheckpointPiece>> Worker::ResumedPieces(
+    const std::function<std::string(int)>& stage_root) const {
+  return CheckpointPieces(CheckpointsDir(), plan_.resume_checkpoint(), stage_root, fetch_);
 }
 
 absl::Status Worker::RunIteration(int64_t it) {
@@ -662,7 +788,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   // In step (no local updates) the new parameters may arrive while the next iteration computes,
   // unless nothing follows. A checkpoint does not wait for them: it writes the shards' own state,
   // stepped already (the stage's parameters are read only with local updates, which never defer).
-  const bool defer_pull = cfg_.train.local_steps == 1 && it + 1 < end_;
+  const bool defer_pull = !LocalUpdates() && it + 1 < end_;
   LH_ASSIGN_OR_RETURN(const IterationResult result,
                       executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
   double val_loss_sum = 0;
@@ -675,7 +801,7 @@ absl::Status Worker::RunIteration(int64_t it) {
     floor = 0;
     for (const MicroBatch& mb : mbs) floor += EntropyFloor(*data_, mb) / M_;
   }
-  LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
+  LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
   proto::IterationReport rep;
   if (pulled_crc_) *rep.add_params() = *pulled_crc_;
   pulled_crc_.reset();
@@ -683,7 +809,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_)) {
     proto::ParamsCrc* now = rep.add_params();
     now->set_iteration(it);
-    now->set_crc32c(Crc32c(0, params, stage_->num_params() * sizeof(float)));
+    now->set_crc32c(Crc32c(0, params, stage().num_params() * sizeof(float)));
   }
   rep.set_worker_id(client_.worker_id());
   rep.set_plan_version(plan_.version());
@@ -716,12 +842,11 @@ absl::Status Worker::RunIteration(int64_t it) {
 absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::function<absl::Status()> report) {
   const std::string step_dir = (fs::path(piece_root) / CheckpointName(step)).string();
   if (!shares_run_dir_) {
-    std::lock_guard<std::mutex> lock(trusted_mu_);
+    absl::MutexLock lock(&trusted_mu_);
     trusted_.insert(step_dir);
   }
   // Reports go through the shipper too, shipping or not: on a slow link to the coordinator each
-  // took a round trip from the iterations (the demo checkpointing every step, the coordinator
-  // 10 ms away: 0.083 s per step with the reports in line, 0.064 s without).
+  // would take a round trip from the iterations.
   shipper_.Ship(shares_run_dir_ ? "" : step_dir, step, plan_.version(),
                 [report = std::move(report), checkpoints = fs::path(piece_root).parent_path().string(), step,
                  keep = cfg_.train.keep_checkpoints, own = !shares_run_dir_] {
@@ -736,7 +861,7 @@ absl::Status Worker::Deliver(const std::string& piece_root, int64_t step, std::f
 absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   std::error_code ec;
   {
-    std::lock_guard<std::mutex> lock(trusted_mu_);
+    absl::MutexLock lock(&trusted_mu_);
     const bool trusted = trusted_.count(step_dir) > 0 || (layout_only && trusted_state_.count(step_dir) > 0);
     if (trusted && fs::exists(fs::path(step_dir) / "state.json", ec)) return absl::OkStatus();
   }
@@ -748,16 +873,17 @@ absl::Status Worker::Fetch(const std::string& step_dir, bool layout_only) {
   // What the coordinator does not have is no piece of this run, whatever lies here.
   if (absl::IsNotFound(fetched)) fs::remove_all(step_dir, ec);
   LH_RETURN_IF_ERROR(fetched);
-  std::lock_guard<std::mutex> lock(trusted_mu_);
+  absl::MutexLock lock(&trusted_mu_);
   (layout_only ? trusted_state_ : trusted_).insert(step_dir);
   if (!layout_only) ++fetched_;
   return absl::OkStatus();
 }
 
-absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
+absl::Status Worker::Prefetch(bool params) {
   // First round: the pieces this place writes under the plan's own layout (nearly always the
   // checkpoint's), and the state.json that records the checkpoint's layout where none of them is
   // the first shard's, at once.
+  const std::string checkpoints = CheckpointsDir();
   const std::string& name = plan_.resume_checkpoint();
   std::map<std::string, bool> first;  // step directory -> its state.json alone
   if (params) {
@@ -781,27 +907,26 @@ absl::Status Worker::Prefetch(const std::string& checkpoints, bool params) {
   for (const auto& [g, job_replica] : FeedbackGroups()) {
     roots.emplace_back([&checkpoints, job = job_replica](int s) { return ResidualCheckpointRoot(checkpoints, s, job); });
   }
-  if (cfg_.train.local_steps > 1) {
+  if (LocalUpdates()) {
     roots.emplace_back([&checkpoints, this](int s) { return LocalCheckpointRoot(checkpoints, s, r_); });
   }
   std::vector<CheckpointPiece> pieces;
   for (const auto& root : roots) {
-    LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some,
-                        CheckpointPieces(checkpoints, name, root, fetch_));
+    LH_ASSIGN_OR_RETURN(std::vector<CheckpointPiece> some, ResumedPieces(root));
     pieces.insert(pieces.end(), some.begin(), some.end());
   }
   return FetchPieces(pieces, ParamLayout(cfg_.model, cfg_.Stage(s_)), fetch_);
 }
 
 absl::Status Worker::Checkpoint(int64_t step) {
-  const std::string root = (fs::path(cfg_.train.out_dir) / "checkpoints").string();
+  const std::string root = CheckpointsDir();
   // The stage's own AdamW state first: the shards' reports make the step one to resume from.
-  if (cfg_.train.local_steps > 1) {
-    LH_ASSIGN_OR_RETURN(const float* params, stage_->Params());
-    std::vector<float> m(stage_->num_params()), v(m.size());
-    LH_RETURN_IF_ERROR(stage_->GetOptimizerState(m.data(), v.data()));
+  if (LocalUpdates()) {
+    LH_ASSIGN_OR_RETURN(const float* params, stage().Params());
+    std::vector<float> m(stage().num_params()), v(m.size());
+    LH_RETURN_IF_ERROR(stage().GetOptimizerState(m.data(), v.data()));
     const std::string local_root = LocalCheckpointRoot(root, s_, r_);
-    LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage_->layout(), params, m.data(), v.data()));
+    LH_RETURN_IF_ERROR(SaveCheckpoint(local_root, {step, cfg_.as_json}, stage().layout(), params, m.data(), v.data()));
     LH_RETURN_IF_ERROR(Deliver(local_root, step, {}));
   }
   auto report = [this, step](proto::CheckpointReport rep) {
@@ -815,7 +940,7 @@ absl::Status Worker::Checkpoint(int64_t step) {
   for (const auto& [g, job_replica] : FeedbackGroups()) {
     const std::string residual_root = ResidualCheckpointRoot(root, s_, job_replica);
     const std::vector<float> residuals = channel_->Residuals(g);
-    LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage_->layout(), residuals.data(), nullptr,
+    LH_RETURN_IF_ERROR(SaveCheckpoint(residual_root, {step, cfg_.as_json}, stage().layout(), residuals.data(), nullptr,
                                       nullptr));
     proto::CheckpointReport rep;
     rep.set_stage(s_);
@@ -832,7 +957,7 @@ absl::Status Worker::RunPlan() {
   absl::Status status = Setup();
   const auto set_up = Clock::now();
   const int64_t start = plan_.start_iteration();
-  const bool broadcast = plan_.resume_checkpoint().empty();
+  const bool broadcast = !Resumed();
   // A resumed version starts each worker once it is set up, without waiting for the others: its
   // tensors to a worker still setting up wait in that worker's server until the version is there
   // (PlanAdmission::Ahead). The barrier made every recovery wait for its slowest worker's set-up
@@ -845,7 +970,7 @@ absl::Status Worker::RunPlan() {
     // stages hold the checkpoint's already).
     status = ps_host_->Broadcast(start - 1);
     double waited = 0;
-    if (status.ok()) status = channel_->PullParameters(start - 1, *stage_, &waited, SIZE_MAX);
+    if (status.ok()) status = channel_->PullParameters(start - 1, stage(), &waited, SIZE_MAX);
     if (status.ok()) status = channel_->Flush(start - 1);
   }
   if (status.ok() && (plan_.version() > 1 || !broadcast)) {
@@ -853,7 +978,7 @@ absl::Status Worker::RunPlan() {
     auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     Clock::time_point heard;
     {
-      std::lock_guard<std::mutex> lock(stop_mu_);
+      absl::MutexLock lock(&stop_mu_);
       heard = std::exchange(heard_of_plan_, Clock::time_point{});  // not a later version's news
     }
     const std::string left = heard == Clock::time_point{}
@@ -915,7 +1040,7 @@ absl::Status Worker::Run() {
     if (!status.ok() && client_.newest_plan() <= plan_.version()) {
       std::pair<int, int> link{s_, r_};
       {
-        std::lock_guard<std::mutex> lock(stop_mu_);
+        absl::MutexLock lock(&stop_mu_);
         if (failed_link_) link = *failed_link_;
       }
       (void)client_.ReportSuspect(link.first, link.second, std::string(status.message()), plan_.version());
