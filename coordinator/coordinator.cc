@@ -46,18 +46,23 @@ struct JobOrigin {
   bool goes_on = false;  // the run's records so far are kept (a resume, a restored job)
 };
 
-// A coordinator before this one ran the job from here and did not end it: it goes on under the
-// config of that job's plan (the placement search's cut included), from its last checkpoint.
-absl::StatusOr<JobOrigin> FromJobState(const JobConfig& cfg, const std::vector<std::string>& overrides) {
-  LH_ASSIGN_OR_RETURN(RestoredJob job, ReadJobState(JobStatePath(cfg.train.out_dir), cfg));
+// A coordinator before this one ran the job from here and did not end it (`job`, the state it
+// left): it goes on under the config of that job's plan (the placement search's cut included),
+// from its last checkpoint. Where some worker of it may still run, --set changes nothing, and a
+// --set that would is said not to apply; where none does (`dead`), the job is taken over as a
+// resume would, under that config with the --set changes applied.
+absl::StatusOr<JobOrigin> FromJobState(RestoredJob job, const std::vector<std::string>& overrides, bool dead) {
   JobOrigin origin{std::move(job.cfg), 0, "", std::move(job.state), true};
-  // The state's config holds (the placement search's cut, a re-cut): said, not ignored silently.
   std::vector<std::string> changes;
   for (const std::string& o : overrides)
     if (!absl::StartsWith(o, "train.out_dir=")) changes.push_back(o);
   absl::StatusOr<JobConfig> with = origin.cfg;
   if (!changes.empty()) with = ParseJobConfig(origin.cfg.toml_text, "the job state's plan", changes);
-  if (!with.ok() || with->as_json != origin.cfg.as_json) {
+  if (dead) {
+    if (!with.ok()) return with.status();
+    with->train.out_dir = origin.cfg.train.out_dir;
+    origin.cfg = *std::move(with);
+  } else if (!with.ok() || with->as_json != origin.cfg.as_json) {
     std::cout << "coordinator: warning: --set " << absl::StrJoin(changes, " --set ")
               << " is not applied: a job resumed from its job state runs on under its plan's config; to change it, "
                  "stop the job, remove job_state.pb and resume from the last checkpoint with --set "
@@ -124,10 +129,12 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create train.out_dir ", cfg.train.out_dir, ": ", ec.message()));
   JobOrigin origin{cfg};
   if (fs::exists(JobStatePath(cfg.train.out_dir))) {
-    LH_ASSIGN_OR_RETURN(origin, FromJobState(cfg, opt.overrides));
-    if (EveryWorkerGone(*origin.restored, cfg.cluster.lifeline_grace_s)) {
+    LH_ASSIGN_OR_RETURN(RestoredJob job, ReadJobState(JobStatePath(cfg.train.out_dir), cfg));
+    const bool dead = EveryWorkerGone(job.state, cfg.cluster.lifeline_grace_s);
+    LH_ASSIGN_OR_RETURN(origin, FromJobState(std::move(job), opt.overrides, dead));
+    if (dead) {
       // The job did not end, and nothing of it runs: it goes on from its last checkpoint (or its
-      // start) with the workers that join this coordinator, as a resume would.
+      // start) with the workers that join this coordinator.
       const bool checkpointed = !origin.resume_name.empty();
       std::cout << absl::StrFormat("coordinator: %s is the state of a job none of whose %d workers runs any more (every "
                                    "process was stopped, or crashed): it goes on from %s with the workers that join "
@@ -137,9 +144,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
                 << std::flush;
       fs::remove(JobStatePath(cfg.train.out_dir), ec);
       if (checkpointed) {
-        LH_ASSIGN_OR_RETURN(origin, FromCheckpoint(std::move(cfg)));
+        LH_ASSIGN_OR_RETURN(origin, FromCheckpoint(std::move(origin.cfg)));
       } else {
-        origin = JobOrigin{cfg};
+        origin = JobOrigin{std::move(origin.cfg)};
       }
     }
   } else if (cfg.train.resume) {

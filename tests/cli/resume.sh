@@ -44,6 +44,7 @@ run "$dir/calm" "$dir/calm.txt"
 check "the undisturbed run completes" $?
 
 # A double Ctrl-C once step 20's checkpoint is complete.
+: >"$dir/first.txt"
 "$bin" local -c "$dir/job.toml" --set "train.out_dir=\"$dir/run\"" \
   >"$dir/first.txt" 2>&1 &
 pid=$!
@@ -68,6 +69,7 @@ check "its final loss is the undisturbed run's, bitwise ($(final_loss "$dir/run"
 check "its checkpoints are the undisturbed run's, bitwise" \
   $(cmp -s "$dir/run/checkpoints/stage_1_shard_1/step_00000060/model.safetensors" \
           "$dir/calm/checkpoints/stage_1_shard_1/step_00000060/model.safetensors"; echo $?)
+check "nothing the user set is said to be ignored" $(! grep -q "is not applied" "$dir/second.txt"; echo $?)
 check "the done line counts the whole run" $(grep -qE "^done: 60 iterations \(the last [0-9]+ here, from step" \
   "$dir/second.txt"; echo $?)
 

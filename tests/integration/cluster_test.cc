@@ -36,6 +36,7 @@
 #include "tests/support/raw_tensor_peer.h"
 #include "tests/support/tiny_model.h"
 #include "transport/rpc_auth.h"
+#include "transport/socket_io.h"
 #include "transport/tensor_transport.h"
 #include "util/ports.h"
 
@@ -1391,9 +1392,16 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   refused("no worker records", out, "which it does not record");
   write(out / "checkpoints" / "latest", "garbage\n");
   refused("latest naming no step", out, "names \"garbage\", not a checkpoint directory");
-  // A --set that would change the job's config is said not to apply (the state's config holds).
+  // A --set that would change the job's config is said not to apply (the state's config holds)
+  // where a worker of the job may still run: here something answers at worker 0's port.
   write(out / "checkpoints" / "latest", "garbage\n");
-  refused("a --set on a restart", out, "--set train.steps=5000 is not applied", {"train.steps=5000"});
+  {
+    std::string bound;
+    const absl::StatusOr<int> alive = ListenTcp(state.workers(0).registration().address(), &bound);
+    ASSERT_TRUE(alive.ok()) << alive.status();
+    refused("a --set on a restart", out, "--set train.steps=5000 is not applied", {"train.steps=5000"});
+    close(*alive);
+  }
   write(out / "checkpoints" / "latest", "step_99999999\n");
   refused("latest beyond the job's steps", out, "names step_99999999, beyond the job's 100000 steps");
   fs::remove(out / "checkpoints" / "latest");
@@ -1409,14 +1417,17 @@ TEST(Cluster, ARestartedCoordinatorRefusesAJobStateItCannotTrust) {
   const fs::path copy = Dir("untrusted_state_copy");
   fs::copy(out, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   refused("a copied run directory", copy, "a run directory copied or moved elsewhere goes on from its checkpoints");
-  // The state as the killed job left it is trusted: the coordinator resumes the job from it.
+  // The state as the killed job left it is trusted, and every worker of it is gone: the coordinator
+  // takes the job over under the state's config (whose train.steps no --set repeats here), from
+  // its last checkpoint, and waits for workers.
   {
     const pid_t pid = Start("coordinator", out, {}, {"--listen", "127.0.0.1:0"});
     Reaper resumed{pid};
     bool resuming = false;
     for (int i = 0; i < 300 && !resuming; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      resuming = Log(out).find("resuming job 'equivalence' from its job state") != std::string::npos;
+      resuming = Log(out).find("none of whose 4 workers runs any more") != std::string::npos &&
+                 Log(out).find("waiting for 4 workers") != std::string::npos;
     }
     EXPECT_TRUE(resuming) << Log(out);
     EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the coordinator did not wait for its workers: " << Log(out);
