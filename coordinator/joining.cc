@@ -276,6 +276,7 @@ absl::Status Peers(Job& job, const proto::PeersRequest& req, proto::Peers& peers
     proto::Peer* p = peers.add_peers();
     p->set_worker_id(id);
     p->set_address(reg.address());
+    p->set_public_key(reg.public_key());
   }
   return absl::OkStatus();
 }

@@ -1,11 +1,11 @@
 #include "coordinator/membership.h"
 
-#include "transport/socket_io.h"
-
 #include <algorithm>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "transport/identity.h"
+#include "transport/socket_io.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -28,6 +28,11 @@ absl::StatusOr<int> Membership::Register(const proto::RegisterRequest& req, Cloc
   if (!req.job_id().empty() && req.job_id() != job_id_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("worker wants job '%s' but this coordinator runs job '%s'", req.job_id(), job_id_));
+  }
+  if (req.public_key().size() != kPublicKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a worker's public key of %d bytes (an Ed25519 key has %d): run the same longhaul build everywhere",
+        req.public_key().size(), kPublicKeyBytes));
   }
   // Kept for the job's life and sent again in every plan and lifeline's news.
   for (const auto& [field, value] : {std::pair{"address", &req.address()}, std::pair{"host", &req.host()},

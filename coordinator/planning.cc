@@ -141,6 +141,7 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
     a->set_stage(stage);
     a->set_replica(replica);
     a->set_address(reg.address());
+    a->set_public_key(reg.public_key());
     const StageSpec spec = cfg.Stage(stage);
     a->set_first_block(spec.first_block);
     a->set_end_block(spec.end_block);
@@ -208,6 +209,7 @@ void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int rep
   a->set_stage(stage);
   a->set_replica(replica);
   a->set_address(workers.at(id).address());
+  a->set_public_key(workers.at(id).public_key());
   a->set_first_block(peer.first_block());
   a->set_end_block(peer.end_block());
 }
@@ -235,6 +237,7 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
     a->set_stage(s);
     a->set_replica(0);
     a->set_address(workers.at(left[s]).address());
+    a->set_public_key(workers.at(left[s]).public_key());
     a->set_first_block(spec.first_block);
     a->set_end_block(spec.end_block);
     at[s] = {left[s]};
@@ -366,6 +369,7 @@ proto::Plan NextPlan(const proto::Plan& old, const std::map<int, int>& replace,
     if (!replace.count(a.worker_id())) continue;
     a.set_worker_id(now(a.worker_id()));
     a.set_address(workers.at(a.worker_id()).address());
+    a.set_public_key(workers.at(a.worker_id()).public_key());
   }
   for (proto::LinkWire& w : *plan.mutable_link_wires()) {
     w.set_from_worker(now(w.from_worker()));

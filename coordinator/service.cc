@@ -21,7 +21,20 @@ grpc::Status Service::Serve(absl::string_view method, const grpc::ServerContext&
                             const std::function<absl::Status()>& call) {
   if (grpc::Status st = verifier_.Check(ctx, method, request); !st.ok()) return st;
   absl::MutexLock lock(&job_.mu);
+  if (grpc::Status st = Caller(method, ctx, request); !st.ok()) return st;
   return ToGrpc(call());
+}
+
+template <typename Request>
+grpc::Status Service::Caller(absl::string_view method, const grpc::ServerContext& ctx, const Request& request) {
+  const int id = request.worker_id();
+  if (absl::Status st = job_.members.Check(id); !st.ok()) return ToGrpc(st);
+  return verifier_.CheckWorker(ctx, method, request, id, job_.members.registration(id).public_key());
+}
+
+grpc::Status Service::Caller(absl::string_view method, const grpc::ServerContext& ctx,
+                             const proto::RegisterRequest& request) {
+  return verifier_.CheckWorker(ctx, method, request, -1, request.public_key());
 }
 
 grpc::Status Service::Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
@@ -85,6 +98,7 @@ grpc::Status Service::ShipCheckpoint(grpc::ServerContext* ctx, const proto::Chec
   absl::StatusOr<std::string> path;
   {
     absl::MutexLock lock(&job_.mu);
+    if (grpc::Status st = Caller("ShipCheckpoint", *ctx, *req); !st.ok()) return st;
     path = ShippedPartPath(job_, *req);
   }
   if (!path.ok()) return ToGrpc(path.status());
@@ -96,6 +110,7 @@ grpc::Status Service::ShipTimeline(grpc::ServerContext* ctx, const proto::Timeli
   absl::StatusOr<std::string> path;
   {
     absl::MutexLock lock(&job_.mu);
+    if (grpc::Status st = Caller("ShipTimeline", *ctx, *req); !st.ok()) return st;
     path = TimelinePartPath(job_, *req);
   }
   if (!path.ok()) return ToGrpc(path.status());
@@ -108,6 +123,7 @@ grpc::Status Service::FetchCheckpoint(grpc::ServerContext* ctx, const proto::Che
   absl::StatusOr<std::string> path;
   {
     absl::MutexLock lock(&job_.mu);
+    if (grpc::Status st = Caller("FetchCheckpoint", *ctx, *req); !st.ok()) return st;
     path = FetchedPartPath(job_, *req, *reply);
   }
   if (!path.ok()) return ToGrpc(path.status());

@@ -1,8 +1,8 @@
 #pragma once
-// The coordinator's gRPC service, a thin layer: each call is verified (the job secret, rpc_auth.h),
-// then one function of the job's rooms runs with the job's lock held (joining.h, reports.h,
-// supervisor.h), and its status goes back as the call's. Files shipped and fetched are read and
-// written outside the lock.
+// The coordinator's gRPC service, a thin layer: each call is verified (the job secret, and the
+// signature of the worker it speaks for: rpc_auth.h), then one function of the job's rooms runs
+// with the job's lock held (joining.h, reports.h, supervisor.h), and its status goes back as the
+// call's. Files shipped and fetched are read and written outside the lock.
 #include <functional>
 #include <string>
 
@@ -39,10 +39,18 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status ReportDone(grpc::ServerContext* ctx, const proto::DoneReport* req, proto::Empty*) override;
 
  private:
-  // The secret's check of `request`, then `call` with the job's lock held.
+  // The secret's check of `request`, then with the job's lock held the caller's (Caller), then
+  // `call`.
   template <typename Request>
   grpc::Status Serve(absl::string_view method, const grpc::ServerContext& ctx, const Request& request,
                      const std::function<absl::Status()>& call) ABSL_LOCKS_EXCLUDED(job_.mu);
+  // The call is signed by the worker it speaks for: one registered and not lost (its credential
+  // goes with it), whose registered key signed it; a registration, by the key it registers.
+  template <typename Request>
+  grpc::Status Caller(absl::string_view method, const grpc::ServerContext& ctx, const Request& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu);
+  grpc::Status Caller(absl::string_view method, const grpc::ServerContext& ctx, const proto::RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu);
 
   RpcVerifier& verifier_;
   Job& job_;

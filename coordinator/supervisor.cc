@@ -145,6 +145,7 @@ absl::Status ServeLifeline(Job& job, int id, const std::function<bool()>& cancel
         proto::Peer* p = n.add_members();
         p->set_worker_id(worker);
         p->set_address(reg.address());
+        p->set_public_key(reg.public_key());
       }
       job.mu.Unlock();
       const bool sent = write(n);
@@ -171,12 +172,6 @@ absl::Status TakeSuspect(Job& job, const proto::SuspectReport& req) {
   if (absl::Status st = job.members.Check(req.worker_id()); !st.ok()) return st;
   const uint64_t version = job.plans.version();
   if (version == 0) return absl::FailedPreconditionError("no plan yet");
-  // The first report of the running version's failure: a loss, once found, answers it; where every
-  // worker is heard from after it instead, the layout starts again (MaybeRestart).
-  if (!req.failure().empty() && req.plan_version() == version && !job.recovery.restart) {
-    job.recovery.restart = RecoveryRecords::Restart{req.worker_id(), req.failure().substr(0, 1000), Clock::now()};
-    job.cv.SignalAll();
-  }
   if (req.plan_version() > version) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "worker %d reports under plan version %d; the plan is version %d", req.worker_id(), req.plan_version(),
@@ -188,6 +183,18 @@ absl::Status TakeSuspect(Job& job, const proto::SuspectReport& req) {
   // names nobody to suspect.
   const proto::Plan* reported = job.plans.Find(req.plan_version());
   if (reported == nullptr) return absl::OkStatus();
+  // Only a worker of that version had connections of it to see close.
+  if (AssignmentOf(*reported, req.worker_id()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %d has no place in plan version %d: only its workers report its peers", req.worker_id(),
+        req.plan_version()));
+  }
+  // The first report of the running version's failure: a loss, once found, answers it; where every
+  // worker is heard from after it instead, the layout starts again (MaybeRestart).
+  if (!req.failure().empty() && req.plan_version() == version && !job.recovery.restart) {
+    job.recovery.restart = RecoveryRecords::Restart{req.worker_id(), req.failure().substr(0, 1000), Clock::now()};
+    job.cv.SignalAll();
+  }
   const int suspect = WorkerAt(*reported, req.stage(), req.replica());
   if (suspect < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("plan version %d has no stage %d replica %d",

@@ -33,9 +33,10 @@ absl::Status ServeLifeline(Job& job, int id, const std::function<bool()>& cancel
                            const std::function<bool(const proto::LifelineNews&)>& write)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
-// A worker saw a connection from a peer close mid-run (and where it says so, its version failed):
-// the peer, found in the plan version the connection was of, is suspected and its port dialled;
-// nobody is lost by the report alone.
+// A worker of the plan saw a connection from a peer close mid-run (and where it says so, its
+// version failed): the peer, found in the plan version the connection was of, is suspected and its
+// port dialled; nobody is lost by the report alone. A worker without a place in that version had
+// no connection of it to report.
 absl::Status TakeSuspect(Job& job, const proto::SuspectReport& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
 // Evidence came that workers `ids` may be gone: where the coordinator reached a worker's tensor

@@ -22,12 +22,16 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 
 CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls,
                                      double connect_timeout_s,
-                                     std::function<void(const std::string&, uint64_t)> on_stop)
-    : address_(std::move(address)), connect_timeout_s_(connect_timeout_s), on_stop_(std::move(on_stop)) {
+                                     std::function<void(const std::string&, uint64_t)> on_stop,
+                                     std::shared_ptr<const WorkerKey> key)
+    : address_(std::move(address)),
+      public_key_(key ? key->public_key() : std::string()),
+      connect_timeout_s_(connect_timeout_s),
+      on_stop_(std::move(on_stop)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CoordinatorChannel(address_, secret, tls, args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CoordinatorChannel(address_, secret, tls, args, std::move(key));
   if (!channel.ok()) {
     channel_status_ = channel.status();
     return;
@@ -103,6 +107,7 @@ std::chrono::system_clock::time_point CoordinatorClient::Deadline() const {
 
 absl::StatusOr<proto::RegisterReply> CoordinatorClient::Register(proto::RegisterRequest req) {
   if (!channel_status_.ok()) return channel_status_;
+  req.set_public_key(public_key_);
   proto::RegisterReply reply;
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);  // keep trying while the coordinator starts

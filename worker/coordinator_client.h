@@ -33,10 +33,12 @@ class CoordinatorClient {
   // `on_stop` is called from the heartbeat thread with the reason when the coordinator stops the
   // job or has not answered for the job's dead_after_s (once per silence; newer_plan 0), or has a plan newer than the
   // one this worker runs (SetPlanVersion; once per version, which newer_plan names), the latter with news_mu_
-  // held: it must not call back into this client. Every call is signed with `secret`, over TLS where `tls` names
+  // held: it must not call back into this client. Every call is signed with `secret` and, where
+  // given, this worker's `key`, whose public key Register registers; over TLS where `tls` names
   // files (rpc_auth.h).
   CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
-                    std::function<void(const std::string& reason, uint64_t newer_plan)> on_stop);
+                    std::function<void(const std::string& reason, uint64_t newer_plan)> on_stop,
+                    std::shared_ptr<const WorkerKey> key = nullptr);
   ~CoordinatorClient() ABSL_LOCKS_EXCLUDED(lifeline_mu_);  // ends the heartbeats
   CoordinatorClient(const CoordinatorClient&) = delete;
 
@@ -113,6 +115,7 @@ class CoordinatorClient {
                                  const Request& req, const std::string& waiting_for, double max_wait_s = 0);
 
   std::string address_;
+  const std::string public_key_;  // this worker's, registered (empty: none, a test's client)
   double connect_timeout_s_, dead_after_s_ = 20;
   std::atomic<double> timeout_s_{120};  // set by the worker's thread, read by every caller's
   std::function<void(const std::string&, uint64_t)> on_stop_;

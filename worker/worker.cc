@@ -63,11 +63,14 @@ using Clock = std::chrono::steady_clock;
 // and what they captured by value.
 class Worker {
  public:
-  Worker(const WorkerOptions& opt, JobSecret secret)
+  // `key`: this worker's identity (transport/identity.h), with which it signs every call and
+  // tensor connection.
+  Worker(const WorkerOptions& opt, JobSecret secret, std::shared_ptr<const WorkerKey> key)
       : opt_(opt),
         secret_(std::move(secret)),
+        key_(std::move(key)),
         client_(opt.coordinator, secret_, opt.tls, opt.connect_timeout_s,
-                [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }) {}
+                [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }, key_) {}
   Worker(const Worker&) = delete;
 
   absl::Status Run() ABSL_LOCKS_EXCLUDED(stop_mu_);
@@ -209,6 +212,7 @@ class Worker {
 
   WorkerOptions opt_;
   const JobSecret secret_;
+  const std::shared_ptr<const WorkerKey> key_;
   // Members go in reverse order: the server before the mailbox and admission it uses, the client
   // (whose heartbeat thread may call Stop until it is joined) before the mailbox and canceller.
   // While the iterations run, a peer's connection that closes is evidence of its death
@@ -1106,7 +1110,8 @@ absl::Status Worker::Run() {
 
 absl::Status RunWorker(const WorkerOptions& opt) {
   LH_ASSIGN_OR_RETURN(JobSecret secret, JobSecret::FromFlagOrEnv(opt.secret_file));
-  Worker w(opt, std::move(secret));
+  LH_ASSIGN_OR_RETURN(WorkerKey key, WorkerKey::Generate());
+  Worker w(opt, std::move(secret), std::make_shared<const WorkerKey>(std::move(key)));
   return w.Run();
 }
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -25,6 +26,31 @@ namespace {
 std::string CallProof(const JobSecret& secret, absl::string_view method, absl::string_view when,
                       absl::string_view nonce, const google::protobuf::Message& request) {
   return secret.Proof("longhaul coordinator call", {method, when, nonce, Sha256(request.SerializeAsString())});
+}
+
+// What a worker's signature covers: the call's method, time, nonce and request bytes, labelled
+// apart from the secret's proof.
+std::string WorkerCallSignature(const WorkerKey& key, absl::string_view method, absl::string_view when,
+                                absl::string_view nonce, const google::protobuf::Message& request) {
+  return key.Sign("longhaul worker call", {method, when, nonce, Sha256(request.SerializeAsString())});
+}
+
+// "when.nonce.proof", each of the sizes given, hex where binary: the fields, or nullopt.
+struct SignedFields {
+  int64_t when = 0;
+  std::string when_text, nonce, proof;
+};
+std::optional<SignedFields> ParseSigned(absl::string_view value, size_t proof_bytes) {
+  const std::vector<absl::string_view> f = absl::StrSplit(value, '.');
+  SignedFields out;
+  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &out.when) || f[1].size() != 2 * kNonceBytes ||
+      f[2].size() != 2 * proof_bytes) {
+    return std::nullopt;
+  }
+  out.when_text = std::string(f[0]);
+  out.nonce = absl::HexStringToBytes(f[1]);
+  out.proof = absl::HexStringToBytes(f[2]);
+  return out;
 }
 
 int64_t UnixMs() {
@@ -56,16 +82,24 @@ absl::StatusOr<grpc::SslServerCredentialsOptions::PemKeyCertPair> ReadKeyPair(co
 // batch, so both are at hand here.
 class SignInterceptor : public grpc::experimental::Interceptor {
  public:
-  SignInterceptor(const JobSecret& secret, std::string method) : secret_(secret), method_(std::move(method)) {}
+  SignInterceptor(const JobSecret& secret, const WorkerKey* key, std::string method)
+      : secret_(secret), key_(key), method_(std::move(method)) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* batch) override {
     using Hook = grpc::experimental::InterceptionHookPoints;
     if (batch->QueryInterceptionHookPoint(Hook::PRE_SEND_INITIAL_METADATA) &&
         batch->QueryInterceptionHookPoint(Hook::PRE_SEND_MESSAGE)) {
       const auto* request = static_cast<const google::protobuf::Message*>(batch->GetSendMessage());
-      absl::StatusOr<std::string> nonce = RandomNonce();
       // Without a nonce (the random source failed) the call goes unsigned and the coordinator says why.
+      const absl::StatusOr<std::string> nonce = RandomNonce(), worker_nonce = RandomNonce();
       if (request != nullptr && nonce.ok()) {
         batch->GetSendInitialMetadata()->insert({kRpcAuthKey, SignCall(secret_, method_, *request, UnixMs(), *nonce)});
+      }
+      if (request != nullptr && key_ != nullptr && worker_nonce.ok()) {
+        const std::string when = absl::StrCat(UnixMs());
+        batch->GetSendInitialMetadata()->insert(
+            {kRpcWorkerKey, absl::StrCat(when, ".", absl::BytesToHexString(*worker_nonce), ".",
+                                         absl::BytesToHexString(WorkerCallSignature(*key_, method_, when,
+                                                                                    *worker_nonce, *request)))});
       }
     }
     batch->Proceed();
@@ -73,18 +107,21 @@ class SignInterceptor : public grpc::experimental::Interceptor {
 
  private:
   const JobSecret& secret_;
+  const WorkerKey* const key_;
   const std::string method_;
 };
 
 class SignFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit SignFactory(JobSecret secret) : secret_(std::move(secret)) {}
+  SignFactory(JobSecret secret, std::shared_ptr<const WorkerKey> key) : secret_(std::move(secret)), key_(std::move(key)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
-    return new SignInterceptor(secret_, info->method());
+    return new SignInterceptor(secret_, key_.get(), info->method());
   }
 
  private:
-  const JobSecret secret_;  // the channel owns its factories, and they outlive every call
+  // The channel owns its factories, and they outlive every call.
+  const JobSecret secret_;
+  const std::shared_ptr<const WorkerKey> key_;
 };
 
 }  // namespace
@@ -97,7 +134,8 @@ std::string SignCall(const JobSecret& secret, absl::string_view method, const go
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
-                                                                  const TlsFiles& tls, grpc::ChannelArguments args) {
+                                                                  const TlsFiles& tls, grpc::ChannelArguments args,
+                                                                  std::shared_ptr<const WorkerKey> key) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (tls.enabled()) {
     grpc::SslCredentialsOptions ssl;
@@ -114,7 +152,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
     creds = grpc::SslCredentials(ssl);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<SignFactory>(secret));
+  interceptors.push_back(std::make_unique<SignFactory>(secret, std::move(key)));
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
 }
 
@@ -147,17 +185,45 @@ grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_vie
   const auto& md = ctx.client_metadata();
   const auto it = md.find(kRpcAuthKey);
   if (it == md.end()) return refuse("the call carries no proof of the job secret");
-  const std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(it->second.data(), it->second.size()), '.');
-  int64_t when = 0;
-  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &when) || f[1].size() != 2 * kNonceBytes ||
-      f[2].size() != 2 * kProofBytes) {
-    return refuse("its proof of the job secret is malformed");
-  }
-  const std::string nonce = absl::HexStringToBytes(f[1]), proof = absl::HexStringToBytes(f[2]);
+  const std::optional<SignedFields> f = ParseSigned(absl::string_view(it->second.data(), it->second.size()), kProofBytes);
+  if (!f) return refuse("its proof of the job secret is malformed");
   const std::string full = absl::StrCat("/", proto::Coordinator::service_full_name(), "/", method);
-  if (!ProofsEqual(proof, CallProof(secret_, full, f[0], nonce, request))) {
+  if (!ProofsEqual(f->proof, CallProof(secret_, full, f->when_text, f->nonce, request))) {
     return refuse("it does not prove the job secret this coordinator holds");
   }
+  return Fresh(f->when, f->nonce, refuse);
+}
+
+grpc::Status RpcVerifier::CheckWorker(const grpc::ServerContext& ctx, absl::string_view method,
+                                      const google::protobuf::Message& request, int worker,
+                                      absl::string_view public_key) {
+  auto refuse = [&](const std::string& why, absl::string_view fix = "") {
+    ++refused_;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, absl::StrCat("refused ", method, ": ", why, fix));
+  };
+  const auto& md = ctx.client_metadata();
+  const auto it = md.find(kRpcWorkerKey);
+  // A registration (worker < 0) proves that the caller holds the key it registers.
+  const std::string who = worker < 0 ? "the registration" : absl::StrFormat("the call speaks for worker %d but", worker);
+  if (it == md.end()) {
+    return refuse(absl::StrCat(who, " carries no signature of a worker's key"), "; run the same longhaul build everywhere");
+  }
+  const std::optional<SignedFields> f =
+      ParseSigned(absl::string_view(it->second.data(), it->second.size()), kSignatureBytes);
+  if (!f) return refuse("its worker signature is malformed");
+  const std::string full = absl::StrCat("/", proto::Coordinator::service_full_name(), "/", method);
+  if (!VerifySignature(public_key, f->proof, "longhaul worker call",
+                       {full, f->when_text, f->nonce, Sha256(request.SerializeAsString())})) {
+    return refuse(worker < 0 ? std::string("the registration is not signed with the key it registers")
+                             : absl::StrFormat("%s is not signed with the key worker %d registered (another process "
+                                               "of the job, or a forgery)",
+                                               who, worker));
+  }
+  return Fresh(f->when, f->nonce, refuse);
+}
+
+grpc::Status RpcVerifier::Fresh(int64_t when, const std::string& nonce,
+                                const std::function<grpc::Status(const std::string&, absl::string_view)>& refuse) {
   const int64_t now = UnixMs();
   const double skew_s = std::abs(static_cast<double>(now - when)) / 1e3;
   if (skew_s > kRpcClockSkewS) {
@@ -166,7 +232,7 @@ grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_vie
                                   skew_s, kRpcClockSkewS),
                   "");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t forget_before = now - static_cast<int64_t>(2e3 * kRpcClockSkewS);
   while (!aged_.empty() && aged_.front().first < forget_before) {
     seen_.erase(aged_.front().second);

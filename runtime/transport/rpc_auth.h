@@ -10,21 +10,28 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
+#include <functional>
 #include <string>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/message.h"
+#include "transport/identity.h"
 #include "transport/job_secret.h"
 
 namespace longhaul {
 
 inline constexpr char kRpcAuthKey[] = "longhaul-auth";
+// A worker's call also carries its signature (transport/identity.h) over the method, the request's
+// bytes, a time and a nonce of its own: the job secret proves that the caller is of the job, the
+// signature which worker it is.
+inline constexpr char kRpcWorkerKey[] = "longhaul-worker";
 inline constexpr double kRpcClockSkewS = 300;
 
 // PEM files; all empty: plaintext.
@@ -34,10 +41,12 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !ca.empty(); }
 };
 
-// A channel to the coordinator whose every call is signed with `secret`; over TLS where `tls`
-// names files (the CA to trust the coordinator by, and for mutual TLS this side's certificate).
+// A channel to the coordinator whose every call is signed with `secret`, and with `key` where one
+// is given (a worker's); over TLS where `tls` names files (the CA to trust the coordinator by, and
+// for mutual TLS this side's certificate).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
-                                                                  const TlsFiles& tls, grpc::ChannelArguments args);
+                                                                  const TlsFiles& tls, grpc::ChannelArguments args,
+                                                                  std::shared_ptr<const WorkerKey> key = nullptr);
 
 // The coordinator's listening credentials: plaintext, TLS, or mutual TLS (tls.ca set).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorCredentials(const TlsFiles& tls);
@@ -53,17 +62,30 @@ class RpcVerifier {
  public:
   explicit RpcVerifier(JobSecret secret) : secret_(std::move(secret)) {}
   // OK, or UNAUTHENTICATED naming what is wrong and the fix. `method` is the short name ("Register").
-  grpc::Status Check(const grpc::ServerContext& ctx, absl::string_view method, const google::protobuf::Message& request);
+  grpc::Status Check(const grpc::ServerContext& ctx, absl::string_view method, const google::protobuf::Message& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // OK where the call carries a fresh signature (kRpcWorkerKey) of the key `public_key`, which
+  // worker `worker` registered; else UNAUTHENTICATED naming what is wrong: a process of the job
+  // speaking for another worker, a forgery, or a replay.
+  grpc::Status CheckWorker(const grpc::ServerContext& ctx, absl::string_view method,
+                           const google::protobuf::Message& request, int worker, absl::string_view public_key)
+      ABSL_LOCKS_EXCLUDED(mu_);
   const JobSecret& secret() const { return secret_; }
   // Calls refused so far.
   int64_t refused() const { return refused_.load(); }
 
  private:
+  // A call signed at `when` (unix ms) with `nonce`: refused (`refuse`'s status) where that is too
+  // far from this clock, or where the nonce came before within the replay window.
+  grpc::Status Fresh(int64_t when, const std::string& nonce,
+                     const std::function<grpc::Status(const std::string&, absl::string_view)>& refuse)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   const JobSecret secret_;
-  std::atomic<int64_t> refused_{0};
-  std::mutex mu_;
-  absl::flat_hash_set<std::string> seen_;             // nonces accepted within the replay window
-  std::deque<std::pair<int64_t, std::string>> aged_;  // (unix_ms, nonce), oldest first
+  std::atomic<int64_t> refused_{0};  // counted by every call, read by the metrics
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // nonces accepted within the replay window
+  std::deque<std::pair<int64_t, std::string>> aged_ ABSL_GUARDED_BY(mu_);  // (unix_ms, nonce), oldest first
 };
 
 }  // namespace longhaul

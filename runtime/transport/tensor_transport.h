@@ -47,7 +47,7 @@
 
 namespace longhaul {
 
-inline constexpr uint32_t kProtocolVersion = 7;
+inline constexpr uint32_t kProtocolVersion = 8;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
 inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;

@@ -15,6 +15,7 @@
 #include "coordinator/recovery.h"
 #include "coordinator/reports.h"
 #include "coordinator/supervisor.h"
+#include "transport/identity.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 
@@ -53,6 +54,7 @@ class JobTest : public ::testing::Test {
     req.set_job_id("j");
     req.set_protocol_version(kProtocolVersion);
     req.set_address("127.0.0.1:1");
+    req.set_public_key(std::string(kPublicKeyBytes, 'k'));
     proto::RegisterReply reply;
     absl::MutexLock lock(&job->mu);
     EXPECT_TRUE(Register(*job, req, reply).ok());

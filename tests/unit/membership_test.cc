@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "transport/identity.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul {
@@ -21,6 +22,7 @@ proto::RegisterRequest Request(const std::string& job, uint32_t version = kProto
   r.set_job_id(job);
   r.set_protocol_version(version);
   r.set_address("127.0.0.1:1");
+  r.set_public_key(std::string(kPublicKeyBytes, 'k'));
   return r;
 }
 
@@ -46,6 +48,13 @@ TEST(Membership, AdmitsInOrderAndRefusesStrangersAndLatecomers) {
   auto wrong_job = m.Register(Request("other"), t0);
   EXPECT_EQ(wrong_job.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(wrong_job.status().message().find("job 'other'"), std::string::npos);
+  proto::RegisterRequest keyless = Request("job");
+  keyless.clear_public_key();
+  const absl::Status no_key = m.Register(keyless, t0).status();
+  EXPECT_EQ(no_key.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_key.message().find("public key of 0 bytes (an Ed25519 key has 32): run the same longhaul build"),
+            std::string::npos)
+      << no_key;
   EXPECT_EQ(*m.Register(Request("job"), t0), 0);
   EXPECT_FALSE(m.full());
   EXPECT_EQ(*m.Register(Request(""), t0), 1);  // a worker that names no job joins any
