@@ -26,7 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/safetensors.h"
+#include "util/files.h"
 #include "model/param_layout.h"
 #include "config/job_config.h"
 #include "config/resume_check.h"

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/safetensors.h"
-#include "transport/crc32c.h"
+#include "util/files.h"
+#include "util/crc32c.h"
 #include "util/bounded_json.h"
 
 namespace longhaul {

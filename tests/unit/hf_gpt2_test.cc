@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_stage.h"
+#include "util/files.h"
 #include "worker/stage_factory.h"
 
 namespace longhaul {
