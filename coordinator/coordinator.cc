@@ -29,7 +29,7 @@
 #include "util/files.h"
 #include "model/param_layout.h"
 #include "config/job_config.h"
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/membership.h"
 #include "coordinator/metrics_endpoint.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "model/stage.h"

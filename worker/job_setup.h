@@ -3,7 +3,7 @@
 // memory, load the data, and know the entropy floor of a micro-batch.
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "data/token_dataset.h"
 #include "longhaul.pb.h"
 #include "model/memory_estimate.h"

@@ -21,7 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/run_model.h"
 #include "config/job_config.h"
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 #include "data/batch_sampler.h"
 #include "metrics/timeline.h"
 #include "schedule/schedule.h"

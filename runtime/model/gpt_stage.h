@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "model/exchange_hooks.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "model/gpt_stage.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
