@@ -11,7 +11,7 @@
 #include "metrics/flops.h"
 #include "netem/scenario.h"
 #include "plan/layout_search.h"
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {

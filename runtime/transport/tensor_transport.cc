@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/job_config.h"
 #include "util/crc32c.h"
 
 namespace longhaul {

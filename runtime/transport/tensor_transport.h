@@ -39,17 +39,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/wire_dtype.h"
 #include "longhaul.pb.h"
 #include "transport/job_secret.h"
 #include "transport/mailbox.h"
 #include "transport/socket_io.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
 inline constexpr uint32_t kProtocolVersion = 7;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
-inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;
 // Each side's proof of the job secret in a tensor port's handshake, over the job id and both
 // nonces; labelled apart (JobSecret::Proof), so that neither proof can stand for the other.

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "config/job_config.h"
+#include "format/wire_dtype.h"
 #include "longhaul.pb.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
