@@ -37,6 +37,7 @@
 #include "coordinator/run_log.h"
 #include "coordinator/sample_audit.h"
 #include "coordinator/stragglers.h"
+#include "layout/plan_layout.h"
 #include "netem/scenario.h"
 #include "plan/measured_prediction.h"
 #include "longhaul.grpc.pb.h"

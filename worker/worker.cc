@@ -23,6 +23,7 @@
 #include "config/job_config.h"
 #include "checkpoint/resume_check.h"
 #include "data/batch_sampler.h"
+#include "layout/plan_layout.h"
 #include "metrics/timeline.h"
 #include "schedule/schedule.h"
 #include "util/crc32c.h"

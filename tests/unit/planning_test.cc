@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "netem/scenario.h"
 #include "plan/job_problem.h"
