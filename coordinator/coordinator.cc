@@ -38,7 +38,7 @@
 #include "coordinator/sample_audit.h"
 #include "coordinator/stragglers.h"
 #include "layout/plan_layout.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "plan/measured_prediction.h"
 #include "longhaul.grpc.pb.h"
 #include "metrics/flops.h"
