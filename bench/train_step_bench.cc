@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"
 #include "data/batch_sampler.h"
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "optim/train_step.h"
 #include "util/hash.h"
 #include "util/median.h"

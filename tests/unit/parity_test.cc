@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "tests/support/fixtures.h"
 #include "optim/train_step.h"
 
