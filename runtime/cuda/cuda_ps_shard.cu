@@ -40,9 +40,7 @@ class CudaPsShard final : public PsShard {
     LH_RETURN_IF(norm_.Alloc(1));
     LH_RETURN_IF(host_params_.Alloc(n));
     LH_RETURN_IF(uploader_.Init(std::min<size_t>(16 << 20, 4 * n)));
-    std::vector<uint8_t> decay(n, 0);
-    for (const ParamTensor& t : layout().tensors())
-      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    const std::vector<uint8_t> decay = layout().DecayFlags(0, n);
     return CopySync(stream_, decay_.p, decay.data(), n, cudaMemcpyHostToDevice, "upload decay flags");
   }
 

@@ -354,9 +354,7 @@ class StageImpl final : public CudaStage {
       LH_CUDA(cudaMemsetAsync(a->p, 0, P * 4, stream_), "zero moments");
     }
     if (decay_.p == nullptr) LH_RETURN_IF(decay_.Alloc(P));
-    std::vector<uint8_t> decay(P, 0);
-    for (const ParamTensor& t : layout_.tensors())
-      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    const std::vector<uint8_t> decay = layout_.DecayFlags();
     return CopySync(stream_, decay_.p, decay.data(), P, cudaMemcpyHostToDevice, "upload decay flags");
   }
 
