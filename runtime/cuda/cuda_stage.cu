@@ -68,7 +68,7 @@ struct AttentionSizes {
 template <typename T>
 struct BlockActs {
   DeviceArray<T> ln1, qkv, q, k, v, att, y, atty, res2, ln2, fch, fch_gelu, out;
-  DeviceArray<float> mean1, rstd1, mean2, rstd2, lse;
+  DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
   absl::Status Alloc(size_t N, size_t C, const AttentionSizes& a) {
     for (auto* x : {&ln1, &atty, &res2, &ln2, &out}) LH_RETURN_IF(x->Alloc(N * C));
     if (a.flash) {
@@ -79,7 +79,7 @@ struct BlockActs {
     }
     LH_RETURN_IF(qkv.Alloc(N * 3 * C));
     for (auto* x : {&fch, &fch_gelu}) LH_RETURN_IF(x->Alloc(N * 4 * C));
-    for (auto* x : {&mean1, &rstd1, &mean2, &rstd2}) LH_RETURN_IF(x->Alloc(N));
+    for (auto* x : {&ln1_mean, &ln1_rstd, &ln2_mean, &ln2_rstd}) LH_RETURN_IF(x->Alloc(N));
     return absl::OkStatus();
   }
 };
@@ -90,7 +90,7 @@ struct Slot {
   std::vector<BlockActs<T>> blocks;    // without recompute
   std::vector<DeviceArray<T>> inputs;  // with recompute: the input of blocks first+1 .. end (the last is the output)
   DeviceArray<T> x0, lnf;
-  DeviceArray<float> meanf, rstdf, logits, weight;
+  DeviceArray<float> lnf_mean, lnf_rstd, logits, weight;
   DeviceArray<int> tokens, targets, prefix, order, starts, distinct_tokens;
   int distinct = 0;
   PinnedArray output, input_grad;  // (B, T, C) fp32 on their way to the host
@@ -153,7 +153,7 @@ class StageImpl final : public CudaStage {
       LH_RETURN_IF(s.weight.Alloc(N));
       if (spec_.has_head) {
         LH_RETURN_IF(s.lnf.Alloc(N * C));
-        for (auto* x : {&s.meanf, &s.rstdf}) LH_RETURN_IF(x->Alloc(N));
+        for (auto* x : {&s.lnf_mean, &s.lnf_rstd}) LH_RETURN_IF(x->Alloc(N));
         LH_RETURN_IF(s.logits.Alloc(N * vocab_ld_));
       } else {
         LH_RETURN_IF(s.output.Alloc(N * C));
@@ -169,7 +169,7 @@ class StageImpl final : public CudaStage {
     LH_RETURN_IF(uploader_.Init(std::min(kUploadHalf, 4 * std::max(P, N * C))));
     for (Event* e : {&upload_done_, &upload_free_, &input_free_}) LH_RETURN_IF(e->Create());
     LH_RETURN_IF(boundary_.Alloc(N * C));
-    LH_RETURN_IF(g_.Alloc(N * C));
+    LH_RETURN_IF(g_resid_.Alloc(N * C));
     for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF(x->Alloc(N * C));
     if (flash_) {
       LH_RETURN_IF(delta_.Alloc(att.lse));
@@ -261,8 +261,9 @@ class StageImpl final : public CudaStage {
       LH_RETURN_IF(CopyToHost(s.output.p, boundary_.p, NC, s.output_copied, output_free_));
       return 0.0f;
     }
-    cuda::LayerNormForward(stream_, s.lnf.p, s.meanf.p, s.rstdf.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N, C);
-    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
+    cuda::LayerNormForward(stream_, s.lnf.p, s.lnf_mean.p, s.lnf_rstd.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N,
+                           C);
+    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadWeight(), N, C, V, vocab_ld_);
     cuda::CrossEntropyForward(stream_, s.logits.p, losses_.p, s.targets.p, N, V, vocab_ld_);
     LH_CUDA(cudaMemcpyAsync(losses_host_.p, losses_.p, N * 4, cudaMemcpyDeviceToHost, stream_), "losses");
     LH_CUDA(cudaStreamSynchronize(stream_), "forward");
@@ -283,21 +284,21 @@ class StageImpl final : public CudaStage {
     Slot<T>& s = slots_[slot];
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
     const long NC = static_cast<long>(N) * C;
-    // g_ is free once the last input gradient's copy to the host is done.
+    // g_resid_ is free once the last input gradient's copy to the host is done.
     LH_CUDA(cudaStreamWaitEvent(stream_, grad_free_.e, 0), "wait for the gradient copy");
     if (spec_.has_head) {
       double wsum = 0;
       for (float w : mb.loss_weight) wsum += w;
       const float ce_scale = wsum > 0 ? static_cast<float>(scale * loss_scale_ / wsum) : 0.0f;
       cuda::CrossEntropyBackward(stream_, dlogits_.p, s.logits.p, s.targets.p, s.weight.p, ce_scale, N, V, vocab_ld_);
-      cuda::HeadBackward(blas_, g_ln_.p, HeadG(), dlogits_.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
-      LH_CUDA(cudaMemsetAsync(g_.p, 0, NC * 4, stream_), "zero residual gradient");
-      cuda::LayerNormBackward(stream_, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
-                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, reduce_scratch_.p,
-                              N, C);
+      cuda::HeadBackward(blas_, g_ln_.p, HeadGrad(), dlogits_.p, s.lnf.p, HeadWeight(), N, C, V, vocab_ld_);
+      LH_CUDA(cudaMemsetAsync(g_resid_.p, 0, NC * 4, stream_), "zero residual gradient");
+      cuda::LayerNormBackward(stream_, g_resid_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
+                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.lnf_mean.p, s.lnf_rstd.p,
+                              reduce_scratch_.p, N, C);
     } else {
-      LH_RETURN_IF(Upload(g_.p, grad_out, NC));
-      if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, loss_scale_, NC);
+      LH_RETURN_IF(Upload(g_resid_.p, grad_out, NC));
+      if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
     for (int l = spec_.end_block - 1; l >= spec_.first_block; --l) {
@@ -307,13 +308,13 @@ class StageImpl final : public CudaStage {
     }
     if (spec_.has_embedding) {
       const cuda::TokenGroups groups{s.order.p, s.starts.p, s.distinct_tokens.p, s.distinct};
-      cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_.p, groups, B_, T_, C);
+      cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_resid_.p, groups, B_, T_, C);
       return Check(cudaGetLastError(), "backward");
     }
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
-    if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, 1.0f / loss_scale_, NC);
+    if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
-    return CopyToHost(s.input_grad.p, g_.p, NC, s.input_grad_copied, grad_free_);
+    return CopyToHost(s.input_grad.p, g_resid_.p, NC, s.input_grad_copied, grad_free_);
   }
 
   absl::StatusOr<const float*> InputGrad(int slot) override {
@@ -461,8 +462,8 @@ class StageImpl final : public CudaStage {
       return weights_.p + off;
     }
   }
-  const T* HeadW() const { return W(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
-  float* HeadG() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+  const T* HeadWeight() const { return W(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+  float* HeadGrad() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
   const int* Prefix(const Slot<T>& s) const {
     return cfg_.attention == AttentionMask::kPrefixLm ? s.prefix.p : nullptr;
   }
@@ -511,7 +512,7 @@ class StageImpl final : public CudaStage {
   }
 
   // qkv (B, T, 3C) -> atty (B, T, C)
-  void Attention(BlockActs<T>& a, const int* prefix) {
+  void AttentionForward(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
     if constexpr (!std::is_same_v<T, float>) {
       if (flash_) return cuda::FlashAttentionForward(stream_, a.atty.p, a.lse.p, a.qkv.p, prefix, B_, T_, C, NH);
@@ -548,12 +549,12 @@ class StageImpl final : public CudaStage {
   void BlockForward(int l, const T* x, BlockActs<T>& a, const int* prefix, T* out) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
-    cuda::LayerNormForward(stream_, a.ln1.p, a.mean1.p, a.rstd1.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
+    cuda::LayerNormForward(stream_, a.ln1.p, a.ln1_mean.p, a.ln1_rstd.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
     cuda::LinearForward(blas_, stream_, a.qkv.p, a.ln1.p, W(w.qkv_w), P(w.qkv_b), N, C, 3 * C, false);
-    Attention(a, prefix);
+    AttentionForward(a, prefix);
     cudaMemcpyAsync(a.res2.p, x, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
     cuda::LinearForward(blas_, stream_, a.res2.p, a.atty.p, W(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
-    cuda::LayerNormForward(stream_, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
+    cuda::LayerNormForward(stream_, a.ln2.p, a.ln2_mean.p, a.ln2_rstd.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
     // fch keeps the values before fc's bias, which the GELU adds.
     cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), static_cast<const float*>(nullptr), N, C, 4 * C,
                         false);
@@ -563,28 +564,28 @@ class StageImpl final : public CudaStage {
     cuda::LinearForward(blas_, stream_, out, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
   }
 
-  // g_ (N, C) fp32: ∂L/∂block output on entry, ∂L/∂block input on exit.
+  // g_resid_ (N, C) fp32: ∂L/∂block output on entry, ∂L/∂block input on exit.
   void BlockBackward(int l, const T* x, BlockActs<T>& a, const int* prefix) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
     const long NC = static_cast<long>(N) * C;
-    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::Cast(stream_, gT_.p, g_resid_.p, NC);
     float* scratch = reduce_scratch_.p;
     cuda::LinearBackward(blas_, stream_, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), scratch, gT_.p, a.fch_gelu.p,
                          W(w.fc_proj_w), N, 4 * C, C);
     cuda::GeluBackward(stream_, g_fch_.p, a.fch.p, P(w.fc_b), N, 4 * C);
     cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.fc_w), G(w.fc_b), scratch, g_fch_.p, a.ln2.p, W(w.fc_w), N, C,
                          4 * C);
-    cuda::LayerNormBackward(stream_, g_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.mean2.p, a.rstd2.p,
-                            scratch, N, C);
-    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::LayerNormBackward(stream_, g_resid_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.ln2_mean.p,
+                            a.ln2_rstd.p, scratch, N, C);
+    cuda::Cast(stream_, gT_.p, g_resid_.p, NC);
     cuda::LinearBackward(blas_, stream_, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), scratch, gT_.p, a.atty.p,
                          W(w.attn_proj_w), N, C, C);
     AttentionBackward(a, prefix);
     cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.qkv_w), G(w.qkv_b), scratch, g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C,
                          3 * C);
-    cuda::LayerNormBackward(stream_, g_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.mean1.p, a.rstd1.p,
-                            scratch, N, C);
+    cuda::LayerNormBackward(stream_, g_resid_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.ln1_mean.p,
+                            a.ln1_rstd.p, scratch, N, C);
   }
 
   ModelConfig cfg_;
@@ -608,9 +609,9 @@ class StageImpl final : public CudaStage {
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
-  DeviceArray<float> input_, boundary_, g_, losses_, reduce_scratch_, delta_;  // boundary_: the output
+  DeviceArray<float> input_, boundary_, g_resid_, losses_, reduce_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
-  Event output_free_, grad_free_;  // boundary_ and g_ may be written again
+  Event output_free_, grad_free_;  // boundary_ and g_resid_ may be written again
   // Uploads of boundary tensors and parameters from the host (Upload).
   static constexpr size_t kUploadHalf = 16 << 20;
   cuda::HostUploader uploader_;
