@@ -166,7 +166,7 @@ grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_vie
                                   skew_s, kRpcClockSkewS),
                   "");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t forget_before = now - static_cast<int64_t>(2e3 * kRpcClockSkewS);
   while (!aged_.empty() && aged_.front().first < forget_before) {
     seen_.erase(aged_.front().second);

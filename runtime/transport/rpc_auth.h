@@ -10,15 +10,16 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/message.h"
 #include "transport/job_secret.h"
 
@@ -53,17 +54,18 @@ class RpcVerifier {
  public:
   explicit RpcVerifier(JobSecret secret) : secret_(std::move(secret)) {}
   // OK, or UNAUTHENTICATED naming what is wrong and the fix. `method` is the short name ("Register").
-  grpc::Status Check(const grpc::ServerContext& ctx, absl::string_view method, const google::protobuf::Message& request);
+  grpc::Status Check(const grpc::ServerContext& ctx, absl::string_view method, const google::protobuf::Message& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   const JobSecret& secret() const { return secret_; }
   // Calls refused so far.
   int64_t refused() const { return refused_.load(); }
 
  private:
   const JobSecret secret_;
-  std::atomic<int64_t> refused_{0};
-  std::mutex mu_;
-  absl::flat_hash_set<std::string> seen_;             // nonces accepted within the replay window
-  std::deque<std::pair<int64_t, std::string>> aged_;  // (unix_ms, nonce), oldest first
+  std::atomic<int64_t> refused_{0};  // counted without the lock
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // nonces accepted within the replay window
+  std::deque<std::pair<int64_t, std::string>> aged_ ABSL_GUARDED_BY(mu_);  // (unix_ms, nonce), oldest first
 };
 
 }  // namespace longhaul
