@@ -36,7 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "plan/placement.h"
 
 namespace longhaul {

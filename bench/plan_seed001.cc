@@ -36,7 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "plan/simulator.h"
 
 namespace longhaul {

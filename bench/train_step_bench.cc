@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"
 #include "data/batch_sampler.h"
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "optim/train_step.h"
 #include "util/hash.h"
 #include "util/median.h"
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   longhaul::GptStage& s = **stage;
   s.InitParams(0);
   auto act = s.NewActivations();
-  longhaul::AdamW adamw({}, s.layout());
+  longhaul::AdamW adamw({}, s.layout().DecayFlags());
   longhaul::LrSchedule sched{1e-4f, 1e-4f, 0, 1000};
   std::vector<uint16_t> tokens(1 << 20);
   longhaul::Rng rng(1);

@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
 #include "config/job_config.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "util/median.h"
 
 namespace longhaul {

@@ -17,7 +17,7 @@
 #include "config/job_config.h"
 #include "netem/emulated_network.h"
 #include "netem/netns.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "netem/tcp_proxy.h"
 #include "util/ports.h"
 #include "transport/job_secret.h"

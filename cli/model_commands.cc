@@ -15,6 +15,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "data/token_dataset.h"
 #include "model/generate.h"
+#include "util/files.h"
 #include "worker/stage_factory.h"
 #include "util/status_macros.h"
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "netem/delay_daemon.h"
 #include "netem/emulated_network.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "netem/tc_commands.h"
 #include "netem/tcp_proxy.h"
 #include "transport/tensor_transport.h"

@@ -9,9 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "config/job_config.h"
 #include "metrics/flops.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "plan/layout_search.h"
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/planning.h"
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 

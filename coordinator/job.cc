@@ -8,9 +8,9 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/planning.h"
+#include "layout/plan_layout.h"
 #include "metrics/timeline.h"
 #include "plan/measured_prediction.h"
-#include "transport/wire_plan.h"
 #include "util/atomic_file.h"
 
 namespace longhaul {

@@ -8,9 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "layout/plan_layout.h"
 #include "transport/job_secret.h"
-#include "transport/wire_plan.h"
 #include "util/atomic_file.h"
+#include "util/files.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/planning.h"
 #include "coordinator/recovery.h"
+#include "layout/plan_layout.h"
 #include "metrics/flops.h"
 #include "metrics/timeline.h"
 #include "transport/link_connections.h"

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "plan/job_problem.h"
 #include "schedule/schedule.h"

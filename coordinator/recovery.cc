@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/planning.h"
 #include "coordinator/supervisor.h"
-#include "transport/wire_plan.h"
+#include "layout/plan_layout.h"
 #include "util/bounded_json.h"
 
 namespace longhaul {

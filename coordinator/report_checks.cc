@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/checkpoint_index.h"
+#include "layout/plan_layout.h"
 #include "transport/mailbox.h"
-#include "transport/wire_plan.h"
 
 namespace longhaul {
 namespace {

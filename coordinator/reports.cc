@@ -12,6 +12,7 @@
 #include "coordinator/checkpoint_index.h"
 #include "coordinator/recovery.h"
 #include "coordinator/report_checks.h"
+#include "layout/plan_layout.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {

@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/joining.h"
 #include "coordinator/recovery.h"
-#include "transport/wire_plan.h"
+#include "layout/plan_layout.h"
 
 namespace longhaul {
 namespace {

@@ -25,7 +25,7 @@ while IFS=: read -r file line text; do
   base=${file%.*}
   twins=$(ls "$base.h" "$base.cc" "$base.cu" "$base.cuh" 2>/dev/null)
   uses=$(grep -hoE "ABSL_(PT_)?GUARDED_BY\(([a-z_]+(\.|->))?$name\)|ABSL_(EXCLUSIVE|SHARED)_LOCKS_REQUIRED\(([a-z_]+(\.|->))?$name\)" $twins | wc -l)
-  free=$(sed -n "$((line > 3 ? line - 3 : 1)),${line}p" "$file" | grep -c "guards no field")
+  free=$(sed -n "$((line > 3 ? line - 3 : 1)),${line}p" "$file" | grep -ci "guards no field")
   if [ "$uses" -gt 0 ] || [ "$free" -gt 0 ]; then
     named=$((named + 1))
     printf '%-48s %-16s %s\n' "$file:$line" "$name" "$([ "$free" -gt 0 ] && echo 'guards no field' || echo "$uses annotations")"

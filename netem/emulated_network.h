@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 namespace longhaul::netem {
 

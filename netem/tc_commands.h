@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "netem/delay_daemon.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 namespace longhaul::netem {
 

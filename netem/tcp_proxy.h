@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 namespace longhaul::netem {
 

@@ -15,6 +15,7 @@
 #include "util/status_macros.h"
 #include "worker/coordinator_client.h"
 #include "util/bounded_json.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "longhaul.pb.h"
 #include "model/stage.h"
 

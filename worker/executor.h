@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "model/stage.h"
@@ -37,7 +37,7 @@ class Channel {
   // stage or later and was not pushed yet in iteration `it` for the replica's group `group` of
   // train.micro_batches (from 0: every one left), to the shards' hosts. The last group's pushed
   // gradients stay unchanged until Flush; an earlier group's (a shrunk layout's replica runs
-  // several, wire_plan.h GroupsPerReplica) may change once the call returns, as the next group's
+  // several, layout/plan_layout.h GroupsPerReplica) may change once the call returns, as the next group's
   // backwards start from zero.
   virtual absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int group) = 0;
   // The shards this process hosts (schedule.h's ReduceNorm, Step): every replica's push of each

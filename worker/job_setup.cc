@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
 #include "schedule/schedule.h"
-#include "transport/wire_plan.h"
+#include "layout/plan_layout.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

@@ -3,7 +3,7 @@
 // memory, load the data, and know the entropy floor of a micro-batch.
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "data/token_dataset.h"
 #include "longhaul.pb.h"
 #include "model/memory_estimate.h"
@@ -18,7 +18,7 @@ MemoryEstimate TrainerMemory(const JobConfig& cfg, int threads);
 // shards: its stage with the schedule's activation slots, the shards with their AdamW state, the
 // transport's buffers, checkpoint staging, the built-in corpus and the process. A stage on cuda:N
 // (`device` N; -1 is the CPU) counts only its host copies. A shrunk layout's replica runs `groups`
-// of the job's replicas' micro-batches (wire_plan.h GroupsPerReplica) and pushes each group.
+// of the job's replicas' micro-batches (layout/plan_layout.h GroupsPerReplica) and pushes each group.
 MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, int threads, int device = -1,
                             int groups = 1);
 // Every process of `longhaul local` together: the workers (with `threads` threads each) and the

@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/run_model.h"
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 #include "metrics/flops.h"
 #include "schedule/schedule.h"
 #include "worker/job_setup.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

@@ -22,7 +22,7 @@ namespace longhaul {
 class NetworkChannel final : public Channel {
  public:
   // The worker runs (stage, replica), which pushes `groups` groups of gradients an iteration
-  // (wire_plan.h GroupsPerReplica); `stage_shards` are its stage's parameter-server shards, cut
+  // (layout/plan_layout.h GroupsPerReplica); `stage_shards` are its stage's parameter-server shards, cut
   // from `layout`. Receives wait at most the transport's timeout. The references must outlive it.
   // `norm_hosts`: every parameter-server host of the plan (worker/norm_exchange.h).
   NetworkChannel(int stage, int replica, int groups, std::vector<proto::ShardPlacement> stage_shards,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "layout/plan_layout.h"
 #include "worker/norm_exchange.h"
 
 namespace longhaul {

@@ -1,7 +1,7 @@
 #pragma once
 // The parameter-server shards one worker hosts (runtime/ps/ps_shard.h). Each iteration it takes
 // every replica's push of each of its groups for each shard (one group per replica of the job:
-// wire_plan.h GroupsPerReplica), sums them in the job's replica order, has the global norm reduced
+// layout/plan_layout.h GroupsPerReplica), sums them in the job's replica order, has the global norm reduced
 // over every shard of every stage (among the hosts: worker/norm_exchange.h), steps, and sends the
 // new parameters to every replica of its stage.
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 #include "worker/job_setup.h"

@@ -18,6 +18,7 @@
 #include "util/atomic_file.h"
 #include "util/status_macros.h"
 #include "util/bounded_json.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;

@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 #include "model/param_layout.h"
 #include "util/status_macros.h"
 

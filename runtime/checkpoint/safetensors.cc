@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/files.h"
 #include "util/status_macros.h"
 #include "util/bounded_json.h"
 
@@ -28,22 +27,6 @@ uint32_t Crc32Update(uint32_t crc, const void* data, size_t n) {
 }
 
 uint32_t Crc32(const std::string& bytes) { return Crc32Update(0, bytes.data(), bytes.size()); }
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  // In blocks (a pipe has no size to read at once): a character at a time took a recovering spare
-  // 5 ms per MB of checkpoint.
-  std::string bytes;
-  std::error_code ec;
-  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec) bytes.reserve(size);
-  std::vector<char> block(1 << 16);
-  while (f.read(block.data(), static_cast<std::streamsize>(block.size())) || f.gcount() > 0) {
-    bytes.append(block.data(), static_cast<size_t>(f.gcount()));
-  }
-  if (f.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  return bytes;
-}
 
 namespace {
 

@@ -52,7 +52,6 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const std::string& path
 absl::StatusOr<Safetensors> ParseSafetensors(const std::string& path, const std::string& bytes);
 absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path);
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 uint32_t Crc32(const std::string& bytes);
 // The CRC-32 of the bytes before (`crc`, 0 for none) followed by data[0, n).
 uint32_t Crc32Update(uint32_t crc, const void* data, size_t n);

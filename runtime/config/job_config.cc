@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "transport/tensor_transport.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

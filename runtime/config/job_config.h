@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "data/markov_source.h"
+#include "format/wire_dtype.h"
 #include "model/model_config.h"
 #include "optim/adamw.h"
 #include "schedule/schedule.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
@@ -90,6 +90,10 @@ struct TrainConfig {
 // The longest period or duration of a job, in seconds (about 116 days): a heartbeat, a silence, an
 // iteration. Deadlines made of more overflow.
 inline constexpr double kLongestSeconds = 1e7;
+
+// The longest job id: the tensor port's hello carries it, and a receiver reads at most this many
+// bytes of it (transport/tensor_transport.h).
+inline constexpr size_t kMaxJobIdBytes = 256;
 
 struct ClusterConfig {
   std::string job_id = "longhaul";  // every process of a job must agree; strangers are refused

@@ -82,7 +82,7 @@ absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
 
 absl::Status CpuStage::AttachOptimizer(const OptimizerSettings& settings) {
   optimizer_ = settings;
-  adamw_ = std::make_unique<AdamW>(settings.adamw, layout());
+  adamw_ = std::make_unique<AdamW>(settings.adamw, layout().DecayFlags());
   return absl::OkStatus();
 }
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "util/status_macros.h"
 
 namespace longhaul::cuda {
 
@@ -14,14 +15,7 @@ inline absl::Status Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e)));
 }
-#define LH_RETURN_IF(expr)                       \
-  do {                                           \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
-  } while (0)
-#define LH_CUDA(expr, what)                                \
-  do {                                                     \
-    if (absl::Status s_ = ::longhaul::cuda::Check((expr), what); !s_.ok()) return s_; \
-  } while (0)
+#define LH_CUDA(expr, what) LH_RETURN_IF_ERROR(::longhaul::cuda::Check((expr), what))
 
 template <typename U>
 struct DeviceArray {

@@ -34,15 +34,13 @@ class CudaPsShard final : public PsShard {
     LH_CUDA(cudaSetDevice(device_), "cudaSetDevice");
     LH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     const size_t n = size();
-    for (auto* a : {&params_, &grads_, &incoming_, &m_, &v_}) LH_RETURN_IF(a->Alloc(n));
-    LH_RETURN_IF(decay_.Alloc(n));
-    LH_RETURN_IF(norm_partial_.Alloc(cuda::kNormPartials));
-    LH_RETURN_IF(norm_.Alloc(1));
-    LH_RETURN_IF(host_params_.Alloc(n));
-    LH_RETURN_IF(uploader_.Init(std::min<size_t>(16 << 20, 4 * n)));
-    std::vector<uint8_t> decay(n, 0);
-    for (const ParamTensor& t : layout().tensors())
-      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    for (auto* a : {&params_, &grads_, &incoming_, &m_, &v_}) LH_RETURN_IF_ERROR(a->Alloc(n));
+    LH_RETURN_IF_ERROR(decay_.Alloc(n));
+    LH_RETURN_IF_ERROR(norm_partial_.Alloc(cuda::kNormPartials));
+    LH_RETURN_IF_ERROR(norm_.Alloc(1));
+    LH_RETURN_IF_ERROR(host_params_.Alloc(n));
+    LH_RETURN_IF_ERROR(uploader_.Init(std::min<size_t>(16 << 20, 4 * n)));
+    const std::vector<uint8_t> decay = layout().DecayFlags(0, n);
     return CopySync(stream_, decay_.p, decay.data(), n, cudaMemcpyHostToDevice, "upload decay flags");
   }
 
@@ -50,19 +48,19 @@ class CudaPsShard final : public PsShard {
 
   absl::Status GetState(float* params, float* m, float* v) override {
     const size_t bytes = size() * 4;
-    LH_RETURN_IF(CopySync(stream_, params, params_.p, bytes, cudaMemcpyDeviceToHost, "download parameters"));
-    LH_RETURN_IF(CopySync(stream_, m, m_.p, bytes, cudaMemcpyDeviceToHost, "download moments"));
+    LH_RETURN_IF_ERROR(CopySync(stream_, params, params_.p, bytes, cudaMemcpyDeviceToHost, "download parameters"));
+    LH_RETURN_IF_ERROR(CopySync(stream_, m, m_.p, bytes, cudaMemcpyDeviceToHost, "download moments"));
     return CopySync(stream_, v, v_.p, bytes, cudaMemcpyDeviceToHost, "download moments");
   }
 
   absl::Status SetState(const float* params, const float* m, const float* v) override {
     const size_t bytes = size() * 4;
-    LH_RETURN_IF(uploader_.Upload(params_.p, params, bytes, stream_));
+    LH_RETURN_IF_ERROR(uploader_.Upload(params_.p, params, bytes, stream_));
     for (auto [from, to] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
       if (from == nullptr) {
         LH_CUDA(cudaMemsetAsync(to->p, 0, bytes, stream_), "zero moments");
       } else {
-        LH_RETURN_IF(uploader_.Upload(to->p, from, bytes, stream_));
+        LH_RETURN_IF_ERROR(uploader_.Upload(to->p, from, bytes, stream_));
       }
     }
     return RefreshHostParams();  // waits for the uploads
@@ -76,7 +74,7 @@ class CudaPsShard final : public PsShard {
 
   absl::Status Accumulate(bool first, const std::vector<float>& grad) override {
     // Returns once `grad` is staged, so the caller may reuse it at once.
-    LH_RETURN_IF(uploader_.Upload(first ? grads_.p : incoming_.p, grad.data(), size() * 4, stream_));
+    LH_RETURN_IF_ERROR(uploader_.Upload(first ? grads_.p : incoming_.p, grad.data(), size() * 4, stream_));
     if (!first) cuda::Add(stream_, grads_.p, grads_.p, incoming_.p, static_cast<long>(size()));
     return Check(cudaGetLastError(), "sum gradients");
   }
@@ -86,7 +84,7 @@ class CudaPsShard final : public PsShard {
     cuda::Scale(stream_, grads_.p, scale, n);
     cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, n);
     double sum = 0;
-    LH_RETURN_IF(CopySync(stream_, &sum, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    LH_RETURN_IF_ERROR(CopySync(stream_, &sum, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
     return sum;
   }
 
@@ -100,7 +98,7 @@ class CudaPsShard final : public PsShard {
     cuda::AdamW(stream_, params_.p, static_cast<float*>(nullptr), grads_.p, ClipFactor(global_norm, grad_clip), m_.p,
                 v_.p, decay_.p, r.lr, adamw_.beta1, adamw_.beta2, adamw_.eps, adamw_.weight_decay, step + 1, n);
     LH_CUDA(cudaGetLastError(), "AdamW");
-    LH_RETURN_IF(RefreshHostParams());
+    LH_RETURN_IF_ERROR(RefreshHostParams());
     return r;
   }
 

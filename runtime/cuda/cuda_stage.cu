@@ -68,18 +68,18 @@ struct AttentionSizes {
 template <typename T>
 struct BlockActs {
   DeviceArray<T> ln1, qkv, q, k, v, att, y, atty, res2, ln2, fch, fch_gelu, out;
-  DeviceArray<float> mean1, rstd1, mean2, rstd2, lse;
+  DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
   absl::Status Alloc(size_t N, size_t C, const AttentionSizes& a) {
-    for (auto* x : {&ln1, &atty, &res2, &ln2, &out}) LH_RETURN_IF(x->Alloc(N * C));
+    for (auto* x : {&ln1, &atty, &res2, &ln2, &out}) LH_RETURN_IF_ERROR(x->Alloc(N * C));
     if (a.flash) {
-      LH_RETURN_IF(lse.Alloc(a.lse));
+      LH_RETURN_IF_ERROR(lse.Alloc(a.lse));
     } else {
-      for (auto* x : {&q, &k, &v, &y}) LH_RETURN_IF(x->Alloc(N * C));
-      LH_RETURN_IF(att.Alloc(a.att));
+      for (auto* x : {&q, &k, &v, &y}) LH_RETURN_IF_ERROR(x->Alloc(N * C));
+      LH_RETURN_IF_ERROR(att.Alloc(a.att));
     }
-    LH_RETURN_IF(qkv.Alloc(N * 3 * C));
-    for (auto* x : {&fch, &fch_gelu}) LH_RETURN_IF(x->Alloc(N * 4 * C));
-    for (auto* x : {&mean1, &rstd1, &mean2, &rstd2}) LH_RETURN_IF(x->Alloc(N));
+    LH_RETURN_IF_ERROR(qkv.Alloc(N * 3 * C));
+    for (auto* x : {&fch, &fch_gelu}) LH_RETURN_IF_ERROR(x->Alloc(N * 4 * C));
+    for (auto* x : {&ln1_mean, &ln1_rstd, &ln2_mean, &ln2_rstd}) LH_RETURN_IF_ERROR(x->Alloc(N));
     return absl::OkStatus();
   }
 };
@@ -90,7 +90,7 @@ struct Slot {
   std::vector<BlockActs<T>> blocks;    // without recompute
   std::vector<DeviceArray<T>> inputs;  // with recompute: the input of blocks first+1 .. end (the last is the output)
   DeviceArray<T> x0, lnf;
-  DeviceArray<float> meanf, rstdf, logits, weight;
+  DeviceArray<float> lnf_mean, lnf_rstd, logits, weight;
   DeviceArray<int> tokens, targets, prefix, order, starts, distinct_tokens;
   int distinct = 0;
   PinnedArray output, input_grad;  // (B, T, C) fp32 on their way to the host
@@ -120,7 +120,7 @@ class StageImpl final : public CudaStage {
 
   absl::Status Init() {
     LH_CUDA(cudaSetDevice(o_.device), "cudaSetDevice");
-    LH_RETURN_IF(CheckDeviceMemory());
+    LH_RETURN_IF_ERROR(CheckDeviceMemory());
     cudaDeviceProp prop{};
     LH_CUDA(cudaGetDeviceProperties(&prop, o_.device), "cudaGetDeviceProperties");
     device_name_ = prop.name;
@@ -135,64 +135,66 @@ class StageImpl final : public CudaStage {
     const size_t P = layout_.total(), N = static_cast<size_t>(B_) * T_, C = cfg_.d_model;
     const size_t nb = spec_.end_block - spec_.first_block, heads = static_cast<size_t>(B_) * cfg_.n_head;
     const AttentionSizes att{flash_, heads * T_, heads * T_ * T_};
-    LH_RETURN_IF(params_.Alloc(P));
-    LH_RETURN_IF(grads_.Alloc(P));
-    if (!std::is_same_v<T, float>) LH_RETURN_IF(weights_.Alloc(P));
+    LH_RETURN_IF_ERROR(params_.Alloc(P));
+    LH_RETURN_IF_ERROR(grads_.Alloc(P));
+    if (!std::is_same_v<T, float>) LH_RETURN_IF_ERROR(weights_.Alloc(P));
     slots_.resize(o_.slots);
     for (Slot<T>& s : slots_) {
       if (o_.recompute) {
         s.inputs.resize(nb);
-        for (DeviceArray<T>& x : s.inputs) LH_RETURN_IF(x.Alloc(N * C));
+        for (DeviceArray<T>& x : s.inputs) LH_RETURN_IF_ERROR(x.Alloc(N * C));
       } else {
         s.blocks.resize(nb);
-        for (BlockActs<T>& a : s.blocks) LH_RETURN_IF(a.Alloc(N, C, att));
+        for (BlockActs<T>& a : s.blocks) LH_RETURN_IF_ERROR(a.Alloc(N, C, att));
       }
-      LH_RETURN_IF(s.x0.Alloc(N * C));
-      for (auto* x : {&s.tokens, &s.targets, &s.order, &s.starts, &s.distinct_tokens}) LH_RETURN_IF(x->Alloc(N + 1));
-      LH_RETURN_IF(s.prefix.Alloc(B_));
-      LH_RETURN_IF(s.weight.Alloc(N));
+      LH_RETURN_IF_ERROR(s.x0.Alloc(N * C));
+      for (auto* x : {&s.tokens, &s.targets, &s.order, &s.starts, &s.distinct_tokens}) {
+        LH_RETURN_IF_ERROR(x->Alloc(N + 1));
+      }
+      LH_RETURN_IF_ERROR(s.prefix.Alloc(B_));
+      LH_RETURN_IF_ERROR(s.weight.Alloc(N));
       if (spec_.has_head) {
-        LH_RETURN_IF(s.lnf.Alloc(N * C));
-        for (auto* x : {&s.meanf, &s.rstdf}) LH_RETURN_IF(x->Alloc(N));
-        LH_RETURN_IF(s.logits.Alloc(N * vocab_ld_));
+        LH_RETURN_IF_ERROR(s.lnf.Alloc(N * C));
+        for (auto* x : {&s.lnf_mean, &s.lnf_rstd}) LH_RETURN_IF_ERROR(x->Alloc(N));
+        LH_RETURN_IF_ERROR(s.logits.Alloc(N * vocab_ld_));
       } else {
-        LH_RETURN_IF(s.output.Alloc(N * C));
-        LH_RETURN_IF(s.output_copied.Create());
+        LH_RETURN_IF_ERROR(s.output.Alloc(N * C));
+        LH_RETURN_IF_ERROR(s.output_copied.Create());
       }
       if (!spec_.has_embedding) {
-        LH_RETURN_IF(s.input_grad.Alloc(N * C));
-        LH_RETURN_IF(s.input_grad_copied.Create());
+        LH_RETURN_IF_ERROR(s.input_grad.Alloc(N * C));
+        LH_RETURN_IF_ERROR(s.input_grad_copied.Create());
       }
     }
-    if (o_.recompute && nb > 0) LH_RETURN_IF(scratch_.Alloc(N, C, att));
-    LH_RETURN_IF(input_.Alloc(N * C));
-    LH_RETURN_IF(uploader_.Init(std::min(kUploadHalf, 4 * std::max(P, N * C))));
-    for (Event* e : {&upload_done_, &upload_free_, &input_free_}) LH_RETURN_IF(e->Create());
-    LH_RETURN_IF(boundary_.Alloc(N * C));
-    LH_RETURN_IF(g_.Alloc(N * C));
-    for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF(x->Alloc(N * C));
+    if (o_.recompute && nb > 0) LH_RETURN_IF_ERROR(scratch_.Alloc(N, C, att));
+    LH_RETURN_IF_ERROR(input_.Alloc(N * C));
+    LH_RETURN_IF_ERROR(uploader_.Init(std::min(kUploadHalf, 4 * std::max(P, N * C))));
+    for (Event* e : {&upload_done_, &upload_free_, &input_free_}) LH_RETURN_IF_ERROR(e->Create());
+    LH_RETURN_IF_ERROR(boundary_.Alloc(N * C));
+    LH_RETURN_IF_ERROR(g_resid_.Alloc(N * C));
+    for (auto* x : {&gT_, &g_ln_, &g_atty_}) LH_RETURN_IF_ERROR(x->Alloc(N * C));
     if (flash_) {
-      LH_RETURN_IF(delta_.Alloc(att.lse));
+      LH_RETURN_IF_ERROR(delta_.Alloc(att.lse));
     } else {
-      for (auto* x : {&dq_, &dk_, &dv_, &dy_}) LH_RETURN_IF(x->Alloc(N * C));
-      LH_RETURN_IF(datt_.Alloc(att.att));
+      for (auto* x : {&dq_, &dk_, &dv_, &dy_}) LH_RETURN_IF_ERROR(x->Alloc(N * C));
+      LH_RETURN_IF_ERROR(datt_.Alloc(att.att));
     }
-    LH_RETURN_IF(g_qkv_.Alloc(N * 3 * C));
-    LH_RETURN_IF(g_fch_.Alloc(N * 4 * C));
-    LH_RETURN_IF(reduce_scratch_.Alloc(cuda::kRowChunks * 4 * C));  // the widest column sums: fc's bias
+    LH_RETURN_IF_ERROR(g_qkv_.Alloc(N * 3 * C));
+    LH_RETURN_IF_ERROR(g_fch_.Alloc(N * 4 * C));
+    LH_RETURN_IF_ERROR(reduce_scratch_.Alloc(cuda::kRowChunks * 4 * C));  // the widest column sums: fc's bias
     if (spec_.has_head) {
-      LH_RETURN_IF(losses_.Alloc(N));
-      LH_RETURN_IF(losses_host_.Alloc(N));
-      LH_RETURN_IF(dlogits_.Alloc(N * vocab_ld_));
+      LH_RETURN_IF_ERROR(losses_.Alloc(N));
+      LH_RETURN_IF_ERROR(losses_host_.Alloc(N));
+      LH_RETURN_IF_ERROR(dlogits_.Alloc(N * vocab_ld_));
     }
-    LH_RETURN_IF(norm_partial_.Alloc(cuda::kNormPartials));
-    LH_RETURN_IF(norm_.Alloc(1));
-    LH_RETURN_IF(output_free_.Create());
-    LH_RETURN_IF(grad_free_.Create());
+    LH_RETURN_IF_ERROR(norm_partial_.Alloc(cuda::kNormPartials));
+    LH_RETURN_IF_ERROR(norm_.Alloc(1));
+    LH_RETURN_IF_ERROR(output_free_.Create());
+    LH_RETURN_IF_ERROR(grad_free_.Create());
     if (o_.seed) {
       std::vector<float> init(P);
       InitGpt2Params(cfg_, layout_, *o_.seed, init.data());
-      LH_RETURN_IF(SetParams(0, init.data(), P));
+      LH_RETURN_IF_ERROR(SetParams(0, init.data(), P));
     }
     return ZeroGrads();
   }
@@ -235,16 +237,16 @@ class StageImpl final : public CudaStage {
   }
 
   absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
-    LH_RETURN_IF(CheckSlot(slot));
+    LH_RETURN_IF_ERROR(CheckSlot(slot));
     Slot<T>& s = slots_[slot];
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
     const long NC = static_cast<long>(N) * C;
-    LH_RETURN_IF(UploadBatch(s, mb));
+    LH_RETURN_IF_ERROR(UploadBatch(s, mb));
     if (spec_.has_embedding) {
       cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
     } else {
       // The next forward's input may arrive while this one computes.
-      LH_RETURN_IF(Upload(input_.p, input, NC, &input_free_));
+      LH_RETURN_IF_ERROR(Upload(input_.p, input, NC, &input_free_));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
       LH_CUDA(cudaEventRecord(input_free_.e, stream_), "record");
     }
@@ -258,11 +260,12 @@ class StageImpl final : public CudaStage {
       // boundary_ is free once the last output's copy to the host is done.
       LH_CUDA(cudaStreamWaitEvent(stream_, output_free_.e, 0), "wait for the output copy");
       cuda::CastToFloat(stream_, boundary_.p, x, NC);
-      LH_RETURN_IF(CopyToHost(s.output.p, boundary_.p, NC, s.output_copied, output_free_));
+      LH_RETURN_IF_ERROR(CopyToHost(s.output.p, boundary_.p, NC, s.output_copied, output_free_));
       return 0.0f;
     }
-    cuda::LayerNormForward(stream_, s.lnf.p, s.meanf.p, s.rstdf.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N, C);
-    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
+    cuda::LayerNormForward(stream_, s.lnf.p, s.lnf_mean.p, s.lnf_rstd.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N,
+                           C);
+    cuda::HeadForward(blas_, s.logits.p, s.lnf.p, HeadWeight(), N, C, V, vocab_ld_);
     cuda::CrossEntropyForward(stream_, s.logits.p, losses_.p, s.targets.p, N, V, vocab_ld_);
     LH_CUDA(cudaMemcpyAsync(losses_host_.p, losses_.p, N * 4, cudaMemcpyDeviceToHost, stream_), "losses");
     LH_CUDA(cudaStreamSynchronize(stream_), "forward");
@@ -272,32 +275,32 @@ class StageImpl final : public CudaStage {
   }
 
   absl::StatusOr<const float*> Output(int slot) override {
-    LH_RETURN_IF(CheckSlot(slot));
+    LH_RETURN_IF_ERROR(CheckSlot(slot));
     if (spec_.has_head) return absl::FailedPreconditionError("the last stage has no output to send");
     LH_CUDA(cudaEventSynchronize(slots_[slot].output_copied.e), "output copy");
     return slots_[slot].output.p;
   }
 
   absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
-    LH_RETURN_IF(CheckSlot(slot));
+    LH_RETURN_IF_ERROR(CheckSlot(slot));
     Slot<T>& s = slots_[slot];
     const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
     const long NC = static_cast<long>(N) * C;
-    // g_ is free once the last input gradient's copy to the host is done.
+    // g_resid_ is free once the last input gradient's copy to the host is done.
     LH_CUDA(cudaStreamWaitEvent(stream_, grad_free_.e, 0), "wait for the gradient copy");
     if (spec_.has_head) {
       double wsum = 0;
       for (float w : mb.loss_weight) wsum += w;
       const float ce_scale = wsum > 0 ? static_cast<float>(scale * loss_scale_ / wsum) : 0.0f;
       cuda::CrossEntropyBackward(stream_, dlogits_.p, s.logits.p, s.targets.p, s.weight.p, ce_scale, N, V, vocab_ld_);
-      cuda::HeadBackward(blas_, g_ln_.p, HeadG(), dlogits_.p, s.lnf.p, HeadW(), N, C, V, vocab_ld_);
-      LH_CUDA(cudaMemsetAsync(g_.p, 0, NC * 4, stream_), "zero residual gradient");
-      cuda::LayerNormBackward(stream_, g_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
-                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.meanf.p, s.rstdf.p, reduce_scratch_.p,
-                              N, C);
+      cuda::HeadBackward(blas_, g_ln_.p, HeadGrad(), dlogits_.p, s.lnf.p, HeadWeight(), N, C, V, vocab_ld_);
+      LH_CUDA(cudaMemsetAsync(g_resid_.p, 0, NC * 4, stream_), "zero residual gradient");
+      cuda::LayerNormBackward(stream_, g_resid_.p, G(layout_.lnf_w()), G(layout_.lnf_b()), g_ln_.p,
+                              BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.lnf_mean.p, s.lnf_rstd.p,
+                              reduce_scratch_.p, N, C);
     } else {
-      LH_RETURN_IF(Upload(g_.p, grad_out, NC));
-      if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, loss_scale_, NC);
+      LH_RETURN_IF_ERROR(Upload(g_resid_.p, grad_out, NC));
+      if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
     for (int l = spec_.end_block - 1; l >= spec_.first_block; --l) {
@@ -307,17 +310,17 @@ class StageImpl final : public CudaStage {
     }
     if (spec_.has_embedding) {
       const cuda::TokenGroups groups{s.order.p, s.starts.p, s.distinct_tokens.p, s.distinct};
-      cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_.p, groups, B_, T_, C);
+      cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_resid_.p, groups, B_, T_, C);
       return Check(cudaGetLastError(), "backward");
     }
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
-    if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_.p, 1.0f / loss_scale_, NC);
+    if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
-    return CopyToHost(s.input_grad.p, g_.p, NC, s.input_grad_copied, grad_free_);
+    return CopyToHost(s.input_grad.p, g_resid_.p, NC, s.input_grad_copied, grad_free_);
   }
 
   absl::StatusOr<const float*> InputGrad(int slot) override {
-    LH_RETURN_IF(CheckSlot(slot));
+    LH_RETURN_IF_ERROR(CheckSlot(slot));
     if (spec_.has_embedding || !slots_[slot].has_input_grad) {
       return absl::FailedPreconditionError(absl::StrFormat("no input gradient in slot %d", slot));
     }
@@ -326,13 +329,15 @@ class StageImpl final : public CudaStage {
   }
 
   absl::StatusOr<const float*> Params() override {
-    if (params_host_.p == nullptr) LH_RETURN_IF(params_host_.Alloc(params_.n));
-    LH_RETURN_IF(CopySync(stream_, params_host_.p, params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
+    if (params_host_.p == nullptr) LH_RETURN_IF_ERROR(params_host_.Alloc(params_.n));
+    LH_RETURN_IF_ERROR(
+        CopySync(stream_, params_host_.p, params_.p, params_.n * 4, cudaMemcpyDeviceToHost, "download parameters"));
     return params_host_.p;
   }
   absl::StatusOr<const float*> Grads() override {
-    if (grads_host_.p == nullptr) LH_RETURN_IF(grads_host_.Alloc(grads_.n));
-    LH_RETURN_IF(CopySync(stream_, grads_host_.p, grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
+    if (grads_host_.p == nullptr) LH_RETURN_IF_ERROR(grads_host_.Alloc(grads_.n));
+    LH_RETURN_IF_ERROR(
+        CopySync(stream_, grads_host_.p, grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
     if (loss_scale_ != 1.0f)
       for (size_t i = 0; i < grads_.n; ++i) grads_host_.p[i] /= loss_scale_;
     return grads_host_.p;
@@ -341,7 +346,7 @@ class StageImpl final : public CudaStage {
     if (begin > params_.n || n > params_.n - begin) {
       return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
     }
-    LH_RETURN_IF(Upload(params_.p + begin, values, static_cast<long>(n)));
+    LH_RETURN_IF_ERROR(Upload(params_.p + begin, values, static_cast<long>(n)));
     RefreshWeights(begin, n);
     return Check(cudaGetLastError(), "upload parameters");
   }
@@ -350,22 +355,20 @@ class StageImpl final : public CudaStage {
     optimizer_ = settings;
     const size_t P = params_.n;
     for (auto* a : {&m_, &v_}) {
-      if (a->p == nullptr) LH_RETURN_IF(a->Alloc(P));
+      if (a->p == nullptr) LH_RETURN_IF_ERROR(a->Alloc(P));
       LH_CUDA(cudaMemsetAsync(a->p, 0, P * 4, stream_), "zero moments");
     }
-    if (decay_.p == nullptr) LH_RETURN_IF(decay_.Alloc(P));
-    std::vector<uint8_t> decay(P, 0);
-    for (const ParamTensor& t : layout_.tensors())
-      if (t.decay) std::fill(decay.begin() + t.offset, decay.begin() + t.offset + t.size, 1);
+    if (decay_.p == nullptr) LH_RETURN_IF_ERROR(decay_.Alloc(P));
+    const std::vector<uint8_t> decay = layout_.DecayFlags();
     return CopySync(stream_, decay_.p, decay.data(), P, cudaMemcpyHostToDevice, "upload decay flags");
   }
 
   absl::StatusOr<OptimizerStepResult> Step(int64_t step) override {
-    LH_RETURN_IF(CheckOptimizer());
+    LH_RETURN_IF_ERROR(CheckOptimizer());
     const long P = static_cast<long>(params_.n);
     cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, P);
     double sumsq = 0;
-    LH_RETURN_IF(CopySync(stream_, &sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
+    LH_RETURN_IF_ERROR(CopySync(stream_, &sumsq, norm_.p, sizeof(double), cudaMemcpyDeviceToHost, "gradient norm"));
     OptimizerStepResult r;
     r.grad_norm = std::sqrt(sumsq) / loss_scale_;
     r.lr = optimizer_.schedule.At(step);
@@ -391,18 +394,18 @@ class StageImpl final : public CudaStage {
   }
 
   absl::Status GetOptimizerState(float* m, float* v) override {
-    LH_RETURN_IF(CheckOptimizer());
-    LH_RETURN_IF(CopySync(stream_, m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost, "download moments"));
+    LH_RETURN_IF_ERROR(CheckOptimizer());
+    LH_RETURN_IF_ERROR(CopySync(stream_, m, m_.p, m_.n * 4, cudaMemcpyDeviceToHost, "download moments"));
     return CopySync(stream_, v, v_.p, v_.n * 4, cudaMemcpyDeviceToHost, "download moments");
   }
   absl::Status SetOptimizerState(const float* m, const float* v) override {
-    LH_RETURN_IF(CheckOptimizer());
-    LH_RETURN_IF(Upload(m_.p, m, static_cast<long>(m_.n)));
+    LH_RETURN_IF_ERROR(CheckOptimizer());
+    LH_RETURN_IF_ERROR(Upload(m_.p, m, static_cast<long>(m_.n)));
     return Upload(v_.p, v, static_cast<long>(v_.n));
   }
 
   absl::Status DownloadProbs(int slot, float* host) override {
-    LH_RETURN_IF(CheckSlot(slot));
+    LH_RETURN_IF_ERROR(CheckSlot(slot));
     if (!spec_.has_head) return absl::FailedPreconditionError("only the last stage computes probabilities");
     const size_t V = cfg_.vocab_size;
     LH_CUDA(cudaMemcpy2DAsync(host, V * 4, slots_[slot].logits.p, vocab_ld_ * 4, V * 4, static_cast<size_t>(B_) * T_,
@@ -436,7 +439,7 @@ class StageImpl final : public CudaStage {
       LH_CUDA(cudaEventRecord(free->e, stream_), "record");
     }
     LH_CUDA(cudaStreamWaitEvent(copy_stream_, free->e, 0), "wait for the compute stream");
-    LH_RETURN_IF(uploader_.Upload(dst, src, n * 4, copy_stream_));
+    LH_RETURN_IF_ERROR(uploader_.Upload(dst, src, n * 4, copy_stream_));
     LH_CUDA(cudaEventRecord(upload_done_.e, copy_stream_), "record");
     return Check(cudaStreamWaitEvent(stream_, upload_done_.e, 0), "wait for the upload");
   }
@@ -463,8 +466,8 @@ class StageImpl final : public CudaStage {
       return weights_.p + off;
     }
   }
-  const T* HeadW() const { return W(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
-  float* HeadG() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+  const T* HeadWeight() const { return W(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
+  float* HeadGrad() { return G(cfg_.tied_head ? layout_.wte() : layout_.lm_head()); }
   const int* Prefix(const Slot<T>& s) const {
     return cfg_.attention == AttentionMask::kPrefixLm ? s.prefix.p : nullptr;
   }
@@ -513,7 +516,7 @@ class StageImpl final : public CudaStage {
   }
 
   // qkv (B, T, 3C) -> atty (B, T, C)
-  void Attention(BlockActs<T>& a, const int* prefix) {
+  void AttentionForward(BlockActs<T>& a, const int* prefix) {
     const int C = cfg_.d_model, NH = cfg_.n_head, hs = C / NH, BH = B_ * NH;
     if constexpr (!std::is_same_v<T, float>) {
       if (flash_) return cuda::FlashAttentionForward(stream_, a.atty.p, a.lse.p, a.qkv.p, prefix, B_, T_, C, NH);
@@ -550,12 +553,12 @@ class StageImpl final : public CudaStage {
   void BlockForward(int l, const T* x, BlockActs<T>& a, const int* prefix, T* out) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
-    cuda::LayerNormForward(stream_, a.ln1.p, a.mean1.p, a.rstd1.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
+    cuda::LayerNormForward(stream_, a.ln1.p, a.ln1_mean.p, a.ln1_rstd.p, x, P(w.ln1_w), P(w.ln1_b), N, C);
     cuda::LinearForward(blas_, stream_, a.qkv.p, a.ln1.p, W(w.qkv_w), P(w.qkv_b), N, C, 3 * C, false);
-    Attention(a, prefix);
+    AttentionForward(a, prefix);
     cudaMemcpyAsync(a.res2.p, x, static_cast<size_t>(N) * C * sizeof(T), cudaMemcpyDeviceToDevice, stream_);
     cuda::LinearForward(blas_, stream_, a.res2.p, a.atty.p, W(w.attn_proj_w), P(w.attn_proj_b), N, C, C, true);
-    cuda::LayerNormForward(stream_, a.ln2.p, a.mean2.p, a.rstd2.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
+    cuda::LayerNormForward(stream_, a.ln2.p, a.ln2_mean.p, a.ln2_rstd.p, a.res2.p, P(w.ln2_w), P(w.ln2_b), N, C);
     // fch keeps the values before fc's bias, which the GELU adds.
     cuda::LinearForward(blas_, stream_, a.fch.p, a.ln2.p, W(w.fc_w), static_cast<const float*>(nullptr), N, C, 4 * C,
                         false);
@@ -565,28 +568,28 @@ class StageImpl final : public CudaStage {
     cuda::LinearForward(blas_, stream_, out, a.fch_gelu.p, W(w.fc_proj_w), P(w.fc_proj_b), N, 4 * C, C, true);
   }
 
-  // g_ (N, C) fp32: ∂L/∂block output on entry, ∂L/∂block input on exit.
+  // g_resid_ (N, C) fp32: ∂L/∂block output on entry, ∂L/∂block input on exit.
   void BlockBackward(int l, const T* x, BlockActs<T>& a, const int* prefix) {
     const BlockTensors& w = layout_.block(l);
     const int N = B_ * T_, C = cfg_.d_model;
     const long NC = static_cast<long>(N) * C;
-    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::Cast(stream_, gT_.p, g_resid_.p, NC);
     float* scratch = reduce_scratch_.p;
     cuda::LinearBackward(blas_, stream_, g_fch_.p, G(w.fc_proj_w), G(w.fc_proj_b), scratch, gT_.p, a.fch_gelu.p,
                          W(w.fc_proj_w), N, 4 * C, C);
     cuda::GeluBackward(stream_, g_fch_.p, a.fch.p, P(w.fc_b), N, 4 * C);
     cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.fc_w), G(w.fc_b), scratch, g_fch_.p, a.ln2.p, W(w.fc_w), N, C,
                          4 * C);
-    cuda::LayerNormBackward(stream_, g_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.mean2.p, a.rstd2.p,
-                            scratch, N, C);
-    cuda::Cast(stream_, gT_.p, g_.p, NC);
+    cuda::LayerNormBackward(stream_, g_resid_.p, G(w.ln2_w), G(w.ln2_b), g_ln_.p, a.res2.p, P(w.ln2_w), a.ln2_mean.p,
+                            a.ln2_rstd.p, scratch, N, C);
+    cuda::Cast(stream_, gT_.p, g_resid_.p, NC);
     cuda::LinearBackward(blas_, stream_, g_atty_.p, G(w.attn_proj_w), G(w.attn_proj_b), scratch, gT_.p, a.atty.p,
                          W(w.attn_proj_w), N, C, C);
     AttentionBackward(a, prefix);
     cuda::LinearBackward(blas_, stream_, g_ln_.p, G(w.qkv_w), G(w.qkv_b), scratch, g_qkv_.p, a.ln1.p, W(w.qkv_w), N, C,
                          3 * C);
-    cuda::LayerNormBackward(stream_, g_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.mean1.p, a.rstd1.p,
-                            scratch, N, C);
+    cuda::LayerNormBackward(stream_, g_resid_.p, G(w.ln1_w), G(w.ln1_b), g_ln_.p, x, P(w.ln1_w), a.ln1_mean.p,
+                            a.ln1_rstd.p, scratch, N, C);
   }
 
   ModelConfig cfg_;
@@ -610,9 +613,9 @@ class StageImpl final : public CudaStage {
   std::vector<Slot<T>> slots_;
   BlockActs<T> scratch_;  // with recompute
   DeviceArray<T> gT_, g_ln_, g_atty_, g_qkv_, g_fch_, dq_, dk_, dv_, dy_, datt_, dlogits_;
-  DeviceArray<float> input_, boundary_, g_, losses_, reduce_scratch_, delta_;  // boundary_: the output
+  DeviceArray<float> input_, boundary_, g_resid_, losses_, reduce_scratch_, delta_;  // boundary_: the output
   PinnedArray losses_host_;
-  Event output_free_, grad_free_;  // boundary_ and g_ may be written again
+  Event output_free_, grad_free_;  // boundary_ and g_resid_ may be written again
   // Uploads of boundary tensors and parameters from the host (Upload).
   static constexpr size_t kUploadHalf = 16 << 20;
   cuda::HostUploader uploader_;

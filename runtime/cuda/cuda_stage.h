@@ -1,6 +1,6 @@
 #pragma once
 // The Stage interface on a CUDA device: the same model, parameter layout and micro-batch
-// semantics as GptStage (runtime/model/gpt_stage.h), with cuBLAS matmuls and our own kernels
+// semantics as GptStage (runtime/cpu/gpt_stage.h), with cuBLAS matmuls and our own kernels
 // (cuda_ops.cuh). Precision: fp32, or bf16/fp16 compute with fp32 master weights, gradients and
 // AdamW state; fp16 uses dynamic loss scaling (an overflowing step is skipped and the scale
 // halved; it doubles again after kGrowthInterval good steps).

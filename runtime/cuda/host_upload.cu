@@ -8,8 +8,8 @@ namespace longhaul::cuda {
 
 absl::Status HostUploader::Init(size_t half_bytes) {
   half_bytes_ = (half_bytes + 15) / 16 * 16;
-  LH_RETURN_IF(halves_.Alloc(2 * half_bytes_ / sizeof(float)));
-  for (Event& e : free_) LH_RETURN_IF(e.Create());
+  LH_RETURN_IF_ERROR(halves_.Alloc(2 * half_bytes_ / sizeof(float)));
+  for (Event& e : free_) LH_RETURN_IF_ERROR(e.Create());
   return absl::OkStatus();
 }
 

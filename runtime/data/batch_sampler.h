@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "model/model_config.h"
 
 namespace longhaul {

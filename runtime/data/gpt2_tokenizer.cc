@@ -9,7 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/safetensors.h"
+#include "util/files.h"
 #include "data/unicode_classes.h"
 #include "util/status_macros.h"
 #include "util/bounded_json.h"

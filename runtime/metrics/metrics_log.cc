@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "checkpoint/safetensors.h"
+#include "util/files.h"
 #include "metrics/loss_curve.h"
 #include "util/atomic_file.h"
 #include "util/status_macros.h"

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/safetensors.h"
-#include "transport/crc32c.h"
+#include "util/files.h"
+#include "util/crc32c.h"
 #include "util/bounded_json.h"
 
 namespace longhaul {
@@ -20,12 +20,12 @@ int64_t Timeline::NowMicros() {
 
 void Timeline::Add(const std::string& name, Track track, int64_t start_us, int64_t end_us, int64_t iteration,
                    int micro) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   events_.push_back({name, track, start_us, end_us, iteration, micro});
 }
 
 nlohmann::json Timeline::Events(int pid, int64_t shift_us) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   nlohmann::json out = nlohmann::json::array();
   for (const Event& e : events_) {
     nlohmann::json args = {{"iteration", e.iteration}};
@@ -57,7 +57,7 @@ std::string BootId() {
 }
 
 void ClockOffset::Sample(int64_t sent_us, int64_t remote_us, int64_t received_us) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t round_trip = received_us - sent_us;
   if (same_kernel_ || round_trip < 0 || (offset_us_ && round_trip >= round_trip_us_)) return;
   // The remote clock was read between sending and receiving: the midpoint errs by half the trip.
@@ -66,19 +66,19 @@ void ClockOffset::Sample(int64_t sent_us, int64_t remote_us, int64_t received_us
 }
 
 void ClockOffset::SameKernel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   same_kernel_ = true;
   offset_us_ = 0;
   round_trip_us_ = 0;
 }
 
 std::optional<int64_t> ClockOffset::offset_us() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return offset_us_;
 }
 
 int64_t ClockOffset::error_us() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return round_trip_us_ / 2;
 }
 

@@ -3,15 +3,16 @@
 // opens in Perfetto or chrome://tracing. Timestamps come from the monotonic clock, which every
 // process on one host shares, so traces of several workers merge into one picture.
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace longhaul {
 
@@ -35,12 +36,13 @@ class Timeline {
  public:
   static int64_t NowMicros();
 
-  void Add(const std::string& name, Track track, int64_t start_us, int64_t end_us, int64_t iteration, int micro = -1);
+  void Add(const std::string& name, Track track, int64_t start_us, int64_t end_us, int64_t iteration, int micro = -1)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The events as a JSON array, each tagged with pid (one per worker) and the track as tid.
-  nlohmann::json Events(int pid, int64_t shift_us = 0) const;
+  nlohmann::json Events(int pid, int64_t shift_us = 0) const ABSL_LOCKS_EXCLUDED(mu_);
   // With every event moved by `shift_us` (onto another process's clock: ClockOffset).
   absl::StatusOr<TraceFile> Write(const std::string& path, int pid, const std::string& process_name,
-                                  int64_t shift_us = 0) const;
+                                  int64_t shift_us = 0) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Event {
@@ -49,8 +51,8 @@ class Timeline {
     int64_t start_us, end_us, iteration;
     int micro;
   };
-  mutable std::mutex mu_;
-  std::vector<Event> events_;
+  mutable absl::Mutex mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
 };
 
 // This kernel's boot id (/proc/sys/kernel/random/boot_id; empty where unreadable): processes that
@@ -63,18 +65,18 @@ std::string BootId();
 // (SameKernel) the clocks are one, and the offset exactly 0.
 class ClockOffset {
  public:
-  void Sample(int64_t sent_us, int64_t remote_us, int64_t received_us);
-  void SameKernel();
+  void Sample(int64_t sent_us, int64_t remote_us, int64_t received_us) ABSL_LOCKS_EXCLUDED(mu_);
+  void SameKernel() ABSL_LOCKS_EXCLUDED(mu_);
   // Empty until the first sample (or SameKernel).
-  std::optional<int64_t> offset_us() const;
+  std::optional<int64_t> offset_us() const ABSL_LOCKS_EXCLUDED(mu_);
   // Half the round trip of the sample that stands (0 on one kernel).
-  int64_t error_us() const;
+  int64_t error_us() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::optional<int64_t> offset_us_;
-  int64_t round_trip_us_ = 0;
-  bool same_kernel_ = false;
+  mutable absl::Mutex mu_;
+  std::optional<int64_t> offset_us_ ABSL_GUARDED_BY(mu_);
+  int64_t round_trip_us_ ABSL_GUARDED_BY(mu_) = 0;
+  bool same_kernel_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Merges worker trace files into one Chrome trace at `out`.

@@ -1,5 +1,6 @@
 #include "model/param_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -50,6 +51,15 @@ int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay) {
 std::pair<size_t, size_t> ParamLayout::Range(int first, int end) const {
   if (first >= end) return {0, 0};
   return {tensors_[first].offset, tensors_[end - 1].offset + tensors_[end - 1].size};
+}
+
+std::vector<uint8_t> ParamLayout::DecayFlags(size_t begin, size_t end) const {
+  std::vector<uint8_t> decay(end - begin, 0);
+  for (const ParamTensor& t : tensors_) {
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.size);
+    if (t.decay && lo < hi) std::fill(decay.begin() + (lo - begin), decay.begin() + (hi - begin), 1);
+  }
+  return decay;
 }
 
 ParamLayout ParamLayout::Slice(int first, int end) const {

@@ -5,6 +5,7 @@
 // parameters are therefore one contiguous range, which a parameter server can shard by offsets.
 // Parameters, gradients and AdamW moments all use this same table.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ class ParamLayout {
 
   // Float offsets [begin, end) of tensors [first, end) in this layout's buffer.
   std::pair<size_t, size_t> Range(int first, int end) const;
+  // Per float of [begin, end) of this layout's buffer: 1 where AdamW's weight decay applies (the
+  // float's tensor has `decay`), else 0. Whole: [0, total()).
+  std::vector<uint8_t> DecayFlags(size_t begin, size_t end) const;
+  std::vector<uint8_t> DecayFlags() const { return DecayFlags(0, total_); }
   // Tensors [first, end) re-based to offset 0: the layout of a parameter-server shard.
   ParamLayout Slice(int first, int end) const;
   // Cuts the tensors into `shards` contiguous groups of about equal size, at tensor boundaries

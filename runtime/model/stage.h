@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "model/exchange_hooks.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"

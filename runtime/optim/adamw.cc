@@ -1,17 +1,17 @@
 #include "optim/adamw.h"
 
-#include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace longhaul {
 
-AdamW::AdamW(const AdamWConfig& cfg, const ParamLayout& layout, size_t begin, size_t end)
-    : cfg_(cfg), begin_(begin), end_(end), m_(end - begin, 0.0f), v_(end - begin, 0.0f), decay_(end - begin, 0) {
-  for (const ParamTensor& t : layout.tensors()) {
-    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.size);
-    if (t.decay && lo < hi) std::fill(decay_.begin() + (lo - begin), decay_.begin() + (hi - begin), 1);
-  }
-}
+AdamW::AdamW(const AdamWConfig& cfg, std::vector<uint8_t> decay, size_t begin)
+    : cfg_(cfg),
+      begin_(begin),
+      end_(begin + decay.size()),
+      m_(decay.size(), 0.0f),
+      v_(decay.size(), 0.0f),
+      decay_(std::move(decay)) {}
 
 void AdamW::Step(float* params, const float* grads, float lr, int64_t step) {
   const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;

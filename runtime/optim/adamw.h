@@ -2,10 +2,9 @@
 // AdamW over a flat parameter buffer (decoupled weight decay, bias correction), matching
 // torch.optim.AdamW. The moments share the parameters' offset table, so a parameter server can
 // own any contiguous shard of all three.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
-
-#include "model/param_layout.h"
 
 namespace longhaul {
 
@@ -18,9 +17,9 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // Covers floats [begin, end) of a buffer described by layout; decay flags come from the layout.
-  AdamW(const AdamWConfig& cfg, const ParamLayout& layout, size_t begin, size_t end);
-  AdamW(const AdamWConfig& cfg, const ParamLayout& layout) : AdamW(cfg, layout, 0, layout.total()) {}
+  // Covers floats [begin, begin + decay.size()) of a flat buffer, decay[i] saying whether weight
+  // decay applies to float begin + i (the model's layout says: ParamLayout::DecayFlags).
+  AdamW(const AdamWConfig& cfg, std::vector<uint8_t> decay, size_t begin = 0);
 
   // One update of params[begin, end) with grads of the same range; `step` counts from 1.
   void Step(float* params, const float* grads, float lr, int64_t step);

@@ -6,17 +6,6 @@
 
 namespace longhaul {
 
-double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches) {
-  stage.ZeroGrads();
-  const float scale = 1.0f / static_cast<float>(micro_batches.size());
-  double loss = 0;
-  for (const MicroBatch& mb : micro_batches) {
-    loss += stage.Forward(act, mb, nullptr) * scale;
-    stage.Backward(act, mb, nullptr, scale);
-  }
-  return loss;
-}
-
 OptimizerStepResult ApplyOptimizerStep(float* params, float* grads, size_t n, AdamW& adamw, const LrSchedule& schedule,
                                        float grad_clip, int64_t step) {
   return ApplyOptimizerStepWithNorm(params, grads, n, adamw, schedule, grad_clip, step,

@@ -1,19 +1,15 @@
 #pragma once
-// The two halves of one optimizer step in a single process, shared by the trainer and the tests.
+// The optimizer's half of one step over a flat buffer, shared by a stage that steps its own
+// parameters and by the parameter-server shards (the gradients' half is the stage's; on the CPU in
+// one process, cpu/gpt_stage.h AccumulateGradients).
+#include <cstddef>
 #include <cstdint>
-#include <vector>
 
-#include "data/micro_batch.h"
-#include "model/gpt_stage.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer_settings.h"
 
 namespace longhaul {
-
-// Zeroes the gradients, runs forward and backward of every micro-batch (each scaled by 1/M) and
-// returns the mean micro-batch loss. The stage must hold the whole model.
-double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches);
 
 // Clips the global gradient norm to grad_clip, then applies AdamW at the scheduled rate of
 // optimizer step `step` (0-based).

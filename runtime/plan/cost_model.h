@@ -40,7 +40,7 @@
 #include "absl/status/statusor.h"
 #include "model/memory_estimate.h"
 #include "model/model_config.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 namespace longhaul {
 

@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 
 namespace longhaul {
 

@@ -40,11 +40,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/wire_dtype.h"
+#include "longhaul.pb.h"
 #include "model/memory_estimate.h"
 #include "plan/cost_model.h"
-#include "longhaul.pb.h"
 #include "schedule/schedule.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 

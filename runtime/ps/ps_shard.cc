@@ -66,7 +66,7 @@ HostPsShard::HostPsShard(const AdamWConfig& cfg, const ParamLayout& stage_layout
     : PsShard(stage_layout, stage, shard, first_tensor, end_tensor, replicas),
       params_(size()),
       grads_(size()),
-      adamw_(cfg, layout()) {}
+      adamw_(cfg, layout().DecayFlags()) {}
 
 absl::Status HostPsShard::GetState(float* params, float* m, float* v) {
   std::copy(params_.begin(), params_.end(), params);

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 
 namespace longhaul {
 

@@ -23,7 +23,7 @@ constexpr size_t kMaxPooledFloats = size_t{1} << 30;  // 4 GiB of idle buffers a
 }  // namespace
 
 std::vector<float> Mailbox::Acquire(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return AcquireLocked(n);
 }
 
@@ -37,7 +37,7 @@ std::vector<float> Mailbox::AcquireLocked(size_t n) {
 }
 
 void Mailbox::Recycle(std::vector<float> buffer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   RecycleLocked(std::move(buffer));
 }
 
@@ -48,7 +48,7 @@ void Mailbox::RecycleLocked(std::vector<float> buffer) {
 }
 
 void Mailbox::SetWindow(int64_t lo, int64_t width) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   windowed_ = true;
   window_lo_ = lo;
   window_width_ = width;
@@ -63,7 +63,7 @@ void Mailbox::SetWindow(int64_t lo, int64_t width) {
 }
 
 void Mailbox::Reopen(uint64_t plan_version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [key, entry] : entries_) RecycleLocked(std::move(entry.data));
   entries_.clear();
   windowed_ = false;
@@ -77,7 +77,7 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t plan_version, uin
     return absl::InvalidArgumentError(
         absl::StrFormat("part [%d, +%d) does not fit a tensor of %d elements", offset, n, total));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (plan_version_ != 0 && plan_version != plan_version_) {
     return absl::FailedPreconditionError(absl::StrFormat("%s is of plan version %d; this worker runs plan version %d",
                                                          key.DebugString(), plan_version, plan_version_));
@@ -114,7 +114,7 @@ absl::Status Mailbox::BeginPart(const TensorKey& key, uint64_t plan_version, uin
 
 absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t plan_version, uint64_t offset,
                                    std::vector<float> data) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.parts.count(offset) || it->second.parts[offset].arrived ||
       it->second.parts[offset].elements != data.size() || it->second.parts[offset].plan_version != plan_version) {
@@ -131,12 +131,12 @@ absl::Status Mailbox::CompletePart(const TensorKey& key, uint64_t plan_version, 
   }
   e.parts[offset].arrived = true;
   e.received += e.parts[offset].elements;
-  if (e.ready()) cv_.notify_all();
+  if (e.ready()) cv_.SignalAll();
   return absl::OkStatus();
 }
 
 void Mailbox::AbandonPart(const TensorKey& key, uint64_t plan_version, uint64_t offset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& e = it->second;
@@ -150,22 +150,31 @@ void Mailbox::AbandonPart(const TensorKey& key, uint64_t plan_version, uint64_t 
 }
 
 void Mailbox::Put(const TensorKey& key, std::vector<float> tensor) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Entry& e = entries_[key];
   RecycleLocked(std::move(e.data));
   const uint64_t n = tensor.size();
   e = Entry{n, std::move(tensor), {}, n, false};
   if (n > 0) e.parts[0] = {n, true};  // an empty part would hide its neighbours from BeginPart
-  cv_.notify_all();
+  cv_.SignalAll();
+}
+
+bool Mailbox::TakeReady(const TensorKey& key) const {
+  auto it = entries_.find(key);
+  return !closed_.empty() || (it != entries_.end() && it->second.ready());
 }
 
 absl::StatusOr<std::vector<float>> Mailbox::Take(const TensorKey& key, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto ready = [&] {
-    auto it = entries_.find(key);
-    return !closed_.empty() || (it != entries_.end() && it->second.ready());
-  };
-  if (!cv_.wait_for(lock, timeout, ready)) {
+  absl::MutexLock lock(&mu_);
+  // Until ready or past the deadline (a wake-up short of either waits again), then asked once more:
+  // a condition variable's wait_for with a predicate.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!TakeReady(key)) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= left.zero()) break;
+    cv_.WaitWithTimeout(&mu_, absl::FromChrono(left));
+  }
+  if (!TakeReady(key)) {
     return absl::DeadlineExceededError(
         absl::StrFormat("no %s after %d s (is that worker alive and reachable? raise transport.timeout_s for slow links)",
                         key.DebugString(), timeout.count() / 1000));
@@ -184,18 +193,18 @@ absl::StatusOr<std::vector<float>> Mailbox::Take(const TensorKey& key, std::chro
 }
 
 absl::Status Mailbox::Closed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return closed_.empty() ? absl::OkStatus() : absl::AbortedError(absl::StrCat("stopped: ", closed_));
 }
 
 void Mailbox::Close(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   closed_ = reason.empty() ? "closed" : reason;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 size_t Mailbox::HeldFloats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [key, e] : entries_) n += e.data.size();
   return n;

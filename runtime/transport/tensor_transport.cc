@@ -13,6 +13,7 @@
 #include <deque>
 #include <initializer_list>
 #include <iostream>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 
@@ -20,7 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "transport/crc32c.h"
+#include "config/job_config.h"
+#include "util/crc32c.h"
 
 namespace longhaul {
 namespace {
@@ -120,7 +122,7 @@ std::string SenderProof(const JobSecret& secret, const std::string& job, const s
 }
 
 TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret)
-    : job_id_(std::move(job_id)), secret_(std::move(secret)), mailbox_(mailbox), admission_(admission) {}
+    : secret_(std::move(secret)), mailbox_(mailbox), admission_(admission), job_id_(std::move(job_id)) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
@@ -151,7 +153,7 @@ void TensorServer::AcceptLoop() {
     sockaddr_in peer{};
     socklen_t peer_len = sizeof(peer);
     getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len);
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    absl::MutexLock lock(&conns_mu_);
     size_t serving = 0;
     for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
     // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
@@ -190,23 +192,24 @@ bool TensorServer::EvictOneInHello() {
   for (const auto& [ip, n] : in_hello_from) {
     if (n > kMaxConnections / 2) flood = ip;
   }
-  auto evict_oldest = [&](std::optional<uint32_t> from) {
-    for (Connection& c : conns_) {
-      if (from && c.peer_ip != *from) continue;
-      std::lock_guard<std::mutex> fd_lock(c.fd_mu);
-      int in_hello = Connection::kInHello;
-      if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {
-        shutdown(c.fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
-        return true;
-      }
+  return (flood && EvictOldestInHello(flood)) || EvictOldestInHello(std::nullopt);
+}
+
+bool TensorServer::EvictOldestInHello(std::optional<uint32_t> from) {
+  for (Connection& c : conns_) {
+    if (from && c.peer_ip != *from) continue;
+    absl::MutexLock fd_lock(&c.fd_mu);
+    int in_hello = Connection::kInHello;
+    if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {
+      shutdown(c.fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
+      return true;
     }
-    return false;
-  };
-  return (flood && evict_oldest(flood)) || evict_oldest(std::nullopt);
+  }
+  return false;
 }
 
 void TensorServer::ReapFinished() {
-  std::lock_guard<std::mutex> lock(conns_mu_);
+  absl::MutexLock lock(&conns_mu_);
   for (auto it = conns_.begin(); it != conns_.end();) {
     if (it->done.load()) {
       it->thread.join();
@@ -222,7 +225,7 @@ void TensorServer::Serve(Connection* c) {
   int in_hello = Connection::kInHello;
   if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
     // Evicted (AcceptLoop): the socket was shut down under fd_mu, which this close waits for.
-    std::lock_guard<std::mutex> fd_lock(c->fd_mu);
+    absl::MutexLock fd_lock(&c->fd_mu);
     close(c->fd);
     c->done = true;
     return;
@@ -247,7 +250,7 @@ void TensorServer::Serve(Connection* c) {
   if (left && sender) {
     std::function<void(const Sender&)> observer;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       observer = sender_left_;
     }
     if (observer) observer(*sender);
@@ -454,38 +457,38 @@ absl::Status TensorServer::ServeProbe(int fd, const proto::TensorHeader& h, Dead
 }
 
 void TensorServer::SetSenderLeftObserver(std::function<void(const Sender&)> observer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sender_left_ = std::move(observer);
 }
 
 void TensorServer::SetPartTimeout(std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   part_timeout_ = timeout;
 }
 
 std::chrono::milliseconds TensorServer::part_timeout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return part_timeout_;
 }
 
 void TensorServer::SetJobId(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   job_id_ = job_id;
 }
 
 std::string TensorServer::job_id() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return job_id_;
 }
 
 void TensorServer::Refuse(const std::string& why) {
   ++refused_;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   last_refusal_ = why;
 }
 
 std::string TensorServer::last_refusal() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_refusal_;
 }
 
@@ -494,7 +497,7 @@ void TensorServer::Shutdown() {
   stop_.Wake();
   acceptor_.join();
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    absl::MutexLock lock(&conns_mu_);
     for (Connection& c : conns_) c.thread.join();
     conns_.clear();
   }
@@ -531,69 +534,68 @@ class PeerConnection {
   }
 
   // Tells the thread to fail what it holds and end, without waiting for it.
-  void Close() {
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) return;
       stop_ = true;
     }
     if (canceller_) canceller_->Unregister(this);
-    cv_.notify_all();
+    cv_.SignalAll();
     cancel_.Wake();
   }
 
   // Connects and says hello on the connection's thread now, not at the first part.
-  void OpenSoon() {
+  void OpenSoon() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       open_soon_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  void Enqueue(OutPart p) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // The thread sleeps, between tensors or waiting for acknowledgements, and no other caller
-      // writes: a small part is written from the caller's thread at once where the socket's
-      // buffer has room for it whole, sparing it the thread's wake-up (tens of microseconds on a
-      // virtual CPU, the larger share of a small tensor's cost). The thread then only reads the
-      // acknowledgement. A pipeline's next small tensor often leaves before the last one's
-      // acknowledgement is back. The room is checked: a caller must never wait on the peer.
-      if ((idle_ || polling_) && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
-          p.bytes <= kDirectWriteBytes && Fits(p.header.size() + p.bytes + 4)) {
-        claimed_ = true;
-        const int fd = fd_;
-        lock.unlock();
-        Send(std::move(p));
-        lock.lock();
-        claimed_ = false;
-        // The thread polls the connection it saw: this write broke it.
-        if (polling_ && fd_ != fd) kick_.Wake();
-      } else {
-        queue_.push_back(std::move(p));
-        lock.unlock();
-        kick_.Wake();
-      }
+  void Enqueue(OutPart p) ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
+    // The thread sleeps, between tensors or waiting for acknowledgements, and no other caller
+    // writes: a small part is written from the caller's thread at once where the socket's
+    // buffer has room for it whole, sparing it the thread's wake-up (tens of microseconds on a
+    // virtual CPU, the larger share of a small tensor's cost). The thread then only reads the
+    // acknowledgement. A pipeline's next small tensor often leaves before the last one's
+    // acknowledgement is back. The room is checked: a caller must never wait on the peer.
+    if ((idle_ || polling_) && !claimed_ && fd_ >= 0 && queue_.empty() && cancelled_.empty() && !stop_ &&
+        p.bytes <= kDirectWriteBytes && Fits(p.header.size() + p.bytes + 4)) {
+      claimed_ = true;
+      const int fd = fd_;
+      mu_.Unlock();
+      Send(std::move(p));
+      mu_.Lock();
+      claimed_ = false;
+      // The thread polls the connection it saw: this write broke it.
+      if (polling_ && fd_ != fd) kick_.Wake();
+      mu_.Unlock();
+    } else {
+      queue_.push_back(std::move(p));
+      mu_.Unlock();
+      kick_.Wake();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  void Cancel(const std::string& reason) {
+  void Cancel(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (cancelled_.empty()) cancelled_ = reason;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     cancel_.Wake();
   }
 
   // Serves `canceller` from now on, once the thread has ended what the last cancellation ended.
-  void Rearm(std::shared_ptr<SendCanceller> canceller) {
+  void Rearm(std::shared_ptr<SendCanceller> canceller) ABSL_LOCKS_EXCLUDED(mu_) {
     if (canceller_) canceller_->Unregister(this);
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return cancelled_.empty() || cancel_handled_; });
+      absl::MutexLock lock(&mu_);
+      while (!cancelled_.empty() && !cancel_handled_) cv_.Wait(&mu_);
       cancelled_.clear();
       cancel_handled_ = false;
       cancel_.Clear();
@@ -609,16 +611,16 @@ class PeerConnection {
       std::string cancelled;
       bool stop, open;
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         // With parts awaiting acknowledgement, AwaitAcks waits instead (new parts kick it). While
         // idle, as while polling there, a caller may claim the connection to write a part itself
         // (Enqueue): the thread touches nothing of the connection's until the caller is done.
         if (awaiting_.empty()) {
           idle_ = true;
-          cv_.wait(lock, [&] {
-            return !claimed_ && (stop_ || (!cancelled_.empty() && !cancel_handled_) || !queue_.empty() ||
-                                 !awaiting_.empty() || open_soon_);
-          });
+          while (claimed_ || !(stop_ || (!cancelled_.empty() && !cancel_handled_) || !queue_.empty() ||
+                               !awaiting_.empty() || open_soon_)) {
+            cv_.Wait(&mu_);
+          }
           idle_ = false;
         }
         open = std::exchange(open_soon_, false);
@@ -648,10 +650,10 @@ class PeerConnection {
           FailAwaiting(why);
         }
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           cancel_handled_ = true;
         }
-        cv_.notify_all();
+        cv_.SignalAll();
         if (stop) return;
         continue;
       }
@@ -848,9 +850,11 @@ class PeerConnection {
 
   // Lends the connection to callers while the thread polls, and takes it back once no caller
   // writes.
-  void SetPolling(bool polling) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!polling) cv_.wait(lock, [&] { return !claimed_; });
+  void SetPolling(bool polling) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (!polling) {
+      while (claimed_) cv_.Wait(&mu_);
+    }
     polling_ = polling;
   }
 
@@ -902,9 +906,9 @@ class PeerConnection {
   }
 
   // A cancelled wait means this connection was cancelled: say by whom.
-  absl::Status Why(const absl::Status& s) {
+  absl::Status Why(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_) {
     if (!absl::IsCancelled(s) || s.message() != "woken") return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return absl::CancelledError(cancelled_.empty() ? "the sender was closed" : cancelled_);
   }
 
@@ -925,19 +929,22 @@ class PeerConnection {
 
   const std::string address_;
   const TransportOptions opt_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<OutPart> queue_;  // under mu_
-  bool stop_ = false;
-  std::string cancelled_;
-  bool idle_ = false;     // the thread waits for work, with nothing awaiting acknowledgement
-  bool polling_ = false;  // the thread waits for acknowledgements (AwaitAcks)
-  bool claimed_ = false;  // a caller writes a part on the idle or polling thread's behalf
-  bool open_soon_ = false;  // OpenSoon asked the thread to connect
-  bool cancel_handled_ = false;  // the thread failed what cancelled_ ends
-  std::shared_ptr<SendCanceller> canceller_;  // the one this connection is registered with
-  WakeFd cancel_, kick_;
-  // The thread's alone, or the caller's that claimed it:
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled whenever a field under mu_ changes that a waiter waits on
+  std::deque<OutPart> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string cancelled_ ABSL_GUARDED_BY(mu_);
+  bool idle_ ABSL_GUARDED_BY(mu_) = false;     // the thread waits for work, with nothing awaiting acknowledgement
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;  // the thread waits for acknowledgements (AwaitAcks)
+  bool claimed_ ABSL_GUARDED_BY(mu_) = false;  // a caller writes a part on the idle or polling thread's behalf
+  bool open_soon_ ABSL_GUARDED_BY(mu_) = false;       // OpenSoon asked the thread to connect
+  bool cancel_handled_ ABSL_GUARDED_BY(mu_) = false;  // the thread failed what cancelled_ ends
+  // The one this connection is registered with: the owner's alone (the constructor, Rearm and
+  // Close run on the thread that owns the TensorClient), never the connection thread's.
+  std::shared_ptr<SendCanceller> canceller_;
+  WakeFd cancel_, kick_;  // eventfds, woken from any thread (Cancel and Close; Enqueue)
+  // Not under mu_: the thread's alone, or the caller's that claimed it (claimed_, set under mu_
+  // while the thread is idle or polling and touches none of these until it is cleared again):
   std::deque<OutPart> awaiting_;  // written (or being written), acknowledgement not yet read
   std::string acks_;              // bytes of acknowledgements not yet whole
   bool proof_unacknowledged_ = false;  // the next acknowledgement is the handshake's (Handshake)
@@ -947,64 +954,64 @@ class PeerConnection {
 };
 
 void SendCanceller::Cancel(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!reason_.empty()) return;
   reason_ = reason.empty() ? "cancelled" : reason;
   for (PeerConnection* c : connections_) c->Cancel(reason_);
 }
 
 std::string SendCanceller::reason() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return reason_;
 }
 
 bool SendCanceller::Register(PeerConnection* c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!reason_.empty()) return false;
   connections_.insert(c);
   return true;
 }
 
 void SendCanceller::Unregister(PeerConnection* c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   connections_.erase(c);
 }
 
 void SendOp::PartWritten() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--unwritten_ == 0) cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  if (--unwritten_ == 0) cv_.SignalAll();
 }
 
 void SendOp::WaitWritten() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return unwritten_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (unwritten_ != 0) cv_.Wait(&mu_);
 }
 
 void SendOp::PartDone(const absl::Status& s, bool written) {
   absl::Status failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!written && --unwritten_ == 0) cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    if (!written && --unwritten_ == 0) cv_.SignalAll();
     if (!s.ok() && status_.ok()) {
       status_ = absl::Status(s.code(), absl::StrCat("sending ", what_, ": ", s.message()));
       if (!absl::IsCancelled(s)) failed = status_;
     }
     if (--pending_ == 0) {
       seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      cv_.notify_all();
+      cv_.SignalAll();
     }
   }
   if (!failed.ok() && on_failure_) on_failure_(failed);
 }
 
 absl::Status SendOp::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (pending_ != 0) cv_.Wait(&mu_);
   return status_;
 }
 
 bool SendOp::Done() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pending_ == 0;
 }
 
@@ -1060,7 +1067,10 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     for (size_t p = 0; p < parts; ++p) EncodeWire(data + lo[p], lo[p + 1] - lo[p], dtype, op->wire_.data() + at[p]);
     wire = op->wire_.data();
   }
-  op->pending_ = op->unwritten_ = static_cast<int>(parts);
+  {
+    absl::MutexLock lock(&op->mu_);
+    op->pending_ = op->unwritten_ = static_cast<int>(parts);
+  }
   const Deadline deadline = op->start_ + options_.timeout;
   for (size_t p = 0; p < parts; ++p) {
     proto::TensorHeader h = header;

@@ -26,30 +26,29 @@
 // connection and touch nothing else.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "format/wire_dtype.h"
 #include "longhaul.pb.h"
 #include "transport/job_secret.h"
 #include "transport/mailbox.h"
 #include "transport/socket_io.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
 inline constexpr uint32_t kProtocolVersion = 8;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
-inline constexpr size_t kMaxJobIdBytes = 256;
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;
 // Each side's proof of the job secret in a tensor port's handshake, over the job id and both
 // nonces; labelled apart (JobSecret::Proof), so that neither proof can stand for the other.
@@ -66,19 +65,21 @@ struct OutPart;
 // out transport.timeout_s on a peer that is gone.
 class SendCanceller {
  public:
-  void Cancel(const std::string& reason);
+  // Cancels every registered connection under the lock (PeerConnection::Cancel takes the
+  // connection's own: this one is always taken first).
+  void Cancel(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Empty until Cancel.
-  std::string reason();
+  std::string reason() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class PeerConnection;
   // False (and nothing registered) once cancelled.
-  bool Register(PeerConnection* c);
-  void Unregister(PeerConnection* c);
+  bool Register(PeerConnection* c) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unregister(PeerConnection* c) ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::mutex mu_;
-  std::set<PeerConnection*> connections_;
-  std::string reason_;
+  absl::Mutex mu_;
+  std::set<PeerConnection*> connections_ ABSL_GUARDED_BY(mu_);
+  std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
 struct TransportOptions {
@@ -133,12 +134,12 @@ class TensorServer {
   // host:port actually bound.
   const std::string& address() const { return address_; }
   // The job whose peers are accepted; a worker learns it from the plan after it started listening.
-  void SetJobId(const std::string& job_id);
-  std::string job_id() const;
+  void SetJobId(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string job_id() const ABSL_LOCKS_EXCLUDED(mu_);
   // How long a tensor part may take from its header to its checksum (transport.timeout_s; 120 s
   // until set). Waits between parts have no limit: a quiet peer is a peer between iterations.
-  void SetPartTimeout(std::chrono::milliseconds timeout);
-  std::chrono::milliseconds part_timeout() const;
+  void SetPartTimeout(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  std::chrono::milliseconds part_timeout() const ABSL_LOCKS_EXCLUDED(mu_);
   // Who sent a connection's last admitted part, as its header said: its place under its plan version.
   struct Sender {
     int stage = 0, replica = 0;
@@ -147,15 +148,18 @@ class TensorServer {
   // Called, from the connection's thread, when a sender whose tensors this server admitted closes
   // its connection or the connection breaks (not at Shutdown). A killed process's connections
   // close at once, so this is the first evidence of its death.
-  void SetSenderLeftObserver(std::function<void(const Sender&)> observer);
+  void SetSenderLeftObserver(std::function<void(const Sender&)> observer) ABSL_LOCKS_EXCLUDED(mu_);
   // Connections and parts refused so far (stranger, garbage, bad header, checksum), and the last
   // reason.
   int refused() const { return refused_.load(); }
-  std::string last_refusal() const;
+  std::string last_refusal() const ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the port and every connection (a part half received is abandoned) and joins them.
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(conns_mu_);
 
  private:
+  // Shared by the acceptor and the connection's own thread: fd and peer_ip are set before the
+  // thread starts and not changed after, done and hello are atomic, and the thread is joined by
+  // the acceptor (ReapFinished, once done) or Shutdown, under conns_mu_.
   struct Connection {
     int fd = -1;
     std::thread thread;
@@ -163,11 +167,13 @@ class TensorServer {
     // Where the hello stands: its end (proved or not) and an eviction (AcceptLoop) race for it.
     enum HelloState { kInHello, kProved, kEnded, kEvicted };
     std::atomic<int> hello{kInHello};
-    std::mutex fd_mu;  // an eviction shuts the socket down under it, so it is not closed meanwhile
+    // Guards no field: an eviction shuts the socket down under it, and the thread closes the socket
+    // under it, so a socket is never shut down after its number was closed (and maybe reused).
+    absl::Mutex fd_mu;
     uint32_t peer_ip = 0;  // the peer's IPv4 address, in network order
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret);
-  void AcceptLoop();
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(conns_mu_);
   // The hello, then parts until the peer closes or a part is refused.
   void Serve(Connection* c);
   // The hello and the secret's proofs, checked, within kHelloTimeout.
@@ -185,26 +191,30 @@ class TensorServer {
   // Reads a part's `bytes` through `scratch` and its checksum, keeping nothing: whether they agree.
   absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
                                       Deadline deadline);
-  void Refuse(const std::string& why);
-  // Shuts down a connection still in its hello (conns_mu_ held), the oldest of an address holding
-  // more than half of kMaxConnections in their hellos, else the oldest: whether there was one.
-  bool EvictOneInHello();
-  void ReapFinished();
+  void Refuse(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Shuts down a connection still in its hello, the oldest of an address holding more than half
+  // of kMaxConnections in their hellos, else the oldest: whether there was one.
+  bool EvictOneInHello() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
+  // Shuts down the oldest connection still in its hello, of peer address `from` where given.
+  bool EvictOldestInHello(std::optional<uint32_t> from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
+  void ReapFinished() ABSL_LOCKS_EXCLUDED(conns_mu_);
 
-  std::string job_id_, address_;
+  // Set before the acceptor starts (Start), read-only after.
+  std::string address_;
   const JobSecret secret_;
   Mailbox* mailbox_;
   const TensorAdmission* admission_;
   int listen_fd_ = -1;
-  WakeFd stop_;
-  std::thread acceptor_;
-  std::mutex conns_mu_;
-  std::list<Connection> conns_;
-  std::atomic<int> refused_{0};
-  mutable std::mutex mu_;
-  std::string last_refusal_;
-  std::chrono::milliseconds part_timeout_{120000};
-  std::function<void(const Sender&)> sender_left_;
+  WakeFd stop_;           // an eventfd: Shutdown wakes every thread's waits with it
+  std::thread acceptor_;  // started by Start, joined by Shutdown
+  absl::Mutex conns_mu_;  // taken before mu_ (AcceptLoop refuses under it) and before a Connection's fd_mu
+  std::list<Connection> conns_ ABSL_GUARDED_BY(conns_mu_);
+  std::atomic<int> refused_{0};  // counted without a lock
+  mutable absl::Mutex mu_;
+  std::string job_id_ ABSL_GUARDED_BY(mu_);
+  std::string last_refusal_ ABSL_GUARDED_BY(mu_);
+  std::chrono::milliseconds part_timeout_ ABSL_GUARDED_BY(mu_) = std::chrono::milliseconds(120000);
+  std::function<void(const Sender&)> sender_left_ ABSL_GUARDED_BY(mu_);
 };
 
 // One send in flight: its bytes are written (the caller's buffer is free again) before the
@@ -212,31 +222,38 @@ class TensorServer {
 class SendOp {
  public:
   // Until every part was acknowledged or failed.
-  absl::Status Wait();
+  absl::Status Wait() ABSL_LOCKS_EXCLUDED(mu_);
   // Until every part's bytes are in the kernel's socket buffers (or the part failed): from then on
   // the caller may change the data it sent from.
-  void WaitWritten();
-  bool Done();
-  double seconds() const { return seconds_; }  // from start to the last acknowledgement
+  void WaitWritten() ABSL_LOCKS_EXCLUDED(mu_);
+  bool Done() ABSL_LOCKS_EXCLUDED(mu_);
+  // From start to the last acknowledgement.
+  double seconds() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return seconds_;
+  }
   std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
   friend class TensorClient;
   friend class PeerConnection;
   friend struct OutPart;
-  void PartWritten();
+  void PartWritten() ABSL_LOCKS_EXCLUDED(mu_);
   // Acknowledged or failed; `written` says whether PartWritten came first.
-  void PartDone(const absl::Status& s, bool written);
+  void PartDone(const absl::Status& s, bool written) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Set by TensorClient::Send before the op's parts are queued, read-only after:
   std::vector<uint8_t> wire_;  // the encoded tensor, until every part is done
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int pending_ = 0, unwritten_ = 0;
-  absl::Status status_;
   std::chrono::steady_clock::time_point start_;
-  double seconds_ = 0;
   std::string what_;
   std::function<void(const absl::Status&)> on_failure_;  // TensorClient::Send's
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when the last part is written, and when the last is done
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;    // parts not yet acknowledged or failed
+  int unwritten_ ABSL_GUARDED_BY(mu_) = 0;  // parts not yet in the socket buffers (or failed)
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  double seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Sends tensors to one peer over transport.connections connections, each with its own thread

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "config/job_config.h"
+#include "format/wire_dtype.h"
 #include "longhaul.pb.h"
-#include "transport/wire_dtype.h"
 
 namespace longhaul {
 
@@ -64,37 +64,8 @@ WirePlan WiresOf(const proto::Plan& plan);
 // Fixes every stream of `plan` (the job's first layout, at[stage][replica] its workers, its links'
 // dtypes and shards set) at its link's dtype; `micro_batches` is train.micro_batches.
 void FixStreamWires(const std::vector<std::vector<int>>& at, int micro_batches, proto::Plan& plan);
-// The id of the worker that runs (stage, replica) in `plan`, or -1.
-int WorkerAt(const proto::Plan& plan, int stage, int replica);
-// Worker `id`'s assignment in `plan`, or null where the plan has none for it (a spare).
-const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
-// The micro-batches each replica of `plan` runs: Plan.micro_batches, or the config's.
-int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
-// The job's replicas each replica of `plan` stands for: 1 in the config's layout, more in a shrunk
-// one, whose replica runs that many groups of train.micro_batches and pushes each group's
-// gradients on its own, so the shards sum the job's replicas in their order whatever the layout.
-int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg);
 // (stage, job replica) of every push stream of `plan` that carries error feedback: the replica's
 // worker pushes a shard of its stage over an int8 wire. Their residuals are part of a checkpoint.
 std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const JobConfig& cfg);
-// The iteration a plan's run stops before: the plan's stop (`longhaul local --stop-at`), else
-// train.steps.
-inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
-  return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
-}
-// A plan's replicas run the job's global batch (cfg.cluster.replicas x cfg.train.micro_batches),
-// no more replicas than the config's and a count that divides it (whole groups, GroupsPerReplica):
-// what a worker checks before it sizes anything by the plan.
-absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);
-// A plan's parameter-server shards are the job's cuts (ParamLayout::PsShards of each stage: the
-// same numbers and tensor ranges, each once), each on a replica the plan runs: a shard hosted
-// nowhere, twice or on a replica that does not exist would leave the workers waiting for
-// parameters nobody sends, or step tensors twice.
-absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg);
-// A plan is a layout of `cfg` (the plan's own config): its stages, a worker at each (stage,
-// replica) it runs and nowhere else, each worker once, each with its stage's blocks of the cut;
-// its replicas' batches (CheckReplicaBatches) and shards (CheckPlanShards). What a worker checks
-// before it indexes anything by the plan, and a coordinator before it resumes a job state's.
-absl::Status CheckPlanLayout(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul

@@ -3,15 +3,15 @@
 // holding a lock others wait on does not wait for the disk: the coordinator rewrites its job state
 // under the lock its plan requests wait on, and a recovery's new plan version waited 0.4-2.3 ms
 // (once 3.5) for two such files on these virtual disks before any worker heard of it.
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace longhaul {
 
@@ -27,24 +27,27 @@ class BackgroundWriter {
   // later Post arrives before the writing began, only the latest contents of each path are written
   // (in the order of the latest Post): a reader wants the newest, not every one. Returns the post's
   // number (1, 2, ...), which written() reaches once it is written (or failed).
-  uint64_t Post(std::vector<std::pair<std::string, std::string>> files);
+  uint64_t Post(std::vector<std::pair<std::string, std::string>> files) ABSL_LOCKS_EXCLUDED(mu_);
   // The number of the last post written (or failed), and every one before it: 0 before any.
-  uint64_t written();
+  uint64_t written() ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once everything posted so far is written (or failed).
-  void Flush();
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   // The first write that failed, with its reason; OK while every one succeeded.
-  absl::Status status();
+  absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  // The writing thread's loop: takes what is pending, writes it without the lock, until stopped.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<std::string, std::string>> pending_;  // under mu_
-  bool stop_ = false;
-  uint64_t posted_ = 0, written_ = 0;  // post numbers: everything is on disk where they are equal
-  absl::Status status_;
-  std::thread thread_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when a post arrives, a write ends, or the writer stops
+  std::vector<std::pair<std::string, std::string>> pending_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Post numbers: everything is on disk where they are equal.
+  uint64_t posted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // started by the constructor, joined by the destructor
 };
 
 }  // namespace longhaul

@@ -39,7 +39,7 @@
 #include "tests/support/recoveries.h"
 #include "tests/support/tiny_model.h"
 #include "transport/job_secret.h"
-#include "transport/wire_plan.h"
+#include "layout/plan_layout.h"
 #include "util/ports.h"
 
 namespace longhaul {

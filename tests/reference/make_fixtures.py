@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch reference for longhaul's CPU model.
 
-Builds the same GPT as runtime/model/gpt_stage (pre-LayerNorm blocks, tanh GELU, learned
+Builds the same GPT as runtime/cpu/gpt_stage (pre-LayerNorm blocks, tanh GELU, learned
 positions, optional tied head, causal or prefix-LM attention, per-position loss weights), runs it
 in float64 and writes, per config, one safetensors file under fixtures/ with:
   the initial parameters under longhaul's names, their gradients as grad.<name>,

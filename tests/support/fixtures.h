@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "data/micro_batch.h"
+#include "model/micro_batch.h"
 #include "model/model_config.h"
 
 namespace longhaul::testing {

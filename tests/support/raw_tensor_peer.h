@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "longhaul.pb.h"
 #include "tests/support/loopback.h"
-#include "transport/crc32c.h"
+#include "util/crc32c.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul::testing {

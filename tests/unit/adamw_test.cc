@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "model/param_layout.h"
+
 namespace longhaul {
 namespace {
 
@@ -19,7 +21,7 @@ TEST(AdamW, OneStepMatchesTheFormulaAndDecaysOnlyMatrices) {
   std::vector<float> p(layout.total(), 0.5f), g(layout.total());
   for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
   AdamWConfig ac{0.9f, 0.95f, 1e-8f, 0.1f};
-  AdamW opt(ac, layout);
+  AdamW opt(ac, layout.DecayFlags());
   const float lr = 0.01f;
   opt.Step(p.data(), g.data(), lr, 1);
   for (const ParamTensor& t : layout.tensors()) {
@@ -37,7 +39,7 @@ TEST(AdamW, ShardsTogetherEqualTheWhole) {
   const size_t n = layout.total(), cut = n / 3;  // cuts through the middle of a tensor
   std::vector<float> whole(n, 0.1f), sharded(n, 0.1f), g(n);
   for (size_t i = 0; i < n; ++i) g[i] = std::sin(static_cast<float>(i));
-  AdamW full({}, layout), a({}, layout, 0, cut), b({}, layout, cut, n);
+  AdamW full({}, layout.DecayFlags()), a({}, layout.DecayFlags(0, cut)), b({}, layout.DecayFlags(cut, n), cut);
   for (int step = 1; step <= 3; ++step) {
     full.Step(whole.data(), g.data(), 1e-2f, step);
     a.Step(sharded.data(), g.data(), 1e-2f, step);

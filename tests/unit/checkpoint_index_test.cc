@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "checkpoint/safetensors.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "checkpoint/safetensors.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

@@ -70,7 +70,7 @@ TEST(CpuStage, AnAttachedOptimizerStepsAsTheParameterServerWould) {
   ASSERT_TRUE((*s)->Backward(0, mb, nullptr, 1.0f).ok());
   const size_t n = (*s)->num_params();
   std::vector<float> params(*(*s)->Params(), *(*s)->Params() + n), grads(*(*s)->Grads(), *(*s)->Grads() + n);
-  AdamW adamw(settings.adamw, (*s)->layout());
+  AdamW adamw(settings.adamw, (*s)->layout().DecayFlags());
   const OptimizerStepResult want =
       ApplyOptimizerStep(params.data(), grads.data(), n, adamw, settings.schedule, settings.grad_clip, 0);
   auto got = (*s)->Step(0);

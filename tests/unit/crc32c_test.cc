@@ -1,4 +1,4 @@
-#include "transport/crc32c.h"
+#include "util/crc32c.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/safetensors.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

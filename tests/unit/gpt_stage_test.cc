@@ -1,14 +1,13 @@
 // Stage slicing: running the model as consecutive stages gives the whole model's loss and
 // gradients, and recompute changes nothing; an exchange hook that says stop ends the forward or
 // backward there.
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "data/batch_sampler.h"
-#include "optim/train_step.h"
 
 namespace longhaul {
 namespace {

@@ -18,7 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
+#include "util/files.h"
 #include "worker/stage_factory.h"
 
 namespace longhaul {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "tests/support/prometheus_parse.h"
 
 namespace longhaul {

@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors.h"
 #include "coordinator/planning.h"
 #include "transport/job_secret.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

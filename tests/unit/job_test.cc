@@ -15,9 +15,10 @@
 #include "coordinator/recovery.h"
 #include "coordinator/reports.h"
 #include "coordinator/supervisor.h"
+#include "layout/plan_layout.h"
 #include "transport/identity.h"
 #include "transport/tensor_transport.h"
-#include "transport/wire_plan.h"
+#include "util/files.h"
 
 namespace longhaul {
 namespace {

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "model/param_layout.h"
 
 namespace longhaul {

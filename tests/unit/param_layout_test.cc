@@ -92,6 +92,19 @@ TEST(ParamLayout, DecayOnlyOnMatricesAndEmbeddings) {
   for (const ParamTensor& t : l.tensors()) EXPECT_EQ(t.decay, t.shape.size() == 2) << t.name;
 }
 
+// AdamW's flags per float: each float's tensor's, over the whole buffer or any range of it (a
+// shard may cut through a tensor).
+TEST(ParamLayout, DecayFlagsAreEachFloatsTensors) {
+  const ModelConfig c = Cfg(false);
+  ParamLayout l(c, StageSpec::Whole(c));
+  const std::vector<uint8_t> whole = l.DecayFlags();
+  ASSERT_EQ(whole.size(), l.total());
+  for (const ParamTensor& t : l.tensors())
+    for (size_t i = t.offset; i < t.offset + t.size; ++i) ASSERT_EQ(whole[i], t.decay ? 1 : 0) << t.name << " " << i;
+  const size_t begin = l.tensors()[0].size / 2, end = l.total() - 3;
+  EXPECT_EQ(l.DecayFlags(begin, end), std::vector<uint8_t>(whole.begin() + begin, whole.begin() + end));
+}
+
 }  // namespace
 }  // namespace longhaul
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 #include "tests/support/fixtures.h"
 #include "optim/train_step.h"
 
@@ -60,7 +60,7 @@ TEST_P(ParityTest, MatchesPyTorch) {
     std::copy(src.begin(), src.end(), s.params() + t.offset);
   }
   AdamWConfig ac{f.cfg["beta1"], f.cfg["beta2"], f.cfg["eps"], f.cfg["weight_decay"]};
-  AdamW adamw(ac, s.layout());
+  AdamW adamw(ac, s.layout().DecayFlags());
   LrSchedule sched{f.cfg["lr"], f.cfg["min_lr"], f.cfg["warmup_steps"], f.cfg["steps"]};
   const std::vector<float>& ref_losses = f.T("out.step_losses");
   for (int step = 0; step < static_cast<int>(ref_losses.size()); ++step) {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/memory_estimate.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 namespace longhaul {
 namespace {

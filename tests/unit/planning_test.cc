@@ -10,8 +10,9 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 #include "plan/job_problem.h"
 #include "schedule/schedule.h"
 #include "transport/link_connections.h"

@@ -78,7 +78,7 @@ TEST(PsHost, SumsInReplicaOrderStepsWithTheGlobalNormAndSendsToEveryReplica) {
   for (size_t i = 0; i < n; ++i) g[i] += f.pushes[1][i];
   Scale(g.data(), n, 0.5f);
   const double sum_squares = SquaredNorm(g.data(), n);
-  AdamW adamw(AdamWConfig{}, f.layout);
+  AdamW adamw(AdamWConfig{}, f.layout.DecayFlags());
   ApplyOptimizerStepWithNorm(want.data(), g.data(), n, adamw, kSchedule, 1.0f, 0, std::sqrt(sum_squares));
 
   ASSERT_TRUE(host.ReduceNorm(0).ok());

@@ -1,6 +1,6 @@
 // The resume comparison: every key that changes the math, the samples or the layout must match,
 // the rest may change, and a checkpoint that predates a key counts it at its default.
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "netem/scenario.h"
+#include "scenario/scenario.h"
 
 #include <gtest/gtest.h>
 

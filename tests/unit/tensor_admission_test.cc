@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 #include "worker/link_probe.h"

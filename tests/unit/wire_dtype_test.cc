@@ -1,6 +1,6 @@
 // Wire encodings: sizes, the error each allows, NaN kept a NaN, int8's blocks, and which dtype
 // each kind of tensor travels in.
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 
 #include <gtest/gtest.h>
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "data/micro_batch.h"
 #include "model/exchange_hooks.h"
+#include "model/micro_batch.h"
 #include "model/model_config.h"
 #include "model/param_layout.h"
 
@@ -107,5 +107,10 @@ class GptStage {
   std::unique_ptr<BlockActs> recompute_acts_;
   std::vector<float> g_resid_, g_ln_, g_atty_, g_qkv_, g_fch_, attn_scratch_;
 };
+
+// The gradients' half of one optimizer step in a single process, for the tests and benchmarks:
+// zeroes the gradients, runs forward and backward of every micro-batch (each scaled by 1/M) and
+// returns the mean micro-batch loss. The stage must hold the whole model.
+double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches);
 
 }  // namespace longhaul

@@ -1,4 +1,4 @@
-#include "config/resume_check.h"
+#include "checkpoint/resume_check.h"
 
 #include <vector>
 

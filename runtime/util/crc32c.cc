@@ -1,4 +1,4 @@
-#include "transport/crc32c.h"
+#include "util/crc32c.h"
 
 #include <cstring>
 #if defined(__SSE4_2__)

@@ -8,6 +8,9 @@
 // NaN throughout, so a non-finite gradient still stops the step. The error is at most half a
 // step, scale / 2, of the block's largest magnitude: 0.4%. Parameters never travel in int8
 // (WireDtypeFor): a model computing with 8-bit weights is another model.
+//
+// A format is chosen by the config (transport.wire_dtype), sent and admitted by the transport and
+// priced by the planner's simulator: it sits below all three.
 #include <cstddef>
 #include <cstdint>
 #include <string>

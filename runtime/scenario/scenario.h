@@ -11,6 +11,10 @@
 //   jitter_ms = [[0, 2], [2, 0]]      # optional, same shape
 //   loss = 0.0                        # optional, probability per packet, every link
 //   placement = [0, 1, 0, 1]          # optional site of host i; default round-robin
+//
+// netem/ emulates a scenario's links and the planner prices them (plan/cost_model.h), so it sits in
+// runtime/ below the planner; it keeps netem's namespace, whose scenario files (netem/scenarios/)
+// it reads.
 #include <string>
 #include <vector>
 

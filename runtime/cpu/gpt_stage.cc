@@ -1,4 +1,4 @@
-#include "model/gpt_stage.h"
+#include "cpu/gpt_stage.h"
 
 #include <cstring>
 
@@ -202,6 +202,17 @@ const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const fl
   cpu::EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), g_resid_.data(), mb.tokens.data(), B_, T_, C);
   BackwardDone(0);  // the last contribution: nothing is left to give up
   return nullptr;
+}
+
+double AccumulateGradients(GptStage& stage, GptStage::Activations& act, const std::vector<MicroBatch>& micro_batches) {
+  stage.ZeroGrads();
+  const float scale = 1.0f / static_cast<float>(micro_batches.size());
+  double loss = 0;
+  for (const MicroBatch& mb : micro_batches) {
+    loss += stage.Forward(act, mb, nullptr) * scale;
+    stage.Backward(act, mb, nullptr, scale);
+  }
+  return loss;
 }
 
 }  // namespace longhaul

@@ -1,4 +1,4 @@
-#include "transport/wire_dtype.h"
+#include "format/wire_dtype.h"
 
 #include <algorithm>
 #include <cmath>
