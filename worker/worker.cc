@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -48,6 +49,24 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A failure while a set-up brings in the checkpoint its plan resumes from carries that checkpoint's
+// name as a payload: the failure is the worker's own (a file corrupt, truncated or missing), which
+// no lost peer explains, whatever its code says of the reader that met it (DataLoss,
+// FailedPrecondition, a fetch's), and the coordinator, told the name, checks that checkpoint.
+constexpr char kResumedCheckpointPayload[] = "longhaul/resumed_checkpoint";
+
+absl::Status InResumedCheckpoint(absl::Status s, const std::string& name) {
+  if (!s.ok()) s.SetPayload(kResumedCheckpointPayload, absl::Cord(name));
+  return s;
+}
+
+// The checkpoint a failure came in bringing in (InResumedCheckpoint), if it came there.
+std::optional<std::string> ResumedCheckpointOf(const absl::Status& s) {
+  const absl::optional<absl::Cord> name = s.GetPayload(kResumedCheckpointPayload);
+  if (!name) return std::nullopt;
+  return std::string(*name);
+}
 
 // One worker: its parts (coordinator client, tensor server, peer directory, parameter-server
 // host, executor) put together, and the loop over iterations.
@@ -91,7 +110,8 @@ class Worker {
   // installed, its config read, this worker's place in it taken, the links to its peers opened,
   // the samplers, stage and exchange (channel and parameter-server host) built, the stage's
   // shards given their state, the stage's own optimizer state and the residuals resumed, and the
-  // executor built.
+  // executor built. A failure in the three phases that bring in the resumed checkpoint is marked
+  // as one there (InResumed).
   absl::Status Setup();
   // What the version before leaves the next: the iteration whose parameters its stage held (-1:
   // none, or a pull part way) and the shards it hosted.
@@ -190,10 +210,18 @@ class Worker {
   // only if this worker runs an older plan than that (it may have moved to it already).
   void Stop(const std::string& reason, uint64_t newer_plan = 0) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // A failure a lost peer may explain (a closed connection, a receive or report that could not
-  // complete): the coordinator may answer it with a new plan.
+  // complete): the coordinator may answer it with a new plan. One in bringing in the resumed
+  // checkpoint is this worker's own, but where it could not reach the coordinator that keeps the
+  // checkpoint's pieces, or was told that a newer plan replaced its own (Aborted).
   static bool PeerMayExplain(const absl::Status& s) {
-    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
-           absl::IsDataLoss(s) || absl::IsFailedPrecondition(s);
+    const bool unreached = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) ||
+                           absl::IsCancelled(s);
+    return unreached || (!ResumedCheckpointOf(s) && (absl::IsDataLoss(s) || absl::IsFailedPrecondition(s)));
+  }
+  // `s`, where the phase that failed brings in the checkpoint plan_ resumes from, marked as a
+  // failure there (InResumedCheckpoint).
+  absl::Status InResumed(absl::Status s) const {
+    return Resumed() ? InResumedCheckpoint(std::move(s), plan_.resume_checkpoint()) : s;
   }
   // The stage stages_ holds: from SetUpStage on.
   Stage& stage() const { return *stages_.stage(); }
@@ -438,9 +466,9 @@ absl::Status Worker::Setup() {
   LH_RETURN_IF_ERROR(SetUpSamplers());
   LH_ASSIGN_OR_RETURN(const bool kept, SetUpStage(device));
   BuildExchange();
-  LH_RETURN_IF_ERROR(SetUpShards(device, kept, left));
-  LH_RETURN_IF_ERROR(ResumeStageOptimizer());
-  LH_RETURN_IF_ERROR(ResumeResiduals());
+  LH_RETURN_IF_ERROR(InResumed(SetUpShards(device, kept, left)));
+  LH_RETURN_IF_ERROR(InResumed(ResumeStageOptimizer()));
+  LH_RETURN_IF_ERROR(InResumed(ResumeResiduals()));
   BuildExecutor();
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
                                stage().spec().first_block, stage().spec().end_block, cfg_.model.n_layer,
@@ -687,11 +715,14 @@ absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, Sha
         return mv;
       }).share();
   ps_host_->AddPending(
-      [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+      [moments, params = std::move(params), make_shard, shard = sp.shard(),
+       name = plan_.resume_checkpoint()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
         const Moments& mv = moments.get();
         if (!mv.ok()) {
-          return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
-                                                                  shard, mv.status().message()));
+          return InResumedCheckpoint(
+              absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
+                                                               shard, mv.status().message())),
+              name);
         }
         return make_shard(params.data(), mv->data(), mv->data() + params.size());
       },
@@ -1097,6 +1128,7 @@ absl::Status Worker::Run() {
   done.set_worker_id(client_.worker_id());
   done.set_ok(status.ok());
   done.set_error(std::string(status.message()));
+  if (const std::optional<std::string> name = ResumedCheckpointOf(status)) done.set_resumed_checkpoint(*name);
   client_.ReportDone(done);
   if (!status.ok()) return absl::Status(status.code(), absl::StrCat(Who(), " ", status.message()));
   return absl::OkStatus();

@@ -264,7 +264,9 @@ absl::StatusOr<State::File> Listed(const std::string& dir, const State& state, c
 absl::Status SizeAsListed(const std::string& path, uint64_t bytes, const State::File& listed) {
   if (bytes == listed.bytes) return absl::OkStatus();
   return absl::DataLossError(
-      absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d", path, bytes, listed.bytes));
+      absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d (restore it or resume from an earlier "
+                      "step)",
+                      path, bytes, listed.bytes));
 }
 
 absl::Status CrcAsListed(const std::string& path, uint32_t crc, const State::File& listed) {
