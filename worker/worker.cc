@@ -225,7 +225,13 @@ class Worker {
   }
   // The stage stages_ holds: from SetUpStage on.
   Stage& stage() const { return *stages_.stage(); }
-  std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
+  // This worker's label in what it prints: what it knows of itself, its id once it registered and
+  // its place once a plan gave it one.
+  std::string Who() const {
+    if (client_.worker_id() < 0) return "[worker]";
+    if (s_ < 0) return absl::StrFormat("[worker %d]", client_.worker_id());
+    return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_);
+  }
   void SetThreads(const JobConfig& cfg) const {
     omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
   }
@@ -269,7 +275,7 @@ class Worker {
   absl::Mutex trusted_mu_;
   std::set<std::string> trusted_ ABSL_GUARDED_BY(trusted_mu_);        // whole pieces
   std::set<std::string> trusted_state_ ABSL_GUARDED_BY(trusted_mu_);  // pieces whose state.json alone
-  int s_ = 0, r_ = 0, M_ = 1;
+  int s_ = -1, r_ = -1, M_ = 1;  // this worker's place (-1: none yet) and its micro-batches
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
   std::string data_key_;  // what data_ was loaded for: LoadDataset's keys of the config
@@ -327,15 +333,15 @@ absl::Status Worker::Join() {
   proto::ComputeProfile compute;  // zeros, where the probe could not run: priced as free
   if (measured.ok()) {
     compute = *measured;
-    std::cout << absl::StrFormat("[worker %d] timed on %s: a block %.2f + %.2f ms, the head %.2f + %.2f ms (forward "
-                                 "+ backward, one micro-batch)\n",
-                                 client_.worker_id(), BackendName(device), 1e3 * compute.block_forward_s(),
+    std::cout << absl::StrFormat("%s timed on %s: a block %.2f + %.2f ms, the head %.2f + %.2f ms (forward + "
+                                 "backward, one micro-batch)\n",
+                                 Who(), BackendName(device), 1e3 * compute.block_forward_s(),
                                  1e3 * compute.block_backward_s(), 1e3 * compute.head_forward_s(),
                                  1e3 * compute.head_backward_s())
               << std::flush;
   } else if (absl::IsResourceExhausted(measured.status())) {
     // The plan goes on; this worker's own stage check, once it has one, names the fix.
-    std::cout << absl::StrFormat("[worker %d] not timed: %s\n", client_.worker_id(), measured.status().message());
+    std::cout << absl::StrFormat("%s not timed: %s\n", Who(), measured.status().message());
   } else {
     return measured.status();
   }
@@ -347,8 +353,8 @@ absl::Status Worker::Join() {
   LH_RETURN_IF_ERROR(LoadData(cfg));
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     WarmSpareStages(cfg, reply.config_toml());
-    std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place (%d of %d stages built)\n",
-                                 client_.worker_id(), stages_.warm_stages(), cfg.cluster.stages)
+    std::cout << absl::StrFormat("%s a spare: waits for a lost worker's place (%d of %d stages built)\n", Who(),
+                                 stages_.warm_stages(), cfg.cluster.stages)
               << std::flush;
   }
   WarmClients(cfg);
@@ -449,8 +455,8 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
   proto::LinkReport report;
   report.set_worker_id(client_.worker_id());
   for (const proto::LinkMeasurement& m : links) {
-    std::cout << absl::StrFormat("[worker %d] link to worker %d: round trip %.2f ms, %.0f Mbit/s\n",
-                                 client_.worker_id(), m.to_worker(), 1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
+    std::cout << absl::StrFormat("%s link to worker %d: round trip %.2f ms, %.0f Mbit/s\n", Who(), m.to_worker(),
+                                 1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
               << std::flush;
     *report.add_links() = m;
   }
@@ -1053,7 +1059,7 @@ absl::Status Worker::RunPlan() {
 absl::Status Worker::Run() {
   absl::Status status = Join();
   if (absl::IsOutOfRange(status)) {
-    std::cout << absl::StrFormat("[worker %d] the job finished without needing this spare\n", client_.worker_id());
+    std::cout << absl::StrFormat("%s the job finished without needing this spare\n", Who());
     proto::DoneReport done;
     done.set_worker_id(client_.worker_id());
     done.set_ok(true);
