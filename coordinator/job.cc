@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/run_model.h"
 #include "coordinator/planning.h"
 #include "layout/plan_layout.h"
 #include "metrics/timeline.h"
@@ -239,6 +240,20 @@ std::string Job::ResumeAdvice() const {
   return absl::StrFormat("start the job again from the beginning: no checkpoint was written yet (set "
                          "train.checkpoint_every, now %d, to keep progress)",
                          cfg.train.checkpoint_every);
+}
+
+void Job::NameIntactCheckpoint() {
+  const std::string& root = checkpoints.root();
+  // Whole files: the worker's message says what else failed.
+  if (failed_checkpoint.empty() || VerifyCheckpointStep(root, failed_checkpoint).ok()) return;
+  const absl::StatusOr<int64_t> step = CheckpointStep(failed_checkpoint);
+  const absl::StatusOr<std::string> intact = step.ok() ? LastIntactCheckpoint(root, *step) : step.status();
+  abort += intact.ok() ? absl::StrFormat("; %s is broken, the last intact checkpoint is %s: write %s into %s, then "
+                                         "resume with --set train.resume=true",
+                                         failed_checkpoint, *intact, *intact, (fs::path(root) / "latest").string())
+                       : absl::StrFormat("; %s is broken and no intact checkpoint is older: start the job again "
+                                         "without train.resume",
+                                         failed_checkpoint);
 }
 
 fs::path Job::TimelinePath(int worker) const {

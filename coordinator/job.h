@@ -136,6 +136,9 @@ class Job {
   Clock::time_point finished_time ABSL_GUARDED_BY(mu);
   std::string abort ABSL_GUARDED_BY(mu);  // why the job stops; empty while it runs
   Clock::time_point abort_time ABSL_GUARDED_BY(mu);
+  // The checkpoint the running plan resumes from, where a worker's failure to bring it in stopped
+  // the job (DoneReport.resumed_checkpoint); empty otherwise.
+  std::string failed_checkpoint ABSL_GUARDED_BY(mu);
   // Locked on its own: the metrics endpoint reads it without the job's lock.
   JobMetrics metrics;
 
@@ -176,6 +179,10 @@ class Job {
   std::optional<double> Predict() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // What a person should do after the job stopped early.
   std::string ResumeAdvice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Where the job stopped for failed_checkpoint and that checkpoint is broken (VerifyCheckpointStep),
+  // the stop reason goes on to name the last intact checkpoint before it and how to resume from it,
+  // or that there is none. It reads every file of the steps it checks: called once the job ended.
+  void NameIntactCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Where a worker's timeline is in the run directory: written there by a worker that shares it,
   // shipped there by one that does not.
   std::filesystem::path TimelinePath(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

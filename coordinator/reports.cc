@@ -141,12 +141,18 @@ absl::StatusOr<std::string> FetchedPartPath(Job& job, const proto::CheckpointFet
   }
   if (absl::Status st = job.members.Check(req.worker_id()); !st.ok()) return st;
   const proto::Plan& plan = job.plans.current();
-  if (req.plan_version() != plan.version() || AssignmentOf(plan, req.worker_id()) == nullptr ||
-      plan.resume_checkpoint().empty()) {
+  // Aborted where a newer plan replaced the worker's: it goes on to that one, as after a lost peer,
+  // rather than taking the refusal for its own failure to read the checkpoint.
+  if (req.plan_version() != plan.version()) {
+    return absl::AbortedError(
+        absl::StrFormat("worker %d asks for a checkpoint under plan version %d; plan version %d is the one to fetch "
+                        "under",
+                        req.worker_id(), req.plan_version(), plan.version()));
+  }
+  if (AssignmentOf(plan, req.worker_id()) == nullptr || plan.resume_checkpoint().empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "worker %d asks for a checkpoint under plan version %d; plan version %d %s", req.worker_id(),
-        req.plan_version(), plan.version(),
-        plan.resume_checkpoint().empty() ? "resumes from none" : "is the one to fetch under"));
+        "worker %d asks for a checkpoint under plan version %d, which %s", req.worker_id(), plan.version(),
+        plan.resume_checkpoint().empty() ? "resumes from none" : "does not place it"));
   }
   reply.set_step(*CheckpointStep(plan.resume_checkpoint()));
   return (fs::path(job.checkpoints.root()) / req.piece() / plan.resume_checkpoint() / req.file()).string();
@@ -169,6 +175,11 @@ absl::Status TakeDone(Job& job, const proto::DoneReport& req) {
   // Bounded: the reason goes out again in every heartbeat's reply.
   if (!req.ok() && job.abort.empty()) {
     job.Abort(absl::StrCat("worker ", req.worker_id(), " failed: ", req.error().substr(0, 1000)));
+    // It failed bringing in the checkpoint the running plan resumes from: resumed again, the job
+    // would meet the same files. The stop reason names one to resume from once the job ended.
+    if (!req.resumed_checkpoint().empty() && req.resumed_checkpoint() == job.plans.current().resume_checkpoint()) {
+      job.failed_checkpoint = req.resumed_checkpoint();
+    }
   }
   job.cv.SignalAll();
   return absl::OkStatus();

@@ -32,7 +32,8 @@ absl::StatusOr<std::string> TimelinePartPath(Job& job, const proto::TimelineChun
 absl::StatusOr<std::string> FetchedPartPath(Job& job, const proto::CheckpointFetch& req, proto::CheckpointChunk& reply)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // A worker is done (or failed): a placed worker is done only once the job is; a failure stops the
-// job.
+// job, and one in bringing in the checkpoint the running plan resumes from is kept as
+// Job::failed_checkpoint, for the stop reason to name one to resume from instead.
 absl::Status TakeDone(Job& job, const proto::DoneReport& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
 }  // namespace longhaul

@@ -39,6 +39,7 @@ std::map<int, PortAnswer> DialWorkers(Job& job, const std::vector<int>& ids, std
 
 // The run's records once the job ended, whatever ended it; the job state goes.
 absl::Status WriteRecords(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  job.NameIntactCheckpoint();
   if (const std::optional<double> p = job.Predict()) job.log.SetPrediction(*p);
   nlohmann::json stragglers = nlohmann::json::array();
   for (const auto& [id, s] : job.stragglers.worst()) {

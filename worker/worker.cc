@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -50,6 +51,24 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A failure while a set-up brings in the checkpoint its plan resumes from carries that checkpoint's
+// name as a payload: the failure is the worker's own (a file corrupt, truncated or missing), which
+// no lost peer explains, whatever its code says of the reader that met it (DataLoss,
+// FailedPrecondition, a fetch's), and the coordinator, told the name, checks that checkpoint.
+constexpr char kResumedCheckpointPayload[] = "longhaul/resumed_checkpoint";
+
+absl::Status InResumedCheckpoint(absl::Status s, const std::string& name) {
+  if (!s.ok()) s.SetPayload(kResumedCheckpointPayload, absl::Cord(name));
+  return s;
+}
+
+// The checkpoint a failure came in bringing in (InResumedCheckpoint), if it came there.
+std::optional<std::string> ResumedCheckpointOf(const absl::Status& s) {
+  const absl::optional<absl::Cord> name = s.GetPayload(kResumedCheckpointPayload);
+  if (!name) return std::nullopt;
+  return std::string(*name);
+}
 
 // One worker: its parts (coordinator client, tensor server, peer directory, parameter-server
 // host, executor) put together, and the loop over iterations.
@@ -96,7 +115,8 @@ class Worker {
   // installed, its config read, this worker's place in it taken, the links to its peers opened,
   // the samplers, stage and exchange (channel and parameter-server host) built, the stage's
   // shards given their state, the stage's own optimizer state and the residuals resumed, and the
-  // executor built.
+  // executor built. A failure in the three phases that bring in the resumed checkpoint is marked
+  // as one there (InResumed).
   absl::Status Setup();
   // What the version before leaves the next: the iteration whose parameters its stage held (-1:
   // none, or a pull part way) and the shards it hosted.
@@ -195,14 +215,28 @@ class Worker {
   // only if this worker runs an older plan than that (it may have moved to it already).
   void Stop(const std::string& reason, uint64_t newer_plan = 0) ABSL_LOCKS_EXCLUDED(stop_mu_);
   // A failure a lost peer may explain (a closed connection, a receive or report that could not
-  // complete): the coordinator may answer it with a new plan.
+  // complete): the coordinator may answer it with a new plan. One in bringing in the resumed
+  // checkpoint is this worker's own, but where it could not reach the coordinator that keeps the
+  // checkpoint's pieces, or was told that a newer plan replaced its own (Aborted).
   static bool PeerMayExplain(const absl::Status& s) {
-    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
-           absl::IsDataLoss(s) || absl::IsFailedPrecondition(s);
+    const bool unreached = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) ||
+                           absl::IsCancelled(s);
+    return unreached || (!ResumedCheckpointOf(s) && (absl::IsDataLoss(s) || absl::IsFailedPrecondition(s)));
+  }
+  // `s`, where the phase that failed brings in the checkpoint plan_ resumes from, marked as a
+  // failure there (InResumedCheckpoint).
+  absl::Status InResumed(absl::Status s) const {
+    return Resumed() ? InResumedCheckpoint(std::move(s), plan_.resume_checkpoint()) : s;
   }
   // The stage stages_ holds: from SetUpStage on.
   Stage& stage() const { return *stages_.stage(); }
-  std::string Who() const { return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_); }
+  // This worker's label in what it prints: what it knows of itself, its id once it registered and
+  // its place once a plan gave it one.
+  std::string Who() const {
+    if (client_.worker_id() < 0) return "[worker]";
+    if (s_ < 0) return absl::StrFormat("[worker %d]", client_.worker_id());
+    return absl::StrFormat("[worker %d s%d r%d]", client_.worker_id(), s_, r_);
+  }
   void SetThreads(const JobConfig& cfg) const {
     omp_set_num_threads(opt_.threads > 0 ? opt_.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()));
   }
@@ -247,7 +281,7 @@ class Worker {
   absl::Mutex trusted_mu_;
   std::set<std::string> trusted_ ABSL_GUARDED_BY(trusted_mu_);        // whole pieces
   std::set<std::string> trusted_state_ ABSL_GUARDED_BY(trusted_mu_);  // pieces whose state.json alone
-  int s_ = 0, r_ = 0, M_ = 1;
+  int s_ = -1, r_ = -1, M_ = 1;  // this worker's place (-1: none yet) and its micro-batches
   int64_t end_ = 0;  // the iteration this run stops before
   std::optional<TokenDataset> data_;
   std::string data_key_;  // what data_ was loaded for: LoadDataset's keys of the config
@@ -305,15 +339,15 @@ absl::Status Worker::Join() {
   proto::ComputeProfile compute;  // zeros, where the probe could not run: priced as free
   if (measured.ok()) {
     compute = *measured;
-    std::cout << absl::StrFormat("[worker %d] timed on %s: a block %.2f + %.2f ms, the head %.2f + %.2f ms (forward "
-                                 "+ backward, one micro-batch)\n",
-                                 client_.worker_id(), BackendName(device), 1e3 * compute.block_forward_s(),
+    std::cout << absl::StrFormat("%s timed on %s: a block %.2f + %.2f ms, the head %.2f + %.2f ms (forward + "
+                                 "backward, one micro-batch)\n",
+                                 Who(), BackendName(device), 1e3 * compute.block_forward_s(),
                                  1e3 * compute.block_backward_s(), 1e3 * compute.head_forward_s(),
                                  1e3 * compute.head_backward_s())
               << std::flush;
   } else if (absl::IsResourceExhausted(measured.status())) {
     // The plan goes on; this worker's own stage check, once it has one, names the fix.
-    std::cout << absl::StrFormat("[worker %d] not timed: %s\n", client_.worker_id(), measured.status().message());
+    std::cout << absl::StrFormat("%s not timed: %s\n", Who(), measured.status().message());
   } else {
     return measured.status();
   }
@@ -325,8 +359,8 @@ absl::Status Worker::Join() {
   LH_RETURN_IF_ERROR(LoadData(cfg));
   if (client_.worker_id() >= cfg.cluster.stages * cfg.cluster.replicas) {
     WarmSpareStages(cfg, reply.config_toml());
-    std::cout << absl::StrFormat("[worker %d] a spare: waits for a lost worker's place (%d of %d stages built)\n",
-                                 client_.worker_id(), stages_.warm_stages(), cfg.cluster.stages)
+    std::cout << absl::StrFormat("%s a spare: waits for a lost worker's place (%d of %d stages built)\n", Who(),
+                                 stages_.warm_stages(), cfg.cluster.stages)
               << std::flush;
   }
   WarmClients(cfg);
@@ -427,8 +461,8 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
   proto::LinkReport report;
   report.set_worker_id(client_.worker_id());
   for (const proto::LinkMeasurement& m : links) {
-    std::cout << absl::StrFormat("[worker %d] link to worker %d: round trip %.2f ms, %.0f Mbit/s\n",
-                                 client_.worker_id(), m.to_worker(), 1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
+    std::cout << absl::StrFormat("%s link to worker %d: round trip %.2f ms, %.0f Mbit/s\n", Who(), m.to_worker(),
+                                 1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
               << std::flush;
     *report.add_links() = m;
   }
@@ -444,9 +478,9 @@ absl::Status Worker::Setup() {
   LH_RETURN_IF_ERROR(SetUpSamplers());
   LH_ASSIGN_OR_RETURN(const bool kept, SetUpStage(device));
   BuildExchange();
-  LH_RETURN_IF_ERROR(SetUpShards(device, kept, left));
-  LH_RETURN_IF_ERROR(ResumeStageOptimizer());
-  LH_RETURN_IF_ERROR(ResumeResiduals());
+  LH_RETURN_IF_ERROR(InResumed(SetUpShards(device, kept, left)));
+  LH_RETURN_IF_ERROR(InResumed(ResumeStageOptimizer()));
+  LH_RETURN_IF_ERROR(InResumed(ResumeResiduals()));
   BuildExecutor();
   std::cout << absl::StrFormat("%s blocks [%d, %d) of %d, %d parameters, listening at %s, %s\n", Who(),
                                stage().spec().first_block, stage().spec().end_block, cfg_.model.n_layer,
@@ -693,11 +727,14 @@ absl::Status Worker::SetUpShard(const proto::ShardPlacement& sp, int device, Sha
         return mv;
       }).share();
   ps_host_->AddPending(
-      [moments, params = std::move(params), make_shard, shard = sp.shard()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
+      [moments, params = std::move(params), make_shard, shard = sp.shard(),
+       name = plan_.resume_checkpoint()]() -> absl::StatusOr<std::unique_ptr<PsShard>> {
         const Moments& mv = moments.get();
         if (!mv.ok()) {
-          return absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
-                                                                  shard, mv.status().message()));
+          return InResumedCheckpoint(
+              absl::Status(mv.status().code(), absl::StrFormat("shard %d's AdamW moments from the checkpoint: %s",
+                                                               shard, mv.status().message())),
+              name);
         }
         return make_shard(params.data(), mv->data(), mv->data() + params.size());
       },
@@ -1028,7 +1065,7 @@ absl::Status Worker::RunPlan() {
 absl::Status Worker::Run() {
   absl::Status status = Join();
   if (absl::IsOutOfRange(status)) {
-    std::cout << absl::StrFormat("[worker %d] the job finished without needing this spare\n", client_.worker_id());
+    std::cout << absl::StrFormat("%s the job finished without needing this spare\n", Who());
     proto::DoneReport done;
     done.set_worker_id(client_.worker_id());
     done.set_ok(true);
@@ -1103,6 +1140,7 @@ absl::Status Worker::Run() {
   done.set_worker_id(client_.worker_id());
   done.set_ok(status.ok());
   done.set_error(std::string(status.message()));
+  if (const std::optional<std::string> name = ResumedCheckpointOf(status)) done.set_resumed_checkpoint(*name);
   client_.ReportDone(done);
   if (!status.ok()) return absl::Status(status.code(), absl::StrCat(Who(), " ", status.message()));
   return absl::OkStatus();

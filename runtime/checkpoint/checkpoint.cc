@@ -265,7 +265,9 @@ absl::StatusOr<State::File> Listed(const std::string& dir, const State& state, c
 absl::Status SizeAsListed(const std::string& path, uint64_t bytes, const State::File& listed) {
   if (bytes == listed.bytes) return absl::OkStatus();
   return absl::DataLossError(
-      absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d", path, bytes, listed.bytes));
+      absl::StrFormat("checkpoint file %s is truncated: %d bytes, expected %d (restore it or resume from an earlier "
+                      "step)",
+                      path, bytes, listed.bytes));
 }
 
 absl::Status CrcAsListed(const std::string& path, uint32_t crc, const State::File& listed) {
@@ -364,6 +366,38 @@ absl::Status ReadListedInto(const std::string& dir, const State& state, const st
 }
 
 }  // namespace
+
+absl::Status VerifyCheckpointDir(const std::string& dir) {
+  LH_ASSIGN_OR_RETURN(const State state, ReadState(dir));
+  LH_RETURN_IF_ERROR(Listed(dir, state, "model.safetensors").status());
+  std::vector<char> block(1 << 20);
+  for (const auto& [file, listed] : state.files) {
+    // The names come from disk: only a checkpoint's own files are read, never a path elsewhere.
+    if (!IsCheckpointFile(file) || file == "state.json") {
+      return absl::DataLossError(absl::StrCat((fs::path(dir) / "state.json").string(), " lists \"",
+                                              absl::CHexEscape(file.substr(0, 64)),
+                                              "\", which no checkpoint holds: restore it or resume from an earlier "
+                                              "step"));
+    }
+    const std::string path = (fs::path(dir) / file).string();
+    std::ifstream f(path, std::ios::binary);
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (!f || ec) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file ", path, " is missing: restore it or resume from an earlier step"));
+    }
+    LH_RETURN_IF_ERROR(SizeAsListed(path, size, listed));
+    uint32_t crc = 0;
+    while (f) {
+      f.read(block.data(), static_cast<std::streamsize>(block.size()));
+      crc = Crc32Update(crc, block.data(), static_cast<size_t>(f.gcount()));
+    }
+    if (f.bad()) return absl::DataLossError(absl::StrCat("cannot read checkpoint file ", path));
+    LH_RETURN_IF_ERROR(CrcAsListed(path, crc, listed));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir) {
   LH_ASSIGN_OR_RETURN(State state, ReadState(dir));

@@ -95,6 +95,12 @@ absl::StatusOr<CheckpointData> ReadCheckpointState(const std::string& dir);
 // state.json: a shard's or a stage's tensors, whatever layout wrote them.
 absl::StatusOr<Safetensors> LoadCheckpointParams(const std::string& dir);
 
+// Whether every file dir/state.json lists, model.safetensors among them, has the size and CRC-32
+// recorded there: each read through once, none parsed. DataLoss naming the first that has not, or
+// is missing, or is no file a checkpoint holds; a state.json that is not what longhaul writes is
+// named as for ReadCheckpointState.
+absl::Status VerifyCheckpointDir(const std::string& dir);
+
 // Loads a checkpoint directory into buffers laid out by `layout`, verifying sizes, checksums,
 // tensor names and shapes; errors name the file and the fix.
 absl::StatusOr<CheckpointData> LoadCheckpoint(const std::string& dir, const ParamLayout& layout, float* params,

@@ -220,4 +220,38 @@ absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const Pa
   return absl::OkStatus();
 }
 
+absl::Status VerifyCheckpointStep(const std::string& root, const std::string& name) {
+  LH_ASSIGN_OR_RETURN(const std::vector<CheckpointPiece> pieces, CheckpointPieces(root, name));
+  std::set<std::string> dirs;
+  for (const CheckpointPiece& piece : pieces) dirs.insert(piece.dir);
+  // The residuals and the stages' own state beside the shards, where the run kept them: the
+  // layout does not say whether it did.
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const absl::StatusOr<CheckpointPieceRoot> piece = ParseCheckpointPieceRoot(e.path().filename().string());
+    if (piece.ok() && piece->kind != CheckpointPieceRoot::Kind::kShard && fs::exists(e.path() / name, ec)) {
+      dirs.insert((e.path() / name).string());
+    }
+  }
+  for (const std::string& dir : dirs) LH_RETURN_IF_ERROR(VerifyCheckpointDir(dir));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> LastIntactCheckpoint(const std::string& root, int64_t before) {
+  // Every step is under the first shard's directory, which every layout has, or under root itself
+  // for a one-process run.
+  std::set<int64_t, std::greater<>> steps;
+  for (const fs::path& dir : {fs::path(root), fs::path(ShardCheckpointRoot(root, 0, 0))}) {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const absl::StatusOr<int64_t> step = CheckpointStep(e.path().string());
+      if (step.ok() && *step < before && e.is_directory(ec)) steps.insert(*step);
+    }
+  }
+  for (const int64_t step : steps)
+    if (VerifyCheckpointStep(root, CheckpointName(step)).ok()) return CheckpointName(step);
+  return absl::NotFoundError(
+      absl::StrFormat("no checkpoint under %s before %s is intact", root, CheckpointName(before)));
+}
+
 }  // namespace longhaul

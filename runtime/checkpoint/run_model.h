@@ -65,4 +65,14 @@ absl::Status FetchPieces(const std::vector<CheckpointPiece>& pieces, const Param
 absl::Status LoadFromPieces(const std::vector<CheckpointPiece>& pieces, const ParamLayout& layout, float* params,
                             float* m, float* v, bool skip_absent = false, const FetchPiece& fetch = {});
 
+// Whether step `name` under the checkpoints directory `root` is whole and intact: every piece its
+// recorded layout names is there (CheckpointPieces), and every piece that holds the step, the
+// error-feedback residuals' and the stages' own AdamW state's too, has each file as its state.json
+// records it (VerifyCheckpointDir). An error names the first that is not.
+absl::Status VerifyCheckpointStep(const std::string& root, const std::string& name);
+
+// The newest step under `root` older than step `before` that VerifyCheckpointStep finds intact: its
+// directory name (step_NNNNNNNN). NotFound where none is.
+absl::StatusOr<std::string> LastIntactCheckpoint(const std::string& root, int64_t before);
+
 }  // namespace longhaul

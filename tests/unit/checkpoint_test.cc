@@ -85,6 +85,39 @@ TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
   EXPECT_NE(s.message().find("model.safetensors is corrupt"), std::string::npos) << s;
 }
 
+// A directory's files are checked against state.json without being parsed: a whole one passes; a
+// flipped byte, a truncated or missing file, or a name that is no checkpoint file's is named.
+TEST_F(CheckpointTest, VerifyingADirectoryChecksEveryListedFile) {
+  const std::string dir = Saved();
+  ASSERT_TRUE(VerifyCheckpointDir(dir).ok()) << VerifyCheckpointDir(dir);
+  const fs::path optimizer = fs::path(dir) / "optimizer.safetensors", model = fs::path(dir) / "model.safetensors";
+  FlipByte(optimizer, 1);
+  absl::Status s = VerifyCheckpointDir(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("optimizer.safetensors is corrupt: CRC-32"), std::string::npos) << s;
+  fs::remove_all(dir);
+  Saved();
+  fs::resize_file(model, fs::file_size(model) / 2);
+  s = VerifyCheckpointDir(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("model.safetensors is truncated"), std::string::npos) << s;
+  fs::remove(model);
+  s = VerifyCheckpointDir(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("model.safetensors is missing"), std::string::npos) << s;
+  // A state.json that lists a path elsewhere has nothing read from there.
+  fs::remove_all(dir);
+  Saved();
+  std::ifstream in(fs::path(dir) / "state.json");
+  nlohmann::json state = nlohmann::json::parse(in);
+  in.close();
+  state["files"]["../../etc/passwd"] = {{"bytes", 1}, {"crc32", 0}};
+  std::ofstream(fs::path(dir) / "state.json") << state.dump();
+  s = VerifyCheckpointDir(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("which no checkpoint holds"), std::string::npos) << s;
+}
+
 // The file is read straight into the layout's buffers: a shard's slice takes its own tensors, and
 // the bytes it skips still count in the CRC.
 TEST_F(CheckpointTest, ASliceReadsItsTensorsAndChecksTheWholeFile) {

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "coordinator/joining.h"
 #include "coordinator/recovery.h"
@@ -39,11 +41,17 @@ class JobTest : public ::testing::Test {
         "heartbeat_s = 0.01\n[train]\nmicro_batches = 2\nsteps = 4\ncheckpoint_every = 2\neval_every = 0\n",
         "job.toml", {"train.out_dir=\"" + dir.string() + "\""});
     ASSERT_TRUE(cfg.ok()) << cfg.status();
+    cfg_ = *cfg;
+    Start(0, "");
+  }
+  // The job anew, from step `start` of checkpoint `resume_name` (empty: none).
+  void Start(int64_t start, const std::string& resume_name) {
+    job.reset();
     absl::StatusOr<MetricsLog> metrics = MetricsLog::Create((dir / "metrics.csv").string());
     absl::StatusOr<SampleAudit> samples = SampleAudit::Open((dir / "samples.csv").string(), 2, 0);
     ASSERT_TRUE(metrics.ok() && samples.ok());
-    job = std::make_unique<Job>(JobStart{*cfg, 0, "", 0, *std::move(metrics), *std::move(samples), std::nullopt,
-                                         "token", nullptr});
+    job = std::make_unique<Job>(JobStart{cfg_, start, resume_name, 0, *std::move(metrics), *std::move(samples),
+                                         std::nullopt, "token", nullptr});
   }
   void TearDown() override {
     job.reset();  // its state writer's last files first
@@ -109,6 +117,7 @@ class JobTest : public ::testing::Test {
   }
 
   fs::path dir;
+  JobConfig cfg_;
   std::unique_ptr<Job> job;
 };
 
@@ -219,6 +228,44 @@ TEST_F(JobTest, APlacedWorkersEarlyDoneIsRefusedAndItsFailureStopsTheJob) {
   done.set_error("out of memory");
   ASSERT_TRUE(TakeDone(*job, done).ok());
   EXPECT_EQ(job->abort, "worker 0 failed: out of memory");
+}
+
+// A worker that failed to bring in the checkpoint its plan resumes from stops the job; once it
+// ended, the stop reason names the last intact checkpoint, where the one resumed from is broken.
+TEST_F(JobTest, AFailureInTheResumedCheckpointNamesTheLastIntactOne) {
+  const std::string root = (dir / "checkpoints").string();
+  const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+  const std::vector<float> params(whole.total(), 0.5f);
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(SaveCheckpoint(root, {step, EffectiveConfigJson(cfg_)}, whole, params.data(), nullptr, nullptr).ok());
+  }
+  fs::resize_file(dir / "checkpoints" / "step_00000002" / "model.safetensors", 10);
+  Start(2, "step_00000002");
+  Join(), Join();
+  EXPECT_EQ(Plan().resume_checkpoint(), "step_00000002");
+  {
+    absl::MutexLock lock(&job->mu);
+    proto::DoneReport done;
+    done.set_worker_id(0);
+    done.set_ok(false);
+    done.set_error("model.safetensors is truncated");
+    done.set_resumed_checkpoint("step_00000001");  // not the plan's: no name taken from it
+    ASSERT_TRUE(TakeDone(*job, done).ok());
+    EXPECT_TRUE(job->failed_checkpoint.empty());
+    job->abort.clear();
+    done.set_resumed_checkpoint("step_00000002");
+    ASSERT_TRUE(TakeDone(*job, done).ok());
+    EXPECT_EQ(job->failed_checkpoint, "step_00000002");
+    done.set_worker_id(1);
+    ASSERT_TRUE(TakeDone(*job, done).ok());
+  }
+  const absl::Status stopped = Supervise(*job);
+  const std::string latest = (dir / "checkpoints" / "latest").string();
+  EXPECT_EQ(stopped.message(), "worker 0 failed: model.safetensors is truncated; step_00000002 is broken, the last "
+                               "intact checkpoint is step_00000001: write step_00000001 into " +
+                                   latest + ", then resume with --set train.resume=true");
+  std::ifstream summary(dir / "summary.json");
+  EXPECT_EQ(nlohmann::json::parse(summary)["reason"].get<std::string>(), stopped.message());
 }
 
 TEST_F(JobTest, TheSupervisorEndsAFinishedJobWithItsRecords) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -107,6 +108,46 @@ TEST_F(RunModelTest, AMissingShardOrACorruptFileIsNamedAndAnotherLayoutsDirector
   fs::resize_file(file, fs::file_size(file) - 4);
   s = LoadRunModel(run_.string()).status();
   EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+}
+
+// The last intact checkpoint before a broken one: the newest older step whose every shard the
+// recorded layout names is there, and whose every piece's files (a residual's too) are as their
+// state.json records; none where no older step is.
+TEST_F(RunModelTest, TheLastIntactCheckpointIsTheNewestOlderWholeStep) {
+  for (int64_t step : {10, 20, 30, 40}) WriteCluster(step);
+  const std::string root = (run_ / "checkpoints").string();
+  const ParamLayout stage0(cfg_.model, cfg_.Stage(0));
+  const std::vector<float> residuals(stage0.total(), 0.5f);
+  for (int64_t step : {10, 20, 30, 40}) {
+    ASSERT_TRUE(SaveCheckpoint(ResidualCheckpointRoot(root, 0, 1), {step, EffectiveConfigJson(cfg_)}, stage0,
+                               residuals.data(), nullptr, nullptr)
+                    .ok());
+  }
+  for (int64_t step : {10, 20, 30, 40}) EXPECT_TRUE(VerifyCheckpointStep(root, CheckpointName(step)).ok()) << step;
+  auto file = [&](const std::string& piece, int64_t step) {
+    return run_ / "checkpoints" / piece / CheckpointName(step) / "model.safetensors";
+  };
+  fs::resize_file(file("stage_1_shard_0", 40), 10);
+  absl::Status s = VerifyCheckpointStep(root, "step_00000040");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find(file("stage_1_shard_0", 40).string() + " is truncated"), std::string::npos) << s;
+  // Step 30's residuals are corrupt, step 20 lacks a shard: step 10 is the one to go back to.
+  std::fstream(file("residual_stage_0_replica_1", 30), std::ios::in | std::ios::out | std::ios::binary).put('\x7f');
+  fs::remove_all(run_ / "checkpoints" / "stage_1_shard_1" / "step_00000020");
+  EXPECT_FALSE(VerifyCheckpointStep(root, "step_00000030").ok());
+  EXPECT_FALSE(VerifyCheckpointStep(root, "step_00000020").ok());
+  absl::StatusOr<std::string> intact = LastIntactCheckpoint(root, 40);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  EXPECT_EQ(*intact, "step_00000010");
+  EXPECT_EQ(LastIntactCheckpoint(root, 10).status().code(), absl::StatusCode::kNotFound);
+  // A one-process run's steps are under the checkpoints directory itself.
+  const ParamLayout whole(cfg_.model, StageSpec::Whole(cfg_.model));
+  const std::string own = (run_ / "own").string();
+  for (int64_t step : {7, 9})
+    ASSERT_TRUE(SaveCheckpoint(own, {step, EffectiveConfigJson(cfg_)}, whole, params_.data(), nullptr, nullptr).ok());
+  intact = LastIntactCheckpoint(own, 9);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  EXPECT_EQ(*intact, "step_00000007");
 }
 
 // The cluster's 2 stages cut 3 blocks [2, 1]; a 3-stage cut [1, 1, 1] reads each of its stages'
