@@ -40,6 +40,20 @@ std::vector<proto::ShardPlacement> PlanShards(const JobConfig& cfg) {
 
 namespace {
 
+// Worker `id` (registering as `reg`) at (stage, replica) with blocks [first_block, end_block) in
+// `plan`: its peers reach it at its address and check its proofs by its key.
+void AddAssignment(proto::Plan& plan, int id, const proto::RegisterRequest& reg, int stage, int replica,
+                   int first_block, int end_block) {
+  proto::Assignment* a = plan.add_assignments();
+  a->set_worker_id(id);
+  a->set_stage(stage);
+  a->set_replica(replica);
+  a->set_address(reg.address());
+  a->set_public_key(reg.public_key());
+  a->set_first_block(first_block);
+  a->set_end_block(end_block);
+}
+
 // A worker given no --backend computes on the job's.
 std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& reg) {
   return reg.backend().empty() ? BackendName(cfg.train.backend_device) : reg.backend();
@@ -136,16 +150,9 @@ proto::Plan MakePlan(const JobConfig& cfg, const std::map<int, proto::RegisterRe
   std::map<int, int> slot_of;
   for (int k = 0; k < static_cast<int>(worker_of_slot.size()); ++k) slot_of[worker_of_slot[k]] = k;
   for (const auto& [id, reg] : workers) {
-    proto::Assignment* a = plan.add_assignments();
     const auto [stage, replica] = SlotOf(cfg, slot_of.at(id));
-    a->set_worker_id(id);
-    a->set_stage(stage);
-    a->set_replica(replica);
-    a->set_address(reg.address());
-    a->set_public_key(reg.public_key());
     const StageSpec spec = cfg.Stage(stage);
-    a->set_first_block(spec.first_block);
-    a->set_end_block(spec.end_block);
+    AddAssignment(plan, id, reg, stage, replica, spec.first_block, spec.end_block);
   }
   for (proto::ShardPlacement sp : PlanShards(cfg)) {
     if (!shard_owner.empty()) sp.set_owner_replica(shard_owner[sp.stage()][sp.shard()]);
@@ -205,14 +212,7 @@ proto::Plan NextVersion(const proto::Plan& old, const PlanRequest& request) {
 void Place(proto::Plan& plan, const proto::Plan& old, int id, int stage, int replica,
            const std::map<int, proto::RegisterRequest>& workers) {
   const proto::Assignment& peer = *AssignmentOf(old, WorkerAt(old, stage, 0));
-  proto::Assignment* a = plan.add_assignments();
-  a->set_worker_id(id);
-  a->set_stage(stage);
-  a->set_replica(replica);
-  a->set_address(workers.at(id).address());
-  a->set_public_key(workers.at(id).public_key());
-  a->set_first_block(peer.first_block());
-  a->set_end_block(peer.end_block());
+  AddAssignment(plan, id, workers.at(id), stage, replica, peer.first_block(), peer.end_block());
 }
 
 // `old` as one replica of `run`'s stages (the job's config, or one with the model cut anew), stage
@@ -232,15 +232,8 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
   plan.clear_assignments();
   std::vector<std::vector<int>> at(stages);
   for (int s = 0; s < stages; ++s) {
-    proto::Assignment* a = plan.add_assignments();
     const StageSpec spec = run.Stage(s);
-    a->set_worker_id(left[s]);
-    a->set_stage(s);
-    a->set_replica(0);
-    a->set_address(workers.at(left[s]).address());
-    a->set_public_key(workers.at(left[s]).public_key());
-    a->set_first_block(spec.first_block);
-    a->set_end_block(spec.end_block);
+    AddAssignment(plan, left[s], workers.at(left[s]), s, 0, spec.first_block, spec.end_block);
     at[s] = {left[s]};
   }
   plan.clear_shards();
