@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # Installs the Debian packages longhaul needs (only those missing) and builds it into build/.
-# Usage: bash deploy/setup.sh [--with-torch] [--with-deploy] [--build-type Release|Debug]
+# Usage: bash deploy/setup.sh [--with-torch] [--with-deploy] [--with-checks] [--build-type Release|Debug]
 # --with-torch also installs Debian's python3-torch (and python3-regex, which runs GPT-2's own
 # pre-tokenizer pattern), used only by tests/reference, tests/cli/models.sh's comparison and bench/.
 # --with-deploy also installs what the deployment tests need (without it they skip): podman,
 # podman-compose, runc and debootstrap (tests/deploy/compose.sh), Slurm's daemons and client
 # (tests/deploy/slurm.sh), OpenSSH's server and client (tests/deploy/ssh_launch.sh), Prometheus
 # (tests/deploy/prometheus.sh).
+# --with-checks also installs clang, whose thread-safety analysis deploy/thread_safety.sh runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_torch=0
 with_deploy=0
+with_checks=0
 build_type=Release
 while [ $# -gt 0 ]; do
   case "$1" in
     --with-torch) with_torch=1 ;;
     --with-deploy) with_deploy=1 ;;
+    --with-checks) with_checks=1 ;;
     --build-type) build_type="$2"; shift ;;
-    *) echo "setup.sh: unknown option '$1' (known: --with-torch, --with-deploy, --build-type T)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option '$1' (known: --with-torch, --with-deploy, --with-checks, --build-type T)" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -32,6 +36,7 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
 [ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap
   golang-github-containernetworking-plugin-dnsname slurmctld slurmd slurm-client
   openssh-server openssh-client prometheus)
+[ "$with_checks" = 1 ] && packages+=(clang)
 
 missing=()
 for p in "${packages[@]}"; do
