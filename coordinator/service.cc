@@ -90,44 +90,50 @@ grpc::Status Service::ReportDone(grpc::ServerContext* ctx, const proto::DoneRepo
   return Serve("ReportDone", *ctx, *req, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu) { return TakeDone(job_, *req); });
 }
 
-// The three file calls check under the lock and read or write outside it: other files' parts, most
-// of them, go on meanwhile.
+// The three file calls check under the lock (Serve) and read or write outside it: other files'
+// parts, most of them, go on meanwhile. Into keeps where the file is.
+namespace {
+absl::Status Into(absl::StatusOr<std::string> path, std::string& out) {
+  if (path.ok()) out = *std::move(path);
+  return path.status();
+}
+}  // namespace
 
 grpc::Status Service::ShipCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointChunk* req, proto::Empty*) {
-  if (grpc::Status st = verifier_.Check(*ctx, "ShipCheckpoint", *req); !st.ok()) return st;
-  absl::StatusOr<std::string> path;
-  {
-    absl::MutexLock lock(&job_.mu);
-    if (grpc::Status st = Caller("ShipCheckpoint", *ctx, *req); !st.ok()) return st;
-    path = ShippedPartPath(job_, *req);
+  std::string path;
+  if (grpc::Status st = Serve("ShipCheckpoint", *ctx, *req,
+                              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu) {
+                                return Into(ShippedPartPath(job_, *req), path);
+                              });
+      !st.ok()) {
+    return st;
   }
-  if (!path.ok()) return ToGrpc(path.status());
-  return ToGrpc(ReceivePart(*path, req->file_bytes(), req->offset(), req->data()));
+  return ToGrpc(ReceivePart(path, req->file_bytes(), req->offset(), req->data()));
 }
 
 grpc::Status Service::ShipTimeline(grpc::ServerContext* ctx, const proto::TimelineChunk* req, proto::Empty*) {
-  if (grpc::Status st = verifier_.Check(*ctx, "ShipTimeline", *req); !st.ok()) return st;
-  absl::StatusOr<std::string> path;
-  {
-    absl::MutexLock lock(&job_.mu);
-    if (grpc::Status st = Caller("ShipTimeline", *ctx, *req); !st.ok()) return st;
-    path = TimelinePartPath(job_, *req);
+  std::string path;
+  if (grpc::Status st = Serve("ShipTimeline", *ctx, *req,
+                              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu) {
+                                return Into(TimelinePartPath(job_, *req), path);
+                              });
+      !st.ok()) {
+    return st;
   }
-  if (!path.ok()) return ToGrpc(path.status());
-  return ToGrpc(ReceivePart(*path, req->file_bytes(), req->offset(), req->data()));
+  return ToGrpc(ReceivePart(path, req->file_bytes(), req->offset(), req->data()));
 }
 
 grpc::Status Service::FetchCheckpoint(grpc::ServerContext* ctx, const proto::CheckpointFetch* req,
                                       proto::CheckpointChunk* reply) {
-  if (grpc::Status st = verifier_.Check(*ctx, "FetchCheckpoint", *req); !st.ok()) return st;
-  absl::StatusOr<std::string> path;
-  {
-    absl::MutexLock lock(&job_.mu);
-    if (grpc::Status st = Caller("FetchCheckpoint", *ctx, *req); !st.ok()) return st;
-    path = FetchedPartPath(job_, *req, *reply);
+  std::string path;
+  if (grpc::Status st = Serve("FetchCheckpoint", *ctx, *req,
+                              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_.mu) {
+                                return Into(FetchedPartPath(job_, *req, *reply), path);
+                              });
+      !st.ok()) {
+    return st;
   }
-  if (!path.ok()) return ToGrpc(path.status());
-  absl::StatusOr<FilePart> part = ReadPart(*path, req->offset());
+  absl::StatusOr<FilePart> part = ReadPart(path, req->offset());
   if (!part.ok()) return ToGrpc(part.status());
   reply->set_piece(req->piece());
   reply->set_file(req->file());
