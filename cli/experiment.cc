@@ -54,8 +54,8 @@ const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\""
 const std::vector<std::string> kWithDataParallelism = {"cluster.replicas=2", "train.micro_batches=48"};
 
 // The median seconds of the run's steps after its first two (metrics.csv): the first steps open
-// connections and grow TCP's windows over the emulated links (at 5 ms they took 1.5 s where the
-// rest took 1.0-1.1), and one slow step on a shared machine should not move a short run's figure.
+// connections and grow TCP's windows over the emulated links, which makes them slower than the
+// rest, and one slow step on a shared machine should not move a short run's figure.
 // 0 where the file has fewer than three steps.
 double SteadyIterationSeconds(const std::string& out_dir) {
   std::ifstream f(fs::path(out_dir) / "metrics.csv");

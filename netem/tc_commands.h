@@ -17,7 +17,7 @@ namespace longhaul::netem {
 // arrives from a peer (chain LONGHAUL, from INPUT) to NFQUEUE kDelayQueue, where `longhaul netem
 // delayd` holds it for the link's delay (DaemonLinksForHost). On arrival, not on departure: a
 // packet held on its sender's own path still counts against the socket's TCP small queues, which
-// then let a couple of packets out per delay (4.5 Mbit/s on a 1 Gbit/s, 10 ms link).
+// then let only a couple of packets out per delay: a small fraction of the link's rate.
 enum class DelayBy { kNetem, kDaemon };
 inline constexpr int kDelayQueue = 7;
 

@@ -2,8 +2,8 @@
 // A delay line on a libuv loop with microsecond accuracy: items are released in order of their
 // release time (ties in arrival order). libuv's own timers have millisecond resolution, so this
 // watches a CLOCK_MONOTONIC timerfd. Timers fire late, and how late depends on the machine and on
-// how long the CPU slept: on these virtual machines 20-50 us after sleeps under a millisecond and
-// 60-120 us after 5-100 ms, as an idle virtual CPU is woken through the hypervisor. So the queue
+// how long the CPU slept (on virtual machines, tens of microseconds, more after longer sleeps, as
+// an idle virtual CPU is woken through the hypervisor). So the queue
 // learns, per octave of sleep length, how late its timer fires, arms it that much (and a margin)
 // before the release time, and spins the rest. The spin is the margin plus the variation of
 // lateness, some tens of microseconds per wake.

@@ -92,9 +92,8 @@ absl::Status SaveCheckpoint(const std::string& root, const CheckpointData& data,
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
   // A pruned checkpoint's directory, claimed whole by one rename, so its files are written over in
-  // place: a fresh 16 MB file took 50 ms to write on the VMs we measure (its page cache is new
-  // memory), one written over 1.5 ms, which took a d_model 512 job checkpointing every step from
-  // 1.07-1.10x the time of one without checkpoints to about 1.0x.
+  // place: a fresh file's page cache is new memory, many times slower to write than pages
+  // written over, which a job checkpointing every step would pay at each step.
   fs::rename(fs::path(root) / kRecycled, tmp_dir, ec);
   if (ec) fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint directory ", tmp_dir.string(), ": ", ec.message()));

@@ -140,9 +140,9 @@ struct TransportConfig {
   // knows the links (transport/link_connections.h), else 1.
   int connections = 0;
   double timeout_s = 120.0;  // longest wait for a peer's tensor or acknowledgement
-  // Of the tensor connections' sending side; "" keeps the system's default. Cubic, since BBR paced
+  // Of the tensor connections' sending side; "" keeps the system's default. Cubic, since BBR paces
   // the bursts of a pipeline (a few hundred KiB, then idle) at a fraction of the link on long
-  // links: 256 KiB took 245 ms at 135 ms one-way and 300 Mbit/s, where cubic took 141-166 ms.
+  // links (README, "The data plane").
   std::string congestion_control = "cubic";
 };
 

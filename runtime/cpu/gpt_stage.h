@@ -66,7 +66,7 @@ class GptStage {
   const float* Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale);
 
   // Called between blocks, and between a block's attention and MLP halves (a stop is heard within
-  // half a block: a whole one cost a recovery up to 13 ms of leaving on the demo's shared cores), by
+  // half a block: a whole one is on a recovery's critical path), by
   // every later Forward and Backward (with recompute, a Backward's forward of a block asks
   // before_forward halfway too); null: none. Must outlive the stage (or be unset first).
   void SetExchangeHooks(const ExchangeHooks* hooks) { hooks_ = hooks; }

@@ -1,9 +1,8 @@
 #pragma once
 // cuBLAS, loaded with dlopen by the first CUDA stage instead of linked. Linked, its cuBLASLt's
-// static initialisers ran in every longhaul process, CPU workers, the coordinator and each
-// command included: 70 ms and 210 MB resident before main (an empty program linked to libcublas,
-// measured on a machine without a GPU), paid again by every restarted spare and in the teardown
-// of every killed worker. Only the functions the CUDA backend calls, each typed by cuBLAS's own
+// static initialisers would run in every longhaul process, CPU workers, the coordinator and each
+// command included, costing time and hundreds of megabytes resident before main, paid again by
+// every restarted spare and in the teardown of every killed worker. Only the functions the CUDA backend calls, each typed by cuBLAS's own
 // declaration (the overload the backend calls, where the header has several).
 #include <cublas_api.h>
 

@@ -6,8 +6,8 @@
 // in the stage's flat, layer-major buffer (param_layout.h): forward reads it front to back, and
 // backward finishes it back to front. A hook that returns false ends the forward or backward
 // there, its results left unfinished: the iteration is being given up (a newer plan version, a
-// failed exchange), and on a recovery's critical path the rest of a micro-batch's compute cost
-// the demo's workers up to 13 ms of leaving the old version.
+// failed exchange), and on a recovery's critical path the rest of a micro-batch's compute would
+// keep a worker in the old version that long.
 #include <cstddef>
 #include <functional>
 

@@ -1,8 +1,8 @@
 #pragma once
 // Files written atomically (WriteFileAtomically) on a thread of their own, so that a caller
 // holding a lock others wait on does not wait for the disk: the coordinator rewrites its job state
-// under the lock its plan requests wait on, and a recovery's new plan version waited 0.4-2.3 ms
-// (once 3.5) for two such files on these virtual disks before any worker heard of it.
+// under the lock its plan requests wait on, and a recovery's new plan version would otherwise wait
+// for two such files before any worker heard of it.
 #include <cstdint>
 #include <string>
 #include <thread>

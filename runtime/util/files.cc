@@ -13,8 +13,8 @@ namespace longhaul {
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  // In blocks (a pipe has no size to read at once): a character at a time took a recovering spare
-  // 5 ms per MB of checkpoint.
+  // In blocks (a pipe has no size to read at once): a character at a time is slow enough to show
+  // in a recovering spare's set-up, which reads checkpoint files this way.
   std::string bytes;
   std::error_code ec;
   if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec) bytes.reserve(size);
