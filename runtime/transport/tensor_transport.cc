@@ -28,7 +28,6 @@ namespace longhaul {
 namespace {
 
 constexpr size_t kMaxAckBytes = 64 << 10;
-constexpr int kMaxConnections = 512;  // per server: a peer cannot make it spawn threads without end
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
 Deadline After(std::chrono::steady_clock::duration d) { return std::chrono::steady_clock::now() + d; }
@@ -40,6 +39,13 @@ void PutU32(std::string& out, uint32_t v) {
 uint32_t GetU32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
          static_cast<uint32_t>(p[3]) << 24;
+}
+
+// A worker id as the hello carries it.
+std::string IdBytes(int id) {
+  std::string out;
+  PutU32(out, static_cast<uint32_t>(id));
+  return out;
 }
 
 absl::StatusOr<uint32_t> ReadU32(int fd, Deadline deadline, const WakeFd& wake, bool* closed = nullptr) {
@@ -103,7 +109,7 @@ void CloseGracefully(int fd, const absl::Status& why) {
 
 // ---- receiving --------------------------------------------------------------------------------
 
-absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) const {
+absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h, int) const {
   if (h.total_elements() == 0 || h.total_elements() > max_) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("a tensor of %d elements; this receiver takes 1 to %d", h.total_elements(), max_));
@@ -121,15 +127,44 @@ std::string SenderProof(const JobSecret& secret, const std::string& job, const s
   return secret.Proof("longhaul tensor port: sender", {job, receiver_nonce, sender_nonce});
 }
 
-TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret)
-    : secret_(std::move(secret)), mailbox_(mailbox), admission_(admission), job_id_(std::move(job_id)) {}
+namespace {
+
+std::string HelloLabel(HelloSide side) {
+  return side == HelloSide::kSender ? "longhaul tensor hello: sender" : "longhaul tensor hello: receiver";
+}
+
+}  // namespace
+
+std::string SignHello(const WorkerKey& key, HelloSide side, const HelloTranscript& t) {
+  return key.Sign(HelloLabel(side), {t.job, t.sender_nonce, t.receiver_nonce, IdBytes(t.sender), IdBytes(t.receiver)});
+}
+
+bool HelloSignatureValid(absl::string_view public_key, absl::string_view signature, HelloSide side,
+                         const HelloTranscript& t) {
+  return VerifySignature(public_key, signature, HelloLabel(side),
+                         {t.job, t.sender_nonce, t.receiver_nonce, IdBytes(t.sender), IdBytes(t.receiver)});
+}
+
+TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret,
+                           std::shared_ptr<const WorkerKey> key)
+    : secret_(std::move(secret)),
+      key_(std::move(key)),
+      mailbox_(mailbox),
+      admission_(admission),
+      job_id_(std::move(job_id)) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
                                                                   Mailbox* mailbox, const TensorAdmission* admission,
-                                                                  JobSecret secret) {
-  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission, std::move(secret)));
+                                                                  JobSecret secret,
+                                                                  std::shared_ptr<const WorkerKey> key) {
+  if (!key) {
+    absl::StatusOr<WorkerKey> own = WorkerKey::Generate();
+    if (!own.ok()) return own.status();
+    key = std::make_shared<const WorkerKey>(*std::move(own));
+  }
+  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission, std::move(secret), std::move(key)));
   auto fd = ListenTcp(address, &s->address_);
   if (!fd.ok()) return fd.status();
   s->listen_fd_ = *fd;
@@ -160,14 +195,14 @@ void TensorServer::AcceptLoop() {
     // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: a flood's
     // from one address first, so that it pushes out its own, not a far peer of the job whose hello
     // takes a round trip.
-    const bool evicted = serving >= kMaxConnections && EvictOneInHello();
+    const bool evicted = serving >= kMaxTensorConnections && EvictOneInHello();
     if (evicted) {
       Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
                              "at once were taken",
-                             kMaxConnections));
-    } else if (serving >= kMaxConnections) {
+                             kMaxTensorConnections));
+    } else if (serving >= kMaxTensorConnections) {
       const absl::Status why = absl::ResourceExhaustedError(
-          absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
+          absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxTensorConnections));
       Refuse(std::string(why.message()));
       const std::string ack = AckFrame(why);
       (void)!send(fd, ack.data(), ack.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort: never block here
@@ -190,7 +225,7 @@ bool TensorServer::EvictOneInHello() {
   // whoever holds it; so too where each of the flood's ended its hello meanwhile.
   std::optional<uint32_t> flood;
   for (const auto& [ip, n] : in_hello_from) {
-    if (n > kMaxConnections / 2) flood = ip;
+    if (n > kMaxTensorConnections / 2) flood = ip;
   }
   return (flood && EvictOldestInHello(flood)) || EvictOldestInHello(std::nullopt);
 }
@@ -221,7 +256,8 @@ void TensorServer::ReapFinished() {
 }
 
 void TensorServer::Serve(Connection* c) {
-  absl::Status s = ServeHello(c->fd);
+  const absl::StatusOr<int> from = ServeHello(c->fd);
+  absl::Status s = from.status();
   int in_hello = Connection::kInHello;
   if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
     // Evicted (AcceptLoop): the socket was shut down under fd_mu, which this close waits for.
@@ -244,7 +280,7 @@ void TensorServer::Serve(Connection* c) {
       s = closed ? absl::OkStatus() : header_bytes.status();  // closing between parts is how a peer leaves
       break;
     }
-    s = ServePart(c->fd, *header_bytes, &sender);
+    s = ServePart(c->fd, *header_bytes, *from, &sender);
     left = absl::IsUnavailable(s);
   }
   if (left && sender) {
@@ -265,7 +301,7 @@ void TensorServer::Serve(Connection* c) {
   c->done = true;
 }
 
-absl::Status TensorServer::ServeHello(int fd) {
+absl::StatusOr<int> TensorServer::ServeHello(int fd) {
   const Deadline deadline = After(kHelloTimeout);
   char magic[4];
   if (absl::Status s = ReadAll(fd, magic, 4, deadline, stop_); !s.ok()) return s;
@@ -289,33 +325,55 @@ absl::Status TensorServer::ServeHello(int fd) {
                         "protocol version %d; start every process of a job from the same config and build",
                         absl::CHexEscape(job), *version, job_id(), kProtocolVersion));
   }
-  // Both sides prove they hold the job secret over both nonces (job_secret.h): the server's nonce
-  // is fresh, so a recorded handshake replayed here proves nothing.
-  std::string client_nonce(kNonceBytes, '\0');
-  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, stop_); !s.ok()) return s;
+  // The sender's nonce, and who it says it is.
+  std::string said(kNonceBytes + kHelloIdentityBytes, '\0');
+  if (absl::Status s = ReadAll(fd, said.data(), said.size(), deadline, stop_); !s.ok()) return s;
+  const int sender = static_cast<int32_t>(GetU32(reinterpret_cast<const uint8_t*>(said.data()) + kNonceBytes));
+  const std::string sender_key = said.substr(kNonceBytes + 4);
+  // Both sides prove they hold the job secret over both nonces (job_secret.h), and sign them with
+  // their keys: the server's nonce is fresh, so a recorded handshake replayed here proves nothing.
   absl::StatusOr<std::string> server_nonce = RandomNonce();
   if (!server_nonce.ok()) return server_nonce.status();
-  const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
-                                ReceiverProof(secret_, job, client_nonce, *server_nonce);
+  const HelloTranscript t{job, said.substr(0, kNonceBytes), *server_nonce, sender, worker_id()};
+  std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
+                          ReceiverProof(secret_, job, t.sender_nonce, t.receiver_nonce) + IdBytes(t.receiver) +
+                          key_->public_key() + SignHello(*key_, HelloSide::kReceiver, t);
   if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
-  std::string proof(kProofBytes, '\0');
+  std::string proof(kProofBytes + kSignatureBytes, '\0');
   if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
-    // A sender that finds this worker's proof wrong (it holds another secret) hangs up here.
+    // A sender that finds this worker's proof wrong (it holds another secret, or meant another
+    // worker) hangs up here.
     if (!absl::IsUnavailable(s)) return s;
     return absl::PermissionDeniedError(absl::StrFormat(
-        "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s)",
-        secret_.source()));
+        "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s) "
+        "and is the worker it says (worker %d)",
+        secret_.source(), sender));
   }
-  if (!ProofsEqual(proof, SenderProof(secret_, job, client_nonce, *server_nonce))) {
+  if (!ProofsEqual(proof.substr(0, kProofBytes), SenderProof(secret_, job, t.sender_nonce, t.receiver_nonce))) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "refused: the peer does not hold this job's secret (this worker's: %s); give every process of the job the "
         "same --secret-file",
         secret_.source()));
   }
-  return absl::OkStatus();
+  if (!HelloSignatureValid(sender_key, proof.substr(kProofBytes), HelloSide::kSender, t)) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "refused: the peer's signature of its hello as worker %d does not verify with the key it presents", sender));
+  }
+  // Which worker it is: the key the job's membership gives that worker id. News of a member may
+  // reach this worker a moment after the member itself.
+  absl::Status member;
+  for (const auto asked = std::chrono::steady_clock::now();;) {
+    member = admission_->Member(sender, sender_key);
+    const auto now = std::chrono::steady_clock::now();
+    if (!absl::IsUnavailable(member) || now - asked >= kUnheardMemberPatience || now >= deadline) break;
+    pollfd p{stop_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
+  }
+  if (!member.ok()) return absl::PermissionDeniedError(absl::StrCat("refused: ", member.message()));
+  return sender;
 }
 
-absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optional<Sender>* sender) {
+absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, int from, std::optional<Sender>* sender) {
   if (header_bytes == 0 || header_bytes > kMaxTensorHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
@@ -349,7 +407,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
     pollfd p{stop_.fd(), POLLIN, 0};
     if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
   }
-  absl::StatusOr<uint64_t> allowed = admission_->Admit(h);
+  absl::StatusOr<uint64_t> allowed = admission_->Admit(h, from);
   if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
   if (h.total_elements() != *allowed) {
     return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
@@ -481,6 +539,16 @@ std::string TensorServer::job_id() const {
   return job_id_;
 }
 
+void TensorServer::SetWorkerId(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = worker_id;
+}
+
+int TensorServer::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
 void TensorServer::Refuse(const std::string& why) {
   ++refused_;
   absl::MutexLock lock(&mu_);
@@ -522,8 +590,8 @@ constexpr size_t kDirectWriteBytes = 16u << 10;
 
 class PeerConnection {
  public:
-  PeerConnection(std::string address, const TransportOptions& opt)
-      : address_(std::move(address)), opt_(opt), canceller_(opt.canceller) {
+  PeerConnection(std::string address, const TransportOptions& opt, PeerIdentity to)
+      : address_(std::move(address)), opt_(opt), to_(std::move(to)), canceller_(opt.canceller) {
     if (canceller_ && !canceller_->Register(this)) cancelled_ = canceller_->reason();
     thread_ = std::thread([this] { Run(); });
   }
@@ -877,31 +945,49 @@ class PeerConnection {
     return absl::OkStatus();
   }
 
-  // The hello, then each side's proof that it holds the job secret (TensorServer::ServeHello).
-  // The receiver's acknowledgement of this side's proof is read with the parts' (PumpAcks): the
-  // first part follows the proof at once, one round trip after the hello rather than two, which
-  // on a long link is what a new plan version's first tensor would wait for. The receiver has
-  // proved itself by then, so nothing reaches a peer without the job's secret.
+  // The hello, then each side's proof that it holds the job secret and is the worker it says
+  // (TensorServer::ServeHello). The receiver's acknowledgement of this side's proof is read with
+  // the parts' (PumpAcks): the first part follows the proof at once, one round trip after the
+  // hello rather than two, which on a long link is what a new plan version's first tensor would
+  // wait for. The receiver has proved itself by then, so nothing reaches a peer without the job's
+  // secret, nor another worker than the one meant.
   absl::Status Handshake(int fd, Deadline deadline) {
+    if (!opt_.key) return absl::InternalError("no key to sign this worker's hello with (OpenSSL could not make one)");
     absl::StatusOr<std::string> nonce = RandomNonce();
     if (!nonce.ok()) return nonce.status();
     std::string hello(kTensorMagic, 4);
     PutU32(hello, kProtocolVersion);
     PutU32(hello, static_cast<uint32_t>(opt_.job_id.size()));
-    hello += opt_.job_id;
-    hello += *nonce;
+    hello += opt_.job_id + *nonce + IdBytes(opt_.worker_id) + opt_.key->public_key();
     if (absl::Status s = WriteAll(fd, hello.data(), hello.size(), deadline, cancel_); !s.ok()) return s;
     if (absl::Status s = ReadAck(fd, deadline, cancel_); !s.ok()) return s;
-    std::string challenge(kNonceBytes + kProofBytes, '\0');
+    std::string challenge(kNonceBytes + kProofBytes + kHelloIdentityBytes + kSignatureBytes, '\0');
     if (absl::Status s = ReadAll(fd, challenge.data(), challenge.size(), deadline, cancel_); !s.ok()) return s;
-    const std::string server_nonce = challenge.substr(0, kNonceBytes);
-    if (!ProofsEqual(challenge.substr(kNonceBytes), ReceiverProof(opt_.secret, opt_.job_id, *nonce, server_nonce))) {
+    const absl::string_view said(challenge);
+    const std::string server_nonce(said.substr(0, kNonceBytes));
+    if (!ProofsEqual(said.substr(kNonceBytes, kProofBytes), ReceiverProof(opt_.secret, opt_.job_id, *nonce, server_nonce))) {
       return absl::PermissionDeniedError(absl::StrFormat(
           "the peer at %s does not hold this job's secret (this worker's: %s); nothing was sent to it. Give every "
           "process of the job the same --secret-file",
           address_, opt_.secret.source()));
     }
-    const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce);
+    const size_t id_at = kNonceBytes + kProofBytes;
+    const int receiver = static_cast<int32_t>(GetU32(reinterpret_cast<const uint8_t*>(challenge.data()) + id_at));
+    const absl::string_view receiver_key = said.substr(id_at + 4, kPublicKeyBytes);
+    if (to_.worker_id >= 0 && (receiver != to_.worker_id || receiver_key != to_.public_key)) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the peer at %s is worker %d%s, not worker %d, which this worker meant to reach; nothing was sent to it",
+          address_, receiver, receiver == to_.worker_id ? " with another key than the job's" : "", to_.worker_id));
+    }
+    const HelloTranscript t{opt_.job_id, *nonce, server_nonce, opt_.worker_id, receiver};
+    if (!HelloSignatureValid(receiver_key, said.substr(id_at + kHelloIdentityBytes), HelloSide::kReceiver, t)) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the peer at %s does not prove it is worker %d: its signature of the hello does not verify; nothing was sent "
+          "to it",
+          address_, receiver));
+    }
+    const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce) +
+                              SignHello(*opt_.key, HelloSide::kSender, t);
     return WriteAll(fd, proof.data(), proof.size(), deadline, cancel_);
   }
 
@@ -929,6 +1015,7 @@ class PeerConnection {
 
   const std::string address_;
   const TransportOptions opt_;
+  const PeerIdentity to_;  // whom the receiver must prove it is
   absl::Mutex mu_;
   absl::CondVar cv_;  // signalled whenever a field under mu_ changes that a waiter waits on
   std::deque<OutPart> queue_ ABSL_GUARDED_BY(mu_);
@@ -1015,10 +1102,16 @@ bool SendOp::Done() {
   return pending_ == 0;
 }
 
-TensorClient::TensorClient(const std::string& address, const TransportOptions& options)
+TensorClient::TensorClient(const std::string& address, const TransportOptions& options, PeerIdentity to)
     : address_(address), options_(options) {
-  for (int i = 0; i < std::max(1, options.connections); ++i)
-    connections_.push_back(std::make_unique<PeerConnection>(address, options));
+  if (!options_.key) {
+    // Where none comes out, each connection's hello says so (Handshake).
+    if (absl::StatusOr<WorkerKey> own = WorkerKey::Generate(); own.ok()) {
+      options_.key = std::make_shared<const WorkerKey>(*std::move(own));
+    }
+  }
+  for (int i = 0; i < std::max(1, options_.connections); ++i)
+    connections_.push_back(std::make_unique<PeerConnection>(address, options_, to));
 }
 
 TensorClient::~TensorClient() = default;

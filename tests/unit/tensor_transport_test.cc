@@ -21,11 +21,14 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
@@ -183,9 +186,10 @@ TEST(TensorTransport, ASenderThatLeavesIsNamedWithItsPlaceAndPlanVersion) {
 }
 
 // Admits tensors of one plan version, which the test moves on; newer ones are ahead of it.
-class OneVersion : public TensorAdmission {
+class OneVersion : public AnyTensorUpTo {
  public:
-  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+  OneVersion() : AnyTensorUpTo(uint64_t{1} << 23) {}
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int) const override {
     if (h.plan_version() != version) {
       return absl::FailedPreconditionError(absl::StrFormat("plan version %d, not %d", h.plan_version(), version.load()));
     }
@@ -373,7 +377,7 @@ TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
     testing::RawPeer replay((*server)->address(), "");
     replay.Write(honest.handshake());
     ASSERT_TRUE(replay.Ack().ok()) << "the hello itself is fine";
-    ASSERT_TRUE(replay.Discard(kNonceBytes + kProofBytes).ok());
+    ASSERT_TRUE(replay.Discard(testing::kChallengeBytes).ok());
     const absl::Status s = replay.Ack();
     ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   }
@@ -396,6 +400,153 @@ TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, x);
+}
+
+// A job's members as a test gives them, each by its key; a worker dropped was lost, any other is
+// not heard of. It admits any tensor of at most 2^23 elements, and records which worker sent each.
+class Roster : public TensorAdmission {
+ public:
+  void Set(int worker, std::string key) {
+    absl::MutexLock lock(&mu_);
+    keys_[worker] = std::move(key);
+  }
+  void Drop(int worker) {
+    absl::MutexLock lock(&mu_);
+    keys_.erase(worker);
+    lost_.insert(worker);
+  }
+  absl::Status Member(int worker, absl::string_view key) const override {
+    absl::MutexLock lock(&mu_);
+    if (lost_.count(worker)) return absl::PermissionDeniedError(absl::StrFormat("worker %d was lost", worker));
+    const auto k = keys_.find(worker);
+    if (k == keys_.end()) return absl::UnavailableError(absl::StrFormat("worker %d is no member", worker));
+    if (k->second != key) return absl::PermissionDeniedError(absl::StrFormat("worker %d: another key", worker));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int sender) const override {
+    absl::MutexLock lock(&mu_);
+    senders_.push_back(sender);
+    return kAnySize.Admit(h, sender);
+  }
+  std::vector<int> senders() const {
+    absl::MutexLock lock(&mu_);
+    return senders_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<int, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  std::set<int> lost_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int> senders_ ABSL_GUARDED_BY(mu_);
+};
+
+std::shared_ptr<const WorkerKey> NewKey() { return std::make_shared<const WorkerKey>(WorkerKey::Generate().value()); }
+
+// Options of job "jobA" of worker `worker` signing with `key`, each send waiting at most 10 s.
+TransportOptions As(int worker, std::shared_ptr<const WorkerKey> key) {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);
+  opt.worker_id = worker;
+  opt.key = std::move(key);
+  return opt;
+}
+
+// Each side's signature covers the job, both nonces and both ends, under a label of its side: it
+// verifies for that hello alone.
+TEST(TensorTransport, AHelloSignatureStandsForItsOwnHelloAndSideAlone) {
+  const std::shared_ptr<const WorkerKey> key = NewKey();
+  const HelloTranscript t{"jobA", std::string(kNonceBytes, 's'), std::string(kNonceBytes, 'r'), 3, 7};
+  const std::string sig = SignHello(*key, HelloSide::kSender, t);
+  EXPECT_TRUE(HelloSignatureValid(key->public_key(), sig, HelloSide::kSender, t));
+  EXPECT_FALSE(HelloSignatureValid(key->public_key(), sig, HelloSide::kReceiver, t)) << "stands for the other side";
+  const std::vector<std::pair<const char*, std::function<void(HelloTranscript&)>>> changes = {
+      {"another receiver", [](HelloTranscript& o) { o.receiver = 8; }},
+      {"another sender", [](HelloTranscript& o) { o.sender = 4; }},
+      {"another nonce", [](HelloTranscript& o) { o.receiver_nonce[0] = 'x'; }},
+      {"another job", [](HelloTranscript& o) { o.job = "jobB"; }},
+  };
+  for (const auto& [what, change] : changes) {
+    HelloTranscript other = t;
+    change(other);
+    EXPECT_FALSE(HelloSignatureValid(key->public_key(), sig, HelloSide::kSender, other)) << what;
+  }
+  EXPECT_FALSE(HelloSignatureValid(NewKey()->public_key(), sig, HelloSide::kSender, t)) << "another key";
+}
+
+// A receiver admits the worker its membership gives the key the sender signs with, and tells its
+// admission that worker with every header. A worker it has not heard of waits a moment for the
+// news (then is refused, naming it), and so does nothing else; another key, or a lost worker, is
+// refused at once. Nothing is allocated for any refused one.
+TEST(TensorTransport, AReceiverAdmitsOnlyAWorkerOfItsMembershipByItsKey) {
+  const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, member->public_key());
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->SetWorkerId(7);
+  const PeerIdentity seven{7, receiver_key->public_key()};
+  const std::vector<float> x = Ramp(100);
+  ASSERT_TRUE(TensorClient((*server)->address(), As(3, member), seven).Send(Header(proto::ACTIVATION, 0), x.data(),
+                                                                           x.size())->Wait().ok());
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  EXPECT_EQ(roster.senders(), std::vector<int>{3});
+
+  auto refused = [&](const TransportOptions& opt) {
+    return TensorClient((*server)->address(), opt, seven).Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  };
+  absl::Status s = refused(As(3, NewKey()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 3: another key"), std::string::npos) << s;
+  const auto asked = std::chrono::steady_clock::now();
+  s = refused(As(9, NewKey()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 9 is no member"), std::string::npos) << s;
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, TensorServer::kUnheardMemberPatience);
+  // News of a member that comes while its hello waits lets it in.
+  const std::shared_ptr<const WorkerKey> late = NewKey();
+  std::thread news([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    roster.Set(11, late->public_key());
+  });
+  s = TensorClient((*server)->address(), As(11, late), seven).Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  news.join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 1), std::chrono::seconds(5)).ok());
+  roster.Drop(3);
+  s = refused(As(3, member));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 3 was lost"), std::string::npos) << s;
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  EXPECT_EQ(roster.senders(), (std::vector<int>{3, 11}));
+  EXPECT_EQ((*server)->refused(), 3);
+}
+
+// A sender checks, before it sends a byte of tensor, that the receiver proves it is the worker it
+// means to reach by the key the job gave that worker.
+TEST(TensorTransport, ASenderSendsNothingToAnotherWorkerThanTheOneItMeans) {
+  const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, member->public_key());
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->SetWorkerId(7);
+  const std::vector<float> x = Ramp(100);
+  for (const PeerIdentity& meant : {PeerIdentity{8, receiver_key->public_key()}, PeerIdentity{7, NewKey()->public_key()}}) {
+    const absl::Status s =
+        TensorClient((*server)->address(), As(3, member), meant).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_NE(s.message().find(absl::StrFormat("is worker 7%s, not worker %d",
+                                               meant.worker_id == 7 ? " with another key than the job's" : "",
+                                               meant.worker_id)),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("nothing was sent"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(roster.senders().empty()) << "a header reached the receiver";
+  EXPECT_EQ(box.HeldFloats(), 0u);
 }
 
 TEST(TensorTransport, PeerOfAnotherProtocolVersionIsRefusedNamingBoth) {
@@ -589,9 +740,9 @@ TEST(TensorTransport, AFloodFromOneAddressPushesOutItsOwnConnectionsNotAnotherPe
 TEST(TensorTransport, APartWhoseVersionIsLeftWhileItArrivesIsDroppedAndItsConnectionStays) {
   // Counts the parts it lets in: the server reserves each in the mailbox right after.
   struct CountingVersion : OneVersion {
-    absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+    absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int sender) const override {
       ++admitted;
-      return OneVersion::Admit(h);
+      return OneVersion::Admit(h, sender);
     }
     mutable std::atomic<int> admitted{0};
   };
@@ -917,8 +1068,8 @@ struct PartStream {
   std::string Feed(const std::string& got, const std::function<std::string(int)>& ack_for) {
     bytes += got;
     std::string acks;
-    if (!proved && bytes.size() >= kProofBytes) {
-      bytes.erase(0, kProofBytes);
+    if (!proved && bytes.size() >= testing::kSenderProofBytes) {
+      bytes.erase(0, testing::kSenderProofBytes);
       proved = true;
       acks += OkAck();
     }
@@ -939,6 +1090,12 @@ struct PartStream {
   bool proved = false;
   std::atomic<int> parts{0};
 };
+
+// What a fake receiver of job "jobA" without a secret answers `hello` with, as worker 0.
+std::string FakeChallenge(const std::string& hello) {
+  static const WorkerKey key = WorkerKey::Generate().value();
+  return testing::ReceiverChallenge(hello, JobSecret(), "jobA", key, 0);
+}
 
 class FakeReceiver {
  public:
@@ -978,8 +1135,7 @@ class PartReceiver {
   explicit PartReceiver(std::function<std::string(int)> ack_for)
       : ack_for_(std::move(ack_for)), receiver_([this](const std::string& got, int n) {
           if (n == 0) {
-            return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes),
-                                              std::string(kNonceBytes, 'n'));
+            return FakeChallenge(got);
           }
           return stream.Feed(got, ack_for_);
         }) {}
@@ -1051,7 +1207,7 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
     // It knows the (empty) secret and says so, accepts the sender's proof, then answers the part
     // with garbage (the part follows the proof without waiting for its acknowledgement).
     FakeReceiver at_part([&](const std::string& got, int n) {
-      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      if (n == 0) return FakeChallenge(got);
       return n == 1 ? ok_frame + huge : std::string();
     });
     const absl::Status s = TensorClient(at_part.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
@@ -1078,17 +1234,18 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
     // It proves itself, then says nothing until the part's bytes are in: the proof's
     // acknowledgement comes only then, and it is a refusal.
     FakeReceiver receiver([&](const std::string& got, int n) {
-      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      if (n == 0) return FakeChallenge(got);
       std::lock_guard<std::mutex> lock(mu);
       after_hello += got;
-      return after_hello.size() >= kProofBytes + x.size() * sizeof(float) ? refusal_frame : std::string();
+      return after_hello.size() >= testing::kSenderProofBytes + x.size() * sizeof(float) ? refusal_frame
+                                                                                          : std::string();
     });
     const absl::Status s = TensorClient(receiver.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_NE(s.message().find("does not hold this job's secret"), std::string::npos) << s;
   }
   std::lock_guard<std::mutex> lock(mu);
-  EXPECT_GT(after_hello.size(), kProofBytes + x.size() * sizeof(float))
+  EXPECT_GT(after_hello.size(), testing::kSenderProofBytes + x.size() * sizeof(float))
       << "the part was not sent before the proof was acknowledged";
 }
 
