@@ -87,9 +87,10 @@ absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
   return AckStatus(ack);
 }
 
-// Says what it has to say, then lets the peer read it: closing with unread bytes in the receive
-// queue would reset the connection and could destroy the reason before the peer reads it.
-void CloseGracefully(int fd, const absl::Status& why) {
+// Says what it has to say, then lets the peer read it before the caller closes the socket:
+// closing with unread bytes in the receive queue would reset the connection and could destroy the
+// reason before the peer reads it.
+void SayAndDrain(int fd, const absl::Status& why) {
   const std::string ack = AckFrame(why);
   WakeFd never;
   (void)WriteAll(fd, ack.data(), ack.size(), After(std::chrono::seconds(1)), never);
@@ -102,7 +103,6 @@ void CloseGracefully(int fd, const absl::Status& why) {
     if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) break;
     if (r > 0) drained += static_cast<size_t>(r);
   }
-  close(fd);
 }
 
 }  // namespace
@@ -191,16 +191,11 @@ void TensorServer::AcceptLoop() {
     absl::MutexLock lock(&conns_mu_);
     size_t serving = 0;
     for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
-    // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
-    // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: a flood's
-    // from one address first, so that it pushes out its own, not a far peer of the job whose hello
-    // takes a round trip.
-    const bool evicted = serving >= kMaxTensorConnections && EvictOneInHello();
-    if (evicted) {
-      Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
-                             "at once were taken",
+    const std::optional<std::string> evicted = serving >= kMaxTensorConnections ? EvictOne() : "";
+    if (evicted && !evicted->empty()) {
+      Refuse(absl::StrFormat("%s: all %d connections this worker serves at once were taken", *evicted,
                              kMaxTensorConnections));
-    } else if (serving >= kMaxTensorConnections) {
+    } else if (!evicted) {
       const absl::Status why = absl::ResourceExhaustedError(
           absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxTensorConnections));
       Refuse(std::string(why.message()));
@@ -214,6 +209,27 @@ void TensorServer::AcceptLoop() {
     c.peer_ip = peer.sin_addr.s_addr;
     c.thread = std::thread([this, &c] { Serve(&c); });
   }
+}
+
+std::optional<std::string> TensorServer::EvictOne() {
+  // A connection refused already (counted then) only waits for its peer to read why: a flood of
+  // hellos that are refused, never read, would hold every slot for as long.
+  for (Connection& c : conns_) {
+    if (!c.done && Evict(c, Connection::kEnded)) return "";
+  }
+  // Whoever holds every slot with hellos it never finishes would keep the job's own peers out for
+  // kHelloTimeout after kHelloTimeout. A connection still in its hello gives way next: a flood's
+  // from one address first, so that it pushes out its own, not a far peer of the job whose hello
+  // takes a round trip.
+  if (EvictOneInHello()) return "a connection still in its hello gave way to a newer one";
+  return std::nullopt;
+}
+
+bool TensorServer::Evict(Connection& c, int state) {
+  absl::MutexLock fd_lock(&c.fd_mu);
+  if (c.closed || !c.hello.compare_exchange_strong(state, Connection::kEvicted)) return false;
+  shutdown(c.fd, SHUT_RDWR);  // its thread, blocked on the peer, reads the end
+  return true;
 }
 
 bool TensorServer::EvictOneInHello() {
@@ -232,13 +248,7 @@ bool TensorServer::EvictOneInHello() {
 
 bool TensorServer::EvictOldestInHello(std::optional<uint32_t> from) {
   for (Connection& c : conns_) {
-    if (from && c.peer_ip != *from) continue;
-    absl::MutexLock fd_lock(&c.fd_mu);
-    int in_hello = Connection::kInHello;
-    if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {
-      shutdown(c.fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
-      return true;
-    }
+    if ((!from || c.peer_ip == *from) && Evict(c, Connection::kInHello)) return true;
   }
   return false;
 }
@@ -260,10 +270,8 @@ void TensorServer::Serve(Connection* c) {
   absl::Status s = from.status();
   int in_hello = Connection::kInHello;
   if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
-    // Evicted (AcceptLoop): the socket was shut down under fd_mu, which this close waits for.
-    absl::MutexLock fd_lock(&c->fd_mu);
-    close(c->fd);
-    c->done = true;
+    // Evicted (AcceptLoop): the socket was shut down.
+    End(c);
     return;
   }
   if (s.ok()) {
@@ -283,7 +291,11 @@ void TensorServer::Serve(Connection* c) {
     s = ServePart(c->fd, *header_bytes, *from, &sender);
     left = absl::IsUnavailable(s);
   }
-  if (left && sender) {
+  // Ended from here on (an eviction may cut its refusal short), unless an eviction pushed it out
+  // first, as one may in its hello; a hello that failed ended it already.
+  int proved = Connection::kProved;
+  const bool evicted = !c->hello.compare_exchange_strong(proved, Connection::kEnded) && proved == Connection::kEvicted;
+  if (left && sender && !evicted) {
     std::function<void(const Sender&)> observer;
     {
       absl::MutexLock lock(&mu_);
@@ -291,12 +303,20 @@ void TensorServer::Serve(Connection* c) {
     }
     if (observer) observer(*sender);
   }
-  // Shutting down or a broken connection: nobody to tell. A refusal: the peer hears why.
-  if (s.ok() || absl::IsCancelled(s) || absl::IsUnavailable(s)) {
-    close(c->fd);
-  } else {
+  // Pushed out (counted where it was), shutting down or a broken connection: nobody to tell. A
+  // refusal: the peer hears why, unless the connection gives way meanwhile (EvictOne).
+  if (!evicted && !s.ok() && !absl::IsCancelled(s) && !absl::IsUnavailable(s)) {
     Refuse(std::string(s.message()));
-    CloseGracefully(c->fd, s);
+    SayAndDrain(c->fd, s);
+  }
+  End(c);
+}
+
+void TensorServer::End(Connection* c) {
+  {
+    absl::MutexLock fd_lock(&c->fd_mu);
+    c->closed = true;
+    close(c->fd);
   }
   c->done = true;
 }

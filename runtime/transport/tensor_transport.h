@@ -173,9 +173,9 @@ class AnyTensorUpTo : public TensorAdmission {
 };
 
 // Receives tensors into a Mailbox: one thread accepts, one thread serves each connection,
-// kMaxTensorConnections at most; when all are taken, a new connection takes the place of one still
-// in its hello: the oldest of an address holding more than half of them in their hellos, else the
-// oldest.
+// kMaxTensorConnections at most. When all are taken, a new connection takes the place of, in this
+// order: one refused already, waiting for its peer to read why; one still in its hello (the oldest
+// of an address holding more than half of them in their hellos, else the oldest).
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
@@ -212,8 +212,8 @@ class TensorServer {
   // its connection or the connection breaks (not at Shutdown). A killed process's connections
   // close at once, so this is the first evidence of its death.
   void SetSenderLeftObserver(std::function<void(const Sender&)> observer) ABSL_LOCKS_EXCLUDED(mu_);
-  // Connections and parts refused so far (stranger, garbage, identity, bad header, checksum), and
-  // the last reason.
+  // Connections and parts refused so far (stranger, garbage, identity, bad header, checksum, a
+  // connection pushed out for a newer one), and the last reason.
   int refused() const { return refused_.load(); }
   std::string last_refusal() const ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the port and every connection (a part half received is abandoned) and joins them.
@@ -221,18 +221,21 @@ class TensorServer {
 
  private:
   // Shared by the acceptor and the connection's own thread: fd and peer_ip are set before the
-  // thread starts and not changed after, done and hello are atomic, and the thread is joined by
-  // the acceptor (ReapFinished, once done) or Shutdown, under conns_mu_.
+  // thread starts and not changed after, done and hello are atomic, and the thread is
+  // joined by the acceptor (ReapFinished, once done) or Shutdown, under conns_mu_.
   struct Connection {
     int fd = -1;
     std::thread thread;
     std::atomic<bool> done{false};
-    // Where the hello stands: its end (proved or not) and an eviction (AcceptLoop) race for it.
+    // Where the connection stands: in its hello, proved (serving parts), ended (its refusal said
+    // and the peer given time to read it), or pushed out for a newer one. The thread's end of the
+    // hello, or of a proved connection, and an eviction (AcceptLoop) race for it.
     enum HelloState { kInHello, kProved, kEnded, kEvicted };
     std::atomic<int> hello{kInHello};
-    // Guards no field: an eviction shuts the socket down under it, and the thread closes the socket
-    // under it, so a socket is never shut down after its number was closed (and maybe reused).
+    // An eviction shuts the socket down under it, and the thread closes the socket under it (End),
+    // so a socket is never shut down after its number was closed (and maybe reused).
     absl::Mutex fd_mu;
+    bool closed ABSL_GUARDED_BY(fd_mu) = false;
     uint32_t peer_ip = 0;  // the peer's IPv4 address, in network order
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret,
@@ -243,6 +246,8 @@ class TensorServer {
   // The hello and both sides' proofs of the secret and of who they are, checked within
   // kHelloTimeout: the worker the sender proved it is.
   absl::StatusOr<int> ServeHello(int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  // Closes the connection's socket and marks it done for the acceptor to reap.
+  void End(Connection* c);
   // `sender` becomes the place and plan version of an admitted tensor's header; `from` is the
   // worker the hello proved.
   absl::Status ServePart(int fd, uint32_t header_bytes, int from, std::optional<Sender>* sender);
@@ -258,6 +263,12 @@ class TensorServer {
   absl::StatusOr<bool> ReadAndDiscard(int fd, uint64_t bytes, uint8_t* scratch, size_t scratch_bytes,
                                       Deadline deadline);
   void Refuse(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Shuts down one connection to make room for a newer one, by the rule of the class comment: the
+  // refusal that makes (empty where the connection was refused already), or none where no
+  // connection may give way.
+  std::optional<std::string> EvictOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
+  // Shuts `c` down where it is in `state` and open: whether it was.
+  static bool Evict(Connection& c, int state);
   // Shuts down a connection still in its hello, the oldest of an address holding more than half
   // of kMaxTensorConnections in their hellos, else the oldest: whether there was one.
   bool EvictOneInHello() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);

@@ -354,6 +354,44 @@ TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
   for (int fd : strangers) close(fd);
 }
 
+// Strangers whose hellos are refused and who never read why hold their connections only until a
+// newer one needs the room: a flood of them does not keep the job's peers out while the server
+// waits for each to read its refusal.
+TEST(TensorTransport, RefusedHellosNobodyReadsGiveWayToAPeerOfTheJob) {
+  if (const rlim_t allowed = AllowOpenFiles(4 * kMaxTensorConnections); allowed < 4 * kMaxTensorConnections) {
+    GTEST_SKIP() << "needs " << 4 * kMaxTensorConnections << " open files (ulimit -n), allowed " << allowed;
+  }
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string hello = testing::HelloFrame("jobB") + std::string(kNonceBytes + kHelloIdentityBytes, 'x');
+  // Each refused connection waits a while for its peer to read why; the flood keeps within that
+  // while, in batches the server's accept queue takes whole (a connection beyond it would wait for
+  // its SYN to be sent again).
+  std::vector<int> strangers;
+  for (int i = 0; i < kMaxTensorConnections; ++i) {
+    const int fd = testing::ConnectLoopback((*server)->address(), "127.0.0.2");
+    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2: " << strerror(errno);
+    ASSERT_EQ(write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+    strangers.push_back(fd);
+    for (int waited = 0; i % 32 == 31 && (*server)->refused() <= i - 32 && waited < 1000; ++waited) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  for (int i = 0; i < 10000 && (*server)->refused() < kMaxTensorConnections; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::cout << (*server)->refused() << " refused, the last: " << (*server)->last_refusal() << "\n";
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(5);
+  const std::vector<float> x = Ramp(100);
+  const absl::Status s = TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  for (int fd : strangers) close(fd);
+}
+
 TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   const JobSecret secret = TestSecret("a"), other = TestSecret("b");
   Mailbox box;
