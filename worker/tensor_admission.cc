@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 #include "model/param_layout.h"
+#include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 #include "worker/job_setup.h"
 #include "worker/link_probe.h"
@@ -61,6 +62,9 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     places[{a.stage(), a.replica()}] = a.worker_id();
     placed[a.worker_id()] = a.public_key();
   }
+  std::map<int, int> links;
+  for (const auto& [link, n] : LinkConnectionsOf(plan))
+    if (link.second == me) links[link.first] = n;
   absl::MutexLock lock(&mu_);
   expected_ = std::move(expected);
   plan_version_ = plan.version();
@@ -69,6 +73,8 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   places_ = std::move(places);
   placed_ = std::move(placed);
   for (const auto& [worker, key] : placed_) known_.insert(worker);
+  links_ = std::move(links);
+  connections_ = std::max(1, cfg.transport.connections);
   train_ = cfg.train;
   start_ = plan.start_iteration();
   end_ = RunEnd(plan, cfg);
@@ -81,6 +87,11 @@ void PlanAdmission::SetMembers(const std::vector<proto::Peer>& members) {
   absl::MutexLock lock(&mu_);
   members_ = std::move(keys);
   for (const auto& [worker, key] : members_) known_.insert(worker);
+}
+
+void PlanAdmission::SetConnections(int transport_connections) {
+  absl::MutexLock lock(&mu_);
+  connections_ = std::max(1, transport_connections);
 }
 
 absl::Status PlanAdmission::Member(int worker, absl::string_view public_key) const {
@@ -103,6 +114,15 @@ absl::Status PlanAdmission::Member(int worker, absl::string_view public_key) con
         "worker %d signs its hello with another key than the one it registered with the coordinator", worker));
   }
   return absl::OkStatus();
+}
+
+TensorAdmission::Share PlanAdmission::ShareOf(int worker) const {
+  absl::MutexLock lock(&mu_);
+  const auto link = links_.find(worker);
+  const int per_link = link == links_.end() ? connections_ : link->second;
+  // Before the plan every member probes its links; from the plan on, the plan's workers are the
+  // ones whose connections matter.
+  return {2 * (connections_ + per_link) + 2, !have_plan_ || placed_.count(worker) > 0};
 }
 
 bool PlanAdmission::Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration waited) const {

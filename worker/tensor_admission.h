@@ -10,7 +10,10 @@
 // Who may connect: the workers of the plan and those the coordinator's news names as the job's
 // members (spares among them), each by the key it registered; a worker neither has any longer
 // was lost, and is refused. Each tensor must come from the place the plan gives the worker that
-// proved it sent it: a worker speaks for no other's place.
+// proved it sent it: a worker speaks for no other's place. A member's share of this worker's
+// connections: its clients open one set per link (the one kept from the coordinator's news, of
+// transport.connections, and the plan's, of the plan's connections for the link), twice that and
+// two more, for connections that close while their successors open.
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -40,8 +43,12 @@ class PlanAdmission : public TensorAdmission {
   void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) ABSL_LOCKS_EXCLUDED(mu_);
   // The job's workers not lost, with their keys, as the coordinator's news last told.
   void SetMembers(const std::vector<proto::Peer>& members) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's transport.connections (0: the plan's per link), known at registration: a member's
+  // share before the plan, and where the plan gives a link no count of its own.
+  void SetConnections(int transport_connections) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Member(int worker, absl::string_view public_key) const override ABSL_LOCKS_EXCLUDED(mu_);
+  Share ShareOf(int worker) const override ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header, int sender) const override
       ABSL_LOCKS_EXCLUDED(mu_);
   // A version newer than the one set: a resumed version has no start barrier (Worker::RunPlan),
@@ -83,7 +90,8 @@ class PlanAdmission : public TensorAdmission {
   std::map<int, std::string> members_ ABSL_GUARDED_BY(mu_);  // worker -> key, the news's
   // Every worker ever placed or a member: one that is neither now was lost.
   std::set<int> known_ ABSL_GUARDED_BY(mu_);
-
+  std::map<int, int> links_ ABSL_GUARDED_BY(mu_);  // worker -> the plan's connections from it to this one
+  int connections_ ABSL_GUARDED_BY(mu_) = 1;       // per link where the plan gives none (transport.connections)
   std::map<Source, Expected> expected_ ABSL_GUARDED_BY(mu_);
   // With local updates, pushes and parameters travel only on the iterations that exchange (and
   // parameters on the one before the run's first, the initial broadcast).

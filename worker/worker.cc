@@ -335,6 +335,7 @@ absl::Status Worker::Join() {
   // Peers probe this worker's links once every worker has reported its profile (GetPeers).
   server_->SetJobId(cfg.cluster.job_id);
   server_->SetWorkerId(client_.worker_id());
+  admission_.SetConnections(cfg.transport.connections);
   server_->SetPartTimeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000)));
   SetThreads(cfg);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg, -1));

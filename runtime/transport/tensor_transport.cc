@@ -220,9 +220,12 @@ std::optional<std::string> TensorServer::EvictOne() {
   // Whoever holds every slot with hellos it never finishes would keep the job's own peers out for
   // kHelloTimeout after kHelloTimeout. A connection still in its hello gives way next: a flood's
   // from one address first, so that it pushes out its own, not a far peer of the job whose hello
-  // takes a round trip.
+  // takes a round trip. Then a member's that the plan does not need: a spare, or a worker past
+  // its share, may hold no more than a few each, but a job may have many of them.
   if (EvictOneInHello()) return "a connection still in its hello gave way to a newer one";
-  return std::nullopt;
+  std::string proven = EvictOneProven();
+  if (proven.empty()) return std::nullopt;
+  return proven;
 }
 
 bool TensorServer::Evict(Connection& c, int state) {
@@ -253,6 +256,33 @@ bool TensorServer::EvictOldestInHello(std::optional<uint32_t> from) {
   return false;
 }
 
+std::string TensorServer::EvictOneProven() {
+  std::map<int, int> held;
+  {
+    absl::MutexLock lock(&mu_);
+    held = proven_;
+  }
+  std::map<int, TensorAdmission::Share> shares;
+  for (const auto& [worker, n] : held) shares[worker] = admission_->ShareOf(worker);
+  // First the workers the plan does not place, then those placed but past their share.
+  for (const bool placed : {false, true}) {
+    for (Connection& c : conns_) {
+      const int worker = c.worker;
+      const auto share = shares.find(worker);
+      if (c.done || c.hello != Connection::kProved || share == shares.end()) continue;
+      if (share->second.placed != placed || (placed && held[worker] <= share->second.connections)) continue;
+      if (!Evict(c, Connection::kProved)) continue;
+      return placed ? absl::StrFormat("a connection of worker %d, one of %d where its share is %d, gave way to a "
+                                      "newer one",
+                                      worker, held[worker], share->second.connections)
+                    : absl::StrFormat("a connection of worker %d, which the plan does not place now, gave way to a "
+                                      "newer one",
+                                      worker);
+    }
+  }
+  return "";
+}
+
 void TensorServer::ReapFinished() {
   absl::MutexLock lock(&conns_mu_);
   for (auto it = conns_.begin(); it != conns_.end();) {
@@ -268,9 +298,11 @@ void TensorServer::ReapFinished() {
 void TensorServer::Serve(Connection* c) {
   const absl::StatusOr<int> from = ServeHello(c->fd);
   absl::Status s = from.status();
+  if (s.ok()) s = Claim(c, *from);
   int in_hello = Connection::kInHello;
   if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
     // Evicted (AcceptLoop): the socket was shut down.
+    Release(c);
     End(c);
     return;
   }
@@ -295,6 +327,7 @@ void TensorServer::Serve(Connection* c) {
   // first, as one may in its hello; a hello that failed ended it already.
   int proved = Connection::kProved;
   const bool evicted = !c->hello.compare_exchange_strong(proved, Connection::kEnded) && proved == Connection::kEvicted;
+  Release(c);
   if (left && sender && !evicted) {
     std::function<void(const Sender&)> observer;
     {
@@ -319,6 +352,30 @@ void TensorServer::End(Connection* c) {
     close(c->fd);
   }
   c->done = true;
+}
+
+absl::Status TensorServer::Claim(Connection* c, int worker) {
+  const TensorAdmission::Share share = admission_->ShareOf(worker);
+  absl::MutexLock lock(&mu_);
+  int& held = proven_[worker];
+  if (held >= share.connections) {
+    const int n = held;
+    if (n == 0) proven_.erase(worker);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "refused: worker %d holds %d connections to worker %d already, its share as %s (a few per link its clients "
+        "open to this worker)",
+        worker, n, worker_id_, share.placed ? "a worker the plan places" : "a member the plan does not place"));
+  }
+  ++held;
+  c->worker = worker;
+  return absl::OkStatus();
+}
+
+void TensorServer::Release(Connection* c) {
+  const int worker = c->worker.exchange(-1);
+  if (worker < 0) return;
+  absl::MutexLock lock(&mu_);
+  if (--proven_[worker] == 0) proven_.erase(worker);
 }
 
 absl::StatusOr<int> TensorServer::ServeHello(int fd) {

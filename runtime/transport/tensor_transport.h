@@ -19,10 +19,11 @@
 //                the key the plan or the coordinator's news gives it; a tool that means nobody in
 //                particular checks the signature alone) and the signature, then sends its own
 //                proof of the secret (32) and its signature (64) over the same.
-//   4. receiver: checks the proof, the signature, and that the job's membership gives the
-//                sender's worker id that key (TensorAdmission::Member: a member it has yet to hear
-//                of is waited for a moment, a lost one is refused); then acknowledges once more,
-//                or refuses with the reason and closes.
+//   4. receiver: checks the proof, the signature, that the job's membership gives the sender's
+//                worker id that key (TensorAdmission::Member: a member it has yet to hear of is
+//                waited for a moment, a lost one is refused), and the sender's share of
+//                connections (TensorServer); then acknowledges once more, or refuses with the
+//                reason and closes.
 // A peer without the secret learns nothing and sends nothing; a recorded handshake fails against
 // the receiver's next nonce; each signature is bound to both ends and labelled by its side, so it
 // cannot be replayed to another receiver nor stand for the other side's. Then each tensor part is:
@@ -44,6 +45,7 @@
 #include <chrono>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <functional>
 #include <optional>
@@ -148,6 +150,13 @@ class TensorAdmission {
   // a moment: news of a new member may come a moment after the member), PermissionDenied for one
   // the job no longer has (lost) or for another key.
   virtual absl::Status Member(int worker, absl::string_view public_key) const = 0;
+  // What a member may hold of this receiver's connections: how many at once, and whether the plan
+  // places it now (a placed worker's, within that many, are never pushed out for another's).
+  struct Share {
+    int connections = 0;
+    bool placed = false;
+  };
+  virtual Share ShareOf(int worker) const = 0;
   // The element count the whole tensor must have, or why the header is refused; `sender` is the
   // worker the connection's hello proved.
   virtual absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header, int sender) const = 0;
@@ -160,12 +169,14 @@ class TensorAdmission {
   virtual bool Stale(const proto::TensorHeader&) const { return false; }
 };
 
-// Admits any worker (it has no membership: any key that signs its hello), and any tensor of at
-// most `max_elements` in any wire dtype: for tools and tests without a plan.
+// Admits any worker (it has no membership: any key that signs its hello) with any number of
+// connections, and any tensor of at most `max_elements` in any wire dtype: for tools and tests
+// without a plan.
 class AnyTensorUpTo : public TensorAdmission {
  public:
   explicit AnyTensorUpTo(uint64_t max_elements) : max_(max_elements) {}
   absl::Status Member(int, absl::string_view) const override { return absl::OkStatus(); }
+  Share ShareOf(int) const override { return {kMaxTensorConnections, true}; }
   absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header, int sender) const override;
 
  private:
@@ -173,9 +184,16 @@ class AnyTensorUpTo : public TensorAdmission {
 };
 
 // Receives tensors into a Mailbox: one thread accepts, one thread serves each connection,
-// kMaxTensorConnections at most. When all are taken, a new connection takes the place of, in this
-// order: one refused already, waiting for its peer to read why; one still in its hello (the oldest
-// of an address holding more than half of them in their hellos, else the oldest).
+// kMaxTensorConnections at most. A proven worker holds at most its share of them
+// (TensorAdmission::ShareOf: a few per link of its clients to this worker), a connection beyond
+// that refused in its hello. When all are taken, a new connection takes the place of, in this
+// order: one refused already, waiting for its peer to read why; one still in its hello (the
+// oldest of an address holding more than half of them in their hellos, else the oldest); the
+// oldest proven one of a worker the plan does not place now (a spare's, a lost worker's); the
+// oldest of a placed worker holding more than its share (a new plan gave its link fewer
+// connections). A placed worker within its share is never pushed out, so strangers, spares and
+// members together cannot crowd the plan's links out, and what the server holds stays bounded by
+// the plan.
 class TensorServer {
  public:
   // Listens on `address` (port 0 picks a free one). `mailbox` and `admission` must outlive the
@@ -221,7 +239,7 @@ class TensorServer {
 
  private:
   // Shared by the acceptor and the connection's own thread: fd and peer_ip are set before the
-  // thread starts and not changed after, done and hello are atomic, and the thread is
+  // thread starts and not changed after, done, hello and worker are atomic, and the thread is
   // joined by the acceptor (ReapFinished, once done) or Shutdown, under conns_mu_.
   struct Connection {
     int fd = -1;
@@ -237,6 +255,8 @@ class TensorServer {
     absl::Mutex fd_mu;
     bool closed ABSL_GUARDED_BY(fd_mu) = false;
     uint32_t peer_ip = 0;  // the peer's IPv4 address, in network order
+    // The worker the hello proved, counted in proven_ (Claim) until the thread ends; -1 before.
+    std::atomic<int> worker{-1};
   };
   TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret,
                std::shared_ptr<const WorkerKey> key);
@@ -246,6 +266,11 @@ class TensorServer {
   // The hello and both sides' proofs of the secret and of who they are, checked within
   // kHelloTimeout: the worker the sender proved it is.
   absl::StatusOr<int> ServeHello(int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts `c`, proved to be `worker`'s, against that worker's share of connections: why not,
+  // where the worker holds its share already.
+  absl::Status Claim(Connection* c, int worker) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes a claimed connection out of the count (once).
+  void Release(Connection* c) ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the connection's socket and marks it done for the acceptor to reap.
   void End(Connection* c);
   // `sender` becomes the place and plan version of an admitted tensor's header; `from` is the
@@ -266,7 +291,7 @@ class TensorServer {
   // Shuts down one connection to make room for a newer one, by the rule of the class comment: the
   // refusal that makes (empty where the connection was refused already), or none where no
   // connection may give way.
-  std::optional<std::string> EvictOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
+  std::optional<std::string> EvictOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Shuts `c` down where it is in `state` and open: whether it was.
   static bool Evict(Connection& c, int state);
   // Shuts down a connection still in its hello, the oldest of an address holding more than half
@@ -274,6 +299,9 @@ class TensorServer {
   bool EvictOneInHello() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
   // Shuts down the oldest connection still in its hello, of peer address `from` where given.
   bool EvictOldestInHello(std::optional<uint32_t> from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_);
+  // Shuts down the oldest proven connection of a worker the plan does not place now, else of a
+  // placed one holding more than its share: why, or empty where there is none.
+  std::string EvictOneProven() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void ReapFinished() ABSL_LOCKS_EXCLUDED(conns_mu_);
 
   // Set before the acceptor starts (Start), read-only after.
@@ -285,12 +313,15 @@ class TensorServer {
   int listen_fd_ = -1;
   WakeFd stop_;           // an eventfd: Shutdown wakes every thread's waits with it
   std::thread acceptor_;  // started by Start, joined by Shutdown
-  absl::Mutex conns_mu_;  // taken before mu_ (AcceptLoop refuses under it) and before a Connection's fd_mu
+  // Taken before mu_ (AcceptLoop refuses and counts proven connections under it) and before a
+  // Connection's fd_mu.
+  absl::Mutex conns_mu_;
   std::list<Connection> conns_ ABSL_GUARDED_BY(conns_mu_);
   std::atomic<int> refused_{0};  // counted without a lock
   mutable absl::Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int worker_id_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int, int> proven_ ABSL_GUARDED_BY(mu_);  // proven connections not ended, by worker
   std::string last_refusal_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds part_timeout_ ABSL_GUARDED_BY(mu_) = std::chrono::milliseconds(120000);
   std::function<void(const Sender&)> sender_left_ ABSL_GUARDED_BY(mu_);

@@ -2,7 +2,7 @@
 // pushes of its stage's other replicas for the shards it hosts, and the parameters of the others;
 // each of the plan's size, dtype and version, sent by the worker the plan places where the header
 // says it comes from. Everything else is refused, naming what is wrong. Who may connect (the
-// plan's workers and the news's members, by their keys).
+// plan's workers and the news's members, by their keys) and each one's share of connections.
 #include "worker/tensor_admission.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 #include "transport/identity.h"
+#include "transport/link_connections.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 #include "worker/link_probe.h"
@@ -392,6 +393,25 @@ TEST(PlanAdmission, MembersAreThePlansWorkersAndTheNewsesByTheirKeys) {
   EXPECT_EQ(unknown.code(), absl::StatusCode::kUnavailable) << unknown;
   EXPECT_NE(unknown.message().find("worker 9 is no member of this job as worker 1 knows it"), std::string::npos)
       << unknown;
+}
+
+// A member's share of connections: twice those its clients open to this worker (one set kept from
+// the news, of transport.connections, and one of the plan's for the link) and two more; the plan's
+// workers are placed (before a plan every member is, as each probes its links).
+TEST(PlanAdmission, AMembersShareIsTwiceItsClientsConnectionsAndTwoMore) {
+  const JobConfig cfg = Config();
+  PlanAdmission a;
+  a.SetConnections(0);
+  EXPECT_EQ(a.ShareOf(6).connections, 2 * (1 + 1) + 2);
+  EXPECT_TRUE(a.ShareOf(6).placed) << "before the plan";
+  proto::Plan plan = Plan(cfg);
+  SetLinkConnections({{{0, 1}, 4}, {{1, 0}, 8}}, plan);  // worker 0 -> this worker (1): 4 connections
+  a.SetPlan(plan, cfg, 1, 0);
+  EXPECT_EQ(a.ShareOf(0).connections, 2 * (1 + 4) + 2);
+  EXPECT_TRUE(a.ShareOf(0).placed);
+  EXPECT_EQ(a.ShareOf(2).connections, 2 * (1 + 1) + 2);
+  EXPECT_EQ(a.ShareOf(6).connections, 2 * (1 + 1) + 2);
+  EXPECT_FALSE(a.ShareOf(6).placed) << "a spare";
 }
 
 }  // namespace

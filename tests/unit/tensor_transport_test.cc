@@ -440,26 +440,37 @@ TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   EXPECT_EQ(*got, x);
 }
 
-// A job's members as a test gives them, each by its key; a worker dropped was lost, any other is
-// not heard of. It admits any tensor of at most 2^23 elements, and records which worker sent each.
+// A job's members as a test gives them: each worker's key, share of connections and whether the
+// plan places it; a worker dropped was lost, any other is not heard of. It admits any tensor of
+// at most 2^23 elements, and records which worker sent each.
 class Roster : public TensorAdmission {
  public:
-  void Set(int worker, std::string key) {
+  struct Entry {
+    std::string key;
+    int share = 4;
+    bool placed = true;
+  };
+  void Set(int worker, Entry e) {
     absl::MutexLock lock(&mu_);
-    keys_[worker] = std::move(key);
+    entries_[worker] = std::move(e);
   }
   void Drop(int worker) {
     absl::MutexLock lock(&mu_);
-    keys_.erase(worker);
+    entries_.erase(worker);
     lost_.insert(worker);
   }
   absl::Status Member(int worker, absl::string_view key) const override {
     absl::MutexLock lock(&mu_);
     if (lost_.count(worker)) return absl::PermissionDeniedError(absl::StrFormat("worker %d was lost", worker));
-    const auto k = keys_.find(worker);
-    if (k == keys_.end()) return absl::UnavailableError(absl::StrFormat("worker %d is no member", worker));
-    if (k->second != key) return absl::PermissionDeniedError(absl::StrFormat("worker %d: another key", worker));
+    const auto e = entries_.find(worker);
+    if (e == entries_.end()) return absl::UnavailableError(absl::StrFormat("worker %d is no member", worker));
+    if (e->second.key != key) return absl::PermissionDeniedError(absl::StrFormat("worker %d: another key", worker));
     return absl::OkStatus();
+  }
+  Share ShareOf(int worker) const override {
+    absl::MutexLock lock(&mu_);
+    const Entry& e = entries_.at(worker);
+    return {e.share, e.placed};
   }
   absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int sender) const override {
     absl::MutexLock lock(&mu_);
@@ -473,7 +484,7 @@ class Roster : public TensorAdmission {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<int, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::set<int> lost_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int> senders_ ABSL_GUARDED_BY(mu_);
 };
@@ -520,7 +531,7 @@ TEST(TensorTransport, AReceiverAdmitsOnlyAWorkerOfItsMembershipByItsKey) {
   const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
   Mailbox box;
   Roster roster;
-  roster.Set(3, member->public_key());
+  roster.Set(3, {member->public_key()});
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
   ASSERT_TRUE(server.ok()) << server.status();
   (*server)->SetWorkerId(7);
@@ -546,7 +557,7 @@ TEST(TensorTransport, AReceiverAdmitsOnlyAWorkerOfItsMembershipByItsKey) {
   const std::shared_ptr<const WorkerKey> late = NewKey();
   std::thread news([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    roster.Set(11, late->public_key());
+    roster.Set(11, {late->public_key()});
   });
   s = TensorClient((*server)->address(), As(11, late), seven).Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
   news.join();
@@ -567,7 +578,7 @@ TEST(TensorTransport, ASenderSendsNothingToAnotherWorkerThanTheOneItMeans) {
   const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
   Mailbox box;
   Roster roster;
-  roster.Set(3, member->public_key());
+  roster.Set(3, {member->public_key()});
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
   ASSERT_TRUE(server.ok()) << server.status();
   (*server)->SetWorkerId(7);
@@ -585,6 +596,73 @@ TEST(TensorTransport, ASenderSendsNothingToAnotherWorkerThanTheOneItMeans) {
   }
   EXPECT_TRUE(roster.senders().empty()) << "a header reached the receiver";
   EXPECT_EQ(box.HeldFloats(), 0u);
+}
+
+// A member holds at most its share of a receiver's connections. When every connection is taken,
+// a new one takes the place of one still in its hello, else of a member's the plan does not place,
+// else of a placed member's beyond its share; never of a placed member's within its share.
+TEST(TensorTransport, AMembersConnectionsBeyondItsShareGiveWayToAPlacedPeer) {
+  if (const rlim_t allowed = AllowOpenFiles(4 * kMaxTensorConnections); allowed < 4 * kMaxTensorConnections) {
+    GTEST_SKIP() << "needs " << 4 * kMaxTensorConnections << " open files (ulimit -n), allowed " << allowed;
+  }
+  const std::shared_ptr<const WorkerKey> placed = NewKey(), spare = NewKey(), other = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, {placed->public_key(), 2, true});
+  roster.Set(5, {spare->public_key(), kMaxTensorConnections, false});
+  roster.Set(6, {other->public_key(), kMaxTensorConnections, true});
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  std::vector<std::unique_ptr<testing::RawPeer>> held;
+  auto connect = [&](int worker, const std::shared_ptr<const WorkerKey>& key) {
+    held.push_back(std::make_unique<testing::RawPeer>(address, "jobA", JobSecret(), testing::Speaker{worker, key}));
+    return held.back()->hello();
+  };
+  const int64_t rss = testing::ResidentBytes();
+  // The spare takes every connection but worker 3's first: worker 3's second pushes out its oldest.
+  ASSERT_TRUE(connect(3, placed).ok());
+  for (int i = 1; i < kMaxTensorConnections; ++i) ASSERT_TRUE(connect(5, spare).ok()) << i;
+  absl::Status s = connect(3, placed);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(held[1]->Answered()) << "the spare's oldest connection is still open";
+  std::cout << (*server)->last_refusal() << "\n";
+  EXPECT_NE((*server)->last_refusal().find("a connection of worker 5, which the plan does not place now, gave way"),
+            std::string::npos)
+      << (*server)->last_refusal();
+  // Worker 3 holds its share: a third is refused, naming it.
+  s = connect(3, placed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("worker 3 holds 2 connections"), std::string::npos) << s;
+  // Worker 6, placed, takes every connection but worker 3's first, within its share: a newer
+  // connection finds none to take the place of...
+  held.clear();
+  ASSERT_TRUE(connect(3, placed).ok());
+  for (int i = 1, tries = 0; i < kMaxTensorConnections && tries < 1000; ++tries) {
+    if (connect(6, other).ok()) {
+      ++i;
+    } else {
+      // The connections closed above not yet ended at the server.
+      held.pop_back();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_EQ(held.size(), static_cast<size_t>(kMaxTensorConnections));
+  s = connect(3, placed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("beyond the 512"), std::string::npos) << s;
+  held.pop_back();
+  // ... until a new plan gives worker 6 less: then its connections beyond that give way.
+  roster.Set(6, {other->public_key(), 1, true});
+  s = connect(3, placed);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_NE((*server)->last_refusal().find("a connection of worker 6, one of 511 where its share is 1, gave way"),
+            std::string::npos)
+      << (*server)->last_refusal();
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "with " << kMaxTensorConnections << " proven connections: resident memory grew by " << grew / 1024
+            << " KiB\n";
+  EXPECT_LT(grew, 64 << 20);
 }
 
 TEST(TensorTransport, PeerOfAnotherProtocolVersionIsRefusedNamingBoth) {
