@@ -32,6 +32,7 @@
 #include "tests/support/checkpoint_params.h"
 #include "tests/support/processes.h"
 #include "tests/support/recoveries.h"
+#include "tests/support/shell.h"
 #include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
 #include "tests/support/tiny_model.h"
@@ -538,9 +539,21 @@ TEST(Cluster, StrangerAndGarbageAreRefusedWhileTheRunGoesOn) {
   EXPECT_EQ(refused_by_0, 1) << "the garbage";
 }
 
-// The 2 x 2 job of `steps` steps.
+// The 2 x 2 job of `steps` steps the tests below disturb.
 std::vector<std::string> TwoByTwo(int steps) {
   return {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.steps=" + std::to_string(steps)};
+}
+
+// The losses of TwoByTwo(steps) run undisturbed, run once per test process.
+const std::vector<double>& CalmLosses(int steps) {
+  static std::map<int, std::vector<double>> runs;
+  auto [it, first] = runs.try_emplace(steps);
+  if (first) {
+    const fs::path out = Dir("calm_" + std::to_string(steps));
+    EXPECT_EQ(Longhaul("local", out, TwoByTwo(steps)), 0) << Log(out);
+    it->second = Losses(out);
+  }
+  return it->second;
 }
 
 // The worker of `cluster` (cluster.json) at (stage, replica).
@@ -630,7 +643,7 @@ proto::TensorHeader CraftedHeader(proto::TensorKind kind, uint64_t version, int6
 // a part of a version the worker left is dropped. The worker's memory stays flat, and the run
 // trains to its end.
 TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
-  constexpr int kSteps = 4000;  // long enough to outlast what the test sends (a step takes milliseconds)
+  constexpr int kSteps = 4000;  // long enough to outlast what the test sends
   const fs::path out = Dir("crafted");
   auto run = std::async(std::launch::async, [&] { return Longhaul("local", out, TwoByTwo(kSteps)); });
   const nlohmann::json cluster = WaitForCluster(out);
@@ -755,6 +768,205 @@ TEST(Cluster, CraftedTensorHeadersAreRefusedByALiveWorkerWhoseMemoryStaysFlat) {
   EXPECT_LT(rss_after - rss_before, 32 << 20);
   ASSERT_EQ(run.get(), 0) << Log(out);
   EXPECT_EQ(Losses(out).size(), static_cast<size_t>(kSteps)) << "the run went on to the end";
+}
+
+// A member of the job (a holder of its secret registered as a spare, with a key of its own) speaks
+// only from its own place. Against a live 2 x 2 run, it sends stage 1 replica 0 the headers alone
+// of stage 0 replica 0's next activations under the run's plan version and the next three (frames
+// that had the real ones refused as "already arriving on another stream", and the layout started
+// again at each version until the job stopped), a whole activation of that place with a valid
+// checksum, and a gradient push and parameters of stage 1 replica 1's place: each is refused,
+// naming both workers, before anything is reserved. Hellos signed with a key the job never
+// registered, or with another key than a placed worker's, are refused in the hello. The run ends
+// as the undisturbed one, loss for loss, without a recovery, and the worker's memory stays flat.
+TEST(Cluster, AMemberSendsOnlyFromItsOwnPlace) {
+  constexpr int kSteps = 4000;  // long enough to outlast what the test sends
+  const std::vector<double>& calm = CalmLosses(kSteps);
+  ASSERT_EQ(calm.size(), static_cast<size_t>(kSteps));
+  const fs::path out = Dir("spoofed");
+  auto run = std::async(std::launch::async, [&] { return Longhaul("local", out, TwoByTwo(kSteps)); });
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  const nlohmann::json victim = WorkerAt(cluster, 1, 0), sender = WorkerAt(cluster, 0, 0),
+                       other = WorkerAt(cluster, 1, 1);
+  ASSERT_FALSE(victim.is_null() || sender.is_null() || other.is_null()) << cluster.dump();
+  const std::string address = victim["address"];
+  const int pid = victim["pid"];
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  const Spare spare(out, *secret);
+  ASSERT_GE(spare.id(), 4);
+  const int64_t rss_before = testing::ResidentBytes(pid);
+  ASSERT_GT(rss_before, 0);
+  const uint64_t boundary = 2 * 16 * 32;  // micro_batch_size x seq_len x d_model
+  // Refused naming the spare and the worker whose place it claims.
+  auto expect_spoof_refused = [&](const char* what, const absl::Status& s, const nlohmann::json& owner) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << what << ": " << s;
+    EXPECT_NE(s.message().find(absl::StrCat("worker ", spare.id())), std::string::npos) << what << ": " << s;
+    EXPECT_NE(s.message().find(absl::StrCat("worker ", owner["worker"].get<int>())), std::string::npos)
+        << what << ": " << s;
+  };
+
+  // (a) The headers alone, each held open on a connection of its own: one of each later version
+  // (they wait a moment, as a version a peer heard of sooner would), then the run's version's
+  // for the next iterations, one after another (a member holds a few connections at once).
+  const int64_t next = static_cast<int64_t>(Metrics(out).size());
+  std::vector<std::unique_ptr<testing::RawPeer>> later;
+  for (uint64_t version = 2; version <= 4; ++version) {
+    later.push_back(std::make_unique<testing::RawPeer>(address, "equivalence", *secret, spare.speaker()));
+    ASSERT_TRUE(later.back()->hello().ok()) << later.back()->hello();
+    later.back()->Write(testing::HeaderFrame(CraftedHeader(proto::ACTIVATION, version, next, 0, 0, 0, boundary)));
+  }
+  int frames = static_cast<int>(later.size());
+  for (int64_t it = next; it < next + 3; ++it)
+    for (int m = 0; m < 2; ++m, ++frames) {
+      testing::RawPeer peer(address, "equivalence", *secret, spare.speaker());
+      ASSERT_TRUE(peer.hello().ok()) << peer.hello();
+      peer.Write(testing::HeaderFrame(CraftedHeader(proto::ACTIVATION, 1, it, m, 0, 0, boundary)));
+      const absl::Status s = peer.Ack(std::chrono::seconds(10));
+      expect_spoof_refused("the header of another worker's activation", s, sender);
+      if (frames == 3) std::cout << "plan version 1: " << s << "\n";
+    }
+  for (size_t i = 0; i < later.size(); ++i) {
+    const absl::Status s = later[i]->Ack(std::chrono::seconds(10));
+    // Of a version the worker does not run: refused once it did not come.
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    std::cout << "plan version " << i + 2 << ": " << s << "\n";
+  }
+
+  // (b) A whole activation of that place, with a valid checksum.
+  {
+    testing::RawPeer forged(address, "equivalence", *secret, spare.speaker());
+    ASSERT_TRUE(forged.hello().ok()) << forged.hello();
+    forged.Write(testing::PartFrame(CraftedHeader(proto::ACTIVATION, 1, next + 2, 0, 0, 0, boundary),
+                                    std::vector<float>(boundary, 0.25f)));
+    const absl::Status s = forged.Ack(std::chrono::seconds(10));
+    expect_spoof_refused("a forged activation", s, sender);
+    std::cout << "a forged activation with a valid checksum: " << s << "\n";
+  }
+  // (c) Parameter-server traffic of stage 1 replica 1's place: its push to the shard this worker
+  // hosts, and the parameters of the shard it hosts.
+  for (auto [what, kind, shard] : {std::tuple{"another worker's push", proto::GRAD_PUSH, 0},
+                                   std::tuple{"another worker's parameters", proto::PARAMS, 1}}) {
+    testing::RawPeer forged(address, "equivalence", *secret, spare.speaker());
+    ASSERT_TRUE(forged.hello().ok()) << forged.hello();
+    forged.Write(testing::HeaderFrame(CraftedHeader(kind, 1, next + 2, 0, 1, 1, boundary, shard)));
+    const absl::Status s = forged.Ack(std::chrono::seconds(10));
+    expect_spoof_refused(what, s, other);
+    std::cout << what << ": " << s << "\n";
+  }
+  // Hellos of an identity the job does not have: a worker id nobody registered, and a placed
+  // worker's id with a key other than its own.
+  for (const testing::Speaker& as :
+       {testing::Speaker{1000, nullptr}, testing::Speaker{sender["worker"].get<int>(), nullptr}}) {
+    testing::RawPeer stranger(address, "equivalence", *secret, as);
+    EXPECT_EQ(stranger.hello().code(), absl::StatusCode::kPermissionDenied) << stranger.hello();
+    EXPECT_NE(stranger.hello().message().find(absl::StrCat("worker ", as.worker)), std::string::npos)
+        << stranger.hello();
+    std::cout << "a hello as worker " << as.worker << " with a key of its own: " << stranger.hello() << "\n";
+  }
+  const int64_t rss_after = testing::ResidentBytes(pid);
+  std::cout << "victim worker resident memory: " << rss_before / (1 << 20) << " MiB before, " << rss_after / (1 << 20)
+            << " MiB after " << frames + 5 << " spoofed connections\n";
+  ASSERT_GT(rss_after, 0) << "the run ended before the test did";
+  EXPECT_LT(rss_after - rss_before, 32 << 20);
+  ASSERT_EQ(run.get(), 0) << Log(out);
+  EXPECT_EQ(Losses(out), calm) << "the losses differ from the undisturbed run's";
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  EXPECT_TRUE(summary["recoveries"].empty()) << summary["recoveries"].dump(2);
+}
+
+// A member's idle connections leave the placed peers theirs. Against a live 2 x 2 run, the spare
+// proves itself on 520 connections to stage 1 replica 0, more than the 512 a worker serves at once,
+// and holds them idle: the worker holds a member's share of them and refuses the others, naming
+// the share; hellos signed with keys the job never registered are refused too. Then (as root)
+// every connection of the placed peers to that worker is reset, as a middlebox would: they connect
+// again, the layout starts again from its last checkpoint, and the run ends as the undisturbed
+// one, loss for loss. The worker's memory stays flat.
+TEST(Cluster, AMembersIdleConnectionsDoNotCrowdOutThePlacedPeers) {
+  constexpr int kSteps = 4000, kConnections = 520;  // steps enough to outlast what the test sends
+  const std::vector<double>& calm = CalmLosses(kSteps);
+  ASSERT_EQ(calm.size(), static_cast<size_t>(kSteps));
+  const fs::path out = Dir("idle");
+  auto run = std::async(std::launch::async, [&] { return Longhaul("local", out, TwoByTwo(kSteps)); });
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  const nlohmann::json victim = WorkerAt(cluster, 1, 0);
+  ASSERT_FALSE(victim.is_null()) << cluster.dump();
+  const std::string address = victim["address"];
+  const int pid = victim["pid"];
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  const Spare spare(out, *secret);
+  ASSERT_GE(spare.id(), 4);
+  const int64_t rss_before = testing::ResidentBytes(pid);
+  ASSERT_GT(rss_before, 0);
+  // From 127.0.0.2, so that the reset below spares them.
+  std::vector<std::unique_ptr<testing::RawPeer>> held;
+  absl::Status refusal;
+  int refused = 0;
+  for (int i = 0; i < kConnections; ++i) {
+    auto peer = std::make_unique<testing::RawPeer>(address, "equivalence", *secret, spare.speaker(), "127.0.0.2");
+    if (peer->hello().ok()) {
+      held.push_back(std::move(peer));
+    } else {
+      ++refused;
+      refusal = peer->hello();
+    }
+  }
+  std::cout << kConnections << " connections of the spare: " << held.size() << " held, " << refused
+            << " refused; the last: " << refusal << "\n";
+  EXPECT_GT(held.size(), 0u);
+  EXPECT_LE(held.size(), 16u) << "a member holds more than its share";
+  EXPECT_EQ(refusal.code(), absl::StatusCode::kResourceExhausted) << refusal;
+  EXPECT_NE(refusal.message().find("share"), std::string::npos) << refusal;
+  // Keys the job never registered, at once, each in its hello for a moment.
+  std::vector<std::future<absl::Status>> strangers;
+  for (int i = 0; i < 16; ++i) {
+    strangers.push_back(std::async(std::launch::async, [&, i] {
+      return testing::RawPeer(address, "equivalence", *secret, {2000 + i, nullptr}, "127.0.0.2").hello();
+    }));
+  }
+  for (auto& s : strangers) {
+    const absl::Status hello = s.get();
+    EXPECT_EQ(hello.code(), absl::StatusCode::kPermissionDenied) << hello;
+  }
+  bool reset = false;
+  int attempts = kConnections + static_cast<int>(strangers.size());
+  if (geteuid() == 0) {
+    ASSERT_LT(Metrics(out).size(), static_cast<size_t>(kSteps)) << "the run ended before the reset";
+    const std::string destroyed =
+        testing::Sh("ss -K -H -t state established dst " + address + " src 127.0.0.1").output;
+    std::cout << "ss -K reset the placed peers' connections:\n" << destroyed;
+    reset = destroyed.find("127.0.0.1:") != std::string::npos;
+    // The spare goes on connecting while they connect again, as one that means to take every
+    // connection they free would.
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+         std::chrono::steady_clock::now() < until; ++attempts) {
+      auto peer = std::make_unique<testing::RawPeer>(address, "equivalence", *secret, spare.speaker(), "127.0.0.2");
+      if (peer->hello().ok()) held.push_back(std::move(peer));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::cout << "after the reset the spare holds " << held.size() << " connections\n";
+    EXPECT_LE(held.size(), 16u) << "a member holds more than its share";
+  }
+  const int64_t rss_after = testing::ResidentBytes(pid);
+  std::cout << "victim worker resident memory: " << rss_before / (1 << 20) << " MiB before, " << rss_after / (1 << 20)
+            << " MiB after " << attempts << " connections\n";
+  ASSERT_GT(rss_after, 0) << "the run ended before the test did";
+  EXPECT_LT(rss_after - rss_before, 32 << 20);
+  if (!reset) std::cout << "the placed peers' connections were not reset (ss -K needs root and the kernel's socket destroy)\n";
+  ASSERT_EQ(run.get(), 0) << Log(out);
+  EXPECT_EQ(Losses(out), calm) << "the losses differ from the undisturbed run's";
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  for (const nlohmann::json& r : summary["recoveries"]) std::cout << "plan change: " << r.dump() << "\n";
+  if (reset) {
+    EXPECT_FALSE(summary["recoveries"].empty()) << "the reset connections cost no restart";
+  }
 }
 
 // What a crafted peer tells a live coordinator: calls without the secret or replayed; a holder of
