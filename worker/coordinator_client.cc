@@ -23,11 +23,13 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 CoordinatorClient::CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls,
                                      double connect_timeout_s,
                                      std::function<void(const std::string&, uint64_t)> on_stop,
-                                     std::shared_ptr<const WorkerKey> key)
+                                     std::shared_ptr<const WorkerKey> key,
+                                     std::function<void(const std::vector<proto::Peer>&)> on_members)
     : address_(std::move(address)),
       public_key_(key ? key->public_key() : std::string()),
       connect_timeout_s_(connect_timeout_s),
-      on_stop_(std::move(on_stop)) {
+      on_stop_(std::move(on_stop)),
+      on_members_(std::move(on_members)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -78,8 +80,10 @@ void CoordinatorClient::HoldLifeline() {
     proto::LifelineNews news;
     while (reader->Read(&news)) {
       if (news.members_size() > 0) {
+        std::vector<proto::Peer> members(news.members().begin(), news.members().end());
+        if (on_members_) on_members_(members);
         absl::MutexLock lock(&members_mu_);
-        members_.emplace(news.members().begin(), news.members().end());
+        members_ = std::move(members);
       }
       if (news.has_plan()) {
         absl::MutexLock lock(&news_mu_);

@@ -24,7 +24,8 @@
 namespace longhaul {
 
 // Threads: the worker's own calls; the heartbeat thread and the lifeline thread (from Register on),
-// which call on_stop and hear of plans (HeardOfPlan, news_mu_) and members (members_mu_); and any
+// which call on_stop and hear of plans (HeardOfPlan, news_mu_) and members (on_members, without a
+// lock of this client's held; members_mu_); and any
 // thread that reports (the checkpoint shipper's, the tensor server's). Fields without a mutex are
 // atomics, or set before the threads start (the constructor; Register: id_, dead_after_s_) and
 // only read after; coordinator_clock_ locks itself.
@@ -35,10 +36,13 @@ class CoordinatorClient {
   // one this worker runs (SetPlanVersion; once per version, which newer_plan names), the latter with news_mu_
   // held: it must not call back into this client. Every call is signed with `secret` and, where
   // given, this worker's `key`, whose public key Register registers; over TLS where `tls` names
-  // files (rpc_auth.h).
+  // files (rpc_auth.h). `on_members`, where given, is called from the lifeline thread with the
+  // workers not lost (and their keys) as each news of them arrives: whom this worker's tensor
+  // port admits.
   CoordinatorClient(std::string address, const JobSecret& secret, const TlsFiles& tls, double connect_timeout_s,
                     std::function<void(const std::string& reason, uint64_t newer_plan)> on_stop,
-                    std::shared_ptr<const WorkerKey> key = nullptr);
+                    std::shared_ptr<const WorkerKey> key = nullptr,
+                    std::function<void(const std::vector<proto::Peer>&)> on_members = {});
   ~CoordinatorClient() ABSL_LOCKS_EXCLUDED(lifeline_mu_);  // ends the heartbeats
   CoordinatorClient(const CoordinatorClient&) = delete;
 
@@ -119,6 +123,7 @@ class CoordinatorClient {
   double connect_timeout_s_, dead_after_s_ = 20;
   std::atomic<double> timeout_s_{120};  // set by the worker's thread, read by every caller's
   std::function<void(const std::string&, uint64_t)> on_stop_;
+  std::function<void(const std::vector<proto::Peer>&)> on_members_;
   absl::Status channel_status_;  // why no channel could be made (a TLS file), returned by Register
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;

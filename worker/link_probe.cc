@@ -12,7 +12,7 @@ absl::StatusOr<proto::LinkMeasurement> ProbeOne(const proto::Peer& peer, Transpo
                                                 const LinkProbeOptions& opt, const std::vector<float>& data) {
   transport.connections = 1;
   transport.dtype = WireDtype::kF32;
-  TensorClient client(peer.address(), transport);
+  TensorClient client(peer.address(), transport, {peer.worker_id(), peer.public_key()});
   int64_t seq = 0;
   auto header = [&] {
     proto::TensorHeader h;

@@ -11,20 +11,20 @@
 
 namespace longhaul {
 
-TensorClient& ClientPool::Get(int to, const std::string& dial, const TransportOptions& transport) {
-  std::unique_ptr<TensorClient>& c = clients_[{to, dial, transport.connections}];
+TensorClient& ClientPool::Get(const PeerIdentity& to, const std::string& dial, const TransportOptions& transport) {
+  std::unique_ptr<TensorClient>& c = clients_[{to.worker_id, dial, transport.connections}];
   if (c) {
     c->Rearm(transport.canceller);
   } else {
-    c = std::make_unique<TensorClient>(dial, transport);
+    c = std::make_unique<TensorClient>(dial, transport, to);
   }
   return *c;
 }
 
-void ClientPool::Warm(int to, const std::string& dial, const TransportOptions& transport) {
-  std::unique_ptr<TensorClient>& c = clients_[{to, dial, transport.connections}];
+void ClientPool::Warm(const PeerIdentity& to, const std::string& dial, const TransportOptions& transport) {
+  std::unique_ptr<TensorClient>& c = clients_[{to.worker_id, dial, transport.connections}];
   if (c) return;
-  c = std::make_unique<TensorClient>(dial, transport);
+  c = std::make_unique<TensorClient>(dial, transport, to);
   c->OpenSoon();
 }
 
@@ -72,14 +72,14 @@ WireDtype PeerDirectory::WireTo(int stage, int replica, proto::TensorKind kind, 
   return wires_.Of(self_, WorkerAt(plan_, stage, replica), kind, stage_, replica_, micro, shard);
 }
 
-TensorClient& PeerDirectory::Client(int to, const std::string& address) {
-  TensorClient*& c = clients_[address];
+TensorClient& PeerDirectory::Client(const proto::Assignment& to) {
+  TensorClient*& c = clients_[to.address()];
   if (!c) {
     TransportOptions transport = transport_;
-    if (auto n = connections_.find({self_, to}); n != connections_.end()) {
+    if (auto n = connections_.find({self_, to.worker_id()}); n != connections_.end()) {
       transport.connections = n->second;
     }
-    c = &pool_->Get(to, Dial(dial_map_, address), transport);
+    c = &pool_->Get({to.worker_id(), to.public_key()}, Dial(dial_map_, to.address()), transport);
   }
   return *c;
 }
@@ -96,14 +96,15 @@ void PeerDirectory::OpenLinks() {
     const bool neighbour = a.replica() == replica_ && std::abs(a.stage() - stage_) == 1;
     const bool same_stage = a.stage() == stage_ && a.replica() != replica_;
     const bool norm_peer = host && (a.stage() != stage_ || a.replica() != replica_) && is_host(a.stage(), a.replica());
-    if (neighbour || same_stage || norm_peer) Client(a.worker_id(), a.address()).OpenSoon();
+    if (neighbour || same_stage || norm_peer) Client(a).OpenSoon();
   }
 }
 
 void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard,
                          const float* data, size_t n) {
-  const std::string to = AddressOf(stage, replica);
-  if (to.empty()) {
+  const int to_worker = WorkerAt(plan_, stage, replica);
+  const proto::Assignment* to = AssignmentOf(plan_, to_worker);
+  if (to == nullptr) {
     if (unaddressed_.ok()) {
       unaddressed_ = absl::InternalError(
           absl::StrFormat("plan v%d has no worker for stage %d replica %d", plan_.version(), stage, replica));
@@ -118,7 +119,6 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_stage(stage_);
   h.set_from_replica(replica_);
   h.set_shard(shard);
-  const int to_worker = WorkerAt(plan_, stage, replica);
   const WireDtype wire = wires_.Of(self_, to_worker, kind, stage_, replica_, micro, shard);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
@@ -126,7 +126,7 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
                                 "send params", "send probe", "send norm", "send validation act"};
   std::function<void(const absl::Status&)> failed;
   if (on_failure_) failed = [f = on_failure_, stage, replica](const absl::Status& s) { f(stage, replica, s); };
-  in_flight_.push_back({Client(to_worker, to).Send(h, data, n, std::move(failed)),
+  in_flight_.push_back({Client(*to).Send(h, data, n, std::move(failed)),
                         names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0], it, micro});
 }
 

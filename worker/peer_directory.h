@@ -25,16 +25,17 @@ namespace longhaul {
 // connection its version's end found between tensors stays open, so the next version's first
 // tensors on it pay no connect and no handshake (a round trip before the data, on a long link)
 // nor TCP's slow start. A client is the peer's by worker id, which the coordinator never gives
-// again: a restarted process is a new worker with new connections.
+// again: a restarted process is a new worker with new connections. Each client checks that its
+// receiver proves it is that worker, by the key the job registered for it.
 class ClientPool {
  public:
   // The client of worker `to`, dialled at `dial` over transport.connections connections, serving
   // transport.canceller (a kept client is rearmed with it).
   // REQUIRES: every send of the previous version is done (NetworkChannel::Drain).
-  TensorClient& Get(int to, const std::string& dial, const TransportOptions& transport);
+  TensorClient& Get(const PeerIdentity& to, const std::string& dial, const TransportOptions& transport);
   // Opens the connections to worker `to` now, where the pool has no such client yet: a peer that
   // may have a place in the next version (a spare), or in the first.
-  void Warm(int to, const std::string& dial, const TransportOptions& transport);
+  void Warm(const PeerIdentity& to, const std::string& dial, const TransportOptions& transport);
   // Closes the clients of every other worker. Their threads are joined at the next call (or with
   // the pool): joined here, a recovery's set-up would wait for a lost peer's client thread to be
   // scheduled on busy cores, before the survivor's first tensor of the new version.
@@ -96,8 +97,9 @@ class PeerDirectory {
     int64_t iteration;
     int micro;
   };
-  // The client of the worker `to` at `address`, over as many connections as the plan gives the link.
-  TensorClient& Client(int to, const std::string& address);
+  // The client of the worker the plan assigns `to`, over as many connections as the plan gives
+  // the link.
+  TensorClient& Client(const proto::Assignment& to);
 
   const proto::Plan plan_;
   const int self_;  // this worker's id in the plan

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 #include "model/param_layout.h"
+#include "transport/link_connections.h"
 #include "transport/wire_plan.h"
 #include "worker/job_setup.h"
 #include "worker/link_probe.h"
@@ -55,14 +56,73 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     for (const NormHost& h : hosts)
       if (!hosts_here(h)) expected[{proto::NORM, h.stage, h.replica, 0}] = {2 * h.shards.size(), 1, {WireDtype::kF32}};
   }
+  std::map<std::pair<int, int>, int> places;
+  std::map<int, std::string> placed;
+  for (const proto::Assignment& a : plan.assignments()) {
+    places[{a.stage(), a.replica()}] = a.worker_id();
+    placed[a.worker_id()] = a.public_key();
+  }
+  std::map<int, int> links;
+  for (const auto& [link, n] : LinkConnectionsOf(plan))
+    if (link.second == me) links[link.first] = n;
   absl::MutexLock lock(&mu_);
   expected_ = std::move(expected);
   plan_version_ = plan.version();
   stage_ = stage, replica_ = replica;
+  self_ = me;
+  places_ = std::move(places);
+  placed_ = std::move(placed);
+  for (const auto& [worker, key] : placed_) known_.insert(worker);
+  links_ = std::move(links);
+  connections_ = std::max(1, cfg.transport.connections);
   train_ = cfg.train;
   start_ = plan.start_iteration();
   end_ = RunEnd(plan, cfg);
   have_plan_ = true;
+}
+
+void PlanAdmission::SetMembers(const std::vector<proto::Peer>& members) {
+  std::map<int, std::string> keys;
+  for (const proto::Peer& p : members) keys[p.worker_id()] = p.public_key();
+  absl::MutexLock lock(&mu_);
+  members_ = std::move(keys);
+  for (const auto& [worker, key] : members_) known_.insert(worker);
+}
+
+void PlanAdmission::SetConnections(int transport_connections) {
+  absl::MutexLock lock(&mu_);
+  connections_ = std::max(1, transport_connections);
+}
+
+absl::Status PlanAdmission::Member(int worker, absl::string_view public_key) const {
+  absl::MutexLock lock(&mu_);
+  const std::string* key = nullptr;
+  if (auto p = placed_.find(worker); p != placed_.end()) key = &p->second;
+  if (auto m = members_.find(worker); key == nullptr && m != members_.end()) key = &m->second;
+  if (key == nullptr && known_.count(worker) > 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "worker %d was lost: neither plan v%d nor the coordinator's news of the job's members has it any longer",
+        worker, plan_version_));
+  }
+  if (key == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "worker %d is no member of this job as worker %d knows it (plan v%d and the coordinator's news of its members)",
+        worker, self_, plan_version_));
+  }
+  if (*key != public_key) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "worker %d signs its hello with another key than the one it registered with the coordinator", worker));
+  }
+  return absl::OkStatus();
+}
+
+TensorAdmission::Share PlanAdmission::ShareOf(int worker) const {
+  absl::MutexLock lock(&mu_);
+  const auto link = links_.find(worker);
+  const int per_link = link == links_.end() ? connections_ : link->second;
+  // Before the plan every member probes its links; from the plan on, the plan's workers are the
+  // ones whose connections matter.
+  return {2 * (connections_ + per_link) + 2, !have_plan_ || placed_.count(worker) > 0};
 }
 
 bool PlanAdmission::Ahead(const proto::TensorHeader& h, std::chrono::steady_clock::duration waited) const {
@@ -87,7 +147,7 @@ void PlanAdmission::Expect(uint64_t version) {
   expected_version_ = std::max(expected_version_, version);
 }
 
-absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) const {
+absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h, int sender) const {
   absl::MutexLock lock(&mu_);
   if (h.kind() == proto::LINK_PROBE) {
     // Probes come from the job's workers (the hello checked the job) while they measure their
@@ -108,6 +168,19 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h) cons
         absl::StrFormat("a tensor of plan version %d; this worker runs plan version %d", h.plan_version(), plan_version_));
   }
   const TensorKey key{h.kind(), h.iteration(), h.micro_batch(), h.from_stage(), h.from_replica(), h.shard()};
+  // Whatever it is, it comes from the place the plan gives its sender, or not at all: a part that
+  // claims another worker's place must not reserve that place's stream.
+  const auto place = places_.find({h.from_stage(), h.from_replica()});
+  if (place == places_.end()) {
+    return absl::PermissionDeniedError(absl::StrFormat("worker %d sends %s; plan v%d has no stage %d replica %d", sender,
+                                                       key.DebugString(), plan_version_, h.from_stage(),
+                                                       h.from_replica()));
+  }
+  if (place->second != sender) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "worker %d sends %s; stage %d replica %d is worker %d's place in plan v%d, and a worker sends only from its own",
+        sender, key.DebugString(), h.from_stage(), h.from_replica(), place->second, plan_version_));
+  }
   auto it = expected_.find({h.kind(), h.from_stage(), h.from_replica(), h.shard()});
   if (it == expected_.end()) {
     return absl::PermissionDeniedError(absl::StrFormat(

@@ -6,10 +6,21 @@
 // plan fixes, in the plan's wire dtype, under the plan's version; with local updates, pushes and
 // parameters only on the iterations that exchange. Which iterations are accepted is the Mailbox's
 // window. Before the plan, only link probes of bounded size (worker/link_probe.h).
+//
+// Who may connect: the workers of the plan and those the coordinator's news names as the job's
+// members (spares among them), each by the key it registered; a worker neither has any longer
+// was lost, and is refused. Each tensor must come from the place the plan gives the worker that
+// proved it sent it: a worker speaks for no other's place. A member's share of this worker's
+// connections: its clients open one set per link (the one kept from the coordinator's news, of
+// transport.connections, and the plan's, of the plan's connections for the link), twice that and
+// two more, for connections that close while their successors open.
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,8 +31,9 @@
 
 namespace longhaul {
 
-// Thread-safe: the tensor server's connection threads ask while the worker sets a plan, and
-// whichever thread stops a version (Worker::Stop) calls Expect and Leave; mu_ guards every field.
+// Thread-safe: the tensor server's connection threads ask while the worker sets a plan, the
+// coordinator client's lifeline thread sets the members, and whichever thread stops a version
+// (Worker::Stop) calls Expect and Leave; mu_ guards every field.
 class PlanAdmission : public TensorAdmission {
  public:
   // Refuses everything but link probes until SetPlan, and link probes from then on.
@@ -29,8 +41,16 @@ class PlanAdmission : public TensorAdmission {
 
   // The plan this worker runs, as stage `stage` of replica `replica`, under config `cfg`.
   void SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's workers not lost, with their keys, as the coordinator's news last told.
+  void SetMembers(const std::vector<proto::Peer>& members) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's transport.connections (0: the plan's per link), known at registration: a member's
+  // share before the plan, and where the plan gives a link no count of its own.
+  void SetConnections(int transport_connections) ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header) const override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Member(int worker, absl::string_view public_key) const override ABSL_LOCKS_EXCLUDED(mu_);
+  Share ShareOf(int worker) const override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& header, int sender) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A version newer than the one set: a resumed version has no start barrier (Worker::RunPlan),
   // so a peer that set it up sooner sends before this worker has. One this worker heard of
   // (Expect) is waited for as long as its set-up takes; another only kUnheardPatience, as a peer
@@ -64,6 +84,14 @@ class PlanAdmission : public TensorAdmission {
   uint64_t left_version_ ABSL_GUARDED_BY(mu_) = 0;      // the newest version Leave gave up
   int stage_ ABSL_GUARDED_BY(mu_) = 0;
   int replica_ ABSL_GUARDED_BY(mu_) = 0;
+  int self_ ABSL_GUARDED_BY(mu_) = -1;  // this worker's id in the plan
+  std::map<std::pair<int, int>, int> places_ ABSL_GUARDED_BY(mu_);  // (stage, replica) -> worker, the plan's
+  std::map<int, std::string> placed_ ABSL_GUARDED_BY(mu_);   // worker -> key, the plan's
+  std::map<int, std::string> members_ ABSL_GUARDED_BY(mu_);  // worker -> key, the news's
+  // Every worker ever placed or a member: one that is neither now was lost.
+  std::set<int> known_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int> links_ ABSL_GUARDED_BY(mu_);  // worker -> the plan's connections from it to this one
+  int connections_ ABSL_GUARDED_BY(mu_) = 1;       // per link where the plan gives none (transport.connections)
   std::map<Source, Expected> expected_ ABSL_GUARDED_BY(mu_);
   // With local updates, pushes and parameters travel only on the iterations that exchange (and
   // parameters on the one before the run's first, the initial broadcast).

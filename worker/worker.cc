@@ -74,7 +74,8 @@ std::optional<std::string> ResumedCheckpointOf(const absl::Status& s) {
 // host, executor) put together, and the loop over iterations.
 //
 // Threads: the worker's own (Run: the join, every set-up and iteration) owns every field but those
-// named here. Others reach in: the coordinator client's heartbeat and lifeline threads call Stop;
+// named here. Others reach in: the coordinator client's heartbeat and lifeline threads call Stop,
+// and the lifeline thread tells admission_ (which locks itself) of the members;
 // a send's thread calls SendFailed (the peers' failure observer) and a connection thread of the
 // tensor server reports a peer that left; both read running_, an atomic, and call client_ (which
 // is thread-safe) or Stop. stop_mu_ guards what Stop reads and changes. The checkpoint reads of a
@@ -91,7 +92,8 @@ class Worker {
         secret_(std::move(secret)),
         key_(std::move(key)),
         client_(opt.coordinator, secret_, opt.tls, opt.connect_timeout_s,
-                [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }, key_) {}
+                [this](const std::string& why, uint64_t newer_plan) { Stop(why, newer_plan); }, key_,
+                [this](const std::vector<proto::Peer>& members) { admission_.SetMembers(members); }) {}
   Worker(const Worker&) = delete;
 
   absl::Status Run() ABSL_LOCKS_EXCLUDED(stop_mu_);
@@ -314,7 +316,7 @@ absl::Status Worker::Join() {
     LH_ASSIGN_OR_RETURN(dial_map_, PeerDirectory::ReadDialMap(opt_.dial_map));
   }
   LH_ASSIGN_OR_RETURN(server_, TensorServer::Start(opt_.listen, opt_.job_id.empty() ? "?" : opt_.job_id, &mailbox_,
-                                                   &admission_, secret_));
+                                                   &admission_, secret_, key_));
   proto::RegisterRequest req;
   req.set_job_id(opt_.job_id);
   req.set_protocol_version(kProtocolVersion);
@@ -332,6 +334,8 @@ absl::Status Worker::Join() {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(reply.config_toml(), "the job config from the coordinator"));
   // Peers probe this worker's links once every worker has reported its profile (GetPeers).
   server_->SetJobId(cfg.cluster.job_id);
+  server_->SetWorkerId(client_.worker_id());
+  admission_.SetConnections(cfg.transport.connections);
   server_->SetPartTimeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.transport.timeout_s * 1000)));
   SetThreads(cfg);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg, -1));
@@ -418,7 +422,7 @@ void Worker::WarmClients(const JobConfig& cfg) {
   const TransportOptions transport = TransportFor(cfg, cfg.cluster.job_id);
   for (const proto::Peer& p : members_)
     if (p.worker_id() != client_.worker_id())
-      clients_.Warm(p.worker_id(), PeerDirectory::Dial(dial_map_, p.address()), transport);
+      clients_.Warm({p.worker_id(), p.public_key()}, PeerDirectory::Dial(dial_map_, p.address()), transport);
 }
 
 std::vector<std::pair<int, int>> Worker::FeedbackGroups() const {
@@ -434,6 +438,8 @@ TransportOptions Worker::TransportFor(const JobConfig& cfg, const std::string& j
   TransportOptions transport;
   transport.job_id = job_id;
   transport.secret = secret_;
+  transport.worker_id = client_.worker_id();
+  transport.key = key_;
   transport.chunk_bytes = static_cast<size_t>(cfg.transport.chunk_mib) << 20;
   // The plan may split a link over more (PeerDirectory); link probes use one.
   transport.connections = std::max(1, cfg.transport.connections);

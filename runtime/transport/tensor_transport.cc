@@ -28,7 +28,6 @@ namespace longhaul {
 namespace {
 
 constexpr size_t kMaxAckBytes = 64 << 10;
-constexpr int kMaxConnections = 512;  // per server: a peer cannot make it spawn threads without end
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
 Deadline After(std::chrono::steady_clock::duration d) { return std::chrono::steady_clock::now() + d; }
@@ -40,6 +39,13 @@ void PutU32(std::string& out, uint32_t v) {
 uint32_t GetU32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
          static_cast<uint32_t>(p[3]) << 24;
+}
+
+// A worker id as the hello carries it.
+std::string IdBytes(int id) {
+  std::string out;
+  PutU32(out, static_cast<uint32_t>(id));
+  return out;
 }
 
 absl::StatusOr<uint32_t> ReadU32(int fd, Deadline deadline, const WakeFd& wake, bool* closed = nullptr) {
@@ -81,9 +87,10 @@ absl::Status ReadAck(int fd, Deadline deadline, const WakeFd& wake) {
   return AckStatus(ack);
 }
 
-// Says what it has to say, then lets the peer read it: closing with unread bytes in the receive
-// queue would reset the connection and could destroy the reason before the peer reads it.
-void CloseGracefully(int fd, const absl::Status& why) {
+// Says what it has to say, then lets the peer read it before the caller closes the socket:
+// closing with unread bytes in the receive queue would reset the connection and could destroy the
+// reason before the peer reads it.
+void SayAndDrain(int fd, const absl::Status& why) {
   const std::string ack = AckFrame(why);
   WakeFd never;
   (void)WriteAll(fd, ack.data(), ack.size(), After(std::chrono::seconds(1)), never);
@@ -96,14 +103,13 @@ void CloseGracefully(int fd, const absl::Status& why) {
     if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) break;
     if (r > 0) drained += static_cast<size_t>(r);
   }
-  close(fd);
 }
 
 }  // namespace
 
 // ---- receiving --------------------------------------------------------------------------------
 
-absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h) const {
+absl::StatusOr<uint64_t> AnyTensorUpTo::Admit(const proto::TensorHeader& h, int) const {
   if (h.total_elements() == 0 || h.total_elements() > max_) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("a tensor of %d elements; this receiver takes 1 to %d", h.total_elements(), max_));
@@ -121,15 +127,44 @@ std::string SenderProof(const JobSecret& secret, const std::string& job, const s
   return secret.Proof("longhaul tensor port: sender", {job, receiver_nonce, sender_nonce});
 }
 
-TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret)
-    : secret_(std::move(secret)), mailbox_(mailbox), admission_(admission), job_id_(std::move(job_id)) {}
+namespace {
+
+std::string HelloLabel(HelloSide side) {
+  return side == HelloSide::kSender ? "longhaul tensor hello: sender" : "longhaul tensor hello: receiver";
+}
+
+}  // namespace
+
+std::string SignHello(const WorkerKey& key, HelloSide side, const HelloTranscript& t) {
+  return key.Sign(HelloLabel(side), {t.job, t.sender_nonce, t.receiver_nonce, IdBytes(t.sender), IdBytes(t.receiver)});
+}
+
+bool HelloSignatureValid(absl::string_view public_key, absl::string_view signature, HelloSide side,
+                         const HelloTranscript& t) {
+  return VerifySignature(public_key, signature, HelloLabel(side),
+                         {t.job, t.sender_nonce, t.receiver_nonce, IdBytes(t.sender), IdBytes(t.receiver)});
+}
+
+TensorServer::TensorServer(std::string job_id, Mailbox* mailbox, const TensorAdmission* admission, JobSecret secret,
+                           std::shared_ptr<const WorkerKey> key)
+    : secret_(std::move(secret)),
+      key_(std::move(key)),
+      mailbox_(mailbox),
+      admission_(admission),
+      job_id_(std::move(job_id)) {}
 
 TensorServer::~TensorServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(const std::string& address, const std::string& job_id,
                                                                   Mailbox* mailbox, const TensorAdmission* admission,
-                                                                  JobSecret secret) {
-  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission, std::move(secret)));
+                                                                  JobSecret secret,
+                                                                  std::shared_ptr<const WorkerKey> key) {
+  if (!key) {
+    absl::StatusOr<WorkerKey> own = WorkerKey::Generate();
+    if (!own.ok()) return own.status();
+    key = std::make_shared<const WorkerKey>(*std::move(own));
+  }
+  std::unique_ptr<TensorServer> s(new TensorServer(job_id, mailbox, admission, std::move(secret), std::move(key)));
   auto fd = ListenTcp(address, &s->address_);
   if (!fd.ok()) return fd.status();
   s->listen_fd_ = *fd;
@@ -156,18 +191,13 @@ void TensorServer::AcceptLoop() {
     absl::MutexLock lock(&conns_mu_);
     size_t serving = 0;
     for (Connection& c : conns_) serving += !c.done && c.hello != Connection::kEvicted;
-    // Whoever holds every slot with hellos it never finishes would keep the job's own peers out
-    // for kHelloTimeout after kHelloTimeout. A connection still in its hello gives way: a flood's
-    // from one address first, so that it pushes out its own, not a far peer of the job whose hello
-    // takes a round trip.
-    const bool evicted = serving >= kMaxConnections && EvictOneInHello();
-    if (evicted) {
-      Refuse(absl::StrFormat("a connection still in its hello gave way to a newer one: all %d this worker serves "
-                             "at once were taken",
-                             kMaxConnections));
-    } else if (serving >= kMaxConnections) {
+    const std::optional<std::string> evicted = serving >= kMaxTensorConnections ? EvictOne() : "";
+    if (evicted && !evicted->empty()) {
+      Refuse(absl::StrFormat("%s: all %d connections this worker serves at once were taken", *evicted,
+                             kMaxTensorConnections));
+    } else if (!evicted) {
       const absl::Status why = absl::ResourceExhaustedError(
-          absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxConnections));
+          absl::StrFormat("a connection beyond the %d this worker serves at once", kMaxTensorConnections));
       Refuse(std::string(why.message()));
       const std::string ack = AckFrame(why);
       (void)!send(fd, ack.data(), ack.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort: never block here
@@ -181,6 +211,30 @@ void TensorServer::AcceptLoop() {
   }
 }
 
+std::optional<std::string> TensorServer::EvictOne() {
+  // A connection refused already (counted then) only waits for its peer to read why: a flood of
+  // hellos that are refused, never read, would hold every slot for as long.
+  for (Connection& c : conns_) {
+    if (!c.done && Evict(c, Connection::kEnded)) return "";
+  }
+  // Whoever holds every slot with hellos it never finishes would keep the job's own peers out for
+  // kHelloTimeout after kHelloTimeout. A connection still in its hello gives way next: a flood's
+  // from one address first, so that it pushes out its own, not a far peer of the job whose hello
+  // takes a round trip. Then a member's that the plan does not need: a spare, or a worker past
+  // its share, may hold no more than a few each, but a job may have many of them.
+  if (EvictOneInHello()) return "a connection still in its hello gave way to a newer one";
+  std::string proven = EvictOneProven();
+  if (proven.empty()) return std::nullopt;
+  return proven;
+}
+
+bool TensorServer::Evict(Connection& c, int state) {
+  absl::MutexLock fd_lock(&c.fd_mu);
+  if (c.closed || !c.hello.compare_exchange_strong(state, Connection::kEvicted)) return false;
+  shutdown(c.fd, SHUT_RDWR);  // its thread, blocked on the peer, reads the end
+  return true;
+}
+
 bool TensorServer::EvictOneInHello() {
   std::unordered_map<uint32_t, int> in_hello_from;
   for (const Connection& c : conns_) in_hello_from[c.peer_ip] += !c.done && c.hello == Connection::kInHello;
@@ -190,22 +244,43 @@ bool TensorServer::EvictOneInHello() {
   // whoever holds it; so too where each of the flood's ended its hello meanwhile.
   std::optional<uint32_t> flood;
   for (const auto& [ip, n] : in_hello_from) {
-    if (n > kMaxConnections / 2) flood = ip;
+    if (n > kMaxTensorConnections / 2) flood = ip;
   }
   return (flood && EvictOldestInHello(flood)) || EvictOldestInHello(std::nullopt);
 }
 
 bool TensorServer::EvictOldestInHello(std::optional<uint32_t> from) {
   for (Connection& c : conns_) {
-    if (from && c.peer_ip != *from) continue;
-    absl::MutexLock fd_lock(&c.fd_mu);
-    int in_hello = Connection::kInHello;
-    if (c.hello.compare_exchange_strong(in_hello, Connection::kEvicted)) {
-      shutdown(c.fd, SHUT_RDWR);  // its thread, blocked in the hello, reads the end
-      return true;
-    }
+    if ((!from || c.peer_ip == *from) && Evict(c, Connection::kInHello)) return true;
   }
   return false;
+}
+
+std::string TensorServer::EvictOneProven() {
+  std::map<int, int> held;
+  {
+    absl::MutexLock lock(&mu_);
+    held = proven_;
+  }
+  std::map<int, TensorAdmission::Share> shares;
+  for (const auto& [worker, n] : held) shares[worker] = admission_->ShareOf(worker);
+  // First the workers the plan does not place, then those placed but past their share.
+  for (const bool placed : {false, true}) {
+    for (Connection& c : conns_) {
+      const int worker = c.worker;
+      const auto share = shares.find(worker);
+      if (c.done || c.hello != Connection::kProved || share == shares.end()) continue;
+      if (share->second.placed != placed || (placed && held[worker] <= share->second.connections)) continue;
+      if (!Evict(c, Connection::kProved)) continue;
+      return placed ? absl::StrFormat("a connection of worker %d, one of %d where its share is %d, gave way to a "
+                                      "newer one",
+                                      worker, held[worker], share->second.connections)
+                    : absl::StrFormat("a connection of worker %d, which the plan does not place now, gave way to a "
+                                      "newer one",
+                                      worker);
+    }
+  }
+  return "";
 }
 
 void TensorServer::ReapFinished() {
@@ -221,13 +296,14 @@ void TensorServer::ReapFinished() {
 }
 
 void TensorServer::Serve(Connection* c) {
-  absl::Status s = ServeHello(c->fd);
+  const absl::StatusOr<int> from = ServeHello(c->fd);
+  absl::Status s = from.status();
+  if (s.ok()) s = Claim(c, *from);
   int in_hello = Connection::kInHello;
   if (!c->hello.compare_exchange_strong(in_hello, s.ok() ? Connection::kProved : Connection::kEnded)) {
-    // Evicted (AcceptLoop): the socket was shut down under fd_mu, which this close waits for.
-    absl::MutexLock fd_lock(&c->fd_mu);
-    close(c->fd);
-    c->done = true;
+    // Evicted (AcceptLoop): the socket was shut down.
+    Release(c);
+    End(c);
     return;
   }
   if (s.ok()) {
@@ -244,10 +320,15 @@ void TensorServer::Serve(Connection* c) {
       s = closed ? absl::OkStatus() : header_bytes.status();  // closing between parts is how a peer leaves
       break;
     }
-    s = ServePart(c->fd, *header_bytes, &sender);
+    s = ServePart(c->fd, *header_bytes, *from, &sender);
     left = absl::IsUnavailable(s);
   }
-  if (left && sender) {
+  // Ended from here on (an eviction may cut its refusal short), unless an eviction pushed it out
+  // first, as one may in its hello; a hello that failed ended it already.
+  int proved = Connection::kProved;
+  const bool evicted = !c->hello.compare_exchange_strong(proved, Connection::kEnded) && proved == Connection::kEvicted;
+  Release(c);
+  if (left && sender && !evicted) {
     std::function<void(const Sender&)> observer;
     {
       absl::MutexLock lock(&mu_);
@@ -255,17 +336,49 @@ void TensorServer::Serve(Connection* c) {
     }
     if (observer) observer(*sender);
   }
-  // Shutting down or a broken connection: nobody to tell. A refusal: the peer hears why.
-  if (s.ok() || absl::IsCancelled(s) || absl::IsUnavailable(s)) {
-    close(c->fd);
-  } else {
+  // Pushed out (counted where it was), shutting down or a broken connection: nobody to tell. A
+  // refusal: the peer hears why, unless the connection gives way meanwhile (EvictOne).
+  if (!evicted && !s.ok() && !absl::IsCancelled(s) && !absl::IsUnavailable(s)) {
     Refuse(std::string(s.message()));
-    CloseGracefully(c->fd, s);
+    SayAndDrain(c->fd, s);
+  }
+  End(c);
+}
+
+void TensorServer::End(Connection* c) {
+  {
+    absl::MutexLock fd_lock(&c->fd_mu);
+    c->closed = true;
+    close(c->fd);
   }
   c->done = true;
 }
 
-absl::Status TensorServer::ServeHello(int fd) {
+absl::Status TensorServer::Claim(Connection* c, int worker) {
+  const TensorAdmission::Share share = admission_->ShareOf(worker);
+  absl::MutexLock lock(&mu_);
+  int& held = proven_[worker];
+  if (held >= share.connections) {
+    const int n = held;
+    if (n == 0) proven_.erase(worker);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "refused: worker %d holds %d connections to worker %d already, its share as %s (a few per link its clients "
+        "open to this worker)",
+        worker, n, worker_id_, share.placed ? "a worker the plan places" : "a member the plan does not place"));
+  }
+  ++held;
+  c->worker = worker;
+  return absl::OkStatus();
+}
+
+void TensorServer::Release(Connection* c) {
+  const int worker = c->worker.exchange(-1);
+  if (worker < 0) return;
+  absl::MutexLock lock(&mu_);
+  if (--proven_[worker] == 0) proven_.erase(worker);
+}
+
+absl::StatusOr<int> TensorServer::ServeHello(int fd) {
   const Deadline deadline = After(kHelloTimeout);
   char magic[4];
   if (absl::Status s = ReadAll(fd, magic, 4, deadline, stop_); !s.ok()) return s;
@@ -289,33 +402,55 @@ absl::Status TensorServer::ServeHello(int fd) {
                         "protocol version %d; start every process of a job from the same config and build",
                         absl::CHexEscape(job), *version, job_id(), kProtocolVersion));
   }
-  // Both sides prove they hold the job secret over both nonces (job_secret.h): the server's nonce
-  // is fresh, so a recorded handshake replayed here proves nothing.
-  std::string client_nonce(kNonceBytes, '\0');
-  if (absl::Status s = ReadAll(fd, client_nonce.data(), client_nonce.size(), deadline, stop_); !s.ok()) return s;
+  // The sender's nonce, and who it says it is.
+  std::string said(kNonceBytes + kHelloIdentityBytes, '\0');
+  if (absl::Status s = ReadAll(fd, said.data(), said.size(), deadline, stop_); !s.ok()) return s;
+  const int sender = static_cast<int32_t>(GetU32(reinterpret_cast<const uint8_t*>(said.data()) + kNonceBytes));
+  const std::string sender_key = said.substr(kNonceBytes + 4);
+  // Both sides prove they hold the job secret over both nonces (job_secret.h), and sign them with
+  // their keys: the server's nonce is fresh, so a recorded handshake replayed here proves nothing.
   absl::StatusOr<std::string> server_nonce = RandomNonce();
   if (!server_nonce.ok()) return server_nonce.status();
-  const std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
-                                ReceiverProof(secret_, job, client_nonce, *server_nonce);
+  const HelloTranscript t{job, said.substr(0, kNonceBytes), *server_nonce, sender, worker_id()};
+  std::string challenge = AckFrame(absl::OkStatus()) + *server_nonce +
+                          ReceiverProof(secret_, job, t.sender_nonce, t.receiver_nonce) + IdBytes(t.receiver) +
+                          key_->public_key() + SignHello(*key_, HelloSide::kReceiver, t);
   if (absl::Status s = WriteAll(fd, challenge.data(), challenge.size(), deadline, stop_); !s.ok()) return s;
-  std::string proof(kProofBytes, '\0');
+  std::string proof(kProofBytes + kSignatureBytes, '\0');
   if (absl::Status s = ReadAll(fd, proof.data(), proof.size(), deadline, stop_); !s.ok()) {
-    // A sender that finds this worker's proof wrong (it holds another secret) hangs up here.
+    // A sender that finds this worker's proof wrong (it holds another secret, or meant another
+    // worker) hangs up here.
     if (!absl::IsUnavailable(s)) return s;
     return absl::PermissionDeniedError(absl::StrFormat(
-        "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s)",
-        secret_.source()));
+        "refused: the peer closed the connection instead of proving it holds this job's secret (this worker's: %s) "
+        "and is the worker it says (worker %d)",
+        secret_.source(), sender));
   }
-  if (!ProofsEqual(proof, SenderProof(secret_, job, client_nonce, *server_nonce))) {
+  if (!ProofsEqual(proof.substr(0, kProofBytes), SenderProof(secret_, job, t.sender_nonce, t.receiver_nonce))) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "refused: the peer does not hold this job's secret (this worker's: %s); give every process of the job the "
         "same --secret-file",
         secret_.source()));
   }
-  return absl::OkStatus();
+  if (!HelloSignatureValid(sender_key, proof.substr(kProofBytes), HelloSide::kSender, t)) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "refused: the peer's signature of its hello as worker %d does not verify with the key it presents", sender));
+  }
+  // Which worker it is: the key the job's membership gives that worker id. News of a member may
+  // reach this worker a moment after the member itself.
+  absl::Status member;
+  for (const auto asked = std::chrono::steady_clock::now();;) {
+    member = admission_->Member(sender, sender_key);
+    const auto now = std::chrono::steady_clock::now();
+    if (!absl::IsUnavailable(member) || now - asked >= kUnheardMemberPatience || now >= deadline) break;
+    pollfd p{stop_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
+  }
+  if (!member.ok()) return absl::PermissionDeniedError(absl::StrCat("refused: ", member.message()));
+  return sender;
 }
 
-absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optional<Sender>* sender) {
+absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, int from, std::optional<Sender>* sender) {
   if (header_bytes == 0 || header_bytes > kMaxTensorHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a tensor header of %d bytes (at most %d)", header_bytes, kMaxTensorHeaderBytes));
@@ -349,7 +484,7 @@ absl::Status TensorServer::ServePart(int fd, uint32_t header_bytes, std::optiona
     pollfd p{stop_.fd(), POLLIN, 0};
     if (poll(&p, 1, 1) > 0) return absl::CancelledError("the server is shutting down");
   }
-  absl::StatusOr<uint64_t> allowed = admission_->Admit(h);
+  absl::StatusOr<uint64_t> allowed = admission_->Admit(h, from);
   if (!allowed.ok()) return absl::Status(allowed.status().code(), absl::StrCat("refused: ", allowed.status().message()));
   if (h.total_elements() != *allowed) {
     return absl::InvalidArgumentError(absl::StrFormat("refused: %s announces %d elements; the plan has %d",
@@ -481,6 +616,16 @@ std::string TensorServer::job_id() const {
   return job_id_;
 }
 
+void TensorServer::SetWorkerId(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = worker_id;
+}
+
+int TensorServer::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
 void TensorServer::Refuse(const std::string& why) {
   ++refused_;
   absl::MutexLock lock(&mu_);
@@ -522,8 +667,8 @@ constexpr size_t kDirectWriteBytes = 16u << 10;
 
 class PeerConnection {
  public:
-  PeerConnection(std::string address, const TransportOptions& opt)
-      : address_(std::move(address)), opt_(opt), canceller_(opt.canceller) {
+  PeerConnection(std::string address, const TransportOptions& opt, PeerIdentity to)
+      : address_(std::move(address)), opt_(opt), to_(std::move(to)), canceller_(opt.canceller) {
     if (canceller_ && !canceller_->Register(this)) cancelled_ = canceller_->reason();
     thread_ = std::thread([this] { Run(); });
   }
@@ -877,31 +1022,49 @@ class PeerConnection {
     return absl::OkStatus();
   }
 
-  // The hello, then each side's proof that it holds the job secret (TensorServer::ServeHello).
-  // The receiver's acknowledgement of this side's proof is read with the parts' (PumpAcks): the
-  // first part follows the proof at once, one round trip after the hello rather than two, which
-  // on a long link is what a new plan version's first tensor would wait for. The receiver has
-  // proved itself by then, so nothing reaches a peer without the job's secret.
+  // The hello, then each side's proof that it holds the job secret and is the worker it says
+  // (TensorServer::ServeHello). The receiver's acknowledgement of this side's proof is read with
+  // the parts' (PumpAcks): the first part follows the proof at once, one round trip after the
+  // hello rather than two, which on a long link is what a new plan version's first tensor would
+  // wait for. The receiver has proved itself by then, so nothing reaches a peer without the job's
+  // secret, nor another worker than the one meant.
   absl::Status Handshake(int fd, Deadline deadline) {
+    if (!opt_.key) return absl::InternalError("no key to sign this worker's hello with (OpenSSL could not make one)");
     absl::StatusOr<std::string> nonce = RandomNonce();
     if (!nonce.ok()) return nonce.status();
     std::string hello(kTensorMagic, 4);
     PutU32(hello, kProtocolVersion);
     PutU32(hello, static_cast<uint32_t>(opt_.job_id.size()));
-    hello += opt_.job_id;
-    hello += *nonce;
+    hello += opt_.job_id + *nonce + IdBytes(opt_.worker_id) + opt_.key->public_key();
     if (absl::Status s = WriteAll(fd, hello.data(), hello.size(), deadline, cancel_); !s.ok()) return s;
     if (absl::Status s = ReadAck(fd, deadline, cancel_); !s.ok()) return s;
-    std::string challenge(kNonceBytes + kProofBytes, '\0');
+    std::string challenge(kNonceBytes + kProofBytes + kHelloIdentityBytes + kSignatureBytes, '\0');
     if (absl::Status s = ReadAll(fd, challenge.data(), challenge.size(), deadline, cancel_); !s.ok()) return s;
-    const std::string server_nonce = challenge.substr(0, kNonceBytes);
-    if (!ProofsEqual(challenge.substr(kNonceBytes), ReceiverProof(opt_.secret, opt_.job_id, *nonce, server_nonce))) {
+    const absl::string_view said(challenge);
+    const std::string server_nonce(said.substr(0, kNonceBytes));
+    if (!ProofsEqual(said.substr(kNonceBytes, kProofBytes), ReceiverProof(opt_.secret, opt_.job_id, *nonce, server_nonce))) {
       return absl::PermissionDeniedError(absl::StrFormat(
           "the peer at %s does not hold this job's secret (this worker's: %s); nothing was sent to it. Give every "
           "process of the job the same --secret-file",
           address_, opt_.secret.source()));
     }
-    const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce);
+    const size_t id_at = kNonceBytes + kProofBytes;
+    const int receiver = static_cast<int32_t>(GetU32(reinterpret_cast<const uint8_t*>(challenge.data()) + id_at));
+    const absl::string_view receiver_key = said.substr(id_at + 4, kPublicKeyBytes);
+    if (to_.worker_id >= 0 && (receiver != to_.worker_id || receiver_key != to_.public_key)) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the peer at %s is worker %d%s, not worker %d, which this worker meant to reach; nothing was sent to it",
+          address_, receiver, receiver == to_.worker_id ? " with another key than the job's" : "", to_.worker_id));
+    }
+    const HelloTranscript t{opt_.job_id, *nonce, server_nonce, opt_.worker_id, receiver};
+    if (!HelloSignatureValid(receiver_key, said.substr(id_at + kHelloIdentityBytes), HelloSide::kReceiver, t)) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the peer at %s does not prove it is worker %d: its signature of the hello does not verify; nothing was sent "
+          "to it",
+          address_, receiver));
+    }
+    const std::string proof = SenderProof(opt_.secret, opt_.job_id, *nonce, server_nonce) +
+                              SignHello(*opt_.key, HelloSide::kSender, t);
     return WriteAll(fd, proof.data(), proof.size(), deadline, cancel_);
   }
 
@@ -929,6 +1092,7 @@ class PeerConnection {
 
   const std::string address_;
   const TransportOptions opt_;
+  const PeerIdentity to_;  // whom the receiver must prove it is
   absl::Mutex mu_;
   absl::CondVar cv_;  // signalled whenever a field under mu_ changes that a waiter waits on
   std::deque<OutPart> queue_ ABSL_GUARDED_BY(mu_);
@@ -1015,10 +1179,16 @@ bool SendOp::Done() {
   return pending_ == 0;
 }
 
-TensorClient::TensorClient(const std::string& address, const TransportOptions& options)
+TensorClient::TensorClient(const std::string& address, const TransportOptions& options, PeerIdentity to)
     : address_(address), options_(options) {
-  for (int i = 0; i < std::max(1, options.connections); ++i)
-    connections_.push_back(std::make_unique<PeerConnection>(address, options));
+  if (!options_.key) {
+    // Where none comes out, each connection's hello says so (Handshake).
+    if (absl::StatusOr<WorkerKey> own = WorkerKey::Generate(); own.ok()) {
+      options_.key = std::make_shared<const WorkerKey>(*std::move(own));
+    }
+  }
+  for (int i = 0; i < std::max(1, options_.connections); ++i)
+    connections_.push_back(std::make_unique<PeerConnection>(address, options_, to));
 }
 
 TensorClient::~TensorClient() = default;

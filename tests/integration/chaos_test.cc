@@ -37,6 +37,7 @@
 #include "tests/support/checkpoint_params.h"
 #include "tests/support/processes.h"
 #include "tests/support/recoveries.h"
+#include "tests/support/shell.h"
 #include "tests/support/tiny_model.h"
 #include "transport/job_secret.h"
 #include "layout/plan_layout.h"
@@ -45,6 +46,8 @@
 namespace longhaul {
 namespace {
 namespace fs = std::filesystem;
+using testing::Sh;
+using testing::ShResult;
 using testing::Spawn;
 using testing::WaitFor;
 
@@ -518,21 +521,6 @@ ChangedRun RunWithoutASpare(const std::string& name, const std::vector<std::stri
     EXPECT_EQ(run.summary["audit"]["steps"], steps);
   }
   return run;
-}
-
-// A shell command's exit status and its output, stderr included.
-struct ShResult {
-  int status = -1;
-  std::string output;
-};
-ShResult Sh(const std::string& command) {
-  ShResult r;
-  FILE* sh = popen((command + " 2>&1").c_str(), "r");
-  if (sh == nullptr) return r;
-  char line[512];
-  while (fgets(line, sizeof(line), sh) != nullptr) r.output += line;
-  r.status = pclose(sh);
-  return r;
 }
 
 // The tensor port of the worker `state`'s plan places at (stage, replica).

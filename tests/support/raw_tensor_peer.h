@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "longhaul.pb.h"
 #include "tests/support/loopback.h"
 #include "util/crc32c.h"
+#include "transport/identity.h"
 #include "transport/tensor_transport.h"
 
 namespace longhaul::testing {
@@ -49,23 +51,57 @@ inline std::string PartFrame(const proto::TensorHeader& header, const std::vecto
   return PartFrame(header, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
-// A receiver's answer to a hello that ended with `sender_nonce`: acknowledgement, its nonce, its proof.
-inline std::string ReceiverChallenge(const JobSecret& secret, const std::string& job, const std::string& sender_nonce,
-                                     const std::string& receiver_nonce) {
+// Who says what in a hello: a worker id and its public key.
+inline std::string IdentityFrame(int worker, const std::string& public_key) {
+  std::string out;
+  AppendU32(out, static_cast<uint32_t>(worker));
+  return out + public_key;
+}
+
+// The worker id of an identity in `bytes` at `at`.
+inline int IdAt(const std::string& bytes, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(bytes[at + i]);
+  return static_cast<int32_t>(v);
+}
+
+// What a receiver answers a hello with (its acknowledgement aside), and what a sender answers
+// that with.
+inline constexpr size_t kChallengeBytes = kNonceBytes + kProofBytes + kHelloIdentityBytes + kSignatureBytes;
+inline constexpr size_t kSenderProofBytes = kProofBytes + kSignatureBytes;
+
+// A receiver's answer to `hello` (a sender's whole hello, which ends with its nonce and identity):
+// acknowledgement, its nonce, its proof of `secret`, and its identity as worker `receiver` of
+// `key`, signed.
+inline std::string ReceiverChallenge(const std::string& hello, const JobSecret& secret, const std::string& job,
+                                     const WorkerKey& key, int receiver) {
+  const std::string said = hello.substr(hello.size() - kNonceBytes - kHelloIdentityBytes);
+  const HelloTranscript t{job, said.substr(0, kNonceBytes), RandomNonce().value(), IdAt(said, kNonceBytes), receiver};
   proto::TensorAck ok;
   ok.set_ok(true);
   std::string out;
   AppendU32(out, static_cast<uint32_t>(ok.ByteSizeLong()));
-  return out + ok.SerializeAsString() + receiver_nonce +
-         ReceiverProof(secret, job, sender_nonce, receiver_nonce);
+  return out + ok.SerializeAsString() + t.receiver_nonce +
+         ReceiverProof(secret, job, t.sender_nonce, t.receiver_nonce) + IdentityFrame(receiver, key.public_key()) +
+         SignHello(key, HelloSide::kReceiver, t);
 }
+
+// Who a RawPeer says it is in its hello: a worker id and the key it signs with (none: a key of
+// its own, which nobody registered).
+struct Speaker {
+  int worker = -1;
+  std::shared_ptr<const WorkerKey> key;
+};
 
 class RawPeer {
  public:
-  // Connects to a loopback `address` and, unless `job` is empty, says hello as a peer of `job`
-  // holding `secret` (TensorServer's handshake, every byte it wrote kept in handshake()).
-  RawPeer(const std::string& address, const std::string& job, const JobSecret& secret = JobSecret()) {
-    fd_ = ConnectLoopback(address);
+  // Connects to a loopback `address` (from loopback address `from`, where given) and, unless `job`
+  // is empty, says hello as a peer of `job` holding `secret`, speaking `as` (TensorServer's
+  // handshake, every byte it wrote kept in handshake()).
+  RawPeer(const std::string& address, const std::string& job, const JobSecret& secret = JobSecret(),
+          Speaker as = {}, const char* from = nullptr)
+      : as_(std::move(as)) {
+    fd_ = ConnectLoopback(address, from);
     if (fd_ < 0) {
       hello_ = absl::UnavailableError("cannot connect");
       return;
@@ -76,10 +112,15 @@ class RawPeer {
 
   // What the receiver answered the hello and the proof.
   const absl::Status& hello() const { return hello_; }
+  // The worker the receiver said it is in the hello, and its key.
+  int receiver() const { return receiver_; }
+  const std::string& receiver_key() const { return receiver_key_; }
   // What this peer wrote to get there: a recording to replay.
   const std::string& handshake() const { return handshake_; }
   // Says hello as a peer of `job` holding `secret`, as the constructor does; a peer constructed
   // with no job may have written the hello's first `sent` bytes (HelloFrame) by hand already.
+  // The receiver's proof of the secret and its signature are not checked: a test checks what the
+  // receiver does with what it gets.
   const absl::Status& Hello(const std::string& job, const JobSecret& secret, size_t sent = 0) {
     hello_ = Handshake(job, secret, sent);
     return hello_;
@@ -118,13 +159,19 @@ class RawPeer {
 
  private:
   absl::Status Handshake(const std::string& job, const JobSecret& secret, size_t sent) {
+    if (!as_.key) as_.key = std::make_shared<const WorkerKey>(WorkerKey::Generate().value());
     const std::string nonce = RandomNonce().value();
-    handshake_ = HelloFrame(job) + nonce;
+    handshake_ = HelloFrame(job) + nonce + IdentityFrame(as_.worker, as_.key->public_key());
     Write(handshake_.substr(sent));
     if (absl::Status s = Ack(); !s.ok()) return s;
-    std::string challenge(kNonceBytes + kProofBytes, '\0');
+    std::string challenge(kChallengeBytes, '\0');
     if (absl::Status s = Read(challenge.data(), challenge.size(), std::chrono::seconds(30)); !s.ok()) return s;
-    const std::string proof = SenderProof(secret, job, nonce, challenge.substr(0, kNonceBytes));
+    const size_t id_at = kNonceBytes + kProofBytes;
+    receiver_ = IdAt(challenge, id_at);
+    receiver_key_ = challenge.substr(id_at + 4, kPublicKeyBytes);
+    const HelloTranscript t{job, nonce, challenge.substr(0, kNonceBytes), as_.worker, receiver_};
+    const std::string proof = SenderProof(secret, job, t.sender_nonce, t.receiver_nonce) +
+                              SignHello(*as_.key, HelloSide::kSender, t);
     handshake_ += proof;
     Write(proof);
     return Ack();
@@ -147,8 +194,11 @@ class RawPeer {
     return absl::OkStatus();
   }
 
+  Speaker as_;
   int fd_ = -1;
   absl::Status hello_;
+  int receiver_ = -1;
+  std::string receiver_key_;
   std::string handshake_;
 };
 

@@ -1,8 +1,8 @@
 // The worker's coordinator client against a coordinator faked in-process: it registers, waits
 // out "no plan yet", heartbeats from registration on, hears a stop within a heartbeat and a newer
 // plan once, takes the plan its lifeline brought without asking, hears that the job finished,
-// gives up waiting for a plan when told to, notices a coordinator that went away after
-// dead_after_s, and names an unreachable one.
+// gives up waiting for a plan when told to, tells of the members as its lifeline brings them,
+// notices a coordinator that went away after dead_after_s, and names an unreachable one.
 #include "worker/coordinator_client.h"
 
 #include <gtest/gtest.h>
@@ -48,11 +48,24 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
   // Writes each new plan version until the client ends the call (with the plan itself up to
-  // version lifeline_plans_through, as the coordinator does to a worker the plan places).
+  // version lifeline_plans_through, as the coordinator does to a worker the plan places), and
+  // workers 0 to `members` - 1 as the members whenever that grows.
   grpc::Status Lifeline(grpc::ServerContext* ctx, const proto::LifelineRequest*,
                         grpc::ServerWriter<proto::LifelineNews>* writer) override {
     uint64_t told = plan_version;
+    int told_members = 0;
     while (!ctx->IsCancelled()) {
+      if (members > told_members) {
+        told_members = members;
+        proto::LifelineNews news;
+        news.set_plan_version(told);
+        for (int w = 0; w < told_members; ++w) {
+          proto::Peer* p = news.add_members();
+          p->set_worker_id(w);
+          p->set_public_key(std::string(32, static_cast<char>('a' + w)));
+        }
+        if (!writer->Write(news)) break;
+      }
       if (plan_version > told) {
         told = plan_version;
         proto::LifelineNews news;
@@ -68,7 +81,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
   std::atomic<double> heartbeat_s{0.05}, dead_after_s{0.5};
-  std::atomic<int> plan_polls{0}, heartbeats{0};
+  std::atomic<int> plan_polls{0}, heartbeats{0}, members{0};
   std::atomic<int64_t> last_iteration{-1};
   std::atomic<bool> abort{false}, finished{false};
   std::atomic<uint64_t> plan_version{0}, lifeline_plans_through{0};
@@ -232,6 +245,32 @@ TEST(CoordinatorClient, ALifelinesPlanThatANewerVersionReplacedIsNotTaken) {
   finish.join();
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kOutOfRange)
       << (plan.ok() ? absl::StrCat("took plan ", plan->version()) : plan.status().ToString());
+}
+
+// The members the lifeline brings reach the observer as they come, from the lifeline's thread,
+// whatever the worker's own thread does meanwhile: whom the worker's tensor port admits.
+TEST(CoordinatorClient, TellsOfTheMembersAsTheLifelineBringsThem) {
+  Running coordinator;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<proto::Peer> told;
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 5, [](const std::string&, uint64_t) {},
+                           nullptr, [&](const std::vector<proto::Peer>& members) {
+                             std::lock_guard<std::mutex> lock(mu);
+                             told = members;
+                             cv.notify_all();
+                           });
+  ASSERT_TRUE(client.Register(proto::RegisterRequest()).ok());
+  coordinator.service.members = 2;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(3), [&] { return told.size() == 2; })) << "no news of them";
+    EXPECT_EQ(told[1].worker_id(), 1);
+    EXPECT_EQ(told[1].public_key(), std::string(32, 'b'));
+  }
+  const std::optional<std::vector<proto::Peer>> taken = client.TakeMembers();
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->size(), 2u);
 }
 
 TEST(CoordinatorClient, ACoordinatorThatGoesAwayIsNoticedAfterDeadAfter) {

@@ -17,11 +17,14 @@ namespace {
 TEST(LinkProbe, LoopbackGivesARoundTripAndARateTheCoordinatorAccepts) {
   Mailbox box;
   const AnyTensorUpTo any(uint64_t{1} << 22);
-  auto server = TensorServer::Start("127.0.0.1:0", "job", &box, &any);
+  const auto key = std::make_shared<const WorkerKey>(WorkerKey::Generate().value());
+  auto server = TensorServer::Start("127.0.0.1:0", "job", &box, &any, JobSecret(), key);
   ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->SetWorkerId(1);
   proto::Peer peer;
   peer.set_worker_id(1);
   peer.set_address((*server)->address());
+  peer.set_public_key(key->public_key());
   TransportOptions transport;
   transport.job_id = "job";
   transport.timeout = std::chrono::seconds(10);

@@ -1,11 +1,16 @@
 // What a worker admits under a plan: the boundary tensors of its neighbours in its replica, the
 // pushes of its stage's other replicas for the shards it hosts, and the parameters of the others;
-// each of the plan's size, dtype and version. Everything else is refused, naming what is wrong.
+// each of the plan's size, dtype and version, sent by the worker the plan places where the header
+// says it comes from. Everything else is refused, naming what is wrong. Who may connect (the
+// plan's workers and the news's members, by their keys) and each one's share of connections.
 #include "worker/tensor_admission.h"
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
+#include "transport/identity.h"
+#include "transport/link_connections.h"
 #include "model/param_layout.h"
 #include "transport/wire_plan.h"
 #include "worker/link_probe.h"
@@ -35,12 +40,21 @@ wire_dtype = ")" + wire + "\"\n",
   return *cfg;
 }
 
-// Stage 1's tensors cut into one shard per replica, as the coordinator plans them.
+// The key worker `id` registered, as the plan gives it.
+std::string KeyOf(int id) { return std::string(kPublicKeyBytes, static_cast<char>('a' + id)); }
+
+// Stage 1's tensors cut into one shard per replica, as the coordinator plans them; worker
+// 3 r + s at (stage s, replica r).
 proto::Plan Plan(const JobConfig& cfg) {
   proto::Plan plan;
   plan.set_version(3);
   plan.set_stages(3);
   plan.set_replicas(2);
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 3; ++s) {
+      proto::Assignment* a = plan.add_assignments();
+      a->set_worker_id(3 * r + s), a->set_stage(s), a->set_replica(r), a->set_public_key(KeyOf(3 * r + s));
+    }
   const ParamLayout layout(cfg.model, cfg.Stage(1));
   const auto cuts = layout.SplitIntoShards(2);
   for (int k = 0; k < 2; ++k) {
@@ -53,6 +67,11 @@ proto::Plan Plan(const JobConfig& cfg) {
   }
   SetWires(ResolveWires(cfg.transport.wire_dtype, cfg.FastWire(), {}, [](int, int) { return 0.0; }), plan);
   return plan;
+}
+
+// What `a` answers the header, sent by the worker Plan() places where the header says it comes from.
+absl::StatusOr<uint64_t> AdmitFromItsPlace(const PlanAdmission& a, const proto::TensorHeader& h) {
+  return a.Admit(h, 3 * h.from_replica() + h.from_stage());
 }
 
 proto::TensorHeader From(int kind, int stage, int replica, int shard = 0, int micro = 0) {
@@ -69,18 +88,18 @@ proto::TensorHeader From(int kind, int stage, int replica, int shard = 0, int mi
 
 TEST(PlanAdmission, AdmitsOnlyBoundedLinkProbesBeforeThePlanAndNoneAfter) {
   PlanAdmission a;
-  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0)).status().code(), absl::StatusCode::kFailedPrecondition);
   proto::TensorHeader probe = From(proto::LINK_PROBE, 0, 0);
   probe.set_total_elements(kLinkProbeMaxElements);
-  EXPECT_EQ(a.Admit(probe).value_or(0), kLinkProbeMaxElements);
+  EXPECT_EQ(AdmitFromItsPlace(a, probe).value_or(0), kLinkProbeMaxElements);
   probe.set_total_elements(kLinkProbeMaxElements + 1);
-  EXPECT_EQ(a.Admit(probe).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(AdmitFromItsPlace(a, probe).status().code(), absl::StatusCode::kResourceExhausted);
   probe.set_total_elements(0);
-  EXPECT_EQ(a.Admit(probe).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(AdmitFromItsPlace(a, probe).status().code(), absl::StatusCode::kResourceExhausted);
   const JobConfig cfg = Config();
   a.SetPlan(Plan(cfg), cfg, /*stage=*/1, /*replica=*/0);
   probe.set_total_elements(10);
-  const absl::Status after = a.Admit(probe).status();
+  const absl::Status after = AdmitFromItsPlace(a, probe).status();
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(after.message().find("link probe after the plan"), std::string::npos) << after;
 }
@@ -95,26 +114,26 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
   const auto [b0, e0] = layout.Range(plan.shards(0).first_tensor(), plan.shards(0).end_tensor());
   const auto [b1, e1] = layout.Range(plan.shards(1).first_tensor(), plan.shards(1).end_tensor());
   for (int m = 0; m < 3; ++m) {
-    EXPECT_EQ(*a.Admit(From(proto::ACTIVATION, 0, 0, 0, m)), boundary);
-    EXPECT_EQ(*a.Admit(From(proto::GRADIENT, 2, 0, 0, m)), boundary);
+    EXPECT_EQ(*AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0, 0, m)), boundary);
+    EXPECT_EQ(*AdmitFromItsPlace(a, From(proto::GRADIENT, 2, 0, 0, m)), boundary);
   }
-  EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0)), e0 - b0);  // replica 1 pushes to the shard hosted here
-  EXPECT_EQ(*a.Admit(From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
+  EXPECT_EQ(*AdmitFromItsPlace(a, From(proto::GRAD_PUSH, 1, 1, 0)), e0 - b0);  // replica 1 pushes to the shard hosted here
+  EXPECT_EQ(*AdmitFromItsPlace(a, From(proto::PARAMS, 1, 1, 1)), e1 - b1);     // the shard replica 1 hosts
   // The other host's norm partial: one double, as two floats on an fp32 wire, whatever the links'.
   proto::TensorHeader norm = From(proto::NORM, 1, 1);
-  const absl::Status bf16_norm = a.Admit(norm).status();
+  const absl::Status bf16_norm = AdmitFromItsPlace(a, norm).status();
   EXPECT_EQ(bf16_norm.code(), absl::StatusCode::kInvalidArgument) << "in bf16";
   EXPECT_NE(bf16_norm.message().find("norm partials of iteration 0"), std::string::npos) << bf16_norm;
   norm.set_dtype(proto::F32);
-  EXPECT_EQ(*a.Admit(norm), 2u);
-  EXPECT_EQ(a.Admit(From(proto::NORM, 0, 0)).status().code(), absl::StatusCode::kPermissionDenied)
+  EXPECT_EQ(*AdmitFromItsPlace(a, norm), 2u);
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::NORM, 0, 0)).status().code(), absl::StatusCode::kPermissionDenied)
       << "stage 0 has no shard in this plan: no host there";
   // With local updates no norm is reduced.
   JobConfig local = cfg;
   local.train.local_steps = 2;
   PlanAdmission b;
   b.SetPlan(plan, local, 1, 0);
-  EXPECT_EQ(b.Admit(norm).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AdmitFromItsPlace(b, norm).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 // With local updates a replica's push and a shard's parameters come only on the iterations that
@@ -144,7 +163,7 @@ TEST(PlanAdmission, ATensorOfTheNextVersionIsAheadWhileThatVersionIsExpected) {
   a.SetPlan(plan, cfg, 1, 0);
   next.set_plan_version(4);
   EXPECT_FALSE(a.Ahead(next, long_after));
-  EXPECT_EQ(a.Admit(next).value_or(0), 2u * 16 * 32);
+  EXPECT_EQ(AdmitFromItsPlace(a, next).value_or(0), 2u * 16 * 32);
 }
 
 // A tensor of a version older than the one set, or than one published since (Expect), or of one
@@ -190,15 +209,15 @@ TEST(PlanAdmission, LocalUpdatesAdmitPushesAndParametersOnlyWhereTheReplicasExch
     return h;
   };
   for (int64_t it : {4, 7, 9}) {
-    EXPECT_TRUE(a.Admit(at(From(proto::PARAMS, 1, 1, 1), it)).ok()) << "parameters of iteration " << it;
+    EXPECT_TRUE(AdmitFromItsPlace(a, at(From(proto::PARAMS, 1, 1, 1), it)).ok()) << "parameters of iteration " << it;
   }
-  for (int64_t it : {7, 9}) EXPECT_TRUE(a.Admit(at(From(proto::GRAD_PUSH, 1, 1, 0), it)).ok()) << it;
+  for (int64_t it : {7, 9}) EXPECT_TRUE(AdmitFromItsPlace(a, at(From(proto::GRAD_PUSH, 1, 1, 0), it)).ok()) << it;
   for (int64_t it : {5, 6, 8}) {
-    const absl::Status push = a.Admit(at(From(proto::GRAD_PUSH, 1, 1, 0), it)).status();
+    const absl::Status push = AdmitFromItsPlace(a, at(From(proto::GRAD_PUSH, 1, 1, 0), it)).status();
     EXPECT_EQ(push.code(), absl::StatusCode::kOutOfRange) << it;
     EXPECT_NE(push.message().find("train.local_steps = 4"), std::string::npos) << push;
-    EXPECT_EQ(a.Admit(at(From(proto::PARAMS, 1, 1, 1), it)).status().code(), absl::StatusCode::kOutOfRange) << it;
-    EXPECT_TRUE(a.Admit(at(From(proto::ACTIVATION, 0, 0), it)).ok()) << it;
+    EXPECT_EQ(AdmitFromItsPlace(a, at(From(proto::PARAMS, 1, 1, 1), it)).status().code(), absl::StatusCode::kOutOfRange) << it;
+    EXPECT_TRUE(AdmitFromItsPlace(a, at(From(proto::ACTIVATION, 0, 0), it)).ok()) << it;
   }
 }
 
@@ -207,11 +226,6 @@ TEST(PlanAdmission, LocalUpdatesAdmitPushesAndParametersOnlyWhereTheReplicasExch
 TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
   const JobConfig cfg = Config("auto");
   proto::Plan plan = Plan(cfg);
-  for (int r = 0; r < 2; ++r)
-    for (int s = 0; s < 3; ++s) {
-      proto::Assignment* a = plan.add_assignments();
-      a->set_worker_id(r * 3 + s), a->set_stage(s), a->set_replica(r);
-    }
   // Worker 3 (stage 0, replica 1) to worker 4 (stage 1, replica 1) is slow.
   SetWires(ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {5, 4}}, [](int from, int) { return from == 3 ? 1e6 : 1e12; }),
            plan);
@@ -220,12 +234,12 @@ TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
   proto::TensorHeader act = From(proto::ACTIVATION, 0, 1), grad = From(proto::GRADIENT, 2, 1),
                       params = From(proto::PARAMS, 1, 0, 0);
   act.set_dtype(proto::INT8), grad.set_dtype(proto::F32), params.set_dtype(proto::BF16);
-  EXPECT_TRUE(a.Admit(act).ok()) << a.Admit(act).status();
-  EXPECT_TRUE(a.Admit(grad).ok()) << a.Admit(grad).status();
-  EXPECT_TRUE(a.Admit(params).ok()) << a.Admit(params).status();
+  EXPECT_TRUE(AdmitFromItsPlace(a, act).ok()) << AdmitFromItsPlace(a, act).status();
+  EXPECT_TRUE(AdmitFromItsPlace(a, grad).ok()) << AdmitFromItsPlace(a, grad).status();
+  EXPECT_TRUE(AdmitFromItsPlace(a, params).ok()) << AdmitFromItsPlace(a, params).status();
   act.set_dtype(proto::F32), grad.set_dtype(proto::INT8);
   for (const proto::TensorHeader& h : {act, grad}) {
-    const absl::Status s = a.Admit(h).status();
+    const absl::Status s = AdmitFromItsPlace(a, h).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("the plan's for it is"), std::string::npos) << s;
   }
@@ -242,10 +256,10 @@ TEST(PlanAdmission, AShrunkReplicaPushesOneGroupPerJobReplicaItStandsFor) {
   a.SetPlan(plan, cfg, 1, 0);
   const ParamLayout layout(cfg.model, cfg.Stage(1));
   const auto [b0, e0] = layout.Range(plan.shards(0).first_tensor(), plan.shards(0).end_tensor());
-  for (int group : {0, 1}) EXPECT_EQ(*a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, group)), e0 - b0) << group;
-  EXPECT_EQ(a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, 2)).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_TRUE(a.Admit(From(proto::ACTIVATION, 0, 0, 0, 5)).ok());
-  EXPECT_EQ(a.Admit(From(proto::ACTIVATION, 0, 0, 0, 6)).status().code(), absl::StatusCode::kOutOfRange);
+  for (int group : {0, 1}) EXPECT_EQ(*AdmitFromItsPlace(a, From(proto::GRAD_PUSH, 1, 1, 0, group)), e0 - b0) << group;
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::GRAD_PUSH, 1, 1, 0, 2)).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0, 0, 5)).ok());
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0, 0, 6)).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 // The same job shrunk under "auto", its streams fixed by its first layout (wire_plan.h): the
@@ -267,7 +281,7 @@ TEST(PlanAdmission, AShrunkReplicasGroupsArriveEachInItsStreamsDtype) {
   auto in = [&](int kind, int stage, int replica, int shard, int micro, proto::WireDtype dtype) {
     proto::TensorHeader h = From(kind, stage, replica, shard, micro);
     h.set_dtype(dtype);
-    return a.Admit(h).status();
+    return AdmitFromItsPlace(a, h).status();
   };
   for (int m = 0; m < 6; ++m) {
     const proto::WireDtype want = m < 3 ? proto::F32 : proto::INT8, other = m < 3 ? proto::INT8 : proto::F32;
@@ -297,21 +311,21 @@ TEST(PlanAdmission, RefusesWhatThePlanDoesNotSay) {
       {"an unknown kind", From(9, 0, 0)},
   };
   for (const auto& [what, h] : refused) {
-    auto r = a.Admit(h);
+    auto r = AdmitFromItsPlace(a, h);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << what;
   }
   proto::TensorHeader micro = From(proto::ACTIVATION, 0, 0, 0, 3);
-  EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(a.Admit(From(proto::GRAD_PUSH, 1, 1, 0, 1)).status().code(), absl::StatusCode::kOutOfRange)
+  EXPECT_EQ(AdmitFromItsPlace(a, micro).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::GRAD_PUSH, 1, 1, 0, 1)).status().code(), absl::StatusCode::kOutOfRange)
       << "a second group's push where each replica runs one group";
   micro.set_micro_batch(-1);
-  EXPECT_EQ(a.Admit(micro).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(AdmitFromItsPlace(a, micro).status().code(), absl::StatusCode::kOutOfRange);
   proto::TensorHeader version = From(proto::ACTIVATION, 0, 0);
   version.set_plan_version(2);
-  EXPECT_EQ(a.Admit(version).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AdmitFromItsPlace(a, version).status().code(), absl::StatusCode::kFailedPrecondition);
   proto::TensorHeader dtype = From(proto::ACTIVATION, 0, 0);
   dtype.set_dtype(proto::F32);
-  auto r = a.Admit(dtype);
+  auto r = AdmitFromItsPlace(a, dtype);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("transport.wire_dtype"), std::string::npos) << r.status();
 }
@@ -323,11 +337,81 @@ TEST(PlanAdmission, EndStagesHaveNoNeighbourOnTheOpenSide) {
   last.SetPlan(Plan(cfg), cfg, 2, 1);
   proto::TensorHeader act = From(proto::ACTIVATION, 1, 1), grad = From(proto::GRADIENT, 1, 1);
   act.set_dtype(proto::F32), grad.set_dtype(proto::F32);
-  EXPECT_TRUE(first.Admit(grad).ok());
-  EXPECT_TRUE(last.Admit(act).ok());
+  EXPECT_TRUE(AdmitFromItsPlace(first, grad).ok());
+  EXPECT_TRUE(AdmitFromItsPlace(last, act).ok());
   act.set_from_stage(-1), grad.set_from_stage(3);
-  EXPECT_FALSE(first.Admit(act).ok());
-  EXPECT_FALSE(last.Admit(grad).ok());
+  EXPECT_FALSE(AdmitFromItsPlace(first, act).ok());
+  EXPECT_FALSE(AdmitFromItsPlace(last, grad).ok());
+}
+
+// Each tensor comes from the place the plan gives the worker whose hello proved it sent it: a
+// member claiming another worker's place, whatever the tensor, is refused naming both, and so is
+// one claiming a place the plan does not have.
+TEST(PlanAdmission, AWorkerSendsOnlyFromItsOwnPlace) {
+  const JobConfig cfg = Config();
+  PlanAdmission a;
+  a.SetPlan(Plan(cfg), cfg, /*stage=*/1, /*replica=*/0);
+  const std::vector<proto::TensorHeader> admitted = {From(proto::ACTIVATION, 0, 0), From(proto::GRADIENT, 2, 0),
+                                                     From(proto::GRAD_PUSH, 1, 1, 0), From(proto::PARAMS, 1, 1, 1)};
+  for (const proto::TensorHeader& h : admitted) {
+    ASSERT_TRUE(AdmitFromItsPlace(a, h).ok()) << h.DebugString();
+    const int owner = 3 * h.from_replica() + h.from_stage();
+    for (const int sender : {owner == 0 ? 2 : 0, 99}) {  // another placed worker; a spare
+      const absl::Status s = a.Admit(h, sender).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+      EXPECT_NE(s.message().find(absl::StrFormat("worker %d sends", sender)), std::string::npos) << s;
+      EXPECT_NE(s.message().find(absl::StrFormat("worker %d's place in plan v3", owner)), std::string::npos) << s;
+    }
+  }
+  const absl::Status nowhere = a.Admit(From(proto::ACTIVATION, 5, 0), 99).status();
+  EXPECT_EQ(nowhere.code(), absl::StatusCode::kPermissionDenied) << nowhere;
+  EXPECT_NE(nowhere.message().find("plan v3 has no stage 5 replica 0"), std::string::npos) << nowhere;
+}
+
+// Who may connect: the plan's workers and the members the coordinator's news names, each by its
+// key; one neither has any longer was lost; one never heard of may still be heard of.
+TEST(PlanAdmission, MembersAreThePlansWorkersAndTheNewsesByTheirKeys) {
+  const JobConfig cfg = Config();
+  PlanAdmission a;
+  EXPECT_EQ(a.Member(0, KeyOf(0)).code(), absl::StatusCode::kUnavailable) << "not heard of yet";
+  proto::Peer spare;
+  spare.set_worker_id(6);
+  spare.set_public_key(KeyOf(6));
+  a.SetMembers({spare});
+  EXPECT_TRUE(a.Member(6, KeyOf(6)).ok());
+  const absl::Status other_key = a.Member(6, KeyOf(7));
+  EXPECT_EQ(other_key.code(), absl::StatusCode::kPermissionDenied) << other_key;
+  EXPECT_NE(other_key.message().find("another key than the one it registered"), std::string::npos) << other_key;
+  a.SetPlan(Plan(cfg), cfg, 1, 0);
+  for (int w = 0; w < 6; ++w) EXPECT_TRUE(a.Member(w, KeyOf(w)).ok()) << "worker " << w << " of the plan";
+  a.SetMembers({});  // the spare lost
+  const absl::Status lost = a.Member(6, KeyOf(6));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kPermissionDenied) << lost;
+  EXPECT_NE(lost.message().find("worker 6 was lost"), std::string::npos) << lost;
+  EXPECT_TRUE(a.Member(4, KeyOf(4)).ok()) << "placed in the plan this worker runs, whatever the news";
+  const absl::Status unknown = a.Member(9, KeyOf(9));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kUnavailable) << unknown;
+  EXPECT_NE(unknown.message().find("worker 9 is no member of this job as worker 1 knows it"), std::string::npos)
+      << unknown;
+}
+
+// A member's share of connections: twice those its clients open to this worker (one set kept from
+// the news, of transport.connections, and one of the plan's for the link) and two more; the plan's
+// workers are placed (before a plan every member is, as each probes its links).
+TEST(PlanAdmission, AMembersShareIsTwiceItsClientsConnectionsAndTwoMore) {
+  const JobConfig cfg = Config();
+  PlanAdmission a;
+  a.SetConnections(0);
+  EXPECT_EQ(a.ShareOf(6).connections, 2 * (1 + 1) + 2);
+  EXPECT_TRUE(a.ShareOf(6).placed) << "before the plan";
+  proto::Plan plan = Plan(cfg);
+  SetLinkConnections({{{0, 1}, 4}, {{1, 0}, 8}}, plan);  // worker 0 -> this worker (1): 4 connections
+  a.SetPlan(plan, cfg, 1, 0);
+  EXPECT_EQ(a.ShareOf(0).connections, 2 * (1 + 4) + 2);
+  EXPECT_TRUE(a.ShareOf(0).placed);
+  EXPECT_EQ(a.ShareOf(2).connections, 2 * (1 + 1) + 2);
+  EXPECT_EQ(a.ShareOf(6).connections, 2 * (1 + 1) + 2);
+  EXPECT_FALSE(a.ShareOf(6).placed) << "a spare";
 }
 
 }  // namespace

@@ -21,11 +21,14 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 #include "tests/support/garbage_socket.h"
 #include "tests/support/process_memory.h"
@@ -183,9 +186,10 @@ TEST(TensorTransport, ASenderThatLeavesIsNamedWithItsPlaceAndPlanVersion) {
 }
 
 // Admits tensors of one plan version, which the test moves on; newer ones are ahead of it.
-class OneVersion : public TensorAdmission {
+class OneVersion : public AnyTensorUpTo {
  public:
-  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+  OneVersion() : AnyTensorUpTo(uint64_t{1} << 23) {}
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int) const override {
     if (h.plan_version() != version) {
       return absl::FailedPreconditionError(absl::StrFormat("plan version %d, not %d", h.plan_version(), version.load()));
     }
@@ -350,6 +354,44 @@ TEST(TensorTransport, StrangersHoldingEveryConnectionGiveWayToAPeerOfTheJob) {
   for (int fd : strangers) close(fd);
 }
 
+// Strangers whose hellos are refused and who never read why hold their connections only until a
+// newer one needs the room: a flood of them does not keep the job's peers out while the server
+// waits for each to read its refusal.
+TEST(TensorTransport, RefusedHellosNobodyReadsGiveWayToAPeerOfTheJob) {
+  if (const rlim_t allowed = AllowOpenFiles(4 * kMaxTensorConnections); allowed < 4 * kMaxTensorConnections) {
+    GTEST_SKIP() << "needs " << 4 * kMaxTensorConnections << " open files (ulimit -n), allowed " << allowed;
+  }
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string hello = testing::HelloFrame("jobB") + std::string(kNonceBytes + kHelloIdentityBytes, 'x');
+  // Each refused connection waits a while for its peer to read why; the flood keeps within that
+  // while, in batches the server's accept queue takes whole (a connection beyond it would wait for
+  // its SYN to be sent again).
+  std::vector<int> strangers;
+  for (int i = 0; i < kMaxTensorConnections; ++i) {
+    const int fd = testing::ConnectLoopback((*server)->address(), "127.0.0.2");
+    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2: " << strerror(errno);
+    ASSERT_EQ(write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+    strangers.push_back(fd);
+    for (int waited = 0; i % 32 == 31 && (*server)->refused() <= i - 32 && waited < 1000; ++waited) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  for (int i = 0; i < 10000 && (*server)->refused() < kMaxTensorConnections; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::cout << (*server)->refused() << " refused, the last: " << (*server)->last_refusal() << "\n";
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(5);
+  const std::vector<float> x = Ramp(100);
+  const absl::Status s = TensorClient((*server)->address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  for (int fd : strangers) close(fd);
+}
+
 TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   const JobSecret secret = TestSecret("a"), other = TestSecret("b");
   Mailbox box;
@@ -373,7 +415,7 @@ TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
     testing::RawPeer replay((*server)->address(), "");
     replay.Write(honest.handshake());
     ASSERT_TRUE(replay.Ack().ok()) << "the hello itself is fine";
-    ASSERT_TRUE(replay.Discard(kNonceBytes + kProofBytes).ok());
+    ASSERT_TRUE(replay.Discard(testing::kChallengeBytes).ok());
     const absl::Status s = replay.Ack();
     ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   }
@@ -396,6 +438,231 @@ TEST(TensorTransport, PeersWithoutTheJobSecretAreRefusedAndNothingIsAllocated) {
   auto got = box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, x);
+}
+
+// A job's members as a test gives them: each worker's key, share of connections and whether the
+// plan places it; a worker dropped was lost, any other is not heard of. It admits any tensor of
+// at most 2^23 elements, and records which worker sent each.
+class Roster : public TensorAdmission {
+ public:
+  struct Entry {
+    std::string key;
+    int share = 4;
+    bool placed = true;
+  };
+  void Set(int worker, Entry e) {
+    absl::MutexLock lock(&mu_);
+    entries_[worker] = std::move(e);
+  }
+  void Drop(int worker) {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(worker);
+    lost_.insert(worker);
+  }
+  absl::Status Member(int worker, absl::string_view key) const override {
+    absl::MutexLock lock(&mu_);
+    if (lost_.count(worker)) return absl::PermissionDeniedError(absl::StrFormat("worker %d was lost", worker));
+    const auto e = entries_.find(worker);
+    if (e == entries_.end()) return absl::UnavailableError(absl::StrFormat("worker %d is no member", worker));
+    if (e->second.key != key) return absl::PermissionDeniedError(absl::StrFormat("worker %d: another key", worker));
+    return absl::OkStatus();
+  }
+  Share ShareOf(int worker) const override {
+    absl::MutexLock lock(&mu_);
+    const Entry& e = entries_.at(worker);
+    return {e.share, e.placed};
+  }
+  absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int sender) const override {
+    absl::MutexLock lock(&mu_);
+    senders_.push_back(sender);
+    return kAnySize.Admit(h, sender);
+  }
+  std::vector<int> senders() const {
+    absl::MutexLock lock(&mu_);
+    return senders_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::set<int> lost_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int> senders_ ABSL_GUARDED_BY(mu_);
+};
+
+std::shared_ptr<const WorkerKey> NewKey() { return std::make_shared<const WorkerKey>(WorkerKey::Generate().value()); }
+
+// Options of job "jobA" of worker `worker` signing with `key`, each send waiting at most 10 s.
+TransportOptions As(int worker, std::shared_ptr<const WorkerKey> key) {
+  TransportOptions opt;
+  opt.job_id = "jobA";
+  opt.timeout = std::chrono::seconds(10);
+  opt.worker_id = worker;
+  opt.key = std::move(key);
+  return opt;
+}
+
+// Each side's signature covers the job, both nonces and both ends, under a label of its side: it
+// verifies for that hello alone.
+TEST(TensorTransport, AHelloSignatureStandsForItsOwnHelloAndSideAlone) {
+  const std::shared_ptr<const WorkerKey> key = NewKey();
+  const HelloTranscript t{"jobA", std::string(kNonceBytes, 's'), std::string(kNonceBytes, 'r'), 3, 7};
+  const std::string sig = SignHello(*key, HelloSide::kSender, t);
+  EXPECT_TRUE(HelloSignatureValid(key->public_key(), sig, HelloSide::kSender, t));
+  EXPECT_FALSE(HelloSignatureValid(key->public_key(), sig, HelloSide::kReceiver, t)) << "stands for the other side";
+  const std::vector<std::pair<const char*, std::function<void(HelloTranscript&)>>> changes = {
+      {"another receiver", [](HelloTranscript& o) { o.receiver = 8; }},
+      {"another sender", [](HelloTranscript& o) { o.sender = 4; }},
+      {"another nonce", [](HelloTranscript& o) { o.receiver_nonce[0] = 'x'; }},
+      {"another job", [](HelloTranscript& o) { o.job = "jobB"; }},
+  };
+  for (const auto& [what, change] : changes) {
+    HelloTranscript other = t;
+    change(other);
+    EXPECT_FALSE(HelloSignatureValid(key->public_key(), sig, HelloSide::kSender, other)) << what;
+  }
+  EXPECT_FALSE(HelloSignatureValid(NewKey()->public_key(), sig, HelloSide::kSender, t)) << "another key";
+}
+
+// A receiver admits the worker its membership gives the key the sender signs with, and tells its
+// admission that worker with every header. A worker it has not heard of waits a moment for the
+// news (then is refused, naming it), and so does nothing else; another key, or a lost worker, is
+// refused at once. Nothing is allocated for any refused one.
+TEST(TensorTransport, AReceiverAdmitsOnlyAWorkerOfItsMembershipByItsKey) {
+  const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, {member->public_key()});
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->SetWorkerId(7);
+  const PeerIdentity seven{7, receiver_key->public_key()};
+  const std::vector<float> x = Ramp(100);
+  ASSERT_TRUE(TensorClient((*server)->address(), As(3, member), seven).Send(Header(proto::ACTIVATION, 0), x.data(),
+                                                                           x.size())->Wait().ok());
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 0), std::chrono::seconds(5)).ok());
+  EXPECT_EQ(roster.senders(), std::vector<int>{3});
+
+  auto refused = [&](const TransportOptions& opt) {
+    return TensorClient((*server)->address(), opt, seven).Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  };
+  absl::Status s = refused(As(3, NewKey()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 3: another key"), std::string::npos) << s;
+  const auto asked = std::chrono::steady_clock::now();
+  s = refused(As(9, NewKey()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 9 is no member"), std::string::npos) << s;
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, TensorServer::kUnheardMemberPatience);
+  // News of a member that comes while its hello waits lets it in.
+  const std::shared_ptr<const WorkerKey> late = NewKey();
+  std::thread news([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    roster.Set(11, {late->public_key()});
+  });
+  s = TensorClient((*server)->address(), As(11, late), seven).Send(Header(proto::ACTIVATION, 1), x.data(), x.size())->Wait();
+  news.join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(box.Take(Key(proto::ACTIVATION, 1), std::chrono::seconds(5)).ok());
+  roster.Drop(3);
+  s = refused(As(3, member));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("worker 3 was lost"), std::string::npos) << s;
+  EXPECT_EQ(box.HeldFloats(), 0u);
+  EXPECT_EQ(roster.senders(), (std::vector<int>{3, 11}));
+  EXPECT_EQ((*server)->refused(), 3);
+}
+
+// A sender checks, before it sends a byte of tensor, that the receiver proves it is the worker it
+// means to reach by the key the job gave that worker.
+TEST(TensorTransport, ASenderSendsNothingToAnotherWorkerThanTheOneItMeans) {
+  const std::shared_ptr<const WorkerKey> receiver_key = NewKey(), member = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, {member->public_key()});
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster, JobSecret(), receiver_key);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->SetWorkerId(7);
+  const std::vector<float> x = Ramp(100);
+  for (const PeerIdentity& meant : {PeerIdentity{8, receiver_key->public_key()}, PeerIdentity{7, NewKey()->public_key()}}) {
+    const absl::Status s =
+        TensorClient((*server)->address(), As(3, member), meant).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_NE(s.message().find(absl::StrFormat("is worker 7%s, not worker %d",
+                                               meant.worker_id == 7 ? " with another key than the job's" : "",
+                                               meant.worker_id)),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("nothing was sent"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(roster.senders().empty()) << "a header reached the receiver";
+  EXPECT_EQ(box.HeldFloats(), 0u);
+}
+
+// A member holds at most its share of a receiver's connections. When every connection is taken,
+// a new one takes the place of one still in its hello, else of a member's the plan does not place,
+// else of a placed member's beyond its share; never of a placed member's within its share.
+TEST(TensorTransport, AMembersConnectionsBeyondItsShareGiveWayToAPlacedPeer) {
+  if (const rlim_t allowed = AllowOpenFiles(4 * kMaxTensorConnections); allowed < 4 * kMaxTensorConnections) {
+    GTEST_SKIP() << "needs " << 4 * kMaxTensorConnections << " open files (ulimit -n), allowed " << allowed;
+  }
+  const std::shared_ptr<const WorkerKey> placed = NewKey(), spare = NewKey(), other = NewKey();
+  Mailbox box;
+  Roster roster;
+  roster.Set(3, {placed->public_key(), 2, true});
+  roster.Set(5, {spare->public_key(), kMaxTensorConnections, false});
+  roster.Set(6, {other->public_key(), kMaxTensorConnections, true});
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &roster);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  std::vector<std::unique_ptr<testing::RawPeer>> held;
+  auto connect = [&](int worker, const std::shared_ptr<const WorkerKey>& key) {
+    held.push_back(std::make_unique<testing::RawPeer>(address, "jobA", JobSecret(), testing::Speaker{worker, key}));
+    return held.back()->hello();
+  };
+  const int64_t rss = testing::ResidentBytes();
+  // The spare takes every connection but worker 3's first: worker 3's second pushes out its oldest.
+  ASSERT_TRUE(connect(3, placed).ok());
+  for (int i = 1; i < kMaxTensorConnections; ++i) ASSERT_TRUE(connect(5, spare).ok()) << i;
+  absl::Status s = connect(3, placed);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(held[1]->Answered()) << "the spare's oldest connection is still open";
+  std::cout << (*server)->last_refusal() << "\n";
+  EXPECT_NE((*server)->last_refusal().find("a connection of worker 5, which the plan does not place now, gave way"),
+            std::string::npos)
+      << (*server)->last_refusal();
+  // Worker 3 holds its share: a third is refused, naming it.
+  s = connect(3, placed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("worker 3 holds 2 connections"), std::string::npos) << s;
+  // Worker 6, placed, takes every connection but worker 3's first, within its share: a newer
+  // connection finds none to take the place of...
+  held.clear();
+  ASSERT_TRUE(connect(3, placed).ok());
+  for (int i = 1, tries = 0; i < kMaxTensorConnections && tries < 1000; ++tries) {
+    if (connect(6, other).ok()) {
+      ++i;
+    } else {
+      // The connections closed above not yet ended at the server.
+      held.pop_back();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_EQ(held.size(), static_cast<size_t>(kMaxTensorConnections));
+  s = connect(3, placed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("beyond the 512"), std::string::npos) << s;
+  held.pop_back();
+  // ... until a new plan gives worker 6 less: then its connections beyond that give way.
+  roster.Set(6, {other->public_key(), 1, true});
+  s = connect(3, placed);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_NE((*server)->last_refusal().find("a connection of worker 6, one of 511 where its share is 1, gave way"),
+            std::string::npos)
+      << (*server)->last_refusal();
+  const int64_t grew = testing::ResidentBytes() - rss;
+  std::cout << "with " << kMaxTensorConnections << " proven connections: resident memory grew by " << grew / 1024
+            << " KiB\n";
+  EXPECT_LT(grew, 64 << 20);
 }
 
 TEST(TensorTransport, PeerOfAnotherProtocolVersionIsRefusedNamingBoth) {
@@ -589,9 +856,9 @@ TEST(TensorTransport, AFloodFromOneAddressPushesOutItsOwnConnectionsNotAnotherPe
 TEST(TensorTransport, APartWhoseVersionIsLeftWhileItArrivesIsDroppedAndItsConnectionStays) {
   // Counts the parts it lets in: the server reserves each in the mailbox right after.
   struct CountingVersion : OneVersion {
-    absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h) const override {
+    absl::StatusOr<uint64_t> Admit(const proto::TensorHeader& h, int sender) const override {
       ++admitted;
-      return OneVersion::Admit(h);
+      return OneVersion::Admit(h, sender);
     }
     mutable std::atomic<int> admitted{0};
   };
@@ -917,8 +1184,8 @@ struct PartStream {
   std::string Feed(const std::string& got, const std::function<std::string(int)>& ack_for) {
     bytes += got;
     std::string acks;
-    if (!proved && bytes.size() >= kProofBytes) {
-      bytes.erase(0, kProofBytes);
+    if (!proved && bytes.size() >= testing::kSenderProofBytes) {
+      bytes.erase(0, testing::kSenderProofBytes);
       proved = true;
       acks += OkAck();
     }
@@ -939,6 +1206,12 @@ struct PartStream {
   bool proved = false;
   std::atomic<int> parts{0};
 };
+
+// What a fake receiver of job "jobA" without a secret answers `hello` with, as worker 0.
+std::string FakeChallenge(const std::string& hello) {
+  static const WorkerKey key = WorkerKey::Generate().value();
+  return testing::ReceiverChallenge(hello, JobSecret(), "jobA", key, 0);
+}
 
 class FakeReceiver {
  public:
@@ -978,8 +1251,7 @@ class PartReceiver {
   explicit PartReceiver(std::function<std::string(int)> ack_for)
       : ack_for_(std::move(ack_for)), receiver_([this](const std::string& got, int n) {
           if (n == 0) {
-            return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes),
-                                              std::string(kNonceBytes, 'n'));
+            return FakeChallenge(got);
           }
           return stream.Feed(got, ack_for_);
         }) {}
@@ -1051,7 +1323,7 @@ TEST(TensorTransport, AReceiverThatAnswersWithGarbageFailsTheSendWithoutAllocati
     // It knows the (empty) secret and says so, accepts the sender's proof, then answers the part
     // with garbage (the part follows the proof without waiting for its acknowledgement).
     FakeReceiver at_part([&](const std::string& got, int n) {
-      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      if (n == 0) return FakeChallenge(got);
       return n == 1 ? ok_frame + huge : std::string();
     });
     const absl::Status s = TensorClient(at_part.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
@@ -1078,17 +1350,18 @@ TEST(TensorTransport, TheFirstPartFollowsTheProofWithoutWaitingForItsAcknowledge
     // It proves itself, then says nothing until the part's bytes are in: the proof's
     // acknowledgement comes only then, and it is a refusal.
     FakeReceiver receiver([&](const std::string& got, int n) {
-      if (n == 0) return testing::ReceiverChallenge(JobSecret(), "jobA", got.substr(got.size() - kNonceBytes), std::string(kNonceBytes, 'n'));
+      if (n == 0) return FakeChallenge(got);
       std::lock_guard<std::mutex> lock(mu);
       after_hello += got;
-      return after_hello.size() >= kProofBytes + x.size() * sizeof(float) ? refusal_frame : std::string();
+      return after_hello.size() >= testing::kSenderProofBytes + x.size() * sizeof(float) ? refusal_frame
+                                                                                          : std::string();
     });
     const absl::Status s = TensorClient(receiver.address(), opt).Send(Header(proto::ACTIVATION, 0), x.data(), x.size())->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_NE(s.message().find("does not hold this job's secret"), std::string::npos) << s;
   }
   std::lock_guard<std::mutex> lock(mu);
-  EXPECT_GT(after_hello.size(), kProofBytes + x.size() * sizeof(float))
+  EXPECT_GT(after_hello.size(), testing::kSenderProofBytes + x.size() * sizeof(float))
       << "the part was not sent before the proof was acknowledged";
 }
 
