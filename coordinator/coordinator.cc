@@ -9,8 +9,6 @@
 #include <memory>
 #include <optional>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -191,14 +189,9 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
     RestoreJob(job, *origin.restored);
   }
   Service service(verifier, job);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort(opt.listen, credentials, &port);
-  b.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  if (!server || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", opt.listen, " (port in use? choose --listen)"));
-  }
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server,
+                      CoordinatorServer::Start(opt.listen, verifier.secret(), credentials, &service));
+  const int port = server->port();
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   if (!opt.metrics_listen.empty()) {
     LH_ASSIGN_OR_RETURN(metrics_endpoint, MetricsEndpoint::Start(opt.metrics_listen, [&job] { return job.MetricsText(); }));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "transport/socket_io.h"
 #include "longhaul.grpc.pb.h"
 
 namespace longhaul {
@@ -124,18 +125,46 @@ class SignFactory : public grpc::experimental::ClientInterceptorFactoryInterface
   const std::shared_ptr<const WorkerKey> key_;
 };
 
-}  // namespace
+// Says why where a call failed for want of a connection and the gate was left for not holding
+// this process's secret: the forwarder knows, gRPC only that the connection closed.
+class GateRefusalInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit GateRefusalInterceptor(const GateForwarder& forwarder) : forwarder_(forwarder) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* batch) override {
+    if (batch->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::POST_RECV_STATUS)) {
+      grpc::Status* status = batch->GetRecvStatus();
+      if (status->error_code() == grpc::StatusCode::UNAVAILABLE ||
+          status->error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        if (std::string why = forwarder_.refusal(); !why.empty()) {
+          *status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+        }
+      }
+    }
+    batch->Proceed();
+  }
 
-std::string SignCall(const JobSecret& secret, absl::string_view method, const google::protobuf::Message& request,
-                     int64_t unix_ms, absl::string_view nonce) {
-  const std::string when = absl::StrCat(unix_ms);
-  return absl::StrCat(when, ".", absl::BytesToHexString(nonce), ".",
-                      absl::BytesToHexString(CallProof(secret, method, when, nonce, request)));
-}
+ private:
+  const GateForwarder& forwarder_;
+};
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
-                                                                  const TlsFiles& tls, grpc::ChannelArguments args,
-                                                                  std::shared_ptr<const WorkerKey> key) {
+// Holds the channel's forwarder: the channel owns its interceptor factories, so the forwarder
+// lives exactly as long as the channel.
+class GateRefusalFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit GateRefusalFactory(std::unique_ptr<GateForwarder> forwarder) : forwarder_(std::move(forwarder)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new GateRefusalInterceptor(*forwarder_);
+  }
+
+ private:
+  const std::unique_ptr<GateForwarder> forwarder_;
+};
+
+// A channel to the coordinator's gate at `address` through a forwarder of its own, with
+// `interceptors` (the signatures) before the one that names a refusal.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> GatedChannel(
+    const std::string& address, const JobSecret& secret, const TlsFiles& tls, grpc::ChannelArguments args,
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (tls.enabled()) {
     grpc::SslCredentialsOptions ssl;
@@ -150,10 +179,38 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
       ssl.pem_private_key = pair->private_key;
     }
     creds = grpc::SslCredentials(ssl);
+    // gRPC connects to the forwarder's socket; the certificate it checks is the coordinator's.
+    args.SetSslTargetNameOverride(HostOf(address));
   }
+  absl::StatusOr<std::unique_ptr<GateForwarder>> forwarder = GateForwarder::Start(address, secret);
+  if (!forwarder.ok()) return forwarder.status();
+  const std::string target = (*forwarder)->target();
+  args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, address);
+  interceptors.push_back(std::make_unique<GateRefusalFactory>(*std::move(forwarder)));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, creds, args, std::move(interceptors));
+}
+
+}  // namespace
+
+std::string SignCall(const JobSecret& secret, absl::string_view method, const google::protobuf::Message& request,
+                     int64_t unix_ms, absl::string_view nonce) {
+  const std::string when = absl::StrCat(unix_ms);
+  return absl::StrCat(when, ".", absl::BytesToHexString(nonce), ".",
+                      absl::BytesToHexString(CallProof(secret, method, when, nonce, request)));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
+                                                                  const TlsFiles& tls, grpc::ChannelArguments args,
+                                                                  std::shared_ptr<const WorkerKey> key) {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<SignFactory>(secret, std::move(key)));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+  return GatedChannel(address, secret, tls, std::move(args), std::move(interceptors));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> UnsignedCoordinatorChannel(const std::string& address,
+                                                                          const JobSecret& secret, const TlsFiles& tls,
+                                                                          grpc::ChannelArguments args) {
+  return GatedChannel(address, secret, tls, std::move(args), {});
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorCredentials(const TlsFiles& tls) {
@@ -172,6 +229,33 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorCredentials(
     ssl.pem_root_certs = *ca;
   }
   return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const std::string& listen, const JobSecret& secret, std::shared_ptr<grpc::ServerCredentials> credentials,
+    grpc::Service* service) {
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  absl::StatusOr<std::unique_ptr<PrivateSocketPath>> socket = PrivateSocketPath::Make("grpc.sock");
+  if (!socket.ok()) return socket.status();
+  s->socket_ = *std::move(socket);
+  grpc::ServerBuilder b;
+  b.AddListeningPort("unix:" + s->socket_->path(), std::move(credentials));
+  b.RegisterService(service);
+  s->server_ = b.BuildAndStart();
+  if (!s->server_) return absl::InternalError(absl::StrCat("gRPC cannot listen on its socket ", s->socket_->path()));
+  absl::StatusOr<std::unique_ptr<CoordinatorGate>> gate = CoordinatorGate::Start(listen, secret, s->socket_->path());
+  if (!gate.ok()) {
+    return absl::Status(gate.status().code(), absl::StrCat(gate.status().message(),
+                                                           " (the coordinator's port: choose another with --listen)"));
+  }
+  s->gate_ = *std::move(gate);
+  return s;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+void CoordinatorServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (server_) server_->Shutdown(deadline);
 }
 
 grpc::Status RpcVerifier::Check(const grpc::ServerContext& ctx, absl::string_view method,

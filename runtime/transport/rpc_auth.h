@@ -5,8 +5,11 @@
 // kRpcClockSkewS from its own clock, and remembers the nonces it accepted for twice that long, so a
 // recorded call replayed is refused as well. With TLS (optional, the user's certificates through
 // gRPC's own credentials) the channel is encrypted too, and with a CA on the coordinator's side
-// only clients with a certificate that CA signed connect at all (mutual TLS).
+// only clients with a certificate that CA signed connect at all (mutual TLS). Before any of that,
+// the port is a gate (coordinator_gate.h): a connection reaches gRPC only once it proved the job
+// secret, so gRPC never buffers a stranger's bytes.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -22,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/message.h"
+#include "transport/coordinator_gate.h"
 #include "transport/identity.h"
 #include "transport/job_secret.h"
 
@@ -41,15 +45,47 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !ca.empty(); }
 };
 
-// A channel to the coordinator whose every call is signed with `secret`, and with `key` where one
-// is given (a worker's); over TLS where `tls` names files (the CA to trust the coordinator by, and
-// for mutual TLS this side's certificate).
+// A channel to the coordinator at `address` ("host:port") through its gate, whose every call is
+// signed with `secret`, and with `key` where one is given (a worker's); over TLS where `tls` names
+// files (the CA to trust the coordinator by, and for mutual TLS this side's certificate). Its
+// connections go through a GateForwarder the channel keeps for as long as it lives. A call that
+// fails because the gate does not hold `secret` fails UNAUTHENTICATED, saying so.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address, const JobSecret& secret,
                                                                   const TlsFiles& tls, grpc::ChannelArguments args,
                                                                   std::shared_ptr<const WorkerKey> key = nullptr);
+// The same channel without the calls' signatures: for tools and tests that write a call's
+// metadata themselves (SignCall).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> UnsignedCoordinatorChannel(const std::string& address,
+                                                                          const JobSecret& secret, const TlsFiles& tls,
+                                                                          grpc::ChannelArguments args);
 
 // The coordinator's listening credentials: plaintext, TLS, or mutual TLS (tls.ca set).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorCredentials(const TlsFiles& tls);
+
+// A gRPC server behind a gate: gRPC listens on a Unix socket in a private directory, and the gate
+// on the public address relays to it the connections that prove the job secret.
+class CoordinatorServer {
+ public:
+  // Serves `service` (which must outlive the server) with `credentials` behind a gate on `listen`
+  // ("host:port"; port 0 picks one) that admits holders of `secret`.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& listen, const JobSecret& secret,
+                                                                  std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                                  grpc::Service* service);
+  // Shuts the server down at once (where Shutdown did not), then the gate.
+  ~CoordinatorServer();
+  // Stops the server: calls still running get until `deadline`.
+  void Shutdown(std::chrono::system_clock::time_point deadline = std::chrono::system_clock::now());
+  // The gate's "host:port" and port.
+  const std::string& address() const { return gate_->address(); }
+  int port() const { return gate_->port(); }
+  const CoordinatorGate& gate() const { return *gate_; }
+
+ private:
+  CoordinatorServer() = default;
+  std::unique_ptr<PrivateSocketPath> socket_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CoordinatorGate> gate_;
+};
 
 // The metadata value a call of `method` ("/longhaul.proto.Coordinator/Register") with `request`
 // carries at `unix_ms`.

@@ -44,6 +44,8 @@ absl::Status WaitFor(int fd, short events, Deadline deadline, const WakeFd& wake
   }
 }
 
+}  // namespace
+
 absl::StatusOr<sockaddr_in> Resolve(const std::string& address) {
   auto hp = SplitHostPort(address);
   if (!hp.ok()) return hp.status();
@@ -62,8 +64,6 @@ absl::StatusOr<sockaddr_in> Resolve(const std::string& address) {
   freeaddrinfo(res);
   return addr;
 }
-
-}  // namespace
 
 WakeFd::WakeFd() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 WakeFd::~WakeFd() { close(fd_); }

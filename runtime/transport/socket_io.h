@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include <netinet/in.h>
+
 #include "absl/status/statusor.h"
 
 namespace longhaul {
@@ -33,6 +35,8 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
 // The host of "host:port"; an address that is no host:port, whole. Workers whose tensor addresses
 // share a host share a machine.
 std::string HostOf(const std::string& address);
+// The IPv4 address and port of "host:port", a name resolved (an empty host or "[::]": any).
+absl::StatusOr<sockaddr_in> Resolve(const std::string& address);
 
 // A listening socket on `address` (port 0: any free one); the bound "host:port" in `bound`.
 absl::StatusOr<int> ListenTcp(const std::string& address, std::string* bound);

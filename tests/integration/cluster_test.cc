@@ -991,9 +991,10 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
     EXPECT_NE(s.error_message().find(says), std::string::npos) << what << ": " << s.error_message();
     std::cout << what << ": " << s.error_message() << "\n";
   };
-  // Calls without the run's secret (`longhaul local` made one) are refused before they are read:
-  // unsigned, signed with another secret, a signed call replayed, one signed long ago, and a
-  // signature moved onto another request.
+  // Calls without the run's secret (`longhaul local` made one) are refused before they are read: a
+  // plain gRPC client is cut off at the gate, a client of another secret leaves it; past the gate,
+  // an unsigned call, a signed call replayed, one signed long ago, and a signature moved onto
+  // another request are refused by the call's check.
   const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
   ASSERT_TRUE(secret.ok()) << secret.status();
   const std::string other_path = (out / "other.secret").string();
@@ -1004,15 +1005,23 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   beat.set_worker_id(-7);  // passes the secret's check, then fails as a worker nobody registered
   proto::HeartbeatReply beat_reply;
   {
-    auto plain = proto::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    expect_refused("an unsigned call", plain->Heartbeat(&ctx, beat, &beat_reply), grpc::StatusCode::UNAUTHENTICATED);
+    grpc::ClientContext raw_ctx;
+    expect_refused("a plain gRPC client",
+                   proto::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))
+                       ->Heartbeat(&raw_ctx, beat, &beat_reply),
+                   grpc::StatusCode::UNAVAILABLE);
     auto wrong = CoordinatorChannel(address, *other, TlsFiles(), grpc::ChannelArguments());
     ASSERT_TRUE(wrong.ok());
     grpc::ClientContext ctx2;
-    expect_refused("a call signed with another secret",
+    expect_refused("a client of another secret",
                    proto::Coordinator::NewStub(*wrong)->Heartbeat(&ctx2, beat, &beat_reply),
-                   grpc::StatusCode::UNAUTHENTICATED);
+                   grpc::StatusCode::UNAUTHENTICATED, "holds another job secret");
+    auto through_gate = UnsignedCoordinatorChannel(address, *secret, TlsFiles(), grpc::ChannelArguments());
+    ASSERT_TRUE(through_gate.ok());
+    auto plain = proto::Coordinator::NewStub(*through_gate);
+    grpc::ClientContext ctx;
+    expect_refused("an unsigned call", plain->Heartbeat(&ctx, beat, &beat_reply), grpc::StatusCode::UNAUTHENTICATED,
+                   "carries no proof");
     const std::string method = "/longhaul.proto.Coordinator/Heartbeat";
     const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())

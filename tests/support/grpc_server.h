@@ -1,21 +1,24 @@
 #pragma once
-// Test helper: a plaintext gRPC server on a free loopback port, serving `service`.
+// Test helper: a plaintext gRPC server behind its gate (rpc_auth.h) on a free loopback port,
+// serving `service` to holders of `secret`, as the coordinator serves its own.
 #include <memory>
 #include <string>
 
-#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "transport/rpc_auth.h"
 
 namespace longhaul::testing {
 
 // The server; its "127.0.0.1:port" in `address`.
-inline std::unique_ptr<grpc::Server> StartLoopbackServer(grpc::Service* service, std::string* address) {
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  *address = "127.0.0.1:" + std::to_string(port);
-  return server;
+inline std::unique_ptr<CoordinatorServer> StartLoopbackServer(grpc::Service* service, std::string* address,
+                                                              const JobSecret& secret = JobSecret()) {
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start("127.0.0.1:0", secret, grpc::InsecureServerCredentials(), service);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  *address = (*server)->address();
+  return *std::move(server);
 }
 
 }  // namespace longhaul::testing

@@ -80,7 +80,7 @@ struct Fixture : ::testing::Test {
   uint64_t Most() const { return *MaxCheckpointFileBytes("optimizer.safetensors", layout->total(), 64, true); }
 
   FakeCoordinator service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CoordinatorServer> server;
   std::string address;
   fs::path root;
   std::unique_ptr<CoordinatorClient> client;

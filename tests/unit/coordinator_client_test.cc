@@ -2,15 +2,18 @@
 // out "no plan yet", heartbeats from registration on, hears a stop within a heartbeat and a newer
 // plan once, takes the plan its lifeline brought without asking, hears that the job finished,
 // gives up waiting for a plan when told to, tells of the members as its lifeline brings them,
-// notices a coordinator that went away after dead_after_s, and names an unreachable one.
+// notices a coordinator that went away after dead_after_s, and names an unreachable one and one
+// that holds another job secret.
 #include "worker/coordinator_client.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -89,9 +92,11 @@ class FakeCoordinator final : public proto::Coordinator::Service {
 
 struct Running {
   FakeCoordinator service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CoordinatorServer> server;
   std::string address;
-  Running() { server = testing::StartLoopbackServer(&service, &address); }
+  explicit Running(const JobSecret& secret = JobSecret()) {
+    server = testing::StartLoopbackServer(&service, &address, secret);
+  }
 };
 
 // Records the stop reason and when it came.
@@ -294,6 +299,18 @@ TEST(CoordinatorClient, ACoordinatorsAbsurdPeriodsAreRefused) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << period;
     EXPECT_NE(s.message().find("run one longhaul version on every host"), std::string::npos) << s;
   }
+}
+
+TEST(CoordinatorClient, ACoordinatorOfAnotherSecretIsNamed) {
+  const std::string path = ::testing::TempDir() + "/coordinator_client_test_" + std::to_string(getpid()) + "_secret";
+  std::remove(path.c_str());
+  ASSERT_TRUE(JobSecret::WriteNew(path).ok());
+  Running coordinator(*JobSecret::Load(path));
+  CoordinatorClient client(coordinator.address, JobSecret(), TlsFiles(), 0.5, [](const std::string&, uint64_t) {});
+  const absl::Status s = client.Register(proto::RegisterRequest()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  EXPECT_NE(s.message().find("holds another job secret than this process's (no secret file)"), std::string::npos) << s;
+  EXPECT_EQ(coordinator.service.heartbeats.load(), 0);
 }
 
 TEST(CoordinatorClient, AnUnreachableCoordinatorIsNamed) {

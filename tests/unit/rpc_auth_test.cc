@@ -1,5 +1,7 @@
-// The coordinator port's authentication (rpc_auth.h) on a real gRPC server in this process: signed
-// channels get through, everything else is refused; TLS settings that cannot work are named.
+// The coordinator port's authentication (rpc_auth.h) on a real gRPC server behind its gate in this
+// process: signed channels get through, everything else is refused (a client without the gate's
+// handshake at the gate, an unsigned call by the server's check); TLS settings that cannot work
+// are named.
 #include "transport/rpc_auth.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "longhaul.grpc.pb.h"
@@ -33,11 +36,11 @@ class Checked : public proto::Coordinator::Service {
 };
 
 struct Server {
-  explicit Server(JobSecret secret) : service(std::move(secret)) {
-    server = testing::StartLoopbackServer(&service, &address);
+  explicit Server(const JobSecret& secret) : service(secret) {
+    server = testing::StartLoopbackServer(&service, &address, secret);
   }
   Checked service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CoordinatorServer> server;
   std::string address;
 };
 
@@ -65,24 +68,44 @@ std::shared_ptr<grpc::Channel> Signed(const std::string& address, const JobSecre
   return c.value_or(nullptr);
 }
 
+// Through the gate with `secret`, the calls unsigned.
+std::shared_ptr<grpc::Channel> Unsigned(const std::string& address, const JobSecret& secret) {
+  auto c = UnsignedCoordinatorChannel(address, secret, TlsFiles(), grpc::ChannelArguments());
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.value_or(nullptr);
+}
+
 TEST(RpcAuth, SignedCallsPassAndEveryOtherIsRefused) {
   const JobSecret secret = NewSecret("a"), other = NewSecret("b");
   Server s(secret);
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(Beat(Signed(s.address, secret), i).ok());
-  const grpc::Status unsigned_call = Beat(grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials()));
+  // A plain gRPC client never gets past the gate's handshake: its connection is closed.
+  const grpc::Status plain = Beat(grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
+  const grpc::Status unsigned_call = Beat(Unsigned(s.address, secret));
   EXPECT_EQ(unsigned_call.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_NE(unsigned_call.error_message().find("carries no proof"), std::string::npos) << unsigned_call.error_message();
-  const grpc::Status wrong = Beat(Signed(s.address, other));
-  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  const grpc::Status none = Beat(Signed(s.address, JobSecret()));
-  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Another secret, or none, is refused at the gate, and the call says why.
+  for (const JobSecret& wrong : {other, JobSecret()}) {
+    const grpc::Status st = Beat(Signed(s.address, wrong));
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+    EXPECT_NE(st.error_message().find("holds another job secret than this process's (" + wrong.source() + ")"),
+              std::string::npos)
+        << st.error_message();
+  }
   EXPECT_EQ(s.service.answered.load(), 20);
+  // The gate counts a connection as it closes it, on its own thread.
+  for (int i = 0; i < 100 && s.server->gate().refused() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(s.server->gate().refused(), 3) << "the plain client and the two without the secret";
+  EXPECT_EQ(s.service.verifier.refused(), 1) << "the unsigned call";
 }
 
 TEST(RpcAuth, MalformedProofsAreRefused) {
   const JobSecret secret = NewSecret("c");
   Server s(secret);
-  auto plain = proto::Coordinator::NewStub(grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials()));
+  auto plain = proto::Coordinator::NewStub(Unsigned(s.address, secret));
   for (const std::string& value : {std::string(""), std::string("1.2.3"), std::string("x.y"),
                                    absl::StrCat("99.", std::string(64, '0'), ".", std::string(64, 'g')),
                                    std::string(4000, '.')}) {
@@ -104,8 +127,13 @@ TEST(RpcAuth, MalformedProofsAreRefused) {
 
 TEST(RpcAuth, WithoutASecretNothingIsChecked) {
   Server s{JobSecret()};
-  EXPECT_TRUE(Beat(grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials())).ok());
-  EXPECT_TRUE(Beat(Signed(s.address, NewSecret("d"))).ok());
+  EXPECT_TRUE(Beat(Unsigned(s.address, JobSecret())).ok());
+  EXPECT_TRUE(Beat(Signed(s.address, JobSecret())).ok());
+  // A client with a secret and a gate without one refuse each other, as the tensor ports do.
+  const JobSecret d = NewSecret("d");
+  const grpc::Status st = Beat(Signed(s.address, d));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  EXPECT_NE(st.error_message().find(d.source()), std::string::npos) << st.error_message();
 }
 
 TEST(RpcAuth, TlsSettingsThatCannotWorkAreNamed) {

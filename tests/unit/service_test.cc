@@ -35,7 +35,7 @@ class ServiceTest : public ::testing::Test {
                                          *SampleAudit::Open((dir / "samples.csv").string(), 1, 0), std::nullopt,
                                          "token", [this] { return verifier->refused(); }});
     service = std::make_unique<Service>(*verifier, *job);
-    server = testing::StartLoopbackServer(service.get(), &address);
+    server = testing::StartLoopbackServer(service.get(), &address, secret);
   }
   void TearDown() override {
     server->Shutdown();
@@ -67,7 +67,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<RpcVerifier> verifier;
   std::unique_ptr<Job> job;
   std::unique_ptr<Service> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CoordinatorServer> server;
   std::string address;
 };
 
@@ -78,7 +78,10 @@ TEST_F(ServiceTest, AnUnsignedCallIsRefusedBeforeTheJobHearsOfIt) {
   req.set_address("127.0.0.1:1");
   proto::RegisterReply reply;
   grpc::ClientContext ctx;
-  const grpc::Status st = Stub(JobSecret())->Register(&ctx, req, &reply);
+  // Past the gate (the secret proved there), the call itself unsigned.
+  const grpc::Status st =
+      proto::Coordinator::NewStub(*UnsignedCoordinatorChannel(address, secret, {}, grpc::ChannelArguments()))
+          ->Register(&ctx, req, &reply);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
   EXPECT_EQ(verifier->refused(), 1);
   absl::MutexLock lock(&job->mu);
