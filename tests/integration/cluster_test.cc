@@ -27,6 +27,7 @@
 #include "longhaul.grpc.pb.h"
 #include "metrics/metrics_log.h"
 #include "tests/support/garbage_socket.h"
+#include "tests/support/http2_flood.h"
 #include "tests/support/http_get.h"
 #include "tests/support/process_memory.h"
 #include "tests/support/checkpoint_params.h"
@@ -604,6 +605,8 @@ class Spare {
   }
   int id() const { return id_; }
   testing::Speaker speaker() const { return {id_, key_}; }
+  // Its channel to the coordinator, each call signed with its own key.
+  proto::Coordinator::Stub& coordinator() const { return *stub_; }
 
  private:
   const std::shared_ptr<const WorkerKey> key_;
@@ -1375,6 +1378,176 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   const std::vector<MetricsRow> rows = Metrics(out);
   ASSERT_EQ(rows.size(), 1000u) << Log(out);
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i + 1));
+}
+
+// Every live attack of the tests above at once, against one 2 x 2 run: a stranger's HTTP/2 on the
+// coordinator's port (an endless CONTINUATION chain, 100 large unsigned calls, 200 connections of
+// header floods) and garbage on every worker's tensor port; members of the job (spares with keys of
+// their own) sending as other workers' places (activations, a whole one with a valid checksum, a
+// gradient push), holding more idle connections than their share, saying hello with keys the job
+// never registered, and speaking to the coordinator for placed workers (worker 0's failure, worker
+// 1's end, worker 2's heartbeat, worker 3's iteration and lifeline). Each is refused, and the run
+// ends with the undisturbed run's losses, bitwise.
+TEST(Cluster, EveryLiveAttackAtOnceLeavesTheLossesBitwiseTheUndisturbedRuns) {
+  constexpr int kSteps = 4000;  // long enough to outlast every attack (each one's full measure is its own test's)
+  const std::vector<double>& calm = CalmLosses(kSteps);
+  ASSERT_EQ(calm.size(), static_cast<size_t>(kSteps));
+  const fs::path out = Dir("besieged");
+  auto run = std::async(std::launch::async, [&] { return Longhaul("local", out, TwoByTwo(kSteps)); });
+  const nlohmann::json cluster = WaitForCluster(out);
+  ASSERT_FALSE(cluster.is_null()) << Log(out);
+  const nlohmann::json victim = WorkerAt(cluster, 1, 0), sender = WorkerAt(cluster, 0, 0),
+                       other = WorkerAt(cluster, 1, 1);
+  ASSERT_FALSE(victim.is_null() || sender.is_null() || other.is_null()) << cluster.dump();
+  const std::string address = victim["address"];
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load((out / ".secret").string());
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  // One member sends as others, one holds idle connections: each has a share of its own.
+  const Spare spare(out, *secret), hog(out, *secret);
+  ASSERT_GE(spare.id(), 4);
+  ASSERT_GE(hog.id(), 4);
+  int port = 0;
+  std::ifstream(out / ".coordinator_port") >> port;
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  const std::string log = Log(out), mark = "coordinator (pid ";
+  ASSERT_NE(log.find(mark), std::string::npos) << log;
+  const pid_t coordinator_pid = std::stoi(log.substr(log.find(mark) + mark.size()));
+  const int64_t rss_before = testing::ResidentBytes(coordinator_pid);
+  const uint64_t boundary = 2 * 16 * 32;  // micro_batch_size x seq_len x d_model
+  const int64_t next = static_cast<int64_t>(Metrics(out).size());
+  std::cout << "the attacks start at step " << next << "\n";
+
+  std::atomic<int> refused{0};
+  std::atomic<bool> attacking{true};
+  std::atomic<int64_t> rss_peak{rss_before};
+  std::vector<std::unique_ptr<testing::RawPeer>> held;  // the member's idle connections, to the end
+  testing::h2::FloodResult chain, calls, headers;
+  std::vector<std::thread> attacks;
+  attacks.emplace_back([&] { chain = testing::h2::ContinuationChain(coordinator, 100 << 20); });
+  attacks.emplace_back([&] {
+    calls = testing::h2::LargeCalls(coordinator, "/longhaul.proto.Coordinator/ShipCheckpoint", 100, 4000000);
+  });
+  attacks.emplace_back([&] {
+    headers = testing::h2::HeadersFlood(coordinator, 200, 25, 20, 200,
+                                        [] { std::this_thread::sleep_for(std::chrono::seconds(1)); });
+  });
+  attacks.emplace_back([&] {
+    for (int round = 0; round < 5; ++round)
+      for (const nlohmann::json& w : cluster["workers"]) {
+        EXPECT_TRUE(testing::GarbageConnectionIsClosed(w["address"])) << w.dump();
+        ++refused;
+      }
+  });
+  attacks.emplace_back([&] {  // another place's tensors, each refused naming both workers
+    for (int64_t it = next; it < next + 8; ++it) {
+      for (auto [kind, stage, replica, owner] :
+           {std::tuple{proto::ACTIVATION, 0, 0, &sender}, std::tuple{proto::GRAD_PUSH, 1, 1, &other}}) {
+        testing::RawPeer peer(address, "equivalence", *secret, spare.speaker());
+        EXPECT_TRUE(peer.hello().ok()) << peer.hello();
+        const proto::TensorHeader h = CraftedHeader(kind, 1, it, 0, stage, replica, boundary);
+        peer.Write(kind == proto::ACTIVATION ? testing::PartFrame(h, std::vector<float>(boundary, 0.25f))
+                                             : testing::HeaderFrame(h));
+        const absl::Status s = peer.Ack(std::chrono::seconds(10));
+        EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+        EXPECT_NE(s.message().find(absl::StrCat("worker ", (*owner)["worker"].get<int>())), std::string::npos) << s;
+        ++refused;
+      }
+    }
+  });
+  attacks.emplace_back([&] {  // idle connections beyond the member's share
+    for (int i = 0; i < 64; ++i) {
+      auto peer = std::make_unique<testing::RawPeer>(address, "equivalence", *secret, hog.speaker(), "127.0.0.2");
+      if (peer->hello().ok()) {
+        held.push_back(std::move(peer));
+      } else {
+        EXPECT_EQ(peer->hello().code(), absl::StatusCode::kResourceExhausted) << peer->hello();
+        ++refused;
+      }
+    }
+  });
+  attacks.emplace_back([&] {  // hellos of keys the job never registered, each waited on a moment, at once
+    std::vector<std::future<absl::Status>> strangers;
+    for (int i = 0; i < 16; ++i) {
+      strangers.push_back(std::async(std::launch::async, [&, i] {
+        return testing::RawPeer(address, "equivalence", *secret, {2000 + i, nullptr}).hello();
+      }));
+    }
+    for (auto& hello : strangers) {
+      const absl::Status s = hello.get();
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+      ++refused;
+    }
+  });
+  attacks.emplace_back([&] {  // the member's word for placed workers, refused by their keys
+    proto::Coordinator::Stub& stub = spare.coordinator();
+    proto::Empty empty;
+    auto expect_forged = [&](const char* what, const grpc::Status& st) {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << what << ": " << st.error_message();
+      EXPECT_NE(st.error_message().find("is not signed with the key worker"), std::string::npos)
+          << what << ": " << st.error_message();
+      ++refused;
+    };
+    for (int round = 0; round < 8; ++round) {
+      for (auto [id, ok] : {std::pair{0, false}, std::pair{1, true}}) {
+        grpc::ClientContext ctx;
+        proto::DoneReport done;
+        done.set_worker_id(id);
+        done.set_ok(ok);
+        done.set_error("forged");
+        expect_forged("another worker's done report", stub.ReportDone(&ctx, done, &empty));
+      }
+      {
+        grpc::ClientContext ctx;
+        proto::HeartbeatRequest beat;
+        beat.set_worker_id(2);
+        proto::HeartbeatReply reply;
+        expect_forged("worker 2's heartbeat", stub.Heartbeat(&ctx, beat, &reply));
+      }
+      {
+        grpc::ClientContext ctx;
+        proto::IterationReport rep;
+        rep.set_worker_id(3);
+        rep.set_plan_version(1);
+        rep.set_iteration(next + round);
+        expect_forged("worker 3's iteration", stub.ReportIteration(&ctx, rep, &empty));
+      }
+      {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        proto::LifelineRequest req;
+        req.set_worker_id(3);
+        auto lifeline = stub.Lifeline(&ctx, req);
+        proto::LifelineNews news;
+        EXPECT_FALSE(lifeline->Read(&news));
+        expect_forged("worker 3's lifeline", lifeline->Finish());
+      }
+    }
+  });
+  std::thread sampler([&] {
+    while (attacking) {
+      rss_peak = std::max(rss_peak.load(), testing::ResidentBytes(coordinator_pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  for (std::thread& t : attacks) t.join();
+  attacking = false;
+  sampler.join();
+  const size_t steps_during = Metrics(out).size();
+  std::cout << refused << " crafted connections and calls refused; the member holds " << held.size()
+            << " idle connections; the stranger wrote "
+            << (chain.sent + calls.sent + headers.sent) / (1 << 20) << " MiB on "
+            << chain.connections + calls.connections + headers.connections
+            << " connections; the coordinator's resident memory " << rss_before / (1 << 20) << " MiB before, "
+            << rss_peak / (1 << 20) << " MiB at the peak; the run was at step " << steps_during << "\n";
+  EXPECT_LT(steps_during, static_cast<size_t>(kSteps)) << "the run ended before the attacks did";
+  EXPECT_LE(held.size(), 16u) << "a member holds more than its share";
+  held.clear();
+  ASSERT_EQ(run.get(), 0) << Log(out);
+  EXPECT_EQ(Losses(out), calm) << "the losses differ from the undisturbed run's";
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  for (const nlohmann::json& r : summary["recoveries"]) std::cout << "plan change: " << r.dump() << "\n";
 }
 
 // A worker that dies is named with the evidence (its tensor port refuses connections once its
