@@ -52,8 +52,8 @@ const std::vector<BenchSetting>& Settings() {
       {"int8 wire", {"transport.wire_dtype=\"int8\""}, 1, true},
       {"local_steps 4", {"train.local_steps=4"}, 1, true},
       {"local_steps 16", {"train.local_steps=16"}, 1, false},
-      {"batch x2", {}, 2, false},
-      {"batch x4", {}, 4, true},
+      {"batch x2", {}, 2, true},
+      {"batch x4", {}, 4, false},
   };
   return settings;
 }

@@ -29,7 +29,7 @@ cat "$dir/out.txt"
 check "longhaul convergence --quick exits 0" $([ "$rc" = 0 ]; echo $?)
 [ "$rc" = 0 ] || cat "$dir/err.txt"
 table=$(sed -n '/^setting /,/^The exact path/p' "$dir/out.txt")
-for s in "exact (sync fp32)" "int8 wire" "local_steps 4" "batch x4" "lr/1000"; do
+for s in "exact (sync fp32)" "int8 wire" "local_steps 4" "batch x2" "lr/1000"; do
   check "a row for '$s'" $(grep -qF "$s " <<<"$table"; echo $?)
 done
 check "the exact path has a penalty beside its seeds' range" \
