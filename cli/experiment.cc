@@ -1,8 +1,5 @@
 #include "cli/experiment.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -80,14 +77,8 @@ nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config
                           const std::string& emulation) {
   overrides.push_back("train.out_dir=" + out_dir);
   fs::create_directories(out_dir);
-  std::cout << std::flush;
-  const int saved = dup(STDOUT_FILENO);
-  const int log = open((fs::path(out_dir) / "log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dup2(log, STDOUT_FILENO);
-  const int rc = RunLocalCluster(self_exe, config_path, overrides, 0, scenario, emulation);
-  std::cout << std::flush;
-  dup2(saved, STDOUT_FILENO);
-  close(saved), close(log);
+  const int rc = RunLocalClusterLogged((fs::path(out_dir) / "log.txt").string(), self_exe, config_path, overrides,
+                                       scenario, emulation);
   std::ifstream f(fs::path(out_dir) / "summary.json");
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   if (rc != 0 || j.is_discarded()) {

@@ -1,12 +1,15 @@
 #include "cli/local_cluster.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -289,6 +292,25 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   }
   fs::remove(port_file, ec);
   return result;
+}
+
+int RunLocalClusterLogged(const std::string& log, const std::string& self_exe, const std::string& config_path,
+                          const std::vector<std::string>& overrides, const std::string& scenario,
+                          const std::string& emulation) {
+  std::cout << std::flush;
+  const int saved = dup(STDOUT_FILENO);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (saved < 0 || fd < 0) {
+    std::cerr << "longhaul: error: cannot write " << log << ": " << std::strerror(errno) << "\n";
+    if (saved >= 0) close(saved);
+    return 1;
+  }
+  dup2(fd, STDOUT_FILENO);
+  const int rc = RunLocalCluster(self_exe, config_path, overrides, 0, scenario, emulation);
+  std::cout << std::flush;
+  dup2(saved, STDOUT_FILENO);
+  close(saved), close(fd);
+  return rc;
 }
 
 }  // namespace longhaul

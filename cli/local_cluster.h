@@ -18,4 +18,11 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
                     const std::vector<std::string>& overrides, int64_t stop_at, const std::string& scenario = "",
                     const std::string& emulation = "auto", bool worker_disks = false);
 
+// RunLocalCluster with this process's standard output, and so its children's, in the file `log`
+// (created or truncated) for the call: for commands that run several jobs and print their own
+// tables (`longhaul experiment`, `longhaul convergence`).
+int RunLocalClusterLogged(const std::string& log, const std::string& self_exe, const std::string& config_path,
+                          const std::vector<std::string>& overrides, const std::string& scenario = "",
+                          const std::string& emulation = "auto");
+
 }  // namespace longhaul

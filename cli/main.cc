@@ -4,6 +4,7 @@
 //   worker       one worker of a multi-worker job
 //   local        a coordinator and its workers as processes on this machine
 //   plan         the fastest layouts of a job on N devices over a network, by simulation
+//   convergence  the convergence bench: each numerics-changing setting's penalty on real text
 //   export, sample, tokenize   models in and out (cli/model_commands.h)
 #include <signal.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 
+#include "cli/convergence.h"
 #include "cli/experiment.h"
 #include "cli/local_cluster.h"
 #include "cli/model_commands.h"
@@ -169,6 +171,8 @@ int main(int argc, char** argv) {
 
   CLI::App* plan = longhaul::AddPlanCommand(app);
   add_config(plan);
+  CLI::App* convergence = longhaul::AddConvergenceCommand(app);
+  add_config(convergence);
 
   longhaul::AddNetemCommands(app);
   longhaul::AddModelCommands(app);
@@ -230,6 +234,9 @@ int main(int argc, char** argv) {
                 << "--secret-file (or set LONGHAUL_SECRET_FILE)\n";
     } else if (plan->parsed()) {
       return longhaul::RunPlanCommand(config_path, overrides);
+    } else if (convergence->parsed()) {
+      return longhaul::RunConvergenceCommand(self_exe, config_path, overrides,
+                                             absl::StrJoin(std::vector<std::string>(argv, argv + argc), " "));
     } else if (longhaul::ModelCommandParsed()) {
       if (absl::Status s = longhaul::RunModelCommand(); !s.ok()) return Fail(s, CodeFor(s));
     } else {

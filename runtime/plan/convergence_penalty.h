@@ -1,0 +1,77 @@
+#pragma once
+// Convergence penalties: what a setting that changes the numerics (a narrower wire, local updates,
+// a larger global batch, later compressions) costs in tokens to reach the loss the exact path
+// (synchronous, fp32) reaches with the same tokens, measured on real text by `longhaul
+// convergence`, and the file that carries them to the planner, which ranks settings by time to
+// the same loss (../shared/DESIGN.md, "Communication at GPU pace") and takes a penalty as it was
+// measured, at the size it was measured.
+//
+// Per seed s, the target is the exact path's final validation loss with seed s (the same initial
+// parameters, data order and validation windows as the setting's run with seed s). The setting's
+// tokens to reach it are read off its validation curve, linear between evaluations; its penalty is
+// those tokens / the exact path's tokens - 1. A curve that never reaches the target has no penalty
+// but a final gap: its last loss - the target. A setting is choosable only where every seed reached
+// its target; its penalty is then the seeds' mean, with their range beside it.
+//
+// The file (TOML), one table per setting, the exact path first:
+//   model = "..."          corpus = "..."        measured_on = "..."     command = "..."
+//   tokens = 1048576       # per run, the same for every setting
+//   seeds = [1, 2]
+//   exact_final_loss = [1.61, 1.62]
+//   exact_spread = 0.01    # the exact path's seed-to-seed spread of final losses
+//   [[setting]]
+//   name = "int8 wire"
+//   set = ["transport.wire_dtype=\"int8\""]   # what makes it from the exact path, as --set takes it
+//   batch_scale = 1        # and the global batch x this (fewer steps, the same tokens)
+//   choosable = true       # every seed reached its target
+//   penalty = 0.012        # mean over seeds (where choosable)
+//   penalty_min = 0.004    penalty_max = 0.020
+//   final_gap = -0.003     # mean over seeds of final loss - target
+//   final_loss = [1.60, 1.63]
+//   final_spread = 0.03    # max - min of final_loss
+//   iteration_s = 0.05     # the emulated iteration time it was priced at
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "metrics/loss_curve.h"
+
+namespace longhaul {
+
+// The tokens at which `curve` (points of tokens and loss, in increasing tokens) first reaches
+// `target` or below, interpolated linearly from the point before; nullopt if it never does.
+std::optional<double> TokensToReach(const std::vector<LossPoint>& curve, double target);
+
+struct SettingPenalty {
+  std::string name;
+  std::vector<std::string> overrides;  // config keys that make it from the exact path (--set syntax)
+  int batch_scale = 1;                 // and its global batch x this, at the same tokens
+  std::vector<double> final_loss;      // per seed
+  std::vector<std::optional<double>> tokens_to_target;  // per seed; nullopt: never reached
+  bool choosable = false;
+  double penalty = 0, penalty_min = 0, penalty_max = 0;  // where choosable
+  double final_gap = 0;
+  double final_spread = 0;
+  double iteration_s = 0;
+};
+
+// `runs[s]` and `exact[s]`: the setting's and the exact path's validation curves of seed s;
+// `tokens`: the exact path's tokens per run.
+SettingPenalty MeasurePenalty(const std::vector<std::vector<LossPoint>>& runs,
+                              const std::vector<std::vector<LossPoint>>& exact, double tokens);
+
+struct PenaltyTable {
+  std::string model, corpus, measured_on, command;
+  double tokens = 0;
+  std::vector<uint64_t> seeds;
+  std::vector<double> exact_final_loss;
+  std::vector<SettingPenalty> settings;  // the exact path first
+
+  double ExactSpread() const;
+};
+
+absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& table);
+
+}  // namespace longhaul

@@ -1,0 +1,81 @@
+// Convergence penalties: the tokens a curve needs to reach a target, interpolated between
+// evaluations; a setting's penalty over seeds, the final gap of one that never reaches the target;
+// the file the planner reads.
+#include "plan/convergence_penalty.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <toml++/toml.h>
+
+namespace longhaul {
+namespace {
+namespace fs = std::filesystem;
+
+// Loss 4, 3, 2, 1 at 100, 200, 300, 400 tokens.
+std::vector<LossPoint> Falling(double shift = 0) {
+  return {{100, 4 + shift}, {200, 3 + shift}, {300, 2 + shift}, {400, 1 + shift}};
+}
+
+TEST(TokensToReach, InterpolatesBetweenEvaluations) {
+  EXPECT_DOUBLE_EQ(*TokensToReach(Falling(), 2.5), 250);
+  EXPECT_DOUBLE_EQ(*TokensToReach(Falling(), 1), 400);
+  EXPECT_DOUBLE_EQ(*TokensToReach(Falling(), 9), 100) << "reached at the first evaluation";
+  EXPECT_FALSE(TokensToReach(Falling(), 0.5).has_value());
+  EXPECT_FALSE(TokensToReach({}, 1).has_value());
+  // The first crossing counts, where noise crosses twice.
+  EXPECT_DOUBLE_EQ(*TokensToReach({{100, 3}, {200, 1}, {300, 2}, {400, 0.5}}, 2), 150);
+}
+
+TEST(MeasurePenalty, SameSeedTargetsAndTheirMean) {
+  // Seed 0's exact path ends at 1, seed 1's at 1.5; the setting reaches 1 at 400 (penalty 0) and
+  // 1.5 at 350 of 400 tokens (penalty -0.125).
+  const SettingPenalty p = MeasurePenalty({Falling(), Falling()}, {Falling(), Falling(0.5)}, 400);
+  ASSERT_TRUE(p.choosable);
+  EXPECT_DOUBLE_EQ(p.penalty, -0.0625);
+  EXPECT_DOUBLE_EQ(p.penalty_min, -0.125);
+  EXPECT_DOUBLE_EQ(p.penalty_max, 0);
+  EXPECT_DOUBLE_EQ(p.final_gap, -0.25);
+  EXPECT_DOUBLE_EQ(p.final_spread, 0);
+}
+
+TEST(MeasurePenalty, ASeedThatNeverReachesLeavesAGapAndNoChoice) {
+  const SettingPenalty p = MeasurePenalty({Falling(0.25), Falling()}, {Falling(), Falling()}, 400);
+  EXPECT_FALSE(p.choosable);
+  EXPECT_DOUBLE_EQ(p.final_gap, 0.125);
+  EXPECT_DOUBLE_EQ(p.final_spread, 0.25);
+  EXPECT_FALSE(p.tokens_to_target[0].has_value());
+  EXPECT_DOUBLE_EQ(*p.tokens_to_target[1], 400);
+}
+
+TEST(PenaltyTable, WritesWhatThePlannerReads) {
+  const fs::path path = fs::path(::testing::TempDir()) / ("penalties_" + std::to_string(getpid()) + ".toml");
+  PenaltyTable t{"GPT", "bytes", "here", "longhaul convergence", 400, {1, 2}, {1.0, 1.5}, {}};
+  SettingPenalty reached = MeasurePenalty({Falling(), Falling()}, {Falling(), Falling(0.5)}, 400);
+  reached.name = "int8 wire", reached.overrides = {"transport.wire_dtype=\"int8\""}, reached.iteration_s = 0.5;
+  SettingPenalty never = MeasurePenalty({Falling(0.25), Falling()}, {Falling(), Falling()}, 400);
+  never.name = "batch x4", never.batch_scale = 4;
+  t.settings = {reached, never};
+  ASSERT_TRUE(WritePenaltyTable(path.string(), t).ok());
+  const toml::table f = toml::parse_file(path.string());
+  EXPECT_EQ(f["tokens"].value<double>(), 400);
+  EXPECT_EQ(f["exact_spread"].value<double>(), 0.5);
+  const toml::array& s = *f["setting"].as_array();
+  ASSERT_EQ(s.size(), 2u);
+  const toml::table& a = *s[0].as_table();
+  EXPECT_EQ(a["name"].value<std::string>(), "int8 wire");
+  EXPECT_EQ(a["set"][0].value<std::string>(), "transport.wire_dtype=\"int8\"");
+  EXPECT_EQ(a["choosable"].value<bool>(), true);
+  EXPECT_EQ(a["penalty"].value<double>(), -0.0625);
+  EXPECT_EQ(a["iteration_s"].value<double>(), 0.5);
+  const toml::table& b = *s[1].as_table();
+  EXPECT_EQ(b["choosable"].value<bool>(), false);
+  EXPECT_EQ(b["batch_scale"].value<int64_t>(), 4);
+  EXPECT_FALSE(b.contains("penalty")) << "a setting that never reached the target has no penalty";
+  EXPECT_EQ(b["final_gap"].value<double>(), 0.125);
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace longhaul
