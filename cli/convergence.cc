@@ -50,8 +50,10 @@ const std::vector<BenchSetting>& Settings() {
   static const std::vector<BenchSetting> settings = {
       {"exact (sync fp32)", {}, 1, true},
       {"int8 wire", {"transport.wire_dtype=\"int8\""}, 1, true},
+      {"int4 wire", {"transport.wire_dtype=\"int4\""}, 1, true},
       {"local_steps 4", {"train.local_steps=4"}, 1, true},
       {"local_steps 16", {"train.local_steps=16"}, 1, false},
+      {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };

@@ -89,12 +89,12 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + stage_floats + (D + 1) * ps_floats));
-  // An int8 push (named, or what "auto" picks on a slow link) keeps each pushed shard's residual
+  // A quantized push (int8 or int4 named, or what "auto" picks on a slow link) keeps each pushed shard's residual
   // and its push beside the gradient, per group (transport/error_feedback.h), and gathers one
   // group's residuals for a checkpoint at a time.
   const WireDtype wire = cfg.transport.wire_dtype;
-  if (D > 1 && (wire == WireDtype::kInt8 || wire == WireDtype::kAuto)) {
-    e.Add("int8 error feedback", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
+  if (D > 1 && (IsQuantized(wire) || wire == WireDtype::kAuto)) {
+    e.Add("error feedback of quantized pushes", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
   }
   // Every group but the last is pushed from a copy while the next one's backwards run.
   if (groups > 1) e.Add("gradients of earlier groups", 4 * (groups - 1) * stage_floats);

@@ -90,7 +90,7 @@ class NetworkChannel final : public Channel {
   Timeline& timeline_;
   PsHost* ps_host_ = nullptr;
   double ps_waited_ = 0;  // while the PsHost takes pushes and waits for the global norm
-  // [group][shard of stage_shards_]: int8 pushes carry error feedback, each group's its own as
+  // [group][shard of stage_shards_]: quantized pushes carry error feedback, each group's its own as
   // each replica of the job has; checkpoints keep the residuals (Residuals).
   std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.

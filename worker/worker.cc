@@ -772,7 +772,7 @@ absl::Status Worker::ResumeStageOptimizer() {
 
 absl::Status Worker::ResumeResiduals() {
   // Every worker goes back to the checkpoint's residuals, a survivor's own too. One written
-  // before residuals were kept has none: its int8 pushes start without, as they used to. A version
+  // before residuals were kept has none: its quantized pushes start without, as they used to. A version
   // that starts over from the initial parameters has none to go back to.
   if (!Resumed()) return absl::OkStatus();
   const std::string checkpoints = CheckpointsDir();
@@ -785,7 +785,7 @@ absl::Status Worker::ResumeResiduals() {
     LH_RETURN_IF_ERROR(LoadFromPieces(pieces, stage().layout(), residuals.data(), nullptr, nullptr, true, fetch_));
     std::error_code ec;
     if (std::none_of(pieces.begin(), pieces.end(), [&](const CheckpointPiece& p) { return fs::exists(p.dir, ec); })) {
-      std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: int8 pushes start without\n", Who(),
+      std::cout << absl::StrFormat("%s: %s holds no error-feedback residuals: quantized pushes start without\n", Who(),
                                    plan_.resume_checkpoint());
       continue;
     }
@@ -984,8 +984,8 @@ absl::Status Worker::Checkpoint(int64_t step) {
     const std::string piece_root = rep.directory();
     return Deliver(piece_root, step, [this, rep = std::move(rep)] { return client_.ReportCheckpoint(rep); });
   };
-  // The error-feedback residuals of int8 pushes, one file per job replica this replica stands
-  // for: a run that goes back to this step resumes them (else an int8 run would not be bitwise).
+  // The error-feedback residuals of quantized pushes, one file per job replica this replica stands
+  // for: a run that goes back to this step resumes them (else a quantized run would not be bitwise).
   for (const auto& [g, job_replica] : FeedbackGroups()) {
     const std::string residual_root = ResidualCheckpointRoot(root, s_, job_replica);
     const std::vector<float> residuals = channel_->Residuals(g);

@@ -13,13 +13,18 @@ namespace longhaul {
 
 namespace {
 
-size_t Int8Blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+size_t Blocks(size_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
 
-void EncodeInt8(const float* in, size_t n, void* out) {
+// int8 and int4 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q]. One template
+// per dtype keeps the per-value loops free of a test for which.
+template <bool kInt4>
+void EncodeQuantized(const float* in, size_t n, void* out) {
+  constexpr float q = kInt4 ? 7.0f : 127.0f;
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
-  auto* q = static_cast<int8_t*>(out) + 4 * Int8Blocks(n);
-  for (size_t b = 0; b * kInt8Block < n; ++b) {
-    const size_t lo = b * kInt8Block, hi = std::min(n, lo + kInt8Block);
+  auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
+  if (kInt4) std::fill(values, values + (n + 1) / 2, uint8_t{0});
+  for (size_t b = 0; b * kScaleBlock < n; ++b) {
+    const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     float most = 0;
     bool finite = true;
     for (size_t i = lo; i < hi; ++i) {
@@ -27,27 +32,37 @@ void EncodeInt8(const float* in, size_t n, void* out) {
       finite = finite && std::isfinite(a);
       most = std::max(most, a);
     }
-    const float scale = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float scale = finite ? most / q : std::numeric_limits<float>::quiet_NaN();
     std::memcpy(scales + 4 * b, &scale, 4);
-    if (!(scale > 0)) {  // zeros, or a NaN scale
-      std::fill(q + lo, q + hi, int8_t{0});
+    if (!(scale > 0)) {  // zeros, or a NaN scale: the values stay 0
+      if (!kInt4) std::fill(values + lo, values + hi, uint8_t{0});
       continue;
     }
-    // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
     for (size_t i = lo; i < hi; ++i) {
-      q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.0f, 127.0f));
+      // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
+      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -q, q)));
+      if (kInt4) {
+        values[i / 2] |= static_cast<uint8_t>((v & 0xfu) << (4 * (i % 2)));
+      } else {
+        values[i] = v;
+      }
     }
   }
 }
 
-void DecodeInt8(const void* in, size_t n, float* out) {
+template <bool kInt4>
+void DecodeQuantized(const void* in, size_t n, float* out) {
   const auto* scales = static_cast<const uint8_t*>(in);
-  const auto* q = static_cast<const int8_t*>(in) + 4 * Int8Blocks(n);
-  for (size_t b = 0; b * kInt8Block < n; ++b) {
+  const auto* values = static_cast<const uint8_t*>(in) + 4 * Blocks(n);
+  for (size_t b = 0; b * kScaleBlock < n; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
-    const size_t lo = b * kInt8Block, hi = std::min(n, lo + kInt8Block);
-    for (size_t i = lo; i < hi; ++i) out[i] = std::isfinite(scale) ? scale * q[i] : scale;
+    const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
+    for (size_t i = lo; i < hi; ++i) {
+      // A nibble's sign bit extends through the int: (v ^ 8) - 8.
+      const int v = kInt4 ? (((values[i / 2] >> (4 * (i % 2))) & 0xf) ^ 8) - 8 : static_cast<int8_t>(values[i]);
+      out[i] = std::isfinite(scale) ? scale * static_cast<float>(v) : scale;
+    }
   }
 }
 
@@ -59,13 +74,14 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kF32: return 4 * n;
     case WireDtype::kF16:
     case WireDtype::kBf16: return 2 * n;
-    case WireDtype::kInt8: return n + 4 * Int8Blocks(n);
+    case WireDtype::kInt8: return n + 4 * Blocks(n);
+    case WireDtype::kInt4: return (n + 1) / 2 + 4 * Blocks(n);
   }
   return 4 * n;
 }
 
 WireDtype WireDtypeFor(WireDtype job, int kind) {
-  return job == WireDtype::kInt8 && kind == proto::PARAMS ? WireDtype::kBf16 : job;
+  return IsQuantized(job) && kind == proto::PARAMS ? WireDtype::kBf16 : job;
 }
 
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
@@ -73,9 +89,10 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
   if (name == "fp16") return WireDtype::kF16;
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "int8") return WireDtype::kInt8;
+  if (name == "int4") return WireDtype::kInt4;
   if (name == "auto") return WireDtype::kAuto;
-  return absl::InvalidArgumentError(absl::StrCat("transport.wire_dtype = \"", name,
-                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\" or \"int8\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "transport.wire_dtype = \"", name, "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\" or \"int4\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -84,6 +101,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kF16: return "fp16";
     case WireDtype::kBf16: return "bf16";
     case WireDtype::kInt8: return "int8";
+    case WireDtype::kInt4: return "int4";
     case WireDtype::kAuto: return "auto";
   }
   return "?";
@@ -115,7 +133,10 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
       return;
     }
     case WireDtype::kInt8:
-      EncodeInt8(in, n, out);
+      EncodeQuantized<false>(in, n, out);
+      return;
+    case WireDtype::kInt4:
+      EncodeQuantized<true>(in, n, out);
       return;
   }
 }
@@ -141,7 +162,10 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     }
     case WireDtype::kInt8:
-      DecodeInt8(in, n, out);
+      DecodeQuantized<false>(in, n, out);
+      return;
+    case WireDtype::kInt4:
+      DecodeQuantized<true>(in, n, out);
       return;
   }
 }
@@ -151,7 +175,7 @@ void RoundThroughWire(const float* in, float* out, size_t n, WireDtype d) {
     if (in != out) ParallelCopy(out, in, n * sizeof(float));
     return;
   }
-  // Pieces of kWirePiece values, a multiple of int8's block, as the transport cuts its parts; they
+  // Pieces of kWirePiece values, a multiple of the quantized blocks, as the transport cuts its parts; they
   // are independent, so every core takes some (a GPU stage's own shards are hundreds of MB).
   const long pieces = static_cast<long>((n + kWirePiece - 1) / kWirePiece);
 #pragma omp parallel for schedule(static) if (pieces > 64)

@@ -1,13 +1,16 @@
 #pragma once
-// Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16 or int8, little-endian),
-// chosen by transport.wire_dtype whatever the sender computes in.
+// Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16, int8 or int4,
+// little-endian), chosen by transport.wire_dtype whatever the sender computes in.
 //
-// int8: blocks of kInt8Block values from the start of what is encoded; the encoding is every
-// block's fp32 scale (its largest magnitude / 127), then every value as round(x / scale) in
-// [-127, 127]. A block of zeros has scale 0; a block holding a NaN or an infinity decodes to
-// NaN throughout, so a non-finite gradient still stops the step. The error is at most half a
-// step, scale / 2, of the block's largest magnitude: 0.4%. Parameters never travel in int8
-// (WireDtypeFor): a model computing with 8-bit weights is another model.
+// int8 and int4 (the quantized dtypes): blocks of kScaleBlock values from the start of what is
+// encoded; the encoding is every block's fp32 scale (its largest magnitude / Q, Q = 127 for int8,
+// 7 for int4), then every value as round(x / scale) in [-Q, Q]: int8 one byte each, int4 two per
+// byte (the earlier value in the low nibble, two's complement). A block of zeros has scale 0; a
+// block holding a NaN or an infinity decodes to NaN throughout, so a non-finite gradient still
+// stops the step. The error is at most half a step, scale / 2, of the block's largest magnitude:
+// 0.4% for int8, 7% for int4, which is why a quantized push carries error feedback
+// (transport/error_feedback.h). Parameters never travel quantized (WireDtypeFor): a model
+// computing with 8-bit weights is another model.
 //
 // A format is chosen by the config (transport.wire_dtype), sent and admitted by the transport and
 // priced by the planner's simulator: it sits below all three.
@@ -20,21 +23,23 @@
 namespace longhaul {
 
 // kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
-enum class WireDtype : uint8_t { kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4 };
+enum class WireDtype : uint8_t { kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5 };
 
-inline constexpr size_t kInt8Block = 128;
+inline constexpr size_t kScaleBlock = 128;
 // A tensor split into parts (over connections) is cut at multiples of this many values, so that
-// int8's blocks fall where they would in the whole tensor.
+// the quantized dtypes' blocks (and int4's bytes) fall where they would in the whole tensor.
 inline constexpr size_t kWirePiece = 4096;
 
 // Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
 inline bool IsWireDtype(int value) {
-  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt8);
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt4);
 }
+// int8 and int4: scaled per block, lossy enough that pushes carry error feedback.
+inline bool IsQuantized(WireDtype d) { return d == WireDtype::kInt8 || d == WireDtype::kInt4; }
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);
 // What tensors of `kind` (proto::TensorKind) travel in where the job's wire dtype is `job`:
-// parameters go in bf16 where the job's is int8, everything else in the job's.
+// parameters go in bf16 where the job's is quantized, everything else in the job's.
 WireDtype WireDtypeFor(WireDtype job, int kind);
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name);
 const char* WireDtypeName(WireDtype d);

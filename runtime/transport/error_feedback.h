@@ -2,7 +2,7 @@
 // Error feedback for a lossy wire dtype (as in CocktailSGD, after Seide et al.'s 1-bit SGD): each
 // send carries the tensor plus what earlier sends of the same stream lost to rounding, and keeps
 // what this one loses. Over iterations the receiver gets the sum of the tensors up to one
-// rounding, where plain int8 would drop every update smaller than half a step of its block,
+// rounding, where plain int8 or int4 would drop every update smaller than half a step of its block,
 // step after step. For data-parallel gradient pushes, one stream per shard.
 #include <cstddef>
 #include <vector>

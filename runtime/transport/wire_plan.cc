@@ -119,8 +119,7 @@ std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const Job
       if (sp.stage() != a.stage()) continue;
       const int owner = WorkerAt(plan, sp.stage(), sp.owner_replica());
       for (int g = 0; g < groups; ++g)
-        if (wires.Of(a.worker_id(), owner, proto::GRAD_PUSH, a.stage(), a.replica(), g, sp.shard()) ==
-            WireDtype::kInt8) {
+        if (IsQuantized(wires.Of(a.worker_id(), owner, proto::GRAD_PUSH, a.stage(), a.replica(), g, sp.shard()))) {
           streams.insert({a.stage(), a.replica() * groups + g});
         }
     }

@@ -29,7 +29,7 @@ cat "$dir/out.txt"
 check "longhaul convergence --quick exits 0" $([ "$rc" = 0 ]; echo $?)
 [ "$rc" = 0 ] || cat "$dir/err.txt"
 table=$(sed -n '/^setting /,/^The exact path/p' "$dir/out.txt")
-for s in "exact (sync fp32)" "int8 wire" "local_steps 4" "batch x2" "lr/1000"; do
+for s in "exact (sync fp32)" "int8 wire" "int4 wire" "local_steps 4" "batch x2" "lr/1000"; do
   check "a row for '$s'" $(grep -qF "$s " <<<"$table"; echo $?)
 done
 check "the exact path has a penalty beside its seeds' range" \
@@ -39,9 +39,9 @@ check "lr/1000 never reaches the target and reports its gap" \
 check "the loss against emulated wall-clock is printed" \
   $(grep -q "^Validation loss against emulated wall-clock" "$dir/out.txt"; echo $?)
 check "convergence.svg is written, one curve per run" \
-  $([ "$(grep -c '<polyline' "$dir/runs/convergence.svg" 2>/dev/null)" = 20 ]; echo $?)
+  $([ "$(grep -c '<polyline' "$dir/runs/convergence.svg" 2>/dev/null)" = 24 ]; echo $?)
 p="$dir/runs/penalties.toml"
-check "penalties.toml lists every setting" $([ "$(grep -c '^\[\[setting\]\]' "$p" 2>/dev/null)" = 5 ]; echo $?)
+check "penalties.toml lists every setting" $([ "$(grep -c '^\[\[setting\]\]' "$p" 2>/dev/null)" = 6 ]; echo $?)
 check "penalties.toml marks lr/1000 not choosable, with no penalty" \
   $(python3 -c "
 import sys, tomllib

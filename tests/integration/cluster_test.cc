@@ -261,12 +261,12 @@ TEST_P(WireDtypes, ReplicasHoldBitwiseTheSameParametersAfterEveryIteration) {
   for (size_t i = 0; i < losses.size(); ++i) worst = std::max(worst, std::abs(losses[i] - ref.losses[i]));
   std::cout << dtype << " wire: replicas equal after every iteration; max |loss - fp32 one-process loss| = " << worst
             << "\n";
-  // Rounding boundary tensors and parameters to 8 (bf16) or 11 (fp16) significant bits over 6
-  // steps moves the loss by far less than this.
+  // Rounding boundary tensors and parameters to 8 (bf16) or 11 (fp16) significant bits, or to
+  // 255 (int8) or 15 (int4) levels a block, over 6 steps moves the loss by less than this.
   EXPECT_LT(worst, 0.05);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16", "int8"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16", "int8", "int4"));
 
 // A run stopped at step 3 and resumed matches the uninterrupted run bitwise: synchronous, and with
 // local updates, whose workers' own AdamW state the checkpoint carries beside the shards'.

@@ -1,4 +1,4 @@
-// Error feedback over int8: a gradient too small for its block's step still arrives over
+// Error feedback over int8 and int4: a gradient too small for its block's step still arrives over
 // iterations, and what arrives sums to what was sent up to one rounding; a stream resumed from a
 // kept residual goes on as the original.
 #include "transport/error_feedback.h"
@@ -11,32 +11,34 @@
 namespace longhaul {
 namespace {
 
-std::vector<float> Through(const float* x, size_t n) {
+std::vector<float> Through(const float* x, size_t n, WireDtype d) {
   std::vector<float> y(x, x + n);
-  RoundThroughWire(y.data(), y.data(), n, WireDtype::kInt8);
+  RoundThroughWire(y.data(), y.data(), n, d);
   return y;
 }
 
 TEST(ErrorFeedback, SmallUpdatesArriveAndTheSumsAgreeUpToOneRounding) {
-  // One large value sets the block's step (1/127); the others are a hundredth of a step.
-  const size_t n = 128;
-  std::vector<float> g(n, 1.0f / 127 / 100);
-  g[0] = 1.0f;
-  ErrorFeedback feedback(WireDtype::kInt8);
-  std::vector<double> sent(n, 0), plain(n, 0), arrived(n, 0);
-  const int iterations = 1000;
-  for (int it = 0; it < iterations; ++it) {
-    const std::vector<float> with = Through(feedback.Apply(g.data(), n), n);
-    const std::vector<float> without = Through(g.data(), n);
-    for (size_t i = 0; i < n; ++i) sent[i] += g[i], arrived[i] += with[i], plain[i] += without[i];
+  for (auto [d, q] : {std::pair{WireDtype::kInt8, 127.0}, std::pair{WireDtype::kInt4, 7.0}}) {
+    // One large value sets the block's step (1/q); the others are a hundredth of a step.
+    const size_t n = 128;
+    std::vector<float> g(n, static_cast<float>(1 / q / 100));
+    g[0] = 1.0f;
+    ErrorFeedback feedback(d);
+    std::vector<double> sent(n, 0), plain(n, 0), arrived(n, 0);
+    const int iterations = 1000;
+    for (int it = 0; it < iterations; ++it) {
+      const std::vector<float> with = Through(feedback.Apply(g.data(), n), n, d);
+      const std::vector<float> without = Through(g.data(), n, d);
+      for (size_t i = 0; i < n; ++i) sent[i] += g[i], arrived[i] += with[i], plain[i] += without[i];
+    }
+    for (size_t i = 1; i < n; ++i) {
+      EXPECT_EQ(plain[i], 0.0) << "plain " << WireDtypeName(d) << " drops a hundredth of a step every time";
+      // The difference is the residual left, less than half a step of the last block's scale.
+      EXPECT_NEAR(arrived[i], sent[i], 0.5 * (1.0 + 1.0 / q / 100) / q + 1e-6) << WireDtypeName(d) << " " << i;
+      EXPECT_NEAR(arrived[i] + feedback.residual()[i], sent[i], 1e-4) << WireDtypeName(d) << " " << i;
+    }
+    EXPECT_NEAR(arrived[0], sent[0], 1e-3) << WireDtypeName(d);
   }
-  for (size_t i = 1; i < n; ++i) {
-    EXPECT_EQ(plain[i], 0.0) << "plain int8 drops a hundredth of a step every time";
-    // The difference is the residual left, less than half a step of the last block's scale.
-    EXPECT_NEAR(arrived[i], sent[i], 0.5 * (1.0 + 1.0 / 127 / 100) / 127 + 1e-6) << i;
-    EXPECT_NEAR(arrived[i] + feedback.residual()[i], sent[i], 1e-4) << i;
-  }
-  EXPECT_NEAR(arrived[0], sent[0], 1e-3);
 }
 
 // A stream set to a residual a checkpoint kept goes on bitwise as the stream that kept it.
@@ -44,7 +46,7 @@ TEST(ErrorFeedback, AStreamSetToAKeptResidualGoesOnAsTheOriginal) {
   const size_t n = 300;
   std::vector<float> g(n);
   for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) / (1.0f + static_cast<float>(i % 9));
-  ErrorFeedback original(WireDtype::kInt8), resumed(WireDtype::kInt8);
+  ErrorFeedback original(WireDtype::kInt4), resumed(WireDtype::kInt4);
   for (int it = 0; it < 3; ++it) original.Apply(g.data(), n);
   const std::vector<float> kept = original.residual();
   resumed.SetResidual(kept.data(), kept.size());

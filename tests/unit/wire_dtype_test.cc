@@ -1,5 +1,5 @@
-// Wire encodings: sizes, the error each allows, NaN kept a NaN, int8's blocks, and which dtype
-// each kind of tensor travels in.
+// Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks and
+// int4's nibbles, and which dtype each kind of tensor travels in.
 #include "format/wire_dtype.h"
 
 #include <gtest/gtest.h>
@@ -32,53 +32,75 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(1000, WireDtype::kF16), 2000u);
   EXPECT_EQ(WireBytes(1000, WireDtype::kInt8), 1000u + 4 * 8);  // 8 blocks of 128 (the last 104)
   EXPECT_EQ(WireBytes(0, WireDtype::kInt8), 0u);
-  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8}) {
+  EXPECT_EQ(WireBytes(1001, WireDtype::kInt4), 501u + 4 * 8);  // two values a byte, 8 scales
+  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
+    EXPECT_TRUE(IsWireDtype(static_cast<int>(d)));
   }
-  auto bad = ParseWireDtype("int4");
+  EXPECT_FALSE(IsWireDtype(6));
+  auto bad = ParseWireDtype("int2");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("\"int8\""), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("\"int4\""), std::string::npos) << bad.status();
 }
 
-TEST(WireDtype, Int8ErrsAtMostHalfAStepOfItsBlocksLargestValue) {
-  const std::vector<float> x = Wavy(1000);
-  const std::vector<float> y = Through(x, WireDtype::kInt8);
-  for (size_t b = 0; b * kInt8Block < x.size(); ++b) {
-    float most = 0;
-    for (size_t i = b * kInt8Block; i < std::min(x.size(), (b + 1) * kInt8Block); ++i) most = std::max(most, std::fabs(x[i]));
-    for (size_t i = b * kInt8Block; i < std::min(x.size(), (b + 1) * kInt8Block); ++i) {
-      ASSERT_LE(std::fabs(y[i] - x[i]), most / 127 / 2 * (1 + 1e-5)) << i;
+// Each quantized dtype errs at most half a step (its block's largest magnitude / Q) per value, and
+// scales each block on its own: a block of tiny values keeps its precision beside huge ones.
+TEST(WireDtype, QuantizedDtypesErrAtMostHalfAStepOfTheirBlocksLargestValue) {
+  for (auto [d, q] : {std::pair{WireDtype::kInt8, 127.0f}, std::pair{WireDtype::kInt4, 7.0f}}) {
+    const std::vector<float> x = Wavy(1001);  // an odd count: int4's last byte holds one value
+    const std::vector<float> y = Through(x, d);
+    for (size_t b = 0; b * kScaleBlock < x.size(); ++b) {
+      const size_t lo = b * kScaleBlock, hi = std::min(x.size(), lo + kScaleBlock);
+      float most = 0;
+      for (size_t i = lo; i < hi; ++i) most = std::max(most, std::fabs(x[i]));
+      for (size_t i = lo; i < hi; ++i) ASSERT_LE(std::fabs(y[i] - x[i]), most / q / 2 * (1 + 1e-5)) << i;
+      // The block's largest value and its sign come back exactly (up to the scale's rounding).
+      for (size_t i = lo; i < hi; ++i)
+        if (std::fabs(x[i]) == most) EXPECT_NEAR(y[i], x[i], most * 1e-6f) << WireDtypeName(d) << " " << i;
     }
+    std::vector<float> mixed(256, 1e-6f);
+    for (size_t i = 128; i < 256; ++i) mixed[i] = i % 2 ? 1e6f : -1e6f;
+    const std::vector<float> m = Through(mixed, d);
+    EXPECT_NEAR(m[0], 1e-6f, 1e-8f) << WireDtypeName(d);
+    EXPECT_NEAR(m[200], -1e6f, 1.0f) << WireDtypeName(d);
+    EXPECT_NEAR(m[201], 1e6f, 1.0f) << WireDtypeName(d);
   }
-  // Each block is scaled on its own: a block of tiny values keeps its precision beside huge ones.
-  std::vector<float> mixed(256, 1e-6f);
-  for (size_t i = 128; i < 256; ++i) mixed[i] = 1e6f;
-  const std::vector<float> m = Through(mixed, WireDtype::kInt8);
-  EXPECT_NEAR(m[0], 1e-6f, 1e-8f);
-  EXPECT_NEAR(m[200], 1e6f, 1.0f);
+}
+
+// int4's nibbles: every level from -7 to 7 at each of a byte's two places.
+TEST(WireDtype, Int4CarriesEveryLevelInEitherNibble) {
+  std::vector<float> x(kScaleBlock, 0.0f);
+  for (size_t i = 0; i < 30; ++i) x[i] = static_cast<float>(static_cast<int>(i / 2) - 7);  // -7..7, twice
+  x[31] = 7.0f;  // the block's scale: 1
+  const std::vector<float> y = Through(x, WireDtype::kInt4);
+  EXPECT_EQ(y, x);
 }
 
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
-  std::vector<float> x(300, 0.0f);
-  EXPECT_EQ(Through(x, WireDtype::kInt8), x);
-  x[5] = std::numeric_limits<float>::infinity();
-  x[200] = 1.5f;
-  const std::vector<float> y = Through(x, WireDtype::kInt8);
-  for (size_t i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
-  EXPECT_FLOAT_EQ(y[200], 1.5f);
-  EXPECT_EQ(y[201], 0.0f);
-  x[5] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(std::isnan(Through(x, WireDtype::kBf16)[5]));
-  EXPECT_TRUE(std::isnan(Through(x, WireDtype::kInt8)[5]));
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
+    std::vector<float> x(300, 0.0f);
+    EXPECT_EQ(Through(x, d), x);
+    x[5] = std::numeric_limits<float>::infinity();
+    x[200] = 1.5f;
+    const std::vector<float> y = Through(x, d);
+    for (size_t i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
+    EXPECT_FLOAT_EQ(y[200], 1.5f);
+    EXPECT_EQ(y[201], 0.0f);
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(Through(x, d)[5]));
+  }
+  std::vector<float> x(3, 0.0f);
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(Through(x, WireDtype::kBf16)[1]));
 }
 
 // In place and into another buffer, and over enough pieces that the cores share them.
 TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
-    for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8}) {
+    for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -88,10 +110,10 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   }
 }
 
-TEST(WireDtype, ParametersNeverTravelInInt8) {
-  EXPECT_EQ(WireDtypeFor(WireDtype::kInt8, proto::PARAMS), WireDtype::kBf16);
-  for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) {
-    EXPECT_EQ(WireDtypeFor(WireDtype::kInt8, kind), WireDtype::kInt8);
+TEST(WireDtype, ParametersNeverTravelQuantized) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
+    EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
+    for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }
   EXPECT_EQ(WireDtypeFor(WireDtype::kF32, proto::PARAMS), WireDtype::kF32);
   EXPECT_EQ(WireDtypeFor(WireDtype::kBf16, proto::PARAMS), WireDtype::kBf16);
