@@ -26,6 +26,7 @@
 #include "plan/job_problem.h"
 #include "plan/simulator.h"
 #include "scenario/scenario.h"
+#include "util/status_macros.h"
 #include "worker/job_setup.h"
 
 namespace longhaul {
@@ -34,9 +35,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // A setting is the exact path's config changed by `overrides`, and its global batch multiplied by
-// `batch_scale` at the same tokens: steps, warmup and the evaluation interval divided by it, the
-// learning rates multiplied by its square root (the rule for Adam: the gradient's noise falls as
-// the square root of the batch).
+// `batch_scale` at the same tokens (plan/convergence_penalty.h's BatchScaleOverrides).
 struct BenchSetting {
   std::string name;
   std::vector<std::string> overrides;
@@ -95,17 +94,16 @@ absl::StatusOr<BenchSetting> ParseTry(const std::string& text) {
   return s;
 }
 
-// Overrides that divide the steps, warmup and evaluation interval of `cfg` by `divisor`.
-absl::StatusOr<std::vector<std::string>> FewerSteps(const JobConfig& cfg, int divisor, const std::string& why) {
+// `divisor` must divide the steps and the evaluation interval of `cfg`: a bench that rounds them
+// would compare runs of different tokens.
+absl::Status CheckDivides(const JobConfig& cfg, int divisor, const std::string& why) {
   const TrainConfig& t = cfg.train;
   if (t.steps % divisor != 0 || t.eval_every % divisor != 0 || t.eval_every == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s divides train.steps (%d) and train.eval_every (%d) by %d: give multiples of %d (eval_every above 0)", why,
         t.steps, t.eval_every, divisor, divisor));
   }
-  return std::vector<std::string>{absl::StrCat("train.steps=", t.steps / divisor),
-                                  absl::StrCat("train.warmup_steps=", t.warmup_steps / divisor),
-                                  absl::StrCat("train.eval_every=", t.eval_every / divisor)};
+  return absl::OkStatus();
 }
 
 // The overrides of one run of `s`, on top of `base` (the user's and --quick's).
@@ -117,13 +115,9 @@ absl::StatusOr<std::vector<std::string>> SettingOverrides(const std::string& con
   if (s.batch_scale == 1) return o;
   auto cfg = LoadJobConfig(config_path, o);
   if (!cfg.ok()) return cfg.status();
-  auto fewer = FewerSteps(*cfg, s.batch_scale, absl::StrCat("the setting '", s.name, "'"));
-  if (!fewer.ok()) return fewer.status();
-  o.insert(o.end(), fewer->begin(), fewer->end());
-  const double k = std::sqrt(static_cast<double>(s.batch_scale));
-  o.push_back(absl::StrCat("train.micro_batches=", cfg->train.micro_batches * s.batch_scale));
-  o.push_back(absl::StrFormat("train.lr=%g", cfg->train.lr * k));
-  o.push_back(absl::StrFormat("train.min_lr=%g", cfg->train.min_lr * k));
+  LH_RETURN_IF_ERROR(CheckDivides(*cfg, s.batch_scale, absl::StrCat("the setting '", s.name, "'")));
+  const std::vector<std::string> scaled = BatchScaleOverrides(*cfg, s.batch_scale);
+  o.insert(o.end(), scaled.begin(), scaled.end());
   return o;
 }
 
@@ -352,9 +346,11 @@ absl::StatusOr<Bench> Prepare(const std::string& config_path, const std::vector<
   if (!base_cfg.ok()) return base_cfg.status();
   std::vector<std::string> base = overrides;
   if (g.quick) {
-    auto fewer = FewerSteps(*base_cfg, kQuickDivisor, "--quick");
-    if (!fewer.ok()) return fewer.status();
-    base.insert(base.end(), fewer->begin(), fewer->end());
+    LH_RETURN_IF_ERROR(CheckDivides(*base_cfg, kQuickDivisor, "--quick"));
+    const TrainConfig& t = base_cfg->train;
+    base.insert(base.end(), {absl::StrCat("train.steps=", t.steps / kQuickDivisor),
+                             absl::StrCat("train.warmup_steps=", t.warmup_steps / kQuickDivisor),
+                             absl::StrCat("train.eval_every=", t.eval_every / kQuickDivisor)});
   }
   std::vector<BenchSetting> settings;
   for (const BenchSetting& s : Settings()) {

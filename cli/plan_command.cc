@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,9 +12,11 @@
 #include "config/job_config.h"
 #include "metrics/flops.h"
 #include "scenario/scenario.h"
+#include "plan/convergence_penalty.h"
 #include "plan/layout_search.h"
 #include "format/wire_dtype.h"
 #include "transport/wire_plan.h"
+#include "util/atomic_file.h"
 
 namespace longhaul {
 namespace {
@@ -24,12 +28,16 @@ constexpr double kSeed001Efficiency = 0.464;
 // Without --scenario: the source experiment's default setting, a fast data-center network.
 constexpr LinkCost kUniformLink = {0.05e-3, 10e9 / 8, 0};
 
+// The penalties the convergence bench measured on this repository's machine (bench/convergence.sh),
+// under the source tree: `longhaul plan` charges them unless told otherwise.
+constexpr char kShippedPenalties[] = "runtime/plan/penalties/cpu-bytes-python-docs.toml";
+
 struct PlanArgs {
-  CLI::Option *workers_given = nullptr, *batch_given = nullptr;
+  CLI::Option *workers_given = nullptr, *batch_given = nullptr, *batch_max_given = nullptr;
   int workers = 0;
-  std::string device = "v100", profile, scenario, links;
+  std::string device = "v100", profile, scenario, links, penalties, write;
   double efficiency = kSeed001Efficiency;
-  int global_batch = 0;
+  int global_batch = 0, global_batch_max = 0;
   int top = 10;
 } g;
 
@@ -57,6 +65,165 @@ std::string Row(int rank, const RankedLayout& c) {
                          L.work.micro_batch, ScheduleName(L.schedule), L.work.recompute ? "yes" : "no",
                          c.central_ps ? "central" : "sharded", c.iteration_s, c.tokens_per_s, c.tflops_per_device, mfu,
                          c.days_per_100b_tokens, FormatBytes(c.peak_memory.total()), c.peak_stage);
+}
+
+// What a job's config asks of the search: its model, batch shape, precision, wire and exchange.
+void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
+  r.model = cfg.model;
+  r.seq_len = cfg.train.seq_len;
+  r.global_batch = global_batch;
+  r.precision = cfg.train.precision;
+  r.wire = cfg.transport.wire_dtype, r.fast_wire = cfg.FastWire();
+  r.local_steps = cfg.train.local_steps;
+  r.overlap = cfg.cluster.overlap_exchange;
+  r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
+}
+
+// One setting of the convergence bench applied to the job: the job's config on the compute's own
+// wire dtype (the bench's exact path quantizes nothing) with the setting's keys, its global batch
+// x the setting's scale; the fastest layout of it that fits, and its tokens/s charged the penalty.
+struct SettingPlan {
+  const SettingPenalty* setting = nullptr;
+  std::vector<std::string> overrides;  // on top of the user's
+  int global_batch = 0;
+  std::optional<RankedLayout> best;
+  double effective = 0;  // tokens/s / (1 + max(penalty, 0))
+  std::string why_not;   // where it is not planned
+};
+
+// The --set overrides that make a config run `best`'s layout.
+std::vector<std::string> LayoutOverrides(const RankedLayout& best) {
+  const Layout& L = best.layout;
+  return {absl::StrCat("cluster.stages=", L.stages),
+          absl::StrCat("cluster.replicas=", L.replicas),
+          absl::StrCat("train.micro_batches=", L.micro_batches),
+          absl::StrCat("train.micro_batch_size=", L.work.micro_batch),
+          absl::StrCat("cluster.schedule=\"", ScheduleName(L.schedule), "\""),
+          absl::StrCat("train.recompute=", L.work.recompute ? "true" : "false"),
+          absl::StrCat("cluster.ps=\"", best.central_ps ? "central" : "sharded", "\"")};
+}
+
+std::vector<std::string> Joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Every setting of `table` applied to the job of `config_path` with `overrides`, searched on
+// `base`'s workers, device and network; the plannable ones ranked by effective tokens/s.
+absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_path,
+                                                      const std::vector<std::string>& overrides,
+                                                      const PenaltyTable& table, const LayoutSearchRequest& base,
+                                                      int global_batch, int global_batch_max) {
+  auto job = LoadJobConfig(config_path, overrides);
+  if (!job.ok()) return job.status();
+  std::vector<SettingPlan> plans;
+  for (const SettingPenalty& p : table.settings) {
+    SettingPlan sp;
+    sp.setting = &p;
+    sp.global_batch = global_batch * p.batch_scale;
+    sp.overrides = Joined({absl::StrCat("transport.wire_dtype=\"", WireDtypeName(job->FastWire()), "\"")},
+                          p.overrides);
+    if (p.batch_scale > 1) sp.overrides = Joined(sp.overrides, BatchScaleOverrides(*job, p.batch_scale));
+    auto cfg = LoadJobConfig(config_path, Joined(overrides, sp.overrides));
+    if (!p.choosable) {
+      sp.why_not = absl::StrFormat("never reached the exact path's loss in the bench (final gap %+.4f)", p.final_gap);
+    } else if (sp.global_batch > global_batch_max) {
+      sp.why_not = absl::StrFormat("a global batch of %d, above --global-batch-max %d", sp.global_batch,
+                                   global_batch_max);
+    } else if (!cfg.ok()) {
+      sp.why_not = std::string(cfg.status().message());
+    } else {
+      LayoutSearchRequest r = base;
+      SetJob(*cfg, sp.global_batch, r);
+      r.top = 1;
+      auto result = SearchLayouts(r);
+      if (!result.ok()) return result.status();
+      if (result->fitting.empty()) {
+        sp.why_not = "no layout of it fits";
+      } else {
+        sp.best = result->fitting.front();
+        sp.effective = sp.best->tokens_per_s / (1 + std::max(0.0, p.penalty));
+      }
+    }
+    plans.push_back(std::move(sp));
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const SettingPlan& a, const SettingPlan& b) {
+    return a.best.has_value() != b.best.has_value() ? a.best.has_value() : a.effective > b.effective;
+  });
+  return plans;
+}
+
+// The penalties file to charge: --penalties, else the one shipped under the source tree (beside
+// the binary's build directory, or under the working directory), else none.
+std::optional<std::string> PenaltiesPath() {
+  if (g.penalties == "none") return std::nullopt;
+  if (!g.penalties.empty()) return g.penalties;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::canonical("/proc/self/exe", ec);
+  for (const std::filesystem::path& p : {exe.parent_path().parent_path() / kShippedPenalties,
+                                         std::filesystem::path(kShippedPenalties)}) {
+    if (!ec && std::filesystem::exists(p, ec)) return p.string();
+  }
+  return std::nullopt;
+}
+
+// Prints the settings ranked by time to the same loss, and writes the best one's config.
+int ReportSettings(const std::string& config_path, const std::vector<std::string>& overrides,
+                   const std::string& penalties_path, const PenaltyTable& table,
+                   const std::vector<SettingPlan>& plans, double one_gpu_tokens_per_s, const std::string& out_dir) {
+  std::cout << absl::StrFormat(
+      "\nSettings by time to the same loss: effective tokens/s = tokens/s / (1 + penalty), a negative penalty "
+      "counted as 0 (the bench's small model may learn faster per token with it; a larger one is not counted on "
+      "to); x 1 GPU = effective / the exact path's best on one GPU (%.0f tokens/s).\n"
+      "  penalties: %s%s\n",
+      one_gpu_tokens_per_s, penalties_path,
+      table.measured_on.empty() ? ""
+                                : absl::StrFormat(" (%s; %s; measured on %s)", table.model, table.corpus,
+                                                  table.measured_on));
+  std::cout << absl::StrFormat("  %-22s %-26s %6s  %-26s %9s %10s %10s %8s\n", "setting", "penalty (seed range)",
+                               "batch", "best layout", "iteration", "tokens/s", "effective", "x 1 GPU");
+  for (const SettingPlan& sp : plans) {
+    const SettingPenalty& p = *sp.setting;
+    const std::string penalty =
+        p.choosable ? absl::StrFormat("%+.3f (%+.3f..%+.3f)", p.penalty, p.penalty_min, p.penalty_max) : "-";
+    if (!sp.best) {
+      std::cout << absl::StrFormat("  %-22s %-26s %6d  not planned: %s\n", p.name, penalty, sp.global_batch,
+                                   sp.why_not);
+      continue;
+    }
+    const Layout& L = sp.best->layout;
+    std::cout << absl::StrFormat("  %-22s %-26s %6d  %-26s %7.2f s %10.0f %10.0f %7.1fx\n", p.name, penalty,
+                                 sp.global_batch,
+                                 absl::StrFormat("%dx%d, %d x %d, %s", L.stages, L.replicas, L.micro_batches,
+                                                 L.work.micro_batch, ScheduleName(L.schedule)),
+                                 sp.best->iteration_s, sp.best->tokens_per_s, sp.effective,
+                                 one_gpu_tokens_per_s > 0 ? sp.effective / one_gpu_tokens_per_s : 0);
+  }
+  if (plans.empty() || !plans.front().best) {
+    std::cout << "No setting of the bench can be planned for this job: see each row's reason.\n";
+    return 0;
+  }
+  const SettingPlan& best = plans.front();
+  const std::vector<std::string> keys = Joined(best.overrides, LayoutOverrides(*best.best));
+  auto cfg = LoadJobConfig(config_path, Joined(overrides, keys));
+  if (!cfg.ok()) return Error(std::string(cfg.status().message()));
+  const std::string path = g.write.empty() ? (std::filesystem::path(out_dir) / "planned.toml").string() : g.write;
+  std::error_code ec;
+  if (std::filesystem::path(path).has_parent_path()) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  }
+  const std::string text = absl::StrCat("# `longhaul plan`'s best setting by time to the same loss: ",
+                                        best.setting->name, ", with\n#   --set ", absl::StrJoin(keys, " --set "),
+                                        "\n# on ", config_path, "\n", cfg->toml_text, "\n");
+  if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
+    return Error(absl::StrCat(s.message(), ": give --write a file in a directory you can write"));
+  }
+  std::cout << absl::StrFormat(
+      "\nBest by time to the same loss: %s on %d stages x %d replicas: %.0f tokens/s effective, %.1fx one GPU; its "
+      "config: %s\n  longhaul local -c %s\n",
+      best.setting->name, best.best->layout.stages, best.best->layout.replicas, best.effective,
+      one_gpu_tokens_per_s > 0 ? best.effective / one_gpu_tokens_per_s : 0, path, path);
+  return 0;
 }
 
 constexpr char kHeader[] =
@@ -87,6 +254,14 @@ CLI::App* AddPlanCommand(CLI::App& app) {
                    "sequences per step over all replicas (default: the config's micro_batch_size x micro_batches x "
                    "replicas)");
   plan->add_option("--top", g.top, "fitting layouts to show")->capture_default_str();
+  plan->add_option("--penalties", g.penalties,
+                   absl::StrCat("the convergence bench's penalties (bench/convergence.sh) the settings are charged; "
+                                "default: ", kShippedPenalties, " of the source tree; none: rank layouts only"));
+  g.batch_max_given = plan->add_option(
+      "--global-batch-max", g.global_batch_max,
+      "the largest global batch a setting may train (default: the global batch; a larger one pays its penalty)");
+  plan->add_option("--write", g.write,
+                   "where to write the best setting's config (default: train.out_dir/planned.toml)");
   return plan;
 }
 
@@ -103,14 +278,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   if (global_batch < 1) return Error(absl::StrCat("--global-batch ", global_batch, ": give at least 1 sequence"));
 
   LayoutSearchRequest r;
-  r.model = cfg->model;
-  r.seq_len = cfg->train.seq_len;
-  r.global_batch = static_cast<int>(global_batch);
-  r.precision = cfg->train.precision;
-  r.wire = cfg->transport.wire_dtype, r.fast_wire = cfg->FastWire();
-  r.local_steps = cfg->train.local_steps;
-  r.overlap = cfg->cluster.overlap_exchange;
-  r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
+  SetJob(*cfg, static_cast<int>(global_batch), r);
   r.workers = workers;
   r.top = g.top;
   auto device = g.profile.empty() ? DeviceCost::Named(g.device, r.precision, g.efficiency)
@@ -201,7 +369,31 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
       "--set train.micro_batch_size=%d --set cluster.schedule=%s --set train.recompute=%s --set cluster.ps=%s\n",
       config_path, L.stages, L.replicas, L.micro_batches, L.work.micro_batch, ScheduleName(L.schedule),
       L.work.recompute ? "true" : "false", best.central_ps ? "central" : "sharded");
-  return 0;
+
+  const std::optional<std::string> penalties = PenaltiesPath();
+  if (!penalties) {
+    std::cout << "\nSettings that change the numerics (local updates, compression, a larger batch) are not ranked: "
+                 "no penalties file (--penalties; bash bench/convergence.sh measures one)\n";
+    return 0;
+  }
+  auto table = LoadPenaltyTable(*penalties);
+  if (!table.ok()) return Error(std::string(table.status().message()));
+  const int batch_max = g.batch_max_given->count() > 0 ? g.global_batch_max : static_cast<int>(global_batch);
+  auto plans = PlanSettings(config_path, overrides, *table, r, static_cast<int>(global_batch), batch_max);
+  if (!plans.ok()) return Error(std::string(plans.status().message()));
+  // The baseline: the exact path's best layout on one GPU.
+  double one_gpu = 0;
+  for (const SettingPlan& sp : *plans) {
+    if (sp.setting != &table->settings.front() || !sp.best) continue;
+    auto cfg = LoadJobConfig(config_path, Joined(overrides, sp.overrides));
+    if (!cfg.ok()) return Error(std::string(cfg.status().message()));
+    LayoutSearchRequest one = r;
+    SetJob(*cfg, static_cast<int>(global_batch), one);
+    one.workers = 1, one.top = 1;
+    auto alone = SearchLayouts(one);
+    if (alone.ok() && !alone->fitting.empty()) one_gpu = alone->fitting.front().tokens_per_s;
+  }
+  return ReportSettings(config_path, overrides, *penalties, *table, *plans, one_gpu, cfg->train.out_dir);
 }
 
 }  // namespace longhaul

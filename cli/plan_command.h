@@ -2,7 +2,10 @@
 // `longhaul plan`: the fastest layouts of a job's model and global batch on N workers of one device
 // over one network (plan/layout_search.h), as a ranked table with the figures the seed notes worked
 // out by hand (iteration time, tokens/s, TFLOP/s per GPU, MFU, days per 100B tokens, memory), the
-// layouts memory rules out and why, and the best one as `--set` overrides.
+// layouts memory rules out and why, and the best one as `--set` overrides. Then the settings that
+// change the numerics (local updates, wire compression, a larger global batch), each charged the
+// convergence penalty the bench measured (plan/convergence_penalty.h), ranked by time to the same
+// loss, and the best one's config written for `longhaul local`.
 #include <string>
 #include <vector>
 

@@ -1,10 +1,14 @@
 #include "plan/convergence_penalty.h"
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include <toml++/toml.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "util/atomic_file.h"
 
 namespace longhaul {
@@ -24,6 +28,18 @@ toml::array Array(const std::vector<T>& v) {
 }
 
 }  // namespace
+
+std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
+  const TrainConfig& t = cfg.train;
+  auto up = [k](int64_t n) { return (n + k - 1) / k; };
+  const double root = std::sqrt(static_cast<double>(k));
+  return {absl::StrCat("train.steps=", up(t.steps)),
+          absl::StrCat("train.warmup_steps=", up(t.warmup_steps)),
+          absl::StrCat("train.eval_every=", up(t.eval_every)),
+          absl::StrCat("train.micro_batches=", t.micro_batches * k),
+          absl::StrFormat("train.lr=%g", t.lr * root),
+          absl::StrFormat("train.min_lr=%g", t.min_lr * root)};
+}
 
 std::optional<double> TokensToReach(const std::vector<LossPoint>& curve, double target) {
   for (size_t i = 0; i < curve.size(); ++i) {
@@ -95,6 +111,75 @@ absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& t) {
                                            toml::format_flags::relaxed_float_precision)  // 6 digits
        << "\n";
   return WriteFileAtomically(path, text.str());
+}
+
+absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path, " is not there: give a penalties file `longhaul convergence` "
+                                            "wrote (bash bench/convergence.sh), or none"));
+  }
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::string(e.description()), " (line ",
+                                                   static_cast<int64_t>(e.source().begin.line),
+                                                   "): write it with `longhaul convergence`"));
+  }
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", what, ": not a penalties file of `longhaul convergence` (run it again to write one)"));
+  };
+  PenaltyTable t;
+  t.model = root["model"].value_or(std::string());
+  t.corpus = root["corpus"].value_or(std::string());
+  t.measured_on = root["measured_on"].value_or(std::string());
+  t.command = root["command"].value_or(std::string());
+  t.tokens = root["tokens"].value_or(0.0);
+  if (!(t.tokens > 0)) return bad("no tokens per run");
+  if (const toml::array* a = root["exact_final_loss"].as_array()) {
+    for (const toml::node& x : *a) t.exact_final_loss.push_back(x.value_or(0.0));
+  }
+  if (const toml::array* a = root["seeds"].as_array()) {
+    for (const toml::node& x : *a) t.seeds.push_back(static_cast<uint64_t>(x.value_or(int64_t{0})));
+  }
+  const toml::array* settings = root["setting"].as_array();
+  if (settings == nullptr || settings->empty()) return bad("no [[setting]]");
+  for (const toml::node& node : *settings) {
+    const toml::table* s = node.as_table();
+    if (s == nullptr) return bad("a [[setting]] that is not a table");
+    SettingPenalty p;
+    p.name = (*s)["name"].value_or(std::string());
+    if (p.name.empty()) return bad("a setting without a name");
+    if (const toml::array* set = (*s)["set"].as_array()) {
+      for (const toml::node& x : *set) {
+        if (!x.is_string()) return bad(absl::StrCat("setting '", p.name, "': a `set` entry that is not a string"));
+        p.overrides.push_back(x.value_or(std::string()));
+      }
+    }
+    p.batch_scale = static_cast<int>((*s)["batch_scale"].value_or(int64_t{1}));
+    if (p.batch_scale < 1) return bad(absl::StrCat("setting '", p.name, "': batch_scale below 1"));
+    p.choosable = (*s)["choosable"].value_or(false);
+    p.final_gap = (*s)["final_gap"].value_or(0.0);
+    p.final_spread = (*s)["final_spread"].value_or(0.0);
+    p.iteration_s = (*s)["iteration_s"].value_or(0.0);
+    if (const toml::array* a = (*s)["final_loss"].as_array()) {
+      for (const toml::node& x : *a) p.final_loss.push_back(x.value_or(0.0));
+    }
+    if (p.choosable) {
+      const std::optional<double> penalty = (*s)["penalty"].value<double>();
+      if (!penalty) return bad(absl::StrCat("setting '", p.name, "' is choosable but has no penalty"));
+      p.penalty = *penalty;
+      p.penalty_min = (*s)["penalty_min"].value_or(p.penalty);
+      p.penalty_max = (*s)["penalty_max"].value_or(p.penalty);
+    }
+    t.settings.push_back(std::move(p));
+  }
+  if (!t.settings.front().overrides.empty() || t.settings.front().batch_scale != 1) {
+    return bad("its first setting is not the exact path (no keys set, batch_scale 1)");
+  }
+  return t;
 }
 
 }  // namespace longhaul

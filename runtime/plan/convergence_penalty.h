@@ -13,6 +13,10 @@
 // but a final gap: its last loss - the target. A setting is choosable only where every seed reached
 // its target; its penalty is then the seeds' mean, with their range beside it.
 //
+// A setting of `batch_scale` k trains the global batch x k on the same tokens: steps, warmup and
+// the evaluation interval / k, and the learning rates x sqrt(k) (Adam's rule: the gradient's noise
+// falls as the square root of the batch). The bench measures it so, and the planner writes it so.
+//
 // The file (TOML), one table per setting, the exact path first:
 //   model = "..."          corpus = "..."        measured_on = "..."     command = "..."
 //   tokens = 1048576       # per run, the same for every setting
@@ -36,9 +40,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "config/job_config.h"
 #include "metrics/loss_curve.h"
 
 namespace longhaul {
+
+// The --set overrides that make `cfg` train its global batch x `batch_scale` on the same tokens
+// (above); steps, warmup and evaluation interval rounded up where k does not divide them.
+std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int batch_scale);
 
 // The tokens at which `curve` (points of tokens and loss, in increasing tokens) first reaches
 // `target` or below, interpolated linearly from the point before; nullopt if it never does.
@@ -73,5 +83,8 @@ struct PenaltyTable {
 };
 
 absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& table);
+// The file WritePenaltyTable wrote, checked: every setting named, with its `set` keys, a
+// batch_scale of at least 1, and a penalty where it is choosable; the exact path first.
+absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path);
 
 }  // namespace longhaul

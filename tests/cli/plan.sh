@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `longhaul plan` on the source experiment's model (configs/plan-gpt3xl.toml) with 12 V100s ranks
 # layouts and names the best as --set overrides, within seconds, over a scenario's links and over
-# links a run measured (its cluster.json); bad input (a device it does not know, a scenario file
-# that is not there, a links file with a negative round trip, no workers) exits 2 with one line
-# naming the fix.
+# links a run measured (its cluster.json); with a penalties file it ranks the settings that change
+# the numerics by time to the same loss and writes the best one's config; bad input (a device it
+# does not know, a scenario file that is not there, a links file with a negative round trip, no
+# workers, a penalties file that is not one) exits 2 with one line naming the fix.
 # Usage: plan.sh path/to/longhaul (run from anywhere: paths are the source tree's)
 set -u
 bin="$1"
@@ -14,7 +15,7 @@ fail=0
 
 start=$(date +%s.%N)
 "$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device v100 \
-  --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" >"$dir/out.txt" 2>"$dir/err.txt"
+  --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" --write "$dir/best.toml" >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
 seconds=$(echo "$(date +%s.%N) - $start" | bc)
 if [ "$rc" = 0 ] && grep -q "^Fastest layouts that fit:" "$dir/out.txt" &&
@@ -37,7 +38,8 @@ cat >"$dir/cluster.json" <<'JSON'
            {"from": 1, "to": 2, "round_trip_ms": 100.0, "mbit_per_s": 500},
            {"from": 2, "to": 1, "round_trip_ms": 100.0, "mbit_per_s": 500}]}
 JSON
-"$bin" plan -c "$src/configs/demo.toml" --device cpu:50 --links "$dir/cluster.json" >"$dir/out.txt" 2>"$dir/err.txt"
+"$bin" plan -c "$src/configs/demo.toml" --device cpu:50 --links "$dir/cluster.json" --write "$dir/best.toml" \
+  >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
 if [ "$rc" = 0 ] && grep -q "network: the links 3 workers measured at join" "$dir/out.txt" &&
   grep -q "^Best layout: " "$dir/out.txt"; then
@@ -48,6 +50,55 @@ else
   fail=1
 fi
 echo '{"links": [{"from": 0, "to": 1, "round_trip_ms": -2, "mbit_per_s": 3}]}' >"$dir/bad_links.json"
+
+# Settings charged their convergence penalties (a file as `longhaul convergence` writes it): each
+# choosable one planned and ranked by effective tokens/s, one that never reached the exact path's
+# loss or whose batch is above --global-batch-max not planned, with the reason; the best one's
+# config written, and itself a config `plan` takes.
+cat >"$dir/penalties.toml" <<'TOML'
+tokens = 1000
+seeds = [1, 2]
+exact_final_loss = [2.0, 2.01]
+[[setting]]
+name = "exact (sync fp32)"
+set = []
+choosable = true
+penalty = 0.0
+[[setting]]
+name = "local_steps 16"
+set = ["train.local_steps=16"]
+choosable = true
+penalty = 0.25
+[[setting]]
+name = "int4 wire"
+set = ["transport.wire_dtype=\"int4\""]
+choosable = false
+final_gap = 0.02
+[[setting]]
+name = "batch x2"
+set = []
+batch_scale = 2
+choosable = true
+penalty = 0.1
+TOML
+"$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device h100 --efficiency 0.45 \
+  --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" --penalties "$dir/penalties.toml" \
+  --write "$dir/planned.toml" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+settings=$(sed -n '/^Settings by time to the same loss/,$p' "$dir/out.txt")
+if [ "$rc" = 0 ] && grep -qE "^  local_steps 16 +\+0\.250 .* [0-9.]+x$" <<<"$settings" &&
+  grep -qE "^  exact \(sync fp32\) +\+0\.000 .* [0-9.]+x$" <<<"$settings" &&
+  grep -q "^  int4 wire .*not planned: never reached the exact path's loss in the bench (final gap +0.0200)" <<<"$settings" &&
+  grep -q "^  batch x2 .*not planned: a global batch of 128, above --global-batch-max 64" <<<"$settings" &&
+  grep -q "^Best by time to the same loss: .*its config: $dir/planned.toml" <<<"$settings" &&
+  "$bin" plan -c "$dir/planned.toml" --penalties none >/dev/null 2>&1; then
+  echo "ok: settings ranked by time to the same loss: $(grep '^Best by time' <<<"$settings")"
+else
+  echo "FAIL: plan --penalties exit $rc:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+printf 'tokens = 1000\n[[setting]]\nname = "int8"\nset = ["transport.wire_dtype=\\"int8\\""]\n' >"$dir/bad_penalties.toml"
 
 expect_error() {  # name, expected substring, arguments of `plan`...
   local name="$1" want="$2"
@@ -67,4 +118,6 @@ expect_error scenario "no_such.toml.*--scenario takes a file such as" --scenario
 expect_error workers "--workers -1: give at least 1 worker" --workers -1
 expect_error links "bad_links.json: a link entry .* is not {from, to, round_trip_ms > 0" --links "$dir/bad_links.json"
 expect_error no_links "cannot open .*none.json (give a run's cluster.json)" --links "$dir/none.json"
+expect_error penalties "bad_penalties.toml: its first setting is not the exact path" --penalties "$dir/bad_penalties.toml"
+expect_error no_penalties "no_such.toml is not there: give a penalties file" --penalties "$dir/no_such.toml"
 exit $fail

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <toml++/toml.h>
 
 namespace longhaul {
@@ -74,6 +75,48 @@ TEST(PenaltyTable, WritesWhatThePlannerReads) {
   EXPECT_EQ(b["batch_scale"].value<int64_t>(), 4);
   EXPECT_FALSE(b.contains("penalty")) << "a setting that never reached the target has no penalty";
   EXPECT_EQ(b["final_gap"].value<double>(), 0.125);
+  fs::remove(path);
+}
+
+// What `longhaul plan --penalties` reads back is what the bench wrote; a file that is not one is
+// refused naming what is wrong.
+TEST(PenaltyTable, ReadsBackWhatItWroteAndRefusesOtherFiles) {
+  const fs::path path = fs::path(::testing::TempDir()) / ("penalties_read_" + std::to_string(getpid()) + ".toml");
+  PenaltyTable t{"GPT", "bytes", "here", "longhaul convergence", 400, {1, 2}, {1.0, 1.5}, {}};
+  SettingPenalty exact = MeasurePenalty({Falling(), Falling()}, {Falling(), Falling()}, 400);
+  exact.name = "exact (sync fp32)";
+  SettingPenalty int8 = MeasurePenalty({Falling(), Falling()}, {Falling(), Falling(0.5)}, 400);
+  int8.name = "int8 wire", int8.overrides = {"transport.wire_dtype=\"int8\""}, int8.iteration_s = 0.5;
+  SettingPenalty never = MeasurePenalty({Falling(0.25), Falling()}, {Falling(), Falling()}, 400);
+  never.name = "batch x4", never.batch_scale = 4;
+  t.settings = {exact, int8, never};
+  ASSERT_TRUE(WritePenaltyTable(path.string(), t).ok());
+  auto read = LoadPenaltyTable(path.string());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->tokens, 400);
+  EXPECT_EQ(read->seeds, t.seeds);
+  EXPECT_EQ(read->exact_final_loss, t.exact_final_loss);
+  ASSERT_EQ(read->settings.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const SettingPenalty &a = read->settings[i], &b = t.settings[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.overrides, b.overrides);
+    EXPECT_EQ(a.batch_scale, b.batch_scale);
+    EXPECT_EQ(a.choosable, b.choosable);
+    EXPECT_EQ(a.penalty, b.penalty) << a.name;
+    EXPECT_EQ(a.iteration_s, b.iteration_s);
+  }
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"tokens = 400\n[[setting]]\nname = \"int8\"\nset = [\"transport.wire_dtype=\\\"int8\\\"\"]\n",
+            "not the exact path"},
+           {"tokens = 400\n[[setting]]\nname = \"exact\"\nchoosable = true\n", "has no penalty"},
+           {"[[setting]]\nname = \"exact\"\n", "no tokens"},
+           {"tokens = [", "line 1"}}) {
+    std::ofstream(path, std::ios::trunc) << text;
+    auto bad = LoadPenaltyTable(path.string());
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.status().message().find(says), std::string::npos) << bad.status();
+  }
   fs::remove(path);
 }
 
