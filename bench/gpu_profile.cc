@@ -42,9 +42,9 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 // Median forward and backward seconds of one micro-batch through `spec` (worker/compute_probe's
 // timing, two warm-up rounds).
 Times TimeStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, Precision p, int steps,
-                const MicroBatch& mb) {
+                const MicroBatch& mb, bool recompute = false) {
   CudaStage::Options o;
-  o.B = B, o.T = T, o.precision = p, o.seed = 1;
+  o.B = B, o.T = T, o.precision = p, o.seed = 1, o.recompute = recompute;
   auto stage = CudaStage::Create(cfg, spec, o);
   if (!stage.ok()) return {};
   const auto t = longhaul::TimeStage(**stage, mb, cfg.d_model, {.warmups = 2, .rounds = steps});
@@ -125,6 +125,16 @@ int main(int argc, char** argv) {
           "\n[[block]]\nd_model = %d\nn_head = %d\nseq_len = %d\nmicro_batch = %d\nprecision = \"%s\"\n"
           "forward_ms = %.4f\nbackward_ms = %.4f\n",
           cfg.d_model, cfg.n_head, T, B, longhaul::PrecisionName(p), 1e3 * block.forward_s, 1e3 * block.backward_s);
+      // With recompute: the backward reruns each block's forward from its input.
+      const Times one_r = TimeStage(cfg, {0, k, false, false}, B, T, p, steps, mb, true);
+      const Times two_r = TimeStage(cfg, {0, 2 * k, false, false}, B, T, p, steps, mb, true);
+      if (one_r.forward_s >= 0 && two_r.forward_s >= 0) {
+        f << absl::StrFormat(
+            "\n[[block]]\nd_model = %d\nn_head = %d\nseq_len = %d\nmicro_batch = %d\nprecision = \"%s\"\n"
+            "recompute = true\nforward_ms = %.4f\nbackward_ms = %.4f\n",
+            cfg.d_model, cfg.n_head, T, B, longhaul::PrecisionName(p), 1e3 * (two_r.forward_s - one_r.forward_s) / k,
+            1e3 * (two_r.backward_s - one_r.backward_s) / k);
+      }
       if (last.forward_s >= 0 && single.forward_s >= 0) {
         f << absl::StrFormat(
             "\n[[head]]\nd_model = %d\nvocab_size = %d\nseq_len = %d\nmicro_batch = %d\nprecision = \"%s\"\n"

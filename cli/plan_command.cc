@@ -331,6 +331,10 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   }
   std::cout << ", memory "
             << (r.device.memory_bytes() > 0 ? FormatBytes(r.device.memory_bytes()) : std::string("unchecked")) << ")\n";
+  if (r.device.PricesRecompute(r.precision)) {
+    std::cout << "  recompute priced as forward + backward: the profile times no " << PrecisionName(r.precision)
+              << " block with recompute\n";
+  }
   std::cout << "  network: " << network << "\n";
   std::cout << absl::StrFormat("  %d layouts, %d simulated (the rest cannot beat the %d shown: their busiest stage's "
                                "compute alone is longer), in %.2f s\n\n",

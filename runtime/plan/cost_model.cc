@@ -174,12 +174,26 @@ absl::StatusOr<ComputeTimes> DeviceCost::Block(const WorkShape& w) const {
       nearest = &m;
     }
   }
+  if (nearest == nullptr && w.recompute) {
+    WorkShape plain = w;
+    plain.recompute = false;
+    auto t = Block(plain);
+    if (!t.ok()) return t.status();
+    return ComputeTimes{t->forward_s, t->backward_s + t->forward_s};
+  }
   if (nearest == nullptr) {
-    return absl::NotFoundError(absl::StrCat("profile ", name_, " times no block in ", PrecisionName(w.precision),
-                                            w.recompute ? " with recompute" : "", ": add one"));
+    return absl::NotFoundError(
+        absl::StrCat("profile ", name_, " times no block in ", PrecisionName(w.precision), ": add one"));
   }
   const double scale = BlockFlopsOf(w) / BlockFlopsOf(nearest->shape);
   return ComputeTimes{nearest->times.forward_s * scale, nearest->times.backward_s * scale};
+}
+
+bool DeviceCost::PricesRecompute(Precision precision) const {
+  if (flops_per_second_ > 0) return false;
+  for (const Measured& m : blocks_)
+    if (m.shape.precision == precision && m.shape.recompute) return false;
+  return true;
 }
 
 absl::StatusOr<ComputeTimes> DeviceCost::Head(const WorkShape& w) const {

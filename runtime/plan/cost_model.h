@@ -32,7 +32,10 @@
 //   backward_ms = 22.0
 // A shape the profile lacks is priced at the FLOP rate the profile measured for the nearest block
 // of the same precision and recompute setting (nearest in FLOPs), so a planner may try
-// micro-batch sizes nobody timed; a head the profile lacks, at its own shape's block rate.
+// micro-batch sizes nobody timed; a head the profile lacks, at its own shape's block rate. A
+// profile that times no block with recompute in a precision prices recompute from its blocks
+// without: the backward reruns the forward, so it takes forward + backward (PricesRecompute says
+// where it does).
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +90,8 @@ class DeviceCost {
   double peak_flops_per_second() const { return peak_flops_per_second_; }
 
   absl::StatusOr<ComputeTimes> Block(const WorkShape& w) const;
+  // Whether a measured profile prices recompute in `precision` from its blocks without (above).
+  bool PricesRecompute(Precision precision) const;
   absl::StatusOr<ComputeTimes> Head(const WorkShape& w) const;
   // The stage's blocks, plus the head when it has one. The embedding's lookup and scatter-add are
   // priced at zero: they touch B·s·h numbers, less than a block's LayerNorm.

@@ -51,6 +51,23 @@ else
 fi
 echo '{"links": [{"from": 0, "to": 1, "round_trip_ms": -2, "mbit_per_s": 3}]}' >"$dir/bad_links.json"
 
+# The profile shipped for the H200 times blocks without recompute only: recompute layouts are
+# priced from those (forward + backward), in bf16 and in fp32.
+for precision in bf16 fp32; do
+  "$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --profile "$src/runtime/plan/profiles/h200.toml" \
+    --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" --set "train.precision=\"$precision\"" \
+    --penalties none >"$dir/out.txt" 2>"$dir/err.txt"
+  rc=$?
+  if [ "$rc" = 0 ] && grep -q "recompute priced as forward + backward: the profile times no $precision block" \
+    "$dir/out.txt" && grep -q "^Best layout: " "$dir/out.txt"; then
+    echo "ok: the H200 profile in $precision: $(grep '^Best layout' "$dir/out.txt")"
+  else
+    echo "FAIL: plan --profile h200.toml in $precision exit $rc:"
+    cat "$dir/out.txt" "$dir/err.txt"
+    fail=1
+  fi
+done
+
 # Settings charged their convergence penalties (a file as `longhaul convergence` writes it): each
 # choosable one planned and ranked by effective tokens/s, one that never reached the exact path's
 # loss or whose batch is above --global-batch-max not planned, with the reason; the best one's

@@ -114,6 +114,33 @@ TEST(DeviceCost, ProfileGivesMeasuredTimesAndScalesOthersByFlops) {
   EXPECT_EQ(p->Block(w).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A profile that times no block with recompute prices it from the block without: the backward
+// reruns the forward. One that times one uses it.
+TEST(DeviceCost, RecomputeTheProfileDoesNotTimeIsForwardPlusBackward) {
+  auto p = DeviceCost::ParseProfile(kProfile, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->PricesRecompute(Precision::kFp32));
+  WorkShape w = Gpt3Xl();
+  w.recompute = true;
+  EXPECT_NEAR(p->Block(w)->forward_s, 0.030, 1e-12);
+  EXPECT_NEAR(p->Block(w)->backward_s, 0.100, 1e-12);
+  auto timed = DeviceCost::ParseProfile(std::string(kProfile) + R"(
+[[block]]
+d_model = 2048
+n_head = 16
+seq_len = 2048
+micro_batch = 1
+precision = "fp32"
+recompute = true
+forward_ms = 30
+backward_ms = 95
+)", "test");
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_FALSE(timed->PricesRecompute(Precision::kFp32));
+  EXPECT_NEAR(timed->Block(w)->backward_s, 0.095, 1e-12);
+  EXPECT_FALSE(DeviceCost::Named("h100", Precision::kBf16, 0.5)->PricesRecompute(Precision::kBf16));
+}
+
 TEST(DeviceCost, ProfileErrorsNameTheEntry) {
   EXPECT_FALSE(DeviceCost::ParseProfile("device = \"x\"\nmemory_bandwidth_gbs = 1\n", "p").ok());  // no blocks
   auto no_bw = DeviceCost::ParseProfile("[[block]]\nd_model = 8\nn_head = 2\nseq_len = 4\nmicro_batch = 1\n"
