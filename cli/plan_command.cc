@@ -6,9 +6,13 @@
 #include <iostream>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "config/job_config.h"
 #include "metrics/flops.h"
 #include "scenario/scenario.h"
@@ -35,7 +39,8 @@ constexpr char kShippedPenalties[] = "runtime/plan/penalties/cpu-bytes-python-do
 struct PlanArgs {
   CLI::Option *workers_given = nullptr, *batch_given = nullptr, *batch_max_given = nullptr;
   int workers = 0;
-  std::string device = "v100", profile, scenario, links, penalties, write;
+  std::string device = "v100", profile, scenario, links, penalties, write, layout, json;
+  bool registration_order = false;
   double efficiency = kSeed001Efficiency;
   int global_batch = 0, global_batch_max = 0;
   int top = 10;
@@ -46,14 +51,20 @@ int Error(const std::string& message) {
   return 2;
 }
 
-// "2" where the stages split evenly, else the fewest and most blocks ("1-2").
-std::string BlocksPerStage(const Layout& L) {
-  int lo = L.work.model.n_layer, hi = 0;
-  for (int s = 0; s < L.stages; ++s) {
-    const StageSpec spec = L.Spec(s);
-    lo = std::min(lo, spec.end_block - spec.first_block), hi = std::max(hi, spec.end_block - spec.first_block);
+// "2" where the stages split evenly, else the fewest and most blocks ("1-2"): the cut of the
+// coordinator's placement where there is one, else the layout's.
+std::string BlocksPerStage(const RankedLayout& c) {
+  std::vector<int> blocks;
+  if (c.placement) {
+    blocks = c.placement->plan.blocks_per_stage;
+  } else {
+    for (int s = 0; s < c.layout.stages; ++s) {
+      const StageSpec spec = c.layout.Spec(s);
+      blocks.push_back(spec.end_block - spec.first_block);
+    }
   }
-  return lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi);
+  const auto [lo, hi] = std::minmax_element(blocks.begin(), blocks.end());
+  return *lo == *hi ? absl::StrCat(*lo) : absl::StrCat(*lo, "-", *hi);
 }
 
 std::string Row(int rank, const RankedLayout& c) {
@@ -61,7 +72,7 @@ std::string Row(int rank, const RankedLayout& c) {
   // A measured profile names no peak to take a fraction of.
   const std::string mfu = c.mfu > 0 ? absl::StrFormat("%5.1f%%", 100 * c.mfu) : "     -";
   return absl::StrFormat("%3d  %6s  %6s  %4d x %-3d %-5s %-4s %-8s %9.2f s %9.0f %9.1f %s %9.0f  %9s (stage %d)", rank,
-                         absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(L), L.micro_batches,
+                         absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(c), L.micro_batches,
                          L.work.micro_batch, ScheduleName(L.schedule), L.work.recompute ? "yes" : "no",
                          c.central_ps ? "central" : "sharded", c.iteration_s, c.tokens_per_s, c.tflops_per_device, mfu,
                          c.days_per_100b_tokens, FormatBytes(c.peak_memory.total()), c.peak_stage);
@@ -226,6 +237,65 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
   return 0;
 }
 
+// A host as the scenario names it ("3 (eu-west)"), or by its number alone.
+std::string HostName(int host, const std::optional<netem::Scenario>& scenario) {
+  if (!scenario || scenario->sites.size() < 2) return absl::StrCat(host);
+  const int site = scenario->SiteOf(host);
+  return site >= 0 && site < static_cast<int>(scenario->sites.size())
+             ? absl::StrCat(host, " (", scenario->sites[static_cast<size_t>(site)], ")")
+             : absl::StrCat(host);
+}
+
+// The line under a ranked layout that says where the coordinator would run it.
+std::string PlacementLine(const RankedLayout& c, const std::optional<netem::Scenario>& scenario) {
+  if (!c.placement) return "";
+  const PlacementResult& p = c.placement->plan;
+  std::vector<std::string> stages;
+  for (size_t s = 0; s < p.placement.worker.size(); ++s) {
+    std::vector<std::string> hosts;
+    for (int w : p.placement.worker[s]) hosts.push_back(HostName(p.placement.host[static_cast<size_t>(w)], scenario));
+    stages.push_back(absl::StrCat("stage ", s, " (", p.blocks_per_stage[s], " blocks): ", absl::StrJoin(hosts, " ")));
+  }
+  const std::string how =
+      c.placement->searched
+          ? absl::StrFormat("the coordinator's search: %.2fx faster than registration order (%.2f s)",
+                            c.placement->registration_order_s / p.iteration_s, c.placement->registration_order_s)
+          : std::string("registration order: the coordinator's search finds no placement 3% faster");
+  return absl::StrFormat("       %s\n         %s\n", how, absl::StrJoin(stages, "\n         "));
+}
+
+// The ranking and each layout's placement as JSON, for tools.
+nlohmann::json RankingJson(const LayoutSearchResult& result) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const RankedLayout& c : result.fitting) {
+    const Layout& L = c.layout;
+    nlohmann::json j = {{"stages", L.stages}, {"replicas", L.replicas}, {"micro_batches", L.micro_batches},
+                        {"micro_batch_size", L.work.micro_batch}, {"schedule", ScheduleName(L.schedule)},
+                        {"recompute", L.work.recompute}, {"ps", c.central_ps ? "central" : "sharded"},
+                        {"iteration_s", c.iteration_s}, {"tokens_per_s", c.tokens_per_s}};
+    if (c.placement) {
+      const PlacementResult& p = c.placement->plan;
+      nlohmann::json hosts = nlohmann::json::array(), shards = nlohmann::json::array();
+      for (const std::vector<int>& stage : p.placement.worker) {
+        nlohmann::json row = nlohmann::json::array();
+        for (int w : stage) row.push_back(p.placement.host[static_cast<size_t>(w)]);
+        hosts.push_back(row);
+      }
+      for (const ShardPlacement& sp : p.placement.shards) {
+        shards.push_back({{"stage", sp.stage}, {"params", sp.params},
+                          {"host", p.placement.host[static_cast<size_t>(sp.worker)]}});
+      }
+      j["placement"] = {{"searched", c.placement->searched},
+                        {"registration_order_s", c.placement->registration_order_s},
+                        {"blocks_per_stage", p.blocks_per_stage},
+                        {"hosts", hosts},
+                        {"shards", shards}};
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
 constexpr char kHeader[] =
     "  #  PxD     blocks  micro-batches  sched recomp ps       iteration  tokens/s  TFLOP/s   MFU  days/100B  "
     "memory/GPU (largest)\n"
@@ -262,6 +332,10 @@ CLI::App* AddPlanCommand(CLI::App& app) {
       "the largest global batch a setting may train (default: the global batch; a larger one pays its penalty)");
   plan->add_option("--write", g.write,
                    "where to write the best setting's config (default: train.out_dir/planned.toml)");
+  plan->add_option("--layout", g.layout, "only layouts of P stages x D replicas, e.g. 4x16, with their placements");
+  plan->add_option("--json", g.json, "write the ranking and each layout's placement to this file, for tools");
+  plan->add_flag("--registration-order", g.registration_order,
+                 "rank on registration order (worker w runs slot w) instead of the coordinator's placement search");
   return plan;
 }
 
@@ -281,6 +355,14 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   SetJob(*cfg, static_cast<int>(global_batch), r);
   r.workers = workers;
   r.top = g.top;
+  r.place = !g.registration_order;
+  if (!g.layout.empty()) {
+    const std::vector<std::string> pd = absl::StrSplit(g.layout, 'x');
+    if (pd.size() != 2 || !absl::SimpleAtoi(pd[0], &r.only_stages) || !absl::SimpleAtoi(pd[1], &r.only_replicas) ||
+        r.only_stages < 1 || r.only_replicas < 1) {
+      return Error(absl::StrCat("--layout ", g.layout, ": give stages x replicas, e.g. --layout 4x16"));
+    }
+  }
   auto device = g.profile.empty() ? DeviceCost::Named(g.device, r.precision, g.efficiency)
                                   : DeviceCost::LoadProfile(g.profile);
   if (!device.ok()) return Error(std::string(device.status().message()));
@@ -288,12 +370,14 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   std::string network = absl::StrFormat("uniform %.2f ms one-way, %.0f Gbit/s (no --scenario)",
                                         kUniformLink.latency_s * 1e3, kUniformLink.bandwidth * 8 / 1e9);
   r.network = NetworkCost::Uniform(kUniformLink);
+  std::optional<netem::Scenario> scenario;
   if (!g.scenario.empty()) {
-    auto scenario = netem::LoadScenario(g.scenario);
-    if (!scenario.ok()) {
-      return Error(absl::StrCat(scenario.status().message(), " (--scenario takes a file such as ",
+    auto loaded = netem::LoadScenario(g.scenario);
+    if (!loaded.ok()) {
+      return Error(absl::StrCat(loaded.status().message(), " (--scenario takes a file such as ",
                                 "netem/scenarios/source-default.toml)"));
     }
+    scenario = *std::move(loaded);
     network = absl::StrCat(scenario->name, ": ", scenario->description);
     r.network = NetworkCost::FromScenario(*scenario);
   }
@@ -337,12 +421,25 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   }
   std::cout << "  network: " << network << "\n";
   std::cout << absl::StrFormat("  %d layouts, %d simulated (the rest cannot beat the %d shown: their busiest stage's "
-                               "compute alone is longer), in %.2f s\n\n",
-                               result->candidates, result->simulated, r.top, seconds);
+                               "compute alone is longer), %d of them placed as the coordinator would (%s), in "
+                               "%.2f s\n\n",
+                               result->candidates, result->simulated, r.top, result->placed,
+                               r.place ? "its placement search, kept where it beats registration order by 3%"
+                                       : "--registration-order: worker w runs slot w",
+                               seconds);
 
   if (!result->fitting.empty()) {
-    std::cout << "Fastest layouts that fit:\n" << kHeader;
-    for (size_t i = 0; i < result->fitting.size(); ++i) std::cout << Row(i + 1, result->fitting[i]) << "\n";
+    std::cout << "Fastest layouts that fit, each with the hosts of its stages' replicas as the coordinator would "
+                 "place them:\n"
+              << kHeader;
+    for (size_t i = 0; i < result->fitting.size(); ++i) {
+      std::cout << Row(i + 1, result->fitting[i]) << "\n" << PlacementLine(result->fitting[i], scenario);
+    }
+  }
+  if (!g.json.empty()) {
+    if (absl::Status s = WriteFileAtomically(g.json, RankingJson(*result).dump(1) + "\n"); !s.ok()) {
+      return Error(absl::StrCat(s.message(), ": give --json a file in a directory you can write"));
+    }
   }
   if (!result->unfit.empty()) {
     std::cout << "\nFastest layouts that do not fit (simulated as if they did):\n" << kHeader;

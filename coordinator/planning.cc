@@ -111,27 +111,20 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
   }
   PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network);
   problem.keep_cut = keep_cut;
-  const absl::StatusOr<PlacementResult> found = SearchPlacement(problem);
-  if (!found.ok()) return found.status();
-  problem.keep_cut = true;  // registration order as the config has it
-  const absl::StatusOr<PlacementResult> registration = PlaceInOrder(problem, RegistrationOrder(cfg));
-  if (!registration.ok()) return registration.status();
+  LH_ASSIGN_OR_RETURN(ChosenPlacement chosen, ChoosePlacement(std::move(problem)));
+  const PlacementResult& plan = chosen.plan;
   SlotSearch out;
-  // A plan that fits beats one that does not, however fast (the search ranks them so too).
-  const bool better = (found->fits && !registration->fits) ||
-                      (found->fits == registration->fits &&
-                       found->iteration_s < (1 - kPlacementMinGain) * registration->iteration_s);
   for (int k = 0; k < W; ++k) {
     const auto [stage, replica] = SlotOf(cfg, k);
-    out.worker_of_slot.push_back(better ? found->placement.worker[stage][replica] : k);
+    out.worker_of_slot.push_back(plan.placement.worker[stage][replica]);
   }
-  out.predicted_s = better ? found->iteration_s : registration->iteration_s;
-  out.blocks_per_stage = better ? found->blocks_per_stage : registration->blocks_per_stage;
-  out.shard_owner = better ? found->shard_owner : registration->shard_owner;
-  out.searched = better;
-  out.why_not = better ? found->why_not : registration->why_not;
-  out.registration_order_s = registration->iteration_s;
-  out.simulations = found->simulations;
+  out.predicted_s = plan.iteration_s;
+  out.blocks_per_stage = plan.blocks_per_stage;
+  out.shard_owner = plan.shard_owner;
+  out.searched = chosen.searched;
+  out.why_not = plan.why_not;
+  out.registration_order_s = chosen.registration_order_s;
+  out.simulations = chosen.simulations;
   return out;
 }
 

@@ -43,10 +43,6 @@ struct SlotSearch {
   double registration_order_s = 0;  // and for registration order, on the same costs
   int simulations = 0;
 };
-// Measured compute and links differ by a few percent from one probe to the next: a placement the
-// search predicts less than this much faster than registration order with the config's cut is no
-// better, and registration order with that cut stands.
-inline constexpr double kPlacementMinGain = 0.03;
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
                                        bool keep_cut);

@@ -1,6 +1,7 @@
 #include "plan/layout_search.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,7 +51,28 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   return c;
 }
 
-absl::Status SimulateInto(const LayoutSearchRequest& r, RankedLayout& c) {
+// The iteration time of `c` on registration order (DefaultPlacement), or with r.place on the
+// placement the coordinator would choose for its workers, worker w on host w.
+absl::StatusOr<double> IterationSeconds(const LayoutSearchRequest& r, RankedLayout& c) {
+  if (r.place) {
+    PlacementProblem problem;
+    problem.layout = c.layout;
+    // The cut registration order keeps: the layout's own, even one.
+    for (int s = 0; s < c.layout.stages; ++s) {
+      const StageSpec spec = c.layout.Spec(s);
+      problem.layout.blocks_per_stage.push_back(spec.end_block - spec.first_block);
+    }
+    problem.host.resize(static_cast<size_t>(c.devices()));
+    std::iota(problem.host.begin(), problem.host.end(), 0);
+    problem.devices = {r.device};
+    problem.network = r.network;
+    problem.central_ps = c.central_ps;
+    problem.clip_norm = r.clip_norm;
+    auto chosen = ChoosePlacement(std::move(problem));
+    if (!chosen.ok()) return chosen.status();
+    c.placement = *std::move(chosen);
+    return c.placement->plan.iteration_s;
+  }
   Simulation sim;
   sim.layout = c.layout;
   sim.placement = DefaultPlacement(c.layout, c.central_ps);
@@ -59,7 +81,13 @@ absl::Status SimulateInto(const LayoutSearchRequest& r, RankedLayout& c) {
   sim.network = r.network;
   auto report = Simulate(sim);
   if (!report.ok()) return report.status();
-  const double t = report->iteration_s, devices = c.devices();
+  return report->iteration_s;
+}
+
+absl::Status SimulateInto(const LayoutSearchRequest& r, RankedLayout& c) {
+  auto seconds = IterationSeconds(r, c);
+  if (!seconds.ok()) return seconds.status();
+  const double t = *seconds, devices = c.devices();
   const WorkShape& w = c.layout.work;
   c.iteration_s = t;
   c.tokens_per_s = static_cast<double>(r.global_batch) * r.seq_len / t;
@@ -78,7 +106,7 @@ bool Better(const RankedLayout& a, const RankedLayout& b) {
 // The `keep` fastest of `candidates` (all of them, when exhaustive), simulating in order of the
 // lower bound until the bound reaches the keep-th best time.
 absl::StatusOr<std::vector<RankedLayout>> Rank(const LayoutSearchRequest& r, std::vector<RankedLayout> candidates,
-                                               int keep, int& simulated) {
+                                               int keep, int& simulated, int& placed) {
   std::vector<RankedLayout> best;
   if (keep <= 0 && !r.exhaustive) return best;
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -87,6 +115,7 @@ absl::StatusOr<std::vector<RankedLayout>> Rank(const LayoutSearchRequest& r, std
     if (!r.exhaustive && static_cast<int>(best.size()) >= keep && c.lower_bound_s >= best[keep - 1].iteration_s) break;
     if (absl::Status s = SimulateInto(r, c); !s.ok()) return s;
     ++simulated;
+    if (c.placement) ++placed;
     best.insert(std::upper_bound(best.begin(), best.end(), c, Better), std::move(c));
     if (!r.exhaustive && static_cast<int>(best.size()) > keep) best.pop_back();
   }
@@ -110,8 +139,9 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
     (c.fits ? fitting : unfit).push_back(std::move(c));
   };
   for (int P = 1; P <= std::min(r.workers, r.model.n_layer); ++P) {
+    if (r.only_stages > 0 && P != r.only_stages) continue;
     for (int D = 1; P * D <= r.workers; ++D) {
-      if (r.global_batch % D != 0) continue;
+      if (r.global_batch % D != 0 || (r.only_replicas > 0 && D != r.only_replicas)) continue;
       const int per_replica = r.global_batch / D;
       for (int mbs = 1; mbs <= per_replica; ++mbs) {
         if (per_replica % mbs != 0) continue;
@@ -144,10 +174,13 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
       }
     }
   }
-  auto best = Rank(r, std::move(fitting), r.top, result.simulated);
+  auto best = Rank(r, std::move(fitting), r.top, result.simulated, result.placed);
   if (!best.ok()) return best.status();
   result.fitting = std::move(*best);
-  auto best_unfit = Rank(r, std::move(unfit), r.top_unfit, result.simulated);
+  // Layouts that do not fit are ranked on registration order: no coordinator runs them.
+  LayoutSearchRequest unplaced = r;
+  unplaced.place = false;
+  auto best_unfit = Rank(unplaced, std::move(unfit), r.top_unfit, result.simulated, result.placed);
   if (!best_unfit.ok()) return best_unfit.status();
   result.unfit = std::move(*best_unfit);
   return result;

@@ -3,7 +3,8 @@
 // layout of up to `workers` devices (pipeline stages P × data-parallel replicas D, micro-batch size
 // and count with D × count × size = the global batch, GPipe or 1F1B, recompute on or off, sharded
 // or central parameter servers), checked for memory stage by stage (DeviceCost::StageMemory),
-// simulated (Simulate on DefaultPlacement) and ranked by iteration time.
+// simulated (Simulate on DefaultPlacement, or with `place` on the placement the coordinator would
+// run: ChoosePlacement over worker w on host w) and ranked by iteration time.
 //
 // Answering in seconds: a candidate is simulated only where it can still enter the ranking. Its
 // lower bound is the busiest stage's compute, M × (forward + backward): every stage's whole
@@ -13,12 +14,14 @@
 // not tried where the same layout fits without it: it only adds compute. A split and micro-batch
 // size that fits under no schedule and recompute setting is listed once, by its variant closest
 // to fitting (sharded PS), so the layouts that do not fit say what memory rules out.
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/memory_estimate.h"
 #include "plan/cost_model.h"
+#include "plan/placement.h"
 #include "plan/simulator.h"
 
 namespace longhaul {
@@ -38,6 +41,12 @@ struct LayoutSearchRequest {
   int top = 10;           // fitting layouts to rank
   int top_unfit = 5;      // splits and micro-batch sizes that do not fit to rank
   bool exhaustive = false;  // simulate every candidate (no bound): for checking the pruning
+  // Rank each candidate on the coordinator's placement of it (ChoosePlacement: the search, kept
+  // where it beats registration order), not on registration order; only candidates that can
+  // still enter the ranking are searched.
+  bool place = false;
+  // Only layouts of this many stages and replicas (0: any).
+  int only_stages = 0, only_replicas = 0;
 };
 
 struct RankedLayout {
@@ -55,6 +64,8 @@ struct RankedLayout {
   double tflops_per_device = 0;  // ModelFlopsPerIteration (recompute counted) / (time × P·D)
   double mfu = 0;                // model FLOPs (no recompute) / (time × P·D × peak); 0: peak unknown
   double days_per_100b_tokens = 0;
+  // With `place`: the coordinator's placement of it, and the time of registration order beside.
+  std::optional<ChosenPlacement> placement;
 
   int devices() const { return layout.stages * layout.replicas; }
 };
@@ -64,6 +75,7 @@ struct LayoutSearchResult {
   std::vector<RankedLayout> unfit;    // fastest first, at most `top_unfit`
   int candidates = 0;                 // layouts enumerated
   int simulated = 0;                  // of them, simulated
+  int placed = 0;                     // of them, placed by the search (`place`)
 };
 
 absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r);

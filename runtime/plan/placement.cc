@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
@@ -733,6 +734,22 @@ absl::StatusOr<PlacementResult> GeneticPlacement(const PlacementProblem& problem
   PlacementResult best = population.front().result;
   best.simulations = scorer.simulations();
   return best;
+}
+
+absl::StatusOr<ChosenPlacement> ChoosePlacement(PlacementProblem problem) {
+  LH_ASSIGN_OR_RETURN(PlacementResult found, SearchPlacement(problem));
+  problem.keep_cut = true;  // registration order as the layout has it
+  LH_ASSIGN_OR_RETURN(PlacementResult registration, RegistrationOrder(problem));
+  // A plan that fits beats one that does not, however fast (the search ranks them so too).
+  const bool better = (found.fits && !registration.fits) ||
+                      (found.fits == registration.fits &&
+                       found.iteration_s < (1 - kPlacementMinGain) * registration.iteration_s);
+  ChosenPlacement out;
+  out.searched = better;
+  out.registration_order_s = registration.iteration_s;
+  out.simulations = found.simulations;
+  out.plan = better ? std::move(found) : std::move(registration);
+  return out;
 }
 
 }  // namespace longhaul

@@ -85,6 +85,22 @@ struct SearchOptions {
 
 absl::StatusOr<PlacementResult> SearchPlacement(const PlacementProblem& problem, const SearchOptions& options = {});
 
+// Measured compute and links differ by a few percent from one probe to the next: a placement the
+// search predicts less than this much faster than registration order with the layout's cut is no
+// better, and registration order with that cut stands.
+inline constexpr double kPlacementMinGain = 0.03;
+
+// What the coordinator runs for a layout: the search's plan where it fits and registration order
+// with the layout's own cut does not, or where it is predicted kPlacementMinGain faster; else
+// registration order with that cut. `longhaul plan` ranks layouts by the same choice.
+struct ChosenPlacement {
+  PlacementResult plan;
+  bool searched = false;  // the search's plan replaced registration order
+  double registration_order_s = 0;
+  int simulations = 0;  // the search's
+};
+absl::StatusOr<ChosenPlacement> ChoosePlacement(PlacementProblem problem);
+
 // Slot k = replica · stages + stage runs worker order[k] (DefaultPlacement's numbering: the
 // identity is registration order); order is a permutation of every worker. shard_owner as
 // PlacementResult has it (empty: shard k on replica k).

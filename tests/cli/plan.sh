@@ -18,13 +18,35 @@ start=$(date +%s.%N)
   --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" --write "$dir/best.toml" >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
 seconds=$(echo "$(date +%s.%N) - $start" | bc)
-if [ "$rc" = 0 ] && grep -q "^Fastest layouts that fit:" "$dir/out.txt" &&
+if [ "$rc" = 0 ] && grep -q "^Fastest layouts that fit" "$dir/out.txt" &&
   grep -q "^Best layout: [0-9]* stages x [0-9]* replicas" "$dir/out.txt" &&
   grep -q -- "--set cluster.stages=[0-9]* --set cluster.replicas=[0-9]* --set train.micro_batches=[0-9]*" "$dir/out.txt" &&
   grep -q "does not fit: stage [0-9]* needs" "$dir/out.txt" && [ "$(echo "$seconds < 10" | bc)" = 1 ]; then
   echo "ok: best layout named in ${seconds}s: $(grep '^Best layout' "$dir/out.txt")"
 else
   echo "FAIL: plan exit $rc in ${seconds}s:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+
+# One layout the user names, with the placement the coordinator would run (the same search, over
+# worker w on host w), and the ranking as JSON for tools.
+"$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device v100 --layout 3x4 --penalties none \
+  --scenario "$src/netem/scenarios/world-eight-regions.toml" --json "$dir/ranking.json" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+if [ "$rc" = 0 ] && ! grep -qE "^ +[0-9]+ +([12]x|[0-9]x[0-35-9])" "$dir/out.txt" && grep -qE "^ +1 +3x4 " "$dir/out.txt" &&
+  grep -qE "^         stage 2 \([0-9]+ blocks\): ([0-9]+ \([a-z-]+\) ){3}[0-9]+ \([a-z-]+\)$" "$dir/out.txt" &&
+  python3 -c "
+import json, sys
+r = json.load(open('$dir/ranking.json'))
+ok = r and all(x['stages'] == 3 and x['replicas'] == 4 for x in r)
+p = r[0]['placement']
+ok = ok and sorted(h for row in p['hosts'] for h in row) == list(range(12)) and sum(p['blocks_per_stage']) == 24
+ok = ok and p['shards'] and r[0]['iteration_s'] <= p['registration_order_s']
+sys.exit(0 if ok else 1)"; then
+  echo "ok: --layout 3x4 placed as the coordinator would: $(grep -m1 -A0 -E "^       (the coordinator|registration)" "$dir/out.txt")"
+else
+  echo "FAIL: plan --layout 3x4 --json exit $rc:"
   cat "$dir/out.txt" "$dir/err.txt"
   fail=1
 fi
@@ -136,5 +158,6 @@ expect_error workers "--workers -1: give at least 1 worker" --workers -1
 expect_error links "bad_links.json: a link entry .* is not {from, to, round_trip_ms > 0" --links "$dir/bad_links.json"
 expect_error no_links "cannot open .*none.json (give a run's cluster.json)" --links "$dir/none.json"
 expect_error penalties "bad_penalties.toml: its first setting is not the exact path" --penalties "$dir/bad_penalties.toml"
+expect_error layout "--layout 3by4: give stages x replicas, e.g. --layout 4x16" --layout 3by4
 expect_error no_penalties "no_such.toml is not there: give a penalties file" --penalties "$dir/no_such.toml"
 exit $fail

@@ -153,5 +153,43 @@ TEST(LayoutSearch, BadRequestsAreRefused) {
   EXPECT_EQ(SearchLayouts(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// With `place`, each layout is timed on the placement the coordinator would run: ChoosePlacement
+// of the same problem, never slower than registration order; --layout's filter keeps one split.
+TEST(LayoutSearch, PlacedLayoutsAreTimedOnTheCoordinatorsPlacement) {
+  LayoutSearchRequest r = Request(Small(), 64, 16, 8, "v100", {0.05e-3, 1.25e9, 0});
+  // Two sites 40 ms apart, hosts alternating between them: registration order puts every stage
+  // across both.
+  std::vector<std::vector<LinkCost>> links(8, std::vector<LinkCost>(8, {0.05e-3, 1.25e9, 0}));
+  for (int a = 0; a < 8; ++a)
+    for (int b = 0; b < 8; ++b)
+      if (a % 2 != b % 2) links[a][b] = {40e-3, 12.5e6, 0};
+  r.network = NetworkCost::FromMatrix(links);
+  r.place = true;
+  r.only_stages = 2, r.only_replicas = 4;
+  const LayoutSearchResult s = Searched(r);
+  ASSERT_FALSE(s.fitting.empty());
+  EXPECT_GE(s.placed, static_cast<int>(s.fitting.size()));
+  bool searched = false;
+  for (const RankedLayout& c : s.fitting) {
+    EXPECT_EQ(c.layout.stages, 2);
+    EXPECT_EQ(c.layout.replicas, 4);
+    ASSERT_TRUE(c.placement.has_value());
+    EXPECT_LE(c.iteration_s, c.placement->registration_order_s);
+    EXPECT_EQ(c.iteration_s, c.placement->plan.iteration_s);
+    searched = searched || c.placement->searched;
+    PlacementProblem problem;
+    problem.layout = c.layout;
+    for (int st = 0; st < 2; ++st) problem.layout.blocks_per_stage.push_back(4);
+    problem.host = {0, 1, 2, 3, 4, 5, 6, 7};
+    problem.devices = {r.device};
+    problem.network = r.network;
+    problem.central_ps = c.central_ps;
+    auto chosen = ChoosePlacement(problem);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_EQ(chosen->plan.iteration_s, c.iteration_s);
+  }
+  EXPECT_TRUE(searched) << "registration order splits every stage over both sites; the search does better";
+}
+
 }  // namespace
 }  // namespace longhaul
