@@ -1,7 +1,9 @@
 #include "plan/layout_search.h"
 
 #include <algorithm>
+#include <future>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -104,20 +106,35 @@ bool Better(const RankedLayout& a, const RankedLayout& b) {
 }
 
 // The `keep` fastest of `candidates` (all of them, when exhaustive), simulating in order of the
-// lower bound until the bound reaches the keep-th best time.
+// lower bound until the bound reaches the keep-th best time. Placed candidates (r.place) are
+// searched a batch at a time, one per core: a batch may search a few that a one-by-one pass would
+// have skipped, never miss one, and the ranking is the same (each search is a pure function).
 absl::StatusOr<std::vector<RankedLayout>> Rank(const LayoutSearchRequest& r, std::vector<RankedLayout> candidates,
                                                int keep, int& simulated, int& placed) {
   std::vector<RankedLayout> best;
   if (keep <= 0 && !r.exhaustive) return best;
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const RankedLayout& a, const RankedLayout& b) { return a.lower_bound_s < b.lower_bound_s; });
-  for (RankedLayout& c : candidates) {
-    if (!r.exhaustive && static_cast<int>(best.size()) >= keep && c.lower_bound_s >= best[keep - 1].iteration_s) break;
-    if (absl::Status s = SimulateInto(r, c); !s.ok()) return s;
-    ++simulated;
-    if (c.placement) ++placed;
-    best.insert(std::upper_bound(best.begin(), best.end(), c, Better), std::move(c));
-    if (!r.exhaustive && static_cast<int>(best.size()) > keep) best.pop_back();
+  const size_t batch = r.place ? std::max(1u, std::thread::hardware_concurrency()) : 1;
+  auto pruned = [&](const RankedLayout& c) {
+    return !r.exhaustive && static_cast<int>(best.size()) >= keep && c.lower_bound_s >= best[keep - 1].iteration_s;
+  };
+  for (size_t next = 0; next < candidates.size() && !pruned(candidates[next]);) {
+    const size_t end = std::min(candidates.size(), next + batch);
+    std::vector<std::future<absl::Status>> runs;
+    for (size_t i = next; i < end && !pruned(candidates[i]); ++i) {
+      runs.push_back(std::async(batch > 1 ? std::launch::async : std::launch::deferred,
+                                [&r, &c = candidates[i]] { return SimulateInto(r, c); }));
+    }
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (absl::Status s = runs[k].get(); !s.ok()) return s;
+      RankedLayout& c = candidates[next + k];
+      ++simulated;
+      if (c.placement) ++placed;
+      best.insert(std::upper_bound(best.begin(), best.end(), c, Better), std::move(c));
+      if (!r.exhaustive && static_cast<int>(best.size()) > keep) best.pop_back();
+    }
+    next += runs.size();
   }
   return best;
 }
