@@ -85,7 +85,7 @@ expect_error stop_at_negative "--stop-at -3: must be a step of the run, between 
 expect_error stop_at_past_the_end "--stop-at 500: must be a step of the run, between 1 and train.steps = 200" "" \
   --stop-at 500
 expect_usage_error unknown_subcommand \
-  "unknown subcommand 'trian' (subcommands: train, local, experiment, coordinator, secret, worker, plan, netem, export, sample, tokenize;" trian -c x
+  "unknown subcommand 'trian' (subcommands: train, local, experiment, coordinator, secret, worker, plan, convergence, netem, export, sample, tokenize;" trian -c x
 expect_usage_error unknown_option "train: The following argument was not expected: --bogus (subcommands: train," \
   train -c /dev/null --bogus
 expect_usage_error no_subcommand "A subcommand is required (subcommands: train," --set x=1
