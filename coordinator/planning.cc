@@ -170,7 +170,8 @@ void PlanLinks(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>
                         [&](int a, int b) {
                           return network != nullptr ? network->Between(a, b).Rate()
                                                     : std::numeric_limits<double>::infinity();
-                        }),
+                        },
+                        cfg.train.local_steps > 1),
            plan);
   if (network != nullptr && cfg.transport.connections == 0) {
     auto limits = [&](int id) {

@@ -103,6 +103,9 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
     // The stage's own AdamW (m, v, decay flags; on a GPU, beside the stage), the parameters as
     // last pulled and their change, and the local checkpoint's staging.
     e.Add("local updates", (device < 0 ? 9 : 0) * stage_floats + 8 * stage_floats + 20 * stage_floats);
+    // Over a quantized wire the hosted shards send their change: the parameters before the step,
+    // the change, its rounding, and the error feedback's residual and output.
+    if (IsQuantized(wire) || wire == WireDtype::kAuto) e.Add("parameters sent as their change", 20 * ps_floats);
   }
   AddProcess(cfg, e);
   return e;

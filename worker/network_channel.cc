@@ -74,15 +74,16 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
 }
 
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
-                                size_t n) {
+                                size_t n, WireDtype dtype) {
   std::vector<float> own = mailbox_.Acquire(n);
-  RoundThroughWire(data, own.data(), n, peers_.WireTo(stage_, replica_, kind, micro, shard));
+  RoundThroughWire(data, own.data(), n,
+                   dtype != WireDtype::kAuto ? dtype : peers_.WireTo(stage_, replica_, kind, micro, shard));
   mailbox_.Put({kind, it, micro, stage_, replica_, shard}, std::move(own));
 }
 
-void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float* data, size_t n) {
-  if (replica == replica_) return SendToSelf(proto::PARAMS, it, 0, shard, data, n);
-  peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n);
+void NetworkChannel::SendParams(int64_t it, int replica, int shard, const float* data, size_t n, WireDtype dtype) {
+  if (replica == replica_) return SendToSelf(proto::PARAMS, it, 0, shard, data, n, dtype);
+  peers_.Send(stage_, replica, proto::PARAMS, it, 0, shard, data, n, dtype);
 }
 
 absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from, int group) {
@@ -184,8 +185,16 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
     held_ = -1;
-    LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
-    if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
+    if (whole_ && !whole_(it)) {
+      // Their change since the last exchange: added to the parameters as last pulled, as the
+      // shard's host added it.
+      if (pulled_.size() < begin + p.size()) return absl::InternalError("a change of parameters never pulled whole");
+      for (size_t i = 0; i < p.size(); ++i) pulled_[begin + i] += p[i];
+      LH_RETURN_IF_ERROR(stage.SetParams(begin, pulled_.data() + begin, p.size()));
+    } else {
+      LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
+      if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
+    }
     mailbox_.Recycle(std::move(p));
   }
   if (shards_pulled_ == stage_shards_.size()) held_ = it;

@@ -33,6 +33,10 @@ class NetworkChannel final : public Channel {
   // Local updates (train.local_steps > 1): PushGradients pushes the change of the stage's
   // parameters since they were last pulled, which the outer step averages.
   void PushChanges() { pulled_.resize(layout_.total()); }
+  // With PushChanges over a quantized wire (transport/wire_plan.h): the parameters of an exchange
+  // arrive as their change since the last one, added to the parameters as last pulled, except
+  // where `whole(it)` says they travel whole.
+  void PullChanges(std::function<bool(int64_t it)> whole) { whole_ = std::move(whole); }
 
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
@@ -72,13 +76,16 @@ class NetworkChannel final : public Channel {
   // The global norm of iteration `it`, for the PsHost: this host's Σ g² per shard to every other
   // host, theirs taken (its wait counts as ReduceNorm's, as the simulator counts it).
   absl::StatusOr<double> ReduceNormAmongHosts(int64_t it, const std::vector<ShardSquares>& own);
-  // Parameters of a hosted shard to replica `replica` of this stage, this worker's own included.
-  void SendParams(int64_t it, int replica, int shard, const float* data, size_t n);
+  // Parameters of a hosted shard (or, `dtype` given, their change) to replica `replica` of this
+  // stage, this worker's own included.
+  void SendParams(int64_t it, int replica, int shard, const float* data, size_t n, WireDtype dtype);
 
  private:
-  // A tensor this worker sends itself, rounded through the wire dtype as a peer receives it:
-  // otherwise the replicas' parameters drift apart whenever the wire is not fp32.
-  void SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data, size_t n);
+  // A tensor this worker sends itself, rounded through the wire dtype as a peer receives it (`dtype`
+  // where given, else the plan's): otherwise the replicas' parameters drift apart whenever the wire
+  // is not fp32.
+  void SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data, size_t n,
+                  WireDtype dtype = WireDtype::kAuto);
 
   const int stage_, replica_, groups_;
   const std::vector<proto::ShardPlacement> stage_shards_;
@@ -95,6 +102,7 @@ class NetworkChannel final : public Channel {
   std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.
   std::vector<float> pulled_, change_;
+  std::function<bool(int64_t)> whole_;  // PullChanges'; empty: parameters always arrive whole
   // [group]: the gradients of a group before the last, pushed from here until Flush (the stage's
   // own start over for the next group).
   std::vector<std::vector<float>> group_grads_;

@@ -101,7 +101,7 @@ void PeerDirectory::OpenLinks() {
 }
 
 void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard,
-                         const float* data, size_t n) {
+                         const float* data, size_t n, WireDtype dtype) {
   const int to_worker = WorkerAt(plan_, stage, replica);
   const proto::Assignment* to = AssignmentOf(plan_, to_worker);
   if (to == nullptr) {
@@ -119,7 +119,7 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   h.set_from_stage(stage_);
   h.set_from_replica(replica_);
   h.set_shard(shard);
-  const WireDtype wire = wires_.Of(self_, to_worker, kind, stage_, replica_, micro, shard);
+  const WireDtype wire = dtype != WireDtype::kAuto ? dtype : wires_.Of(self_, to_worker, kind, stage_, replica_, micro, shard);
   h.set_dtype(static_cast<proto::WireDtype>(wire));
   sent_bytes_[{stage, replica}] += WireBytes(n, wire);
   static const char* names[] = {"?",           "send act",   "send grad", "push grads",

@@ -76,10 +76,11 @@ class PeerDirectory {
   void SetFailureObserver(std::function<void(int stage, int replica, const absl::Status&)> observer) {
     on_failure_ = std::move(observer);
   }
-  // Sends n floats to the worker running (stage, replica) as a tensor of `kind`; with the fp32
-  // wire, `data` is read in place and must stay unchanged until Flush.
+  // Sends n floats to the worker running (stage, replica) as a tensor of `kind`, in `dtype` where
+  // given (parameters sent as their change), else the plan's; with the fp32 wire, `data` is read in
+  // place and must stay unchanged until Flush.
   void Send(int stage, int replica, proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
-            size_t n);
+            size_t n, WireDtype dtype = WireDtype::kAuto);
   // Waits until every send's bytes are written (its data may change from then on) and, with
   // `acknowledged`, until every send is acknowledged too. Sends that were acknowledged go into
   // `timeline` under their iteration; the first error of those that finished is returned (a send

@@ -15,7 +15,25 @@ PsHost::PsHost(int worker_id, int stage, int replicas, int groups, LrSchedule sc
 
 absl::Status PsHost::Send(int64_t it, PsShard& shard) {
   LH_ASSIGN_OR_RETURN(const float* params, shard.Params());
-  for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard.shard(), params, shard.size());
+  for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard.shard(), params, shard.size(), WireDtype::kAuto);
+  return absl::OkStatus();
+}
+
+absl::Status PsHost::SendChange(int64_t it, PsShard& shard) {
+  LH_ASSIGN_OR_RETURN(const float* after, shard.Params());
+  const size_t n = shard.size();
+  change_.resize(n);
+  for (size_t i = 0; i < n; ++i) change_[i] = after[i] - before_[i];
+  rounded_.resize(n);
+  LH_RETURN_IF_ERROR(shard.GetSecondMoment(rounded_.data()));
+  change_feedback_ = ErrorFeedback(outer_.change_dtype);
+  change_feedback_.SetResidual(rounded_.data(), n);
+  const float* send = change_feedback_.Apply(change_.data(), n);
+  RoundThroughWire(send, rounded_.data(), n, outer_.change_dtype);
+  for (size_t i = 0; i < n; ++i) before_[i] += rounded_[i];
+  LH_RETURN_IF_ERROR(shard.SetParams(before_.data()));
+  LH_RETURN_IF_ERROR(shard.SetSecondMoment(change_feedback_.residual().data()));
+  for (int r = 0; r < replicas_; ++r) links_.send_params(it, r, shard.shard(), send, n, outer_.change_dtype);
   return absl::OkStatus();
 }
 
@@ -70,16 +88,21 @@ absl::StatusOr<OptimizerStepResult> PsHost::Step(int64_t it) {
     return absl::FailedPreconditionError(
         absl::StrFormat("iteration %d steps before its gradient norm was reduced (schedule out of order)", it + 1));
   }
+  const bool as_change = outer_.local_updates && outer_.change_dtype != WireDtype::kAuto && !outer_.whole(it);
   for (size_t k = 0; k < shards_.size(); ++k) {
     PsShard& shard = *shards_[k];
     stepped_[k] = -1;  // until the step is whole
+    if (as_change) {
+      LH_ASSIGN_OR_RETURN(const float* p, shard.Params());
+      before_.assign(p, p + shard.size());
+    }
     if (outer_.local_updates) {
       LH_ASSIGN_OR_RETURN(result, shard.OuterStep(outer_.lr, outer_.momentum));
     } else {
       LH_ASSIGN_OR_RETURN(result, shard.Step(schedule_, grad_clip_, it, global_norm_));
     }
+    LH_RETURN_IF_ERROR(as_change ? SendChange(it, shard) : Send(it, shard));
     stepped_[k] = it;
-    LH_RETURN_IF_ERROR(Send(it, shard));
   }
   return result;
 }

@@ -16,7 +16,9 @@
 #include "longhaul.pb.h"
 #include "optim/lr_schedule.h"
 #include "optim/train_step.h"
+#include "format/wire_dtype.h"
 #include "ps/ps_shard.h"
+#include "transport/error_feedback.h"
 #include "worker/norm_exchange.h"
 
 namespace longhaul {
@@ -30,16 +32,22 @@ struct PsLinks {
   // The global norm of iteration `it` over every shard of every stage, from this host's Σ g² per
   // shard (worker/norm_exchange.h).
   std::function<absl::StatusOr<double>(int64_t it, const std::vector<ShardSquares>&)> reduce_norm;
-  // The shard's parameters to replica `replica` (this worker's own included); `data` stays valid
-  // until the iteration's sends are done.
-  std::function<void(int64_t it, int replica, int shard, const float* data, size_t n)> send_params;
+  // The shard's parameters (or, `dtype` given, their change: wire_plan.h) to replica `replica`
+  // (this worker's own included); `data` stays valid until the iteration's sends are done.
+  std::function<void(int64_t it, int replica, int shard, const float* data, size_t n, WireDtype dtype)> send_params;
 };
 
 // Local updates (train.local_steps > 1): what a replica pushes is its change since the last
 // exchange, and the shards step it with Nesterov momentum, unclipped, so no norm is reduced.
+// Over a quantized wire the shards send the replicas their parameters' change in `change_dtype`
+// with error feedback, whose residual each shard keeps in its second-moment slot (checkpoints
+// carry it), and set themselves to what the replicas then hold; whole where `whole` says so
+// (transport/wire_plan.h ParamsTravelWhole).
 struct OuterOptimizer {
   bool local_updates = false;
   float lr = 0.7f, momentum = 0.5f;
+  WireDtype change_dtype = WireDtype::kAuto;  // kAuto: parameters always travel whole
+  std::function<bool(int64_t it)> whole;
 };
 
 class PsHost {
@@ -85,6 +93,10 @@ class PsHost {
 
  private:
   absl::Status Send(int64_t it, PsShard& shard);
+  // The shard's change in iteration `it` since `before_` (its parameters before the step), with
+  // what earlier changes lost to rounding, to every replica; the shard then holds before_ + the
+  // change as the replicas decode it, and the new residual.
+  absl::Status SendChange(int64_t it, PsShard& shard);
   // A shard, or how to make it, in the next place of the order.
   void Place(std::unique_ptr<PsShard> shard, MakeShard make, int64_t stepped) {
     shards_.push_back(std::move(shard));
@@ -105,6 +117,9 @@ class PsHost {
   // One shard's parameters and moments on their way to a checkpoint, kept between checkpoints:
   // memory allocated afresh for every one is slower to fill, its pages faulted in as it is written.
   std::vector<float> checkpoint_state_;
+  // Parameters sent as their change: the error feedback (its residual the shard's), and scratch.
+  ErrorFeedback change_feedback_{WireDtype::kAuto};
+  std::vector<float> before_, change_, rounded_;
   int64_t norm_iteration_ = -1;  // the iteration whose global norm ReduceNorm holds
   double global_norm_ = 0;
 };

@@ -76,6 +76,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   links_ = std::move(links);
   connections_ = std::max(1, cfg.transport.connections);
   train_ = cfg.train;
+  wires_ = wires;
   start_ = plan.start_iteration();
   end_ = RunEnd(plan, cfg);
   have_plan_ = true;
@@ -201,7 +202,10 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h, int 
                                                  key.DebugString(), train_.local_steps, train_.local_steps));
   }
   const std::vector<WireDtype>& dtypes = it->second.dtypes;
-  const WireDtype want = dtypes[std::min<size_t>(static_cast<size_t>(h.micro_batch()), dtypes.size() - 1)];
+  WireDtype want = dtypes[std::min<size_t>(static_cast<size_t>(h.micro_batch()), dtypes.size() - 1)];
+  if (h.kind() == proto::PARAMS && !ParamsTravelWhole(wires_, h.iteration(), start_)) {
+    want = wires_.change_dtype;
+  }
   if (h.dtype() != static_cast<proto::WireDtype>(want)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s in wire dtype %s; the plan's for it is %s (transport.wire_dtype)", key.DebugString(),

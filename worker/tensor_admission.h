@@ -28,6 +28,7 @@
 #include "config/job_config.h"
 #include "longhaul.pb.h"
 #include "transport/tensor_transport.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 
@@ -98,6 +99,7 @@ class PlanAdmission : public TensorAdmission {
   TrainConfig train_ ABSL_GUARDED_BY(mu_);
   int64_t start_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t end_ ABSL_GUARDED_BY(mu_) = 0;
+  WirePlan wires_ ABSL_GUARDED_BY(mu_);  // PARAMS: whole or as their change (ParamsTravelWhole)
 };
 
 }  // namespace longhaul

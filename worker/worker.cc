@@ -641,17 +641,23 @@ void Worker::BuildExchange() {
   channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage().layout(),
                                               mailbox_, *peers_, timeline_);
   if (LocalUpdates()) channel_->PushChanges();
+  const WirePlan wires = WiresOf(plan_);
+  // Over a quantized wire, an exchange's parameters travel as their change (wire_plan.h).
+  auto whole = [wires, start = plan_.start_iteration()](int64_t it) { return ParamsTravelWhole(wires, it, start); };
+  if (LocalUpdates() && wires.change_dtype != WireDtype::kAuto) channel_->PullChanges(whole);
   NetworkChannel* channel = channel_.get();
   PsLinks links{
       [channel](int64_t it, int replica, int group, int shard) { return channel->TakePush(it, replica, group, shard); },
       [this](std::vector<float> buffer) { mailbox_.Recycle(std::move(buffer)); },
       [channel](int64_t it, const std::vector<ShardSquares>& own) { return channel->ReduceNormAmongHosts(it, own); },
-      [channel](int64_t it, int replica, int shard, const float* data, size_t n) {
-        channel->SendParams(it, replica, shard, data, n);
+      [channel](int64_t it, int replica, int shard, const float* data, size_t n, WireDtype dtype) {
+        channel->SendParams(it, replica, shard, data, n, dtype);
       }};
-  ps_host_ = std::make_unique<PsHost>(client_.worker_id(), s_, plan_.replicas(), groups, LearningRates(),
-                                      tc.grad_clip, OuterOptimizer{LocalUpdates(), tc.outer_lr, tc.outer_momentum},
-                                      std::move(links));
+  ps_host_ = std::make_unique<PsHost>(
+      client_.worker_id(), s_, plan_.replicas(), groups, LearningRates(), tc.grad_clip,
+      OuterOptimizer{LocalUpdates(), tc.outer_lr, tc.outer_momentum,
+                     LocalUpdates() ? wires.change_dtype : WireDtype::kAuto, whole},
+      std::move(links));
   channel_->SetPsHost(ps_host_.get());
 }
 

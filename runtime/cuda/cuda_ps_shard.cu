@@ -66,6 +66,21 @@ class CudaPsShard final : public PsShard {
     return RefreshHostParams();  // waits for the uploads
   }
 
+  absl::Status SetParams(const float* params) override {
+    LH_RETURN_IF_ERROR(uploader_.Upload(params_.p, params, size() * 4, stream_));
+    return RefreshHostParams();  // waits for the upload
+  }
+
+  absl::Status GetSecondMoment(float* v) override {
+    return CopySync(stream_, v, v_.p, size() * 4, cudaMemcpyDeviceToHost, "download moments");
+  }
+
+  absl::Status SetSecondMoment(const float* v) override {
+    LH_RETURN_IF_ERROR(uploader_.Upload(v_.p, v, size() * 4, stream_));
+    LH_CUDA(cudaStreamSynchronize(stream_), "upload moments");
+    return absl::OkStatus();
+  }
+
  private:
   // The host copy the broadcast sends, after every change.
   absl::Status RefreshHostParams() {

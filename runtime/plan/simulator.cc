@@ -214,7 +214,7 @@ class Engine {
     for (auto& row : host_at)
       for (int& w : row) w = workers_[w].host;
     wires_ = ResolveWires(L_.wire, L_.fast_wire, TensorPairs(host_at),
-                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); });
+                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); }, L_.local_steps > 1);
     // Each worker runs the lists its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
       if (k.stage < 0) continue;
@@ -254,8 +254,12 @@ class Engine {
   // arrives.
   double Send(int from_host, int to_host, double elements, proto::TensorKind kind, double t, int iter) {
     if (from_host == to_host) return t;
-    const double bytes =
-        static_cast<double>(WireBytes(static_cast<size_t>(elements), wires_.Of(from_host, to_host, kind)));
+    // Parameters that travel as their change are priced so at every exchange (the whole ones start
+    // a run only).
+    const WireDtype dtype = kind == proto::PARAMS && wires_.change_dtype != WireDtype::kAuto
+                                ? wires_.change_dtype
+                                : wires_.Of(from_host, to_host, kind);
+    const double bytes = static_cast<double>(WireBytes(static_cast<size_t>(elements), dtype));
     const LinkCost link = sim_.network.Between(from_host, to_host);
     const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
     const double start = std::max(t, link_free_[i]), hold = link.SerializeSeconds(bytes);

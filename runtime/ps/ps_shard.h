@@ -7,6 +7,7 @@
 // Where the numbers live is the implementation's: HostPsShard keeps them in host memory (a CPU
 // worker's shards); a GPU worker's shards keep theirs on its device (cuda/cuda_ps_shard.h). Both
 // check what arrives over the network the same way, here.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,6 +53,14 @@ class PsShard {
   virtual absl::Status GetState(float* params, float* m, float* v) = 0;
   // Sets them; null moments start from zero (a new run).
   virtual absl::Status SetState(const float* params, const float* m, const float* v) = 0;
+  // Sets the parameters alone (size() of them), the moments kept: where the replicas received a
+  // rounded change of them, the shard holds what they hold.
+  virtual absl::Status SetParams(const float* params) = 0;
+  // The second moment alone. The outer step of local updates keeps none: there the slot carries
+  // the error-feedback residual of the parameters' change sent to the replicas (worker/ps_host.h),
+  // so that checkpoints keep it with the shard.
+  virtual absl::Status GetSecondMoment(float* v) = 0;
+  virtual absl::Status SetSecondMoment(const float* v) = 0;
 
  protected:
   PsShard(const ParamLayout& stage_layout, int stage, int shard, int first_tensor, int end_tensor, int replicas);
@@ -78,6 +87,18 @@ class HostPsShard final : public PsShard {
   absl::StatusOr<const float*> Params() override { return params_.data(); }
   absl::Status GetState(float* params, float* m, float* v) override;
   absl::Status SetState(const float* params, const float* m, const float* v) override;
+  absl::Status SetParams(const float* params) override {
+    std::copy(params, params + size(), params_.begin());
+    return absl::OkStatus();
+  }
+  absl::Status GetSecondMoment(float* v) override {
+    std::copy(adamw_.v().begin(), adamw_.v().end(), v);
+    return absl::OkStatus();
+  }
+  absl::Status SetSecondMoment(const float* v) override {
+    std::copy(v, v + size(), adamw_.v().begin());
+    return absl::OkStatus();
+  }
 
  private:
   absl::Status Accumulate(bool first, const std::vector<float>& grad) override;

@@ -40,25 +40,38 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 }
 
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
-                      const std::function<double(int, int)>& rate) {
+                      const std::function<double(int, int)>& rate, bool local_updates) {
   WirePlan w;
+  WireDtype quantized = WireDtype::kAuto;  // the quantized dtype some link carries, if any
   if (configured != WireDtype::kAuto) {
     w.default_dtype = configured;
     w.params_dtype = WireDtypeFor(configured, proto::PARAMS);
-    return w;
+    if (IsQuantized(configured)) quantized = configured;
+  } else {
+    w.default_dtype = w.params_dtype = fast;
+    for (const auto& [from, to] : pairs) {
+      if (from == to || rate(from, to) >= kAutoInt8Below) continue;
+      w.links[{from, to}] = quantized = WireDtype::kInt8;
+      w.params_dtype = WireDtypeFor(WireDtype::kInt8, proto::PARAMS);
+    }
   }
-  w.default_dtype = w.params_dtype = fast;
-  for (const auto& [from, to] : pairs) {
-    if (from == to || rate(from, to) >= kAutoInt8Below) continue;
-    w.links[{from, to}] = WireDtype::kInt8;
-    w.params_dtype = WireDtypeFor(WireDtype::kInt8, proto::PARAMS);
+  if (local_updates && quantized != WireDtype::kAuto) {
+    // The change between exchanges travels quantized; whole parameters must be exact, for the
+    // replicas to hold what the shard holds.
+    w.change_dtype = quantized;
+    w.params_dtype = WireDtype::kF32;
   }
   return w;
+}
+
+bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start) {
+  return wires.change_dtype == WireDtype::kAuto || it == start - 1;
 }
 
 void SetWires(const WirePlan& wires, proto::Plan& plan) {
   plan.set_wire_dtype(static_cast<proto::WireDtype>(wires.default_dtype));
   plan.set_params_wire_dtype(static_cast<proto::WireDtype>(wires.params_dtype));
+  plan.set_params_change_wire_dtype(static_cast<proto::WireDtype>(wires.change_dtype));
   plan.clear_link_wires();
   for (const auto& [pair, dtype] : wires.links) {
     proto::LinkWire* l = plan.add_link_wires();
@@ -72,6 +85,7 @@ WirePlan WiresOf(const proto::Plan& plan) {
   WirePlan w;
   w.default_dtype = static_cast<WireDtype>(plan.wire_dtype());
   w.params_dtype = static_cast<WireDtype>(plan.params_wire_dtype());
+  w.change_dtype = static_cast<WireDtype>(plan.params_change_wire_dtype());
   for (const proto::LinkWire& l : plan.link_wires()) {
     w.links[{l.from_worker(), l.to_worker()}] = static_cast<WireDtype>(l.dtype());
   }

@@ -3,7 +3,12 @@
 // or "auto": per link, int8 where the link is slower than kAutoInt8Below (its transfer time then
 // outweighs the encoding's), else the compute's own dtype (bf16 for a GPU job, fp32 for a CPU one,
 // JobConfig::FastWire). Parameters go in one dtype to every replica of a stage, or the replicas
-// would drift apart: bf16 wherever any link of the job is int8 (WireDtypeFor).
+// would drift apart: bf16 wherever any link of the job is int8 (WireDtypeFor). With local updates
+// (train.local_steps > 1) over a quantized wire, a shard's host sends the replicas the change of
+// its parameters since the last exchange in the push's quantized dtype, with error feedback (the
+// residual kept with the shard, so checkpoints carry it), and the parameters whole, in fp32, only
+// at a run's start (ParamsTravelWhole): the exchange shrinks both ways, and the replicas hold
+// exactly what the shard holds.
 //
 // The coordinator resolves it once, from the links it knows (a scenario or the link probes), and
 // the plan carries the result: a sender encodes by it, a receiver admits by it, and the simulator
@@ -30,7 +35,10 @@ inline constexpr double kAutoInt8Below = 10e9 / 8;  // bytes/s: 10 Gbit/s
 
 struct WirePlan {
   WireDtype default_dtype = WireDtype::kF32;  // any pair not in `links`
-  WireDtype params_dtype = WireDtype::kF32;   // PARAMS, on every link
+  WireDtype params_dtype = WireDtype::kF32;   // PARAMS sent whole, on every link
+  // PARAMS sent as their change since the last exchange (int8 or int4, on every link); kAuto:
+  // always whole.
+  WireDtype change_dtype = WireDtype::kAuto;
   std::map<std::pair<int, int>, WireDtype> links;  // (from, to) whose dtype differs from the default
   // Where the plan fixes streams (group_micro_batches > 0): (kind, stage, job replica, shard) of
   // those whose dtype differs from the default; the plan's replica r runs job replicas
@@ -55,8 +63,13 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 // `configured` (transport.wire_dtype) resolved over the pairs (from, to) that carry tensors, with
 // `rate(from, to)` in bytes/s (infinity where unknown or within a host); `fast` is the dtype of an
 // "auto" job's fast links.
+// With `local_updates`, a quantized wire on any link sends the parameters as their change.
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
-                      const std::function<double(int, int)>& rate);
+                      const std::function<double(int, int)>& rate, bool local_updates = false);
+
+// Whether the parameters of iteration `it`'s exchange travel whole: always where the plan sends no
+// changes; else only in the broadcast that starts a run (iteration start - 1).
+bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start);
 
 // In a plan, pairs by worker id.
 void SetWires(const WirePlan& wires, proto::Plan& plan);

@@ -447,6 +447,18 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
   ExpectTheSameRun(run.calm, run.out, 150);
 }
 
+// Local updates over int4: the shards send their parameters' change with error feedback, whose
+// residual each checkpoint keeps with the shard, beside the pushes' residuals. A worker killed
+// mid-run sends every worker back to the last checkpoint's, so the run ends bitwise as the
+// uninterrupted one.
+TEST(Chaos, ALocalUpdatesRunOverInt4GoesBackToTheCheckpointsResidualsAndEndsBitwise) {
+  UseNewSecret();
+  const OneFailure run = RunWithOneFailure(
+      "local_int4", {"transport.wire_dtype=int4", "train.local_steps=5", "train.steps=150"}, 55);
+  EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
+  ExpectTheSameRun(run.calm, run.out, 150);
+}
+
 // Workers on machines that share no filesystem: each writes its checkpoint pieces to a disk of its
 // own, and ships each to the coordinator before reporting it; the spare that takes a killed
 // worker's place finds none of the dead one's shards or residuals on its own disk and fetches them

@@ -269,7 +269,8 @@ TEST_P(WireDtypes, ReplicasHoldBitwiseTheSameParametersAfterEveryIteration) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "bf16", "int8", "int4"));
 
 // A run stopped at step 3 and resumed matches the uninterrupted run bitwise: synchronous, and with
-// local updates, whose workers' own AdamW state the checkpoint carries beside the shards'.
+// local updates, whose workers' own AdamW state the checkpoint carries beside the shards', in
+// fp32 and over int4.
 class Resume : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Resume, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
@@ -301,6 +302,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{"synchronous", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2"}, true},
                       Layout{"local_updates",
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3"},
+                             true},
+                      // The shards send their parameters' change in int4; its residual is in the
+                      // checkpoint with them.
+                      Layout{"local_updates_int4",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
+                              "transport.wire_dtype=\"int4\""},
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 

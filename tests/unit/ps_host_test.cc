@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -42,7 +44,7 @@ struct Fixture {
               reports.push_back(own);
               return norm ? *norm : std::sqrt(own[0].sum_squares);
             },
-            [this](int64_t, int replica, int, const float*, size_t n) { sent.emplace_back(replica, n); }};
+            [this](int64_t, int replica, int, const float*, size_t n, WireDtype) { sent.emplace_back(replica, n); }};
   }
   // Replicas 0 and 1 push sin(k·i − r) at float i of the stage.
   void WavePushes(float k) {
@@ -160,7 +162,7 @@ TEST(PsHost, SendsEachShardBeforeSteppingTheNext) {
   links.take_push = [&](int64_t, int, int, int shard) -> absl::StatusOr<std::vector<float>> {
     return std::vector<float>(shard == 0 ? cut : n - cut, 0.5f);
   };
-  links.send_params = [&](int64_t, int, int shard, const float*, size_t) {
+  links.send_params = [&](int64_t, int, int shard, const float*, size_t, WireDtype) {
     const float* second = *host_ptr->shards()[1]->Params();
     sends.emplace_back(shard, *second != f.Init()[cut]);
   };
@@ -218,7 +220,7 @@ TEST(PsHost, APendingShardIsMadeAtTheFirstExchangeInItsPlaceAndStepsAsAWholeOne)
     return std::vector<float>(shard == 0 ? cut : n - cut, 0.5f);
   };
   std::vector<int> sent;
-  links.send_params = [&](int64_t, int, int shard, const float*, size_t) { sent.push_back(shard); };
+  links.send_params = [&](int64_t, int, int shard, const float*, size_t, WireDtype) { sent.push_back(shard); };
   PsHost host(3, 0, 2, 1, kSchedule, 0.0f, OuterOptimizer{}, links);
   const std::vector<float> init = f.Init();
   auto half = [&](int first, int end, int shard) {
@@ -264,7 +266,7 @@ TEST(PsHost, AnUnmadePendingShardIsDroppedAndOneThatCannotBeMadeFailsTheExchange
 TEST(PsHost, LocalUpdatesStepTheAveragedChangeWithNesterovMomentum) {
   Fixture f;
   const size_t n = f.layout.total();
-  PsHost host(1, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{true, 0.7f, 0.9f}, f.Links());
+  PsHost host(1, 0, 2, 1, kSchedule, 1.0f, OuterOptimizer{true, 0.7f, 0.9f, WireDtype::kAuto, {}}, f.Links());
   host.Add(f.Shard());
   std::vector<float> want = f.Init(), momentum(n, 0.0f);
   for (int exchange = 0; exchange < 2; ++exchange) {
@@ -292,6 +294,57 @@ TEST(PsHost, LocalUpdatesStepTheAveragedChangeWithNesterovMomentum) {
     ASSERT_NEAR(m[i], momentum[i], 1e-7f) << "momentum " << i;
   }
   EXPECT_EQ(shard.size(), n);
+}
+
+// Local updates over int4: the host sends the replicas its parameters' change in int4 with error
+// feedback and holds what they then hold (its parameters before the step plus the change as they
+// decode it); the residual lives in the shard's second-moment slot, so a host made anew from the
+// shard's state (a checkpoint's) goes on bitwise as the first would have.
+TEST(PsHost, LocalUpdatesOverInt4SendTheChangeAndHoldWhatTheReplicasHold) {
+  Fixture f;
+  const size_t n = f.layout.total();
+  std::vector<std::vector<float>> received;  // what replica 1 decodes, per exchange
+  std::vector<WireDtype> dtypes;
+  PsLinks links = f.Links();
+  links.send_params = [&](int64_t, int replica, int, const float* data, size_t count, WireDtype dtype) {
+    if (replica != 1) return;
+    received.emplace_back(count);
+    RoundThroughWire(data, received.back().data(), count, dtype);
+    dtypes.push_back(dtype);
+  };
+  const OuterOptimizer outer{true, 0.7f, 0.9f, WireDtype::kInt4, [](int64_t it) { return it < 0; }};
+  auto exchange = [&](PsHost& host, int it) {
+    for (int r = 0; r < 2; ++r) {
+      f.pushes[r].resize(n);
+      for (size_t i = 0; i < n; ++i) f.pushes[r][i] = 0.01f * std::cos(0.3f * static_cast<float>(i) + r + it);
+    }
+    ASSERT_TRUE(host.ReduceNorm(it).ok());
+    ASSERT_TRUE(host.Step(it).ok());
+  };
+  PsHost host(1, 0, 2, 1, kSchedule, 1.0f, outer, links);
+  host.Add(f.Shard());
+  std::vector<float> replica = f.Init();  // what replica 1 holds: the initial parameters, then + changes
+  for (int it = 0; it < 3; ++it) {
+    exchange(host, it);
+    ASSERT_EQ(dtypes.back(), WireDtype::kInt4);
+    for (size_t i = 0; i < n; ++i) replica[i] += received.back()[i];
+    const float* held = *host.shards()[0]->Params();
+    ASSERT_EQ(std::vector<float>(held, held + n), replica) << "exchange " << it;
+  }
+  // A host made from the shard's state goes on as this one.
+  std::vector<float> params(n), m(n), v(n);
+  ASSERT_TRUE(host.shards()[0]->GetState(params.data(), m.data(), v.data()).ok());
+  EXPECT_GT(*std::max_element(v.begin(), v.end()), 0.0f) << "the residual is kept with the shard";
+  auto copy = f.Shard();
+  ASSERT_TRUE(copy->SetState(params.data(), m.data(), v.data()).ok());
+  PsHost resumed(1, 0, 2, 1, kSchedule, 1.0f, outer, links);
+  resumed.Add(std::move(copy));
+  exchange(host, 3);
+  const std::vector<float> original = received.back();
+  exchange(resumed, 3);
+  EXPECT_EQ(received.back(), original) << "the resumed host's change differs";
+  EXPECT_EQ(std::vector<float>(*host.shards()[0]->Params(), *host.shards()[0]->Params() + n),
+            std::vector<float>(*resumed.shards()[0]->Params(), *resumed.shards()[0]->Params() + n));
 }
 
 TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {

@@ -57,8 +57,11 @@ TEST(WireDtype, QuantizedDtypesErrAtMostHalfAStepOfTheirBlocksLargestValue) {
       for (size_t i = lo; i < hi; ++i) most = std::max(most, std::fabs(x[i]));
       for (size_t i = lo; i < hi; ++i) ASSERT_LE(std::fabs(y[i] - x[i]), most / q / 2 * (1 + 1e-5)) << i;
       // The block's largest value and its sign come back exactly (up to the scale's rounding).
-      for (size_t i = lo; i < hi; ++i)
-        if (std::fabs(x[i]) == most) EXPECT_NEAR(y[i], x[i], most * 1e-6f) << WireDtypeName(d) << " " << i;
+      for (size_t i = lo; i < hi; ++i) {
+        if (std::fabs(x[i]) == most) {
+          EXPECT_NEAR(y[i], x[i], most * 1e-6f) << WireDtypeName(d) << " " << i;
+        }
+      }
     }
     std::vector<float> mixed(256, 1e-6f);
     for (size_t i = 128; i < 256; ++i) mixed[i] = i % 2 ? 1e6f : -1e6f;
