@@ -281,10 +281,11 @@ void PrintTables(const std::vector<SettingRuns>& all, const std::vector<SettingP
   const double exact_time = tokens / exact.runs[0].tokens_per_step * exact.iteration_s;
   std::cout << absl::StrFormat(
       "\nPenalty = tokens to reach the exact path's final validation loss of the same seed / %s - 1 (linear between "
-      "evaluations; mean over seeds, range in brackets); never reached: the final gap, not choosable.\n"
+      "evaluations; mean over seeds, range in brackets); a seed that ends short of it: %s / the exact path's tokens to "
+      "its final loss - 1; one above the exact path's first evaluation: the final gap, not choosable.\n"
       "Time to target = those tokens' steps x the emulated s/it; x exact = that / the exact path's whole run "
       "(%.2f s).\n",
-      Compact(tokens), exact_time);
+      Compact(tokens), Compact(tokens), exact_time);
   std::cout << absl::StrFormat("%-20s %-17s %7s %-28s %9s %10s %8s\n", "setting", "final val loss", "spread",
                                "penalty (range)", "emul s/it", "to target", "x exact");
   for (size_t i = 0; i < all.size(); ++i) {
@@ -297,7 +298,7 @@ void PrintTables(const std::vector<SettingRuns>& all, const std::vector<SettingP
       const double t = tokens * (1 + p.penalty) / all[i].runs[0].tokens_per_step * p.iteration_s;
       time = absl::StrFormat("%.2f s", t), ratio = absl::StrFormat("%.2f", t / exact_time);
     } else {
-      penalty = absl::StrFormat("final gap %+.4f: never", p.final_gap);
+      penalty = absl::StrFormat("final gap %+.4f: none", p.final_gap);
     }
     std::cout << absl::StrFormat("%-20s %-17s %7.4f %-28s %9.4f %10s %8s\n", p.name, absl::StrJoin(finals, " "),
                                  p.final_spread, penalty, p.iteration_s, time, ratio);

@@ -27,6 +27,11 @@ toml::array Array(const std::vector<T>& v) {
   return a;
 }
 
+bool SameCurve(const std::vector<LossPoint>& a, const std::vector<LossPoint>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const LossPoint& x, const LossPoint& y) { return x.step == y.step && x.loss == y.loss; });
+}
+
 }  // namespace
 
 std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
@@ -58,11 +63,18 @@ SettingPenalty MeasurePenalty(const std::vector<std::vector<LossPoint>>& runs,
   double gap = 0;
   for (size_t s = 0; s < runs.size() && s < exact.size(); ++s) {
     if (runs[s].empty() || exact[s].empty()) continue;
-    const double target = exact[s].back().loss;
-    p.final_loss.push_back(runs[s].back().loss);
+    const double target = exact[s].back().loss, final = runs[s].back().loss;
+    p.final_loss.push_back(final);
     p.tokens_to_target.push_back(TokensToReach(runs[s], target));
-    if (p.tokens_to_target.back()) penalties.push_back(*p.tokens_to_target.back() / tokens - 1);
-    gap += runs[s].back().loss - target;
+    if (SameCurve(runs[s], exact[s])) {
+      penalties.push_back(0);  // the exact path against itself
+    } else if (p.tokens_to_target.back()) {
+      penalties.push_back(*p.tokens_to_target.back() / tokens - 1);
+    } else if (final <= exact[s].front().loss) {
+      // Short of the target: the exact path's tokens to this setting's final loss.
+      penalties.push_back(tokens / *TokensToReach(exact[s], final) - 1);
+    }
+    gap += final - target;
   }
   if (p.final_loss.empty()) return p;
   p.final_gap = gap / static_cast<double>(p.final_loss.size());

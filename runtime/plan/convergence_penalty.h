@@ -7,11 +7,16 @@
 // measured, at the size it was measured.
 //
 // Per seed s, the target is the exact path's final validation loss with seed s (the same initial
-// parameters, data order and validation windows as the setting's run with seed s). The setting's
-// tokens to reach it are read off its validation curve, linear between evaluations; its penalty is
-// those tokens / the exact path's tokens - 1. A curve that never reaches the target has no penalty
-// but a final gap: its last loss - the target. A setting is choosable only where every seed reached
-// its target; its penalty is then the seeds' mean, with their range beside it.
+// parameters, data order and validation windows as the setting's run with seed s). A setting that
+// reaches it within its tokens T: its tokens to reach it, read off its validation curve (linear
+// between evaluations), / T - 1 (0 or below). One that ends above it (a final gap: its last loss -
+// the target) would need more tokens than it had, which its run cannot show (its learning rate has
+// decayed by then): the penalty is estimated as T / the tokens the exact path took to reach the
+// setting's final loss - 1, which is the same number where the setting learns as the exact path
+// does at a constant fraction of the pace. A setting whose final loss the exact path never passed
+// after its first evaluation has no penalty and is not choosable. The exact path's own penalty is
+// 0. A setting is choosable where every seed has a penalty; its penalty is the seeds' mean, with
+// their range beside it.
 //
 // A setting of `batch_scale` k trains the global batch x k on the same tokens: steps, warmup and
 // the evaluation interval / k, and the learning rates x sqrt(k) (Adam's rule: the gradient's noise
@@ -59,7 +64,7 @@ struct SettingPenalty {
   std::vector<std::string> overrides;  // config keys that make it from the exact path (--set syntax)
   int batch_scale = 1;                 // and its global batch x this, at the same tokens
   std::vector<double> final_loss;      // per seed
-  std::vector<std::optional<double>> tokens_to_target;  // per seed; nullopt: never reached
+  std::vector<std::optional<double>> tokens_to_target;  // per seed; nullopt: not reached in its run
   bool choosable = false;
   double penalty = 0, penalty_min = 0, penalty_max = 0;  // where choosable
   double final_gap = 0;
