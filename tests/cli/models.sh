@@ -89,7 +89,8 @@ rc=$?
 check "exporting a directory without checkpoints is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q 'no checkpoint' "$dir/none.txt"; echo $?)
 
 tok="$here/tests/reference/fixtures/gpt2_bpe"
-"$bin" tokenize --tokenizer "$tok" --out "$dir/tokens" "$here/README.md" --val "$tok/corpus.txt" --shard-tokens 60000 \
+# A text of its own (tests/cli/fixtures/tokenize_text.txt, 26,580 tokens here), so that it fills two shards.
+"$bin" tokenize --tokenizer "$tok" --out "$dir/tokens" "$here/tests/cli/fixtures/tokenize_text.txt" --val "$tok/corpus.txt" --shard-tokens 20000 \
   >"$dir/tokenize.txt" 2>&1
 check "longhaul tokenize (status $?)" $?
 check "it wrote train and val shards" $([ -s "$dir/tokens/train_000000.bin" ] && [ -s "$dir/tokens/train_000001.bin" ] && [ -s "$dir/tokens/val_000000.bin" ]; echo $?)
@@ -108,7 +109,7 @@ check "longhaul sample --tokenizer (status $rc): $(head -c 120 "$dir/bpe_sample.
 rc=$?
 check "without the tokenizer, a model of 458 tokens is refused with status 2 (got $rc)" $([ "$rc" = 2 ] && grep -q -- '--tokenizer' "$dir/bpe_bytes.txt"; echo $?)
 if /usr/bin/python3 -c 'import regex' 2>/dev/null; then
-  /usr/bin/python3 - "$dir/tokens" "$tok" "$here/README.md" <<'PY' >"$dir/ids.txt" 2>&1
+  /usr/bin/python3 - "$dir/tokens" "$tok" "$here/tests/cli/fixtures/tokenize_text.txt" <<'PY' >"$dir/ids.txt" 2>&1
 import glob, struct, subprocess, sys
 out, tok, text = sys.argv[1:]
 ids = []
@@ -120,7 +121,7 @@ ref = [int(x) for x in subprocess.check_output(
     ["/usr/bin/python3", tok + "/../../gpt2_bpe.py", "encode", tok, text]).split()]
 print(len(ref), "tokens;", "equal" if list(ids[1:]) == ref else "DIFFERENT")
 PY
-  check "the shards hold the reference tokenizer's ids for README.md ($(cat "$dir/ids.txt"))" $(grep -q 'equal' "$dir/ids.txt"; echo $?)
+  check "the shards hold the reference tokenizer's ids for the fixture text ($(cat "$dir/ids.txt"))" $(grep -q 'equal' "$dir/ids.txt"; echo $?)
 else
   echo "skipped: the tokenizer comparison (needs python3-regex: bash deploy/setup.sh --with-torch)"
 fi

@@ -161,14 +161,15 @@ TEST(JobConfig, EffectiveConfigHoldsEveryKeyWithItsResolvedDefault) {
   EXPECT_EQ(c->as_json["train"]["backend"], "cpu");
 }
 
-// The README's table of config keys lists every key with its resume rule.
-TEST(JobConfig, ReadmeListsEveryKeyWithItsResumeRule) {
-  std::ifstream f(std::string(LONGHAUL_SOURCE_DIR) + "/README.md");
-  std::stringstream readme;
-  readme << f.rdbuf();
+// docs/config.md's table of config keys lists every key with its resume rule.
+TEST(JobConfig, DocsListEveryKeyWithItsResumeRule) {
+  std::ifstream f(std::string(LONGHAUL_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(f.good()) << "cannot read docs/config.md";
+  std::stringstream page;
+  page << f.rdbuf();
   std::map<std::string, std::string> rows;  // key -> its row of the table
   std::string line;
-  while (std::getline(readme, line)) {
+  while (std::getline(page, line)) {
     if (line.rfind("| `", 0) != 0) continue;
     for (size_t at = line.find('`'); at != std::string::npos && at < line.find(" | "); at = line.find('`', at + 1)) {
       const size_t end = line.find('`', at + 1);
@@ -177,9 +178,9 @@ TEST(JobConfig, ReadmeListsEveryKeyWithItsResumeRule) {
     }
   }
   for (const ConfigKey& k : ConfigKeys()) {
-    ASSERT_TRUE(rows.count(k.name())) << k.name() << " is missing from README.md's config keys";
+    ASSERT_TRUE(rows.count(k.name())) << k.name() << " is missing from docs/config.md's config keys";
     EXPECT_NE(rows[k.name()].find(absl::StrCat("| ", ResumeRuleName(k.resume), " |")), std::string::npos)
-        << k.name() << " should be marked \"" << ResumeRuleName(k.resume) << "\" in README.md: " << rows[k.name()];
+        << k.name() << " should be marked \"" << ResumeRuleName(k.resume) << "\" in docs/config.md: " << rows[k.name()];
   }
 }
 
