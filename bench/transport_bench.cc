@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"

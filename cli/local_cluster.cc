@@ -15,6 +15,8 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "config/job_config.h"

@@ -4,6 +4,8 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "netem/delay_daemon.h"

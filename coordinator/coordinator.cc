@@ -9,10 +9,12 @@
 #include <memory>
 #include <optional>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "checkpoint/resume_check.h"

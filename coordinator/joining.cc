@@ -8,9 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "coordinator/planning.h"
 #include "coordinator/recovery.h"
 #include "layout/plan_layout.h"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "transport/identity.h"

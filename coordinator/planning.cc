@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/checkpoint_index.h"
 #include "layout/plan_layout.h"

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <map>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

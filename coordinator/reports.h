@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/job.h"
 #include "longhaul.pb.h"

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"

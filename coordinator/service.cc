@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
 #include "coordinator/checkpoint_index.h"
 #include "coordinator/joining.h"
 #include "coordinator/reports.h"

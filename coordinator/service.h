@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/job.h"
 #include "longhaul.grpc.pb.h"

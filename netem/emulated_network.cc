@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

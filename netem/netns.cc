@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace longhaul::netem {

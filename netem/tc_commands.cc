@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 
 namespace longhaul::netem {

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "longhaul.grpc.pb.h"

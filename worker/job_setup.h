@@ -1,6 +1,7 @@
 #pragma once
 // What every training process does the same way, one process or many: check the job fits in
 // memory, load the data, and know the entropy floor of a micro-batch.
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
 #include "model/micro_batch.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 
 namespace longhaul {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "config/job_config.h"
 #include "data/batch_sampler.h"

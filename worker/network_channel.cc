@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/wire_dtype.h"

@@ -7,6 +7,9 @@
 #include <functional>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
 #include "model/param_layout.h"

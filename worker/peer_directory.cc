@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"

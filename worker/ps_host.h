@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
 #include "optim/lr_schedule.h"

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "layout/plan_layout.h"
 #include "model/param_layout.h"
 #include "transport/link_connections.h"

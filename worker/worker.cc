@@ -15,10 +15,12 @@
 #include <set>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/optional.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/run_model.h"
 #include "config/job_config.h"

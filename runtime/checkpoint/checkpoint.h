@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/safetensors.h"
 #include "model/param_layout.h"

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "config/job_config.h"
 
 namespace longhaul {

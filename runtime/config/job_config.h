@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/markov_source.h"
 #include "format/wire_dtype.h"

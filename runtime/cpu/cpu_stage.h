@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cpu/gpt_stage.h"
 #include "model/stage.h"

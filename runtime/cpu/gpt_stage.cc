@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "cpu/blas.h"
 #include "cpu/denormals.h"

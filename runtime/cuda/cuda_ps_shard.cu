@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_memory.cuh"
 #include "cuda/cuda_ops.cuh"

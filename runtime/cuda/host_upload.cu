@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
+
 #include "util/parallel_copy.h"
 
 namespace longhaul::cuda {

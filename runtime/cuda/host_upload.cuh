@@ -8,6 +8,8 @@
 
 #include <cstddef>
 
+#include "absl/status/status.h"
+
 #include "cuda/cuda_memory.cuh"
 
 namespace longhaul::cuda {

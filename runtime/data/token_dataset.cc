@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/status_macros.h"

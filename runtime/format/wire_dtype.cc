@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "longhaul.pb.h"
 #include "util/parallel_copy.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "util/hash.h"
 #include "util/status_macros.h"

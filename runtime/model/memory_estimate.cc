@@ -7,12 +7,13 @@
 #include <optional>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
+#include "absl/strings/string_view.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/micro_batch.h"
 #include "model/exchange_hooks.h"

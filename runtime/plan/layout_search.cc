@@ -5,6 +5,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "metrics/flops.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "plan/job_problem.h"
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/status_macros.h"

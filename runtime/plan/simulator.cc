@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 

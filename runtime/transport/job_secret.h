@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 

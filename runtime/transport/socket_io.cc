@@ -15,6 +15,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

@@ -9,6 +9,7 @@
 
 #include <netinet/in.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace longhaul {

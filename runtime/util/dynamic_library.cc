@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 

@@ -6,6 +6,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace longhaul {

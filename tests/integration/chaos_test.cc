@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint.h"
 #include "longhaul.pb.h"
 #include "metrics/metrics_log.h"

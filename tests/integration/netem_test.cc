@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "netem/netns.h"
 #include "transport/link_connections.h"

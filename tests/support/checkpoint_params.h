@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 #include "checkpoint/run_model.h"
 #include "model/param_layout.h"
 

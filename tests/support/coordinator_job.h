@@ -8,6 +8,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
 #include "coordinator/job.h"
 #include "coordinator/joining.h"
 #include "coordinator/reports.h"

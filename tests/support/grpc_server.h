@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/statusor.h"
+
 #include "transport/rpc_auth.h"
 
 namespace longhaul::testing {

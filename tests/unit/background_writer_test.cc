@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace longhaul {
 namespace {
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
+
 namespace longhaul::cpu {
 namespace {
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #include "checkpoint/checkpoint.h"
 #include "tests/support/grpc_server.h"
 #include "worker/coordinator_client.h"

@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/safetensors.h"
 #include "util/files.h"
 

@@ -7,6 +7,9 @@
 #include <fstream>
 #include <tuple>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/safetensors.h"
 #include "util/files.h"
 

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <iostream>
 
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 

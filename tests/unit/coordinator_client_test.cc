@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tests/support/grpc_server.h"
 #include "util/ports.h"

@@ -9,6 +9,8 @@
 
 #include <filesystem>
 
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 

@@ -13,6 +13,9 @@
 #include <map>
 #include <utility>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
 #include "cpu/cpu_stage.h"
 #include "data/batch_sampler.h"
 #include "model/memory_estimate.h"

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 

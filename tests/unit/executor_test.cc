@@ -16,6 +16,8 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cpu/cpu_stage.h"

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <map>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/safetensors.h"
 #include "cpu/cpu_stage.h"

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/statusor.h"
+
 #include "util/files.h"
 
 namespace longhaul {

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace longhaul {

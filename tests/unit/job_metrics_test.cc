@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
+
 #include "scenario/scenario.h"
 #include "tests/support/prometheus_parse.h"
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
+
 #include "model/param_layout.h"
 
 namespace longhaul {

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
 #include "coordinator/planning.h"
 #include "tests/support/coordinator_job.h"
 

@@ -9,6 +9,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "transport/identity.h"
 #include "transport/tensor_transport.h"
 

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/status/status.h"
+
 namespace longhaul {
 namespace {
 namespace fs = std::filesystem;

@@ -11,6 +11,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "transport/identity.h"
 
 namespace longhaul {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "model/memory_estimate.h"
 #include "scenario/scenario.h"

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #include "model/param_layout.h"
 
 namespace longhaul {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
+
 namespace longhaul {
 namespace {
 

@@ -15,6 +15,9 @@
 #include <optional>
 #include <tuple>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/checkpoint.h"
 #include "optim/grad_clip.h"
 

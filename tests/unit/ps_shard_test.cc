@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace longhaul {

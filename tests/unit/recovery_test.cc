@@ -8,6 +8,8 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+
 #include "checkpoint/checkpoint.h"
 #include "coordinator/supervisor.h"
 #include "tests/support/coordinator_job.h"

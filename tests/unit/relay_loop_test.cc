@@ -27,6 +27,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 #include "tests/support/echo_server.h"
 #include "tests/support/loopback.h"
 #include "tests/support/process_memory.h"

@@ -11,6 +11,8 @@
 #include <limits>
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "coordinator/planning.h"
 
 namespace longhaul {

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+
 #include "checkpoint/checkpoint.h"
 #include "coordinator/supervisor.h"
 #include "tests/support/coordinator_job.h"

@@ -6,6 +6,9 @@
 
 #include <filesystem>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/checkpoint.h"
 
 namespace longhaul {

@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "config/job_config.h"

@@ -11,6 +11,9 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 namespace fs = std::filesystem;

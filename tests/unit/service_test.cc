@@ -8,6 +8,9 @@
 
 #include <filesystem>
 
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
 #include "coordinator/job.h"
 #include "tests/support/grpc_server.h"
 #include "transport/identity.h"

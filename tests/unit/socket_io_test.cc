@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 

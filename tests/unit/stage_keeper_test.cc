@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 #include "config/job_config.h"
 
 namespace longhaul {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+
 #include "checkpoint/checkpoint.h"
 #include "tests/support/coordinator_job.h"
 #include "util/files.h"

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 #include "transport/identity.h"

@@ -26,8 +26,11 @@
 #include <set>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 #include "tests/support/garbage_socket.h"

@@ -12,6 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 
 namespace longhaul::netem {
