@@ -11,6 +11,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/client_interceptor.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -41,16 +42,33 @@ struct SignedFields {
   int64_t when = 0;
   std::string when_text, nonce, proof;
 };
+// Lower- or upper-case hex to bytes; false on any other character (Abseil's one-argument
+// HexStringToBytes neither checks nor survives newer Abseil releases).
+bool HexToBytes(absl::string_view hex, std::string* bytes) {
+  auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (hex.size() % 2 != 0) return false;
+  bytes->resize(hex.size() / 2);
+  for (size_t i = 0; i < bytes->size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    (*bytes)[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return true;
+}
+
 std::optional<SignedFields> ParseSigned(absl::string_view value, size_t proof_bytes) {
   const std::vector<absl::string_view> f = absl::StrSplit(value, '.');
   SignedFields out;
   if (f.size() != 3 || !absl::SimpleAtoi(f[0], &out.when) || f[1].size() != 2 * kNonceBytes ||
-      f[2].size() != 2 * proof_bytes) {
+      f[2].size() != 2 * proof_bytes || !HexToBytes(f[1], &out.nonce) || !HexToBytes(f[2], &out.proof)) {
     return std::nullopt;
   }
   out.when_text = std::string(f[0]);
-  out.nonce = absl::HexStringToBytes(f[1]);
-  out.proof = absl::HexStringToBytes(f[2]);
   return out;
 }
 

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <set>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 #include "model/param_layout.h"
@@ -604,9 +606,9 @@ TEST(Planning, TheSearchCutsTheModelUnevenlyForUnevenDevicesUnlessTheCutIsKept) 
   // each worker reported (1F1B: stage 0 holds 2 micro-batches' activations, stage 1 one).
   const absl::StatusOr<DeviceCost> priced = JobTimedDevice(cfg, "probe", Backend::kCpu, {1, 1}, {1, 1});
   ASSERT_TRUE(priced.ok());
-  auto needs = [&](int stage, const std::vector<int>& cut) {
-    const int first = stage == 0 ? 0 : cut[0];
-    const StageSpec spec{first, first + cut[stage], stage == 0, stage == 1};
+  auto needs = [&](int stage, const std::vector<int>& blocks) {
+    const int first = stage == 0 ? 0 : blocks[0];
+    const StageSpec spec{first, first + blocks[stage], stage == 0, stage == 1};
     return priced->StageMemory(JobWorkShape(cfg), spec, stage == 0 ? 2 : 1).total();
   };
   const double memory = 0.99 * needs(1, {1, 7});
