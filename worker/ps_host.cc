@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "util/status_macros.h"
@@ -28,8 +29,7 @@ absl::Status PsHost::SendChange(int64_t it, PsShard& shard) {
   LH_RETURN_IF_ERROR(shard.GetSecondMoment(rounded_.data()));
   change_feedback_ = ErrorFeedback(outer_.change_dtype);
   change_feedback_.SetResidual(rounded_.data(), n);
-  const float* send = change_feedback_.Apply(change_.data(), n);
-  RoundThroughWire(send, rounded_.data(), n, outer_.change_dtype);
+  const float* send = change_feedback_.Apply(change_.data(), n, rounded_.data());
   for (size_t i = 0; i < n; ++i) before_[i] += rounded_[i];
   LH_RETURN_IF_ERROR(shard.SetParams(before_.data()));
   LH_RETURN_IF_ERROR(shard.SetSecondMoment(change_feedback_.residual().data()));

@@ -16,7 +16,9 @@ class ErrorFeedback {
   explicit ErrorFeedback(WireDtype dtype) : dtype_(dtype) {}
   // `g` plus the residual, as it should be sent (valid until the next call); the residual becomes
   // what the wire dtype's rounding of it loses. A stream whose length changes starts afresh.
-  const float* Apply(const float* g, size_t n);
+  // `rounded`, where given, receives what the receiver will read: the sent values as the wire
+  // dtype rounds them (n floats).
+  const float* Apply(const float* g, size_t n, float* rounded = nullptr);
   const std::vector<float>& residual() const { return residual_; }
   // The residual as a checkpoint kept it: the stream goes on as it would have from there.
   void SetResidual(const float* r, size_t n) { residual_.assign(r, r + n); }

@@ -59,6 +59,20 @@ TEST(ErrorFeedback, AStreamSetToAKeptResidualGoesOnAsTheOriginal) {
   EXPECT_EQ(resumed.residual(), original.residual());
 }
 
+// The rounded values Apply hands back are exactly what the wire delivers of what it sent.
+TEST(ErrorFeedback, TheRoundedCopyIsWhatTheWireDelivers) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
+    const size_t n = 300;
+    std::vector<float> g(n), rounded(n);
+    for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * i) * (1 + i % 7);
+    ErrorFeedback feedback(d);
+    for (int it = 0; it < 3; ++it) {
+      const float* sent = feedback.Apply(g.data(), n, rounded.data());
+      EXPECT_EQ(rounded, Through(sent, n, d)) << WireDtypeName(d) << ", iteration " << it;
+    }
+  }
+}
+
 TEST(ErrorFeedback, AStreamOfAnotherLengthStartsAfresh) {
   ErrorFeedback feedback(WireDtype::kInt8);
   std::vector<float> a(10, 0.3f), b(20, 0.0f);
