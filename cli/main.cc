@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -32,6 +33,7 @@
 #include "coordinator/coordinator.h"
 #include "worker/local_trainer.h"
 #include "worker/worker.h"
+#include "version.h"
 
 namespace {
 
@@ -68,6 +70,7 @@ int UsageError(CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
 int main(int argc, char** argv) {
   CLI::App app{"longhaul: GPT training across machines joined by slow networks"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", LONGHAUL_VERSION_TEXT, "print the version, the commit and how this binary was built");
 
   std::string config_path;
   std::vector<std::string> overrides;
