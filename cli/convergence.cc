@@ -76,6 +76,7 @@ struct Options {
   std::string scenario = "netem/scenarios/source-10ms-1gbit.toml";
   std::string penalties;
   std::vector<std::string> tries;
+  std::vector<std::string> only;
 } g;
 
 int Error(const std::string& message) {
@@ -354,8 +355,18 @@ absl::StatusOr<Bench> Prepare(const std::string& config_path, const std::vector<
                              absl::StrCat("train.eval_every=", t.eval_every / kQuickDivisor)});
   }
   std::vector<BenchSetting> settings;
+  for (const std::string& name : g.only) {
+    if (std::none_of(Settings().begin(), Settings().end(), [&](const BenchSetting& s) { return s.name == name; })) {
+      std::vector<std::string> known;
+      for (const BenchSetting& s : Settings()) known.push_back(absl::StrCat("\"", s.name, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--only \"", name, "\": no such setting; the bench's are ", absl::StrJoin(known, ", ")));
+    }
+  }
   for (const BenchSetting& s : Settings()) {
-    if (!g.quick || s.quick) settings.push_back(s);
+    const bool named = std::find(g.only.begin(), g.only.end(), s.name) != g.only.end();
+    const bool exact = &s == &Settings().front();
+    if (g.only.empty() ? !g.quick || s.quick : exact || named) settings.push_back(s);
   }
   for (const std::string& t : g.tries) {
     auto s = ParseTry(t);
@@ -450,6 +461,8 @@ CLI::App* AddConvergenceCommand(CLI::App& app) {
   c->add_option("--penalties", g.penalties,
                 "where to write the penalties file (default: train.out_dir/penalties.toml)");
   c->add_option("--try", g.tries, "one more setting, \"NAME: KEY=VALUE[; KEY=VALUE...]\" (repeatable)");
+  c->add_option("--only", g.only,
+                "run only these of the bench's settings (by name, repeatable) beside the exact path and any --try");
   return c;
 }
 
