@@ -349,10 +349,8 @@ absl::StatusOr<Bench> Prepare(const std::string& config_path, const std::vector<
   std::vector<std::string> base = overrides;
   if (g.quick) {
     LH_RETURN_IF_ERROR(CheckDivides(*base_cfg, kQuickDivisor, "--quick"));
-    const TrainConfig& t = base_cfg->train;
-    base.insert(base.end(), {absl::StrCat("train.steps=", t.steps / kQuickDivisor),
-                             absl::StrCat("train.warmup_steps=", t.warmup_steps / kQuickDivisor),
-                             absl::StrCat("train.eval_every=", t.eval_every / kQuickDivisor)});
+    const std::vector<std::string> quick = ScheduleDividedOverrides(*base_cfg, kQuickDivisor);
+    base.insert(base.end(), quick.begin(), quick.end());
   }
   std::vector<BenchSetting> settings;
   for (const std::string& name : g.only) {

@@ -34,16 +34,21 @@ bool SameCurve(const std::vector<LossPoint>& a, const std::vector<LossPoint>& b)
 
 }  // namespace
 
-std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
+std::vector<std::string> ScheduleDividedOverrides(const JobConfig& cfg, int k) {
   const TrainConfig& t = cfg.train;
   auto up = [k](int64_t n) { return (n + k - 1) / k; };
+  return {absl::StrCat("train.steps=", up(t.steps)), absl::StrCat("train.warmup_steps=", up(t.warmup_steps)),
+          absl::StrCat("train.eval_every=", up(t.eval_every))};
+}
+
+std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
+  const TrainConfig& t = cfg.train;
   const double root = std::sqrt(static_cast<double>(k));
-  return {absl::StrCat("train.steps=", up(t.steps)),
-          absl::StrCat("train.warmup_steps=", up(t.warmup_steps)),
-          absl::StrCat("train.eval_every=", up(t.eval_every)),
-          absl::StrCat("train.micro_batches=", t.micro_batches * k),
-          absl::StrFormat("train.lr=%g", t.lr * root),
-          absl::StrFormat("train.min_lr=%g", t.min_lr * root)};
+  std::vector<std::string> out = ScheduleDividedOverrides(cfg, k);
+  out.insert(out.end(), {absl::StrCat("train.micro_batches=", t.micro_batches * k),
+                         absl::StrFormat("train.lr=%g", t.lr * root),
+                         absl::StrFormat("train.min_lr=%g", t.min_lr * root)});
+  return out;
 }
 
 std::optional<double> TokensToReach(const std::vector<LossPoint>& curve, double target) {

@@ -51,8 +51,11 @@
 
 namespace longhaul {
 
+// The --set overrides that divide `cfg`'s steps, warmup and evaluation interval by k, each
+// rounded up where k does not divide it.
+std::vector<std::string> ScheduleDividedOverrides(const JobConfig& cfg, int k);
 // The --set overrides that make `cfg` train its global batch x `batch_scale` on the same tokens
-// (above); steps, warmup and evaluation interval rounded up where k does not divide them.
+// (above): its schedule divided by k (ScheduleDividedOverrides), more micro-batches, lr x sqrt(k).
 std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int batch_scale);
 
 // The tokens at which `curve` (points of tokens and loss, in increasing tokens) first reaches
