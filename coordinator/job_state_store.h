@@ -50,6 +50,8 @@ class JobStateStore {
   // (cluster.json's text). The writer's first failure, if any so far: the caller stops the job
   // before the workers hear of a version left unwritten. Nothing once closed.
   absl::Status Write(const proto::JobState& state, const std::string& cluster);
+  // Returns once everything posted is on disk (or failed).
+  void Flush() { writer_.Flush(); }
   // The job ended: what was posted is written, then the state file goes for good (a coordinator
   // started on this directory starts anew), and later writes do nothing.
   void Close();

@@ -42,6 +42,7 @@ TEST_F(JobTransitions, ANewVersionGoesBackToTheLastCheckpointAndForgetsWhatItRed
   for (int w : {0, 1}) ASSERT_TRUE(ReportIteration(w, 2).ok());
   absl::MutexLock lock(&job->mu);
   EXPECT_EQ(job->progress.completed_through(), 2);
+  job->store.Flush();  // the state is written on a thread of its own
   const absl::StatusOr<RestoredJob> state = ReadJobState(JobStatePath(dir.string()), job->cfg);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->state.plan().version(), 2u);
