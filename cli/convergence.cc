@@ -57,6 +57,7 @@ const std::vector<BenchSetting>& Settings() {
       {"local_steps 4", {"train.local_steps=4"}, 1, true},
       {"local_steps 16", {"train.local_steps=16"}, 1, false},
       {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
+      {"local_steps 16 topk", {"train.local_steps=16", "transport.exchange_dtype=\"topk\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };

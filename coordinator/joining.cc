@@ -158,9 +158,17 @@ WireRecord DescribeWires(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
                                     WireDtypeName(wires.links.begin()->second), wires.links.size(),
                                     kAutoInt8Below * 8 / 1e9, WireDtypeName(wires.params_dtype));
   }
+  if (wires.push_dtype != WireDtype::kAuto) {
+    out.wire_line += absl::StrFormat("; the data-parallel exchange %s", WireDtypeName(wires.push_dtype));
+  }
+  if (wires.change_dtype != WireDtype::kAuto) {
+    out.wire_line += absl::StrFormat(" (parameters as their change in %s)", WireDtypeName(wires.change_dtype));
+  }
   out.wire = {{"configured", WireDtypeName(job.cfg.transport.wire_dtype)},
               {"default", WireDtypeName(wires.default_dtype)},
               {"params", WireDtypeName(wires.params_dtype)},
+              {"pushes", WireDtypeName(wires.push_dtype)},
+              {"params_change", WireDtypeName(wires.change_dtype)},
               {"links", narrow}};
   // Links split over several connections: their rate x round trip exceeds one connection's window.
   nlohmann::json split = nlohmann::json::array();

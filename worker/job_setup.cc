@@ -89,11 +89,14 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + stage_floats + (D + 1) * ps_floats));
-  // A quantized push (int8 or int4 named, or what "auto" picks on a slow link) keeps each pushed shard's residual
-  // and its push beside the gradient, per group (transport/error_feedback.h), and gathers one
-  // group's residuals for a checkpoint at a time.
-  const WireDtype wire = cfg.transport.wire_dtype;
-  if (D > 1 && (IsQuantized(wire) || wire == WireDtype::kAuto)) {
+  // A lossy push (int8, int4 or topk named, or what "auto" picks on a slow link) keeps each pushed
+  // shard's residual and its push beside the gradient, per group (transport/error_feedback.h),
+  // and gathers one group's residuals for a checkpoint at a time.
+  const WireDtype exchange = cfg.transport.exchange_dtype;
+  const bool lossy = exchange != WireDtype::kAuto
+                         ? IsLossy(exchange)
+                         : IsLossy(cfg.transport.wire_dtype) || cfg.transport.wire_dtype == WireDtype::kAuto;
+  if (D > 1 && lossy) {
     e.Add("error feedback of quantized pushes", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
   }
   // Every group but the last is pushed from a copy while the next one's backwards run.
@@ -103,9 +106,9 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
     // The stage's own AdamW (m, v, decay flags; on a GPU, beside the stage), the parameters as
     // last pulled and their change, and the local checkpoint's staging.
     e.Add("local updates", (device < 0 ? 9 : 0) * stage_floats + 8 * stage_floats + 20 * stage_floats);
-    // Over a quantized wire the hosted shards send their change: the parameters before the step,
+    // Over a lossy exchange the hosted shards send their change: the parameters before the step,
     // the change, its rounding, and the error feedback's residual and output.
-    if (IsQuantized(wire) || wire == WireDtype::kAuto) e.Add("parameters sent as their change", 20 * ps_floats);
+    if (lossy) e.Add("parameters sent as their change", 20 * ps_floats);
   }
   AddProcess(cfg, e);
   return e;

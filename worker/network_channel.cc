@@ -34,7 +34,7 @@ std::vector<float> NetworkChannel::Residuals(int group) const {
 
 void NetworkChannel::SetResiduals(int group, const float* residuals) {
   for (size_t k = 0; k < stage_shards_.size(); ++k) {
-    if (!IsQuantized(feedback_[group][k].dtype())) continue;
+    if (!IsLossy(feedback_[group][k].dtype())) continue;
     const auto [begin, end] = layout_.Range(stage_shards_[k].first_tensor(), stage_shards_[k].end_tensor());
     feedback_[group][k].SetResidual(residuals + begin, end - begin);
   }
@@ -120,7 +120,7 @@ absl::Status NetworkChannel::PushGradients(int64_t it, Stage& stage, size_t from
     pushed_[k] = true;
     ErrorFeedback& feedback = feedback_[group][k];
     const float* push =
-        IsQuantized(feedback.dtype()) ? feedback.Apply(grads + begin, end - begin) : grads + begin;
+        IsLossy(feedback.dtype()) ? feedback.Apply(grads + begin, end - begin) : grads + begin;
     if (sp.owner_replica() == replica_) {
       SendToSelf(proto::GRAD_PUSH, it, group, sp.shard(), push, end - begin);
     } else {

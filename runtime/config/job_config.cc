@@ -305,7 +305,18 @@ const std::vector<KeyDef>& Table() {
       Value("cluster", "spare_wait_s", R::kFree, LH_FIELD(cluster.spare_wait_s), Within(0.0, 86400.0)),
       Value("cluster", "replace_stragglers", R::kFree, LH_FIELD(cluster.replace_stragglers)),
 
-      Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype), ParseWireDtype, WireDtypeName),
+      Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype),
+             [](const std::string& n) -> absl::StatusOr<WireDtype> {
+               if (n == "topk") {
+                 return absl::InvalidArgumentError(
+                     "transport.wire_dtype = \"topk\": top-k sends one value in 32, which a pipeline boundary cannot "
+                     "lose; it is for the data-parallel exchange: transport.exchange_dtype = \"topk\"");
+               }
+               return ParseWireDtype(n, "transport.wire_dtype");
+             },
+             WireDtypeName),
+      Choice("transport", "exchange_dtype", R::kMustMatch, LH_FIELD(transport.exchange_dtype),
+             [](const std::string& n) { return ParseWireDtype(n, "transport.exchange_dtype"); }, WireDtypeName),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections),
             Within(0, 64, "0: per link, from its rate x round trip")),

@@ -136,6 +136,9 @@ struct ClusterConfig {
 
 struct TransportConfig {
   WireDtype wire_dtype = WireDtype::kAuto;  // resolved per link in the plan (transport/wire_plan.h)
+  // The data-parallel exchange's dtype (every push; with local updates, the parameters' change
+  // too); kAuto: as the wire of each push's link.
+  WireDtype exchange_dtype = WireDtype::kAuto;
   int chunk_mib = 2;
   // TCP connections per peer pair; 0: per link from its rate × round trip where the coordinator
   // knows the links (transport/link_connections.h), else 1.

@@ -67,6 +67,67 @@ void DecodeQuantized(const void* in, size_t n, float* out) {
   }
 }
 
+uint16_t ToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
+  }
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // round to nearest even
+}
+
+float FromBf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+// Values topk keeps of a chunk of c.
+size_t TopKKept(size_t c) { return (c + kTopKOneIn - 1) / kTopKOneIn; }
+
+// topk (wire_dtype.h): chunk by chunk, the kept values' offsets, then their bf16 values.
+void EncodeTopK(const float* in, size_t n, void* out) {
+  auto* bytes = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
+  uint16_t order[kWirePiece];
+  for (size_t lo = 0; lo < n; lo += kWirePiece) {
+    const size_t c = std::min(kWirePiece, n - lo), k = TopKKept(c);
+    const float* x = in + lo;
+    // A non-finite magnitude ranks above every finite one; equal magnitudes go to the lower offset.
+    auto magnitude = [x](uint16_t i) {
+      const float a = std::fabs(x[i]);
+      return std::isfinite(a) ? a : std::numeric_limits<float>::infinity();
+    };
+    for (size_t i = 0; i < c; ++i) order[i] = static_cast<uint16_t>(i);
+    std::nth_element(order, order + (k - 1), order + c, [&](uint16_t a, uint16_t b) {
+      const float ma = magnitude(a), mb = magnitude(b);
+      return ma > mb || (ma == mb && a < b);
+    });
+    std::sort(order, order + k);
+    for (size_t j = 0; j < k; ++j) {
+      const uint16_t value = ToBf16(x[order[j]]);
+      std::memcpy(bytes + 2 * j, &order[j], 2);
+      std::memcpy(bytes + 2 * (k + j), &value, 2);
+    }
+    bytes += 4 * k;
+  }
+}
+
+void DecodeTopK(const void* in, size_t n, float* out) {
+  const auto* bytes = static_cast<const uint8_t*>(in);
+  std::fill(out, out + n, 0.0f);
+  for (size_t lo = 0; lo < n; lo += kWirePiece) {
+    const size_t c = std::min(kWirePiece, n - lo), k = TopKKept(c);
+    for (size_t j = 0; j < k; ++j) {
+      uint16_t offset, value;
+      std::memcpy(&offset, bytes + 2 * j, 2);
+      std::memcpy(&value, bytes + 2 * (k + j), 2);
+      if (offset < c) out[lo + offset] = FromBf16(value);
+    }
+    bytes += 4 * k;
+  }
+}
+
 }  // namespace
 
 size_t WireBytes(size_t n, WireDtype d) {
@@ -77,23 +138,25 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kBf16: return 2 * n;
     case WireDtype::kInt8: return n + 4 * Blocks(n);
     case WireDtype::kInt4: return (n + 1) / 2 + 4 * Blocks(n);
+    case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
   }
   return 4 * n;
 }
 
 WireDtype WireDtypeFor(WireDtype job, int kind) {
-  return IsQuantized(job) && kind == proto::PARAMS ? WireDtype::kBf16 : job;
+  return IsLossy(job) && kind == proto::PARAMS ? WireDtype::kBf16 : job;
 }
 
-absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name) {
+absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::string& key) {
   if (name == "fp32") return WireDtype::kF32;
   if (name == "fp16") return WireDtype::kF16;
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "int8") return WireDtype::kInt8;
   if (name == "int4") return WireDtype::kInt4;
+  if (name == "topk") return WireDtype::kTopK;
   if (name == "auto") return WireDtype::kAuto;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "transport.wire_dtype = \"", name, "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\" or \"int4\""));
+  return absl::InvalidArgumentError(absl::StrCat(key, " = \"", name,
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\" or \"topk\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -103,6 +166,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kBf16: return "bf16";
     case WireDtype::kInt8: return "int8";
     case WireDtype::kInt4: return "int4";
+    case WireDtype::kTopK: return "topk";
     case WireDtype::kAuto: return "auto";
   }
   return "?";
@@ -122,15 +186,7 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
     }
     case WireDtype::kBf16: {
       auto* o = static_cast<uint16_t*>(out);
-      for (size_t i = 0; i < n; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &in[i], 4);
-        if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu) != 0) {
-          o[i] = static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
-        } else {
-          o[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // round to nearest even
-        }
-      }
+      for (size_t i = 0; i < n; ++i) o[i] = ToBf16(in[i]);
       return;
     }
     case WireDtype::kInt8:
@@ -138,6 +194,9 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
       return;
     case WireDtype::kInt4:
       EncodeQuantized<true>(in, n, out);
+      return;
+    case WireDtype::kTopK:
+      EncodeTopK(in, n, out);
       return;
   }
 }
@@ -156,10 +215,7 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
     }
     case WireDtype::kBf16: {
       const auto* p = static_cast<const uint16_t*>(in);
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-        std::memcpy(&out[i], &bits, 4);
-      }
+      for (size_t i = 0; i < n; ++i) out[i] = FromBf16(p[i]);
       return;
     }
     case WireDtype::kInt8:
@@ -167,6 +223,9 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     case WireDtype::kInt4:
       DecodeQuantized<true>(in, n, out);
+      return;
+    case WireDtype::kTopK:
+      DecodeTopK(in, n, out);
       return;
   }
 }

@@ -12,6 +12,15 @@
 // (transport/error_feedback.h). Parameters never travel quantized (WireDtypeFor): a model
 // computing with 8-bit weights is another model.
 //
+// topk: per chunk of kWirePiece values from the start of what is encoded (the last chunk may be
+// shorter, c values), its ceil(c / kTopKOneIn) largest magnitudes (ties to the lower offset; a NaN
+// or an infinity counts as the largest, so a non-finite gradient still stops the step), as their
+// uint16 offsets in the chunk in ascending order, then their values in bf16; the other values
+// decode as 0. One value in 32 at 32 bits is 1 bit per value. It is for the data-parallel
+// exchange only (transport.exchange_dtype), whose error feedback sends what a round leaves out in
+// a later one; a pipeline boundary cannot lose 31 values in 32. Decoding writes only within the
+// chunk: an offset past it is ignored, whatever a peer sends.
+//
 // A format is chosen by the config (transport.wire_dtype), sent and admitted by the transport and
 // priced by the planner's simulator: it sits below all three.
 #include <cstddef>
@@ -23,25 +32,28 @@
 namespace longhaul {
 
 // kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
-enum class WireDtype : uint8_t { kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5 };
+enum class WireDtype : uint8_t { kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6 };
 
 inline constexpr size_t kScaleBlock = 128;
 // A tensor split into parts (over connections) is cut at multiples of this many values, so that
 // the quantized dtypes' blocks (and int4's bytes) fall where they would in the whole tensor.
 inline constexpr size_t kWirePiece = 4096;
+// topk keeps one value in this many of each chunk (of kWirePiece values).
+inline constexpr size_t kTopKOneIn = 32;
 
 // Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
 inline bool IsWireDtype(int value) {
-  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt4);
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kTopK);
 }
-// int8 and int4: scaled per block, lossy enough that pushes carry error feedback.
-inline bool IsQuantized(WireDtype d) { return d == WireDtype::kInt8 || d == WireDtype::kInt4; }
+// int8, int4 and topk: lossy enough that pushes carry error feedback.
+inline bool IsLossy(WireDtype d) { return d == WireDtype::kInt8 || d == WireDtype::kInt4 || d == WireDtype::kTopK; }
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);
 // What tensors of `kind` (proto::TensorKind) travel in where the job's wire dtype is `job`:
-// parameters go in bf16 where the job's is quantized, everything else in the job's.
+// parameters go in bf16 where the job's is lossy, everything else in the job's.
 WireDtype WireDtypeFor(WireDtype job, int kind);
-absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name);
+// `name` as the config key `key` gives it (the key names the problem where it is not one).
+absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::string& key = "transport.wire_dtype");
 const char* WireDtypeName(WireDtype d);
 
 // out receives WireBytes(n, d) bytes.

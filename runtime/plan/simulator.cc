@@ -215,7 +215,8 @@ class Engine {
     for (auto& row : host_at)
       for (int& w : row) w = workers_[w].host;
     wires_ = ResolveWires(L_.wire, L_.fast_wire, TensorPairs(host_at),
-                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); }, L_.local_steps > 1);
+                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); }, L_.local_steps > 1,
+                          L_.exchange);
     // Each worker runs the lists its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
       if (k.stage < 0) continue;

@@ -57,6 +57,8 @@ struct Layout {
   // transport.wire_dtype; "auto" is resolved per link as the coordinator does (wire_plan.h), with
   // fast_wire on the fast links (JobConfig::FastWire).
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
+  // transport.exchange_dtype: the pushes' and the parameters' dtype where not kAuto (wire_plan.h).
+  WireDtype exchange = WireDtype::kAuto;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
   // cluster.overlap_exchange: CPU workers overlap the exchange with compute (see above).

@@ -11,6 +11,7 @@ WireDtype WirePlan::Of(int from, int to, int kind) const {
   if (kind == proto::NORM) return WireDtype::kF32;  // doubles as float pairs, bit for bit
   // Rare, and the validation loss is to be the one-process run's for the same parameters.
   if (kind == proto::EVAL_ACTIVATION) return WireDtype::kF32;
+  if (kind == proto::GRAD_PUSH && push_dtype != WireDtype::kAuto) return push_dtype;
   auto it = links.find({from, to});
   return it == links.end() ? default_dtype : it->second;
 }
@@ -40,13 +41,13 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 }
 
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
-                      const std::function<double(int, int)>& rate, bool local_updates) {
+                      const std::function<double(int, int)>& rate, bool local_updates, WireDtype exchange) {
   WirePlan w;
-  WireDtype quantized = WireDtype::kAuto;  // the quantized dtype some link carries, if any
+  WireDtype quantized = WireDtype::kAuto;  // the lossy dtype the exchange uses somewhere, if any
   if (configured != WireDtype::kAuto) {
     w.default_dtype = configured;
     w.params_dtype = WireDtypeFor(configured, proto::PARAMS);
-    if (IsQuantized(configured)) quantized = configured;
+    if (IsLossy(configured)) quantized = configured;
   } else {
     w.default_dtype = w.params_dtype = fast;
     for (const auto& [from, to] : pairs) {
@@ -54,6 +55,11 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
       w.links[{from, to}] = quantized = WireDtype::kInt8;
       w.params_dtype = WireDtypeFor(WireDtype::kInt8, proto::PARAMS);
     }
+  }
+  if (exchange != WireDtype::kAuto) {
+    w.push_dtype = exchange;
+    w.params_dtype = WireDtypeFor(exchange, proto::PARAMS);
+    quantized = IsLossy(exchange) ? exchange : WireDtype::kAuto;
   }
   if (local_updates && quantized != WireDtype::kAuto) {
     // The change between exchanges travels quantized; whole parameters must be exact, for the
@@ -72,6 +78,7 @@ void SetWires(const WirePlan& wires, proto::Plan& plan) {
   plan.set_wire_dtype(static_cast<proto::WireDtype>(wires.default_dtype));
   plan.set_params_wire_dtype(static_cast<proto::WireDtype>(wires.params_dtype));
   plan.set_params_change_wire_dtype(static_cast<proto::WireDtype>(wires.change_dtype));
+  plan.set_push_wire_dtype(static_cast<proto::WireDtype>(wires.push_dtype));
   plan.clear_link_wires();
   for (const auto& [pair, dtype] : wires.links) {
     proto::LinkWire* l = plan.add_link_wires();
@@ -86,6 +93,7 @@ WirePlan WiresOf(const proto::Plan& plan) {
   w.default_dtype = static_cast<WireDtype>(plan.wire_dtype());
   w.params_dtype = static_cast<WireDtype>(plan.params_wire_dtype());
   w.change_dtype = static_cast<WireDtype>(plan.params_change_wire_dtype());
+  w.push_dtype = static_cast<WireDtype>(plan.push_wire_dtype());
   for (const proto::LinkWire& l : plan.link_wires()) {
     w.links[{l.from_worker(), l.to_worker()}] = static_cast<WireDtype>(l.dtype());
   }
@@ -133,7 +141,7 @@ std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const Job
       if (sp.stage() != a.stage()) continue;
       const int owner = WorkerAt(plan, sp.stage(), sp.owner_replica());
       for (int g = 0; g < groups; ++g)
-        if (IsQuantized(wires.Of(a.worker_id(), owner, proto::GRAD_PUSH, a.stage(), a.replica(), g, sp.shard()))) {
+        if (IsLossy(wires.Of(a.worker_id(), owner, proto::GRAD_PUSH, a.stage(), a.replica(), g, sp.shard()))) {
           streams.insert({a.stage(), a.replica() * groups + g});
         }
     }

@@ -39,6 +39,8 @@ struct WirePlan {
   // PARAMS sent as their change since the last exchange (int8 or int4, on every link); kAuto:
   // always whole.
   WireDtype change_dtype = WireDtype::kAuto;
+  // Every GRAD_PUSH's (transport.exchange_dtype); kAuto: its link's.
+  WireDtype push_dtype = WireDtype::kAuto;
   std::map<std::pair<int, int>, WireDtype> links;  // (from, to) whose dtype differs from the default
   // Where the plan fixes streams (group_micro_batches > 0): (kind, stage, job replica, shard) of
   // those whose dtype differs from the default; the plan's replica r runs job replicas
@@ -63,9 +65,13 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 // `configured` (transport.wire_dtype) resolved over the pairs (from, to) that carry tensors, with
 // `rate(from, to)` in bytes/s (infinity where unknown or within a host); `fast` is the dtype of an
 // "auto" job's fast links.
-// With `local_updates`, a quantized wire on any link sends the parameters as their change.
+// With `local_updates`, a lossy dtype on any link sends the parameters as their change.
+// `exchange` (transport.exchange_dtype), unless kAuto, is every push's dtype and decides the
+// parameters' alone: their change in it where lossy with local updates, else whole in
+// WireDtypeFor(exchange).
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
-                      const std::function<double(int, int)>& rate, bool local_updates = false);
+                      const std::function<double(int, int)>& rate, bool local_updates = false,
+                      WireDtype exchange = WireDtype::kAuto);
 
 // Whether the parameters of iteration `it`'s exchange travel whole: always where the plan sends no
 // changes; else only in the broadcast that starts a run (iteration start - 1).

@@ -448,14 +448,15 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
   ExpectTheSameRun(run.calm, run.out, 150);
 }
 
-// Local updates over int4: the shards send their parameters' change with error feedback, whose
-// residual each checkpoint keeps with the shard, beside the pushes' residuals. A worker killed
-// mid-run sends every worker back to the last checkpoint's, so the run ends bitwise as the
-// uninterrupted one.
-TEST(Chaos, ALocalUpdatesRunOverInt4GoesBackToTheCheckpointsResidualsAndEndsBitwise) {
+// Local updates with a topk exchange (int4 at the boundaries): the shards send their parameters'
+// change with error feedback, whose residual each checkpoint keeps with the shard, beside the
+// pushes' residuals. A worker killed mid-run sends every worker back to the last checkpoint's, so
+// the run ends bitwise as the uninterrupted one.
+TEST(Chaos, ALocalUpdatesRunWithATopKExchangeGoesBackToTheCheckpointsResidualsAndEndsBitwise) {
   UseNewSecret();
   const OneFailure run = RunWithOneFailure(
-      "local_int4", {"transport.wire_dtype=int4", "train.local_steps=5", "train.steps=150"}, 55);
+      "local_topk", {"transport.wire_dtype=int4", "transport.exchange_dtype=topk", "train.local_steps=5",
+                     "train.steps=150"}, 55);
   EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
   ExpectTheSameRun(run.calm, run.out, 150);
 }

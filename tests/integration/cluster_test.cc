@@ -273,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "
 
 // A run stopped at step 3 and resumed matches the uninterrupted run bitwise: synchronous, and with
 // local updates, whose workers' own AdamW state the checkpoint carries beside the shards', in
-// fp32 and over int4.
+// fp32, over int4, and with a topk exchange over an int8 wire.
 class Resume : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Resume, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
@@ -311,6 +311,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"local_updates_int4",
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
                               "transport.wire_dtype=\"int4\""},
+                             true},
+                      // Pushes and the change in topk, the boundaries in int8.
+                      Layout{"local_updates_topk",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
+                              "transport.wire_dtype=\"int8\"", "transport.exchange_dtype=\"topk\""},
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 

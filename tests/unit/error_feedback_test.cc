@@ -61,7 +61,7 @@ TEST(ErrorFeedback, AStreamSetToAKeptResidualGoesOnAsTheOriginal) {
 
 // The rounded values Apply hands back are exactly what the wire delivers of what it sent.
 TEST(ErrorFeedback, TheRoundedCopyIsWhatTheWireDelivers) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kTopK}) {
     const size_t n = 300;
     std::vector<float> g(n), rounded(n);
     for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * i) * (1 + i % 7);

@@ -144,6 +144,16 @@ TEST(JobConfig, TheWireIsAutoAndAGpuJobsFastLinksCarryBf16) {
   EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}).first, WireDtype::kF32);
 }
 
+// topk is the data-parallel exchange's alone: the boundaries' wire refuses it, naming the key that takes it.
+TEST(JobConfig, TopKIsTheExchangesAndNotTheBoundaries) {
+  EXPECT_NE(Error("", {"transport.wire_dtype=topk"}).find("transport.exchange_dtype = \"topk\""), std::string::npos);
+  auto c = ParseJobConfig("", "job.toml", {"transport.exchange_dtype=topk", "train.local_steps=4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->transport.exchange_dtype, WireDtype::kTopK);
+  EXPECT_NE(Error("", {"transport.exchange_dtype=int2"}).find("transport.exchange_dtype = \"int2\": use"),
+            std::string::npos);
+}
+
 TEST(JobConfig, WorkersAreBounded) {
   EXPECT_NE(Error("", {"cluster.stages=2", "cluster.replicas=40000"})
                 .find("cluster.stages x cluster.replicas = 2 x 40000 workers: at most 65536"),

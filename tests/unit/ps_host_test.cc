@@ -299,11 +299,13 @@ TEST(PsHost, LocalUpdatesStepTheAveragedChangeWithNesterovMomentum) {
   EXPECT_EQ(shard.size(), n);
 }
 
-// Local updates over int4: the host sends the replicas its parameters' change in int4 with error
-// feedback and holds what they then hold (its parameters before the step plus the change as they
-// decode it); the residual lives in the shard's second-moment slot, so a host made anew from the
-// shard's state (a checkpoint's) goes on bitwise as the first would have.
-TEST(PsHost, LocalUpdatesOverInt4SendTheChangeAndHoldWhatTheReplicasHold) {
+// Local updates over int4 or topk: the host sends the replicas its parameters' change in that
+// dtype with error feedback and holds what they then hold (its parameters before the step plus the
+// change as they decode it); the residual lives in the shard's second-moment slot, so a host made
+// anew from the shard's state (a checkpoint's) goes on bitwise as the first would have.
+class LossyChange : public ::testing::TestWithParam<WireDtype> {};
+TEST_P(LossyChange, LocalUpdatesSendTheChangeAndHoldWhatTheReplicasHold) {
+  const WireDtype lossy = GetParam();
   Fixture f;
   const size_t n = f.layout.total();
   std::vector<std::vector<float>> received;  // what replica 1 decodes, per exchange
@@ -315,7 +317,7 @@ TEST(PsHost, LocalUpdatesOverInt4SendTheChangeAndHoldWhatTheReplicasHold) {
     RoundThroughWire(data, received.back().data(), count, dtype);
     dtypes.push_back(dtype);
   };
-  const OuterOptimizer outer{true, 0.7f, 0.9f, WireDtype::kInt4, [](int64_t it) { return it < 0; }};
+  const OuterOptimizer outer{true, 0.7f, 0.9f, lossy, [](int64_t it) { return it < 0; }};
   auto exchange = [&](PsHost& host, int it) {
     for (int r = 0; r < 2; ++r) {
       f.pushes[r].resize(n);
@@ -329,7 +331,7 @@ TEST(PsHost, LocalUpdatesOverInt4SendTheChangeAndHoldWhatTheReplicasHold) {
   std::vector<float> replica = f.Init();  // what replica 1 holds: the initial parameters, then + changes
   for (int it = 0; it < 3; ++it) {
     exchange(host, it);
-    ASSERT_EQ(dtypes.back(), WireDtype::kInt4);
+    ASSERT_EQ(dtypes.back(), lossy);
     for (size_t i = 0; i < n; ++i) replica[i] += received.back()[i];
     const float* held = *host.shards()[0]->Params();
     ASSERT_EQ(std::vector<float>(held, held + n), replica) << "exchange " << it;
@@ -349,6 +351,8 @@ TEST(PsHost, LocalUpdatesOverInt4SendTheChangeAndHoldWhatTheReplicasHold) {
   EXPECT_EQ(std::vector<float>(*host.shards()[0]->Params(), *host.shards()[0]->Params() + n),
             std::vector<float>(*resumed.shards()[0]->Params(), *resumed.shards()[0]->Params() + n));
 }
+INSTANTIATE_TEST_SUITE_P(PsHost, LossyChange, ::testing::Values(WireDtype::kInt4, WireDtype::kTopK),
+                         [](const ::testing::TestParamInfo<WireDtype>& p) { return WireDtypeName(p.param); });
 
 TEST(PsHost, RefusesAPushOfTheWrongSizeAndANormThatIsNotFinite) {
   Fixture f;

@@ -1,11 +1,14 @@
 // Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks and
-// int4's nibbles, and which dtype each kind of tensor travels in.
+// int4's nibbles, topk's choice per chunk and its safety against any bytes, and which dtype each
+// kind of tensor travels in.
 #include "format/wire_dtype.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "longhaul.pb.h"
@@ -33,13 +36,16 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(1000, WireDtype::kInt8), 1000u + 4 * 8);  // 8 blocks of 128 (the last 104)
   EXPECT_EQ(WireBytes(0, WireDtype::kInt8), 0u);
   EXPECT_EQ(WireBytes(1001, WireDtype::kInt4), 501u + 4 * 8);  // two values a byte, 8 scales
-  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4}) {
+  EXPECT_EQ(WireBytes(2 * 4096, WireDtype::kTopK), 2 * 128 * 4u);  // 1 bit a value
+  EXPECT_EQ(WireBytes(4096 + 33, WireDtype::kTopK), (128 + 2) * 4u);
+  for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
+                      WireDtype::kTopK}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
     EXPECT_TRUE(IsWireDtype(static_cast<int>(d)));
   }
-  EXPECT_FALSE(IsWireDtype(6));
+  EXPECT_FALSE(IsWireDtype(7));
   auto bad = ParseWireDtype("int2");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("\"int4\""), std::string::npos) << bad.status();
@@ -103,7 +109,8 @@ TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
 TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
-    for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4}) {
+    for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
+                        WireDtype::kTopK}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -113,8 +120,53 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   }
 }
 
+// topk keeps exactly each chunk's ceil(c / 32) largest magnitudes (ties to the lower offset), in
+// bf16, and zeros the rest; a NaN is kept, so a non-finite gradient still stops the step.
+TEST(WireDtype, TopKKeepsEachChunksLargestAndNothingElse) {
+  const size_t n = 2 * kWirePiece + 100;  // two whole chunks and one of 100 (4 kept)
+  std::vector<float> x = Wavy(n);
+  for (size_t i = 0; i < 40; ++i) x[kWirePiece + i] = 1000.0f;  // 40 ties in the second chunk
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> y = Through(x, WireDtype::kTopK);
+  for (size_t lo = 0; lo < n; lo += kWirePiece) {
+    const size_t c = std::min(kWirePiece, n - lo), k = (c + 31) / 32;
+    std::vector<size_t> order(c);
+    for (size_t i = 0; i < c; ++i) order[i] = i;
+    auto key = [&](size_t i) { return std::isnan(x[lo + i]) ? INFINITY : std::fabs(x[lo + i]); };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
+    std::vector<bool> kept(c, false);
+    for (size_t j = 0; j < k; ++j) kept[order[j]] = true;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < c; ++i) {
+      const float want = kept[i] ? Through({x[lo + i]}, WireDtype::kBf16)[0] : 0.0f;
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(y[lo + i])) << lo + i;
+      } else {
+        EXPECT_EQ(y[lo + i], want) << "value " << lo + i << (kept[i] ? " (kept)" : "");
+      }
+      nonzero += y[lo + i] != 0.0f;
+    }
+    EXPECT_EQ(nonzero, k) << "chunk at " << lo;
+  }
+}
+
+// Whatever bytes a peer sends as topk, decoding writes only within the tensor: an offset past its
+// chunk is ignored.
+TEST(WireDtype, TopKDecodesAnyBytesWithinTheTensor) {
+  std::mt19937 rng(5);
+  for (size_t n : {size_t{1}, size_t{100}, kWirePiece + 3}) {
+    std::vector<uint8_t> wire(WireBytes(n, WireDtype::kTopK));
+    for (int trial = 0; trial < 50; ++trial) {
+      for (uint8_t& b : wire) b = static_cast<uint8_t>(rng());
+      std::vector<float> out(n + 64, 12345.0f);  // a guard band past the tensor
+      DecodeWire(wire.data(), n, WireDtype::kTopK, out.data());
+      for (size_t i = n; i < out.size(); ++i) ASSERT_EQ(out[i], 12345.0f) << "wrote past the tensor, n " << n;
+    }
+  }
+}
+
 TEST(WireDtype, ParametersNeverTravelQuantized) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kTopK}) {
     EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
     for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }

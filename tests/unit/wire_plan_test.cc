@@ -41,14 +41,37 @@ TEST(WirePlan, ANamedDtypeHoldsOnEveryLinkAndParametersAvoidInt8) {
             WireDtype::kF16);
 }
 
+// transport.exchange_dtype sets every push's dtype apart from the boundaries', and with local
+// updates the parameters travel as their change in it (whole in fp32 only where a run starts).
+TEST(WirePlan, TheExchangesOwnDtypeSetsThePushesAndTheParameters) {
+  const auto slow = [](int, int) { return 1e3; };
+  const WirePlan sync = ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{0, 1}, {1, 0}}, slow, false, WireDtype::kTopK);
+  EXPECT_EQ(sync.Of(0, 1, proto::ACTIVATION), WireDtype::kInt8) << "the boundary keeps its link's";
+  EXPECT_EQ(sync.Of(0, 1, proto::GRAD_PUSH), WireDtype::kTopK);
+  EXPECT_EQ(sync.Of(0, 1, proto::PARAMS), WireDtype::kBf16);
+  EXPECT_EQ(sync.change_dtype, WireDtype::kAuto);
+  const WirePlan local = ResolveWires(WireDtype::kF32, WireDtype::kF32, {{0, 1}}, slow, true, WireDtype::kTopK);
+  EXPECT_EQ(local.Of(0, 1, proto::ACTIVATION), WireDtype::kF32);
+  EXPECT_EQ(local.Of(0, 1, proto::GRAD_PUSH), WireDtype::kTopK);
+  EXPECT_EQ(local.change_dtype, WireDtype::kTopK);
+  EXPECT_EQ(local.params_dtype, WireDtype::kF32);
+  // An exact exchange over an int8 wire: pushes and parameters whole in fp32, no change sent.
+  const WirePlan exact = ResolveWires(WireDtype::kInt8, WireDtype::kF32, {{0, 1}}, slow, true, WireDtype::kF32);
+  EXPECT_EQ(exact.Of(0, 1, proto::GRAD_PUSH), WireDtype::kF32);
+  EXPECT_EQ(exact.params_dtype, WireDtype::kF32);
+  EXPECT_EQ(exact.change_dtype, WireDtype::kAuto);
+}
+
 TEST(WirePlan, APlanCarriesIt) {
-  const WirePlan w =
-      ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {4, 3}}, [](int, int) { return 1e6; });
+  const WirePlan w = ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {4, 3}}, [](int, int) { return 1e6; },
+                                  true, WireDtype::kTopK);
   proto::Plan plan;
   SetWires(w, plan);
   const WirePlan back = WiresOf(plan);
   EXPECT_EQ(back.default_dtype, w.default_dtype);
   EXPECT_EQ(back.params_dtype, w.params_dtype);
+  EXPECT_EQ(back.change_dtype, WireDtype::kTopK);
+  EXPECT_EQ(back.push_dtype, WireDtype::kTopK);
   EXPECT_EQ(back.links, w.links);
 }
 
