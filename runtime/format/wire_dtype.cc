@@ -86,12 +86,18 @@ float FromBf16(uint16_t b) {
 // Values topk keeps of a chunk of c.
 size_t TopKKept(size_t c) { return (c + kTopKOneIn - 1) / kTopKOneIn; }
 
-// topk (wire_dtype.h): chunk by chunk, the kept values' offsets, then their bf16 values.
+// topk (wire_dtype.h): chunk by chunk, the kept values' offsets, then their bf16 values. Every
+// chunk's place in the encoding is known beforehand, so the cores share the chunks of a large
+// tensor (the choice is the costly part: several times int8's work a value).
 void EncodeTopK(const float* in, size_t n, void* out) {
-  auto* bytes = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
-  uint16_t order[kWirePiece];
-  for (size_t lo = 0; lo < n; lo += kWirePiece) {
+  const long chunks = static_cast<long>((n + kWirePiece - 1) / kWirePiece);
+#pragma omp parallel for schedule(static) if (chunks > 64)
+  for (long chunk = 0; chunk < chunks; ++chunk) {
+    const size_t lo = static_cast<size_t>(chunk) * kWirePiece;
     const size_t c = std::min(kWirePiece, n - lo), k = TopKKept(c);
+    // May be unaligned: a part's encoding sits at any byte.
+    uint8_t* bytes = static_cast<uint8_t*>(out) + 4 * TopKKept(kWirePiece) * static_cast<size_t>(chunk);
+    uint16_t order[kWirePiece];
     const float* x = in + lo;
     // A non-finite magnitude ranks above every finite one; equal magnitudes go to the lower offset.
     auto magnitude = [x](uint16_t i) {
@@ -109,7 +115,6 @@ void EncodeTopK(const float* in, size_t n, void* out) {
       std::memcpy(bytes + 2 * j, &order[j], 2);
       std::memcpy(bytes + 2 * (k + j), &value, 2);
     }
-    bytes += 4 * k;
   }
 }
 
