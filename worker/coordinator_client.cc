@@ -81,9 +81,12 @@ void CoordinatorClient::HoldLifeline() {
     while (reader->Read(&news)) {
       if (news.members_size() > 0) {
         std::vector<proto::Peer> members(news.members().begin(), news.members().end());
+        // Kept before the observer hears: whoever it wakes finds them with TakeMembers.
+        {
+          absl::MutexLock lock(&members_mu_);
+          members_ = members;
+        }
         if (on_members_) on_members_(members);
-        absl::MutexLock lock(&members_mu_);
-        members_ = std::move(members);
       }
       if (news.has_plan()) {
         absl::MutexLock lock(&news_mu_);

@@ -1146,7 +1146,7 @@ TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
   std::cout << "an int8 part announcing 2^34 elements: resident memory grew by " << grew / 1024 << " KiB\n";
   EXPECT_LT(grew, 16 << 20);
 
-  for (int dtype : {0, 6, 255}) {
+  for (int dtype : {0, 7, 255}) {
     proto::TensorHeader h = Crafted(9, 10, 0, 10);
     h.set_dtype(static_cast<proto::WireDtype>(dtype));
     const absl::Status s = SendCrafted(server_->address(), h, Ramp(10));
@@ -1155,6 +1155,30 @@ TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
   }
   EXPECT_EQ(box_.HeldFloats(), 0u);
   ExpectStillServes(9);
+}
+
+// topk parts as a peer could craft them: offsets past the chunk, repeated or out of order, decode
+// within the tensor (the offsets past it are dropped), so a live receiver hands over exactly the
+// tensor's elements and goes on serving.
+TEST_F(Hostile, CraftedTopKPartsStayWithinTheirTensor) {
+  const uint64_t n = 100;  // one chunk of 100: 4 values kept
+  proto::TensorHeader h = Crafted(5, n, 0, n);
+  h.set_dtype(proto::TOPK);
+  std::string wire(WireBytes(n, WireDtype::kTopK), '\0');
+  const uint16_t offsets[4] = {0xffff, 99, 100, 99};
+  const uint16_t values[4] = {0x3f80, 0x4000, 0x4040, 0x4080};  // bf16 1, 2, 3, 4
+  std::memcpy(wire.data(), offsets, 8);
+  std::memcpy(wire.data() + 8, values, 8);
+  testing::RawPeer peer(server_->address(), "jobA");
+  peer.Write(testing::PartFrame(h, wire));
+  ASSERT_TRUE(peer.Ack().ok()) << peer.Ack();
+  auto got = box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), n);
+  std::vector<float> want(n, 0.0f);
+  want[99] = 4.0f;  // the last of the repeated offset wins; 0xffff and 100 lie past the chunk
+  EXPECT_EQ(*got, want);
+  ExpectStillServes(6);
 }
 
 // A receiver that is no longhaul worker: it reads whatever comes and answers the n-th read with
