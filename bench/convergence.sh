@@ -6,7 +6,7 @@
 # runtime/plan/penalties/cpu-bytes-python-docs.toml.
 #
 # Usage: bash bench/convergence.sh [--quick] [longhaul convergence options, e.g. --set KEY=VALUE]
-# After deploy/setup.sh (which installs python3.11-doc); about an hour on 2 cores, --quick minutes.
+# After deploy/setup.sh (which installs python3-doc); about an hour on 2 cores, --quick minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=build/corpus/python-docs

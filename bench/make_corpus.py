@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns Debian's Python documentation (package python3.11-doc, HTML) into plain English text to
+"""Turns Debian's Python documentation (package python3-doc, HTML) into plain English text to
 train on: each page's main body as text (prose and code blocks; no navigation, scripts, styles,
 permalink marks, or index pages), pages concatenated in path order. Pages are split between
 train.txt and val.txt by a hash of their path, so validation is text from pages never trained on,
@@ -92,14 +92,25 @@ def pages(root):
                 yield rel
 
 
+def default_html():
+    """Python 3.11's documentation where installed (the shipped penalties were measured on it,
+    Debian 12's), else the oldest release's found: Debian 13 ships 3.13's."""
+    found = [d for d in os.listdir("/usr/share/doc") if re.fullmatch(r"python3\.\d+", d)
+             and os.path.isfile(os.path.join("/usr/share/doc", d, "html", "index.html"))] \
+        if os.path.isdir("/usr/share/doc") else []
+    found.sort(key=lambda d: int(d.split(".")[1]))
+    return os.path.join("/usr/share/doc", found[0] if found else "python3.11", "html")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--html", default="/usr/share/doc/python3.11/html")
+    ap.add_argument("--html", default=default_html(),
+                    help="the documentation's HTML (default: the oldest /usr/share/doc/python3.*/html)")
     ap.add_argument("--out", default="build/corpus/python-docs")
     ap.add_argument("--val-every", type=int, default=20, help="about one page in N goes to validation")
     args = ap.parse_args()
     if not os.path.isfile(os.path.join(args.html, "index.html")):
-        sys.exit(f"make_corpus: no Python documentation under {args.html}: install Debian's python3.11-doc "
+        sys.exit(f"make_corpus: no Python documentation under {args.html}: install Debian's python3-doc "
                  "(bash deploy/setup.sh installs it)")
     os.makedirs(args.out, exist_ok=True)
     split = {"train": [], "val": []}

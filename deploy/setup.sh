@@ -32,7 +32,7 @@ packages=(build-essential cmake ninja-build pkg-config zlib1g-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libuv1-dev libnetfilter-queue-dev libssl-dev iproute2 iptables python3
-  python3.11-doc)  # the convergence bench's English text (bench/make_corpus.py) and its suite check
+  python3-doc bc)  # python3-doc: the convergence bench's English text (bench/make_corpus.py); bc: tests/cli
 [ "$with_torch" = 1 ] && packages+=(python3-torch python3-numpy python3-regex)
 [ "$with_deploy" = 1 ] && packages+=(podman podman-compose runc debootstrap uidmap
   golang-github-containernetworking-plugin-dnsname slurmctld slurmd slurm-client

@@ -3,13 +3,13 @@
 # trains, each setting gets a penalty or a final gap, a setting that cannot reach the exact path's
 # loss (a learning rate 1000 times too small, added with --try) reports its gap and is not
 # choosable, and the SVG and the penalties file are written. Nothing here is timed.
-# Exits 77 (skipped) where Debian's python3.11-doc, the corpus's source, is not installed.
+# Exits 77 (skipped) where Debian's python3-doc, the corpus's source, is not installed.
 # Usage: convergence.sh path/to/longhaul (run from anywhere: paths are the source tree's)
 set -u
 bin="$1"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -f /usr/share/doc/python3.11/html/index.html ] ||
-  { echo "SKIPPED: no /usr/share/doc/python3.11/html (bash deploy/setup.sh installs python3.11-doc)"; exit 77; }
+compgen -G "/usr/share/doc/python3.*/html/index.html" >/dev/null ||
+  { echo "SKIPPED: no /usr/share/doc/python3.*/html (bash deploy/setup.sh installs python3-doc)"; exit 77; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail=0

@@ -19,31 +19,9 @@ if [ "$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null)" = cni ] &&
   skip "podman's CNI networks have no name resolution here (apt-get install golang-github-containernetworking-plugin-dnsname)"
 fi
 
-# Base images: Docker Hub's where reachable; on machines without it (this project's), the same
-# Debian release made with debootstrap from Debian's own package mirror.
-base=docker.io/library/debian:bookworm
-if ! podman image exists "$base" && ! podman pull -q "$base" >/dev/null 2>&1; then
-  command -v debootstrap >/dev/null || skip "no $base image, no registry, and no debootstrap to make one"
-  rootfs=$(mktemp -d)
-  echo "making $base with debootstrap (about 30 s)"
-  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null 2>&1 ||
-    { rm -rf "$rootfs"; skip "debootstrap could not reach deb.debian.org"; }
-  tar -C "$rootfs" -c . | podman import -q - "$base" >/dev/null
-  rm -rf "$rootfs"
-fi
-podman image exists "$base-slim" || podman tag "$base" "$base-slim"
-
-# Some sandboxes refuse crun's rlimits and cgroups: runc with the limits this process has works
-# there. Real hosts take podman's defaults.
-if ! podman run --rm "$base" true >/dev/null 2>&1; then
-  conf=$(mktemp)
-  nproc=$(ulimit -Hu)
-  [ "$nproc" = unlimited ] || [ "$nproc" -gt 4096 ] && nproc=4096
-  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n[engine]\nruntime = "runc"\n' \
-    "$(ulimit -Hn)" "$(ulimit -Hn)" "$nproc" "$nproc" >"$conf"
-  export CONTAINERS_CONF="$conf"
-  podman run --rm "$base" true >/dev/null 2>&1 || skip "podman cannot start a container here: $(podman run --rm "$base" true 2>&1 | tail -1)"
-fi
+# The base images (bookworm's), and podman able to start containers here.
+source tests/deploy/podman_base.sh
+podman_base bookworm || skip "$podman_why"
 
 run_dir=$(mktemp -d)
 trap 'rm -rf "$run_dir"' EXIT
