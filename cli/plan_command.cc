@@ -193,19 +193,21 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
       table.measured_on.empty() ? ""
                                 : absl::StrFormat(" (%s; %s; measured on %s)", table.model, table.corpus,
                                                   table.measured_on));
-  std::cout << absl::StrFormat("  %-22s %-26s %6s  %-26s %9s %10s %10s %8s\n", "setting", "penalty (seed range)",
+  int width = 22;  // the settings' names make a column
+  for (const SettingPlan& sp : plans) width = std::max(width, static_cast<int>(sp.setting->name.size()));
+  std::cout << absl::StrFormat("  %-*s %-26s %6s  %-26s %9s %10s %10s %8s\n", width, "setting", "penalty (seed range)",
                                "batch", "best layout", "iteration", "tokens/s", "effective", "x 1 GPU");
   for (const SettingPlan& sp : plans) {
     const SettingPenalty& p = *sp.setting;
     const std::string penalty =
         p.choosable ? absl::StrFormat("%+.3f (%+.3f..%+.3f)", p.penalty, p.penalty_min, p.penalty_max) : "-";
     if (!sp.best) {
-      std::cout << absl::StrFormat("  %-22s %-26s %6d  not planned: %s\n", p.name, penalty, sp.global_batch,
+      std::cout << absl::StrFormat("  %-*s %-26s %6d  not planned: %s\n", width, p.name, penalty, sp.global_batch,
                                    sp.why_not);
       continue;
     }
     const Layout& L = sp.best->layout;
-    std::cout << absl::StrFormat("  %-22s %-26s %6d  %-26s %7.2f s %10.0f %10.0f %7.1fx\n", p.name, penalty,
+    std::cout << absl::StrFormat("  %-*s %-26s %6d  %-26s %7.2f s %10.0f %10.0f %7.1fx\n", width, p.name, penalty,
                                  sp.global_batch,
                                  absl::StrFormat("%dx%d, %d x %d, %s", L.stages, L.replicas, L.micro_batches,
                                                  L.work.micro_batch, ScheduleName(L.schedule)),
