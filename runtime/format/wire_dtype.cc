@@ -98,16 +98,16 @@ void EncodeTopK(const float* in, size_t n, void* out) {
     // May be unaligned: a part's encoding sits at any byte.
     uint8_t* bytes = static_cast<uint8_t*>(out) + 4 * TopKKept(kWirePiece) * static_cast<size_t>(chunk);
     uint16_t order[kWirePiece];
+    float magnitude[kWirePiece];  // each once, not at every comparison
     const float* x = in + lo;
     // A non-finite magnitude ranks above every finite one; equal magnitudes go to the lower offset.
-    auto magnitude = [x](uint16_t i) {
+    for (size_t i = 0; i < c; ++i) {
       const float a = std::fabs(x[i]);
-      return std::isfinite(a) ? a : std::numeric_limits<float>::infinity();
-    };
-    for (size_t i = 0; i < c; ++i) order[i] = static_cast<uint16_t>(i);
+      magnitude[i] = std::isfinite(a) ? a : std::numeric_limits<float>::infinity();
+      order[i] = static_cast<uint16_t>(i);
+    }
     std::nth_element(order, order + (k - 1), order + c, [&](uint16_t a, uint16_t b) {
-      const float ma = magnitude(a), mb = magnitude(b);
-      return ma > mb || (ma == mb && a < b);
+      return magnitude[a] > magnitude[b] || (magnitude[a] == magnitude[b] && a < b);
     });
     std::sort(order, order + k);
     for (size_t j = 0; j < k; ++j) {
