@@ -36,7 +36,7 @@ class NetworkChannel final : public Channel {
   // Local updates (train.local_steps > 1): PushGradients pushes the change of the stage's
   // parameters since they were last pulled, which the outer step averages.
   void PushChanges() { pulled_.resize(layout_.total()); }
-  // With PushChanges over a quantized wire (transport/wire_plan.h): the parameters of an exchange
+  // With PushChanges over a lossy exchange (transport/wire_plan.h): the parameters of an exchange
   // arrive as their change since the last one, added to the parameters as last pulled, except
   // where `whole(it)` says they travel whole.
   void PullChanges(std::function<bool(int64_t it)> whole) { whole_ = std::move(whole); }
@@ -100,7 +100,7 @@ class NetworkChannel final : public Channel {
   Timeline& timeline_;
   PsHost* ps_host_ = nullptr;
   double ps_waited_ = 0;  // while the PsHost takes pushes and waits for the global norm
-  // [group][shard of stage_shards_]: quantized pushes carry error feedback, each group's its own as
+  // [group][shard of stage_shards_]: lossy pushes carry error feedback, each group's its own as
   // each replica of the job has; checkpoints keep the residuals (Residuals).
   std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then.

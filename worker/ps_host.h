@@ -40,7 +40,7 @@ struct PsLinks {
 
 // Local updates (train.local_steps > 1): what a replica pushes is its change since the last
 // exchange, and the shards step it with Nesterov momentum, unclipped, so no norm is reduced.
-// Over a quantized wire the shards send the replicas their parameters' change in `change_dtype`
+// Over a lossy exchange (wire_plan.h) the shards send the replicas their parameters' change in `change_dtype`
 // with error feedback, whose residual each shard keeps in its second-moment slot (checkpoints
 // carry it), and set themselves to what the replicas then hold; whole where `whole` says so
 // (transport/wire_plan.h ParamsTravelWhole).

@@ -644,7 +644,7 @@ void Worker::BuildExchange() {
                                               mailbox_, *peers_, timeline_);
   if (LocalUpdates()) channel_->PushChanges();
   const WirePlan wires = WiresOf(plan_);
-  // Over a quantized wire, an exchange's parameters travel as their change (wire_plan.h).
+  // Over a lossy exchange, an exchange's parameters travel as their change (wire_plan.h).
   auto whole = [wires, start = plan_.start_iteration()](int64_t it) { return ParamsTravelWhole(wires, it, start); };
   if (LocalUpdates() && wires.change_dtype != WireDtype::kAuto) channel_->PullChanges(whole);
   NetworkChannel* channel = channel_.get();

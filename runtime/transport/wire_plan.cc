@@ -43,28 +43,28 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
                       const std::function<double(int, int)>& rate, bool local_updates, WireDtype exchange) {
   WirePlan w;
-  WireDtype quantized = WireDtype::kAuto;  // the lossy dtype the exchange uses somewhere, if any
+  WireDtype lossy = WireDtype::kAuto;  // the lossy dtype the exchange uses somewhere, if any
   if (configured != WireDtype::kAuto) {
     w.default_dtype = configured;
     w.params_dtype = WireDtypeFor(configured, proto::PARAMS);
-    if (IsLossy(configured)) quantized = configured;
+    if (IsLossy(configured)) lossy = configured;
   } else {
     w.default_dtype = w.params_dtype = fast;
     for (const auto& [from, to] : pairs) {
       if (from == to || rate(from, to) >= kAutoInt8Below) continue;
-      w.links[{from, to}] = quantized = WireDtype::kInt8;
+      w.links[{from, to}] = lossy = WireDtype::kInt8;
       w.params_dtype = WireDtypeFor(WireDtype::kInt8, proto::PARAMS);
     }
   }
   if (exchange != WireDtype::kAuto) {
     w.push_dtype = exchange;
     w.params_dtype = WireDtypeFor(exchange, proto::PARAMS);
-    quantized = IsLossy(exchange) ? exchange : WireDtype::kAuto;
+    lossy = IsLossy(exchange) ? exchange : WireDtype::kAuto;
   }
-  if (local_updates && quantized != WireDtype::kAuto) {
-    // The change between exchanges travels quantized; whole parameters must be exact, for the
+  if (local_updates && lossy != WireDtype::kAuto) {
+    // The change between exchanges travels lossy; whole parameters must be exact, for the
     // replicas to hold what the shard holds.
-    w.change_dtype = quantized;
+    w.change_dtype = lossy;
     w.params_dtype = WireDtype::kF32;
   }
   return w;
