@@ -30,6 +30,8 @@ grep -q '^VERSION_ID="13"' "$root/etc/os-release" || { echo "FAIL: $root is not 
 mounted=()
 cleanup() {
   local i
+  # `ip netns` inside the root mounts its run/netns, which would outlive the root's own mounts.
+  mountpoint -q "$root/run/netns" && umount -l "$root/run/netns"
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null; done
 }
 trap cleanup EXIT
