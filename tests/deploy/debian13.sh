@@ -9,7 +9,7 @@
 # The root is kept under /var/tmp/longhaul-debian13 (LONGHAUL_DEBIAN13_ROOT) and reused, build
 # folder included, so a second run rebuilds only what changed. Exits 77 (skipped) with the reason
 # where it cannot run: not root, no debootstrap, or no way to Debian's mirror.
-# Usage: tests/deploy/debian13.sh   (about 25 minutes on 2 cores the first time)
+# Usage: tests/deploy/debian13.sh
 set -u
 cd "$(dirname "$0")/../.."
 skip() { echo "SKIPPED: $*"; exit 77; }
