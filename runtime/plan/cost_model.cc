@@ -1,5 +1,6 @@
 #include "plan/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -325,6 +326,36 @@ LinkCost NetworkCost::Between(int from_host, int to_host) const {
   if (!scenario_) return uniform_;
   const netem::Link l = scenario_->Between(from_host, to_host);
   return {l.delay_ms / 1e3, l.rate_mbit * 1e6 / 8, window_bytes_};
+}
+
+double NetworkCost::EgressRate(int host) const {
+  if (host < 0) return 0;
+  if (static_cast<size_t>(host) < egress_.size()) return egress_[host];
+  return scenario_ ? scenario_->EgressMbit(host) * 1e6 / 8 : 0;
+}
+
+double NetworkCost::IngressRate(int host) const {
+  if (host < 0) return 0;
+  if (static_cast<size_t>(host) < ingress_.size()) return ingress_[host];
+  return scenario_ ? scenario_->IngressMbit(host) * 1e6 / 8 : 0;
+}
+
+bool NetworkCost::HasCards() const {
+  auto any = [](const std::vector<double>& v) { return std::any_of(v.begin(), v.end(), [](double r) { return r > 0; }); };
+  return any(egress_) || any(ingress_) || (scenario_ && scenario_->HasCards());
+}
+
+void NetworkCost::SetCards(std::vector<double> egress, std::vector<double> ingress) {
+  egress_ = std::move(egress);
+  ingress_ = std::move(ingress);
+}
+
+NetworkCost NetworkCost::WithoutCards() const {
+  NetworkCost n = *this;
+  n.egress_.clear();
+  n.ingress_.clear();
+  if (n.scenario_) n.scenario_->egress_mbit.clear(), n.scenario_->ingress_mbit.clear();
+  return n;
 }
 
 }  // namespace longhaul

@@ -149,9 +149,20 @@ class NetworkCost {
   // round_trip_ms, mbit_per_s; worker w is host w); `*hosts` gets the matrix's size.
   static absl::StatusOr<NetworkCost> LoadMeasured(const std::string& cluster_json_path, int* hosts);
   LinkCost Between(int from_host, int to_host) const;
+  // Host `host`'s network card in bytes/s, shared by all it sends (egress) or receives (ingress)
+  // at once; 0: unlimited (no card). From the scenario's nic_gbps, or set from measurements.
+  double EgressRate(int host) const;
+  double IngressRate(int host) const;
+  bool HasCards() const;
+  // Measured cards: [host] bytes/s each way, 0 where unknown.
+  void SetCards(std::vector<double> egress, std::vector<double> ingress);
+  // The same links with no card anywhere: the model that prices every pair as if it had a card of
+  // its own, for comparison.
+  NetworkCost WithoutCards() const;
 
  private:
   std::optional<netem::Scenario> scenario_;
+  std::vector<double> egress_, ingress_;  // [host]: measured cards
   std::vector<std::vector<LinkCost>> matrix_;
   LinkCost uniform_;
   double window_bytes_ = 0;

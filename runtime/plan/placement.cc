@@ -240,8 +240,8 @@ class Search {
       }
   }
 
-  // class_[w]: workers the cost model cannot tell apart (one device, the same links to every other
-  // host) share a class; swapping two of them changes nothing.
+  // class_[w]: workers the cost model cannot tell apart (one device, the same card, the same links
+  // to every other host) share a class; swapping two of them changes nothing.
   void Classes() {
     const int W = scorer_.workers();
     std::vector<int> hosts = p_.host;
@@ -249,6 +249,10 @@ class Search {
       if (scorer_.Device(a) != scorer_.Device(b)) return false;
       const int ha = p_.host[a], hb = p_.host[b];
       if (ha == hb) return true;
+      if (p_.network.EgressRate(ha) != p_.network.EgressRate(hb) ||
+          p_.network.IngressRate(ha) != p_.network.IngressRate(hb)) {
+        return false;
+      }
       if (!SameLink(p_.network.Between(ha, hb), p_.network.Between(hb, ha))) return false;
       for (int h : hosts) {
         if (h == ha || h == hb) continue;

@@ -1,6 +1,9 @@
 #include "plan/simulator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
 #include <queue>
 
 #include "absl/status/status.h"
@@ -46,9 +49,12 @@ namespace {
 
 enum class EventKind {
   kRun,        // a worker goes on with its instruction list
+  kTensorIn,   // an activation or its gradient reached the worker `who` (`aux`: its slot)
   kGradIn,     // one replica's gradient of a shard reached the shard's host
+  kParamIn,    // a shard's parameters reached the worker `who` (`aux`: the shard's index in its stage)
   kPushOut,    // a worker's backward finished a shard's gradients: they leave for the host
   kParamsOut,  // a host stepped a shard: its parameters leave for every replica
+  kFlows,      // with cards: the first message in flight may be through (`iter`: the rates' generation)
 };
 
 struct Event {
@@ -57,7 +63,7 @@ struct Event {
   EventKind kind;
   int who;  // worker or shard
   int iter;
-  int from = -1;  // kPushOut: the worker that pushes
+  int aux = -1;  // kPushOut: the worker that pushes; kTensorIn, kParamIn: where it lands
 };
 
 struct Later {
@@ -91,7 +97,7 @@ struct WorkerState {
   int pushed_early = -1;                      // the iteration whose pushes left during backward
   int deferred_pull = -1;                     // the iteration whose parameters the next forward pulls
   std::vector<std::vector<double>> param_at;  // [iter][shard of the stage]: when it arrives, -1 unknown
-  std::vector<int> params_sent;               // [iter]: shards on their way
+  std::vector<int> params_in;                 // [iter]: shards arrived
   std::vector<int> hosted;      // the shards it hosts
   bool reported = false;        // its partial norm of the current iteration is on its way to the others
   std::vector<double> iteration_end;
@@ -119,14 +125,12 @@ class Engine {
       ++events;
       switch (e.kind) {
         case EventKind::kRun: Advance(e.who); break;
+        case EventKind::kTensorIn: Deliver(e.who, static_cast<size_t>(e.aux), e.t); break;
         case EventKind::kGradIn: GradIn(e.who, e.iter, e.t); break;
-        case EventKind::kPushOut: {
-          const ShardPlacement& sh = P_.shards[e.who];
-          Push(Send(workers_[e.from].host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, e.t, e.iter),
-               EventKind::kGradIn, e.who, e.iter);
-          break;
-        }
+        case EventKind::kParamIn: ParamIn(e.who, e.iter, e.aux, e.t); break;
+        case EventKind::kPushOut: PushShard(e.aux, e.who, e.iter, e.t); break;
         case EventKind::kParamsOut: ParamsOut(e.who, e.iter, e.t); break;
+        case EventKind::kFlows: FlowsThrough(e.t, e.iter); break;
       }
     }
     for (const WorkerState& w : workers_) {
@@ -173,7 +177,7 @@ class Engine {
       if (workers_[w].device < 0 || workers_[w].device >= static_cast<int>(sim_.devices.size())) {
         return bad(absl::StrFormat("worker %d names device %d of %d", w, workers_[w].device, sim_.devices.size()));
       }
-      workers_[w].params_sent.assign(iterations_, 0);
+      workers_[w].params_in.assign(iterations_, 0);
     }
     for (int s = 0; s < S; ++s) {
       if (static_cast<int>(P_.worker[s].size()) != D) return bad(absl::StrFormat("stage %d needs %d replicas placed", s, D));
@@ -237,12 +241,13 @@ class Engine {
     partials_in_.assign(iterations_, 0);
     partial_at_.assign(iterations_, std::vector<double>(W, 0));
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
+    if (sim_.network.HasCards()) pair_flows_.assign(link_free_.size(), {});
     link_bytes_.assign(link_free_.size(), 0);
     link_busy_.assign(link_free_.size(), 0);
     return absl::OkStatus();
   }
 
-  void Push(double t, EventKind kind, int who, int iter) { queue_.push({t, seq_++, kind, who, iter}); }
+  void Push(double t, EventKind kind, int who, int iter, int aux = -1) { queue_.push({t, seq_++, kind, who, iter, aux}); }
 
   bool Last(int iter) const { return iter == iterations_ - 1; }
 
@@ -252,10 +257,15 @@ class Engine {
   }
 
   // Puts a message of `elements` values of `kind` on the link at time t (the current time: events
-  // run in time order, so the link sees messages in the order they were sent) and returns when it
-  // arrives.
-  double Send(int from_host, int to_host, double elements, proto::TensorKind kind, double t, int iter) {
-    if (from_host == to_host) return t;
+  // run in time order, so the link sees messages in the order they were sent); `in` happens when
+  // it has arrived.
+  void Send(int from_host, int to_host, double elements, proto::TensorKind kind, double t, Event in) {
+    in.seq = seq_++;
+    if (from_host == to_host) {
+      in.t = t;
+      queue_.push(in);
+      return;
+    }
     // Parameters that travel as their change are priced so at every exchange (the whole ones start
     // a run only).
     const WireDtype dtype = kind == proto::PARAMS && wires_.change_dtype != WireDtype::kAuto
@@ -264,10 +274,121 @@ class Engine {
     const double bytes = static_cast<double>(WireBytes(static_cast<size_t>(elements), dtype));
     const LinkCost link = sim_.network.Between(from_host, to_host);
     const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
-    const double start = std::max(t, link_free_[i]), hold = link.SerializeSeconds(bytes);
-    link_free_[i] = start + hold;
-    if (Last(iter)) link_bytes_[i] += bytes, link_busy_[i] += hold;
-    return start + hold + link.latency_s;
+    const double hold = link.SerializeSeconds(bytes);
+    if (Last(in.iter)) link_bytes_[i] += bytes, link_busy_[i] += hold;
+    if (pair_flows_.empty()) {  // no cards: a link's messages share nothing with other links'
+      const double start = std::max(t, link_free_[i]);
+      link_free_[i] = start + hold;
+      in.t = start + hold + link.latency_s;
+      queue_.push(in);
+      return;
+    }
+    FlowsTo(t);
+    pair_flows_[i].push_back({from_host, to_host, bytes, bytes, link.Rate(), link.latency_s, in});
+    if (pair_flows_[i].size() == 1) in_flight_.push_back(i);  // else it waits for the link
+    Reflow(t);
+  }
+
+  // With cards, messages are flows: each link sends its messages one at a time, and the ones in
+  // flight share every card they cross fairly (max-min, by progressive filling), each also held
+  // to its link's own rate. Rates change only when a message starts or ends.
+  struct Flow {
+    int from = 0, to = 0;
+    double bytes = 0, left = 0;
+    double link_rate = 0;  // bytes/s; infinity: the link does not limit it
+    double latency_s = 0;
+    Event in;
+  };
+
+  // Brings the bytes left of every message in flight up to time t.
+  void FlowsTo(double t) {
+    for (size_t k = 0; k < in_flight_.size(); ++k) {
+      Flow& f = pair_flows_[in_flight_[k]].front();
+      f.left = std::isinf(rate_[k]) ? 0 : f.left - rate_[k] * (t - flows_at_);
+    }
+    flows_at_ = t;
+  }
+
+  // The fair rates of the messages in flight, and an event where the first of them is through.
+  void Reflow(double t) {
+    const size_t n = in_flight_.size();
+    rate_.assign(n, 0);
+    // Cards: egress of host h at h, ingress at hosts_ + h; each one's capacity left.
+    std::vector<double> capacity(2 * static_cast<size_t>(hosts_)), left(capacity.size());
+    for (int h = 0; h < hosts_; ++h) {
+      const double e = sim_.network.EgressRate(h), g = sim_.network.IngressRate(h);
+      capacity[h] = e > 0 ? e : kUnlimited;
+      capacity[hosts_ + h] = g > 0 ? g : kUnlimited;
+    }
+    left = capacity;
+    std::vector<char> fixed(n, 0);
+    auto card = [&](size_t k, int side) {
+      const Flow& f = pair_flows_[in_flight_[k]].front();
+      return side == 0 ? static_cast<size_t>(f.from) : static_cast<size_t>(hosts_ + f.to);
+    };
+    size_t open = n;
+    for (size_t k = 0; k < n; ++k) {
+      const Flow& f = pair_flows_[in_flight_[k]].front();
+      if (std::isinf(f.link_rate) && std::isinf(capacity[card(k, 0)]) && std::isinf(capacity[card(k, 1)])) {
+        rate_[k] = kUnlimited, fixed[k] = 1, --open;  // nothing holds it back
+      }
+    }
+    std::vector<int> users(capacity.size());
+    while (open > 0) {
+      std::fill(users.begin(), users.end(), 0);
+      for (size_t k = 0; k < n; ++k)
+        if (!fixed[k]) ++users[card(k, 0)], ++users[card(k, 1)];
+      double raise = kUnlimited;
+      for (size_t c = 0; c < left.size(); ++c)
+        if (users[c] > 0 && !std::isinf(left[c])) raise = std::min(raise, std::max(0.0, left[c]) / users[c]);
+      for (size_t k = 0; k < n; ++k)
+        if (!fixed[k]) raise = std::min(raise, pair_flows_[in_flight_[k]].front().link_rate - rate_[k]);
+      size_t fixed_now = 0;
+      for (size_t k = 0; k < n; ++k) {
+        if (fixed[k]) continue;
+        rate_[k] += raise;
+        left[card(k, 0)] -= raise;
+        left[card(k, 1)] -= raise;
+      }
+      // A message is at its rate once its link or either card it crosses is full.
+      auto full = [&](size_t c) { return left[c] <= 1e-9 * capacity[c]; };
+      for (size_t k = 0; k < n; ++k) {
+        if (fixed[k]) continue;
+        const double link_rate = pair_flows_[in_flight_[k]].front().link_rate;
+        if (rate_[k] >= link_rate * (1 - 1e-9) || full(card(k, 0)) || full(card(k, 1))) fixed[k] = 1, ++fixed_now;
+      }
+      if (fixed_now == 0) break;  // rounding left every constraint a hair short: the rates stand
+      open -= fixed_now;
+    }
+    double next = kUnlimited;
+    for (size_t k = 0; k < n; ++k) {
+      const Flow& f = pair_flows_[in_flight_[k]].front();
+      next = std::min(next, std::isinf(rate_[k]) ? t : t + std::max(0.0, f.left) / rate_[k]);
+    }
+    ++flow_generation_;
+    if (!std::isinf(next)) Push(next, EventKind::kFlows, 0, flow_generation_);
+  }
+
+  // The first message in flight to end may be through at t (unless rates changed since): every
+  // message through arrives one latency later, and its link takes its next.
+  void FlowsThrough(double t, int generation) {
+    if (generation != flow_generation_) return;
+    FlowsTo(t);
+    std::vector<size_t> still;
+    for (size_t i : in_flight_) {
+      std::deque<Flow>& q = pair_flows_[i];
+      if (q.front().left > 1e-9 * q.front().bytes) {
+        still.push_back(i);
+        continue;
+      }
+      Event in = q.front().in;
+      in.t = t + q.front().latency_s;
+      queue_.push(in);
+      q.pop_front();
+      if (!q.empty()) still.push_back(i);
+    }
+    in_flight_ = std::move(still);
+    Reflow(t);
   }
 
   size_t Slot(int iter, bool grad, int micro) const {
@@ -317,12 +438,12 @@ class Engine {
           double start = k.t, end = k.t + d;
           if (in.op == Op::kForward && k.deferred_pull >= 0) {
             const int from = k.deferred_pull;
-            if (k.params_sent[from] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamsOut wakes it
+            if (k.params_in[from] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamIn wakes it
               k.forward_from = k.t;
               Block(k, WorkerState::kPull);
               return;
             }
-            // The forward computed its first blocks while it waited for the last shards to leave:
+            // The forward computed its first blocks while it waited for the last shards to arrive:
             // it started where it blocked, and that wait counts by what the forward itself waits.
             if (k.forward_from >= 0) {
               start = k.forward_from;
@@ -339,8 +460,7 @@ class Engine {
           if (in.op == Op::kBackward && k.pushes_early && in.micro == L_.micro_batches - 1) {
             // Backward completes the stage's gradients from its last block to its first.
             for (size_t j = 0; j < stage_shards_[k.stage].size(); ++j) {
-              queue_.push({start + k.complete_after[j], seq_++, EventKind::kPushOut, stage_shards_[k.stage][j], k.iter,
-                           w});
+              Push(start + k.complete_after[j], EventKind::kPushOut, stage_shards_[k.stage][j], k.iter, w);
             }
             k.pushed_early = k.iter;
           }
@@ -354,23 +474,16 @@ class Engine {
         case Op::kSendGrad: {
           const bool grad = in.op == Op::kSendGrad;
           const int peer = P_.worker[k.stage + (grad ? -1 : 1)][k.replica];
-          Deliver(peer, Slot(k.iter, grad, in.micro),
-                  Send(k.host, workers_[peer].host, L_.BoundaryElements(), grad ? proto::GRADIENT : proto::ACTIVATION,
-                       k.t, k.iter));
+          Send(k.host, workers_[peer].host, L_.BoundaryElements(), grad ? proto::GRADIENT : proto::ACTIVATION, k.t,
+               {0, 0, EventKind::kTensorIn, peer, k.iter, static_cast<int>(Slot(k.iter, grad, in.micro))});
           ++k.pc;
           break;
         }
         case Op::kRecvAct:
         case Op::kRecvGrad: {
           const size_t slot = Slot(k.iter, in.op == Op::kRecvGrad, in.micro);
-          const double at = k.arrival[slot];
-          if (at < 0) {  // not sent yet: Deliver wakes it
+          if (k.arrival[slot] < 0) {  // not in yet: Deliver wakes it
             Block(k, static_cast<int>(slot));
-            return;
-          }
-          if (at > k.t) {  // on its way
-            Block(k, static_cast<int>(slot));
-            Resume(w, at, true);
             return;
           }
           ++k.pc;
@@ -379,9 +492,7 @@ class Engine {
         case Op::kPushGrads:
           for (int i : stage_shards_[k.stage]) {
             if (k.pushed_early == k.iter) break;  // they left during the last backward
-            const ShardPlacement& sh = P_.shards[i];
-            Push(Send(k.host, workers_[sh.worker].host, sh.params, proto::GRAD_PUSH, k.t, k.iter), EventKind::kGradIn, i,
-                 k.iter);
+            PushShard(w, i, k.iter, k.t);
           }
           ++k.pc;
           break;
@@ -432,14 +543,8 @@ class Engine {
             ++k.pc;
             break;
           }
-          if (k.params_sent[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamsOut wakes it
+          if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamIn wakes it
             Block(k, WorkerState::kPull);
-            return;
-          }
-          const double back = ParamsBack(k, k.iter);
-          if (back > k.t) {  // on their way
-            Block(k, WorkerState::kPull);
-            Resume(w, back, true);
             return;
           }
           ++k.pc;
@@ -513,28 +618,36 @@ class Engine {
     return absl::OkStatus();
   }
 
-  // When the last of the stage's shards of iteration `iter` reaches worker k (all on their way).
-  double ParamsBack(const WorkerState& k, int iter) const {
-    return *std::max_element(k.param_at[iter].begin(), k.param_at[iter].end());
+  // Worker w pushes its gradient of shard `shard` to the shard's host at t.
+  void PushShard(int w, int shard, int iter, double t) {
+    Send(workers_[w].host, workers_[P_.shards[shard].worker].host, P_.shards[shard].params, proto::GRAD_PUSH, t,
+         {0, 0, EventKind::kGradIn, shard, iter});
   }
 
-  // Shard `shard`'s host sends its parameters to every replica of the stage at t; a worker that
-  // waits for its stage's parameters goes on once the last is on its way: at its arrival in
-  // PullParams, and back into its Forward, which works out its own waits, after a deferred pull.
+  // Shard `shard`'s host sends its parameters to every replica of the stage at t.
   void ParamsOut(int shard, int iter, double t) {
     const ShardPlacement& sh = P_.shards[shard];
     const std::vector<int>& of_stage = stage_shards_[sh.stage];
-    const size_t j = std::find(of_stage.begin(), of_stage.end(), shard) - of_stage.begin();
+    const int j = static_cast<int>(std::find(of_stage.begin(), of_stage.end(), shard) - of_stage.begin());
     for (int r = 0; r < L_.replicas; ++r) {
       const int w = P_.worker[sh.stage][r];
-      WorkerState& k = workers_[w];
-      k.param_at[iter][j] = Send(workers_[sh.worker].host, k.host, sh.params, proto::PARAMS, t, iter);
-      if (++k.params_sent[iter] < static_cast<int>(of_stage.size()) || k.waiting_for != WorkerState::kPull) continue;
-      if (k.deferred_pull == iter) {
-        Resume(w, t, false);
-      } else if (k.iter == iter) {
-        Resume(w, std::max(t, ParamsBack(k, iter)), true);
-      }
+      Send(workers_[sh.worker].host, workers_[w].host, sh.params, proto::PARAMS, t, {0, 0, EventKind::kParamIn, w, iter, j});
+    }
+  }
+
+  // The j-th shard of its stage reached worker w at t. A worker that waits for its stage's
+  // parameters goes on once the last is in: past PullParams, or back into its Forward, which works
+  // out its own waits, after a deferred pull.
+  void ParamIn(int w, int iter, int j, double t) {
+    WorkerState& k = workers_[w];
+    k.param_at[iter][j] = t;
+    if (++k.params_in[iter] < static_cast<int>(stage_shards_[k.stage].size()) || k.waiting_for != WorkerState::kPull) {
+      return;
+    }
+    if (k.deferred_pull == iter) {
+      Resume(w, t, false);
+    } else if (k.iter == iter) {
+      Resume(w, t, true);
     }
   }
 
@@ -586,6 +699,12 @@ class Engine {
   std::vector<std::vector<double>> partial_at_;    // [iter][worker]: when it went out
   int hosts_ = 0;
   WirePlan wires_;
+  static constexpr double kUnlimited = std::numeric_limits<double>::infinity();
+  std::vector<std::deque<Flow>> pair_flows_;  // [from_host * hosts_ + to_host]; empty: no cards
+  std::vector<size_t> in_flight_;             // links whose first message is on its way
+  std::vector<double> rate_;                  // [in_flight_ index]: bytes/s
+  double flows_at_ = 0;                       // when Flow::left was last brought up to date
+  int flow_generation_ = 0;                   // the rates' version; older kFlows events are stale
   std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   int64_t seq_ = 0;

@@ -9,8 +9,13 @@
 //  - SendAct and SendGrad are asynchronous: the message queues on the link from this worker's
 //    host to the peer's and the worker goes on. A link carries one message at a time per
 //    direction: a message starts when the link is free, holds it for bytes / rate, and arrives one
-//    latency after its last byte left. Links of different host pairs never share capacity (a
-//    host's NIC is not modelled); workers on one host talk for free.
+//    latency after its last byte left. Workers on one host talk for free.
+//  - A host's network card (NetworkCost::EgressRate, IngressRate), where the network has one, is
+//    shared by every link out of it (and every link into it): it passes the messages it takes on
+//    in the order they come, at its rate; a message has left once its link and its sender's card
+//    have both passed it, and is in once the receiver's card has passed it too. For a burst of
+//    messages to (or from) many peers the last is through when fair sharing would have it, the
+//    first ones earlier; how a link splits its bytes over TCP connections changes neither.
 //  - RecvAct and RecvGrad block until the message has arrived.
 //  - The parameter-server exchange runs as listed: PushGrads sends each shard of the stage's
 //    gradients to the shard's host and goes on. A host's ReduceNorm waits until every replica's

@@ -21,6 +21,9 @@ Link Scenario::Between(int from, int to) const {
   return {delay_ms[a][b], jitter_ms.empty() ? 0.0 : jitter_ms[a][b], rate_mbit[a][b], loss};
 }
 
+double Scenario::EgressMbit(int host) const { return egress_mbit.empty() ? 0 : egress_mbit[SiteOf(host)]; }
+double Scenario::IngressMbit(int host) const { return ingress_mbit.empty() ? 0 : ingress_mbit[SiteOf(host)]; }
+
 absl::StatusOr<Scenario> ParseScenario(const std::string& toml_text, const std::string& name) {
   toml::table t;
   try {
@@ -31,7 +34,7 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& toml_text, const std::
   auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("scenario ", name, ": ", why)); };
   for (auto&& [k, _] : t) {
     static const char* known[] = {"description", "delays_are", "sites", "delay_ms", "rate_mbit", "jitter_ms", "loss",
-                                  "placement"};
+                                  "placement", "nic_gbps", "egress_gbps", "ingress_gbps"};
     if (std::find(std::begin(known), std::end(known), std::string(k.str())) == std::end(known)) {
       return bad(absl::StrCat("unknown key ", std::string(k.str())));
     }
@@ -83,6 +86,31 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& toml_text, const std::
       s.placement.push_back(site);
     }
   }
+  // Cards: a number for every host or one per site, in Gbit/s, kept per site in Mbit/s.
+  auto cards = [&](const char* key, std::vector<double>& out) -> absl::Status {
+    auto v = t[key];
+    if (!v) return absl::OkStatus();
+    std::vector<double> gbps;
+    if (const toml::array* a = v.as_array()) {
+      for (auto& x : *a) gbps.push_back(x.value<double>().value_or(-1));
+      if (gbps.size() != n) {
+        return bad(absl::StrFormat("%s has %d entries for %d sites: give one per site, or one number for every host",
+                                   key, gbps.size(), n));
+      }
+    } else {
+      gbps.assign(n, v.value<double>().value_or(-1));
+    }
+    for (double g : gbps) {
+      if (!(g > 0 && g < 1e5)) return bad(absl::StrCat(key, " entries must be Gbit/s above 0 (omit the key: unlimited)"));
+    }
+    out.clear();
+    for (double g : gbps) out.push_back(g * 1000);
+    return absl::OkStatus();
+  };
+  if (auto st = cards("nic_gbps", s.egress_mbit); !st.ok()) return st;
+  s.ingress_mbit = s.egress_mbit;
+  if (auto st = cards("egress_gbps", s.egress_mbit); !st.ok()) return st;
+  if (auto st = cards("ingress_gbps", s.ingress_mbit); !st.ok()) return st;
   return s;
 }
 

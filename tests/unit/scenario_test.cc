@@ -36,6 +36,31 @@ TEST(Scenario, MistakesAreNamed) {
   EXPECT_NE(typo.status().message().find("unknown key rates"), std::string::npos);
 }
 
+// A card is one number for every host or one per site, both directions unless a direction is named.
+TEST(Scenario, CardsAreReadPerSiteAndPerDirection) {
+  const std::string base = "delays_are=\"one-way\"\nsites=[\"a\",\"b\"]\ndelay_ms=[[0,5],[5,0]]\n"
+                           "rate_mbit=[[1000,1000],[1000,1000]]\n";
+  auto none = ParseScenario(base, "x");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->HasCards());
+  EXPECT_EQ(none->EgressMbit(0), 0);
+  auto every = ParseScenario(base + "nic_gbps = 2.5\n", "x");
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_DOUBLE_EQ(every->EgressMbit(3), 2500);
+  EXPECT_DOUBLE_EQ(every->IngressMbit(3), 2500);
+  auto per_site = ParseScenario(base + "nic_gbps = [1, 10]\negress_gbps = [0.5, 10]\n", "x");
+  ASSERT_TRUE(per_site.ok()) << per_site.status();
+  EXPECT_DOUBLE_EQ(per_site->EgressMbit(0), 500);   // site a's egress named on its own
+  EXPECT_DOUBLE_EQ(per_site->IngressMbit(0), 1000);  // its card's rate the other way
+  EXPECT_DOUBLE_EQ(per_site->IngressMbit(1), 10000);
+  auto wrong_length = ParseScenario(base + "nic_gbps = [1, 2, 3]\n", "x");
+  EXPECT_NE(wrong_length.status().message().find("nic_gbps has 3 entries for 2 sites"), std::string::npos)
+      << wrong_length.status();
+  auto zero = ParseScenario(base + "ingress_gbps = 0\n", "x");
+  EXPECT_NE(zero.status().message().find("ingress_gbps entries must be Gbit/s above 0"), std::string::npos)
+      << zero.status();
+}
+
 TEST(Scenario, EveryShippedScenarioLoads) {
   int n = 0;
   for (auto& e : std::filesystem::directory_iterator(LONGHAUL_SOURCE_DIR "/netem/scenarios")) {

@@ -229,8 +229,8 @@ TEST(Simulator, OverlapHidesPartOfTheExchangeOnCpuWorkersOnly) {
 }
 
 TEST(Simulator, CentralPsTakesEachReplicaOnItsOwnLink) {
-  // Four replicas push to replica 0's worker over three host pairs at once (no shared NIC), and
-  // get the parameters back the same way: one transfer time each way, not three.
+  // Four replicas push to replica 0's worker over three host pairs at once (no card: each pair
+  // its own capacity), and get the parameters back the same way: one transfer time each way.
   const double rate = 1e6;
   Simulation sim = Make(1, 4, 1, 0, rate, ScheduleKind::kGpipe, /*central_ps=*/true);
   const double params = sim.placement.shards[0].params;
@@ -239,6 +239,24 @@ TEST(Simulator, CentralPsTakesEachReplicaOnItsOwnLink) {
   EXPECT_NEAR(r.iteration_s, t.forward_s + t.backward_s + 2 * 4 * params / rate + sim.devices[0].StepSeconds(params, 4),
               kEps);
   for (int w = 1; w < 4; ++w) EXPECT_DOUBLE_EQ(LinkBytes(r, 0, w), 4 * params);
+}
+
+// With a card as fast as one link on every host, the three pushes into the central host share its
+// card on the way in and its parameters share it on the way out: three transfers each way, not one.
+TEST(Simulator, CentralPsShardsItsCardAmongTheReplicas) {
+  const double rate = 1e6;
+  Simulation sim = Make(1, 4, 1, 0, rate, ScheduleKind::kGpipe, /*central_ps=*/true);
+  sim.network.SetCards(std::vector<double>(4, rate), std::vector<double>(4, rate));
+  const double params = sim.placement.shards[0].params;
+  const ComputeTimes t = *sim.devices[0].Stage(sim.layout.work, sim.layout.Spec(0));
+  EXPECT_NEAR(Simulated(sim).iteration_s,
+              t.forward_s + t.backward_s + 2 * 3 * 4 * params / rate + sim.devices[0].StepSeconds(params, 4), kEps);
+  // A card ten times the link's passes the three in less than one link's time: the links bind.
+  sim.network.SetCards(std::vector<double>(4, 10 * rate), std::vector<double>(4, 10 * rate));
+  EXPECT_NEAR(Simulated(sim).iteration_s,
+              t.forward_s + t.backward_s + 2 * 4 * params / rate + sim.devices[0].StepSeconds(params, 4), kEps);
+  EXPECT_TRUE(sim.network.HasCards());
+  EXPECT_FALSE(sim.network.WithoutCards().HasCards());
 }
 
 // The norm's partials go from every shard host to every other, one latency: a host steps once the
