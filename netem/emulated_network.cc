@@ -136,24 +136,47 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
         "net.ipv4.tcp_wmem='4096 16384 %d' net.ipv4.tcp_no_metrics_save=1 net.ipv4.tcp_slow_start_after_idle=0",
         ns, opt.congestion_control, buf, buf)));
   }
-  // Rates: on the router's egress towards host j, one htb class per source host.
+  // A host's card, egress: an htb class of its rate on the host's own veth, which every packet it
+  // sends crosses, so its links share it.
+  for (int i = 0; i < hosts; ++i) {
+    const double card = s.EgressMbit(i);
+    if (card <= 0) continue;
+    double longest_ms = 0;
+    for (int j = 0; j < hosts; ++j) longest_ms = std::max(longest_ms, s.Between(i, j).delay_ms);
+    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 root handle 1: htb default 1 r2q 1000", hosts_[i])));
+    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s class add dev eth0 parent 1: classid 1:1 htb rate %gmbit ceil %gmbit "
+                                          "burst %d cburst %d",
+                                          hosts_[i], card, card, HtbBurstBytes(card), HtbBurstBytes(card))));
+    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 parent 1:1 pfifo limit %d", hosts_[i],
+                                          QueueLimitPackets(card, longest_ms))));
+  }
+  // Rates: on the router's egress towards host j, one htb class per source host at its pair's
+  // rate; under one class of the card's rate where host j has an ingress card, which its sources
+  // then share (each guaranteed an equal part, any of them free to borrow what the others leave).
   std::vector<PairDelay> delays;
   for (int j = 0; j < hosts; ++j) {
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev h%d root handle 1: htb default 1 r2q 1000", router_, j)));
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s class add dev h%d parent 1: classid 1:1 htb rate 100gbit", router_, j)));
+    const double card = s.IngressMbit(j);
+    const std::string parent = card > 0 ? "1:2" : "1:";
+    if (card > 0) {
+      LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
+          "tc -n %s class add dev h%d parent 1: classid 1:2 htb rate %gmbit ceil %gmbit burst %d cburst %d", router_, j,
+          card, card, HtbBurstBytes(card), HtbBurstBytes(card))));
+    }
     for (int i = 0; i < hosts; ++i) {
       if (i == j) continue;
       const Link l = s.Between(i, j);
       delays.push_back(DaemonLink(l, *ParseIpv4(Address(i)), *ParseIpv4(Address(j))));
-      if (l.rate_mbit <= 0) continue;
+      if (l.rate_mbit <= 0 && card <= 0) continue;
+      const double ceil = l.rate_mbit <= 0 ? card : card <= 0 ? l.rate_mbit : std::min(l.rate_mbit, card);
+      const double rate = card <= 0 ? ceil : std::min(ceil, card / (hosts - 1));
       const int cls = 10 + i;
-      // A burst of 1 ms at the rate (at least a 64 KiB GSO packet) lets htb keep up with segments.
-      const long burst = std::max<long>(65536 + 1514, static_cast<long>(l.rate_mbit * 1e6 / 8 / 1000));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
-          "tc -n %s class add dev h%d parent 1: classid 1:%d htb rate %gmbit ceil %gmbit burst %d cburst %d", router_,
-          j, cls, l.rate_mbit, l.rate_mbit, burst, burst)));
+          "tc -n %s class add dev h%d parent %s classid 1:%d htb rate %gmbit ceil %gmbit burst %d cburst %d", router_,
+          j, parent, cls, rate, ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev h%d parent 1:%d pfifo limit %d", router_, j, cls,
-                                            QueueLimitPackets(l.rate_mbit, l.delay_ms))));
+                                            QueueLimitPackets(ceil, l.delay_ms))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
           "tc -n %s filter add dev h%d parent 1: protocol ip prio 1 u32 match ip src %s/32 flowid 1:%d", router_, j,
           Address(i), cls)));

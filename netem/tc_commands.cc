@@ -14,19 +14,33 @@ int QueueLimitPackets(double rate_mbit, double delay_ms) {
   return std::max(1000, static_cast<int>(std::ceil(bytes / 1500)));
 }
 
+long HtbBurstBytes(double rate_mbit) {
+  return std::max<long>(65536 + 1514, static_cast<long>(rate_mbit * 1e6 / 8 / 1000));
+}
+
 std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<std::string>& hosts, int self,
                                            const std::string& dev, DelayBy by) {
   std::vector<std::string> cmds;
+  const int peers = static_cast<int>(hosts.size()) - 1;
   cmds.push_back(absl::StrFormat("tc qdisc replace dev %s root handle 1: htb default 1", dev));
   cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:1 htb rate 100gbit", dev));
+  // The card's egress: one class of its rate over the peers' classes, which share it (each
+  // guaranteed an equal part, free to borrow what the others leave).
+  const double egress = s.EgressMbit(self);
+  if (egress > 0) {
+    cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:2 htb rate %gmbit ceil %gmbit", dev,
+                                   egress, egress));
+  }
   for (int to = 0; to < static_cast<int>(hosts.size()); ++to) {
     if (to == self) continue;
     const Link l = s.Between(self, to);
     const int cls = 10 + to;
-    const double rate = l.rate_mbit > 0 ? l.rate_mbit : 100000;
-    cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:%d htb rate %gmbit ceil %gmbit", dev,
-                                   cls, rate, rate));
-    const int limit = QueueLimitPackets(rate, l.delay_ms);
+    const double pair = l.rate_mbit > 0 ? l.rate_mbit : 100000;
+    const double ceil = egress > 0 ? std::min(pair, egress) : pair;
+    const double rate = egress > 0 ? std::min(ceil, egress / peers) : ceil;
+    cmds.push_back(absl::StrFormat("tc class replace dev %s parent %s classid 1:%d htb rate %gmbit ceil %gmbit", dev,
+                                   egress > 0 ? "1:2" : "1:", cls, rate, ceil));
+    const int limit = QueueLimitPackets(ceil, l.delay_ms);
     if (by == DelayBy::kDaemon) {
       cmds.push_back(absl::StrFormat("tc qdisc replace dev %s parent 1:%d handle %d: pfifo limit %d", dev, cls, cls, limit));
     } else {
@@ -39,6 +53,29 @@ std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<
     cmds.push_back(absl::StrFormat("tc filter replace dev %s parent 1: protocol ip prio 1 u32 match ip dst %s/32 "
                                    "flowid 1:%d",
                                    dev, hosts[to], cls));
+  }
+  // The card's ingress: what the peers send is redirected through an IFB device, whose egress
+  // holds it to the card's rate (a device shapes only what leaves it).
+  if (const double ingress = s.IngressMbit(self); ingress > 0) {
+    cmds.push_back(absl::StrFormat("ip link show %s >/dev/null 2>&1 || ip link add %s type ifb", kIngressDevice,
+                                   kIngressDevice));
+    cmds.push_back(absl::StrFormat("ip link set %s up", kIngressDevice));
+    cmds.push_back(absl::StrFormat("tc qdisc replace dev %s handle ffff: ingress", dev));
+    for (int from = 0; from < static_cast<int>(hosts.size()); ++from) {
+      if (from == self) continue;
+      cmds.push_back(absl::StrFormat("tc filter replace dev %s parent ffff: protocol ip prio 1 u32 match ip src %s/32 "
+                                     "action mirred egress redirect dev %s",
+                                     dev, hosts[from], kIngressDevice));
+    }
+    double longest_ms = 0;
+    for (int from = 0; from < static_cast<int>(hosts.size()); ++from) {
+      if (from != self) longest_ms = std::max(longest_ms, s.Between(from, self).delay_ms);
+    }
+    cmds.push_back(absl::StrFormat("tc qdisc replace dev %s root handle 1: htb default 1", kIngressDevice));
+    cmds.push_back(absl::StrFormat("tc class replace dev %s parent 1: classid 1:1 htb rate %gmbit ceil %gmbit",
+                                   kIngressDevice, ingress, ingress));
+    cmds.push_back(absl::StrFormat("tc qdisc replace dev %s parent 1:1 handle 2: pfifo limit %d", kIngressDevice,
+                                   QueueLimitPackets(ingress, longest_ms)));
   }
   if (by == DelayBy::kDaemon) {
     cmds.push_back("iptables -N LONGHAUL");
@@ -54,7 +91,11 @@ std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<
 }
 
 std::vector<std::string> TcClearCommands(const std::string& dev, DelayBy by) {
-  std::vector<std::string> cmds = {absl::StrFormat("tc qdisc del dev %s root", dev)};
+  std::vector<std::string> cmds = {
+      absl::StrFormat("tc qdisc del dev %s root", dev),
+      // An ingress card's redirect and device, where the scenario gave one.
+      absl::StrFormat("tc qdisc del dev %s ingress 2>/dev/null || true", dev),
+      absl::StrFormat("ip link del %s 2>/dev/null || true", kIngressDevice)};
   if (by == DelayBy::kDaemon) {
     cmds.insert(cmds.end(), {"iptables -D INPUT -j LONGHAUL", "iptables -F LONGHAUL", "iptables -X LONGHAUL"});
   }

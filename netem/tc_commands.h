@@ -1,7 +1,9 @@
 #pragma once
 // `tc` commands that make a real host's kernel emulate a scenario towards its peers: an htb root on
-// the device, one class per destination with the link's rate, a netem child with the link's
-// delay, jitter and loss (or the delay daemon, below), and a u32 filter on the destination address. Queue
+// the device, one class per destination with the link's rate (under one class of the host's
+// egress card where the scenario gives one), a netem child with the link's delay, jitter and loss
+// (or the delay daemon, below), and a u32 filter on the destination address; an ingress card
+// shapes what arrives from the peers on an IFB device. Queue
 // limits are sized to rate x delay, so the queue holds a full window instead of dropping it.
 #include <string>
 #include <vector>
@@ -20,6 +22,8 @@ namespace longhaul::netem {
 // then let only a couple of packets out per delay: a small fraction of the link's rate.
 enum class DelayBy { kNetem, kDaemon };
 inline constexpr int kDelayQueue = 7;
+// Where a host with an ingress card (scenario.h) shapes what its peers send: an IFB device.
+inline constexpr char kIngressDevice[] = "ifb-longhaul";
 
 // Commands for host `self` of `hosts` (their addresses, in placement order; IPv4 for kDaemon) on
 // device `dev`.
@@ -35,5 +39,7 @@ absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, con
 
 // Packets a queue must hold for a link (rate x delay, in 1500-byte packets, at least 1000).
 int QueueLimitPackets(double rate_mbit, double delay_ms);
+// An htb class's burst: 1 ms at its rate, at least a 64 KiB GSO packet, so htb keeps up with segments.
+long HtbBurstBytes(double rate_mbit);
 
 }  // namespace longhaul::netem

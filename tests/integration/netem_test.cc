@@ -183,6 +183,42 @@ TEST_F(NetemTest, BulkFlowReachesTheSetRate) {
   }
 }
 
+// A host's card caps what it sends to all its peers together, and what it receives from them:
+// two transfers out of host 0 at once (and two into it) carry the card's rate between them, where
+// their links alone would carry twice that.
+TEST_F(NetemTest, AHostsCardCapsItsLinksTogether) {
+  constexpr double kCard = 200, kPair = 400;  // Mbit/s
+  auto s = ParseScenario(absl::StrFormat("delays_are = \"one-way\"\nsites = [\"x\"]\ndelay_ms = [[2]]\n"
+                                         "rate_mbit = [[%g]]\nnic_gbps = %g\n",
+                                         kPair, kCard / 1000),
+                         "card");
+  ASSERT_TRUE(s.ok()) << s.status();
+  NetworkOptions opt;
+  opt.self_exe = LONGHAUL_BINARY;
+  auto net = EmulatedNetwork::Create(*s, 3, opt);
+  ASSERT_TRUE(net.ok()) << net.status();
+  // Both transfers at once, each `bytes`; their bytes over the time until both are in, Mbit/s.
+  auto together = [&](std::pair<int, int> first, std::pair<int, int> second) {
+    const size_t bytes = static_cast<size_t>(kCard * 1e6 / 8 * 1.5);
+    auto [c1, s1] = Connect(**net, first.first, first.second);
+    auto [c2, s2] = Connect(**net, second.first, second.second);
+    const Clock::time_point start = Clock::now();
+    std::thread a([&] { GoodputMbit(c1, s1, bytes); });
+    GoodputMbit(c2, s2, bytes);
+    a.join();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    close(c1), close(s1), close(c2), close(s2);
+    return 2.0 * bytes * 8 / s / 1e6;
+  };
+  const double out = together({0, 1}, {0, 2}), in = together({1, 0}, {2, 0});
+  std::cout << absl::StrFormat("card %g Mbit/s, links %g: out of host 0 %.1f Mbit/s, into it %.1f\n", kCard, kPair,
+                               out, in);
+  for (double got : {out, in}) {
+    EXPECT_LT(got, 1.02 * kCard) << "the card let more through than its rate";
+    EXPECT_GT(got, 0.6 * kCard) << "the card carried far less than its rate";
+  }
+}
+
 TEST_F(NetemTest, CappedSendBufferLimitsThroughputToWindowOverRtt) {
   auto net = Make(10, 1000);  // 20 ms round trip; the link allows 1 Gbit/s
   ASSERT_NE(net, nullptr);

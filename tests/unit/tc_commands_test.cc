@@ -36,7 +36,9 @@ loss = 0.001
   EXPECT_EQ(host2[2], "tc class replace dev eth0 parent 1: classid 1:10 htb rate 200mbit ceil 200mbit");
   // 500 Mbit/s x 50 ms round trip = 3.1 MB = 2084 packets.
   EXPECT_EQ(host2[6], "tc qdisc replace dev eth0 parent 1:11 handle 11: netem limit 2084 delay 25ms loss 0.1%");
-  EXPECT_EQ(TcClearCommands("eth0"), std::vector<std::string>{"tc qdisc del dev eth0 root"});
+  EXPECT_EQ(TcClearCommands("eth0"),
+            (std::vector<std::string>{"tc qdisc del dev eth0 root", "tc qdisc del dev eth0 ingress 2>/dev/null || true",
+                                      "ip link del ifb-longhaul 2>/dev/null || true"}));
 }
 
 // Without sch_netem: the same rates, a pfifo where netem was, and every packet from a peer through
@@ -76,13 +78,52 @@ loss = 0.001
   EXPECT_TRUE(absl::IsInvalidArgument(named.status())) << named.status();
   EXPECT_NE(named.status().message().find("'worker1'"), std::string::npos) << named.status();
   EXPECT_EQ(TcClearCommands("eth0", DelayBy::kDaemon),
-            (std::vector<std::string>{"tc qdisc del dev eth0 root", "iptables -D INPUT -j LONGHAUL",
+            (std::vector<std::string>{"tc qdisc del dev eth0 root", "tc qdisc del dev eth0 ingress 2>/dev/null || true",
+                                      "ip link del ifb-longhaul 2>/dev/null || true", "iptables -D INPUT -j LONGHAUL",
                                       "iptables -F LONGHAUL", "iptables -X LONGHAUL"}));
 }
 
 TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
   EXPECT_EQ(QueueLimitPackets(10000, 50), 83334);
   EXPECT_EQ(QueueLimitPackets(100, 1), 1000);  // never below 1000 packets
+}
+
+// A card: the peers' classes share one class of the egress rate, each guaranteed an equal part;
+// what the peers send is redirected to an IFB device held to the ingress rate.
+TEST(TcCommands, CardSharedByThePeers) {
+  auto s = ParseScenario(R"(
+delays_are = "one-way"
+sites = ["a"]
+delay_ms = [[10]]
+rate_mbit = [[1000]]
+egress_gbps = 1.5
+ingress_gbps = 2
+)",
+                         "card");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<std::string> hosts = {"192.0.2.1", "192.0.2.2", "192.0.2.3"};
+  const std::vector<std::string> want = {
+      "tc qdisc replace dev eth0 root handle 1: htb default 1",
+      "tc class replace dev eth0 parent 1: classid 1:1 htb rate 100gbit",
+      "tc class replace dev eth0 parent 1: classid 1:2 htb rate 1500mbit ceil 1500mbit",
+      "tc class replace dev eth0 parent 1:2 classid 1:11 htb rate 750mbit ceil 1000mbit",
+      "tc qdisc replace dev eth0 parent 1:11 handle 11: netem limit 1667 delay 10ms",
+      "tc filter replace dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 192.0.2.2/32 flowid 1:11",
+      "tc class replace dev eth0 parent 1:2 classid 1:12 htb rate 750mbit ceil 1000mbit",
+      "tc qdisc replace dev eth0 parent 1:12 handle 12: netem limit 1667 delay 10ms",
+      "tc filter replace dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 192.0.2.3/32 flowid 1:12",
+      "ip link show ifb-longhaul >/dev/null 2>&1 || ip link add ifb-longhaul type ifb",
+      "ip link set ifb-longhaul up",
+      "tc qdisc replace dev eth0 handle ffff: ingress",
+      "tc filter replace dev eth0 parent ffff: protocol ip prio 1 u32 match ip src 192.0.2.2/32 action mirred egress "
+      "redirect dev ifb-longhaul",
+      "tc filter replace dev eth0 parent ffff: protocol ip prio 1 u32 match ip src 192.0.2.3/32 action mirred egress "
+      "redirect dev ifb-longhaul",
+      "tc qdisc replace dev ifb-longhaul root handle 1: htb default 1",
+      "tc class replace dev ifb-longhaul parent 1: classid 1:1 htb rate 2000mbit ceil 2000mbit",
+      "tc qdisc replace dev ifb-longhaul parent 1:1 handle 2: pfifo limit 3334",
+  };
+  EXPECT_EQ(TcCommandsForHost(*s, hosts, 0, "eth0"), want);
 }
 
 }  // namespace
