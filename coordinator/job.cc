@@ -222,14 +222,16 @@ std::map<int, proto::ComputeProfile> Job::PacedProfiles() const {
 
 // The links are the scenario's or the measured; the coordinator sits beside every host, as an
 // emulation's router does.
-std::optional<double> Job::Predict() const {
+std::optional<double> Job::Predict(bool without_cards) const {
   // The planner prices the config's layout, not a shrunk one; the measured compute is per worker
   // over the whole run, and a re-cut changed what some ran.
   if (!network || plans.current().replicas() != cfg.cluster.replicas || recut) return std::nullopt;
+  if (without_cards && !network->HasCards()) return std::nullopt;
   const std::vector<double> compute = log.ComputePerMicroByWorker();
   if (compute.empty()) return std::nullopt;
   const absl::StatusOr<double> p =
-      PredictFromMeasuredCompute(cfg, compute, *network, plans.worker_of_slot(), ShardOwners(plans.current()));
+      PredictFromMeasuredCompute(cfg, compute, without_cards ? network->WithoutCards() : *network,
+                                 plans.worker_of_slot(), ShardOwners(plans.current()));
   if (!p.ok()) {
     std::cout << "coordinator: no prediction: " << p.status().message() << "\n";
     return std::nullopt;

@@ -176,7 +176,8 @@ class Job {
   // to its pace now (stragglers.h).
   std::map<int, proto::ComputeProfile> PacedProfiles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The planner's iteration time from the compute measured so far and the links, if they are known.
-  std::optional<double> Predict() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `without_cards`: with the hosts' network cards left out, where the network has any (else none).
+  std::optional<double> Predict(bool without_cards = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // What a person should do after the job stopped early.
   std::string ResumeAdvice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Where the job stopped for failed_checkpoint and that checkpoint is broken (VerifyCheckpointStep),

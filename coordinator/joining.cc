@@ -35,15 +35,28 @@ std::map<int, proto::RegisterRequest> FirstWorkers(const Job& job) ABSL_EXCLUSIV
 }
 
 // What the first workers measured of their links (members.linked()): worker w is host w, a link's
-// one-way delay half the round trip its sender measured; workers at one address talk for free.
+// one-way delay half the round trip its sender measured, its card's egress where its probes saw
+// one; workers at one address talk for free.
 NetworkCost MeasuredNetwork(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   std::vector<std::vector<LinkCost>> links(job.expected, std::vector<LinkCost>(job.expected));
-  for (int a = 0; a < job.expected; ++a)
+  std::vector<double> egress(job.expected);
+  for (int a = 0; a < job.expected; ++a) {
+    egress[a] = job.members.egress(a);
     for (int b = 0; b < job.expected; ++b)
       if (const std::optional<proto::LinkMeasurement> m = job.members.link(a, b)) {
         links[a][b] = MeasuredLink(m->round_trip_s(), m->bytes_per_s());
       }
-  return NetworkCost::FromMatrix(std::move(links));
+  }
+  NetworkCost network = NetworkCost::FromMatrix(std::move(links));
+  network.SetCards(std::move(egress), {});
+  return network;
+}
+
+nlohmann::json MeasuredCardsJson(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int a = 0; a < job.expected; ++a)
+    if (job.members.egress(a) > 0) out.push_back({{"worker", a}, {"egress_mbit_per_s", 8e-6 * job.members.egress(a)}});
+  return out;
 }
 
 nlohmann::json MeasuredLinksJson(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
@@ -202,7 +215,10 @@ void MakeFirstPlan(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
                         {"placement", placed.record},
                         {"wire", wires.wire},
                         {"connections", wires.connections}};
-  if (job.members.linked()) job.cluster_record["links"] = MeasuredLinksJson(job);
+  if (job.members.linked()) {
+    job.cluster_record["links"] = MeasuredLinksJson(job);
+    if (nlohmann::json cards = MeasuredCardsJson(job); !cards.empty()) job.cluster_record["cards"] = std::move(cards);
+  }
   std::cout << absl::StrFormat("coordinator: plan v1: %d stages x %d replicas, %s schedule, %s parameter servers "
                                "(%d shards), wire %s, connections %s\n"
                                "  iteration time = stage 0 replica 0's; TFLOPs/worker = %s / iteration time / %d "

@@ -121,8 +121,15 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
           absl::StrFormat("worker %d reports no link to worker %d, which is at another address", id, other));
     }
   }
+  if (!(report.egress_bytes_per_s() >= 0 && report.egress_bytes_per_s() < 1e13)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "worker %d reports an egress of %g bytes/s: it must be 0 (no card seen) or positive and finite (a damaged or "
+        "foreign client?)",
+        id, report.egress_bytes_per_s()));
+  }
   Worker& w = workers_.at(id);
   w.links = std::move(links);
+  w.egress_bytes_per_s = report.egress_bytes_per_s();
   w.links_reported = true;
   return absl::OkStatus();
 }
@@ -131,6 +138,8 @@ bool Membership::linked() const {
   return full() && std::all_of(workers_.begin(), workers_.end(),
                                [&](const auto& w) { return w.first >= expected_ || w.second.links_reported; });
 }
+
+double Membership::egress(int id) const { return workers_.at(id).egress_bytes_per_s; }
 
 std::optional<proto::LinkMeasurement> Membership::link(int from, int to) const {
   const auto& links = workers_.at(from).links;

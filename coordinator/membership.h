@@ -50,6 +50,8 @@ class Membership {
   bool linked() const;
   // Worker `from`'s measurement towards worker `to`, where it reported one.
   std::optional<proto::LinkMeasurement> link(int from, int to) const;
+  // Worker `id`'s card as its probes saw it, bytes/s; 0: none seen (or not reported).
+  double egress(int id) const;
   // Both registered with one host in their tensor addresses.
   bool SameHost(int a, int b) const;
   // NotFound for an id no worker registered with (ids come from the network), FailedPrecondition
@@ -122,6 +124,7 @@ class Membership {
     TraceFile timeline;
     std::optional<proto::ComputeProfile> profile;
     std::map<int, proto::LinkMeasurement> links;  // by peer at another address
+    double egress_bytes_per_s = 0;
     bool links_reported = false;
     std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
     bool lost = false;

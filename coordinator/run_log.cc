@@ -95,6 +95,7 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
                       {"stragglers", stragglers_},
                       {"workers", nlohmann::json::array()}};
   if (!reason.empty()) s["reason"] = reason;
+  if (predicted_without_cards_ >= 0) s["predicted_without_cards_iteration_seconds"] = predicted_without_cards_;
   if (last_done_step_ > first_done_step_) {
     const double wall = std::chrono::duration<double>(last_done_ - first_done_).count();
     s["wall_seconds_per_step"] = wall / static_cast<double>(last_done_step_ - first_done_step_);

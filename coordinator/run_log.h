@@ -47,6 +47,9 @@ class RunLog {
   std::vector<double> ComputePerMicroByWorker() const;
   // The planner's iteration time for this run, which Summary records beside the measured one.
   void SetPrediction(double seconds) { predicted_ = seconds; }
+  // The same with the hosts' network cards left out, where the network has any: how far off a
+  // model without them would have been.
+  void SetPredictionWithoutCards(double seconds) { predicted_without_cards_ = seconds; }
   // How the plan placed the workers (the coordinator's record), which Summary carries.
   void SetPlacement(nlohmann::json placement) { placement_ = std::move(placement); }
   // The workers that were ever stragglers (stragglers.h), which Summary carries.
@@ -73,7 +76,7 @@ class RunLog {
   // time per committed step, whatever was redone between.
   std::chrono::steady_clock::time_point first_done_, last_done_;
   int64_t first_done_step_ = -1, last_done_step_ = -1;
-  double predicted_ = -1;
+  double predicted_ = -1, predicted_without_cards_ = -1;
   nlohmann::json placement_;
   nlohmann::json stragglers_ = nlohmann::json::array();
 };

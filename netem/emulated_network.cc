@@ -136,19 +136,32 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
         "net.ipv4.tcp_wmem='4096 16384 %d' net.ipv4.tcp_no_metrics_save=1 net.ipv4.tcp_slow_start_after_idle=0",
         ns, opt.congestion_control, buf, buf)));
   }
-  // A host's card, egress: an htb class of its rate on the host's own veth, which every packet it
-  // sends crosses, so its links share it.
+  // A host's card, egress: on the host's own veth, which every packet it sends crosses, one htb
+  // class of the card's rate over one class per destination, so its links share the card as
+  // their flows would on a host whose queue is fair per flow (each guaranteed an equal part, free
+  // to borrow what the others leave).
   for (int i = 0; i < hosts; ++i) {
     const double card = s.EgressMbit(i);
     if (card <= 0) continue;
-    double longest_ms = 0;
-    for (int j = 0; j < hosts; ++j) longest_ms = std::max(longest_ms, s.Between(i, j).delay_ms);
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 root handle 1: htb default 1 r2q 1000", hosts_[i])));
-    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s class add dev eth0 parent 1: classid 1:1 htb rate %gmbit ceil %gmbit "
+    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s class add dev eth0 parent 1: classid 1:1 htb rate 100gbit", hosts_[i])));
+    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s class add dev eth0 parent 1: classid 1:2 htb rate %gmbit ceil %gmbit "
                                           "burst %d cburst %d",
                                           hosts_[i], card, card, HtbBurstBytes(card), HtbBurstBytes(card))));
-    LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 parent 1:1 pfifo limit %d", hosts_[i],
-                                          QueueLimitPackets(card, longest_ms))));
+    for (int j = 0; j < hosts; ++j) {
+      if (j == i) continue;
+      const Link l = s.Between(i, j);
+      const double ceil = l.rate_mbit > 0 ? std::min(l.rate_mbit, card) : card;
+      const int cls = 10 + j;
+      LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
+          "tc -n %s class add dev eth0 parent 1:2 classid 1:%d htb rate %gmbit ceil %gmbit burst %d cburst %d",
+          hosts_[i], cls, std::min(ceil, card / (hosts - 1)), ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
+      LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 parent 1:%d pfifo limit %d", hosts_[i], cls,
+                                            QueueLimitPackets(ceil, l.delay_ms))));
+      LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
+          "tc -n %s filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst %s/32 flowid 1:%d", hosts_[i],
+          Address(j), cls)));
+    }
   }
   // Rates: on the router's egress towards host j, one htb class per source host at its pair's
   // rate; under one class of the card's rate where host j has an ingress card, which its sources

@@ -9,43 +9,47 @@
 namespace longhaul {
 namespace {
 
-absl::StatusOr<proto::LinkMeasurement> ProbeOne(const proto::Peer& peer, TransportOptions transport,
-                                                const LinkProbeOptions& opt, const std::vector<float>& data) {
-  transport.connections = 1;
-  transport.dtype = WireDtype::kF32;
-  TensorClient client(peer.address(), transport, {peer.worker_id(), peer.public_key()});
+// One peer's link: a client of one connection, and what is known of it so far.
+struct Probe {
+  std::unique_ptr<TensorClient> client;
   int64_t seq = 0;
-  auto header = [&] {
+  proto::LinkMeasurement m;
+
+  std::shared_ptr<SendOp> Send(const std::vector<float>& data, size_t elements) {
     proto::TensorHeader h;
     h.set_kind(proto::LINK_PROBE);
     h.set_iteration(seq++);
-    return h;
-  };
-  auto timed = [&](size_t elements) -> absl::StatusOr<double> {
-    std::shared_ptr<SendOp> op = client.Send(header(), data.data(), elements);
+    return client->Send(h, data.data(), elements);
+  }
+  absl::StatusOr<double> Timed(const std::vector<float>& data, size_t elements) {
+    std::shared_ptr<SendOp> op = Send(data, elements);
     if (absl::Status s = op->Wait(); !s.ok()) return s;
     return op->seconds();
-  };
-  if (absl::StatusOr<double> warm = timed(1); !warm.ok()) return warm.status();  // connects
+  }
+};
+
+// Bytes over the time they took, acknowledged a round trip after the last byte left: what remains
+// is the bytes' time (at least half the whole, where scheduling noise makes the round trip look
+// as long as the transfer).
+double RateOf(double bytes, double seconds, double rtt) { return bytes / std::max(seconds - rtt, seconds / 2); }
+
+absl::Status ProbeOne(Probe& p, const LinkProbeOptions& opt, const std::vector<float>& data) {
+  if (absl::StatusOr<double> warm = p.Timed(data, 1); !warm.ok()) return warm.status();  // connects
   double rtt = 1e9;
   for (int i = 0; i < opt.round_trips; ++i) {
-    absl::StatusOr<double> t = timed(1);
+    absl::StatusOr<double> t = p.Timed(data, 1);
     if (!t.ok()) return t.status();
     rtt = std::min(rtt, *t);
   }
-  proto::LinkMeasurement m;
-  m.set_to_worker(peer.worker_id());
-  m.set_round_trip_s(rtt);
+  p.m.set_round_trip_s(rtt);
   const auto start = std::chrono::steady_clock::now();
   size_t spent = 0;
   double rate = 0;
   for (size_t bytes = 256 << 10; bytes <= (4u << 20) && spent + bytes <= opt.max_bytes; bytes *= 4) {
-    absl::StatusOr<double> t = timed(bytes / 4);
+    absl::StatusOr<double> t = p.Timed(data, bytes / 4);
     if (!t.ok()) return t.status();
     spent += bytes;
-    // Acknowledged a round trip after the last byte left: what remains is the bytes' time (at least
-    // half the whole, where scheduling noise makes the round trip look as long as the transfer).
-    rate = std::max(rate, static_cast<double>(bytes) / std::max(*t - rtt, *t / 2));
+    rate = std::max(rate, RateOf(bytes, *t, rtt));
     if (std::chrono::steady_clock::now() - start > opt.max_time) break;
   }
   // Two equal tensors back to back, the window already opened by the ones before: from the first's
@@ -54,39 +58,69 @@ absl::StatusOr<proto::LinkMeasurement> ProbeOne(const proto::Peer& peer, Transpo
   // apart, which read as 13 TB/s on loopback and had the coordinator refuse the report.
   const size_t pair = std::min<size_t>({(opt.max_bytes - std::min(spent, opt.max_bytes)) / 2, data.size() * 4, 8u << 20});
   if (pair >= (256u << 10) && std::chrono::steady_clock::now() - start <= opt.max_time) {
-    std::shared_ptr<SendOp> first = client.Send(header(), data.data(), pair / 4);
-    std::shared_ptr<SendOp> second = client.Send(header(), data.data(), pair / 4);
+    std::shared_ptr<SendOp> first = p.Send(data, pair / 4);
+    std::shared_ptr<SendOp> second = p.Send(data, pair / 4);
     if (absl::Status s = first->Wait(); !s.ok()) return s;
     if (absl::Status s = second->Wait(); !s.ok()) return s;
     const double span = std::chrono::duration<double>(second->start() - first->start()).count() + second->seconds();
-    if (span > 0) rate = std::max(rate, 2.0 * static_cast<double>(pair) / std::max(span - rtt, span / 2));
+    if (span > 0) rate = std::max(rate, RateOf(2.0 * static_cast<double>(pair), span, rtt));
   }
-  m.set_bytes_per_s(rate);
-  return m;
+  p.m.set_bytes_per_s(rate);
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<proto::LinkMeasurement>> ProbeLinks(const std::vector<proto::Peer>& peers,
-                                                                const TransportOptions& transport,
-                                                                const LinkProbeOptions& opt) {
+absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers, const TransportOptions& transport,
+                                           const LinkProbeOptions& opt) {
   // One buffer, read by every peer's probe: 16 MiB, not 16 MiB per peer.
   const std::vector<float> data(std::min<size_t>(kLinkProbeMaxElements, opt.max_bytes / 4), 1.0f);
-  std::vector<absl::StatusOr<proto::LinkMeasurement>> results(peers.size(), absl::UnknownError("not probed"));
+  TransportOptions one = transport;
+  one.connections = 1;
+  one.dtype = WireDtype::kF32;
+  std::vector<Probe> probes(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    probes[i].client =
+        std::make_unique<TensorClient>(peers[i].address(), one, PeerIdentity{peers[i].worker_id(), peers[i].public_key()});
+    probes[i].m.set_to_worker(peers[i].worker_id());
+  }
+  auto failed = [&](size_t i, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrFormat("probing the link to worker %d at %s: %s", peers[i].worker_id(),
+                                                  peers[i].address(), s.message()));
+  };
+  std::vector<absl::Status> results(peers.size());
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    threads.emplace_back([&, i] { results[i] = ProbeOne(peers[i], transport, opt, data); });
-  }
+  for (size_t i = 0; i < peers.size(); ++i) threads.emplace_back([&, i] { results[i] = ProbeOne(probes[i], opt, data); });
   for (std::thread& t : threads) t.join();
-  std::vector<proto::LinkMeasurement> out;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    if (!results[i].ok()) {
-      return absl::Status(results[i].status().code(),
-                          absl::StrFormat("probing the link to worker %d at %s: %s", peers[i].worker_id(),
-                                          peers[i].address(), results[i].status().message()));
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (!results[i].ok()) return failed(i, results[i]);
+  LinkProbeResult out;
+  // The card: the peers above were probed at once, so each rate is its share where this host's
+  // card binds. Each peer alone, then all at once, one equal tensor each: where all at once carry
+  // clearly less than the peers alone add up to, the card binds, and what they carried is its rate.
+  const size_t card_elements = std::min<size_t>(data.size(), opt.card_bytes / 4);
+  if (peers.size() >= 2 && card_elements > 0) {
+    double alone_sum = 0, rtt_max = 0;
+    for (size_t i = 0; i < probes.size(); ++i) {
+      Probe& p = probes[i];
+      absl::StatusOr<double> t = p.Timed(data, card_elements);
+      if (!t.ok()) return failed(i, t.status());
+      const double alone = RateOf(4.0 * card_elements, *t, p.m.round_trip_s());
+      p.m.set_bytes_per_s(std::max(p.m.bytes_per_s(), alone));
+      alone_sum += p.m.bytes_per_s();
+      rtt_max = std::max(rtt_max, p.m.round_trip_s());
     }
-    out.push_back(*results[i]);
+    std::vector<std::shared_ptr<SendOp>> ops;
+    for (Probe& p : probes) ops.push_back(p.Send(data, card_elements));
+    double span = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (absl::Status s = ops[i]->Wait(); !s.ok()) return failed(i, s);
+      span = std::max(span, std::chrono::duration<double>(ops[i]->start() - ops[0]->start()).count() + ops[i]->seconds());
+    }
+    const double together = RateOf(4.0 * card_elements * ops.size(), span, rtt_max);
+    if (together < kCardBindsBelow * alone_sum) out.egress_bytes_per_s = together;
   }
+  for (Probe& p : probes) out.links.push_back(p.m);
   return out;
 }
 

@@ -11,8 +11,16 @@
 // best of these. TCP's slow start means a link whose bandwidth-delay product is more than the
 // probe's bytes can fill reads slower than it is: the bandwidth is a floor, the further below the
 // link's rate the larger that product.
+//
+// Pairwise probes cannot see a host's network card, which all of its links share (and the ones
+// above, run at once, each read their share of it). So with two peers or more, one tensor of
+// `card_bytes` goes to each peer alone, one after another (a link's rate is the better of that and
+// the above), and then one to every peer at once: where all at once carry less than
+// kCardBindsBelow of what the peers alone add up to, the card binds, and what they carried is the
+// host's egress. Every worker probes at the same time, so receivers' cards may count in too.
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,16 +32,24 @@ namespace longhaul {
 // The largest probe tensor a worker admits (16 MiB of fp32).
 inline constexpr uint64_t kLinkProbeMaxElements = uint64_t{4} << 20;
 
+// All peers at once carrying less than this share of their rates alone: a card binds.
+inline constexpr double kCardBindsBelow = 0.8;
+
 struct LinkProbeOptions {
   int round_trips = 5;
+  size_t card_bytes = size_t{4} << 20;  // per peer, alone and all at once; 0: no card probe
   size_t max_bytes = size_t{24} << 20;  // per peer
   std::chrono::milliseconds max_time{4000};  // per peer; the transfer that crosses it is the last
 };
 
-// Measures the link from this worker to each of `peers`; fails naming the peer that could not be
-// reached within `transport.timeout`.
-absl::StatusOr<std::vector<proto::LinkMeasurement>> ProbeLinks(const std::vector<proto::Peer>& peers,
-                                                                const TransportOptions& transport,
-                                                                const LinkProbeOptions& opt = {});
+struct LinkProbeResult {
+  std::vector<proto::LinkMeasurement> links;
+  double egress_bytes_per_s = 0;  // the host's card where it binds; 0: none seen
+};
+
+// Measures the link from this worker to each of `peers`, and its card; fails naming the peer that
+// could not be reached within `transport.timeout`.
+absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers, const TransportOptions& transport,
+                                           const LinkProbeOptions& opt = {});
 
 }  // namespace longhaul

@@ -465,10 +465,17 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
     if (via != dial_map_.end()) p.set_address(via->second);
     others.push_back(p);
   }
-  LH_ASSIGN_OR_RETURN(const std::vector<proto::LinkMeasurement> links, longhaul::ProbeLinks(others, transport));
+  LH_ASSIGN_OR_RETURN(const LinkProbeResult probed, longhaul::ProbeLinks(others, transport));
   proto::LinkReport report;
   report.set_worker_id(client_.worker_id());
-  for (const proto::LinkMeasurement& m : links) {
+  report.set_egress_bytes_per_s(probed.egress_bytes_per_s);
+  if (probed.egress_bytes_per_s > 0) {
+    std::cout << absl::StrFormat("%s sends %.0f Mbit/s to all its peers at once, less than its links alone: its "
+                                 "network card\n",
+                                 Who(), probed.egress_bytes_per_s * 8e-6)
+              << std::flush;
+  }
+  for (const proto::LinkMeasurement& m : probed.links) {
     std::cout << absl::StrFormat("%s link to worker %d: round trip %.2f ms, %.0f Mbit/s\n", Who(), m.to_worker(),
                                  1e3 * m.round_trip_s(), m.bytes_per_s() * 8e-6)
               << std::flush;

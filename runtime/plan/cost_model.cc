@@ -307,8 +307,26 @@ absl::StatusOr<NetworkCost> NetworkCost::LoadMeasured(const std::string& path, i
   }
   std::vector<std::vector<LinkCost>> matrix(n, std::vector<LinkCost>(n));
   for (const auto& [a, b, rtt, rate] : links) matrix[a][b] = MeasuredLink(rtt, rate);
+  // Cards the probes saw: {worker, egress_mbit_per_s} of workers among the links'.
+  std::vector<double> egress(n);
+  if (j.contains("cards")) {
+    if (!j["cards"].is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"cards\" is not a list"));
+    for (const nlohmann::json& c : j["cards"]) {
+      const bool shaped = c.is_object() && c.contains("worker") && c["worker"].is_number_integer() &&
+                          c.contains("egress_mbit_per_s") && c["egress_mbit_per_s"].is_number();
+      const int64_t w = shaped ? c["worker"].get<int64_t>() : -1;
+      const double mbit = shaped ? c["egress_mbit_per_s"].get<double>() : -1;
+      if (!shaped || w < 0 || w >= n || !(mbit > 0 && mbit < 1e8)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": a card entry ", c.dump(),
+                                                       " is not {worker of the links, egress_mbit_per_s > 0}"));
+      }
+      egress[w] = mbit * 1e6 / 8;
+    }
+  }
   *hosts = n;
-  return FromMatrix(std::move(matrix));
+  NetworkCost network = FromMatrix(std::move(matrix));
+  network.SetCards(std::move(egress), {});
+  return network;
 }
 
 NetworkCost NetworkCost::FromMatrix(std::vector<std::vector<LinkCost>> links) {

@@ -146,7 +146,8 @@ class NetworkCost {
   // Measured links: links[a][b] from host a to host b (a pair outside the matrix is free).
   static NetworkCost FromMatrix(std::vector<std::vector<LinkCost>> links);
   // The links a run's workers measured at join, from its cluster.json ("links": from, to,
-  // round_trip_ms, mbit_per_s; worker w is host w); `*hosts` gets the matrix's size.
+  // round_trip_ms, mbit_per_s; worker w is host w; "cards": worker, egress_mbit_per_s, where the
+  // probes saw one); `*hosts` gets the matrix's size.
   static absl::StatusOr<NetworkCost> LoadMeasured(const std::string& cluster_json_path, int* hosts);
   LinkCost Between(int from_host, int to_host) const;
   // Host `host`'s network card in bytes/s, shared by all it sends (egress) or receives (ingress)

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <queue>
 
@@ -54,7 +53,8 @@ enum class EventKind {
   kParamIn,    // a shard's parameters reached the worker `who` (`aux`: the shard's index in its stage)
   kPushOut,    // a worker's backward finished a shard's gradients: they leave for the host
   kParamsOut,  // a host stepped a shard: its parameters leave for every replica
-  kFlows,      // with cards: the first message in flight may be through (`iter`: the rates' generation)
+  kFlows,      // with cards: the first message in flight may be through (`iter`: the rates' generation),
+               // or new messages need rates (`iter`: kReflow)
 };
 
 struct Event {
@@ -241,7 +241,17 @@ class Engine {
     partials_in_.assign(iterations_, 0);
     partial_at_.assign(iterations_, std::vector<double>(W, 0));
     link_free_.assign(static_cast<size_t>(hosts_) * hosts_, 0);
-    if (sim_.network.HasCards()) pair_flows_.assign(link_free_.size(), {});
+    if (sim_.network.HasCards()) {
+      cards_ = true;
+      link_queue_.assign(link_free_.size(), {});
+      link_next_.assign(link_free_.size(), 0);
+      // Cards: egress of host h at h, ingress at hosts_ + h.
+      card_rate_.assign(2 * static_cast<size_t>(hosts_), kUnlimited);
+      for (int h = 0; h < hosts_; ++h) {
+        if (const double e = sim_.network.EgressRate(h); e > 0) card_rate_[h] = e;
+        if (const double g = sim_.network.IngressRate(h); g > 0) card_rate_[hosts_ + h] = g;
+      }
+    }
     link_bytes_.assign(link_free_.size(), 0);
     link_busy_.assign(link_free_.size(), 0);
     return absl::OkStatus();
@@ -276,7 +286,7 @@ class Engine {
     const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
     const double hold = link.SerializeSeconds(bytes);
     if (Last(in.iter)) link_bytes_[i] += bytes, link_busy_[i] += hold;
-    if (pair_flows_.empty()) {  // no cards: a link's messages share nothing with other links'
+    if (!cards_) {  // a link's messages share nothing with other links'
       const double start = std::max(t, link_free_[i]);
       link_free_[i] = start + hold;
       in.t = start + hold + link.latency_s;
@@ -284,9 +294,15 @@ class Engine {
       return;
     }
     FlowsTo(t);
-    pair_flows_[i].push_back({from_host, to_host, bytes, bytes, link.Rate(), link.latency_s, in});
-    if (pair_flows_[i].size() == 1) in_flight_.push_back(i);  // else it waits for the link
-    Reflow(t);
+    const int id = static_cast<int>(flows_.size());
+    flows_.push_back({from_host, to_host, i, bytes, bytes, link.Rate(), link.latency_s, in});
+    link_queue_[i].push_back(id);
+    if (link_queue_[i].size() - link_next_[i] == 1) in_flight_.push_back(id);  // else it waits for the link
+    // Once for everything sent at this moment (a push of many shards, parameters to every replica).
+    if (!reflow_due_) {
+      reflow_due_ = true;
+      Push(t, EventKind::kFlows, 0, kReflow);
+    }
   }
 
   // With cards, messages are flows: each link sends its messages one at a time, and the ones in
@@ -294,16 +310,18 @@ class Engine {
   // to its link's own rate. Rates change only when a message starts or ends.
   struct Flow {
     int from = 0, to = 0;
+    size_t link = 0;
     double bytes = 0, left = 0;
     double link_rate = 0;  // bytes/s; infinity: the link does not limit it
     double latency_s = 0;
     Event in;
   };
 
-  // Brings the bytes left of every message in flight up to time t.
+  // Brings the bytes left of every message in flight up to time t (the ones sent since the last
+  // Reflow have no rate yet, and no time has passed for them).
   void FlowsTo(double t) {
-    for (size_t k = 0; k < in_flight_.size(); ++k) {
-      Flow& f = pair_flows_[in_flight_[k]].front();
+    for (size_t k = 0; k < rate_.size(); ++k) {
+      Flow& f = flows_[in_flight_[k]];
       f.left = std::isinf(rate_[k]) ? 0 : f.left - rate_[k] * (t - flows_at_);
     }
     flows_at_ = t;
@@ -313,27 +331,24 @@ class Engine {
   void Reflow(double t) {
     const size_t n = in_flight_.size();
     rate_.assign(n, 0);
-    // Cards: egress of host h at h, ingress at hosts_ + h; each one's capacity left.
-    std::vector<double> capacity(2 * static_cast<size_t>(hosts_)), left(capacity.size());
-    for (int h = 0; h < hosts_; ++h) {
-      const double e = sim_.network.EgressRate(h), g = sim_.network.IngressRate(h);
-      capacity[h] = e > 0 ? e : kUnlimited;
-      capacity[hosts_ + h] = g > 0 ? g : kUnlimited;
-    }
+    const std::vector<double>& capacity = card_rate_;
+    std::vector<double>& left = card_left_;
     left = capacity;
-    std::vector<char> fixed(n, 0);
+    std::vector<char>& fixed = fixed_;
+    fixed.assign(n, 0);
     auto card = [&](size_t k, int side) {
-      const Flow& f = pair_flows_[in_flight_[k]].front();
+      const Flow& f = flows_[in_flight_[k]];
       return side == 0 ? static_cast<size_t>(f.from) : static_cast<size_t>(hosts_ + f.to);
     };
     size_t open = n;
     for (size_t k = 0; k < n; ++k) {
-      const Flow& f = pair_flows_[in_flight_[k]].front();
+      const Flow& f = flows_[in_flight_[k]];
       if (std::isinf(f.link_rate) && std::isinf(capacity[card(k, 0)]) && std::isinf(capacity[card(k, 1)])) {
         rate_[k] = kUnlimited, fixed[k] = 1, --open;  // nothing holds it back
       }
     }
-    std::vector<int> users(capacity.size());
+    std::vector<int>& users = card_users_;
+    users.resize(capacity.size());
     while (open > 0) {
       std::fill(users.begin(), users.end(), 0);
       for (size_t k = 0; k < n; ++k)
@@ -342,7 +357,7 @@ class Engine {
       for (size_t c = 0; c < left.size(); ++c)
         if (users[c] > 0 && !std::isinf(left[c])) raise = std::min(raise, std::max(0.0, left[c]) / users[c]);
       for (size_t k = 0; k < n; ++k)
-        if (!fixed[k]) raise = std::min(raise, pair_flows_[in_flight_[k]].front().link_rate - rate_[k]);
+        if (!fixed[k]) raise = std::min(raise, flows_[in_flight_[k]].link_rate - rate_[k]);
       size_t fixed_now = 0;
       for (size_t k = 0; k < n; ++k) {
         if (fixed[k]) continue;
@@ -354,7 +369,7 @@ class Engine {
       auto full = [&](size_t c) { return left[c] <= 1e-9 * capacity[c]; };
       for (size_t k = 0; k < n; ++k) {
         if (fixed[k]) continue;
-        const double link_rate = pair_flows_[in_flight_[k]].front().link_rate;
+        const double link_rate = flows_[in_flight_[k]].link_rate;
         if (rate_[k] >= link_rate * (1 - 1e-9) || full(card(k, 0)) || full(card(k, 1))) fixed[k] = 1, ++fixed_now;
       }
       if (fixed_now == 0) break;  // rounding left every constraint a hair short: the rates stand
@@ -362,7 +377,7 @@ class Engine {
     }
     double next = kUnlimited;
     for (size_t k = 0; k < n; ++k) {
-      const Flow& f = pair_flows_[in_flight_[k]].front();
+      const Flow& f = flows_[in_flight_[k]];
       next = std::min(next, std::isinf(rate_[k]) ? t : t + std::max(0.0, f.left) / rate_[k]);
     }
     ++flow_generation_;
@@ -372,22 +387,24 @@ class Engine {
   // The first message in flight to end may be through at t (unless rates changed since): every
   // message through arrives one latency later, and its link takes its next.
   void FlowsThrough(double t, int generation) {
-    if (generation != flow_generation_) return;
+    if (generation == kReflow) reflow_due_ = false;
+    else if (generation != flow_generation_) return;
     FlowsTo(t);
-    std::vector<size_t> still;
-    for (size_t i : in_flight_) {
-      std::deque<Flow>& q = pair_flows_[i];
-      if (q.front().left > 1e-9 * q.front().bytes) {
-        still.push_back(i);
+    std::vector<int>& still = still_;
+    still.clear();
+    for (int id : in_flight_) {
+      const Flow& f = flows_[id];
+      if (f.left > 1e-9 * f.bytes) {
+        still.push_back(id);
         continue;
       }
-      Event in = q.front().in;
-      in.t = t + q.front().latency_s;
+      Event in = f.in;
+      in.t = t + f.latency_s;
       queue_.push(in);
-      q.pop_front();
-      if (!q.empty()) still.push_back(i);
+      const std::vector<int>& q = link_queue_[f.link];
+      if (++link_next_[f.link] < q.size()) still.push_back(q[link_next_[f.link]]);
     }
-    in_flight_ = std::move(still);
+    in_flight_.swap(still);
     Reflow(t);
   }
 
@@ -700,11 +717,20 @@ class Engine {
   int hosts_ = 0;
   WirePlan wires_;
   static constexpr double kUnlimited = std::numeric_limits<double>::infinity();
-  std::vector<std::deque<Flow>> pair_flows_;  // [from_host * hosts_ + to_host]; empty: no cards
-  std::vector<size_t> in_flight_;             // links whose first message is on its way
+  bool cards_ = false;                        // the network has cards: messages are flows
+  std::vector<Flow> flows_;                   // every message sent, in order
+  std::vector<std::vector<int>> link_queue_;  // [from_host * hosts_ + to_host]: its messages in flows_
+  std::vector<size_t> link_next_;             // [link]: where in link_queue_ the one on its way is
+  std::vector<int> in_flight_, still_;        // messages on their way (each the first of its link)
   std::vector<double> rate_;                  // [in_flight_ index]: bytes/s
+  std::vector<double> card_rate_;             // [card]: bytes/s, kUnlimited for none (Setup)
+  std::vector<double> card_left_;             // Reflow's: [card] bytes/s not yet given out
+  std::vector<int> card_users_;               // Reflow's: [card] messages whose rates still rise
+  std::vector<char> fixed_;                   // Reflow's: [in_flight_ index] at its rate
   double flows_at_ = 0;                       // when Flow::left was last brought up to date
   int flow_generation_ = 0;                   // the rates' version; older kFlows events are stale
+  static constexpr int kReflow = -1;          // a kFlows event's generation that asks for new rates
+  bool reflow_due_ = false;                   // such an event is on its way
   std::vector<double> link_free_, link_bytes_, link_busy_;  // [from_host * hosts_ + to_host]
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   int64_t seq_ = 0;

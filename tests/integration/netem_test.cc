@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "netem/netns.h"
+#include "plan/cost_model.h"
 #include "transport/link_connections.h"
 #include "tests/support/tcp_measure.h"
 
@@ -394,6 +395,7 @@ TEST_F(NetemTest, LinkProbesAtJoinMeasureTheScenariosLinks) {
   const nlohmann::json cluster = nlohmann::json::parse(f, nullptr, false);
   ASSERT_TRUE(cluster.contains("links")) << "cluster.json records no measured links";
   ASSERT_EQ(cluster["links"].size(), 12u) << "4 workers on 4 hosts: 12 directed links";
+  EXPECT_FALSE(cluster.contains("cards")) << "a card where the scenario has none: " << cluster["cards"].dump();
   for (const nlohmann::json& l : cluster["links"]) {
     const int a = l["from"], b = l["to"];
     const double rtt = l["round_trip_ms"], mbit = l["mbit_per_s"];
@@ -405,6 +407,39 @@ TEST_F(NetemTest, LinkProbesAtJoinMeasureTheScenariosLinks) {
     EXPECT_LT(mbit, 1.05 * rate) << "faster than the emulated link allows";
     EXPECT_GT(mbit, 0.1 * rate);
   }
+}
+
+// The probes see a host's card, which pairwise probes cannot: on shared-card (each host sends
+// 500 Mbit/s in all, as each pair can alone) every worker reports what it sends to its three
+// peers at once as its egress, near the card's rate, and the pairs alone near theirs.
+TEST_F(NetemTest, LinkProbesAtJoinSeeEachHostsCard) {
+  const std::string dir = ::testing::TempDir() + "/carded_" + std::to_string(getpid());
+  const std::string scenario_path = std::string(LONGHAUL_SOURCE_DIR) + "/netem/scenarios/shared-card.toml";
+  const std::string cmd = absl::StrFormat(
+      "%s local -c %s/configs/demo.toml --scenario %s --set cluster.stages=1 --set cluster.replicas=4 "
+      "--set 'cluster.link_probe=\"on\"' --set train.steps=2 --set 'train.out_dir=\"%s\"' > %s.log 2>&1",
+      LONGHAUL_BINARY, LONGHAUL_SOURCE_DIR, scenario_path, dir, dir);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir << ".log";
+  auto scenario = LoadScenario(scenario_path);
+  ASSERT_TRUE(scenario.ok()) << scenario.status();
+  const double card = scenario->EgressMbit(0), pair = scenario->Between(0, 1).rate_mbit;
+  std::ifstream f(dir + "/cluster.json");
+  const nlohmann::json cluster = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(cluster.contains("cards")) << "no card seen; see " << dir << ".log";
+  EXPECT_EQ(cluster["cards"].size(), 4u) << cluster["cards"].dump();
+  for (const nlohmann::json& c : cluster["cards"]) {
+    const double mbit = c["egress_mbit_per_s"];
+    std::cout << absl::StrFormat("worker %d: egress %.0f Mbit/s to all peers at once (card %.0f)\n",
+                                 c["worker"].get<int>(), mbit, card);
+    EXPECT_LT(mbit, 1.05 * card);
+    EXPECT_GT(mbit, 0.6 * card);
+  }
+  for (const nlohmann::json& l : cluster["links"]) EXPECT_GT(l["mbit_per_s"].get<double>(), 0.5 * pair) << l.dump();
+  int hosts = 0;
+  auto measured = NetworkCost::LoadMeasured(dir + "/cluster.json", &hosts);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(hosts, 4);
+  EXPECT_GT(measured->EgressRate(0), 0) << "plan --links prices the card the probes saw";
 }
 
 TEST_F(NetemTest, KilledLauncherLeavesNothingBehind) {

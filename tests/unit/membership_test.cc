@@ -166,7 +166,7 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
     proto::LinkReport report;
     const char* says;
   };
-  const std::vector<Bad> bad = {
+  std::vector<Bad> bad = {
       {Links(0, {{1, 0.1, 1e8}}), "no link to worker 2, which is at another address"},
       {Links(0, {{1, 0.1, 1e8}, {1, 0.1, 1e8}}), "twice"},
       {Links(0, {{0, 0.1, 1e8}, {1, 0.1, 1e8}, {2, 0.1, 1e8}}), "itself"},
@@ -175,13 +175,21 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
       {Links(0, {{1, 0.1, std::nan("")}, {2, 0.1, 1e8}}), "rates positive and finite"},
       {Links(0, {{1, 0.1, 1e8}, {2, 1e5, 1e8}}), "under an hour"},
   };
+  proto::LinkReport negative_card = Links(0, {{1, 0.1, 1e8}, {2, 0.1, 1e8}}), nan_card = negative_card;
+  negative_card.set_egress_bytes_per_s(-1);
+  nan_card.set_egress_bytes_per_s(std::nan(""));
+  bad.push_back({negative_card, "reports an egress of -1 bytes/s"});
+  bad.push_back({nan_card, "must be 0 (no card seen) or positive and finite"});
   for (const Bad& b : bad) {
     const absl::Status st = m.SetLinks(b.report.worker_id(), b.report);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.says;
     EXPECT_NE(st.message().find(b.says), std::string::npos) << st;
   }
   EXPECT_FALSE(m.linked());
-  ASSERT_TRUE(m.SetLinks(0, Links(0, {{1, 0.1, 1e8}, {2, 0.2, 2e8}})).ok());
+  proto::LinkReport carded = Links(0, {{1, 0.1, 1e8}, {2, 0.2, 2e8}});
+  carded.set_egress_bytes_per_s(1.5e8);
+  ASSERT_TRUE(m.SetLinks(0, carded).ok());
+  EXPECT_EQ(m.egress(0), 1.5e8);
   ASSERT_TRUE(m.SetLinks(1, Links(1, {{0, 0.1, 1e8}, {2, 0.05, 1e9}})).ok()) << "a dial map may route to a neighbour";
   EXPECT_FALSE(m.linked());
   ASSERT_TRUE(m.SetLinks(2, Links(2, {{0, 0.3, 3e8}})).ok());
