@@ -28,8 +28,14 @@
 // search's cut, to compare placement alone; neither moves a shard off its own replica, which the
 // search does. The search gets 600 simulations, the genetic search 1280 (32 x 40). A chosen plan
 // that does not fit is marked, with the worker furthest over.
+//
+// `--cards GBPS` gives every host a network card of that rate each way (scenario.h's nic_gbps;
+// 10 is a p3.2xlarge's "up to 10 Gbit/s"), which all its links share, and adds a column: the plan
+// the search chooses without cards, priced with them, against the one it chooses with them (how
+// the cards change the winner).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -58,6 +64,8 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+double cards_gbps = 0;  // --cards
+
 absl::StatusOr<PlacementProblem> Problem(const Config& config, const netem::Scenario& scenario, int workers,
                                           bool blocks) {
   PlacementProblem p;
@@ -80,17 +88,49 @@ absl::StatusOr<PlacementProblem> Problem(const Config& config, const netem::Scen
     spread.placement.push_back(blocks ? w * sites / workers : w % sites);
     p.host.push_back(w);
   }
+  if (cards_gbps > 0) {
+    spread.egress_mbit.assign(sites, cards_gbps * 1000);
+    spread.ingress_mbit = spread.egress_mbit;
+  }
   p.network = NetworkCost::FromScenario(spread);
   return p;
 }
 
+// `plan` (found on another problem of the same workers) priced on `problem`.
+absl::StatusOr<PlacementResult> Reprice(PlacementProblem problem, const PlacementResult& plan) {
+  const Layout& L = problem.layout;
+  std::vector<int> order(problem.host.size(), -1);
+  std::vector<bool> used(problem.host.size(), false);
+  for (int r = 0; r < L.replicas; ++r)
+    for (int s = 0; s < L.stages; ++s) {
+      const int w = plan.placement.worker[s][r];
+      order[r * L.stages + s] = w;
+      used[w] = true;
+    }
+  size_t next = static_cast<size_t>(L.stages) * L.replicas;
+  for (size_t w = 0; w < used.size(); ++w)
+    if (!used[w]) order[next++] = static_cast<int>(w);
+  problem.layout.blocks_per_stage = plan.blocks_per_stage;
+  return PlaceInOrder(problem, order, plan.shard_owner);
+}
+
 int Table(const Config& config, bool blocks);
 
-int Main() {
+int Main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cards" && i + 1 < argc && (cards_gbps = std::atof(argv[++i])) > 0) continue;
+    std::fprintf(stderr, "usage: plan_placement [--cards GBPS]   (GBPS > 0: every host's card, each way)\n");
+    return 2;
+  }
   std::printf("placement: GPT-3 XL on V100 16 GiB (fp16, 35%% of peak), %d stages, micro-batches of 1 x 2048, "
               "recompute, sharded PS.\nTimes are predicted seconds per iteration; random is the median of %d seeds; the "
               "genetic search keeps the even cut, \"gen,cut\" runs it on the chosen plan's cut.\n",
               kStages, kRandomSeeds);
+  if (cards_gbps > 0) {
+    std::printf("Every host has a %g Gbit/s card each way; \"nocard\" is the plan chosen without cards, priced with "
+                "them.\n",
+                cards_gbps);
+  }
   int missed = 0;
   for (const Config& config : kConfigs)
     for (bool blocks : {true, false}) {
@@ -107,8 +147,9 @@ int Main() {
 
 // Prints one table; returns the cases that miss a target, or -1 on an error.
 int Table(const Config& config, bool blocks) {
-  std::printf("%-20s %3s %5s %8s %8s %8s %8s %8s %7s %7s %6s %5s %6s  %s\n", "scenario", "W", "PxD", "chosen",
-              "regist.", "random", "genetic", "gen,cut", "rnd/ch", "gen/ch", "search", "sims", "GA", "cut");
+  std::printf("%-20s %3s %5s %8s %8s %8s %8s %8s %7s %7s %6s %5s %6s %s %s\n", "scenario", "W", "PxD", "chosen",
+              "regist.", "random", "genetic", "gen,cut", "rnd/ch", "gen/ch", "search", "sims", "GA",
+              cards_gbps > 0 ? "  nocard nc/ch " : "", " cut");
   int missed = 0;
   for (const char* name : {"two-universities", "four-regions", "world-eight-regions"}) {
     auto scenario = netem::LoadScenario(absl::StrCat(LONGHAUL_SOURCE_DIR, "/netem/scenarios/", name, ".toml"));
@@ -141,7 +182,15 @@ int Table(const Config& config, bool blocks) {
       PlacementProblem same_cut = *problem;
       if (chosen.ok()) same_cut.layout.blocks_per_stage = chosen->blocks_per_stage;
       auto genetic_cut = GeneticPlacement(same_cut);
-      for (const absl::Status& st : {chosen.status(), registration.status(), genetic.status(), genetic_cut.status()}) {
+      absl::StatusOr<PlacementResult> without_cards = PlacementResult{};
+      if (cards_gbps > 0 && chosen.ok()) {
+        PlacementProblem plain = *problem;
+        plain.network = problem->network.WithoutCards();
+        without_cards = SearchPlacement(plain);
+        if (without_cards.ok()) without_cards = Reprice(*problem, *without_cards);
+      }
+      for (const absl::Status& st : {chosen.status(), registration.status(), genetic.status(), genetic_cut.status(),
+                                     without_cards.status()}) {
         if (!st.ok()) {
           std::fprintf(stderr, "%s, %d workers: %s\n", name, workers, std::string(st.message()).c_str());
           return -1;
@@ -154,11 +203,15 @@ int Table(const Config& config, bool blocks) {
       const bool miss =
           !chosen->fits || (world && median / chosen->iteration_s < 3) || best_genetic < chosen->iteration_s;
       missed += miss;
-      std::printf("%-20s %3d %2dx%-2d %8.2f %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f %5.1fs %5d %5.1fs  %s%s%s\n", name,
+      const std::string nocard =
+          cards_gbps > 0
+              ? absl::StrFormat(" %8.2f %5.2f", without_cards->iteration_s, without_cards->iteration_s / chosen->iteration_s)
+              : "";
+      std::printf("%-20s %3d %2dx%-2d %8.2f %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f %5.1fs %5d %5.1fs %s  %s%s%s\n", name,
                   workers, problem->layout.stages, problem->layout.replicas, chosen->iteration_s,
                   registration->iteration_s, median, genetic->iteration_s, genetic_cut->iteration_s,
                   median / chosen->iteration_s, genetic->iteration_s / chosen->iteration_s, search_s,
-                  chosen->simulations, genetic_s, absl::StrJoin(chosen->blocks_per_stage, ",").c_str(),
+                  chosen->simulations, genetic_s, nocard.c_str(), absl::StrJoin(chosen->blocks_per_stage, ",").c_str(),
                   chosen->fits ? "" : "  DOES NOT FIT", miss ? "  TARGET MISSED" : "");
       if (!chosen->fits) std::printf("    %s\n", chosen->why_not.c_str());
     }
@@ -169,4 +222,4 @@ int Table(const Config& config, bool blocks) {
 }  // namespace
 }  // namespace longhaul
 
-int main() { return longhaul::Main(); }
+int main(int argc, char** argv) { return longhaul::Main(argc, argv); }

@@ -394,6 +394,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
     if (g.workers_given->count() == 0) r.workers = hosts;  // the run's own workers
   }
 
+  if (r.network.HasCards()) network += "; each host's network card shared by its links";
   auto result = SearchLayouts(r);
   if (!result.ok()) return Error(std::string(result.status().message()));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -3,8 +3,9 @@
 # layouts and names the best as --set overrides, within seconds, over a scenario's links and over
 # links a run measured (its cluster.json); with a penalties file it ranks the settings that change
 # the numerics by time to the same loss and writes the best one's config; bad input (a device it
-# does not know, a scenario file that is not there, a links file with a negative round trip, no
-# workers, a penalties file that is not one) exits 2 with one line naming the fix.
+# does not know, a scenario file that is not there, a links file with a negative round trip or a
+# card of a worker it does not hold, no workers, a penalties file that is not one) exits 2 with one
+# line naming the fix.
 # Usage: plan.sh path/to/longhaul (run from anywhere: paths are the source tree's)
 set -u
 bin="$1"
@@ -58,12 +59,13 @@ cat >"$dir/cluster.json" <<'JSON'
            {"from": 0, "to": 2, "round_trip_ms": 100.0, "mbit_per_s": 500},
            {"from": 2, "to": 0, "round_trip_ms": 100.0, "mbit_per_s": 500},
            {"from": 1, "to": 2, "round_trip_ms": 100.0, "mbit_per_s": 500},
-           {"from": 2, "to": 1, "round_trip_ms": 100.0, "mbit_per_s": 500}]}
+           {"from": 2, "to": 1, "round_trip_ms": 100.0, "mbit_per_s": 500}],
+ "cards": [{"worker": 2, "egress_mbit_per_s": 600}]}
 JSON
 "$bin" plan -c "$src/configs/demo.toml" --device cpu:50 --links "$dir/cluster.json" --write "$dir/best.toml" \
   >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
-if [ "$rc" = 0 ] && grep -q "network: the links 3 workers measured at join" "$dir/out.txt" &&
+if [ "$rc" = 0 ] && grep -q "network: the links 3 workers measured at join .*; each host's network card shared" "$dir/out.txt" &&
   grep -q "^Best layout: " "$dir/out.txt"; then
   echo "ok: planned over measured links: $(grep '^Best layout' "$dir/out.txt")"
 else
@@ -137,6 +139,8 @@ else
   cat "$dir/out.txt" "$dir/err.txt"
   fail=1
 fi
+echo '{"links": [{"from": 0, "to": 1, "round_trip_ms": 2, "mbit_per_s": 3}], "cards": [{"worker": 5, "egress_mbit_per_s": 9}]}' \
+  >"$dir/bad_cards.json"
 printf 'tokens = 1000\n[[setting]]\nname = "int8"\nset = ["transport.wire_dtype=\\"int8\\""]\n' >"$dir/bad_penalties.toml"
 
 expect_error() {  # name, expected substring, arguments of `plan`...
@@ -156,6 +160,8 @@ expect_error device "unknown device \"v200\": use v100, v100-32gb, a100, h100" -
 expect_error scenario "no_such.toml.*--scenario takes a file such as" --scenario "$dir/no_such.toml"
 expect_error workers "--workers -1: give at least 1 worker" --workers -1
 expect_error links "bad_links.json: a link entry .* is not {from, to, round_trip_ms > 0" --links "$dir/bad_links.json"
+expect_error cards "bad_cards.json: a card entry .* is not {worker of the links, egress_mbit_per_s > 0}" \
+  --links "$dir/bad_cards.json"
 expect_error no_links "cannot open .*none.json (give a run's cluster.json)" --links "$dir/none.json"
 expect_error penalties "bad_penalties.toml: its first setting is not the exact path" --penalties "$dir/bad_penalties.toml"
 expect_error layout "--layout 3by4: give stages x replicas, e.g. --layout 4x16" --layout 3by4
