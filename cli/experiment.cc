@@ -5,14 +5,19 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <utility>
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
 #include "config/job_config.h"
+#include "plan/cost_model.h"
 #include "scenario/scenario.h"
 #include "util/median.h"
 
@@ -24,6 +29,31 @@ namespace {
 // The source experiment's figures (seeds/001, pipeline only, micro-batch 1).
 constexpr double kSourceBoundaryBytes = 2048.0 * 2048 * 4;          // one micro-batch's activations, fp32
 constexpr double kSourceComputeSeconds = 15.16 / (64 + 12 - 1);     // per micro-batch per stage, GPipe
+
+// The source's stage (2 GPT-3 XL blocks, one sequence of 2048) at `pace`: its compute per
+// micro-batch, forward and backward, and how to say so.
+absl::StatusOr<std::pair<double, std::string>> PacePerMicro(const ExperimentPace& pace) {
+  if (pace.device == "v100") return std::make_pair(kSourceComputeSeconds, std::string("the source's V100s (measured)"));
+  const bool file = absl::EndsWith(pace.device, ".toml");
+  absl::StatusOr<DeviceCost> device = file ? DeviceCost::LoadProfile(pace.device)
+                                           : DeviceCost::Named(pace.device, Precision::kBf16, pace.efficiency);
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--pace ", pace.device, ": ", device.status().message()));
+  }
+  WorkShape w;
+  w.model.n_layer = 24, w.model.d_model = 2048, w.model.n_head = 16, w.model.vocab_size = 50257;
+  w.model.max_seq_len = 2048;
+  w.seq_len = 2048, w.micro_batch = 1;
+  absl::StatusOr<ComputeTimes> block = absl::UnknownError("");
+  for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+    w.precision = p;
+    if ((block = device->Block(w)).ok()) break;
+  }
+  if (!block.ok()) return absl::InvalidArgumentError(absl::StrCat("--pace ", pace.device, ": ", block.status().message()));
+  const std::string how = file ? absl::StrCat(device->name(), "'s profile, ", PrecisionName(w.precision))
+                               : absl::StrFormat("%s at %.2f of its bf16 peak", device->name(), pace.efficiency);
+  return std::make_pair(2 * (block->forward_s + block->backward_s), how);
+}
 struct Setting {
   const char* file;
   const char* label;
@@ -106,26 +136,35 @@ nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config
 }  // namespace
 
 int RunExperiment(const std::string& self_exe, const std::string& config_path,
-                  const std::vector<std::string>& overrides, const std::string& emulation, bool with_dp) {
+                  const std::vector<std::string>& overrides, const std::string& emulation, bool with_dp,
+                  const ExperimentPace& pace) {
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
     return 2;
   }
+  const absl::StatusOr<std::pair<double, std::string>> paced = PacePerMicro(pace);
+  if (!paced.ok()) {
+    std::cerr << "longhaul: error: " << paced.status().message() << "\n";
+    return 2;
+  }
+  const auto& [pace_seconds, pace_name] = *paced;
+  const bool source_pace = pace.device == "v100";
   const std::string root = cfg->train.out_dir;
   const std::string scenarios = (fs::path(self_exe).parent_path().parent_path() / "netem" / "scenarios").string();
   const std::string scenario_dir = fs::exists(scenarios) ? scenarios : "netem/scenarios";
   // In fp32 whatever the job's wire dtype: the source sent fp32, and the scaled rates must keep its
   // transfer-to-compute proportion, so a narrower wire shows as the gain it is.
   const double boundary = 4.0 * static_cast<double>(cfg->boundary_floats());
-  std::cout << absl::StrFormat("longhaul experiment: %d stages, micro-batches of %d x %d tokens, d_model %d, %s\n",
+  std::cout << absl::StrFormat("longhaul experiment: %d stages, micro-batches of %d x %d tokens, d_model %d, %s\n"
+                               "  at the pace of %s: %.1f ms per micro-batch per stage of the source's model\n",
                                cfg->cluster.stages, cfg->train.micro_batch_size, cfg->train.seq_len,
-                               cfg->model.d_model, ScheduleName(cfg->cluster.schedule));
+                               cfg->model.d_model, ScheduleName(cfg->cluster.schedule), pace_name, pace_seconds * 1e3);
   // Each layout's settings, scaled: (setting, scenario file). The layout is first run on loopback
   // to measure its compute per micro-batch per stage under its own sharing of this machine's cores
   // (8 workers compute slower than 4), then the source's settings are scaled so that delay /
-  // compute and transfer / compute stay as there: delays x k, rates x (our boundary bytes /
-  // theirs) / k, with k = our compute / theirs.
+  // compute and transfer / compute stay as there at the pace's compute: delays x k, rates x (our
+  // boundary bytes / theirs) / k, with k = our compute / the pace's.
   using Scaled = std::vector<std::pair<const Setting*, std::string>>;
   auto scale = [&](bool dp, const std::vector<std::string>& o) -> std::optional<Scaled> {
     auto layout = LoadJobConfig(config_path, o);
@@ -143,12 +182,12 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
     double compute = 0;
     for (auto& w : calib["workers"]) compute = std::max(compute, w["compute_seconds"].get<double>());
     const double per_micro = compute / layout->train.micro_batches;
-    const double k = per_micro / kSourceComputeSeconds;
+    const double k = per_micro / pace_seconds;
     const double rate_scale = boundary / kSourceBoundaryBytes / k;
     std::cout << absl::StrFormat(
-        "\n    compute per micro-batch per stage: %.1f ms here, %.0f ms in the source: time scale k = %.3f\n"
+        "\n    compute per micro-batch per stage: %.1f ms here, %.1f ms at the pace: time scale k = %.3f\n"
         "    activations per micro-batch: %.0f KiB here, 16 MiB there: rates x %.4f, delays x %.3f\n",
-        per_micro * 1e3, kSourceComputeSeconds * 1e3, k, boundary / 1024, rate_scale, k);
+        per_micro * 1e3, pace_seconds * 1e3, k, boundary / 1024, rate_scale, k);
     Scaled out;
     for (const Setting& s : kSettings) {
       auto src = netem::LoadScenario((fs::path(scenario_dir) / s.file).string());
@@ -219,8 +258,9 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
                                  "like src", "(s)", "");
     for (size_t i = 0; i < scaled[dp].size(); ++i) {
       const Setting& s = *scaled[dp][i].first;
-      const double src = dp ? s.source_dp_seconds : s.source_seconds, src0 = dp ? kSettings[0].source_dp_seconds
-                                                                              : kSettings[0].source_seconds;
+      // The source measured at its own pace only.
+      const double src = !source_pace ? 0 : dp ? s.source_dp_seconds : s.source_seconds;
+      const double src0 = dp ? kSettings[0].source_dp_seconds : kSettings[0].source_seconds;
       const Cell& like = cells[dp][0][i];
       const Cell& ours = cells[dp][1][i];
       std::cout << absl::StrFormat("%-30s %8s %6s %20.3f %6.2f %20.3f %6.2f %9.2f %9.3f %9.3f\n", s.label,

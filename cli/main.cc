@@ -115,6 +115,15 @@ int main(int argc, char** argv) {
   bool pipeline_only = false;
   experiment->add_flag("--pipeline-only", pipeline_only,
                        "skip the data-parallel runs (8 workers, 48 micro-batches: most of the experiment's time)");
+  longhaul::ExperimentPace pace;
+  experiment
+      ->add_option("--pace", pace.device,
+                   "whose compute the links are weighed against: v100 (the source's own, 202 ms per micro-batch per "
+                   "stage), a100, h100, or a device profile (runtime/plan/profiles/*.toml)")
+      ->capture_default_str();
+  experiment->add_option("--efficiency", pace.efficiency, "fraction of a named --pace device's bf16 peak its blocks reach")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
 
   longhaul::CoordinatorOptions copt;
   CLI::App* coord = app.add_subcommand("coordinator", "run the coordinator of a multi-worker job");
@@ -221,7 +230,7 @@ int main(int argc, char** argv) {
     } else if (local->parsed()) {
       return longhaul::RunLocalCluster(self_exe, config_path, overrides, stop_at, scenario, emulation, worker_disks);
     } else if (experiment->parsed()) {
-      return longhaul::RunExperiment(self_exe, config_path, overrides, emulation, !pipeline_only);
+      return longhaul::RunExperiment(self_exe, config_path, overrides, emulation, !pipeline_only, pace);
     } else if (coord->parsed()) {
       copt.config_path = config_path;
       copt.overrides = overrides;
