@@ -92,6 +92,16 @@ expect_usage_error no_subcommand "A subcommand is required (subcommands: train,"
 "$bin" --help >/dev/null 2>&1
 if [ $? = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL --help does not exit 0"; fi
 
+# An experiment at a pace no device has stops before any run, naming the devices it knows.
+"$bin" experiment -c /dev/null --pace x200 --set "train.out_dir=\"$dir/pace\"" >/dev/null 2>"$dir/err.txt"
+if [ $? = 2 ] && grep -q "^longhaul: error: --pace x200: unknown device \"x200\": use v100" "$dir/err.txt" &&
+  [ ! -e "$dir/pace" ]; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL experiment --pace x200: $(cat "$dir/err.txt")"
+fi
+
 "$bin" train -c "$dir/none.toml" >/dev/null 2>"$dir/err.txt"
 if [ $? = 2 ] && grep -q "cannot open config file" "$dir/err.txt"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL missing config file"; fi
 
