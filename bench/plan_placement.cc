@@ -140,8 +140,11 @@ int Main(int argc, char** argv) {
       if (m < 0) return 1;
       missed += m;
     }
-  std::printf("\ntargets: random/chosen >= 3 on world-eight-regions; chosen no slower than the genetic search "
-              "(either cut) anywhere; every chosen plan fits. %d case(s) missed.\n", missed);
+  // Random placement's distance from the chosen is issue 10's target on the model without cards; with
+  // cards every placement's hosts share them, and the search must still beat the genetic one.
+  std::printf("\ntargets: %schosen no slower than the genetic search (either cut) anywhere; every chosen plan "
+              "fits. %d case(s) missed.\n",
+              cards_gbps > 0 ? "" : "random/chosen >= 3 on world-eight-regions; ", missed);
   return 0;
 }
 
@@ -201,7 +204,8 @@ int Table(const Config& config, bool blocks) {
       const double best_genetic = std::min(genetic->iteration_s, genetic_cut->iteration_s);
       const bool world = std::string(name) == "world-eight-regions";
       const bool miss =
-          !chosen->fits || (world && median / chosen->iteration_s < 3) || best_genetic < chosen->iteration_s;
+          !chosen->fits || (world && cards_gbps == 0 && median / chosen->iteration_s < 3) ||
+          best_genetic < chosen->iteration_s;
       missed += miss;
       const std::string nocard =
           cards_gbps > 0

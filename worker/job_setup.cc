@@ -9,6 +9,7 @@
 #include "model/param_layout.h"
 #include "schedule/schedule.h"
 #include "layout/plan_layout.h"
+#include "transport/wire_plan.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -92,10 +93,7 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   // A lossy push (int8, int4 or topk named, or what "auto" picks on a slow link) keeps each pushed
   // shard's residual and its push beside the gradient, per group (transport/error_feedback.h),
   // and gathers one group's residuals for a checkpoint at a time.
-  const WireDtype exchange = cfg.transport.exchange_dtype;
-  const bool lossy = exchange != WireDtype::kAuto
-                         ? IsLossy(exchange)
-                         : IsLossy(cfg.transport.wire_dtype) || cfg.transport.wire_dtype == WireDtype::kAuto;
+  const bool lossy = ExchangeMayBeLossy(cfg.transport.wire_dtype, cfg.transport.exchange_dtype);
   if (D > 1 && lossy) {
     e.Add("error feedback of quantized pushes", 8 * groups * (stage_floats - ps_floats) + 4 * stage_floats);
   }

@@ -74,6 +74,10 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
                       const std::function<double(int, int)>& rate, bool local_updates = false,
                       WireDtype exchange = WireDtype::kAuto);
 
+// Whether ResolveWires may make some push lossy, before the links are known: `exchange` decides
+// where it names a dtype; else a lossy `configured`, or "auto", lossy on any slow link.
+bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
+
 // Whether the parameters of iteration `it`'s exchange travel whole: always where the plan sends no
 // changes; else only in the broadcast that starts a run (iteration start - 1).
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start);

@@ -16,6 +16,15 @@ TEST(WirePlan, TensorPairsAreNeighbouringStagesAndEachStagesReplicas) {
   EXPECT_EQ(got, (std::set<std::pair<int, int>>{{0, 1}, {1, 0}, {2, 3}, {3, 2}, {0, 2}, {2, 0}, {1, 3}, {3, 1}}));
 }
 
+// Before the links are known: a named exchange dtype decides; else "auto" or a lossy wire may be.
+TEST(WirePlan, ExchangeMayBeLossyAsResolveWiresCouldMakeIt) {
+  EXPECT_TRUE(ExchangeMayBeLossy(WireDtype::kAuto, WireDtype::kAuto));
+  EXPECT_TRUE(ExchangeMayBeLossy(WireDtype::kInt4, WireDtype::kAuto));
+  EXPECT_FALSE(ExchangeMayBeLossy(WireDtype::kBf16, WireDtype::kAuto));
+  EXPECT_FALSE(ExchangeMayBeLossy(WireDtype::kAuto, WireDtype::kF32));
+  EXPECT_TRUE(ExchangeMayBeLossy(WireDtype::kF32, WireDtype::kTopK));
+}
+
 TEST(WirePlan, AutoIsInt8BelowTenGigabitAndTheFastDtypeAbove) {
   const auto rate = [](int from, int to) { return from + to == 1 ? 1e9 / 8 : 40e9 / 8; };  // 0<->1 at 1 Gbit/s
   const WirePlan w = ResolveWires(WireDtype::kAuto, WireDtype::kBf16, {{0, 1}, {1, 0}, {0, 2}, {2, 2}}, rate);
