@@ -100,24 +100,25 @@ absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers
   // clearly less than the peers alone add up to, the card binds, and what they carried is its rate.
   const size_t card_elements = std::min<size_t>(data.size(), opt.card_bytes / 4);
   if (peers.size() >= 2 && card_elements > 0) {
-    double alone_sum = 0, rtt_max = 0;
+    const double bytes = 4.0 * static_cast<double>(card_elements);
+    double alone_sum = 0;
     for (size_t i = 0; i < probes.size(); ++i) {
       Probe& p = probes[i];
       absl::StatusOr<double> t = p.Timed(data, card_elements);
       if (!t.ok()) return failed(i, t.status());
-      const double alone = RateOf(4.0 * card_elements, *t, p.m.round_trip_s());
+      const double alone = RateOf(bytes, *t, p.m.round_trip_s());
       p.m.set_bytes_per_s(std::max(p.m.bytes_per_s(), alone));
-      alone_sum += p.m.bytes_per_s();
-      rtt_max = std::max(rtt_max, p.m.round_trip_s());
+      alone_sum += alone;
     }
+    // Each one's rate all at once, over its own time: a link slower than the others finishes
+    // later, and the span of them all would read as a card that is not there.
     std::vector<std::shared_ptr<SendOp>> ops;
     for (Probe& p : probes) ops.push_back(p.Send(data, card_elements));
-    double span = 0;
+    double together = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (absl::Status s = ops[i]->Wait(); !s.ok()) return failed(i, s);
-      span = std::max(span, std::chrono::duration<double>(ops[i]->start() - ops[0]->start()).count() + ops[i]->seconds());
+      together += RateOf(bytes, ops[i]->seconds(), probes[i].m.round_trip_s());
     }
-    const double together = RateOf(4.0 * card_elements * ops.size(), span, rtt_max);
     if (together < kCardBindsBelow * alone_sum) out.egress_bytes_per_s = together;
   }
   for (Probe& p : probes) out.links.push_back(p.m);

@@ -15,8 +15,8 @@
 // Pairwise probes cannot see a host's network card, which all of its links share (and the ones
 // above, run at once, each read their share of it). So with two peers or more, one tensor of
 // `card_bytes` goes to each peer alone, one after another (a link's rate is the better of that and
-// the above), and then one to every peer at once: where all at once carry less than
-// kCardBindsBelow of what the peers alone add up to, the card binds, and what they carried is the
+// the above), and then one to every peer at once, each timed on its own: where their rates at once
+// add up to less than kCardBindsBelow of their rates alone, the card binds, and that sum is the
 // host's egress. Every worker probes at the same time, so receivers' cards may count in too.
 #include <chrono>
 #include <cstdint>
