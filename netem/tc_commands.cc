@@ -11,7 +11,13 @@ namespace longhaul::netem {
 
 int QueueLimitPackets(double rate_mbit, double delay_ms) {
   const double bytes = rate_mbit * 1e6 / 8 * (2 * delay_ms) / 1e3;  // a round trip's worth in flight
-  return std::max(1000, static_cast<int>(std::ceil(bytes / 1500)));
+  // Past the round trip's worth, 1000 packets, or what drains in kMaxExtraQueueSeconds where that
+  // is less: on a slow link 1000 packets are seconds of queue (9 s at 1.3 Mbit/s), which one bulk
+  // flow fills; its round trip then jumps by seconds, it times out while its packets still queue,
+  // and starts over from one packet, stalling the link for seconds.
+  const double drains = rate_mbit * 1e6 / 8 * kMaxExtraQueueSeconds / 1500;
+  const int extra = std::max(16, std::min(1000, static_cast<int>(std::ceil(drains))));
+  return std::max(extra, static_cast<int>(std::ceil(bytes / 1500)));
 }
 
 long HtbBurstBytes(double rate_mbit) {

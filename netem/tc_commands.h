@@ -37,7 +37,9 @@ PairDelay DaemonLink(const Link& l, uint32_t src, uint32_t dst);
 absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, const std::vector<std::string>& hosts,
                                                           int self);
 
-// Packets a queue must hold for a link (rate x delay, in 1500-byte packets, at least 1000).
+// Packets a queue must hold for a link: a round trip at its rate (in 1500-byte packets), and at
+// least 1000, or what the link drains in kMaxExtraQueueSeconds where that is less (16 at least).
+inline constexpr double kMaxExtraQueueSeconds = 0.1;
 int QueueLimitPackets(double rate_mbit, double delay_ms);
 // An htb class's burst: 1 ms at its rate, at least a 64 KiB GSO packet, so htb keeps up with segments.
 long HtbBurstBytes(double rate_mbit);

@@ -83,9 +83,13 @@ loss = 0.001
                                       "iptables -F LONGHAUL", "iptables -X LONGHAUL"}));
 }
 
+// A round trip at the rate, and past it 1000 packets or 100 ms of the link's, whichever is less.
 TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
   EXPECT_EQ(QueueLimitPackets(10000, 50), 83334);
-  EXPECT_EQ(QueueLimitPackets(100, 1), 1000);  // never below 1000 packets
+  EXPECT_EQ(QueueLimitPackets(1000, 0.05), 1000);
+  EXPECT_EQ(QueueLimitPackets(100, 1), 834);   // 100 ms at 100 Mbit/s
+  EXPECT_EQ(QueueLimitPackets(1.332, 176), 40);  // a round trip at 1.3 Mbit/s, not 9 s of queue
+  EXPECT_EQ(QueueLimitPackets(0.1, 1), 16);
 }
 
 // A card: the peers' classes share one class of the egress rate, each guaranteed an equal part;
