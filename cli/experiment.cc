@@ -148,7 +148,9 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
     std::cerr << "longhaul: error: " << paced.status().message() << "\n";
     return 2;
   }
-  const auto& [pace_seconds, pace_name] = *paced;
+  // Named, not a structured binding: clang lets no lambda capture one, and the scaling below does.
+  const double pace_seconds = paced->first;
+  const std::string& pace_name = paced->second;
   const bool source_pace = pace.device == "v100";
   const std::string root = cfg->train.out_dir;
   const std::string scenarios = (fs::path(self_exe).parent_path().parent_path() / "netem" / "scenarios").string();
