@@ -151,11 +151,12 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     for (int j = 0; j < hosts; ++j) {
       if (j == i) continue;
       const Link l = s.Between(i, j);
-      const double ceil = l.rate_mbit > 0 ? std::min(l.rate_mbit, card) : card;
+      const HtbShare share = LinkShare(l.rate_mbit, card, hosts - 1);
+      const double ceil = share.ceil_mbit;
       const int cls = 10 + j;
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
           "tc -n %s class add dev eth0 parent 1:2 classid 1:%d htb rate %gmbit ceil %gmbit burst %d cburst %d",
-          hosts_[i], cls, std::min(ceil, card / (hosts - 1)), ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
+          hosts_[i], cls, share.rate_mbit, ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev eth0 parent 1:%d pfifo limit %d", hosts_[i], cls,
                                             QueueLimitPackets(ceil, l.delay_ms))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
@@ -181,13 +182,13 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
       if (i == j) continue;
       const Link l = s.Between(i, j);
       delays.push_back(DaemonLink(l, *ParseIpv4(Address(i)), *ParseIpv4(Address(j))));
-      if (l.rate_mbit <= 0 && card <= 0) continue;
-      const double ceil = l.rate_mbit <= 0 ? card : card <= 0 ? l.rate_mbit : std::min(l.rate_mbit, card);
-      const double rate = card <= 0 ? ceil : std::min(ceil, card / (hosts - 1));
+      const HtbShare share = LinkShare(l.rate_mbit, card, hosts - 1);
+      const double ceil = share.ceil_mbit;
+      if (ceil <= 0) continue;
       const int cls = 10 + i;
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
           "tc -n %s class add dev h%d parent %s classid 1:%d htb rate %gmbit ceil %gmbit burst %d cburst %d", router_,
-          j, parent, cls, rate, ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
+          j, parent, cls, share.rate_mbit, ceil, HtbBurstBytes(ceil), HtbBurstBytes(ceil))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat("tc -n %s qdisc add dev h%d parent 1:%d pfifo limit %d", router_, j, cls,
                                             QueueLimitPackets(ceil, l.delay_ms))));
       LH_RETURN_IF_ERROR(Sh(absl::StrFormat(

@@ -24,6 +24,12 @@ long HtbBurstBytes(double rate_mbit) {
   return std::max<long>(65536 + 1514, static_cast<long>(rate_mbit * 1e6 / 8 / 1000));
 }
 
+HtbShare LinkShare(double link_mbit, double card_mbit, int peers) {
+  if (card_mbit <= 0) return {link_mbit, link_mbit};
+  const double ceil = link_mbit > 0 ? std::min(link_mbit, card_mbit) : card_mbit;
+  return {std::min(ceil, card_mbit / std::max(peers, 1)), ceil};
+}
+
 std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<std::string>& hosts, int self,
                                            const std::string& dev, DelayBy by) {
   std::vector<std::string> cmds;
@@ -41,12 +47,10 @@ std::vector<std::string> TcCommandsForHost(const Scenario& s, const std::vector<
     if (to == self) continue;
     const Link l = s.Between(self, to);
     const int cls = 10 + to;
-    const double pair = l.rate_mbit > 0 ? l.rate_mbit : 100000;
-    const double ceil = egress > 0 ? std::min(pair, egress) : pair;
-    const double rate = egress > 0 ? std::min(ceil, egress / peers) : ceil;
+    const HtbShare share = LinkShare(l.rate_mbit > 0 ? l.rate_mbit : 100000, egress, peers);
     cmds.push_back(absl::StrFormat("tc class replace dev %s parent %s classid 1:%d htb rate %gmbit ceil %gmbit", dev,
-                                   egress > 0 ? "1:2" : "1:", cls, rate, ceil));
-    const int limit = QueueLimitPackets(ceil, l.delay_ms);
+                                   egress > 0 ? "1:2" : "1:", cls, share.rate_mbit, share.ceil_mbit));
+    const int limit = QueueLimitPackets(share.ceil_mbit, l.delay_ms);
     if (by == DelayBy::kDaemon) {
       cmds.push_back(absl::StrFormat("tc qdisc replace dev %s parent 1:%d handle %d: pfifo limit %d", dev, cls, cls, limit));
     } else {

@@ -44,4 +44,13 @@ int QueueLimitPackets(double rate_mbit, double delay_ms);
 // An htb class's burst: 1 ms at its rate, at least a 64 KiB GSO packet, so htb keeps up with segments.
 long HtbBurstBytes(double rate_mbit);
 
+// A link's htb class where a host's card (egress or ingress, Mbit/s; <= 0: none) is shared by
+// `peers` links: its ceiling is the link's own rate (<= 0: unshaped) capped by the card, and it is
+// guaranteed an equal part of the card, free to borrow what the others leave, as flows are on a
+// host whose queue is fair per flow. Both <= 0: a ceiling of 0, the link is not shaped.
+struct HtbShare {
+  double rate_mbit, ceil_mbit;
+};
+HtbShare LinkShare(double link_mbit, double card_mbit, int peers);
+
 }  // namespace longhaul::netem

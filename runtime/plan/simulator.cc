@@ -293,7 +293,7 @@ class Engine {
       queue_.push(in);
       return;
     }
-    FlowsTo(t);
+    // No FlowsTo here: the kReflow event at this same moment brings the others' bytes up to t.
     const int id = static_cast<int>(flows_.size());
     flows_.push_back({from_host, to_host, i, bytes, bytes, link.Rate(), link.latency_s, in});
     link_queue_[i].push_back(id);

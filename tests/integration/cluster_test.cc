@@ -1394,6 +1394,91 @@ TEST(Cluster, CraftedControlMessagesAreRefusedByALiveCoordinator) {
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i + 1));
 }
 
+// A coordinator awaiting its workers' link probes refuses a link report of a negative, NaN or
+// absurd card egress or link, and takes the honest one; once planned it takes no more.
+TEST(Cluster, CraftedLinkReportsAreRefusedByACoordinatorAwaitingLinks) {
+  const fs::path out = Dir("crafted_links");
+  const std::string secret_path = (out / ".secret").string();
+  ASSERT_TRUE(JobSecret::WriteNew(secret_path).ok());
+  const absl::StatusOr<JobSecret> secret = JobSecret::Load(secret_path);
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  const fs::path port_file = out / "port";
+  Reaper coordinator_process{Start("coordinator", out, {"cluster.stages=2", "cluster.link_probe=\"on\""},
+                                   {"--listen", "127.0.0.1:0", "--port-file", port_file.string(), "--secret-file",
+                                    secret_path})};
+  int port = 0;
+  for (int i = 0; i < 300 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream(port_file) >> port;
+  }
+  ASSERT_GT(port, 0) << Log(out);
+  // Two workers at two addresses, each speaking with a key of its own, both profiled: the
+  // coordinator now waits for their links.
+  std::vector<std::unique_ptr<proto::Coordinator::Stub>> as;
+  std::vector<int> ids;
+  for (const char* address : {"127.0.0.1:1", "127.0.0.2:1"}) {
+    const auto key = std::make_shared<const WorkerKey>(*WorkerKey::Generate());
+    auto channel = CoordinatorChannel(absl::StrCat("127.0.0.1:", port), *secret, TlsFiles(),
+                                      grpc::ChannelArguments(), key);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    as.push_back(proto::Coordinator::NewStub(*channel));
+    proto::RegisterRequest reg;
+    reg.set_protocol_version(kProtocolVersion);
+    reg.set_address(address);
+    reg.set_public_key(key->public_key());
+    proto::RegisterReply reply;
+    grpc::ClientContext ctx;
+    const grpc::Status st = as.back()->Register(&ctx, reg, &reply);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_TRUE(reply.probe_links());
+    ids.push_back(reply.worker_id());
+  }
+  proto::Empty empty;
+  for (int k = 0; k < 2; ++k) {
+    proto::ProfileReport profile;
+    profile.set_worker_id(ids[k]);
+    profile.mutable_compute()->set_block_forward_s(0.01);
+    profile.mutable_compute()->set_block_backward_s(0.02);
+    profile.mutable_compute()->set_memory_bytes(1e10);
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(as[k]->ReportProfile(&ctx, profile, &empty).ok());
+  }
+  auto report = [&](int k, double egress, double round_trip_s, double bytes_per_s) {
+    proto::LinkReport links;
+    links.set_worker_id(ids[k]);
+    links.set_egress_bytes_per_s(egress);
+    proto::LinkMeasurement* m = links.add_links();
+    m->set_to_worker(ids[1 - k]);
+    m->set_round_trip_s(round_trip_s);
+    m->set_bytes_per_s(bytes_per_s);
+    grpc::ClientContext ctx;
+    return as[k]->ReportLinks(&ctx, links, &empty);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Crafted {
+    const char* what;
+    double egress, round_trip_s, bytes_per_s;
+    const char* says;
+  };
+  for (const Crafted& c : std::vector<Crafted>{
+           {"a negative card egress", -1e8, 0.02, 1.25e8, "reports an egress of -1e+08 bytes/s"},
+           {"a NaN card egress", nan, 0.02, 1.25e8, "reports an egress of nan bytes/s"},
+           {"an endless card egress", 1e300, 0.02, 1.25e8, "reports an egress of 1e+300 bytes/s"},
+           {"a NaN round trip", 0, nan, 1.25e8, "round trips must be positive"},
+           {"a link of no rate", 0, 0.02, 0, "rates positive and finite"}}) {
+    const grpc::Status st = report(0, c.egress, c.round_trip_s, c.bytes_per_s);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find(c.says), std::string::npos) << c.what << ": " << st.error_message();
+  }
+  // The honest reports (worker 0 saw its card, worker 1 none) make the plan; a report after it is
+  // refused as late.
+  EXPECT_TRUE(report(0, 1.0e8, 0.02, 1.25e8).ok());
+  EXPECT_TRUE(report(1, 0, 0.02, 1.25e8).ok());
+  const grpc::Status late = report(0, 1.0e8, 0.02, 1.25e8);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << late.error_message();
+  EXPECT_NE(late.error_message().find("after the plan was made"), std::string::npos) << late.error_message();
+}
+
 // Every live attack of the tests above at once, against one 2 x 2 run: a stranger's HTTP/2 on the
 // coordinator's port (an endless CONTINUATION chain, 100 large unsigned calls, 200 connections of
 // header floods) and garbage on every worker's tensor port; members of the job (spares with keys of

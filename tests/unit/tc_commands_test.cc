@@ -92,6 +92,23 @@ TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
   EXPECT_EQ(QueueLimitPackets(0.1, 1), 16);
 }
 
+// Under a card a link is capped by it and guaranteed an equal part; without one, its own rate.
+TEST(TcCommands, LinkShareOfACard) {
+  const HtbShare fast = LinkShare(1000, 1500, 2);
+  EXPECT_EQ(fast.rate_mbit, 750);
+  EXPECT_EQ(fast.ceil_mbit, 1000);
+  const HtbShare capped = LinkShare(5000, 1000, 4);
+  EXPECT_EQ(capped.rate_mbit, 250);
+  EXPECT_EQ(capped.ceil_mbit, 1000);
+  const HtbShare unshaped_link = LinkShare(0, 1000, 3);
+  EXPECT_NEAR(unshaped_link.rate_mbit, 333.33, 0.01);
+  EXPECT_EQ(unshaped_link.ceil_mbit, 1000);
+  const HtbShare no_card = LinkShare(200, 0, 3);
+  EXPECT_EQ(no_card.rate_mbit, 200);
+  EXPECT_EQ(no_card.ceil_mbit, 200);
+  EXPECT_LE(LinkShare(0, 0, 3).ceil_mbit, 0);
+}
+
 // A card: the peers' classes share one class of the egress rate, each guaranteed an equal part;
 // what the peers send is redirected to an IFB device held to the ingress rate.
 TEST(TcCommands, CardSharedByThePeers) {
