@@ -227,9 +227,12 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
   if (std::filesystem::path(path).has_parent_path()) {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   }
-  const std::string text = absl::StrCat("# `longhaul plan`'s best setting by time to the same loss: ",
-                                        best.setting->name, ", with\n#   --set ", absl::StrJoin(keys, " --set "),
-                                        "\n# on ", config_path, "\n", cfg->toml_text, "\n");
+  const std::string text = absl::StrCat(
+      "# `longhaul plan`'s best setting by time to the same loss: ", best.setting->name, ", with\n#   --set ",
+      absl::StrJoin(keys, " --set "), "\n# on ", config_path,
+      absl::StrFormat("\n# predicted: %.6f s per iteration (%.0f tokens/s, %.0f effective)\n", best.best->iteration_s,
+                      best.best->tokens_per_s, best.effective),
+      cfg->toml_text, "\n");
   if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
     return Error(absl::StrCat(s.message(), ": give --write a file in a directory you can write"));
   }

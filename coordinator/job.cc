@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -237,6 +238,36 @@ std::optional<double> Job::Predict(bool without_cards) const {
     return std::nullopt;
   }
   return *p;
+}
+
+void Job::WriteMeasuredProfile() const {
+  if (plans.current().replicas() != cfg.cluster.replicas || recut) return;
+  const std::vector<double> compute = log.ComputePerMicroByWorker();
+  if (compute.empty()) return;
+  const std::map<int, proto::RegisterRequest> regs = members.registrations();
+  std::set<Backend> backends;
+  double memory = 0;  // the least any worker reported
+  for (const proto::Assignment& a : plans.current().assignments()) {
+    const auto reg = regs.find(a.worker_id());
+    if (reg == regs.end() || !members.HasProfile(a.worker_id())) return;
+    backends.insert(MemoryBackend(WorkerBackend(cfg, reg->second)));
+    const double m = members.profile(a.worker_id()).memory_bytes();
+    if (m > 0) memory = memory > 0 ? std::min(memory, m) : m;
+  }
+  if (backends.size() != 1) return;
+  const absl::StatusOr<DeviceCost> device =
+      MeasuredComputeDevice(cfg, compute, *backends.begin(), memory, plans.worker_of_slot());
+  const absl::StatusOr<std::string> text =
+      device.ok() ? device->ProfileToml(absl::StrFormat(
+                        "Job %s's compute per micro-batch as its %d workers measured it while they ran (their mean), "
+                        "for `longhaul plan --profile`.",
+                        cfg.cluster.job_id, compute.size()))
+                  : device.status();
+  const std::string path = (fs::path(cfg.train.out_dir) / "profile.toml").string();
+  const absl::Status st = text.ok() ? WriteFileAtomically(path, *text) : text.status();
+  std::cout << (st.ok() ? absl::StrCat("coordinator: the compute as the run measured it, for longhaul plan --profile: ",
+                                       path, "\n")
+                        : absl::StrCat("coordinator: warning: ", path, " not written: ", st.message(), "\n"));
 }
 
 std::string Job::ResumeAdvice() const {

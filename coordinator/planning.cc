@@ -55,7 +55,8 @@ void AddAssignment(proto::Plan& plan, int id, const proto::RegisterRequest& reg,
   a->set_end_block(end_block);
 }
 
-// A worker given no --backend computes on the job's.
+}  // namespace
+
 std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& reg) {
   return reg.backend().empty() ? BackendName(cfg.train.backend_device) : reg.backend();
 }
@@ -63,8 +64,6 @@ std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& re
 Backend MemoryBackend(const std::string& backend) {
   return backend.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
 }
-
-}  // namespace
 
 std::pair<int, int> SlotOf(const JobConfig& cfg, int k) { return {k % cfg.cluster.stages, k / cfg.cluster.stages}; }
 

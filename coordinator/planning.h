@@ -43,6 +43,11 @@ struct SlotSearch {
   double registration_order_s = 0;  // and for registration order, on the same costs
   int simulations = 0;
 };
+// The backend a worker computes on: its --backend, else the job's.
+std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& reg);
+// Which memory estimate a backend's stage is checked against.
+Backend MemoryBackend(const std::string& backend);
+
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,
                                        bool keep_cut);

@@ -43,6 +43,7 @@ absl::Status WriteRecords(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   job.NameIntactCheckpoint();
   if (const std::optional<double> p = job.Predict()) job.log.SetPrediction(*p);
   if (const std::optional<double> p = job.Predict(/*without_cards=*/true)) job.log.SetPredictionWithoutCards(*p);
+  job.WriteMeasuredProfile();
   nlohmann::json stragglers = nlohmann::json::array();
   for (const auto& [id, s] : job.stragglers.worst()) {
     stragglers.push_back({{"worker", id}, {"slowdown_vs_start", s.vs_start}, {"slowdown_vs_peers", s.vs_peers}});

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "metrics/flops.h"
 
 namespace longhaul {
@@ -155,6 +156,35 @@ absl::StatusOr<DeviceCost> DeviceCost::Timed(const std::string& name, Backend ba
   d.blocks_.push_back({shape, block});
   d.heads_.push_back({shape, head});
   return d;
+}
+
+absl::StatusOr<std::string> DeviceCost::ProfileToml(const std::string& comment) const {
+  if (blocks_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("device ", name_, " is priced from its peak: no times to write"));
+  }
+  // A name from a worker's registration may hold anything: only what a TOML basic string takes as is.
+  std::string name;
+  for (char c : name_) name += (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) ? '_' : c;
+  std::string out = absl::StrFormat("# %s\ndevice = \"%s\"\nbackend = \"%s\"\nmemory_gib = %.6g\n"
+                                    "memory_bandwidth_gbs = %.6g\n",
+                                    comment, name, backend_ == Backend::kCpu ? "cpu" : "cuda", memory_bytes_ / kGiB,
+                                    memory_bandwidth_ / 1e9);
+  for (const Measured& m : blocks_) {
+    absl::StrAppendFormat(&out,
+                          "\n[[block]]\nd_model = %d\nn_head = %d\nseq_len = %d\nmicro_batch = %d\nprecision = "
+                          "\"%s\"\nrecompute = %s\nforward_ms = %.6g\nbackward_ms = %.6g\n",
+                          m.shape.model.d_model, m.shape.model.n_head, m.shape.seq_len, m.shape.micro_batch,
+                          PrecisionName(m.shape.precision), m.shape.recompute ? "true" : "false",
+                          m.times.forward_s * 1e3, m.times.backward_s * 1e3);
+  }
+  for (const Measured& m : heads_) {
+    absl::StrAppendFormat(&out,
+                          "\n[[head]]\nd_model = %d\nvocab_size = %d\nseq_len = %d\nmicro_batch = %d\nprecision = "
+                          "\"%s\"\nforward_ms = %.6g\nbackward_ms = %.6g\n",
+                          m.shape.model.d_model, m.shape.model.vocab_size, m.shape.seq_len, m.shape.micro_batch,
+                          PrecisionName(m.shape.precision), m.times.forward_s * 1e3, m.times.backward_s * 1e3);
+  }
+  return out;
 }
 
 absl::StatusOr<DeviceCost> DeviceCost::LoadProfile(const std::string& path) {

@@ -74,6 +74,9 @@ class DeviceCost {
   static absl::StatusOr<DeviceCost> Named(const std::string& name, Precision precision, double efficiency);
   static absl::StatusOr<DeviceCost> ParseProfile(const std::string& toml_text, const std::string& name);
   static absl::StatusOr<DeviceCost> LoadProfile(const std::string& path);
+  // The measured times as a profile file ParseProfile reads back (header comment `comment`);
+  // a named device, priced from its peak, has none to write: an error.
+  absl::StatusOr<std::string> ProfileToml(const std::string& comment) const;
   // A device timed on one shape, as a run of the job measured it: one block and the head (each
   // time > 0), the parameter-server step streaming at `memory_bandwidth` bytes/s, `memory_bytes`
   // to hold a stage (0: unchecked).

@@ -6,13 +6,21 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "plan/job_problem.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 
-absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
-                                                  const NetworkCost& network,
-                                                  const std::vector<int>& worker_of_slot,
-                                                  const std::vector<std::vector<int>>& shard_owner) {
+namespace {
+
+// A block's and the head's forward + backward seconds per micro-batch, and each worker's time
+// against its stage's mean.
+struct MeasuredSplit {
+  double block = 0, head = 0;
+  std::vector<double> factor;  // by worker
+};
+
+absl::StatusOr<MeasuredSplit> SplitMeasured(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+                                            const std::vector<int>& worker_of_slot) {
   const int P = cfg.cluster.stages, W = P * cfg.cluster.replicas;
   if (static_cast<int>(per_micro_by_worker.size()) != W) {
     return absl::InvalidArgumentError(
@@ -25,26 +33,53 @@ absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const st
   // A block's time from the stages without the head; the head's is what the last stage adds (at
   // least a microsecond: a profile's times are positive, and a small vocabulary's head can cost
   // less than the noise between stages).
-  double block = 0;
+  MeasuredSplit out;
   int blocks = 0;
   for (int s = 0; s < std::max(1, P - 1); ++s) {
-    block += stage_mean[s];
+    out.block += stage_mean[s];
     blocks += cfg.Stage(s).end_block - cfg.Stage(s).first_block;
   }
-  block /= std::max(1, blocks);
+  out.block /= std::max(1, blocks);
   const StageSpec last = cfg.Stage(P - 1);
-  const double head = std::max(1e-6, stage_mean[P - 1] - (last.end_block - last.first_block) * block);
-  block = std::max(1e-6, block);
+  out.head = std::max(1e-6, stage_mean[P - 1] - (last.end_block - last.first_block) * out.block);
+  out.block = std::max(1e-6, out.block);
+  for (int w = 0; w < W; ++w) {
+    out.factor.push_back(stage_mean[stage_of[w]] > 0 ? per_micro_by_worker[w] / stage_mean[stage_of[w]] : 1);
+  }
+  return out;
+}
+
+absl::StatusOr<DeviceCost> ScaledDevice(const JobConfig& cfg, const std::string& name, Backend backend,
+                                        const MeasuredSplit& m, double f, double memory_bytes) {
+  return JobTimedDevice(cfg, name, backend, {f * m.block / 3, f * 2 * m.block / 3}, {f * m.head / 3, f * 2 * m.head / 3},
+                        memory_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceCost> MeasuredComputeDevice(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+                                                 Backend backend, double memory_bytes,
+                                                 const std::vector<int>& worker_of_slot) {
+  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, per_micro_by_worker, worker_of_slot));
+  return ScaledDevice(cfg,
+                      absl::StrFormat("%s, as a run of %d workers measured it", backend == Backend::kCpu ? "CPU" : "GPU",
+                                      per_micro_by_worker.size()),
+                      backend, m, 1, memory_bytes);
+}
+
+absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+                                                  const NetworkCost& network,
+                                                  const std::vector<int>& worker_of_slot,
+                                                  const std::vector<std::vector<int>>& shard_owner) {
+  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, per_micro_by_worker, worker_of_slot));
+  const int W = static_cast<int>(per_micro_by_worker.size());
   std::vector<DeviceCost> devices;
   std::vector<int> device_of(W);
   for (int w = 0; w < W; ++w) {
-    const double f = stage_mean[stage_of[w]] > 0 ? per_micro_by_worker[w] / stage_mean[stage_of[w]] : 1;
-    absl::StatusOr<DeviceCost> device =
-        JobTimedDevice(cfg, absl::StrFormat("worker %d, as measured", w), Backend::kCpu,
-                       {f * block / 3, f * 2 * block / 3}, {f * head / 3, f * 2 * head / 3});
-    if (!device.ok()) return device.status();
+    LH_ASSIGN_OR_RETURN(DeviceCost device, ScaledDevice(cfg, absl::StrFormat("worker %d, as measured", w),
+                                                        Backend::kCpu, m, m.factor[w], 0));
     device_of[w] = w;
-    devices.push_back(*std::move(device));
+    devices.push_back(std::move(device));
   }
   PlacementProblem problem = JobProblem(cfg, std::move(devices), std::move(device_of), network);
   problem.iterations = 3;

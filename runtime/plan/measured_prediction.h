@@ -17,6 +17,13 @@
 
 namespace longhaul {
 
+// The job's device as a run measured it: its mean worker's block and head (split as above), at
+// the job's own shape, holding a stage in `memory_bytes` (0: unchecked), as a profile file
+// (DeviceCost::ProfileToml) `longhaul plan --profile` prices other layouts with.
+absl::StatusOr<DeviceCost> MeasuredComputeDevice(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+                                                 Backend backend, double memory_bytes,
+                                                 const std::vector<int>& worker_of_slot = {});
+
 // `per_micro_by_worker[w]`: worker w's compute seconds per micro-batch.
 absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
                                                   const NetworkCost& network,

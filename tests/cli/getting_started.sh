@@ -55,7 +55,7 @@ while IFS= read -r command; do
 done <"$dir/commands.txt"
 [ "$ran" -ge 6 ] || { echo "FAIL: only $ran commands found in docs/getting-started.md"; fail=1; }
 for f in runs/demo/metrics.csv runs/demo/loss.svg runs/demo/timeline.json runs/demo/summary.json \
-         runs/demo/hf/model.safetensors runs/demo/hf/config.json; do
+         runs/demo/hf/model.safetensors runs/demo/hf/config.json runs/demo/profile.toml runs/demo/planned.toml; do
   [ -s "$dir/$f" ] || { echo "FAIL: the page says $f is written; it is not"; fail=1; }
 done
 [ "$fail" = 0 ] && echo "PASS: $ran commands of docs/getting-started.md" || echo "FAIL"

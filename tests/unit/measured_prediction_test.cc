@@ -2,6 +2,7 @@
 // of the stages' times (one stage: M micro-batches; a GPipe pipeline: M + P - 1 slots of the
 // slowest stage), and a link's latency adds to it.
 #include "plan/measured_prediction.h"
+#include "plan/job_problem.h"
 
 #include <gtest/gtest.h>
 
@@ -53,6 +54,34 @@ TEST(MeasuredPrediction, TheComputeMustCoverEveryWorker) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The device a run measured, written as a profile and read back, prices the job's block and head
+// as the run split them, and a micro-batch twice as large at twice the time.
+TEST(MeasuredPrediction, AMeasuredDeviceRoundTripsThroughItsProfileFile) {
+  const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
+  // Stage 0 (2 blocks) 0.1 s per micro-batch; stage 1 (2 blocks and the head) 0.13 s.
+  const auto device = MeasuredComputeDevice(cfg, {0.1, 0.13, 0.1, 0.13}, Backend::kCpu, 8e9);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const auto text = device->ProfileToml("a test's device");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const auto read = DeviceCost::ParseProfile(*text, "test");
+  ASSERT_TRUE(read.ok()) << read.status() << "\n" << *text;
+  EXPECT_EQ(read->name(), "CPU, as a run of 4 workers measured it");
+  EXPECT_EQ(read->backend(), Backend::kCpu);
+  EXPECT_NEAR(read->memory_bytes(), 8e9, 1e4);
+  const WorkShape shape = JobWorkShape(cfg);
+  const auto block = read->Block(shape);
+  const auto head = read->Head(shape);
+  ASSERT_TRUE(block.ok() && head.ok());
+  EXPECT_NEAR(block->forward_s + block->backward_s, 0.05, 1e-6);
+  EXPECT_NEAR(head->forward_s + head->backward_s, 0.03, 1e-6);
+  WorkShape twice = shape;
+  twice.micro_batch *= 2;
+  const auto bigger = read->Block(twice);
+  ASSERT_TRUE(bigger.ok());
+  EXPECT_NEAR(bigger->forward_s + bigger->backward_s, 0.1, 1e-5);
+  EXPECT_FALSE(DeviceCost::Named("v100", Precision::kFp32, 0.5)->ProfileToml("").ok());
 }
 
 }  // namespace
