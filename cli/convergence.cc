@@ -58,6 +58,10 @@ const std::vector<BenchSetting>& Settings() {
       {"local_steps 16", {"train.local_steps=16"}, 1, false},
       {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
       {"local_steps 16 topk", {"train.local_steps=16", "transport.exchange_dtype=\"topk\""}, 1, false},
+      // A pipeline boundary (2 stages x the exact path's replicas) whose activations and their
+      // gradients travel quantized, as do the pushes.
+      {"int8 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int8\""}, 1, false},
+      {"int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };
@@ -436,6 +440,7 @@ PenaltyTable Tabulate(const std::vector<SettingRuns>& all, double tokens) {
     p.name = s.setting.name;
     p.overrides = s.setting.overrides;
     p.batch_scale = s.setting.batch_scale;
+    p.stages = s.cfg.cluster.stages;
     p.iteration_s = s.iteration_s;
     table.settings.push_back(std::move(p));
   }

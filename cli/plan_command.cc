@@ -149,6 +149,17 @@ absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_
       LayoutSearchRequest r = base;
       SetJob(*cfg, sp.global_batch, r);
       r.top = 1;
+      // A lossy wire's penalty from runs without a pipeline boundary says nothing of what it does
+      // to activations and their gradients: such a setting is planned without one.
+      const WireDtype wire = cfg->transport.wire_dtype;
+      if (p.stages < 2 && (IsLossy(wire) || wire == WireDtype::kAuto)) {
+        if (r.only_stages > 1) {
+          sp.why_not = "its bench runs had one stage: no penalty measured for a pipeline boundary in its format";
+          plans.push_back(std::move(sp));
+          continue;
+        }
+        r.only_stages = 1;
+      }
       auto result = SearchLayouts(r);
       if (!result.ok()) return result.status();
       if (result->fitting.empty()) {
@@ -187,7 +198,8 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
   std::cout << absl::StrFormat(
       "\nSettings by time to the same loss: effective tokens/s = tokens/s / (1 + penalty), a negative penalty "
       "counted as 0 (the bench's small model may learn faster per token with it; a larger one is not counted on "
-      "to); x 1 GPU = effective / the exact path's best on one GPU (%.0f tokens/s).\n"
+      "to); x 1 GPU = effective / the exact path's best on one GPU (%.0f tokens/s). A lossy wire measured on one "
+      "stage is planned on one stage: a pipeline boundary in it is charged only as measured.\n"
       "  penalties: %s%s\n",
       one_gpu_tokens_per_s, penalties_path,
       table.measured_on.empty() ? ""

@@ -111,6 +111,7 @@ absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& t) {
     toml::table s{{"name", p.name},
                   {"set", Array(p.overrides)},
                   {"batch_scale", p.batch_scale},
+                  {"stages", p.stages},
                   {"choosable", p.choosable},
                   {"final_gap", p.final_gap},
                   {"final_loss", Array(p.final_loss)},
@@ -177,6 +178,8 @@ absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path) {
     }
     p.batch_scale = static_cast<int>((*s)["batch_scale"].value_or(int64_t{1}));
     if (p.batch_scale < 1) return bad(absl::StrCat("setting '", p.name, "': batch_scale below 1"));
+    p.stages = static_cast<int>((*s)["stages"].value_or(int64_t{1}));
+    if (p.stages < 1) return bad(absl::StrCat("setting '", p.name, "': stages below 1"));
     p.choosable = (*s)["choosable"].value_or(false);
     p.final_gap = (*s)["final_gap"].value_or(0.0);
     p.final_spread = (*s)["final_spread"].value_or(0.0);

@@ -66,6 +66,9 @@ struct SettingPenalty {
   std::string name;
   std::vector<std::string> overrides;  // config keys that make it from the exact path (--set syntax)
   int batch_scale = 1;                 // and its global batch x this, at the same tokens
+  // The pipeline stages its runs trained with: with one, no activation or its gradient crossed a
+  // boundary, so the penalty says nothing of a lossy wire's effect on them.
+  int stages = 1;
   std::vector<double> final_loss;      // per seed
   std::vector<std::optional<double>> tokens_to_target;  // per seed; nullopt: not reached in its run
   bool choosable = false;

@@ -2,7 +2,8 @@
 # `longhaul plan` on the source experiment's model (configs/plan-gpt3xl.toml) with 12 V100s ranks
 # layouts and names the best as --set overrides, within seconds, over a scenario's links and over
 # links a run measured (its cluster.json); with a penalties file it ranks the settings that change
-# the numerics by time to the same loss and writes the best one's config; bad input (a device it
+# the numerics by time to the same loss and writes the best one's config, a lossy wire on pipeline
+# boundaries only where its penalty was measured across one; bad input (a device it
 # does not know, a scenario file that is not there, a links file with a negative round trip or a
 # card of a worker it does not hold, no workers, a penalties file that is not one) exits 2 with one
 # line naming the fix.
@@ -116,6 +117,17 @@ set = ["transport.wire_dtype=\"int4\""]
 choosable = false
 final_gap = 0.02
 [[setting]]
+name = "int8 wire"
+set = ["transport.wire_dtype=\"int8\""]
+choosable = true
+penalty = 0.0
+[[setting]]
+name = "int8 boundaries"
+set = ["cluster.stages=2", "transport.wire_dtype=\"int8\""]
+stages = 2
+choosable = true
+penalty = 0.01
+[[setting]]
 name = "batch x2"
 set = []
 batch_scale = 2
@@ -131,11 +143,29 @@ if [ "$rc" = 0 ] && grep -qE "^  local_steps 16 +\+0\.250 .* [0-9.]+x$" <<<"$set
   grep -qE "^  exact \(sync fp32\) +\+0\.000 .* [0-9.]+x$" <<<"$settings" &&
   grep -q "^  int4 wire .*not planned: never reached the exact path's loss in the bench (final gap +0.0200)" <<<"$settings" &&
   grep -q "^  batch x2 .*not planned: a global batch of 128, above --global-batch-max 64" <<<"$settings" &&
+  grep -qE "^  int8 wire +\+0\.000 .* 1x[0-9]+, " <<<"$settings" &&
+  grep -qE "^  int8 boundaries +\+0\.010 .* [0-9]+x[0-9]+, .* [0-9.]+x$" <<<"$settings" &&
   grep -q "^Best by time to the same loss: .*its config: $dir/planned.toml" <<<"$settings" &&
   "$bin" plan -c "$dir/planned.toml" --penalties none >/dev/null 2>&1; then
   echo "ok: settings ranked by time to the same loss: $(grep '^Best by time' <<<"$settings")"
 else
   echo "FAIL: plan --penalties exit $rc:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+# A lossy wire measured without a pipeline boundary is not planned on a pipeline the user names;
+# one measured across a boundary is.
+"$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device h100 --efficiency 0.45 --layout 3x4 \
+  --scenario "$src/netem/scenarios/source-10ms-1gbit.toml" --penalties "$dir/penalties.toml" \
+  --write "$dir/planned_3x4.toml" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+settings=$(sed -n '/^Settings by time to the same loss/,$p' "$dir/out.txt")
+if [ "$rc" = 0 ] &&
+  grep -q "^  int8 wire .*not planned: its bench runs had one stage: no penalty measured for a pipeline boundary" <<<"$settings" &&
+  grep -qE "^  int8 boundaries +\+0\.010 .* 3x4, " <<<"$settings"; then
+  echo "ok: a lossy wire is planned across a boundary only as measured"
+else
+  echo "FAIL: plan --layout 3x4 --penalties exit $rc:"
   cat "$dir/out.txt" "$dir/err.txt"
   fail=1
 fi
