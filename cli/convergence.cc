@@ -62,6 +62,7 @@ const std::vector<BenchSetting>& Settings() {
       // gradients travel quantized, as do the pushes.
       {"int8 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int8\""}, 1, false},
       {"int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 1, false},
+      {"int2 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int2\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };

@@ -67,6 +67,48 @@ void DecodeQuantized(const void* in, size_t n, float* out) {
   }
 }
 
+size_t Int2Blocks(size_t n) { return (n + kInt2Block - 1) / kInt2Block; }
+
+// int2 (wire_dtype.h): the blocks' root-mean-square scales, then the values, four a byte.
+void EncodeInt2(const float* in, size_t n, void* out) {
+  auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
+  auto* values = static_cast<uint8_t*>(out) + 4 * Int2Blocks(n);
+  std::fill(values, values + (n + 3) / 4, uint8_t{0});
+  for (size_t b = 0; b * kInt2Block < n; ++b) {
+    const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
+    double squares = 0;
+    bool finite = true;
+    for (size_t i = lo; i < hi; ++i) {
+      finite = finite && std::isfinite(in[i]);
+      squares += static_cast<double>(in[i]) * in[i];
+    }
+    const float scale = finite ? static_cast<float>(std::sqrt(squares / static_cast<double>(hi - lo)))
+                               : std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(scales + 4 * b, &scale, 4);
+    if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
+    for (size_t i = lo; i < hi; ++i) {
+      // floor(x / scale) + 2 in [0, 3]: (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
+      const auto v = static_cast<uint8_t>(std::clamp(std::floor(in[i] / scale) + 2.0f, 0.0f, 3.0f));
+      values[i / 4] |= static_cast<uint8_t>(v << (2 * (i % 4)));
+    }
+  }
+}
+
+void DecodeInt2(const void* in, size_t n, float* out) {
+  const auto* scales = static_cast<const uint8_t*>(in);
+  const auto* values = static_cast<const uint8_t*>(in) + 4 * Int2Blocks(n);
+  for (size_t b = 0; b * kInt2Block < n; ++b) {
+    float scale;
+    std::memcpy(&scale, scales + 4 * b, 4);
+    const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
+    for (size_t i = lo; i < hi; ++i) {
+      const int v = (values[i / 4] >> (2 * (i % 4))) & 3;
+      // A block of zeros (scale 0) decodes to zeros whatever its bits; a NaN scale to NaN.
+      out[i] = std::isfinite(scale) ? scale * (static_cast<float>(v) - 1.5f) : scale;
+    }
+  }
+}
+
 uint16_t ToBf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
@@ -144,6 +186,7 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kInt8: return n + 4 * Blocks(n);
     case WireDtype::kInt4: return (n + 1) / 2 + 4 * Blocks(n);
     case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
+    case WireDtype::kInt2: return (n + 3) / 4 + 4 * Int2Blocks(n);
   }
   return 4 * n;
 }
@@ -158,10 +201,11 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::str
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "int8") return WireDtype::kInt8;
   if (name == "int4") return WireDtype::kInt4;
+  if (name == "int2") return WireDtype::kInt2;
   if (name == "topk") return WireDtype::kTopK;
   if (name == "auto") return WireDtype::kAuto;
   return absl::InvalidArgumentError(absl::StrCat(key, " = \"", name,
-                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\" or \"topk\""));
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int2\" or \"topk\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -171,6 +215,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kBf16: return "bf16";
     case WireDtype::kInt8: return "int8";
     case WireDtype::kInt4: return "int4";
+    case WireDtype::kInt2: return "int2";
     case WireDtype::kTopK: return "topk";
     case WireDtype::kAuto: return "auto";
   }
@@ -200,6 +245,9 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
     case WireDtype::kInt4:
       EncodeQuantized<true>(in, n, out);
       return;
+    case WireDtype::kInt2:
+      EncodeInt2(in, n, out);
+      return;
     case WireDtype::kTopK:
       EncodeTopK(in, n, out);
       return;
@@ -228,6 +276,9 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     case WireDtype::kInt4:
       DecodeQuantized<true>(in, n, out);
+      return;
+    case WireDtype::kInt2:
+      DecodeInt2(in, n, out);
       return;
     case WireDtype::kTopK:
       DecodeTopK(in, n, out);

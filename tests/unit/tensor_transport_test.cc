@@ -1104,57 +1104,65 @@ TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
 }
 
-// int8 parts as a peer could craft them: sized by their blocks (a part one byte long is read as
-// a bad checksum, never past its buffer), scales that are NaN decoded to NaN without a fault, a
-// huge one refused before anything is allocated, and dtypes that do not exist (0 is the
-// config-only "auto") refused by name.
-TEST_F(Hostile, CraftedInt8PartsAndUnknownDtypes) {
-  auto int8 = [](int64_t it, uint64_t n) {
-    proto::TensorHeader h = Crafted(it, n, 0, n);
-    h.set_dtype(proto::INT8);
-    return h;
-  };
+// Quantized parts (int8, int4, int2) as a peer could craft them: sized by their blocks (a part one
+// byte long is read as a bad checksum, never past its buffer), scales that are NaN decoded to NaN
+// without a fault, a huge one refused before anything is allocated, and dtypes that do not exist
+// (0 is the config-only "auto") refused by name.
+TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
   const std::vector<float> x = Ramp(300);
-  std::string wire(WireBytes(x.size(), WireDtype::kInt8), '\0');
-  EncodeWire(x.data(), x.size(), WireDtype::kInt8, wire.data());
-  testing::RawPeer good(server_->address(), "jobA");
-  good.Write(testing::PartFrame(int8(5, x.size()), wire));
-  ASSERT_TRUE(good.Ack().ok()) << good.Ack();
-  auto got = box_.Take({proto::ACTIVATION, 5, 0, 1, 0, 0}, std::chrono::seconds(5));
-  ASSERT_TRUE(got.ok()) << got.status();
-  std::vector<float> own = x;
-  RoundThroughWire(own.data(), own.data(), own.size(), WireDtype::kInt8);
-  EXPECT_EQ(*got, own);
+  int64_t it = 5;
+  for (const auto [dtype, d] : {std::pair{proto::INT8, WireDtype::kInt8}, std::pair{proto::INT4, WireDtype::kInt4},
+                                std::pair{proto::INT2, WireDtype::kInt2}}) {
+    SCOPED_TRACE(WireDtypeName(d));
+    auto header = [dtype = dtype](int64_t at, uint64_t n) {
+      proto::TensorHeader h = Crafted(at, n, 0, n);
+      h.set_dtype(dtype);
+      return h;
+    };
+    std::string wire(WireBytes(x.size(), d), '\0');
+    EncodeWire(x.data(), x.size(), d, wire.data());
+    testing::RawPeer good(server_->address(), "jobA");
+    good.Write(testing::PartFrame(header(it, x.size()), wire));
+    ASSERT_TRUE(good.Ack().ok()) << good.Ack();
+    auto got = box_.Take({proto::ACTIVATION, it++, 0, 1, 0, 0}, std::chrono::seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<float> own = x;
+    RoundThroughWire(own.data(), own.data(), own.size(), d);
+    EXPECT_EQ(*got, own);
 
-  testing::RawPeer long_part(server_->address(), "jobA");
-  long_part.Write(testing::PartFrame(int8(6, x.size()), wire + '\x01'));
-  EXPECT_EQ(long_part.Ack().code(), absl::StatusCode::kDataLoss);
+    testing::RawPeer long_part(server_->address(), "jobA");
+    long_part.Write(testing::PartFrame(header(it++, x.size()), wire + '\x01'));
+    EXPECT_EQ(long_part.Ack().code(), absl::StatusCode::kDataLoss);
 
-  std::string nan_scales = wire;
-  for (size_t b = 0; b < 3; ++b) std::memset(&nan_scales[4 * b], 0xff, 4);  // every scale a NaN
-  testing::RawPeer nans(server_->address(), "jobA");
-  nans.Write(testing::PartFrame(int8(7, x.size()), nan_scales));
-  ASSERT_TRUE(nans.Ack().ok()) << nans.Ack();
-  auto poisoned = box_.Take({proto::ACTIVATION, 7, 0, 1, 0, 0}, std::chrono::seconds(5));
-  ASSERT_TRUE(poisoned.ok()) << poisoned.status();
-  for (float v : *poisoned) ASSERT_TRUE(std::isnan(v));
+    const size_t blocks = d == WireDtype::kInt2 ? 1 : 3;  // of 512 values, or of 128
+    std::string nan_scales = wire;
+    for (size_t b = 0; b < blocks; ++b) std::memset(&nan_scales[4 * b], 0xff, 4);  // every scale a NaN
+    testing::RawPeer nans(server_->address(), "jobA");
+    nans.Write(testing::PartFrame(header(it, x.size()), nan_scales));
+    ASSERT_TRUE(nans.Ack().ok()) << nans.Ack();
+    auto poisoned = box_.Take({proto::ACTIVATION, it++, 0, 1, 0, 0}, std::chrono::seconds(5));
+    ASSERT_TRUE(poisoned.ok()) << poisoned.status();
+    for (float v : *poisoned) ASSERT_TRUE(std::isnan(v));
 
-  const int64_t rss = testing::ResidentBytes();
-  const uint64_t huge = uint64_t{1} << 34;
-  EXPECT_EQ(SendCrafted(server_->address(), int8(8, huge), {1.0f}).code(), absl::StatusCode::kResourceExhausted);
-  const int64_t grew = testing::ResidentBytes() - rss;
-  std::cout << "an int8 part announcing 2^34 elements: resident memory grew by " << grew / 1024 << " KiB\n";
-  EXPECT_LT(grew, 16 << 20);
+    const int64_t rss = testing::ResidentBytes();
+    const uint64_t huge = uint64_t{1} << 34;
+    EXPECT_EQ(SendCrafted(server_->address(), header(it++, huge), {1.0f}).code(),
+              absl::StatusCode::kResourceExhausted);
+    const int64_t grew = testing::ResidentBytes() - rss;
+    std::cout << "an " << WireDtypeName(d) << " part announcing 2^34 elements: resident memory grew by "
+              << grew / 1024 << " KiB\n";
+    EXPECT_LT(grew, 16 << 20);
+  }
 
-  for (int dtype : {0, 7, 255}) {
-    proto::TensorHeader h = Crafted(9, 10, 0, 10);
+  for (int dtype : {0, 8, 255}) {
+    proto::TensorHeader h = Crafted(it, 10, 0, 10);
     h.set_dtype(static_cast<proto::WireDtype>(dtype));
     const absl::Status s = SendCrafted(server_->address(), h, Ramp(10));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << dtype << ": " << s;
     EXPECT_NE(s.message().find("unknown wire dtype"), std::string::npos) << s;
   }
   EXPECT_EQ(box_.HeldFloats(), 0u);
-  ExpectStillServes(9);
+  ExpectStillServes(it);
 }
 
 // topk parts as a peer could craft them: offsets past the chunk, repeated or out of order, decode

@@ -1,5 +1,5 @@
-// Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks and
-// int4's nibbles, topk's choice per chunk and its safety against any bytes, and which dtype each
+// Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks,
+// int4's nibbles and int2's levels, topk's choice per chunk and its safety against any bytes, and which dtype each
 // kind of tensor travels in.
 #include "format/wire_dtype.h"
 
@@ -38,17 +38,19 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(1001, WireDtype::kInt4), 501u + 4 * 8);  // two values a byte, 8 scales
   EXPECT_EQ(WireBytes(2 * 4096, WireDtype::kTopK), 2 * 128 * 4u);  // 1 bit a value
   EXPECT_EQ(WireBytes(4096 + 33, WireDtype::kTopK), (128 + 2) * 4u);
+  EXPECT_EQ(WireBytes(1025, WireDtype::kInt2), 257u + 4 * 3);  // four values a byte, 3 scales of 512
   for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                      WireDtype::kTopK}) {
+                      WireDtype::kInt2, WireDtype::kTopK}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
     EXPECT_TRUE(IsWireDtype(static_cast<int>(d)));
   }
-  EXPECT_FALSE(IsWireDtype(7));
-  auto bad = ParseWireDtype("int2");
+  EXPECT_FALSE(IsWireDtype(8));
+  EXPECT_FALSE(IsWireDtype(0));
+  auto bad = ParseWireDtype("int3");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("\"int4\""), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("\"int2\""), std::string::npos) << bad.status();
 }
 
 // Each quantized dtype errs at most half a step (its block's largest magnitude / Q) per value, and
@@ -87,16 +89,44 @@ TEST(WireDtype, Int4CarriesEveryLevelInEitherNibble) {
   EXPECT_EQ(y, x);
 }
 
+// int2's four levels sit at ±0.5 and ±1.5 of its block's root mean square: a block of ±1 and ±3
+// in equal numbers (root mean square √5) decodes to those levels, each value to its nearest, the
+// ones past 2 root mean squares clipped; blocks scale on their own.
+TEST(WireDtype, Int2LevelsAreHalvesOfItsBlocksRootMeanSquare) {
+  std::vector<float> x(2 * kInt2Block);
+  const float levels[4] = {-3.0f, -1.0f, 1.0f, 3.0f};
+  for (size_t i = 0; i < kInt2Block; ++i) x[i] = levels[i % 4];
+  for (size_t i = kInt2Block; i < x.size(); ++i) x[i] = 1e-3f * levels[(i / 3) % 4];
+  const std::vector<float> y = Through(x, WireDtype::kInt2);
+  const float r = std::sqrt(5.0f);
+  for (size_t i = 0; i < kInt2Block; ++i) {
+    const float want = x[i] > 0 ? (x[i] >= r ? 1.5f * r : 0.5f * r) : (x[i] < -r ? -1.5f * r : -0.5f * r);
+    ASSERT_NEAR(y[i], want, 1e-5f) << i;
+  }
+  for (size_t i = kInt2Block; i < x.size(); ++i) ASSERT_EQ(y[i] > 0, x[i] > 0) << i;
+  // On Gaussian values its error is near the best four levels': a mean square error under 0.125 of the values' own.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> g(64 * kInt2Block);
+  for (float& v : g) v = normal(rng);
+  const std::vector<float> h = Through(g, WireDtype::kInt2);
+  double err = 0, power = 0;
+  for (size_t i = 0; i < g.size(); ++i) err += (h[i] - g[i]) * (h[i] - g[i]), power += g[i] * g[i];
+  EXPECT_LT(err / power, 0.125);
+}
+
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4}) {
-    std::vector<float> x(300, 0.0f);
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2}) {
+    const size_t block = d == WireDtype::kInt2 ? kInt2Block : kScaleBlock;
+    std::vector<float> x(block + 172, 0.0f);
     EXPECT_EQ(Through(x, d), x);
     x[5] = std::numeric_limits<float>::infinity();
-    x[200] = 1.5f;
+    x[block + 72] = 1.5f;
     const std::vector<float> y = Through(x, d);
-    for (size_t i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
-    EXPECT_FLOAT_EQ(y[200], 1.5f);
-    EXPECT_EQ(y[201], 0.0f);
+    for (size_t i = 0; i < block; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
+    if (d != WireDtype::kInt2) EXPECT_FLOAT_EQ(y[block + 72], 1.5f);  // int2's levels are its blocks' rms
+    EXPECT_GT(y[block + 72], 0.0f);
+    EXPECT_TRUE(std::isfinite(y[block + 73]));
     x[5] = std::numeric_limits<float>::quiet_NaN();
     EXPECT_TRUE(std::isnan(Through(x, d)[5]));
   }
@@ -110,7 +140,7 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
     for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                        WireDtype::kTopK}) {
+                        WireDtype::kInt2, WireDtype::kTopK}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -166,7 +196,7 @@ TEST(WireDtype, TopKDecodesAnyBytesWithinTheTensor) {
 }
 
 TEST(WireDtype, ParametersNeverTravelQuantized) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kTopK}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2, WireDtype::kTopK}) {
     EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
     for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }
