@@ -511,6 +511,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
     LayoutSearchRequest one = r;
     SetJob(*cfg, static_cast<int>(global_batch), one);
     one.workers = 1, one.top = 1;
+    one.only_stages = one.only_replicas = 0;  // one GPU whatever --layout names
     auto alone = SearchLayouts(one);
     if (alone.ok() && !alone->fitting.empty()) one_gpu = alone->fitting.front().tokens_per_s;
   }
