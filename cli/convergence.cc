@@ -58,6 +58,7 @@ const std::vector<BenchSetting>& Settings() {
       {"local_steps 16", {"train.local_steps=16"}, 1, false},
       {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
       {"local_steps 16 topk", {"train.local_steps=16", "transport.exchange_dtype=\"topk\""}, 1, false},
+      {"local_steps 16 int2 exchange", {"train.local_steps=16", "transport.exchange_dtype=\"int2\""}, 1, false},
       // A pipeline boundary (2 stages x the exact path's replicas) whose activations and their
       // gradients travel quantized, as do the pushes.
       {"int8 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int8\""}, 1, false},
