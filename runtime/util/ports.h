@@ -2,7 +2,8 @@
 // Loopback ports for processes this one starts on the same machine.
 namespace longhaul {
 
-// A loopback TCP port nobody listens on at the moment it is returned (the kernel's pick).
+// A loopback TCP port nobody holds at the moment it is returned, below the kernel's ephemeral
+// range where one is free there (else the kernel's pick), for a process that binds it later.
 int FreeLoopbackPort();
 
 }  // namespace longhaul
