@@ -223,10 +223,15 @@ std::map<int, proto::ComputeProfile> Job::PacedProfiles() const {
 
 // The links are the scenario's or the measured; the coordinator sits beside every host, as an
 // emulation's router does.
+bool Job::LayoutRanWhole() const {
+  // The measured compute is per worker over the whole run: a shrunk layout or a re-cut changed
+  // what some ran.
+  return plans.current().replicas() == cfg.cluster.replicas && !recut;
+}
+
 std::optional<double> Job::Predict(bool without_cards) const {
-  // The planner prices the config's layout, not a shrunk one; the measured compute is per worker
-  // over the whole run, and a re-cut changed what some ran.
-  if (!network || plans.current().replicas() != cfg.cluster.replicas || recut) return std::nullopt;
+  // The planner prices the config's layout, not a shrunk one.
+  if (!network || !LayoutRanWhole()) return std::nullopt;
   if (without_cards && !network->HasCards()) return std::nullopt;
   const std::vector<double> compute = log.ComputePerMicroByWorker();
   if (compute.empty()) return std::nullopt;
@@ -241,22 +246,21 @@ std::optional<double> Job::Predict(bool without_cards) const {
 }
 
 void Job::WriteMeasuredProfile() const {
-  if (plans.current().replicas() != cfg.cluster.replicas || recut) return;
+  if (!LayoutRanWhole()) return;
   const std::vector<double> compute = log.ComputePerMicroByWorker();
   if (compute.empty()) return;
   const std::map<int, proto::RegisterRequest> regs = members.registrations();
   std::set<Backend> backends;
-  double memory = 0;  // the least any worker reported
+  std::vector<double> memory;
   for (const proto::Assignment& a : plans.current().assignments()) {
     const auto reg = regs.find(a.worker_id());
     if (reg == regs.end() || !members.HasProfile(a.worker_id())) return;
     backends.insert(MemoryBackend(WorkerBackend(cfg, reg->second)));
-    const double m = members.profile(a.worker_id()).memory_bytes();
-    if (m > 0) memory = memory > 0 ? std::min(memory, m) : m;
+    memory.push_back(members.profile(a.worker_id()).memory_bytes());
   }
   if (backends.size() != 1) return;
   const absl::StatusOr<DeviceCost> device =
-      MeasuredComputeDevice(cfg, compute, *backends.begin(), memory, plans.worker_of_slot());
+      MeasuredComputeDevice(cfg, compute, *backends.begin(), LeastMemory(memory), plans.worker_of_slot());
   const absl::StatusOr<std::string> text =
       device.ok() ? device->ProfileToml(absl::StrFormat(
                         "Job %s's compute per micro-batch as its %d workers measured it while they ran (their mean), "

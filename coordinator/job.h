@@ -178,6 +178,9 @@ class Job {
   // The planner's iteration time from the compute measured so far and the links, if they are known.
   // `without_cards`: with the hosts' network cards left out, where the network has any (else none).
   std::optional<double> Predict(bool without_cards = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Whether the config's layout ran whole (no shrunk replicas, no re-cut): the measured compute
+  // per worker then describes it.
+  bool LayoutRanWhole() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The compute as the run measured it (its mean worker), as train.out_dir/profile.toml for
   // `longhaul plan --profile`: where the layout ran whole and every worker on one backend.
   void WriteMeasuredProfile() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

@@ -65,6 +65,14 @@ Backend MemoryBackend(const std::string& backend) {
   return backend.rfind("cuda", 0) == 0 ? Backend::kCuda : Backend::kCpu;
 }
 
+double LeastMemory(const std::vector<double>& reported) {
+  double least = 0;
+  for (double m : reported) {
+    if (m > 0) least = least > 0 ? std::min(least, m) : m;
+  }
+  return least;
+}
+
 std::pair<int, int> SlotOf(const JobConfig& cfg, int k) { return {k % cfg.cluster.stages, k / cfg.cluster.stages}; }
 
 std::vector<int> RegistrationOrder(const JobConfig& cfg) {
@@ -97,12 +105,9 @@ absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int,
     const ComputeTimes head{median(&proto::ComputeProfile::head_forward_s),
                             median(&proto::ComputeProfile::head_backward_s)};
     const Backend backend = MemoryBackend(machine.second);
-    // A stage must fit the least any of them has (0, unknown, checks nothing).
-    double memory = 0;
-    for (int id : ids) {
-      const double m = profiles.at(id).memory_bytes();
-      if (m > 0) memory = memory > 0 ? std::min(memory, m) : m;
-    }
+    std::vector<double> reported;
+    for (int id : ids) reported.push_back(profiles.at(id).memory_bytes());
+    const double memory = LeastMemory(reported);
     absl::StatusOr<DeviceCost> d =
         JobTimedDevice(cfg, absl::StrCat(machine.first, " ", machine.second), backend, block, head, memory);
     if (!d.ok()) return d.status();

@@ -47,6 +47,9 @@ struct SlotSearch {
 std::string WorkerBackend(const JobConfig& cfg, const proto::RegisterRequest& reg);
 // Which memory estimate a backend's stage is checked against.
 Backend MemoryBackend(const std::string& backend);
+// The memory a stage must fit on any of the workers that `reported` it: the least above 0 (0:
+// unknown, checks nothing).
+double LeastMemory(const std::vector<double>& reported);
 
 absl::StatusOr<SlotSearch> SearchSlots(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>& workers,
                                        const std::map<int, proto::ComputeProfile>& profiles, const NetworkCost& network,

@@ -70,9 +70,11 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
   return w;
 }
 
+bool BoundaryMayBeLossy(WireDtype configured) { return configured == WireDtype::kAuto || IsLossy(configured); }
+
 bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange) {
   if (exchange != WireDtype::kAuto) return IsLossy(exchange);
-  return configured == WireDtype::kAuto || IsLossy(configured);
+  return BoundaryMayBeLossy(configured);
 }
 
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start) {

@@ -74,8 +74,10 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
                       const std::function<double(int, int)>& rate, bool local_updates = false,
                       WireDtype exchange = WireDtype::kAuto);
 
-// Whether ResolveWires may make some push lossy, before the links are known: `exchange` decides
-// where it names a dtype; else a lossy `configured`, or "auto", lossy on any slow link.
+// Whether ResolveWires may make some pipeline boundary lossy, before the links are known: a lossy
+// `configured` (transport.wire_dtype), or "auto", lossy on any slow link.
+bool BoundaryMayBeLossy(WireDtype configured);
+// The same for some push: `exchange` decides where it names a dtype; else as a boundary.
 bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
 
 // Whether the parameters of iteration `it`'s exchange travel whole: always where the plan sends no

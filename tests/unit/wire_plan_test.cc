@@ -23,6 +23,10 @@ TEST(WirePlan, ExchangeMayBeLossyAsResolveWiresCouldMakeIt) {
   EXPECT_FALSE(ExchangeMayBeLossy(WireDtype::kBf16, WireDtype::kAuto));
   EXPECT_FALSE(ExchangeMayBeLossy(WireDtype::kAuto, WireDtype::kF32));
   EXPECT_TRUE(ExchangeMayBeLossy(WireDtype::kF32, WireDtype::kTopK));
+  // A boundary has no dtype of its own: "auto" or a lossy wire may make it lossy.
+  EXPECT_TRUE(BoundaryMayBeLossy(WireDtype::kAuto));
+  EXPECT_TRUE(BoundaryMayBeLossy(WireDtype::kInt2));
+  EXPECT_FALSE(BoundaryMayBeLossy(WireDtype::kBf16));
 }
 
 TEST(WirePlan, AutoIsInt8BelowTenGigabitAndTheFastDtypeAbove) {
