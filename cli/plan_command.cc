@@ -34,9 +34,6 @@ constexpr double kSeed001Efficiency = 0.464;
 // Without --scenario: the source experiment's default setting, a fast data-center network.
 constexpr LinkCost kUniformLink = {0.05e-3, 10e9 / 8, 0};
 
-// The penalties the convergence bench measured on this repository's machine (bench/convergence.sh),
-// under the source tree: `longhaul plan` charges them unless told otherwise.
-constexpr char kShippedPenalties[] = "runtime/plan/penalties/cpu-bytes-python-docs.toml";
 
 struct PlanArgs {
   CLI::Option *workers_given = nullptr, *batch_given = nullptr, *batch_max_given = nullptr;
@@ -134,9 +131,7 @@ absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_
     SettingPlan sp;
     sp.setting = &p;
     sp.global_batch = global_batch * p.batch_scale;
-    sp.overrides = Joined({absl::StrCat("transport.wire_dtype=\"", WireDtypeName(job->FastWire()), "\"")},
-                          p.overrides);
-    if (p.batch_scale > 1) sp.overrides = Joined(sp.overrides, BatchScaleOverrides(*job, p.batch_scale));
+    sp.overrides = SettingOverrides(*job, p);
     auto cfg = LoadJobConfig(config_path, Joined(overrides, sp.overrides));
     if (!p.choosable) {
       sp.why_not = absl::StrFormat("never reached the exact path's loss in the bench (final gap %+.4f)", p.final_gap);
@@ -181,13 +176,7 @@ absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_
 std::optional<std::string> PenaltiesPath() {
   if (g.penalties == "none") return std::nullopt;
   if (!g.penalties.empty()) return g.penalties;
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::canonical("/proc/self/exe", ec);
-  for (const std::filesystem::path& p : {exe.parent_path().parent_path() / kShippedPenalties,
-                                         std::filesystem::path(kShippedPenalties)}) {
-    if (!ec && std::filesystem::exists(p, ec)) return p.string();
-  }
-  return std::nullopt;
+  return ShippedPenaltiesPath();
 }
 
 // Prints the settings ranked by time to the same loss, and writes the best one's config.

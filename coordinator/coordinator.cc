@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/job_config.h"
 #include "checkpoint/resume_check.h"
+#include "plan/convergence_penalty.h"
 #include "coordinator/job.h"
 #include "coordinator/job_state_store.h"
 #include "coordinator/metrics_endpoint.h"
@@ -92,6 +93,24 @@ absl::StatusOr<JobOrigin> FromJobState(RestoredJob job, const std::vector<std::s
   return origin;
 }
 
+// The penalties cluster.communication = "auto" charges: cluster.penalties, else the shipped file.
+absl::StatusOr<PenaltyTable> CommunicationPenalties(const JobConfig& cfg) {
+  std::optional<std::string> path = cfg.cluster.penalties;
+  if (path->empty()) path = ShippedPenaltiesPath();
+  if (!path) {
+    return absl::NotFoundError(absl::StrCat(
+        "cluster.communication = \"auto\" charges a penalties file, and ", kShippedPenalties,
+        " is neither beside the binary's build directory nor under the working directory: set cluster.penalties to "
+        "one (bash bench/convergence.sh measures one), or cluster.communication = \"fixed\""));
+  }
+  absl::StatusOr<PenaltyTable> table = LoadPenaltyTable(*path);
+  if (!table.ok()) {
+    return absl::Status(table.status().code(),
+                        absl::StrCat("cluster.communication = \"auto\": ", table.status().message()));
+  }
+  return table;
+}
+
 // train.resume: the job goes on from its last complete checkpoint, under that checkpoint's cut.
 absl::StatusOr<JobOrigin> FromCheckpoint(JobConfig cfg) {
   LH_ASSIGN_OR_RETURN(std::string dir, LatestCheckpoint((fs::path(cfg.train.out_dir) / "checkpoints").string()));
@@ -99,6 +118,7 @@ absl::StatusOr<JobOrigin> FromCheckpoint(JobConfig cfg) {
   LH_ASSIGN_OR_RETURN(origin.start, CheckpointStep(dir));
   const std::string state_dir = CheckpointStateDir(fs::path(dir).parent_path().string(), origin.resume_name);
   LH_ASSIGN_OR_RETURN(origin.cfg, WithCheckpointCut(state_dir, std::move(origin.cfg)));
+  LH_ASSIGN_OR_RETURN(origin.cfg, WithCheckpointCommunication(state_dir, std::move(origin.cfg)));
   LH_RETURN_IF_ERROR(CheckCheckpointResumable(state_dir, origin.cfg));
   return origin;
 }
@@ -183,9 +203,13 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
                  "reach this port and the workers' can join or feed this job. `longhaul secret FILE` makes one.\n";
   }
   LH_ASSIGN_OR_RETURN(std::string run_dir_token, RunDirToken(cfg.train.out_dir));
+  std::optional<PenaltyTable> penalties;
+  if (cfg.cluster.choose_communication && !origin.restored && start == 0) {
+    LH_ASSIGN_OR_RETURN(penalties, CommunicationPenalties(cfg));
+  }
   RpcVerifier verifier(std::move(secret));
   Job job({cfg, start, origin.resume_name, opt.stop_at, std::move(metrics), std::move(samples), std::move(network),
-           std::move(run_dir_token), [&verifier] { return verifier.refused(); }});
+           std::move(run_dir_token), [&verifier] { return verifier.refused(); }, std::move(penalties)});
   if (origin.restored) {
     absl::MutexLock lock(&job.mu);
     RestoreJob(job, *origin.restored);

@@ -42,6 +42,7 @@ Job::Job(JobStart s)
     : expected(s.cfg.cluster.stages * s.cfg.cluster.replicas),
       probing(expected > 1 && (s.cfg.cluster.link_probe == ClusterConfig::LinkProbe::kOn ||
                                (s.cfg.cluster.link_probe == ClusterConfig::LinkProbe::kAuto && !s.network))),
+      penalties(std::move(s.penalties)),
       cfg(s.cfg),
       network(std::move(s.network)),
       links(network ? "the scenario's links" : ""),

@@ -38,6 +38,7 @@
 #include "coordinator/stragglers.h"
 #include "longhaul.pb.h"
 #include "metrics/metrics_log.h"
+#include "plan/convergence_penalty.h"
 #include "plan/cost_model.h"
 
 namespace longhaul {
@@ -94,6 +95,8 @@ struct JobStart {
   std::string run_dir_token;           // RunDirToken's
   // Calls refused at the coordinator's port so far (RpcVerifier::refused), for the metrics.
   std::function<int64_t()> refused_calls;
+  // What cluster.communication = "auto" charges, where the job's first plan is to choose.
+  std::optional<PenaltyTable> penalties;
 };
 
 class Job {
@@ -111,6 +114,7 @@ class Job {
   const int expected;  // the config's stages x replicas: the first plan's workers
   const bool probing;  // workers measure their links before the first plan
   const std::string boot_id = BootId();  // heartbeats give it (HeartbeatReply)
+  const std::optional<PenaltyTable> penalties;  // JobStart's
 
   JobConfig cfg ABSL_GUARDED_BY(mu);  // the plan's, once one cut the model anew
   bool recut ABSL_GUARDED_BY(mu) = false;  // a plan version cut the model anew

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "coordinator/communication.h"
 #include "coordinator/planning.h"
 #include "coordinator/recovery.h"
 #include "layout/plan_layout.h"
@@ -82,6 +83,49 @@ absl::Status AdoptCut(Job& job, const std::vector<int>& cut) ABSL_EXCLUSIVE_LOCK
   return absl::OkStatus();
 }
 
+// The placement search for the first workers running `cfg`, on the links the job knows.
+absl::StatusOr<SlotSearch> SearchFirstSlots(const Job& job, const JobConfig& cfg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  std::map<int, proto::ComputeProfile> profiles;
+  for (const auto& [id, reg] : FirstWorkers(job)) profiles[id] = job.members.profile(id);
+  // A cut the config pins, or a checkpoint's (resume keeps the layout), stands.
+  const bool keep_cut = !cfg.cluster.stage_layers.empty() || job.progress.start() > 0;
+  return SearchSlots(cfg, FirstWorkers(job), profiles, *job.network, keep_cut);
+}
+
+// cluster.communication = "auto" on a job's start (job.penalties): the communication keys of the
+// setting fastest to the same loss on the links the job knows become the job's config, which the
+// plan carries to the workers; where no links are known the config's own stand. For cluster.json.
+nlohmann::json ChooseFirstCommunication(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  if (!job.penalties) return nullptr;
+  if (!job.network) {
+    const std::string why = "no links known (give the coordinator --scenario, or set cluster.link_probe = \"on\")";
+    std::cout << "coordinator: communication as configured: " << why << "\n";
+    return {{"chosen", nullptr}, {"why", why}};
+  }
+  absl::StatusOr<CommunicationChoice> choice = ChooseCommunication(
+      job.cfg, *job.penalties, [&job](const JobConfig& c) {
+        job.mu.AssertHeld();  // ChooseCommunication calls it here, under the lock
+        return SearchFirstSlots(job, c);
+      });
+  if (!choice.ok()) {
+    std::cout << "coordinator: communication as configured: " << choice.status().message() << "\n";
+    return {{"chosen", nullptr}, {"why", choice.status().message()}};
+  }
+  const CommunicationCandidate& c = choice->candidates[choice->chosen];
+  std::cout << absl::StrFormat("coordinator: communication by time to the same loss (cluster.communication = \"auto\"): "
+                               "%s, penalty %+.3f: predicted %.3f s per iteration, %.0f tokens/s, %.0f effective\n",
+                               c.name, c.penalty, c.iteration_s, c.tokens_per_s, c.effective);
+  for (const CommunicationCandidate& o : choice->candidates) {
+    if (&o == &c) continue;
+    std::cout << "  " << o.name << ": "
+              << (o.why_not.empty() ? absl::StrFormat("%.0f effective tokens/s", o.effective) : o.why_not) << "\n";
+  }
+  std::cout << std::flush;
+  nlohmann::json record = choice->Json();
+  job.cfg = std::move(choice->cfg);
+  return record;
+}
+
 // Where the first plan puts each worker and shard, and how that was decided, for cluster.json.
 struct FirstPlacement {
   std::vector<int> worker_of_slot;  // slot k = replica * stages + stage runs worker_of_slot[k]
@@ -103,12 +147,8 @@ FirstPlacement Place(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   } else if (!job.cfg.cluster.stage_backends.empty()) {
     why = "cluster.stage_backends pins a device to each stage";
   } else {
-    std::map<int, proto::ComputeProfile> profiles;
-    for (const auto& [id, reg] : FirstWorkers(job)) profiles[id] = job.members.profile(id);
     const Clock::time_point t0 = Clock::now();
-    // A cut the config pins, or a checkpoint's (resume keeps the layout), stands.
-    const bool keep_cut = !job.cfg.cluster.stage_layers.empty() || job.progress.start() > 0;
-    const absl::StatusOr<SlotSearch> found = SearchSlots(job.cfg, FirstWorkers(job), profiles, *job.network, keep_cut);
+    const absl::StatusOr<SlotSearch> found = SearchFirstSlots(job, job.cfg);
     if (!found.ok()) {
       why = absl::StrCat("the search failed: ", found.status().message());
     } else {
@@ -204,6 +244,7 @@ WireRecord DescribeWires(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
 // Version 1, once every first worker registered and profiled (and reported its links, where the
 // job probes them).
 void MakeFirstPlan(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  const nlohmann::json communication = ChooseFirstCommunication(job);
   const FirstPlacement placed = Place(job);
   job.log.SetPlacement(placed.record);
   job.NotePlan(MakePlan(job.cfg, FirstWorkers(job),
@@ -215,6 +256,7 @@ void MakeFirstPlan(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
                         {"placement", placed.record},
                         {"wire", wires.wire},
                         {"connections", wires.connections}};
+  if (!communication.is_null()) job.cluster_record["communication"] = communication;
   if (job.members.linked()) {
     job.cluster_record["links"] = MeasuredLinksJson(job);
     if (nlohmann::json cards = MeasuredCardsJson(job); !cards.empty()) job.cluster_record["cards"] = std::move(cards);

@@ -102,4 +102,18 @@ absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, J
   return cfg.WithCut(*cut);
 }
 
+absl::StatusOr<JobConfig> WithCheckpointCommunication(const std::string& checkpoint_dir, JobConfig cfg) {
+  if (!cfg.cluster.choose_communication) return cfg;
+  LH_ASSIGN_OR_RETURN(CheckpointData state, ReadCheckpointState(checkpoint_dir));
+  std::vector<std::string> chosen;
+  for (const std::string& key : CommunicationKeys()) {
+    const size_t dot = key.find('.');
+    if (const nlohmann::json* v = Find(state.run_config, key.substr(0, dot), key.substr(dot + 1))) {
+      chosen.push_back(absl::StrCat(key, "=", SetValue(*v)));
+    }
+  }
+  if (chosen.empty()) return cfg;
+  return ParseJobConfig(cfg.toml_text, cfg.source_path, chosen);
+}
+
 }  // namespace longhaul

@@ -37,4 +37,9 @@ std::optional<std::vector<int>> RecordedCut(const nlohmann::json& written_with, 
 // or a checkpoint with the config's own even cut, leaves the config as it is.
 absl::StatusOr<JobConfig> WithCheckpointCut(const std::string& checkpoint_dir, JobConfig cfg);
 
+// A config with cluster.communication = "auto" resumes with the CommunicationKeys() values the
+// checkpoint was written with (what the coordinator chose for the run that wrote it; a key the
+// checkpoint does not record stays the config's); one with "fixed" is left as it is.
+absl::StatusOr<JobConfig> WithCheckpointCommunication(const std::string& checkpoint_dir, JobConfig cfg);
+
 }  // namespace longhaul

@@ -199,6 +199,13 @@ absl::StatusOr<LinkProbe> ParseLinkProbe(const std::string& name) {
     if (name == LinkProbeName(p)) return p;
   return absl::InvalidArgumentError(absl::StrCat("cluster.link_probe = \"", name, "\": use \"auto\", \"on\" or \"off\""));
 }
+const char* CommunicationName(bool choose) { return choose ? "auto" : "fixed"; }
+absl::StatusOr<bool> ParseCommunication(const std::string& name) {
+  if (name == "auto" || name == "fixed") return name == "auto";
+  return absl::InvalidArgumentError(absl::StrCat("cluster.communication = \"", name,
+                                                 "\": use \"fixed\" (the config's own) or \"auto\" (the "
+                                                 "coordinator chooses by the measured penalties)"));
+}
 absl::StatusOr<bool> ParsePlacement(const std::string& name) {
   if (name == "search" || name == "registration") return name == "search";
   return absl::InvalidArgumentError(
@@ -275,6 +282,9 @@ const std::vector<KeyDef>& Table() {
       Choice("cluster", "placement", R::kFree, LH_FIELD(cluster.search_placement), ParsePlacement, PlacementName),
       Choice("cluster", "link_probe", R::kFree, LH_FIELD(cluster.link_probe), ParseLinkProbe, LinkProbeName),
       Value("cluster", "overlap_exchange", R::kFree, LH_FIELD(cluster.overlap_exchange)),
+      Choice("cluster", "communication", R::kFree, LH_FIELD(cluster.choose_communication), ParseCommunication,
+             CommunicationName),
+      Value("cluster", "penalties", R::kFree, LH_FIELD(cluster.penalties)),
       {{"cluster", "stage_layers", R::kFree},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(c.Cut()); }},
@@ -504,6 +514,12 @@ const std::vector<ConfigKey>& ConfigKeys() {
     return v;
   }();
   return *keys;
+}
+
+const std::vector<std::string>& CommunicationKeys() {
+  static const std::vector<std::string> keys = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
+                                                "transport.wire_dtype", "transport.exchange_dtype"};
+  return keys;
 }
 
 nlohmann::json EffectiveConfigJson(const JobConfig& cfg) {

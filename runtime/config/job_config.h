@@ -112,6 +112,14 @@ struct ClusterConfig {
   // Whether the data-parallel exchange overlaps compute where a stage's backend allows it
   // (model/exchange_hooks.h: pushes during the last backward, pulls during the next first forward).
   bool overlap_exchange = true;
+  // "auto": the coordinator chooses the communication keys (CommunicationKeys(): local steps, the
+  // wire and exchange dtypes, the outer step) among the settings of a penalties file by time to
+  // the same loss, priced on the links it knows (coordinator/communication.h); "fixed" (default):
+  // the config's own. A resumed job keeps its checkpoint's.
+  bool choose_communication = false;
+  // The convergence penalties "auto" charges (runtime/plan/convergence_penalty.h); "": the file
+  // shipped with the source tree (beside the binary's build directory, or under the working one).
+  std::string penalties;
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;
@@ -206,6 +214,10 @@ const std::vector<ConfigKey>& ConfigKeys();
 // Every key of ConfigKeys() with its effective value (defaults resolved, e.g. the blocks of each
 // stage for an empty cluster.stage_layers), by section: {"model": {"d_model": 256, ...}, ...}.
 nlohmann::json EffectiveConfigJson(const JobConfig& cfg);
+
+// The keys cluster.communication = "auto" chooses, which a convergence setting may set on top of
+// the exact path (section.key): local steps and the outer step, the wire and exchange dtypes.
+const std::vector<std::string>& CommunicationKeys();
 
 // --stop-at N must name a step of the run: 1 <= N <= train.steps.
 absl::Status CheckStopAt(int64_t stop_at, const JobConfig& cfg);

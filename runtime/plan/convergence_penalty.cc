@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/wire_dtype.h"
 #include "util/atomic_file.h"
 
 namespace longhaul {
@@ -49,6 +50,55 @@ std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
                          absl::StrFormat("train.lr=%g", t.lr * root),
                          absl::StrFormat("train.min_lr=%g", t.min_lr * root)});
   return out;
+}
+
+std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p) {
+  const nlohmann::json defaults = EffectiveConfigJson(JobConfig{});
+  std::vector<std::string> out;
+  for (const std::string& key : CommunicationKeys()) {
+    const bool own = std::any_of(p.overrides.begin(), p.overrides.end(),
+                                 [&key](const std::string& o) { return o.substr(0, o.find('=')) == key; });
+    if (own) continue;
+    const size_t dot = key.find('.');
+    const nlohmann::json& v = defaults.at(key.substr(0, dot)).at(key.substr(dot + 1));
+    out.push_back(key == "transport.wire_dtype"
+                      ? absl::StrCat(key, "=\"", WireDtypeName(job.FastWire()), "\"")
+                      : absl::StrCat(key, "=", v.is_number_float() ? absl::StrFormat("%g", v.get<double>()) : v.dump()));
+  }
+  out.insert(out.end(), p.overrides.begin(), p.overrides.end());
+  if (p.batch_scale > 1) {
+    const std::vector<std::string> batch = BatchScaleOverrides(job, p.batch_scale);
+    out.insert(out.end(), batch.begin(), batch.end());
+  }
+  return out;
+}
+
+std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
+  std::vector<std::string> set = p.overrides;
+  if (p.batch_scale > 1) {
+    const std::vector<std::string> batch = BatchScaleOverrides(JobConfig{}, p.batch_scale);
+    set.insert(set.end(), batch.begin(), batch.end());
+  }
+  std::vector<std::string> beyond;
+  for (const std::string& o : set) {
+    const std::string key = o.substr(0, o.find('='));
+    const std::vector<std::string>& ours = CommunicationKeys();
+    if (std::find(ours.begin(), ours.end(), key) == ours.end() &&
+        std::find(beyond.begin(), beyond.end(), key) == beyond.end()) {
+      beyond.push_back(key);
+    }
+  }
+  return beyond;
+}
+
+std::optional<std::string> ShippedPenaltiesPath() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::canonical("/proc/self/exe", ec);
+  for (const std::filesystem::path& p : {exe.parent_path().parent_path() / kShippedPenalties,
+                                         std::filesystem::path(kShippedPenalties)}) {
+    if (!ec && std::filesystem::exists(p, ec)) return p.string();
+  }
+  return std::nullopt;
 }
 
 std::optional<double> TokensToReach(const std::vector<LossPoint>& curve, double target) {

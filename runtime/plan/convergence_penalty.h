@@ -58,6 +58,12 @@ std::vector<std::string> ScheduleDividedOverrides(const JobConfig& cfg, int k);
 // (above): its schedule divided by k (ScheduleDividedOverrides), more micro-batches, lr x sqrt(k).
 std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int batch_scale);
 
+// The penalties file of this repository's machine under the source tree, which `longhaul plan`
+// and cluster.communication = "auto" charge unless told otherwise: beside the binary's build
+// directory, else under the working directory; nullopt where neither holds it.
+inline constexpr char kShippedPenalties[] = "runtime/plan/penalties/cpu-bytes-python-docs.toml";
+std::optional<std::string> ShippedPenaltiesPath();
+
 // The tokens at which `curve` (points of tokens and loss, in increasing tokens) first reaches
 // `target` or below, interpolated linearly from the point before; nullopt if it never does.
 std::optional<double> TokensToReach(const std::vector<LossPoint>& curve, double target);
@@ -97,5 +103,13 @@ absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& tabl
 // The file WritePenaltyTable wrote, checked: every setting named, with its `set` keys, a
 // batch_scale of at least 1, and a penalty where it is choosable; the exact path first.
 absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path);
+
+// The --set overrides that make `job` run setting `p`: p's keys, every other CommunicationKeys()
+// key as the bench's exact path has it (synchronous, the compute's own dtype on every wire, the
+// default outer step) whatever `job` set, and where p's batch_scale > 1 its BatchScaleOverrides.
+std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p);
+// The keys p changes outside CommunicationKeys() ("train.micro_batches" and the schedule's for a
+// larger batch).
+std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p);
 
 }  // namespace longhaul

@@ -127,6 +127,11 @@ check secret_missing 1 "cannot read the job secret file $dir/none.secret"
 "$bin" coordinator -c /dev/null --secret-file "$dir/none.secret" >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
 check coordinator_secret_missing 2 "cannot read the job secret file"
+# A coordinator asked to choose the communication refuses to start without the penalties it charges.
+"$bin" coordinator -c /dev/null --set "train.out_dir=\"$dir/auto\"" --set 'cluster.communication="auto"' \
+  --set "cluster.penalties=\"$dir/no_penalties.toml\"" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+check coordinator_penalties_missing 2 "cluster.communication = \"auto\": $dir/no_penalties.toml is not there"
 
 # `longhaul local` names a train.out_dir it cannot create, not a file it would have written there.
 touch "$dir/a_file"

@@ -410,6 +410,67 @@ TEST(Cluster, LocalUpdatesExchangeEveryLocalStepsAndTheReplicasAgreeThere) {
   }
 }
 
+// cluster.communication = "auto" over links of 10 ms (the scenario's, through the userspace
+// proxy): the coordinator prices each setting of a penalties file on the workers' measured compute
+// and those links and runs the one fastest to the same loss, here local steps (each exchange of
+// this tiny model waits a round trip that its compute cannot hide), writes the choice with every
+// candidate's figures to cluster.json and the chosen keys into the config the workers ran; a
+// setting its checkpoints rule out is named with the reason. The replicas agree after every
+// exchange, and a resume with "auto" keeps the checkpoint's choice.
+TEST(Cluster, CommunicationAutoRunsTheSettingFastestToTheSameLoss) {
+  const fs::path out = Dir("communication_auto");
+  const fs::path penalties = out / "penalties.toml";
+  std::ofstream(penalties) << R"(tokens = 1000.0
+[[setting]]
+name = "exact"
+set = []
+choosable = true
+penalty = 0.0
+[[setting]]
+name = "local_steps 3"
+set = ["train.local_steps=3"]
+choosable = true
+penalty = 0.01
+[[setting]]
+name = "local_steps 4"
+set = ["train.local_steps=4"]
+choosable = true
+penalty = 0.01
+)";
+  const std::string scenario = std::string(LONGHAUL_SOURCE_DIR) + "/netem/scenarios/source-10ms-1gbit.toml";
+  const std::vector<std::string> sets = {"cluster.replicas=2", "train.micro_batches=2", "train.steps=6",
+                                         "train.checkpoint_every=3", "cluster.communication=\"auto\"",
+                                         "cluster.penalties=\"" + penalties.string() + "\""};
+  ASSERT_EQ(Longhaul("local", out, sets, {"--scenario", scenario, "--emulation", "proxy", "--stop-at", "3"}), 0)
+      << Log(out);
+  std::ifstream cf(out / "cluster.json");
+  const nlohmann::json cluster = nlohmann::json::parse(cf, nullptr, false);
+  ASSERT_TRUE(cluster.contains("communication")) << cluster.dump(1);
+  const nlohmann::json& c = cluster["communication"];
+  EXPECT_EQ(c["chosen"], "local_steps 3") << c.dump(1);
+  ASSERT_EQ(c["candidates"].size(), 3u) << c.dump(1);
+  EXPECT_GT(c["candidates"][0]["predicted_iteration_seconds"].get<double>(),
+            c["candidates"][1]["predicted_iteration_seconds"].get<double>())
+      << c.dump(1);
+  EXPECT_NE(c["candidates"][2]["why_not"].get<std::string>().find("train.checkpoint_every = 3 is not a multiple"),
+            std::string::npos)
+      << c.dump(1);
+  EXPECT_NE(Log(out).find("communication by time to the same loss (cluster.communication = \"auto\"): local_steps 3"),
+            std::string::npos)
+      << Log(out);
+  std::ifstream f(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(out);
+  EXPECT_EQ(summary["replica_checks"], 1) << "one exchange, after step 3";
+  // The resumed leg runs on with local steps 3, the checkpoint's (a config of 1 would be refused
+  // as another train.local_steps), and chooses nothing anew.
+  std::vector<std::string> resume = sets;
+  resume.push_back("train.resume=true");
+  ASSERT_EQ(Longhaul("local", out, resume, {"--scenario", scenario, "--emulation", "proxy"}), 0) << Log(out);
+  EXPECT_EQ(Log(out).find("communication by time to the same loss"), std::string::npos) << Log(out);
+  EXPECT_EQ(Losses(out).size(), 6u) << Log(out);
+}
+
 TEST(Cluster, InterruptedRunWritesEveryRecord) {
   const fs::path out = Dir("interrupted");
   const pid_t launcher = Start(

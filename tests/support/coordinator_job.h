@@ -46,7 +46,7 @@ class CoordinatorJob : public ::testing::Test {
     absl::StatusOr<SampleAudit> samples = SampleAudit::Open((dir / "samples.csv").string(), 2, 0);
     ASSERT_TRUE(metrics.ok() && samples.ok());
     job = std::make_unique<Job>(JobStart{cfg_, start, resume_name, 0, *std::move(metrics), *std::move(samples),
-                                         std::nullopt, "token", nullptr});
+                                         std::nullopt, "token", nullptr, std::nullopt});
   }
   void TearDown() override {
     job.reset();  // its state writer's last files first

@@ -113,6 +113,7 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"cluster.job_id=\"\"", "cluster.job_id is 0 bytes; give it 1 to 256"},
       {"transport.congestion_control=\"BBR!\"", "transport.congestion_control = \"BBR!\" is not a kernel congestion"},
       {"cluster.link_probe=\"sometimes\"", "cluster.link_probe = \"sometimes\": use \"auto\", \"on\" or \"off\""},
+      {"cluster.communication=\"sometimes\"", "cluster.communication = \"sometimes\": use \"fixed\""},
       {"train.local_steps=0", "train.local_steps = 0: must be >= 1 (1 exchanges every iteration)"},
       {"train.outer_lr=0", "train.outer_lr = 0: must be in (0, 10]"},
       {"train.outer_momentum=1", "train.outer_momentum = 1: must be in [0, 1)"},

@@ -36,7 +36,7 @@ class ServiceTest : public ::testing::Test {
     verifier = std::make_unique<RpcVerifier>(secret);
     job = std::make_unique<Job>(JobStart{*cfg, 0, "", 0, *MetricsLog::Create((dir / "metrics.csv").string()),
                                          *SampleAudit::Open((dir / "samples.csv").string(), 1, 0), std::nullopt,
-                                         "token", [this] { return verifier->refused(); }});
+                                         "token", [this] { return verifier->refused(); }, std::nullopt});
     service = std::make_unique<Service>(*verifier, *job);
     server = testing::StartLoopbackServer(service.get(), &address, secret);
   }
