@@ -52,12 +52,22 @@ std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
   return out;
 }
 
+namespace {
+
+std::string KeyOf(const std::string& override) { return override.substr(0, override.find('=')); }
+
+// A setting's pipeline stages say where the bench measured it (SettingPenalty::stages), not what
+// it changes: the job's layout is the planner's to choose.
+bool MeasuredLayoutKey(const std::string& key) { return key == "cluster.stages"; }
+
+}  // namespace
+
 std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p) {
   const nlohmann::json defaults = EffectiveConfigJson(JobConfig{});
   std::vector<std::string> out;
   for (const std::string& key : CommunicationKeys()) {
     const bool own = std::any_of(p.overrides.begin(), p.overrides.end(),
-                                 [&key](const std::string& o) { return o.substr(0, o.find('=')) == key; });
+                                 [&key](const std::string& o) { return KeyOf(o) == key; });
     if (own) continue;
     const size_t dot = key.find('.');
     const nlohmann::json& v = defaults.at(key.substr(0, dot)).at(key.substr(dot + 1));
@@ -65,7 +75,8 @@ std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPen
                       ? absl::StrCat(key, "=\"", WireDtypeName(job.FastWire()), "\"")
                       : absl::StrCat(key, "=", v.is_number_float() ? absl::StrFormat("%g", v.get<double>()) : v.dump()));
   }
-  out.insert(out.end(), p.overrides.begin(), p.overrides.end());
+  for (const std::string& o : p.overrides)
+    if (!MeasuredLayoutKey(KeyOf(o))) out.push_back(o);
   if (p.batch_scale > 1) {
     const std::vector<std::string> batch = BatchScaleOverrides(job, p.batch_scale);
     out.insert(out.end(), batch.begin(), batch.end());
@@ -81,9 +92,9 @@ std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
   }
   std::vector<std::string> beyond;
   for (const std::string& o : set) {
-    const std::string key = o.substr(0, o.find('='));
+    const std::string key = KeyOf(o);
     const std::vector<std::string>& ours = CommunicationKeys();
-    if (std::find(ours.begin(), ours.end(), key) == ours.end() &&
+    if (!MeasuredLayoutKey(key) && std::find(ours.begin(), ours.end(), key) == ours.end() &&
         std::find(beyond.begin(), beyond.end(), key) == beyond.end()) {
       beyond.push_back(key);
     }

@@ -104,7 +104,8 @@ absl::Status WritePenaltyTable(const std::string& path, const PenaltyTable& tabl
 // batch_scale of at least 1, and a penalty where it is choosable; the exact path first.
 absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path);
 
-// The --set overrides that make `job` run setting `p`: p's keys, every other CommunicationKeys()
+// The --set overrides that make `job` run setting `p`: p's keys but the layout it was measured on
+// (cluster.stages, which `stages` records), every other CommunicationKeys()
 // key as the bench's exact path has it (synchronous, the compute's own dtype on every wire, the
 // default outer step) whatever `job` set, and where p's batch_scale > 1 its BatchScaleOverrides.
 std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p);

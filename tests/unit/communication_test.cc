@@ -98,5 +98,24 @@ TEST(Communication, SettingsTheJobCannotRunAreNamedWithTheirReason) {
       << none.status();
 }
 
+TEST(Communication, APipelineMayTakeABoundaryFormatTheBenchMeasuredOnAPipeline) {
+  // int4 measured on 2 stages: its cluster.stages says where it was measured, not what it sets.
+  PenaltyTable t = Table();
+  SettingPenalty int4 = Setting("int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 0.05);
+  int4.stages = 2;
+  t.settings.push_back(int4);
+  auto choice = ChooseCommunication(Config({"cluster.stages=3", "cluster.replicas=1"}), t,
+                                    [](const JobConfig& c) -> absl::StatusOr<SlotSearch> {
+                                      SlotSearch s;
+                                      s.predicted_s = c.transport.wire_dtype == WireDtype::kInt4 ? 0.3 : 1.0;
+                                      return s;
+                                    });
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->candidates[choice->chosen].name, "int4 boundaries");
+  EXPECT_EQ(choice->cfg.cluster.stages, 3);
+  EXPECT_EQ(choice->cfg.transport.wire_dtype, WireDtype::kInt4);
+  EXPECT_NE(choice->candidates[1].why_not.find("no penalty measured for a pipeline boundary"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace longhaul
