@@ -238,7 +238,8 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
   }
   std::cout << absl::StrFormat(
       "\nBest by time to the same loss: %s on %d stages x %d replicas: %.0f tokens/s effective, %.1fx one GPU; its "
-      "config: %s\n  longhaul local -c %s\n",
+      "config: %s\n  longhaul local -c %s\n"
+      "  (or let the coordinator choose on the links and compute it finds: --set cluster.communication=auto)\n",
       best.setting->name, best.best->layout.stages, best.best->layout.replicas, best.effective,
       one_gpu_tokens_per_s > 0 ? best.effective / one_gpu_tokens_per_s : 0, path, path);
   return 0;
