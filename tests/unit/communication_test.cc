@@ -8,6 +8,9 @@
 
 #include <map>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
 namespace longhaul {
 namespace {
 
