@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -179,10 +180,40 @@ std::optional<std::string> PenaltiesPath() {
   return ShippedPenaltiesPath();
 }
 
+// A host as the scenario names it ("3 (eu-west)"), or by its number alone.
+std::string HostName(int host, const std::optional<netem::Scenario>& scenario) {
+  if (!scenario || scenario->sites.size() < 2) return absl::StrCat(host);
+  const int site = scenario->SiteOf(host);
+  return site >= 0 && site < static_cast<int>(scenario->sites.size())
+             ? absl::StrCat(host, " (", scenario->sites[static_cast<size_t>(site)], ")")
+             : absl::StrCat(host);
+}
+
+// What each link of `c` carries, as the coordinator would resolve its wires: one line, then the
+// links whose dtype differs from the default, by dtype (the first 24 named).
+std::string WiresLines(const RankedLayout& c, const NetworkCost& network,
+                       const std::optional<netem::Scenario>& scenario) {
+  const Placement placement = c.placement ? c.placement->plan.placement : DefaultPlacement(c.layout, c.central_ps);
+  const WirePlan wires = LayoutWires(c.layout, placement, network);
+  std::string out = absl::StrCat("  wires: ", DescribeWires(wires), "\n");
+  std::map<WireDtype, std::vector<std::string>> by_dtype;
+  for (const auto& [pair, dtype] : wires.links) {
+    by_dtype[dtype].push_back(absl::StrCat(HostName(pair.first, scenario), " -> ", HostName(pair.second, scenario)));
+  }
+  for (const auto& [dtype, links] : by_dtype) {
+    constexpr size_t kNamed = 24;
+    const std::vector<std::string> named(links.begin(), links.begin() + std::min(links.size(), kNamed));
+    absl::StrAppend(&out, "    ", WireDtypeName(dtype), " on host links ", absl::StrJoin(named, ", "),
+                    links.size() > kNamed ? absl::StrCat(" and ", links.size() - kNamed, " more") : "", "\n");
+  }
+  return out;
+}
+
 // Prints the settings ranked by time to the same loss, and writes the best one's config.
 int ReportSettings(const std::string& config_path, const std::vector<std::string>& overrides,
                    const std::string& penalties_path, const PenaltyTable& table,
-                   const std::vector<SettingPlan>& plans, double one_gpu_tokens_per_s, const std::string& out_dir) {
+                   const std::vector<SettingPlan>& plans, double one_gpu_tokens_per_s, const std::string& out_dir,
+                   const NetworkCost& network, const std::optional<netem::Scenario>& scenario) {
   std::cout << absl::StrFormat(
       "\nSettings by time to the same loss: effective tokens/s = tokens/s / (1 + penalty), a negative penalty "
       "counted as 0 (the bench's small model may learn faster per token with it; a larger one is not counted on "
@@ -242,16 +273,8 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
       "  (or let the coordinator choose on the links and compute it finds: --set cluster.communication=auto)\n",
       best.setting->name, best.best->layout.stages, best.best->layout.replicas, best.effective,
       one_gpu_tokens_per_s > 0 ? best.effective / one_gpu_tokens_per_s : 0, path, path);
+  std::cout << WiresLines(*best.best, network, scenario);
   return 0;
-}
-
-// A host as the scenario names it ("3 (eu-west)"), or by its number alone.
-std::string HostName(int host, const std::optional<netem::Scenario>& scenario) {
-  if (!scenario || scenario->sites.size() < 2) return absl::StrCat(host);
-  const int site = scenario->SiteOf(host);
-  return site >= 0 && site < static_cast<int>(scenario->sites.size())
-             ? absl::StrCat(host, " (", scenario->sites[static_cast<size_t>(site)], ")")
-             : absl::StrCat(host);
 }
 
 // The line under a ranked layout that says where the coordinator would run it.
@@ -479,6 +502,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
       "--set train.micro_batch_size=%d --set cluster.schedule=%s --set train.recompute=%s --set cluster.ps=%s\n",
       config_path, L.stages, L.replicas, L.micro_batches, L.work.micro_batch, ScheduleName(L.schedule),
       L.work.recompute ? "true" : "false", best.central_ps ? "central" : "sharded");
+  std::cout << WiresLines(best, r.network, scenario);
 
   const std::optional<std::string> penalties = PenaltiesPath();
   if (!penalties) {
@@ -504,7 +528,8 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
     auto alone = SearchLayouts(one);
     if (alone.ok() && !alone->fitting.empty()) one_gpu = alone->fitting.front().tokens_per_s;
   }
-  return ReportSettings(config_path, overrides, *penalties, *table, *plans, one_gpu, cfg->train.out_dir);
+  return ReportSettings(config_path, overrides, *penalties, *table, *plans, one_gpu, cfg->train.out_dir, r.network,
+                        scenario);
 }
 
 }  // namespace longhaul

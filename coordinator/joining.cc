@@ -205,18 +205,7 @@ WireRecord DescribeWires(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     narrow.push_back({{"from", pair.first}, {"to", pair.second}, {"dtype", WireDtypeName(dtype)}});
   }
   WireRecord out;
-  out.wire_line = WireDtypeName(wires.default_dtype);
-  if (!wires.links.empty()) {
-    out.wire_line = absl::StrFormat("%s; %s on %d links slower than %.0f Gbit/s; parameters %s", out.wire_line,
-                                    WireDtypeName(wires.links.begin()->second), wires.links.size(),
-                                    kAutoInt8Below * 8 / 1e9, WireDtypeName(wires.params_dtype));
-  }
-  if (wires.push_dtype != WireDtype::kAuto) {
-    out.wire_line += absl::StrFormat("; the data-parallel exchange %s", WireDtypeName(wires.push_dtype));
-  }
-  if (wires.change_dtype != WireDtype::kAuto) {
-    out.wire_line += absl::StrFormat(" (parameters as their change in %s)", WireDtypeName(wires.change_dtype));
-  }
+  out.wire_line = DescribeWires(wires);
   out.wire = {{"configured", WireDtypeName(job.cfg.transport.wire_dtype)},
               {"default", WireDtypeName(wires.default_dtype)},
               {"params", WireDtypeName(wires.params_dtype)},

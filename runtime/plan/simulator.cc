@@ -215,12 +215,7 @@ class Engine {
       workers_[sh.worker].hosted.push_back(static_cast<int>(i));
     }
     // The wire dtype of each link that carries tensors, as the coordinator would resolve it.
-    std::vector<std::vector<int>> host_at = P_.worker;
-    for (auto& row : host_at)
-      for (int& w : row) w = workers_[w].host;
-    wires_ = ResolveWires(L_.wire, L_.fast_wire, TensorPairs(host_at),
-                          [&](int a, int b) { return sim_.network.Between(a, b).Rate(); }, L_.local_steps > 1,
-                          L_.exchange);
+    wires_ = LayoutWires(L_, P_, sim_.network);
     // Each worker runs the lists its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
       if (k.stage < 0) continue;
@@ -737,6 +732,15 @@ class Engine {
 };
 
 }  // namespace
+
+WirePlan LayoutWires(const Layout& layout, const Placement& placement, const NetworkCost& network) {
+  std::vector<std::vector<int>> host_at = placement.worker;
+  for (auto& row : host_at)
+    for (int& w : row) w = placement.host[static_cast<size_t>(w)];
+  return ResolveWires(layout.wire, layout.fast_wire, TensorPairs(host_at),
+                      [&](int a, int b) { return network.Between(a, b).Rate(); }, layout.local_steps > 1,
+                      layout.exchange);
+}
 
 absl::StatusOr<SimulationReport> Simulate(const Simulation& sim) { return Engine(sim).Run(); }
 

@@ -50,6 +50,7 @@
 #include "model/memory_estimate.h"
 #include "plan/cost_model.h"
 #include "schedule/schedule.h"
+#include "transport/wire_plan.h"
 
 namespace longhaul {
 
@@ -98,6 +99,10 @@ struct Placement {
 // runtime's (ParamLayout::PsShards): sharded, replica k hosts the k-th cut of the stage's tensors
 // (whole tensors, so the shares are uneven: the embedding is one); central, replica 0 hosts all.
 Placement DefaultPlacement(const Layout& layout, bool central_ps);
+
+// What each tensor of `layout` travels in, run as `placement` places it on `network`: the plan's
+// wires (transport/wire_plan.h) as the coordinator would resolve them, by host.
+WirePlan LayoutWires(const Layout& layout, const Placement& placement, const NetworkCost& network);
 
 struct Simulation {
   Layout layout;

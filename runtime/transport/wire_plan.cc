@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_format.h"
 #include "layout/plan_layout.h"
 
 namespace longhaul {
@@ -75,6 +76,22 @@ bool BoundaryMayBeLossy(WireDtype configured) { return configured == WireDtype::
 bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange) {
   if (exchange != WireDtype::kAuto) return IsLossy(exchange);
   return BoundaryMayBeLossy(configured);
+}
+
+std::string DescribeWires(const WirePlan& wires) {
+  std::string line = WireDtypeName(wires.default_dtype);
+  if (!wires.links.empty()) {
+    line = absl::StrFormat("%s; %s on %d links slower than %.0f Gbit/s; parameters %s", line,
+                           WireDtypeName(wires.links.begin()->second), wires.links.size(), kAutoInt8Below * 8 / 1e9,
+                           WireDtypeName(wires.params_dtype));
+  }
+  if (wires.push_dtype != WireDtype::kAuto) {
+    line += absl::StrFormat("; the data-parallel exchange %s", WireDtypeName(wires.push_dtype));
+  }
+  if (wires.change_dtype != WireDtype::kAuto) {
+    line += absl::StrFormat(" (parameters as their change in %s)", WireDtypeName(wires.change_dtype));
+  }
+  return line;
 }
 
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start) {

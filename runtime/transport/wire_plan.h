@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -83,6 +84,10 @@ bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
 // Whether the parameters of iteration `it`'s exchange travel whole: always where the plan sends no
 // changes; else only in the broadcast that starts a run (iteration start - 1).
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start);
+
+// One line for people: the default dtype, the slow links' (how many), the parameters', the
+// exchange's where it has its own, and the parameters' change where they travel so.
+std::string DescribeWires(const WirePlan& wires);
 
 // In a plan, pairs by worker id.
 void SetWires(const WirePlan& wires, proto::Plan& plan);

@@ -32,12 +32,13 @@ else
 fi
 
 # One layout the user names, with the placement the coordinator would run (the same search, over
-# worker w on host w), and the ranking as JSON for tools.
+# worker w on host w), its wire (the config's fp32), and the ranking as JSON for tools.
 "$bin" plan -c "$src/configs/plan-gpt3xl.toml" --workers 12 --device v100 --layout 3x4 --penalties none \
   --scenario "$src/netem/scenarios/world-eight-regions.toml" --json "$dir/ranking.json" >"$dir/out.txt" 2>"$dir/err.txt"
 rc=$?
 if [ "$rc" = 0 ] && ! grep -qE "^ +[0-9]+ +([12]x|[0-9]x[0-35-9])" "$dir/out.txt" && grep -qE "^ +1 +3x4 " "$dir/out.txt" &&
   grep -qE "^         stage 2 \([0-9]+ blocks\): ([0-9]+ \([a-z-]+\) ){3}[0-9]+ \([a-z-]+\)$" "$dir/out.txt" &&
+  grep -qE "^  wires: fp32$" "$dir/out.txt" &&
   python3 -c "
 import json, sys
 r = json.load(open('$dir/ranking.json'))
@@ -150,6 +151,20 @@ if [ "$rc" = 0 ] && grep -qE "^  local_steps 16 +\+0\.250 .* [0-9.]+x$" <<<"$set
   echo "ok: settings ranked by time to the same loss: $(grep '^Best by time' <<<"$settings")"
 else
   echo "FAIL: plan --penalties exit $rc:"
+  cat "$dir/out.txt" "$dir/err.txt"
+  fail=1
+fi
+# The wire of each link as the coordinator would resolve it: the demo's "auto" wire, int8 on the
+# links between regions.
+"$bin" plan -c "$src/configs/demo.toml" --workers 4 --layout 2x2 --penalties none \
+  --scenario "$src/netem/scenarios/four-regions.toml" >"$dir/out.txt" 2>"$dir/err.txt"
+rc=$?
+if [ "$rc" = 0 ] && grep -qE "^  wires: fp32; int8 on [0-9]+ links slower than 10 Gbit/s; parameters bf16$" "$dir/out.txt" &&
+  grep -qE "^    int8 on host links [0-9] \([a-z-]+\) -> [0-9] \([a-z-]+\)(, [0-9] \([a-z-]+\) -> [0-9] \([a-z-]+\))*$" \
+    "$dir/out.txt"; then
+  echo "ok: each link's wire named: $(grep '^  wires' "$dir/out.txt")"
+else
+  echo "FAIL: plan --layout 2x2 over four regions exit $rc:"
   cat "$dir/out.txt" "$dir/err.txt"
   fail=1
 fi
