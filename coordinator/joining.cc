@@ -197,7 +197,7 @@ struct WireRecord {
   nlohmann::json wire, connections;
   std::string wire_line, connections_line;
 };
-WireRecord DescribeWires(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+WireRecord WireRecordOf(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   const proto::Plan& plan = job.plans.current();
   const WirePlan wires = WiresOf(plan);
   nlohmann::json narrow = nlohmann::json::array();
@@ -240,7 +240,7 @@ void MakeFirstPlan(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
                         {job.progress.start(), job.progress.resume_name(), job.progress.end()}, placed.worker_of_slot,
                         job.network ? &*job.network : nullptr, placed.shard_owner));
   if (job.network) job.metrics.SetLinks(*job.network, job.links);
-  const WireRecord wires = DescribeWires(job);
+  const WireRecord wires = WireRecordOf(job);
   job.cluster_record = {{"job_id", job.cfg.cluster.job_id},
                         {"placement", placed.record},
                         {"wire", wires.wire},
