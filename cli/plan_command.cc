@@ -147,9 +147,9 @@ absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_
       r.top = 1;
       // A lossy wire's penalty from runs without a pipeline boundary says nothing of what it does
       // to activations and their gradients: such a setting is planned without one.
-      if (p.stages < 2 && BoundaryMayBeLossy(cfg->transport.wire_dtype)) {
+      if (BoundaryUnmeasured(p, cfg->transport.wire_dtype)) {
         if (r.only_stages > 1) {
-          sp.why_not = "its bench runs had one stage: no penalty measured for a pipeline boundary in its format";
+          sp.why_not = kBoundaryUnmeasured;
           plans.push_back(std::move(sp));
           continue;
         }

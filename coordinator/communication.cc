@@ -5,7 +5,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "transport/wire_plan.h"
 
 namespace longhaul {
 
@@ -41,8 +40,8 @@ absl::StatusOr<CommunicationChoice> ChooseCommunication(const JobConfig& job, co
       c.why_not = absl::StrCat("it sets ", absl::StrJoin(beyond, ", "), ", which cluster.communication = \"auto\" keeps");
     } else if (!cfg.ok()) {
       c.why_not = std::string(cfg.status().message());
-    } else if (cfg->cluster.stages > 1 && p.stages < 2 && BoundaryMayBeLossy(cfg->transport.wire_dtype)) {
-      c.why_not = "its bench runs had one stage: no penalty measured for a pipeline boundary in its format";
+    } else if (cfg->cluster.stages > 1 && BoundaryUnmeasured(p, cfg->transport.wire_dtype)) {
+      c.why_not = kBoundaryUnmeasured;
     } else if (absl::StatusOr<SlotSearch> slots = price(*cfg); !slots.ok()) {
       c.why_not = absl::StrCat("not priced: ", slots.status().message());
     } else if (slots->predicted_s <= 0) {
@@ -54,7 +53,6 @@ absl::StatusOr<CommunicationChoice> ChooseCommunication(const JobConfig& job, co
       if (best < 0 || c.effective > out.candidates[best].effective) {
         best = static_cast<int>(out.candidates.size());
         out.cfg = *std::move(cfg);
-        out.slots = *std::move(slots);
         out.overrides = overrides;
       }
     }

@@ -33,7 +33,6 @@ struct CommunicationCandidate {
 
 struct CommunicationChoice {
   JobConfig cfg;     // the job's config with the chosen setting's keys
-  SlotSearch slots;  // its placement
   std::vector<CommunicationCandidate> candidates;  // in the file's order
   int chosen = 0;    // index into candidates
   std::vector<std::string> overrides;  // the keys that make cfg from the job's

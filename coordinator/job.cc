@@ -222,14 +222,14 @@ std::map<int, proto::ComputeProfile> Job::PacedProfiles() const {
   return paced;
 }
 
-// The links are the scenario's or the measured; the coordinator sits beside every host, as an
-// emulation's router does.
 bool Job::LayoutRanWhole() const {
   // The measured compute is per worker over the whole run: a shrunk layout or a re-cut changed
   // what some ran.
   return plans.current().replicas() == cfg.cluster.replicas && !recut;
 }
 
+// The links are the scenario's or the measured; the coordinator sits beside every host, as an
+// emulation's router does.
 std::optional<double> Job::Predict(bool without_cards) const {
   // The planner prices the config's layout, not a shrunk one.
   if (!network || !LayoutRanWhole()) return std::nullopt;

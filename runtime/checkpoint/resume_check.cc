@@ -106,10 +106,9 @@ absl::StatusOr<JobConfig> WithCheckpointCommunication(const std::string& checkpo
   if (!cfg.cluster.choose_communication) return cfg;
   LH_ASSIGN_OR_RETURN(CheckpointData state, ReadCheckpointState(checkpoint_dir));
   std::vector<std::string> chosen;
-  for (const std::string& key : CommunicationKeys()) {
-    const size_t dot = key.find('.');
-    if (const nlohmann::json* v = Find(state.run_config, key.substr(0, dot), key.substr(dot + 1))) {
-      chosen.push_back(absl::StrCat(key, "=", SetValue(*v)));
+  for (const ConfigKey& k : CommunicationKeys()) {
+    if (const nlohmann::json* v = Find(state.run_config, k.section, k.key)) {
+      chosen.push_back(absl::StrCat(k.name(), "=", SetValue(*v)));
     }
   }
   if (chosen.empty()) return cfg;

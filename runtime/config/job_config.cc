@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -516,10 +517,16 @@ const std::vector<ConfigKey>& ConfigKeys() {
   return *keys;
 }
 
-const std::vector<std::string>& CommunicationKeys() {
-  static const std::vector<std::string> keys = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
-                                                "transport.wire_dtype", "transport.exchange_dtype"};
-  return keys;
+const std::vector<ConfigKey>& CommunicationKeys() {
+  static const std::vector<ConfigKey>* keys = [] {
+    const std::set<std::string> names = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
+                                         "transport.wire_dtype", "transport.exchange_dtype"};
+    auto* out = new std::vector<ConfigKey>;
+    for (const ConfigKey& k : ConfigKeys())
+      if (names.count(k.name()) > 0) out->push_back(k);
+    return out;
+  }();
+  return *keys;
 }
 
 nlohmann::json EffectiveConfigJson(const JobConfig& cfg) {

@@ -217,7 +217,7 @@ nlohmann::json EffectiveConfigJson(const JobConfig& cfg);
 
 // The keys cluster.communication = "auto" chooses, which a convergence setting may set on top of
 // the exact path (section.key): local steps and the outer step, the wire and exchange dtypes.
-const std::vector<std::string>& CommunicationKeys();
+const std::vector<ConfigKey>& CommunicationKeys();
 
 // --stop-at N must name a step of the run: 1 <= N <= train.steps.
 absl::Status CheckStopAt(int64_t stop_at, const JobConfig& cfg);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/wire_dtype.h"
+#include "transport/wire_plan.h"
 #include "util/atomic_file.h"
 
 namespace longhaul {
@@ -65,12 +66,12 @@ bool MeasuredLayoutKey(const std::string& key) { return key == "cluster.stages";
 std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p) {
   const nlohmann::json defaults = EffectiveConfigJson(JobConfig{});
   std::vector<std::string> out;
-  for (const std::string& key : CommunicationKeys()) {
+  for (const ConfigKey& k : CommunicationKeys()) {
+    const std::string key = k.name();
     const bool own = std::any_of(p.overrides.begin(), p.overrides.end(),
                                  [&key](const std::string& o) { return KeyOf(o) == key; });
     if (own) continue;
-    const size_t dot = key.find('.');
-    const nlohmann::json& v = defaults.at(key.substr(0, dot)).at(key.substr(dot + 1));
+    const nlohmann::json& v = defaults.at(k.section).at(k.key);
     out.push_back(key == "transport.wire_dtype"
                       ? absl::StrCat(key, "=\"", WireDtypeName(job.FastWire()), "\"")
                       : absl::StrCat(key, "=", v.is_number_float() ? absl::StrFormat("%g", v.get<double>()) : v.dump()));
@@ -84,6 +85,8 @@ std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPen
   return out;
 }
 
+bool BoundaryUnmeasured(const SettingPenalty& p, WireDtype wire) { return p.stages < 2 && BoundaryMayBeLossy(wire); }
+
 std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
   std::vector<std::string> set = p.overrides;
   if (p.batch_scale > 1) {
@@ -93,8 +96,10 @@ std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
   std::vector<std::string> beyond;
   for (const std::string& o : set) {
     const std::string key = KeyOf(o);
-    const std::vector<std::string>& ours = CommunicationKeys();
-    if (!MeasuredLayoutKey(key) && std::find(ours.begin(), ours.end(), key) == ours.end() &&
+    const std::vector<ConfigKey>& ours = CommunicationKeys();
+    const bool communication =
+        std::any_of(ours.begin(), ours.end(), [&key](const ConfigKey& k) { return k.name() == key; });
+    if (!MeasuredLayoutKey(key) && !communication &&
         std::find(beyond.begin(), beyond.end(), key) == beyond.end()) {
       beyond.push_back(key);
     }

@@ -59,8 +59,8 @@ TEST(Communication, ChoosesTheSettingFastestToTheSameLoss) {
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_EQ(choice->candidates[choice->chosen].name, "local_steps 16");
   EXPECT_EQ(choice->cfg.train.local_steps, 16);
-  EXPECT_DOUBLE_EQ(choice->slots.predicted_s, 0.1625);
   const CommunicationCandidate& c = choice->candidates[choice->chosen];
+  EXPECT_DOUBLE_EQ(c.iteration_s, 0.1625);
   EXPECT_DOUBLE_EQ(c.effective, c.tokens_per_s / 1.25);
   EXPECT_DOUBLE_EQ(c.tokens_per_s, choice->cfg.tokens_per_step() / 0.1625);
   EXPECT_DOUBLE_EQ(choice->candidates[1].effective, choice->candidates[1].tokens_per_s) << "a negative penalty is 0";
