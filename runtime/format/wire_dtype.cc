@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "longhaul.pb.h"
+#include "util/hash.h"
 #include "util/parallel_copy.h"
 
 namespace longhaul {
@@ -16,10 +17,17 @@ namespace {
 
 size_t Blocks(size_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
 
+// x (in steps of the levels) rounded stochastically: up with probability x - floor(x), drawn for
+// value `i` of the part (wire_dtype.h).
+float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
+  const uint64_t bits = SplitMix64(sr.seed ^ SplitMix64(sr.offset + i));
+  return std::floor(x + static_cast<float>(bits >> 40) * 0x1.0p-24f);
+}
+
 // int8 and int4 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q]. One template
 // per dtype keeps the per-value loops free of a test for which.
 template <bool kInt4>
-void EncodeQuantized(const float* in, size_t n, void* out) {
+void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRounding* sr) {
   constexpr float q = kInt4 ? 7.0f : 127.0f;
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
@@ -41,7 +49,7 @@ void EncodeQuantized(const float* in, size_t n, void* out) {
     }
     for (size_t i = lo; i < hi; ++i) {
       // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
-      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -q, q)));
+      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(sr ? StochasticLevel(in[i] / scale, *sr, i) : std::nearbyint(in[i] / scale), -q, q)));
       if (kInt4) {
         values[i / 2] |= static_cast<uint8_t>((v & 0xfu) << (4 * (i % 2)));
       } else {
@@ -70,7 +78,7 @@ void DecodeQuantized(const void* in, size_t n, float* out) {
 size_t Int2Blocks(size_t n) { return (n + kInt2Block - 1) / kInt2Block; }
 
 // int2 (wire_dtype.h): the blocks' root-mean-square scales, then the values, four a byte.
-void EncodeInt2(const float* in, size_t n, void* out) {
+void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* sr) {
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Int2Blocks(n);
   std::fill(values, values + (n + 3) / 4, uint8_t{0});
@@ -87,8 +95,11 @@ void EncodeInt2(const float* in, size_t n, void* out) {
     std::memcpy(scales + 4 * b, &scale, 4);
     if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
     for (size_t i = lo; i < hi; ++i) {
-      // floor(x / scale) + 2 in [0, 3]: (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
-      const auto v = static_cast<uint8_t>(std::clamp(std::floor(in[i] / scale) + 2.0f, 0.0f, 3.0f));
+      // The level x / scale + 1.5 in [0, 3] (within 1.5 root mean squares) rounds to; nearest:
+      // (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
+      const float t = in[i] / scale;
+      const auto v = static_cast<uint8_t>(
+          std::clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : std::floor(t + 2.0f), 0.0f, 3.0f));
       values[i / 4] |= static_cast<uint8_t>(v << (2 * (i % 4)));
     }
   }
@@ -222,7 +233,7 @@ const char* WireDtypeName(WireDtype d) {
   return "?";
 }
 
-void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
+void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const StochasticRounding* sr) {
   switch (d) {
     case WireDtype::kAuto:
     case WireDtype::kF32:
@@ -240,13 +251,13 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out) {
       return;
     }
     case WireDtype::kInt8:
-      EncodeQuantized<false>(in, n, out);
+      EncodeQuantized<false>(in, n, out, sr);
       return;
     case WireDtype::kInt4:
-      EncodeQuantized<true>(in, n, out);
+      EncodeQuantized<true>(in, n, out, sr);
       return;
     case WireDtype::kInt2:
-      EncodeInt2(in, n, out);
+      EncodeInt2(in, n, out, sr);
       return;
     case WireDtype::kTopK:
       EncodeTopK(in, n, out);

@@ -68,8 +68,18 @@ WireDtype WireDtypeFor(WireDtype job, int kind);
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::string& key = "transport.wire_dtype");
 const char* WireDtypeName(WireDtype d);
 
-// out receives WireBytes(n, d) bytes.
-void EncodeWire(const float* in, size_t n, WireDtype d, void* out);
+// Stochastic rounding (int8, int4, int2): a value rounds to the level above it with probability
+// its distance above the level below (in steps), so its expected decoding is the value itself
+// within the levels' range. The draw for value i of a part is a hash of (seed, offset + i), with
+// offset the part's first value in its tensor: the same bits however a tensor is cut into parts,
+// and the same again when a recovery sends the tensor anew.
+struct StochasticRounding {
+  uint64_t seed = 0;
+  size_t offset = 0;
+};
+
+// out receives WireBytes(n, d) bytes; rounded to the nearest level, or stochastically by `sr`.
+void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const StochasticRounding* sr = nullptr);
 void DecodeWire(const void* in, size_t n, WireDtype d, float* out);
 // out = what the n floats of `in` become after EncodeWire and DecodeWire (out may be in): a
 // tensor a process hands to itself must be rounded as its peers receive it, or replicas drift

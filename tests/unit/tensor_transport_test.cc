@@ -93,6 +93,37 @@ TEST(TensorTransport, RoundTripsInEveryDtypeOverSeveralConnections) {
   EXPECT_EQ((*server)->refused(), 0);
 }
 
+// A boundary's gradient in int4 rounds stochastically (wire_dtype.h), an activation to the nearest:
+// values 0.3 of a step above a level arrive with their mean kept (the activation's all on the
+// level), and the same gradient sent again (a resend after a recovery) over another number of
+// connections arrives bit for bit as before.
+TEST(TensorTransport, Int4GradientsRoundStochasticallyAndAResendCarriesTheSameBits) {
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<float> x(1'000'000, 2.3f);
+  for (size_t b = 0; b < x.size(); b += kScaleBlock) x[b] = 7.0f;  // each block's step: 1
+  auto receive = [&](int kind, int micro, int connections) {
+    TransportOptions opt;
+    opt.job_id = "jobA", opt.dtype = WireDtype::kInt4, opt.connections = connections, opt.chunk_bytes = 1 << 16;
+    EXPECT_TRUE(TensorClient((*server)->address(), opt).Send(Header(kind, micro), x.data(), x.size())->Wait().ok());
+    auto got = box.Take(Key(kind, micro), std::chrono::seconds(10));
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *got : std::vector<float>();
+  };
+  auto mean = [&](const std::vector<float>& y) {
+    double sum = 0, count = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+      if (i % kScaleBlock != 0) sum += y[i], ++count;
+    return sum / count;
+  };
+  const std::vector<float> gradient = receive(proto::GRADIENT, 0, 3);
+  ASSERT_EQ(gradient.size(), x.size());
+  EXPECT_NEAR(mean(gradient), 2.3, 0.005);
+  EXPECT_EQ(mean(receive(proto::ACTIVATION, 0, 3)), 2.0);
+  EXPECT_EQ(receive(proto::GRADIENT, 0, 1), gradient);
+}
+
 TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);

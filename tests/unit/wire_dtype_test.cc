@@ -115,6 +115,53 @@ TEST(WireDtype, Int2LevelsAreHalvesOfItsBlocksRootMeanSquare) {
   EXPECT_LT(err / power, 0.125);
 }
 
+// Stochastic rounding is unbiased where nearest rounding is not: a block of values 0.3 of a step
+// above a level decodes, rounded to the nearest, all to that level, and stochastically to a mean
+// within a few hundredths of a step of the values; the draws depend only on (seed, offset + i), so
+// a tensor encoded in two parts decodes as the whole does, and another seed gives other bytes.
+TEST(WireDtype, StochasticRoundingIsUnbiasedAndTheSameHoweverATensorIsCut) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2}) {
+    SCOPED_TRACE(WireDtypeName(d));
+    const size_t n = 4 * kInt2Block;
+    // int8 and int4: blocks whose scale makes a step 1 (one value at Q), the rest 0.3 above a
+    // level; int2: values all alike, so each is its block's root mean square, a step, halfway
+    // between the levels at 0.5 and 1.5 of it.
+    std::vector<float> x(n, 2.3f);
+    float step = 1;
+    if (d == WireDtype::kInt2) {
+      x.assign(n, 0.2f);
+      step = 0.2f;
+    } else {
+      const float q = d == WireDtype::kInt8 ? 127.0f : 7.0f;
+      for (size_t b = 0; b < n; b += kScaleBlock) x[b] = q;
+    }
+    std::vector<uint8_t> whole(WireBytes(n, d)), parts(WireBytes(n, d)), other(WireBytes(n, d));
+    const StochasticRounding sr{42, 0};
+    EncodeWire(x.data(), n, d, whole.data(), &sr);
+    const size_t cut = 2 * kInt2Block;  // a multiple of every block, as the transport cuts parts
+    const StochasticRounding first{42, 0}, second{42, cut};
+    EncodeWire(x.data(), cut, d, parts.data(), &first);
+    EncodeWire(x.data() + cut, n - cut, d, parts.data() + WireBytes(cut, d), &second);
+    const StochasticRounding reseeded{43, 0};
+    EncodeWire(x.data(), n, d, other.data(), &reseeded);
+    EXPECT_NE(other, whole);
+
+    std::vector<float> y(n), from_parts(n);
+    DecodeWire(whole.data(), n, d, y.data());
+    DecodeWire(parts.data(), cut, d, from_parts.data());
+    DecodeWire(parts.data() + WireBytes(cut, d), n - cut, d, from_parts.data() + cut);
+    EXPECT_EQ(from_parts, y);
+    const std::vector<float> nearest = Through(x, d);
+    double sum = 0, nearest_sum = 0, count = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (x[i] != x[1]) continue;  // the values, not the ones that set a block's scale
+      sum += y[i], nearest_sum += nearest[i], ++count;
+    }
+    EXPECT_NEAR(sum / count, x[1], 0.03 * step);
+    EXPECT_GT(std::abs(nearest_sum / count - x[1]), 0.25 * step);
+  }
+}
+
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
   for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2}) {
     const size_t block = d == WireDtype::kInt2 ? kInt2Block : kScaleBlock;
