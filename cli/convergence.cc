@@ -59,6 +59,8 @@ const std::vector<BenchSetting>& Settings() {
       {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
       {"local_steps 16 topk", {"train.local_steps=16", "transport.exchange_dtype=\"topk\""}, 1, false},
       {"local_steps 16 int2 exchange", {"train.local_steps=16", "transport.exchange_dtype=\"int2\""}, 1, false},
+      {"local_steps 16 int2 exchange overlapped",
+       {"train.local_steps=16", "transport.exchange_dtype=\"int2\"", "train.overlap_outer=true"}, 1, false},
       // A pipeline boundary (2 stages x the exact path's replicas) whose activations and their
       // gradients travel quantized, as do the pushes. int8 and int2 there are measured with --try
       // (the shipped penalties say how): int8 costs what it costs on the pushes alone, int2 ruins

@@ -85,7 +85,7 @@ void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
   r.global_batch = global_batch;
   r.precision = cfg.train.precision;
   r.wire = cfg.transport.wire_dtype, r.fast_wire = cfg.FastWire(), r.exchange = cfg.transport.exchange_dtype;
-  r.local_steps = cfg.train.local_steps;
+  r.local_steps = cfg.train.local_steps, r.overlap_outer = cfg.train.overlap_outer;
   r.overlap = cfg.cluster.overlap_exchange;
   r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
 }

@@ -13,10 +13,10 @@
 namespace longhaul {
 namespace {
 
-// A report's parameter CRCs name this iteration or the one before, each at most once: a duplicate
-// counted as another worker's would mark a step checked before every replica's parameters were
-// compared.
-absl::Status CheckParamsIterations(const proto::IterationReport& r) {
+// A report's parameter CRCs name this iteration or the one before (or, train.overlap_outer, the one
+// whose exchange lands in it), each at most once: a duplicate counted as another worker's would
+// mark a step checked before every replica's parameters were compared.
+absl::Status CheckParamsIterations(const proto::IterationReport& r, const RunView& run) {
   if (r.params_size() > 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "worker %d's report of iteration %d carries %d parameter checksums; at most this iteration's and the one "
@@ -25,11 +25,13 @@ absl::Status CheckParamsIterations(const proto::IterationReport& r) {
   }
   for (int i = 0; i < r.params_size(); ++i) {
     const proto::ParamsCrc& p = r.params(i);
-    if (p.iteration() > r.iteration() || p.iteration() < r.iteration() - 1 ||
+    const bool landed =
+        p.iteration() == r.iteration() - 2 && run.cfg.train.OverlapsAfter(p.iteration(), RunEnd(run.plan, run.cfg));
+    if (p.iteration() > r.iteration() || (p.iteration() < r.iteration() - 1 && !landed) ||
         (i > 0 && p.iteration() == r.params(0).iteration())) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker %d's report of iteration %d carries the parameters of iteration %d; only this iteration's or the "
-          "one before may come",
+          "one before may come (or the one whose overlapped exchange lands in it)",
           r.worker_id(), r.iteration() + 1, p.iteration() + 1));
     }
   }
@@ -76,7 +78,7 @@ absl::Status CheckMicroBatches(const proto::IterationReport& r, const RunView& r
 // Only the last stage reports validation losses, for the steps train.eval_every names, each replica
 // its whole share of train.eval_batches.
 absl::Status CheckValidation(const proto::IterationReport& r, const RunView& run) {
-  const int owed = r.stage() == run.plan.stages() - 1 && run.cfg.train.EvaluatesAfter(r.iteration(), RunEnd(run.plan, run.cfg))
+  const int owed = r.stage() == run.plan.stages() - 1 && run.cfg.train.EvaluatesIn(r.iteration(), RunEnd(run.plan, run.cfg))
                        ? run.cfg.train.EvalShare(run.plan.replicas(), r.replica())
                        : 0;
   if (r.val_batches() == owed && (owed > 0 || r.val_loss_sum() == 0)) return absl::OkStatus();
@@ -122,7 +124,7 @@ absl::Status CheckIterationReport(const proto::IterationReport& r, std::optional
         absl::StrFormat("worker %d reports as stage %d replica %d; the plan has it at stage %d replica %d",
                         r.worker_id(), r.stage(), r.replica(), a.stage(), a.replica()));
   }
-  if (absl::Status st = CheckParamsIterations(r); !st.ok()) return st;
+  if (absl::Status st = CheckParamsIterations(r, run); !st.ok()) return st;
   if (absl::Status st = CheckParamsOnce(r, last_params); !st.ok()) return st;
   if (absl::Status st = CheckTimes(r); !st.ok()) return st;
   if (absl::Status st = CheckMicroBatches(r, run); !st.ok()) return st;

@@ -37,7 +37,7 @@ Executor::~Executor() {
   if (hooked_) stage_.SetExchangeHooks(nullptr);
 }
 
-absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange,
+absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<MicroBatch>& mbs, IterationEnd end,
                                               bool defer_pull) {
   if (static_cast<int>(mbs.size()) != micro_batches_ || group_ < 1 || micro_batches_ % group_ != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("%d micro-batches for a schedule of %d in groups of %d",
@@ -46,18 +46,24 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   Pass pass(it, mbs, defer_pull);
   hook_status_ = absl::OkStatus();
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
-  const std::vector<Instr>& program = exchange ? schedule_ : local_schedule_;
+  const bool exchanges = end == IterationEnd::kExchange || end == IterationEnd::kLocalStepThenExchange;
+  const auto listed = programs_.find(end);
+  if (!exchanges && listed == programs_.end()) {
+    return absl::InternalError(absl::StrFormat("iteration %d ends in a way this executor has no schedule for", it + 1));
+  }
+  const std::vector<Instr>& program = exchanges ? schedule_ : listed->second;
   // A group's gradients are complete in its last backward (schedules run them in ascending
   // micro-batch order); with local updates what is pushed is the change after the local step
   // instead. Only the first stage pushes the last group during that backward: a later one would
   // encode its pushes on the critical path of the previous stage, which waits for its input
   // gradient. An earlier group is pushed after its last backward, and the next starts from zero.
   pass.pushes = std::find(program.begin(), program.end(), Instr{Op::kPushGrads}) != program.end();
-  pass.push_early = hooked_ && first_ && local_schedule_.empty() && pass.pushes;
+  pass.push_early = hooked_ && first_ && programs_.empty() && pass.pushes;
   pass.last_group = micro_batches_ / group_ - 1;
   for (const Instr& in : program) LH_RETURN_IF_ERROR(Execute(pass, in));
   LH_RETURN_IF_ERROR(FlushSends(pass));
-  LH_RETURN_IF_ERROR(channel_.Flush(it));
+  const bool in_flight = end == IterationEnd::kLocalStepThenPush || end == IterationEnd::kLocalStepThenOuterStep;
+  LH_RETURN_IF_ERROR(in_flight ? channel_.FlushOverlapped(it) : channel_.Flush(it));
   return pass.result;
 }
 
@@ -86,9 +92,9 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
       return channel_.PushGradients(pass.it, stage_, 0, pass.last_group);
     case Op::kReduceNorm:
       LH_RETURN_IF_ERROR(FlushSends(pass));
-      return channel_.ReduceNorm(pass.it, &pass.result.wait_seconds);
+      return channel_.ReduceNorm(pass.it - in.back, &pass.result.wait_seconds);
     case Op::kStep: {
-      LH_ASSIGN_OR_RETURN(const OptimizerStepResult step, channel_.Step(pass.it));
+      LH_ASSIGN_OR_RETURN(const OptimizerStepResult step, channel_.Step(pass.it - in.back));
       if (!pass.stepped_locally) pass.result.step = step;
       return absl::OkStatus();
     }
@@ -101,6 +107,7 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
     }
     case Op::kPullParams:
       LH_RETURN_IF_ERROR(FlushSends(pass));
+      if (in.back > 0) return channel_.LandParameters(pass.it - in.back, stage_, &pass.result.wait_seconds);
       if (hooked_ && pass.defer_pull) {
         pull_pending_ = pass.it;
         return absl::OkStatus();

@@ -6,11 +6,13 @@
 // and puts both in the timeline.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
 #include "model/micro_batch.h"
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
@@ -52,9 +54,18 @@ class Channel {
   // shard that begins before float `upto` of the stage and is not in yet (SIZE_MAX: all). The
   // seconds waited go into `*waited`.
   virtual absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) = 0;
+  // An overlapped exchange's landing (schedule.h): PullParameters of iteration `it` (two before
+  // the current), each shard set to its new parameters plus what the stage stepped since its push.
+  virtual absl::Status LandParameters(int64_t it, Stage&, double*) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("iteration %d's exchange is overlapped; this channel carries no local updates", it + 1));
+  }
   // Waits until the data of every send of iteration `it` may change (the bytes left this process);
   // reports a failed send of this or an earlier iteration.
   virtual absl::Status Flush(int64_t it) = 0;
+  // Flush, except that an overlapped exchange's sends (pushes, parameters) may stay in flight: what
+  // they read stays unchanged until the round's next push, several Flushes later.
+  virtual absl::Status FlushOverlapped(int64_t it) { return Flush(it); }
   // The error of a plan version that was stopped (a newer one, a lost peer), else OK: asked before
   // each forward and backward, so a stopped version computes nothing more.
   virtual absl::Status Stopped() { return absl::OkStatus(); }
@@ -79,18 +90,18 @@ class Executor {
   Executor(const Executor&) = delete;  // the stage's hooks call back into this object
   Executor& operator=(const Executor&) = delete;
 
-  // Local updates (train.local_steps > 1): the list of an iteration that does not exchange, the
-  // constructor's being one that does.
-  void SetLocalSchedule(std::vector<Instr> schedule) { local_schedule_ = std::move(schedule); }
+  // Local updates (train.local_steps > 1): the list of an iteration that ends as `end` says, the
+  // constructor's being the one that exchanges (kExchange or kLocalStepThenExchange).
+  void SetSchedule(IterationEnd end, std::vector<Instr> schedule) { programs_[end] = std::move(schedule); }
 
-  // One iteration over `mbs`, which holds the stage's micro-batches in order; `exchange` false
-  // runs the local schedule. Where the stage takes exchange hooks (model/exchange_hooks.h), the
+  // One iteration over `mbs`, which holds the stage's micro-batches in order, ending as `end` says
+  // (SetSchedule). Where the stage takes exchange hooks (model/exchange_hooks.h), the
   // first stage's last backward pushes each shard's gradients as soon as they are complete, and
   // with `defer_pull` the iteration's new parameters are pulled during the next Run's first
   // forward, each shard just before a block reads it (until then the stage holds the previous
   // iteration's parameters, and pull_pending() names the iteration).
-  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs, bool exchange = true,
-                                      bool defer_pull = false);
+  absl::StatusOr<IterationResult> Run(int64_t it, const std::vector<MicroBatch>& mbs,
+                                      IterationEnd end = IterationEnd::kExchange, bool defer_pull = false);
   int64_t pull_pending() const { return pull_pending_; }
   // Forward only over validation micro-batches `mbs` with the parameters of iteration `it`'s step
   // (a deferred pull completes first): receive, forward, send, as EVAL_ACTIVATION. Returns the
@@ -141,7 +152,7 @@ class Executor {
   Channel& channel_;
   Timeline& timeline_;
   const std::vector<Instr> schedule_;
-  std::vector<Instr> local_schedule_;
+  std::map<IterationEnd, std::vector<Instr>> programs_;
   const bool first_, last_;
   const int micro_batches_, group_;
   const size_t boundary_;

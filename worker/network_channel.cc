@@ -173,6 +173,18 @@ absl::StatusOr<OptimizerStepResult> NetworkChannel::Step(int64_t it) {
 }
 
 absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) {
+  return Pull(it, stage, waited, upto, false);
+}
+
+absl::Status NetworkChannel::LandParameters(int64_t it, Stage& stage, double* waited) {
+  if (pulled_.empty() || change_.size() != pulled_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("iteration %d's parameters land with no change of this stage pushed before them", it + 1));
+  }
+  return Pull(it, stage, waited, SIZE_MAX, true);
+}
+
+absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited, size_t upto, bool land) {
   if (it != pull_it_) {
     pull_it_ = it;
     shards_pulled_ = 0;
@@ -187,19 +199,33 @@ absl::Status NetworkChannel::PullParameters(int64_t it, Stage& stage, double* wa
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
     held_ = -1;
+    if (land) {
+      // What the stage stepped since its push: where it is, less where it was then (the parameters
+      // as pulled before, less the change it pushed).
+      if (pulled_.size() < begin + p.size()) return absl::InternalError("a landing past the stage's parameters");
+      LH_ASSIGN_OR_RETURN(const float* now, stage.Params());
+      stepped_since_.resize(p.size());
+      for (size_t i = 0; i < p.size(); ++i) {
+        stepped_since_[i] = now[begin + i] - (pulled_[begin + i] - change_[begin + i]);
+      }
+    }
     if (whole_ && !whole_(it)) {
       // Their change since the last exchange: added to the parameters as last pulled, as the
       // shard's host added it.
       if (pulled_.size() < begin + p.size()) return absl::InternalError("a change of parameters never pulled whole");
       for (size_t i = 0; i < p.size(); ++i) pulled_[begin + i] += p[i];
-      LH_RETURN_IF_ERROR(stage.SetParams(begin, pulled_.data() + begin, p.size()));
-    } else {
-      LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
-      if (!pulled_.empty()) std::copy(p.begin(), p.end(), pulled_.begin() + begin);
+      std::copy(pulled_.begin() + begin, pulled_.begin() + begin + p.size(), p.begin());
+    } else if (!pulled_.empty()) {
+      std::copy(p.begin(), p.end(), pulled_.begin() + begin);
     }
+    if (land) {
+      for (size_t i = 0; i < p.size(); ++i) p[i] += stepped_since_[i];
+    }
+    LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
     mailbox_.Recycle(std::move(p));
   }
-  if (shards_pulled_ == stage_shards_.size()) held_ = it;
+  // A landing leaves the stage with what it stepped since: not the parameters of any iteration.
+  if (shards_pulled_ == stage_shards_.size() && !land) held_ = it;
   if (shards_pulled_ > before) timeline_.Add("pull params", Track::kParams, t0, Timeline::NowMicros(), it);
   return absl::OkStatus();
 }

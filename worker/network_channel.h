@@ -49,6 +49,9 @@ class NetworkChannel final : public Channel {
   absl::Status ReduceNorm(int64_t it, double* waited) override;
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;
   absl::Status PullParameters(int64_t it, Stage& stage, double* waited, size_t upto) override;
+  absl::Status LandParameters(int64_t it, Stage& stage, double* waited) override;
+  // With PushChanges: the parameters as the replicas last pulled them, which they share.
+  const std::vector<float>& pulled() const { return pulled_; }
   // The iteration whose parameters the stage holds, every shard of it pulled (or Held); -1 while a
   // pull is part way, or before any.
   int64_t held() const { return held_; }
@@ -60,6 +63,7 @@ class NetworkChannel final : public Channel {
   // the version before).
   void Held(int64_t it, const float* params);
   absl::Status Flush(int64_t) override { return peers_.Flush(timeline_); }
+  absl::Status FlushOverlapped(int64_t) override { return peers_.Flush(timeline_, false, /*exchange_in_flight=*/true); }
   // Flush, and until every send is acknowledged: before the worker's connections close.
   absl::Status Drain() { return peers_.Flush(timeline_, /*acknowledged=*/true); }
 
@@ -89,6 +93,8 @@ class NetworkChannel final : public Channel {
   // is not fp32.
   void SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data, size_t n,
                   WireDtype dtype = WireDtype::kAuto);
+  // PullParameters, or with `land` LandParameters.
+  absl::Status Pull(int64_t it, Stage& stage, double* waited, size_t upto, bool land);
 
   const int stage_, replica_, groups_;
   const std::vector<proto::ShardPlacement> stage_shards_;
@@ -103,8 +109,9 @@ class NetworkChannel final : public Channel {
   // [group][shard of stage_shards_]: lossy pushes carry error feedback, each group's its own as
   // each replica of the job has; checkpoints keep the residuals (Residuals).
   std::vector<std::vector<ErrorFeedback>> feedback_;
-  // With PushChanges: the parameters as last pulled, and their change since then.
-  std::vector<float> pulled_, change_;
+  // With PushChanges: the parameters as last pulled, and their change since then (until the next
+  // push, the change pushed); a landing's shard of what the stage stepped since that push.
+  std::vector<float> pulled_, change_, stepped_since_;
   std::function<bool(int64_t)> whole_;  // PullChanges'; empty: parameters always arrive whole
   // [group]: the gradients of a group before the last, pushed from here until Flush (the stage's
   // own start over for the next group).

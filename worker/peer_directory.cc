@@ -128,12 +128,13 @@ void PeerDirectory::Send(int stage, int replica, proto::TensorKind kind, int64_t
   std::function<void(const absl::Status&)> failed;
   if (on_failure_) failed = [f = on_failure_, stage, replica](const absl::Status& s) { f(stage, replica, s); };
   in_flight_.push_back({Client(*to).Send(h, data, n, std::move(failed)),
-                        names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0], it, micro});
+                        names[kind >= 0 && kind <= proto::EVAL_ACTIVATION ? kind : 0], it, micro, kind});
 }
 
-absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged) {
+absl::Status PeerDirectory::Flush(Timeline& timeline, bool acknowledged, bool exchange_in_flight) {
   absl::Status first = std::exchange(unaddressed_, absl::OkStatus());
   for (InFlight& f : in_flight_) {
+    if (exchange_in_flight && (f.kind == proto::GRAD_PUSH || f.kind == proto::PARAMS)) continue;
     f.op->WaitWritten();
     if (acknowledged) f.op->Wait().IgnoreError();  // reported below
   }

@@ -87,7 +87,9 @@ class PeerDirectory {
   // `timeline` under their iteration; the first error of those that finished is returned (a send
   // still unacknowledged reports its error at a later Flush). Not waiting for acknowledgements is
   // what lets the next iteration start a round trip earlier on a long link.
-  absl::Status Flush(Timeline& timeline, bool acknowledged = false);
+  // With `exchange_in_flight` the exchange's sends (pushes, parameters) are not waited for: an
+  // overlapped exchange's (NetworkChannel::FlushOverlapped).
+  absl::Status Flush(Timeline& timeline, bool acknowledged = false, bool exchange_in_flight = false);
   // Bytes handed to each peer, by its (stage, replica), since the last call: what the metrics
   // report per link.
   std::map<std::pair<int, int>, uint64_t> TakeSentBytes() { return std::exchange(sent_bytes_, {}); }
@@ -98,6 +100,7 @@ class PeerDirectory {
     const char* what;
     int64_t iteration;
     int micro;
+    proto::TensorKind kind;
   };
   // The client of the worker the plan assigns `to`, over as many connections as the plan gives
   // the link.

@@ -184,6 +184,9 @@ class Worker {
   std::string CheckpointsDir() const { return (fs::path(cfg_.train.out_dir) / "checkpoints").string(); }
   bool Resumed() const { return !plan_.resume_checkpoint().empty(); }
   bool LocalUpdates() const { return cfg_.train.local_steps > 1; }
+  // How iteration `it` ends: its exchange, its local step, or with it a part of an overlapped
+  // exchange (schedule.h).
+  IterationEnd EndOf(int64_t it) const;
   LrSchedule LearningRates() const {
     const TrainConfig& tc = cfg_.train;
     return LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps};
@@ -819,9 +822,20 @@ void Worker::BuildExecutor() {
       s_, P, M_, cfg_.train.micro_batches, cfg_.boundary_floats());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
-  if (LocalUpdates()) {
-    executor_->SetLocalSchedule(MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, IterationEnd::kLocalStep));
+  if (!LocalUpdates()) return;
+  for (const IterationEnd end : {IterationEnd::kLocalStep, IterationEnd::kLocalStepThenPush,
+                                 IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepThenLand}) {
+    executor_->SetSchedule(end, MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, end));
   }
+}
+
+IterationEnd Worker::EndOf(int64_t it) const {
+  const TrainConfig& t = cfg_.train;
+  if (!LocalUpdates()) return IterationEnd::kExchange;
+  if (t.OverlapsAfter(it, end_)) return IterationEnd::kLocalStepThenPush;
+  if (it >= 1 && t.OverlapsAfter(it - 1, end_)) return IterationEnd::kLocalStepThenOuterStep;
+  if (it >= 2 && t.OverlapsAfter(it - 2, end_)) return IterationEnd::kLocalStepThenLand;
+  return t.ExchangesAfter(it, end_) ? IterationEnd::kLocalStepThenExchange : IterationEnd::kLocalStep;
 }
 
 void Worker::PulledDeferred(int64_t it) {
@@ -853,11 +867,22 @@ absl::Status Worker::RunIteration(int64_t it) {
   // unless nothing follows. A checkpoint does not wait for them: it writes the shards' own state,
   // stepped already (the stage's parameters are read only with local updates, which never defer).
   const bool defer_pull = !LocalUpdates() && it + 1 < end_;
-  LH_ASSIGN_OR_RETURN(const IterationResult result,
-                      executor_->Run(it, mbs, cfg_.train.ExchangesAfter(it, end_), defer_pull));
+  const IterationEnd ends = EndOf(it);
+  const bool landed = ends == IterationEnd::kLocalStepThenLand;
+  LH_ASSIGN_OR_RETURN(const IterationResult result, executor_->Run(it, mbs, ends, defer_pull));
   double val_loss_sum = 0;
-  const bool evaluate = cfg_.train.EvaluatesAfter(it, end_) && !val_mbs_.empty();
-  if (evaluate) {
+  const bool evaluate = cfg_.train.EvaluatesIn(it, end_) && !val_mbs_.empty();
+  if (evaluate && landed) {
+    // On the parameters the exchange brought, as the replicas share them, not on what this one
+    // stepped since.
+    LH_ASSIGN_OR_RETURN(const float* own, stage().Params());
+    const std::vector<float> stepped(own, own + stage().num_params());
+    LH_RETURN_IF_ERROR(stage().SetParams(0, channel_->pulled().data(), stepped.size()));
+    absl::StatusOr<double> sum = executor_->Evaluate(it, val_mbs_);
+    LH_RETURN_IF_ERROR(stage().SetParams(0, stepped.data(), stepped.size()));
+    if (!sum.ok()) return sum.status();
+    val_loss_sum = *sum;
+  } else if (evaluate) {
     LH_ASSIGN_OR_RETURN(val_loss_sum, executor_->Evaluate(it, val_mbs_));
   }
   double floor = -1;
@@ -869,8 +894,14 @@ absl::Status Worker::RunIteration(int64_t it) {
   proto::IterationReport rep;
   if (pulled_crc_) *rep.add_params() = *pulled_crc_;
   pulled_crc_.reset();
-  // Replicas between the exchanges of local updates hold their own parameters.
-  if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_)) {
+  // Replicas between the exchanges of local updates hold their own parameters; where an overlapped
+  // exchange lands, they share the parameters it brought.
+  if (landed) {
+    proto::ParamsCrc* brought = rep.add_params();
+    brought->set_iteration(it - 2);
+    brought->set_crc32c(Crc32c(0, channel_->pulled().data(), channel_->pulled().size() * sizeof(float)));
+  } else if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_) &&
+             ends != IterationEnd::kLocalStepThenPush) {
     proto::ParamsCrc* now = rep.add_params();
     now->set_iteration(it);
     now->set_crc32c(Crc32c(0, params, stage().num_params() * sizeof(float)));
@@ -1065,8 +1096,13 @@ absl::Status Worker::RunPlan() {
   for (; status.ok() && it < end_; ++it) {
     client_.SetIteration(it);
     WarmClients(cfg_);
-    // The previous iteration's parameters too, while they are still to be pulled.
-    const int64_t behind = executor_->pull_pending() >= 0 ? 1 : 0;
+    // The previous iteration's parameters too, while they are still to be pulled; an overlapped
+    // exchange's pushes of the iteration before, and its parameters of the one before that.
+    const IterationEnd ends = EndOf(it);
+    const int64_t behind = ends == IterationEnd::kLocalStepThenLand        ? 2
+                           : ends == IterationEnd::kLocalStepThenOuterStep ? 1
+                           : executor_->pull_pending() >= 0                ? 1
+                                                                           : 0;
     mailbox_.SetWindow(it - behind, WindowIterations() + behind);
     status = RunIteration(it);
     if (status.ok() && cfg_.train.CheckpointsAfter(it, end_)) status = Checkpoint(it + 1);

@@ -273,6 +273,7 @@ const std::vector<KeyDef>& Table() {
             AtLeast(1, "1 exchanges every iteration")),
       Value("train", "outer_lr", R::kMustMatch, LH_FIELD(train.outer_lr), AboveUpTo(0, 10)),
       Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
+      Value("train", "overlap_outer", R::kMustMatch, LH_FIELD(train.overlap_outer)),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
       // A stage reads its tensors from a checkpoint by name (CheckpointPieces): the cut may change.
@@ -417,6 +418,11 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.checkpoint_every, t.local_steps,
                                (t.checkpoint_every / t.local_steps + 1) * t.local_steps));
   }
+  if (t.overlap_outer && t.local_steps < 3) {
+    return bad(absl::StrFormat("train.overlap_outer = true with train.local_steps = %d: an overlapped exchange lands "
+                               "two iterations into the next round, which needs train.local_steps >= 3",
+                               t.local_steps));
+  }
   // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
   if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
     return bad(absl::StrFormat("cluster.job_id is %d bytes; give it 1 to %d", c.cluster.job_id.size(), kMaxJobIdBytes));
@@ -520,7 +526,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
     const std::set<std::string> names = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
-                                         "transport.wire_dtype", "transport.exchange_dtype"};
+                                         "train.overlap_outer", "transport.wire_dtype", "transport.exchange_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);

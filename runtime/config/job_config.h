@@ -62,6 +62,11 @@ struct TrainConfig {
   // outer Nesterov step with it. 1: synchronous data parallelism (every iteration exchanges).
   int local_steps = 1;
   float outer_lr = 0.7f, outer_momentum = 0.5f;
+  // Overlapped outer steps (Streaming DiLoCo's overlap): a round's exchange travels while the
+  // workers go on stepping: pushed after its last iteration, stepped by the hosts after the next
+  // and pulled after the one after that, when each worker takes the new parameters plus what it
+  // stepped in those two iterations. Needs local_steps >= 3 (OverlapsAfter says which rounds).
+  bool overlap_outer = false;
   // Whether iteration `it` of a run that ends before iteration `end` exchanges with the parameter
   // servers: every one when synchronous, else every local_steps-th and the run's last, so a run
   // never ends (or checkpoints) with the replicas apart.
@@ -80,6 +85,19 @@ struct TrainConfig {
   // and the replicas exchanged (with local updates each holds its own parameters in between).
   bool EvalDue(int64_t step, int64_t end) const { return eval_every > 0 && (step % eval_every == 0 || step == end); }
   bool EvaluatesAfter(int64_t it, int64_t end) const { return EvalDue(it + 1, end) && ExchangesAfter(it, end); }
+  // Whether the exchange after iteration `it` is overlapped (overlap_outer): every round's except
+  // those a checkpoint follows and those too near the run's end to land before its last exchange,
+  // so a checkpoint and the run's end still find the replicas together.
+  bool OverlapsAfter(int64_t it, int64_t end) const {
+    return overlap_outer && local_steps >= 3 && ExchangesAfter(it, end) && it + 3 < end && !CheckpointsAfter(it, end);
+  }
+  // Whether iteration `it` reports a validation loss: after an exchange EvaluatesAfter names, once
+  // the replicas hold its parameters: at once, or where an overlapped exchange lands (evaluated
+  // on the parameters it brought, before what the worker stepped since).
+  bool EvaluatesIn(int64_t it, int64_t end) const {
+    if (it >= 2 && OverlapsAfter(it - 2, end)) return EvaluatesAfter(it - 2, end);
+    return EvaluatesAfter(it, end) && !OverlapsAfter(it, end);
+  }
   // The validation micro-batches i < eval_batches with i % replicas == replica are replica
   // `replica`'s to run: the micro-batches `longhaul train` evaluates, shared out, so that every
   // layout reports the same validation loss for the same parameters.

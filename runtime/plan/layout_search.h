@@ -34,6 +34,7 @@ struct LayoutSearchRequest {
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32, exchange = WireDtype::kAuto;  // Layout's
   bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
   int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
+  bool overlap_outer = false;  // train.overlap_outer
   bool overlap = true;    // cluster.overlap_exchange
   int workers = 1;        // devices available; a layout may use fewer
   DeviceCost device;      // every worker's

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <queue>
 
 #include "absl/status/status.h"
@@ -72,8 +73,8 @@ struct Later {
 
 struct WorkerState {
   int stage = -1, replica = -1, host = 0, device = 0;
-  std::vector<Instr> program;        // one iteration; with local updates, one that exchanges
-  std::vector<Instr> local_program;  // with local updates, one between exchanges
+  std::vector<Instr> program;  // one iteration; with local updates, one that exchanges
+  std::map<IterationEnd, std::vector<Instr>> local_programs;  // with local updates, the others
   ComputeTimes cost;
   int iter = 0;
   size_t pc = 0;
@@ -84,6 +85,7 @@ struct WorkerState {
   // running.
   static constexpr int kNone = -1, kPull = -2, kPushes = -3, kNorm = -4;
   int waiting_for = kNone;
+  int waiting_on = 0;  // kPull, kPushes: the iteration whose parameters or pushes
   double blocked_since = 0;
   std::vector<double> arrival;  // [iter][activation, gradient][micro]: when it arrives, -1 unknown
   // The exchange overlaps its compute (a CPU backend's block hooks, in step): the last backward
@@ -111,7 +113,7 @@ struct ShardState {
 class Engine {
  public:
   explicit Engine(const Simulation& sim)
-      : sim_(sim), L_(sim.layout), P_(sim.placement), round_(std::min(std::max(L_.local_steps, 1), 4)),
+      : sim_(sim), L_(sim.layout), P_(sim.placement), round_(Overlapped() ? 4 : std::min(std::max(L_.local_steps, 1), 4)),
         iterations_(round_ > 1 ? 2 * round_ : sim.iterations) {}
 
   absl::StatusOr<SimulationReport> Run() {
@@ -224,7 +226,10 @@ class Engine {
         continue;
       }
       k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStepThenExchange);
-      k.local_program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStep);
+      for (const IterationEnd end : {IterationEnd::kLocalStep, IterationEnd::kLocalStepThenPush,
+                                     IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepThenLand}) {
+        k.local_programs[end] = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), end);
+      }
     }
     stage_params_.assign(S, 0);
     for (const ShardPlacement& sh : P_.shards) stage_params_[sh.stage] += sh.params;
@@ -255,10 +260,21 @@ class Engine {
   void Push(double t, EventKind kind, int who, int iter, int aux = -1) { queue_.push({t, seq_++, kind, who, iter, aux}); }
 
   bool Last(int iter) const { return iter == iterations_ - 1; }
+  bool Overlapped() const { return L_.overlap_outer && L_.local_steps >= 3; }
 
-  // The list worker k runs in its current iteration: with local updates, every round_-th exchanges.
+  // The list worker k runs in its current iteration: with local updates, every round_-th exchanges;
+  // overlapped, it pushes, and the two after it step the shards and land.
   const std::vector<Instr>& Program(const WorkerState& k) const {
-    return round_ == 1 || (k.iter + 1) % round_ == 0 ? k.program : k.local_program;
+    if (round_ == 1) return k.program;
+    const int i = k.iter % round_;
+    if (!Overlapped()) {
+      return i == round_ - 1 ? k.program : k.local_programs.at(IterationEnd::kLocalStep);
+    }
+    IterationEnd end = IterationEnd::kLocalStep;
+    if (i == round_ - 1) end = IterationEnd::kLocalStepThenPush;
+    if (k.iter >= round_ && i == 0) end = IterationEnd::kLocalStepThenOuterStep;
+    if (k.iter >= round_ && i == 1) end = IterationEnd::kLocalStepThenLand;
+    return k.local_programs.at(end);
   }
 
   // Puts a message of `elements` values of `kind` on the link at time t (the current time: events
@@ -509,7 +525,8 @@ class Engine {
           ++k.pc;
           break;
         case Op::kReduceNorm:
-          if (!PushesIn(k)) {  // GradIn wakes it
+          if (!PushesIn(k, k.iter - in.back)) {  // GradIn wakes it
+            k.waiting_on = k.iter - in.back;
             Block(k, WorkerState::kPushes);
             return;
           }
@@ -532,7 +549,7 @@ class Engine {
           double d = 0;
           for (int i : k.hosted) {
             d += sim_.devices[k.device].StepSeconds(P_.shards[i].params, L_.replicas);
-            Push(k.t + d, EventKind::kParamsOut, i, k.iter);
+            Push(k.t + d, EventKind::kParamsOut, i, k.iter - in.back);
           }
           if (Last(k.iter)) k.ps_busy += d;
           k.t += d;
@@ -555,7 +572,8 @@ class Engine {
             ++k.pc;
             break;
           }
-          if (k.params_in[k.iter] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamIn wakes it
+          if (k.params_in[k.iter - in.back] < static_cast<int>(stage_shards_[k.stage].size())) {  // ParamIn wakes it
+            k.waiting_on = k.iter - in.back;
             Block(k, WorkerState::kPull);
             return;
           }
@@ -567,10 +585,10 @@ class Engine {
   }
 
 
-  // Every replica's push of every shard `k` hosts is in for its current iteration.
-  bool PushesIn(const WorkerState& k) const {
+  // Every replica's push of iteration `iter` of every shard `k` hosts is in.
+  bool PushesIn(const WorkerState& k, int iter) const {
     for (int i : k.hosted)
-      if (shards_[i].grads_in[k.iter] < L_.replicas) return false;
+      if (shards_[i].grads_in[iter] < L_.replicas) return false;
     return true;
   }
 
@@ -578,7 +596,7 @@ class Engine {
     ++shards_[shard].grads_in[iter];
     const int w = P_.shards[shard].worker;
     WorkerState& k = workers_[w];
-    if (k.waiting_for == WorkerState::kPushes && k.iter == iter && PushesIn(k)) Resume(w, t, false);
+    if (k.waiting_for == WorkerState::kPushes && k.waiting_on == iter && PushesIn(k, iter)) Resume(w, t, false);
   }
 
   // Host w sent its partial norm to every other host at its current time. Once the last host's
@@ -658,7 +676,7 @@ class Engine {
     }
     if (k.deferred_pull == iter) {
       Resume(w, t, false);
-    } else if (k.iter == iter) {
+    } else if (k.waiting_on == iter) {
       Resume(w, t, true);
     }
   }

@@ -40,7 +40,9 @@
 // stage, and only every H-th iteration exchanges, without the norm's all-reduce (the outer step
 // does not clip). Two rounds of min(H, 4) iterations run; the iteration time is the mean over a
 // round of H, from the second round's local iterations and its exchange, and the per-worker and
-// per-link figures are the exchanging iteration's.
+// per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), rounds of 4
+// run whatever H: the second round's first two iterations carry the first round's outer step and
+// landing, its last pushes, and what the round takes beyond 4 local iterations is its exchange's.
 #include <cstdint>
 #include <vector>
 
@@ -67,6 +69,9 @@ struct Layout {
   WireDtype exchange = WireDtype::kAuto;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
+  // train.overlap_outer (with local_steps >= 3): each exchange spreads over the round's last
+  // iteration and the next two (schedule.h).
+  bool overlap_outer = false;
   // cluster.overlap_exchange: CPU workers overlap the exchange with compute (see above).
   bool overlap = true;
 

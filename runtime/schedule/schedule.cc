@@ -44,7 +44,25 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
     while (b < micro) backward(b++);
   }
   if (end != IterationEnd::kExchange) s.push_back({Op::kLocalStep});
-  if (end == IterationEnd::kLocalStep) return s;
+  switch (end) {
+    case IterationEnd::kLocalStep:
+      return s;
+    case IterationEnd::kLocalStepThenPush:
+      s.push_back({Op::kPushGrads});
+      return s;
+    case IterationEnd::kLocalStepThenOuterStep:
+      if (hosts_shards) {
+        s.push_back({Op::kReduceNorm, -1, 1});
+        s.push_back({Op::kStep, -1, 1});
+      }
+      return s;
+    case IterationEnd::kLocalStepThenLand:
+      s.push_back({Op::kPullParams, -1, 2});
+      return s;
+    case IterationEnd::kExchange:
+    case IterationEnd::kLocalStepThenExchange:
+      break;
+  }
   s.push_back({Op::kPushGrads});
   if (hosts_shards) {
     s.push_back({Op::kReduceNorm});
@@ -66,6 +84,7 @@ std::string ToString(const std::vector<Instr>& s) {
     if (!out.empty()) out += " ";
     absl::StrAppend(&out, names[static_cast<int>(i.op)]);
     if (i.micro >= 0) absl::StrAppend(&out, "(", i.micro, ")");
+    if (i.back > 0) absl::StrAppend(&out, "(it-", i.back, ")");
   }
   return out;
 }

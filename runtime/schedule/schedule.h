@@ -19,7 +19,10 @@ namespace longhaul {
 // complete, and PullParams may leave the parameters to the next iteration's first Forward.
 // With local updates (train.local_steps) a worker steps its own stage instead (LocalStep), and on
 // the iterations that exchange it pushes the change since the last exchange, which the hosts
-// average and step with the outer optimizer.
+// average and step with the outer optimizer. Overlapped (train.overlap_outer), that exchange
+// spreads over three iterations, each running its own compute as well: the round's last pushes,
+// the next one's hosts step the shards with those pushes, and the one after pulls the new
+// parameters (their ops serve the iteration `back` before their own).
 enum class Op {
   kRecvAct,
   kForward,
@@ -37,15 +40,21 @@ enum class Op {
 struct Instr {
   Op op;
   int micro = -1;  // micro-batch, for the per-micro-batch ops
-  bool operator==(const Instr& o) const { return op == o.op && micro == o.micro; }
+  int back = 0;    // an overlapped exchange's ReduceNorm, Step and PullParams: of iteration it - back
+  bool operator==(const Instr& o) const { return op == o.op && micro == o.micro && back == o.back; }
 };
 
 enum class ScheduleKind { kGpipe, k1F1B };
 
 // What follows an iteration's backwards: the exchange with the parameter servers (synchronous),
 // the worker's own step alone (an iteration between exchanges of local updates), or its own step
-// and then the exchange (the iteration that ends each round of local updates).
-enum class IterationEnd { kExchange, kLocalStep, kLocalStepThenExchange };
+// and then the exchange (the iteration that ends each round of local updates). Overlapped, its own
+// step and then a third of the exchange: the push (the round's last iteration), the hosts' outer
+// step of the pushes of the iteration before (back 1), the pull of the parameters stepped two
+// iterations before (back 2), which the worker merges with what it stepped since.
+enum class IterationEnd {
+  kExchange, kLocalStep, kLocalStepThenExchange, kLocalStepThenPush, kLocalStepThenOuterStep, kLocalStepThenLand
+};
 
 absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name);
 const char* ScheduleName(ScheduleKind k);

@@ -448,15 +448,16 @@ TEST(Chaos, AnInt8RunGoesBackToTheCheckpointsErrorFeedbackAndEndsBitwise) {
   ExpectTheSameRun(run.calm, run.out, 150);
 }
 
-// Local updates with a topk exchange (int4 at the boundaries): the shards send their parameters'
-// change with error feedback, whose residual each checkpoint keeps with the shard, beside the
-// pushes' residuals. A worker killed mid-run sends every worker back to the last checkpoint's, so
-// the run ends bitwise as the uninterrupted one.
-TEST(Chaos, ALocalUpdatesRunWithATopKExchangeGoesBackToTheCheckpointsResidualsAndEndsBitwise) {
+// Overlapped local updates with a topk exchange (int4 at the boundaries): the shards send their
+// parameters' change with error feedback, whose residual each checkpoint keeps with the shard,
+// beside the pushes' residuals; the rounds between checkpoints land two iterations late. A worker
+// killed mid-run, its round's exchange in flight, sends every worker back to the last checkpoint's
+// (a synchronous round), so the run ends bitwise as the uninterrupted one.
+TEST(Chaos, AnOverlappedLocalUpdatesRunWithATopKExchangeGoesBackToTheCheckpointAndEndsBitwise) {
   UseNewSecret();
   const OneFailure run = RunWithOneFailure(
       "local_topk", {"transport.wire_dtype=int4", "transport.exchange_dtype=topk", "train.local_steps=5",
-                     "train.steps=150"}, 55);
+                     "train.overlap_outer=true", "train.steps=150"}, 55);
   EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
   ExpectTheSameRun(run.calm, run.out, 150);
 }

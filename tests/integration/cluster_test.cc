@@ -410,6 +410,56 @@ TEST(Cluster, LocalUpdatesExchangeEveryLocalStepsAndTheReplicasAgreeThere) {
   }
 }
 
+// Overlapped local updates (train.overlap_outer): a round's exchange lands two iterations into the
+// next round, so each worker's timeline has a round's outer step one local step after its push
+// and its pull one after that; the replicas agree where each exchange lands (and at the
+// checkpoint's and the last round, which stay synchronous), an overlapped round's validation loss
+// is reported where its exchange lands, and a run stopped at the checkpoint and resumed is the
+// uninterrupted run, bitwise.
+TEST(Cluster, OverlappedOuterStepsLandTwoIterationsLaterAndResumeBitwise) {
+  const std::vector<std::string> sets = {"cluster.stages=2",    "cluster.replicas=2",       "train.micro_batches=2",
+                                         "train.local_steps=3", "train.overlap_outer=true", "train.steps=12",
+                                         "train.checkpoint_every=6"};
+  const fs::path full = Dir("overlap_full"), split = Dir("overlap_split");
+  ASSERT_EQ(Longhaul("local", full, sets), 0) << Log(full);
+  std::ifstream f(full / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(full);
+  EXPECT_EQ(summary["replica_checks"], 4) << "exchanges after steps 3 (landing after 5), 6, 9 (after 11) and 12";
+  std::vector<int64_t> evaluated;
+  for (const MetricsRow& r : Metrics(full))
+    if (r.val_loss >= 0) evaluated.push_back(r.step);
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{5, 6, 11, 12}));
+
+  std::ifstream tf(full / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
+  ASSERT_FALSE(timeline.is_discarded());
+  // Worker 0 hosts a shard: its events in order, as "name iteration".
+  std::vector<std::string> order;
+  for (const nlohmann::json& e : timeline["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 0) continue;
+    const std::string name = e["name"];
+    if (name == "local step" || name == "ps step" || name == "pull params") {
+      order.push_back(name + " " + std::to_string(e["args"]["iteration"].get<int>()));
+    }
+  }
+  auto at = [&](const std::string& event) { return std::find(order.begin(), order.end(), event) - order.begin(); };
+  ASSERT_LT(at("pull params 2"), static_cast<long>(order.size())) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("ps step 2"), at("local step 3") + 1) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("pull params 2"), at("local step 4") + 1) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("pull params 5"), at("local step 5") + 2) << "synchronous at the checkpoint: "
+                                                         << ::testing::PrintToString(order);
+
+  ASSERT_EQ(Longhaul("local", split, sets, {"--stop-at", "6"}), 0) << Log(split);
+  std::vector<std::string> resume = sets;
+  resume.push_back("train.resume=true");
+  ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
+  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
+}
+
 // cluster.communication = "auto" over links of 10 ms (the scenario's, through the userspace
 // proxy): the coordinator prices each setting of a penalties file on the workers' measured compute
 // and those links and runs the one fastest to the same loss, here local steps (each exchange of

@@ -334,7 +334,7 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   ShardChannel channel((*stage)->layout(), next);
   Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 0);
   const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
-  auto first = ex.Run(0, batches(0), true, /*defer_pull=*/true);
+  auto first = ex.Run(0, batches(0), IterationEnd::kExchange, /*defer_pull=*/true);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(ex.pull_pending(), 0);
   EXPECT_TRUE(std::equal(init.begin(), init.end(), *(*stage)->Params())) << "nothing pulled yet";
@@ -347,7 +347,7 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   }
   EXPECT_GT(channel.pushes.at({0, 1}).first, 0u);
 
-  auto second = ex.Run(1, batches(1), true, /*defer_pull=*/false);
+  auto second = ex.Run(1, batches(1), IterationEnd::kExchange, /*defer_pull=*/false);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(ex.pull_pending(), -1);
   EXPECT_LT(channel.pulled.at({0, 0}), n) << "the first shard was pulled when the embedding asked for it";

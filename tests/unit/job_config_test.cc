@@ -117,6 +117,8 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"train.local_steps=0", "train.local_steps = 0: must be >= 1 (1 exchanges every iteration)"},
       {"train.outer_lr=0", "train.outer_lr = 0: must be in (0, 10]"},
       {"train.outer_momentum=1", "train.outer_momentum = 1: must be in [0, 1)"},
+      {"train.overlap_outer=true", "train.overlap_outer = true with train.local_steps = 1: an overlapped exchange "
+                                   "lands two iterations into the next round, which needs train.local_steps >= 3"},
   };
   // Checkpoints are where the replicas exchange.
   EXPECT_NE(Error("", {"train.local_steps=4", "train.checkpoint_every=10"})

@@ -29,6 +29,18 @@ TEST(Schedule, LocalUpdatesStepTheStageThenExchangeOnlyWhereTheyExchange) {
             "RecvAct(0) Forward(0) Backward(0) SendGrad(0) LocalStep PushGrads PullParams");
 }
 
+// An overlapped exchange (train.overlap_outer) in three iterations, each with its own compute and
+// step: the round's last pushes, the next one's host steps the shards with the pushes of the
+// iteration before, the one after that takes the parameters of two iterations before.
+TEST(Schedule, AnOverlappedExchangeSpreadsOverThreeIterations) {
+  auto list = [](bool hosts, IterationEnd end) { return ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 1, hosts, end)); };
+  EXPECT_EQ(list(true, IterationEnd::kLocalStepThenPush), "Forward(0) Backward(0) LocalStep PushGrads");
+  EXPECT_EQ(list(true, IterationEnd::kLocalStepThenOuterStep),
+            "Forward(0) Backward(0) LocalStep ReduceNorm(it-1) Step(it-1)");
+  EXPECT_EQ(list(false, IterationEnd::kLocalStepThenOuterStep), "Forward(0) Backward(0) LocalStep");
+  EXPECT_EQ(list(true, IterationEnd::kLocalStepThenLand), "Forward(0) Backward(0) LocalStep PullParams(it-2)");
+}
+
 TEST(Schedule, OneFOneBInterleavesAfterWarmup) {
   // Stage 0 of 3 warms up with two forwards, then alternates.
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::k1F1B, 3, 0, 4, false)),

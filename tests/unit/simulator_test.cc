@@ -100,6 +100,29 @@ TEST(Simulator, LocalUpdatesPayTheExchangeOncePerRound) {
   EXPECT_NEAR(mean.back(), local, 0.01 * (sync - local)) << "a long round costs about the local iteration";
 }
 
+// Overlapped (train.overlap_outer), a round's exchange travels under the next two iterations'
+// compute: where it takes less than they do, a round costs its local iterations alone; where it
+// takes more, what is left over shows, and the round still costs less than without overlap.
+TEST(Simulator, AnOverlappedExchangeHidesUnderTheNextTwoIterations) {
+  for (const double bandwidth : {1e9, 1e6}) {
+    Simulation sim = Make(1, 2, 4, /*latency_s=*/0.001, bandwidth);
+    const double step =
+        sim.devices[0].StepSeconds(sim.placement.shards[0].params + sim.placement.shards[1].params, 1);
+    const double local = 4 * (kF + kB) + step;
+    sim.layout.local_steps = 8;
+    const double plain = Simulated(sim).iteration_s;
+    sim.layout.overlap_outer = true;
+    const double overlapped = Simulated(sim).iteration_s;
+    if (bandwidth > 1e8) {
+      EXPECT_NEAR(overlapped, local, 0.002 * local) << "the exchange is hidden";
+      EXPECT_GT(plain, local + 2 * 0.001 / 8) << "a push and a broadcast, one latency each, once a round";
+    } else {
+      EXPECT_GT(overlapped, local * 1.01) << "an exchange longer than two iterations shows";
+    }
+    EXPECT_LT(overlapped, plain) << bandwidth << " B/s";
+  }
+}
+
 TEST(Simulator, AShardOnAWorkerThatRunsNoStageIsRefused) {
   Simulation sim = Make(1, 1, 2);
   sim.placement.host.push_back(1);  // worker 1: placed nowhere, so it runs no exchange either
