@@ -114,7 +114,7 @@ class Engine {
  public:
   explicit Engine(const Simulation& sim)
       : sim_(sim), L_(sim.layout), P_(sim.placement), round_(Overlapped() ? 4 : std::min(std::max(L_.local_steps, 1), 4)),
-        iterations_(round_ > 1 ? 2 * round_ : sim.iterations) {}
+        iterations_(round_ > 1 ? (Overlapped() ? 3 : 2) * round_ : sim.iterations) {}
 
   absl::StatusOr<SimulationReport> Run() {
     if (auto st = Setup(); !st.ok()) return st;
@@ -687,9 +687,9 @@ class Engine {
     const std::vector<double>& ends = workers_[P_.worker[0][0]].iteration_end;
     r.iteration_s = ends.size() == 1 ? ends[0] : ends.back() - ends[ends.size() - 2];
     if (round_ > 1) {
-      // The second round: round_ - 1 local iterations, then the exchange; a round of H has H - 1.
+      // The last round: round_ - 1 local iterations, then the exchange; a round of H has H - 1.
       const double local = ends[iterations_ - 2] - ends[iterations_ - 3];
-      const double exchange = ends.back() - ends[round_ - 1] - (round_ - 1) * local;
+      const double exchange = ends.back() - ends[iterations_ - round_ - 1] - (round_ - 1) * local;
       r.iteration_s = ((L_.local_steps - 1) * local + exchange) / L_.local_steps;
     }
     for (const WorkerState& k : workers_) {
@@ -717,7 +717,7 @@ class Engine {
   const Simulation& sim_;
   const Layout& L_;
   const Placement& P_;
-  const int round_;       // iterations per exchange simulated: min(local_steps, 4)
+  const int round_;       // iterations per exchange simulated: min(local_steps, 4), overlapped 4
   const int iterations_;  // simulated: Simulation::iterations, or two rounds of local updates
   std::vector<WorkerState> workers_;
   std::vector<double> stage_params_;  // [stage]

@@ -40,9 +40,11 @@
 // stage, and only every H-th iteration exchanges, without the norm's all-reduce (the outer step
 // does not clip). Two rounds of min(H, 4) iterations run; the iteration time is the mean over a
 // round of H, from the second round's local iterations and its exchange, and the per-worker and
-// per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), rounds of 4
-// run whatever H: the second round's first two iterations carry the first round's outer step and
-// landing, its last pushes, and what the round takes beyond 4 local iterations is its exchange's.
+// per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), three rounds
+// of 4 run whatever H, each round's first two iterations carrying the round before's outer step and
+// landing and its last pushing; the last round gives the time (the first starts with every
+// replica together, a later one where each landed the round before), what it takes beyond 4 local
+// iterations being its exchange's.
 #include <cstdint>
 #include <vector>
 
