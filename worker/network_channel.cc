@@ -199,27 +199,25 @@ absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited, size
     LH_ASSIGN_OR_RETURN(std::vector<float> p,
                         Take(proto::PARAMS, it, 0, stage_, sp.owner_replica(), sp.shard(), waited));
     held_ = -1;
+    const bool as_change = whole_ && !whole_(it);
+    if ((as_change || land) && pulled_.size() < begin + p.size()) {
+      return absl::InternalError(as_change ? "a change of parameters never pulled whole"
+                                           : "a landing past the stage's parameters");
+    }
+    const float* now = nullptr;
     if (land) {
-      // What the stage stepped since its push: where it is, less where it was then (the parameters
-      // as pulled before, less the change it pushed).
-      if (pulled_.size() < begin + p.size()) return absl::InternalError("a landing past the stage's parameters");
-      LH_ASSIGN_OR_RETURN(const float* now, stage.Params());
-      stepped_since_.resize(p.size());
+      LH_ASSIGN_OR_RETURN(now, stage.Params());
+    }
+    if (!pulled_.empty()) {
       for (size_t i = 0; i < p.size(); ++i) {
-        stepped_since_[i] = now[begin + i] - (pulled_[begin + i] - change_[begin + i]);
+        const float before = pulled_[begin + i];
+        // As their change since the last exchange: added to the parameters as last pulled, as the
+        // shard's host added it.
+        pulled_[begin + i] = as_change ? before + p[i] : p[i];
+        // A landing adds what the stage stepped since its push: where it is, less where it was
+        // then (the parameters as pulled before, less the change it pushed).
+        p[i] = land ? pulled_[begin + i] + (now[begin + i] - (before - change_[begin + i])) : pulled_[begin + i];
       }
-    }
-    if (whole_ && !whole_(it)) {
-      // Their change since the last exchange: added to the parameters as last pulled, as the
-      // shard's host added it.
-      if (pulled_.size() < begin + p.size()) return absl::InternalError("a change of parameters never pulled whole");
-      for (size_t i = 0; i < p.size(); ++i) pulled_[begin + i] += p[i];
-      std::copy(pulled_.begin() + begin, pulled_.begin() + begin + p.size(), p.begin());
-    } else if (!pulled_.empty()) {
-      std::copy(p.begin(), p.end(), pulled_.begin() + begin);
-    }
-    if (land) {
-      for (size_t i = 0; i < p.size(); ++i) p[i] += stepped_since_[i];
     }
     LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));
     mailbox_.Recycle(std::move(p));

@@ -110,8 +110,8 @@ class NetworkChannel final : public Channel {
   // each replica of the job has; checkpoints keep the residuals (Residuals).
   std::vector<std::vector<ErrorFeedback>> feedback_;
   // With PushChanges: the parameters as last pulled, and their change since then (until the next
-  // push, the change pushed); a landing's shard of what the stage stepped since that push.
-  std::vector<float> pulled_, change_, stepped_since_;
+  // push, the change pushed).
+  std::vector<float> pulled_, change_;
   std::function<bool(int64_t)> whole_;  // PullChanges'; empty: parameters always arrive whole
   // [group]: the gradients of a group before the last, pushed from here until Flush (the stage's
   // own start over for the next group).

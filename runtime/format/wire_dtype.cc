@@ -49,7 +49,8 @@ void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRound
     }
     for (size_t i = lo; i < hi; ++i) {
       // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
-      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(sr ? StochasticLevel(in[i] / scale, *sr, i) : std::nearbyint(in[i] / scale), -q, q)));
+      const float level = sr ? StochasticLevel(in[i] / scale, *sr, i) : std::nearbyint(in[i] / scale);
+      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(level, -q, q)));
       if (kInt4) {
         values[i / 2] |= static_cast<uint8_t>((v & 0xfu) << (4 * (i % 2)));
       } else {

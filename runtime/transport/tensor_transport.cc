@@ -1241,12 +1241,12 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     // is, so a resend carries the same bits.
     const bool stochastic =
         header.kind() == proto::GRADIENT && (dtype == WireDtype::kInt4 || dtype == WireDtype::kInt2);
+    const uint64_t seed = HashCoords({static_cast<uint64_t>(header.iteration()),
+                                      static_cast<uint64_t>(header.micro_batch()),
+                                      static_cast<uint64_t>(header.from_stage()),
+                                      static_cast<uint64_t>(header.from_replica())});
     for (size_t p = 0; p < parts; ++p) {
-      const StochasticRounding sr{HashCoords({static_cast<uint64_t>(header.iteration()),
-                                              static_cast<uint64_t>(header.micro_batch()),
-                                              static_cast<uint64_t>(header.from_stage()),
-                                              static_cast<uint64_t>(header.from_replica())}),
-                                  lo[p]};
+      const StochasticRounding sr{seed, lo[p]};
       EncodeWire(data + lo[p], lo[p + 1] - lo[p], dtype, op->wire_.data() + at[p], stochastic ? &sr : nullptr);
     }
     wire = op->wire_.data();
