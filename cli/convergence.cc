@@ -66,6 +66,8 @@ const std::vector<BenchSetting>& Settings() {
       // (the shipped penalties say how): int8 costs what it costs on the pushes alone, int2 ruins
       // the run, and the whole table must fit its hour.
       {"int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 1, false},
+      {"int4 boundaries, int2 gradients",
+       {"cluster.stages=2", "transport.wire_dtype=\"int4\"", "transport.gradient_dtype=\"int2\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };

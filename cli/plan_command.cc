@@ -85,6 +85,7 @@ void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
   r.global_batch = global_batch;
   r.precision = cfg.train.precision;
   r.wire = cfg.transport.wire_dtype, r.fast_wire = cfg.FastWire(), r.exchange = cfg.transport.exchange_dtype;
+  r.gradient = cfg.transport.gradient_dtype;
   r.local_steps = cfg.train.local_steps, r.overlap_outer = cfg.train.overlap_outer;
   r.overlap = cfg.cluster.overlap_exchange;
   r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
@@ -147,7 +148,7 @@ absl::StatusOr<std::vector<SettingPlan>> PlanSettings(const std::string& config_
       r.top = 1;
       // A lossy wire's penalty from runs without a pipeline boundary says nothing of what it does
       // to activations and their gradients: such a setting is planned without one.
-      if (BoundaryUnmeasured(p, cfg->transport.wire_dtype)) {
+      if (BoundaryUnmeasured(p, cfg->transport)) {
         if (r.only_stages > 1) {
           sp.why_not = kBoundaryUnmeasured;
           plans.push_back(std::move(sp));

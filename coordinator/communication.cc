@@ -40,7 +40,7 @@ absl::StatusOr<CommunicationChoice> ChooseCommunication(const JobConfig& job, co
       c.why_not = absl::StrCat("it sets ", absl::StrJoin(beyond, ", "), ", which cluster.communication = \"auto\" keeps");
     } else if (!cfg.ok()) {
       c.why_not = std::string(cfg.status().message());
-    } else if (cfg->cluster.stages > 1 && BoundaryUnmeasured(p, cfg->transport.wire_dtype)) {
+    } else if (cfg->cluster.stages > 1 && BoundaryUnmeasured(p, cfg->transport)) {
       c.why_not = kBoundaryUnmeasured;
     } else if (absl::StatusOr<SlotSearch> slots = price(*cfg); !slots.ok()) {
       c.why_not = absl::StrCat("not priced: ", slots.status().message());

@@ -176,7 +176,7 @@ void PlanLinks(const JobConfig& cfg, const std::map<int, proto::RegisterRequest>
                           return network != nullptr ? network->Between(a, b).Rate()
                                                     : std::numeric_limits<double>::infinity();
                         },
-                        cfg.train.local_steps > 1, cfg.transport.exchange_dtype),
+                        cfg.train.local_steps > 1, cfg.transport.exchange_dtype, cfg.transport.gradient_dtype),
            plan);
   if (network != nullptr && cfg.transport.connections == 0) {
     auto limits = [&](int id) {

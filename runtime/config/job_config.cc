@@ -36,6 +36,16 @@ Range Within(double lo, double hi, const char* note = "") { return {lo, hi, fals
 Range AboveUpTo(double lo, double hi) { return {lo, hi, true, false, ""}; }  // (lo, hi]
 Range Fraction() { return {0, 1, false, true, ""}; }  // [0, 1)
 
+// A pipeline boundary's dtype (transport.wire_dtype, transport.gradient_dtype): any but topk.
+absl::StatusOr<WireDtype> ParseBoundaryDtype(const std::string& name, const std::string& key) {
+  if (name == "topk") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " = \"topk\": top-k sends one value in 32, which a pipeline boundary cannot lose; it is for "
+                     "the data-parallel exchange: transport.exchange_dtype = \"topk\""));
+  }
+  return ParseWireDtype(name, key);
+}
+
 std::string Requirement(const Range& r) {
   std::string req = r.hi == kInf ? absl::StrCat(r.lo_open ? "> " : ">= ", r.lo)
                                  : absl::StrCat("in ", r.lo_open ? "(" : "[", r.lo, ", ", r.hi, r.hi_open ? ")" : "]");
@@ -318,17 +328,11 @@ const std::vector<KeyDef>& Table() {
       Value("cluster", "replace_stragglers", R::kFree, LH_FIELD(cluster.replace_stragglers)),
 
       Choice("transport", "wire_dtype", R::kMustMatch, LH_FIELD(transport.wire_dtype),
-             [](const std::string& n) -> absl::StatusOr<WireDtype> {
-               if (n == "topk") {
-                 return absl::InvalidArgumentError(
-                     "transport.wire_dtype = \"topk\": top-k sends one value in 32, which a pipeline boundary cannot "
-                     "lose; it is for the data-parallel exchange: transport.exchange_dtype = \"topk\"");
-               }
-               return ParseWireDtype(n, "transport.wire_dtype");
-             },
-             WireDtypeName),
+             [](const std::string& n) { return ParseBoundaryDtype(n, "transport.wire_dtype"); }, WireDtypeName),
       Choice("transport", "exchange_dtype", R::kMustMatch, LH_FIELD(transport.exchange_dtype),
              [](const std::string& n) { return ParseWireDtype(n, "transport.exchange_dtype"); }, WireDtypeName),
+      Choice("transport", "gradient_dtype", R::kMustMatch, LH_FIELD(transport.gradient_dtype),
+             [](const std::string& n) { return ParseBoundaryDtype(n, "transport.gradient_dtype"); }, WireDtypeName),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections),
             Within(0, 64, "0: per link, from its rate x round trip")),
@@ -526,7 +530,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
     const std::set<std::string> names = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
-                                         "train.overlap_outer", "transport.wire_dtype", "transport.exchange_dtype"};
+                                         "train.overlap_outer", "transport.wire_dtype", "transport.exchange_dtype",
+                                         "transport.gradient_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);

@@ -85,7 +85,9 @@ std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPen
   return out;
 }
 
-bool BoundaryUnmeasured(const SettingPenalty& p, WireDtype wire) { return p.stages < 2 && BoundaryMayBeLossy(wire); }
+bool BoundaryUnmeasured(const SettingPenalty& p, const TransportConfig& transport) {
+  return p.stages < 2 && BoundaryMayBeLossy(transport.wire_dtype, transport.gradient_dtype);
+}
 
 std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
   std::vector<std::string> set = p.overrides;

@@ -20,6 +20,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.schedule = cfg.cluster.schedule;
   L.work = JobWorkShape(cfg);
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire(), L.exchange = cfg.transport.exchange_dtype;
+  L.gradient = cfg.transport.gradient_dtype;
   L.local_steps = cfg.train.local_steps, L.overlap_outer = cfg.train.overlap_outer;
   L.overlap = cfg.cluster.overlap_exchange;
   return L;

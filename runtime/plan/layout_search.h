@@ -31,7 +31,9 @@ struct LayoutSearchRequest {
   int seq_len = 1;
   int global_batch = 1;  // sequences per optimizer step, over every replica
   Precision precision = Precision::kFp32;
-  WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32, exchange = WireDtype::kAuto;  // Layout's
+  // Layout's wire, fast_wire, exchange and gradient
+  WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
+  WireDtype exchange = WireDtype::kAuto, gradient = WireDtype::kAuto;
   bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
   int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
   bool overlap_outer = false;  // train.overlap_outer

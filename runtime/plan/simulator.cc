@@ -757,7 +757,7 @@ WirePlan LayoutWires(const Layout& layout, const Placement& placement, const Net
     for (int& w : row) w = placement.host[static_cast<size_t>(w)];
   return ResolveWires(layout.wire, layout.fast_wire, TensorPairs(host_at),
                       [&](int a, int b) { return network.Between(a, b).Rate(); }, layout.local_steps > 1,
-                      layout.exchange);
+                      layout.exchange, layout.gradient);
 }
 
 absl::StatusOr<SimulationReport> Simulate(const Simulation& sim) { return Engine(sim).Run(); }

@@ -69,6 +69,8 @@ struct Layout {
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
   // transport.exchange_dtype: the pushes' and the parameters' dtype where not kAuto (wire_plan.h).
   WireDtype exchange = WireDtype::kAuto;
+  // transport.gradient_dtype: the boundaries' gradients' dtype where not kAuto.
+  WireDtype gradient = WireDtype::kAuto;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
   // train.overlap_outer (with local_steps >= 3): each exchange spreads over the round's last

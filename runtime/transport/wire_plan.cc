@@ -13,6 +13,7 @@ WireDtype WirePlan::Of(int from, int to, int kind) const {
   // Rare, and the validation loss is to be the one-process run's for the same parameters.
   if (kind == proto::EVAL_ACTIVATION) return WireDtype::kF32;
   if (kind == proto::GRAD_PUSH && push_dtype != WireDtype::kAuto) return push_dtype;
+  if (kind == proto::GRADIENT && gradient_dtype != WireDtype::kAuto) return gradient_dtype;
   auto it = links.find({from, to});
   return it == links.end() ? default_dtype : it->second;
 }
@@ -42,8 +43,10 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 }
 
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
-                      const std::function<double(int, int)>& rate, bool local_updates, WireDtype exchange) {
+                      const std::function<double(int, int)>& rate, bool local_updates, WireDtype exchange,
+                      WireDtype gradient) {
   WirePlan w;
+  w.gradient_dtype = gradient;
   WireDtype lossy = WireDtype::kAuto;  // the lossy dtype the exchange uses somewhere, if any
   if (configured != WireDtype::kAuto) {
     w.default_dtype = configured;
@@ -71,7 +74,9 @@ WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<st
   return w;
 }
 
-bool BoundaryMayBeLossy(WireDtype configured) { return configured == WireDtype::kAuto || IsLossy(configured); }
+bool BoundaryMayBeLossy(WireDtype configured, WireDtype gradient) {
+  return configured == WireDtype::kAuto || IsLossy(configured) || IsLossy(gradient);
+}
 
 bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange) {
   if (exchange != WireDtype::kAuto) return IsLossy(exchange);
@@ -88,6 +93,9 @@ std::string DescribeWires(const WirePlan& wires) {
   if (wires.push_dtype != WireDtype::kAuto) {
     line += absl::StrFormat("; the data-parallel exchange %s", WireDtypeName(wires.push_dtype));
   }
+  if (wires.gradient_dtype != WireDtype::kAuto) {
+    line += absl::StrFormat("; the boundaries' gradients %s", WireDtypeName(wires.gradient_dtype));
+  }
   if (wires.change_dtype != WireDtype::kAuto) {
     line += absl::StrFormat(" (parameters as their change in %s)", WireDtypeName(wires.change_dtype));
   }
@@ -103,6 +111,7 @@ void SetWires(const WirePlan& wires, proto::Plan& plan) {
   plan.set_params_wire_dtype(static_cast<proto::WireDtype>(wires.params_dtype));
   plan.set_params_change_wire_dtype(static_cast<proto::WireDtype>(wires.change_dtype));
   plan.set_push_wire_dtype(static_cast<proto::WireDtype>(wires.push_dtype));
+  plan.set_gradient_wire_dtype(static_cast<proto::WireDtype>(wires.gradient_dtype));
   plan.clear_link_wires();
   for (const auto& [pair, dtype] : wires.links) {
     proto::LinkWire* l = plan.add_link_wires();
@@ -118,6 +127,7 @@ WirePlan WiresOf(const proto::Plan& plan) {
   w.params_dtype = static_cast<WireDtype>(plan.params_wire_dtype());
   w.change_dtype = static_cast<WireDtype>(plan.params_change_wire_dtype());
   w.push_dtype = static_cast<WireDtype>(plan.push_wire_dtype());
+  w.gradient_dtype = static_cast<WireDtype>(plan.gradient_wire_dtype());
   for (const proto::LinkWire& l : plan.link_wires()) {
     w.links[{l.from_worker(), l.to_worker()}] = static_cast<WireDtype>(l.dtype());
   }

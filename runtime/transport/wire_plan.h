@@ -43,6 +43,8 @@ struct WirePlan {
   WireDtype change_dtype = WireDtype::kAuto;
   // Every GRAD_PUSH's (transport.exchange_dtype); kAuto: its link's.
   WireDtype push_dtype = WireDtype::kAuto;
+  // Every boundary GRADIENT's (transport.gradient_dtype); kAuto: its link's.
+  WireDtype gradient_dtype = WireDtype::kAuto;
   std::map<std::pair<int, int>, WireDtype> links;  // (from, to) whose dtype differs from the default
   // Where the plan fixes streams (group_micro_batches > 0): (kind, stage, job replica, shard) of
   // those whose dtype differs from the default; the plan's replica r runs job replicas
@@ -70,14 +72,16 @@ std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>
 // With `local_updates`, a lossy dtype on any link sends the parameters as their change.
 // `exchange` (transport.exchange_dtype), unless kAuto, is every push's dtype and decides the
 // parameters' alone: their change in it where lossy with local updates, else whole in
-// WireDtypeFor(exchange).
+// WireDtypeFor(exchange). `gradient` (transport.gradient_dtype), unless kAuto, is every boundary
+// gradient's.
 WirePlan ResolveWires(WireDtype configured, WireDtype fast, const std::vector<std::pair<int, int>>& pairs,
                       const std::function<double(int, int)>& rate, bool local_updates = false,
-                      WireDtype exchange = WireDtype::kAuto);
+                      WireDtype exchange = WireDtype::kAuto, WireDtype gradient = WireDtype::kAuto);
 
 // Whether ResolveWires may make some pipeline boundary lossy, before the links are known: a lossy
-// `configured` (transport.wire_dtype), or "auto", lossy on any slow link.
-bool BoundaryMayBeLossy(WireDtype configured);
+// `configured` (transport.wire_dtype), or "auto", lossy on any slow link; or a lossy `gradient`
+// (transport.gradient_dtype).
+bool BoundaryMayBeLossy(WireDtype configured, WireDtype gradient = WireDtype::kAuto);
 // The same for some push: `exchange` decides where it names a dtype; else as a boundary.
 bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
 
@@ -86,7 +90,7 @@ bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start);
 
 // One line for people: the default dtype, the slow links' (how many), the parameters', the
-// exchange's where it has its own, and the parameters' change where they travel so.
+// exchange's and the boundary gradients' where they have their own, and the parameters' change where they travel so.
 std::string DescribeWires(const WirePlan& wires);
 
 // In a plan, pairs by worker id.

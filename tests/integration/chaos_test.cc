@@ -467,11 +467,13 @@ TEST(Chaos, AnOverlappedLocalUpdatesRunWithATopKExchangeGoesBackToTheCheckpointA
 // worker's place finds none of the dead one's shards or residuals on its own disk and fetches them
 // from the coordinator's run directory, so the run still ends bitwise as the uninterrupted one.
 // Every disk also holds another job's corrupt pieces under this job's names, which nobody reads.
-// Tensors travel in int4, whose pushes carry error feedback as int8's do.
+// Tensors travel in int4, whose pushes carry error feedback as int8's do, and the boundaries'
+// gradients in int2, rounded stochastically: a resend after the recovery carries the same bits.
 TEST(Chaos, WithoutASharedDiskTheLostWorkersCheckpointComesFromTheCoordinator) {
   UseNewSecret();
-  const OneFailure run =
-      RunWithOneFailure("own_disks", {"transport.wire_dtype=int4", "train.steps=150"}, 55, /*own_disks=*/true);
+  const OneFailure run = RunWithOneFailure(
+      "own_disks", {"transport.wire_dtype=int4", "transport.gradient_dtype=int2", "train.steps=150"}, 55,
+      /*own_disks=*/true);
   EXPECT_NE(run.log.find("takes stage"), std::string::npos) << run.log;
   std::string workers;
   for (int i = 1; i <= 5; ++i) workers += Read(run.out / absl::StrCat("worker_process_", i, ".txt"));

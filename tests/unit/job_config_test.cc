@@ -147,9 +147,15 @@ TEST(JobConfig, TheWireIsAutoAndAGpuJobsFastLinksCarryBf16) {
   EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}).first, WireDtype::kF32);
 }
 
-// topk is the data-parallel exchange's alone: the boundaries' wire refuses it, naming the key that takes it.
+// topk is the data-parallel exchange's alone: the boundaries' keys (activations, gradients) refuse it,
+// naming the key that takes it; a boundary gradient takes any other dtype.
 TEST(JobConfig, TopKIsTheExchangesAndNotTheBoundaries) {
   EXPECT_NE(Error("", {"transport.wire_dtype=topk"}).find("transport.exchange_dtype = \"topk\""), std::string::npos);
+  EXPECT_NE(Error("", {"transport.gradient_dtype=topk"}).find("transport.gradient_dtype = \"topk\": top-k"),
+            std::string::npos);
+  auto g = ParseJobConfig("", "job.toml", {"transport.gradient_dtype=int2"});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->transport.gradient_dtype, WireDtype::kInt2);
   auto c = ParseJobConfig("", "job.toml", {"transport.exchange_dtype=topk", "train.local_steps=4"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->transport.exchange_dtype, WireDtype::kTopK);

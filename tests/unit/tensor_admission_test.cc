@@ -247,6 +247,31 @@ TEST(PlanAdmission, EachPeerSendsInItsLinksDtype) {
   }
 }
 
+// With transport.gradient_dtype a gradient must come in it and an activation in the wire's: a
+// peer cannot send either direction in the other's format, and the refusal names the key.
+TEST(PlanAdmission, GradientsComeInTheGradientsOwnDtype) {
+  JobConfig cfg = Config("int4");
+  cfg.transport.gradient_dtype = WireDtype::kInt2;
+  proto::Plan plan = Plan(cfg);
+  SetWires(ResolveWires(WireDtype::kInt4, WireDtype::kF32, {}, [](int, int) { return 0.0; }, false, WireDtype::kAuto,
+                        WireDtype::kInt2),
+           plan);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  proto::TensorHeader act = From(proto::ACTIVATION, 0, 0), grad = From(proto::GRADIENT, 2, 0);
+  act.set_dtype(proto::INT4), grad.set_dtype(proto::INT2);
+  EXPECT_EQ(AdmitFromItsPlace(a, act).value_or(0), static_cast<uint64_t>(cfg.boundary_floats()));
+  EXPECT_EQ(AdmitFromItsPlace(a, grad).value_or(0), static_cast<uint64_t>(cfg.boundary_floats()));
+  act.set_dtype(proto::INT2), grad.set_dtype(proto::INT4);
+  const absl::Status wrong_act = AdmitFromItsPlace(a, act).status(), wrong_grad = AdmitFromItsPlace(a, grad).status();
+  EXPECT_EQ(wrong_act.code(), absl::StatusCode::kInvalidArgument) << wrong_act;
+  EXPECT_NE(wrong_act.message().find("the plan's for it is int4 (transport.wire_dtype)"), std::string::npos)
+      << wrong_act;
+  EXPECT_EQ(wrong_grad.code(), absl::StatusCode::kInvalidArgument) << wrong_grad;
+  EXPECT_NE(wrong_grad.message().find("the plan's for it is int2 (transport.gradient_dtype)"), std::string::npos)
+      << wrong_grad;
+}
+
 // A job of 4 replicas shrunk to 2 of 6 micro-batches: each replica pushes two groups, the group
 // as the push's micro-batch, and no third.
 TEST(PlanAdmission, AShrunkReplicaPushesOneGroupPerJobReplicaItStandsFor) {

@@ -75,6 +75,39 @@ TEST(WirePlan, TheExchangesOwnDtypeSetsThePushesAndTheParameters) {
   EXPECT_EQ(exact.change_dtype, WireDtype::kAuto);
 }
 
+// transport.gradient_dtype sets every boundary gradient's dtype, on slow links and fast ones,
+// apart from the activations' and the pushes'; a plan carries it, and its streams keep it.
+TEST(WirePlan, TheGradientsOwnDtypeSetsEveryBoundaryGradient) {
+  const auto rate = [](int from, int) { return from == 0 ? 1e6 : 1e12; };  // from worker 0 slow
+  const WirePlan w = ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{0, 1}, {1, 0}, {2, 3}, {3, 2}}, rate, false,
+                                  WireDtype::kAuto, WireDtype::kInt2);
+  EXPECT_EQ(w.Of(0, 1, proto::ACTIVATION), WireDtype::kInt8);
+  EXPECT_EQ(w.Of(2, 3, proto::ACTIVATION), WireDtype::kF32);
+  EXPECT_EQ(w.Of(1, 0, proto::GRADIENT), WireDtype::kInt2);
+  EXPECT_EQ(w.Of(3, 2, proto::GRADIENT), WireDtype::kInt2);
+  EXPECT_EQ(w.Of(0, 1, proto::GRAD_PUSH), WireDtype::kInt8);
+  EXPECT_NE(DescribeWires(w).find("the boundaries' gradients int2"), std::string::npos) << DescribeWires(w);
+  EXPECT_TRUE(BoundaryMayBeLossy(WireDtype::kBf16, WireDtype::kInt4));
+  EXPECT_FALSE(BoundaryMayBeLossy(WireDtype::kBf16, WireDtype::kF32));
+
+  proto::Plan plan;
+  plan.set_replicas(1);
+  const std::vector<std::vector<int>> at = {{0}, {1}};
+  for (int s = 0; s < 2; ++s) {
+    proto::Assignment* a = plan.add_assignments();
+    a->set_worker_id(s), a->set_stage(s), a->set_replica(0);
+  }
+  SetWires(ResolveWires(WireDtype::kInt4, WireDtype::kF32, TensorPairs(at), rate, false, WireDtype::kAuto,
+                        WireDtype::kInt2),
+           plan);
+  EXPECT_EQ(WiresOf(plan).gradient_dtype, WireDtype::kInt2);
+  FixStreamWires(at, 1, plan);
+  const WirePlan fixed = WiresOf(plan);
+  EXPECT_EQ(fixed.Of(1, 0, proto::GRADIENT, 1, 0, 0, 0), WireDtype::kInt2);
+  EXPECT_EQ(fixed.Of(9, 0, proto::GRADIENT, 1, 0, 0, 0), WireDtype::kInt2) << "a spare in stage 1 keeps the stream's";
+  EXPECT_EQ(fixed.Of(0, 1, proto::ACTIVATION, 0, 0, 0, 0), WireDtype::kInt4);
+}
+
 TEST(WirePlan, APlanCarriesIt) {
   const WirePlan w = ResolveWires(WireDtype::kAuto, WireDtype::kF32, {{3, 4}, {4, 3}}, [](int, int) { return 1e6; },
                                   true, WireDtype::kTopK);
