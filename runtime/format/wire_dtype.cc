@@ -24,14 +24,36 @@ float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
   return std::floor(x + static_cast<float>(bits >> 40) * 0x1.0p-24f);
 }
 
-// int8 and int4 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q]. One template
-// per dtype keeps the per-value loops free of a test for which.
-template <bool kInt4>
+// Value i of a stream of kBits-bit values, packed from the lowest bit of the first byte up: at
+// bits kBits·i to kBits·i + kBits - 1 (within a byte for 8, 4 and 2 bits; across two for 3).
+template <int kBits>
+void PutBits(uint8_t* values, size_t i, uint32_t v) {
+  const size_t bit = kBits * i;
+  v &= (1u << kBits) - 1;
+  values[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
+  if (bit % 8 + kBits > 8) values[bit / 8 + 1] |= static_cast<uint8_t>(v >> (8 - bit % 8));
+}
+template <int kBits>
+uint32_t GetBits(const uint8_t* values, size_t i) {
+  const size_t bit = kBits * i;
+  uint32_t word = values[bit / 8];
+  if (bit % 8 + kBits > 8) word |= static_cast<uint32_t>(values[bit / 8 + 1]) << 8;
+  return (word >> (bit % 8)) & ((1u << kBits) - 1);
+}
+template <int kBits>
+size_t PackedBytes(size_t n) {
+  return (kBits * n + 7) / 8;
+}
+
+// int8, int4 and int3 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q] with
+// Q = 2^(b-1) - 1, in two's complement. One template per width keeps the per-value loops free of
+// a test for which.
+template <int kBits>
 void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRounding* sr) {
-  constexpr float q = kInt4 ? 7.0f : 127.0f;
+  constexpr float q = static_cast<float>((1 << (kBits - 1)) - 1);
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
-  if (kInt4) std::fill(values, values + (n + 1) / 2, uint8_t{0});
+  std::fill(values, values + PackedBytes<kBits>(n), uint8_t{0});
   for (size_t b = 0; b * kScaleBlock < n; ++b) {
     const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     float most = 0;
@@ -43,25 +65,18 @@ void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRound
     }
     const float scale = finite ? most / q : std::numeric_limits<float>::quiet_NaN();
     std::memcpy(scales + 4 * b, &scale, 4);
-    if (!(scale > 0)) {  // zeros, or a NaN scale: the values stay 0
-      if (!kInt4) std::fill(values + lo, values + hi, uint8_t{0});
-      continue;
-    }
+    if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
     for (size_t i = lo; i < hi; ++i) {
       // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
       const float level = sr ? StochasticLevel(in[i] / scale, *sr, i) : std::nearbyint(in[i] / scale);
-      const auto v = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(level, -q, q)));
-      if (kInt4) {
-        values[i / 2] |= static_cast<uint8_t>((v & 0xfu) << (4 * (i % 2)));
-      } else {
-        values[i] = v;
-      }
+      PutBits<kBits>(values, i, static_cast<uint32_t>(static_cast<int32_t>(std::clamp(level, -q, q))));
     }
   }
 }
 
-template <bool kInt4>
+template <int kBits>
 void DecodeQuantized(const void* in, size_t n, float* out) {
+  constexpr uint32_t sign = 1u << (kBits - 1);
   const auto* scales = static_cast<const uint8_t*>(in);
   const auto* values = static_cast<const uint8_t*>(in) + 4 * Blocks(n);
   for (size_t b = 0; b * kScaleBlock < n; ++b) {
@@ -69,8 +84,8 @@ void DecodeQuantized(const void* in, size_t n, float* out) {
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     for (size_t i = lo; i < hi; ++i) {
-      // A nibble's sign bit extends through the int: (v ^ 8) - 8.
-      const int v = kInt4 ? (((values[i / 2] >> (4 * (i % 2))) & 0xf) ^ 8) - 8 : static_cast<int8_t>(values[i]);
+      // The sign bit extends through the int: (v ^ sign) - sign.
+      const int v = static_cast<int>(GetBits<kBits>(values, i) ^ sign) - static_cast<int>(sign);
       out[i] = std::isfinite(scale) ? scale * static_cast<float>(v) : scale;
     }
   }
@@ -82,7 +97,7 @@ size_t Int2Blocks(size_t n) { return (n + kInt2Block - 1) / kInt2Block; }
 void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* sr) {
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Int2Blocks(n);
-  std::fill(values, values + (n + 3) / 4, uint8_t{0});
+  std::fill(values, values + PackedBytes<2>(n), uint8_t{0});
   for (size_t b = 0; b * kInt2Block < n; ++b) {
     const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
     double squares = 0;
@@ -99,9 +114,9 @@ void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* 
       // The level x / scale + 1.5 in [0, 3] (within 1.5 root mean squares) rounds to; nearest:
       // (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
       const float t = in[i] / scale;
-      const auto v = static_cast<uint8_t>(
-          std::clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : std::floor(t + 2.0f), 0.0f, 3.0f));
-      values[i / 4] |= static_cast<uint8_t>(v << (2 * (i % 4)));
+      PutBits<2>(values, i,
+                 static_cast<uint32_t>(
+                     std::clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : std::floor(t + 2.0f), 0.0f, 3.0f)));
     }
   }
 }
@@ -114,9 +129,9 @@ void DecodeInt2(const void* in, size_t n, float* out) {
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
     for (size_t i = lo; i < hi; ++i) {
-      const int v = (values[i / 4] >> (2 * (i % 4))) & 3;
+      const auto v = static_cast<float>(GetBits<2>(values, i));
       // A block of zeros (scale 0) decodes to zeros whatever its bits; a NaN scale to NaN.
-      out[i] = std::isfinite(scale) ? scale * (static_cast<float>(v) - 1.5f) : scale;
+      out[i] = std::isfinite(scale) ? scale * (v - 1.5f) : scale;
     }
   }
 }
@@ -195,10 +210,11 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kF32: return 4 * n;
     case WireDtype::kF16:
     case WireDtype::kBf16: return 2 * n;
-    case WireDtype::kInt8: return n + 4 * Blocks(n);
-    case WireDtype::kInt4: return (n + 1) / 2 + 4 * Blocks(n);
+    case WireDtype::kInt8: return PackedBytes<8>(n) + 4 * Blocks(n);
+    case WireDtype::kInt4: return PackedBytes<4>(n) + 4 * Blocks(n);
+    case WireDtype::kInt3: return PackedBytes<3>(n) + 4 * Blocks(n);
     case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
-    case WireDtype::kInt2: return (n + 3) / 4 + 4 * Int2Blocks(n);
+    case WireDtype::kInt2: return PackedBytes<2>(n) + 4 * Int2Blocks(n);
   }
   return 4 * n;
 }
@@ -213,11 +229,12 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::str
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "int8") return WireDtype::kInt8;
   if (name == "int4") return WireDtype::kInt4;
+  if (name == "int3") return WireDtype::kInt3;
   if (name == "int2") return WireDtype::kInt2;
   if (name == "topk") return WireDtype::kTopK;
   if (name == "auto") return WireDtype::kAuto;
   return absl::InvalidArgumentError(absl::StrCat(key, " = \"", name,
-                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int2\" or \"topk\""));
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int3\", \"int2\" or \"topk\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -227,6 +244,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kBf16: return "bf16";
     case WireDtype::kInt8: return "int8";
     case WireDtype::kInt4: return "int4";
+    case WireDtype::kInt3: return "int3";
     case WireDtype::kInt2: return "int2";
     case WireDtype::kTopK: return "topk";
     case WireDtype::kAuto: return "auto";
@@ -252,10 +270,13 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const Stochas
       return;
     }
     case WireDtype::kInt8:
-      EncodeQuantized<false>(in, n, out, sr);
+      EncodeQuantized<8>(in, n, out, sr);
       return;
     case WireDtype::kInt4:
-      EncodeQuantized<true>(in, n, out, sr);
+      EncodeQuantized<4>(in, n, out, sr);
+      return;
+    case WireDtype::kInt3:
+      EncodeQuantized<3>(in, n, out, sr);
       return;
     case WireDtype::kInt2:
       EncodeInt2(in, n, out, sr);
@@ -284,10 +305,13 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     }
     case WireDtype::kInt8:
-      DecodeQuantized<false>(in, n, out);
+      DecodeQuantized<8>(in, n, out);
       return;
     case WireDtype::kInt4:
-      DecodeQuantized<true>(in, n, out);
+      DecodeQuantized<4>(in, n, out);
+      return;
+    case WireDtype::kInt3:
+      DecodeQuantized<3>(in, n, out);
       return;
     case WireDtype::kInt2:
       DecodeInt2(in, n, out);

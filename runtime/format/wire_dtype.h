@@ -2,15 +2,16 @@
 // Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16, int8, int4, int2 or
 // topk, little-endian), chosen by transport.wire_dtype whatever the sender computes in.
 //
-// int8 and int4 (the quantized dtypes): blocks of kScaleBlock values from the start of what is
-// encoded; the encoding is every block's fp32 scale (its largest magnitude / Q, Q = 127 for int8,
-// 7 for int4), then every value as round(x / scale) in [-Q, Q]: int8 one byte each, int4 two per
-// byte (the earlier value in the low nibble, two's complement). A block of zeros has scale 0; a
-// block holding a NaN or an infinity decodes to NaN throughout, so a non-finite gradient still
-// stops the step. The error is at most half a step, scale / 2, of the block's largest magnitude:
-// 0.4% for int8, 7% for int4, which is why a quantized push carries error feedback
-// (transport/error_feedback.h). Parameters never travel quantized (WireDtypeFor): a model
-// computing with 8-bit weights is another model.
+// int8, int4 and int3 (the quantized dtypes): blocks of kScaleBlock values from the start of what
+// is encoded; the encoding is every block's fp32 scale (its largest magnitude / Q, Q = 127 for
+// int8, 7 for int4, 3 for int3), then every value as round(x / scale) in [-Q, Q], two's complement
+// in 8, 4 or 3 bits, packed from the lowest bit of the first byte up (value i at bits b·i to
+// b·i + b - 1: int8 a byte each, int4 two per byte, the earlier in the low nibble; int3 eight per
+// three bytes). A block of zeros has scale 0; a block holding a NaN or an infinity decodes to NaN
+// throughout, so a non-finite gradient still stops the step. The error is at most half a step,
+// scale / 2, of the block's largest magnitude: 0.4% for int8, 7% for int4, 17% for int3, which is
+// why a quantized push carries error feedback (transport/error_feedback.h). Parameters never
+// travel quantized (WireDtypeFor): a model computing with 8-bit weights is another model.
 //
 // int2: blocks of kInt2Block values, each its fp32 scale (the block's root mean square), then
 // every value as 2 bits v, four per byte (the earliest in the lowest bits), decoding to
@@ -40,7 +41,7 @@ namespace longhaul {
 
 // kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
 enum class WireDtype : uint8_t {
-  kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6, kInt2 = 7
+  kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6, kInt2 = 7, kInt3 = 8
 };
 
 inline constexpr size_t kScaleBlock = 128;
@@ -53,11 +54,17 @@ inline constexpr size_t kTopKOneIn = 32;
 
 // Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
 inline bool IsWireDtype(int value) {
-  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt2);
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt3);
 }
-// int8, int4, int2 and topk: lossy enough that pushes carry error feedback.
+// int8, int4, int3, int2 and topk: lossy enough that pushes carry error feedback.
 inline bool IsLossy(WireDtype d) {
-  return d == WireDtype::kInt8 || d == WireDtype::kInt4 || d == WireDtype::kInt2 || d == WireDtype::kTopK;
+  return d == WireDtype::kInt8 || d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2 ||
+         d == WireDtype::kTopK;
+}
+// int4, int3 and int2: so few levels that a boundary's gradient in them rounds stochastically
+// (tensor_transport.cc), lest its error lean the same way step after step.
+inline bool FewLevels(WireDtype d) {
+  return d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2;
 }
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);

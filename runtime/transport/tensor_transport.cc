@@ -1235,12 +1235,11 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
   const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
   if (dtype != WireDtype::kF32) {
     op->wire_.resize(at[parts]);
-    // A boundary's gradient in int4 or int2 rounds stochastically (wire_dtype.h): rounded to the
-    // nearest of so few levels, its error leans the same way step after step, which the
+    // A boundary's gradient in int4, int3 or int2 rounds stochastically (wire_dtype.h): rounded to
+    // the nearest of so few levels, its error leans the same way step after step, which the
     // convergence bench's int4 boundaries pay for (docs/benchmarks.md). Seeded by what the tensor
     // is, so a resend carries the same bits.
-    const bool stochastic =
-        header.kind() == proto::GRADIENT && (dtype == WireDtype::kInt4 || dtype == WireDtype::kInt2);
+    const bool stochastic = header.kind() == proto::GRADIENT && FewLevels(dtype);
     const uint64_t seed = HashCoords({static_cast<uint64_t>(header.iteration()),
                                       static_cast<uint64_t>(header.micro_batch()),
                                       static_cast<uint64_t>(header.from_stage()),

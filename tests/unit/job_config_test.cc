@@ -159,7 +159,7 @@ TEST(JobConfig, TopKIsTheExchangesAndNotTheBoundaries) {
   auto c = ParseJobConfig("", "job.toml", {"transport.exchange_dtype=topk", "train.local_steps=4"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->transport.exchange_dtype, WireDtype::kTopK);
-  EXPECT_NE(Error("", {"transport.exchange_dtype=int3"}).find("transport.exchange_dtype = \"int3\": use"),
+  EXPECT_NE(Error("", {"transport.exchange_dtype=int5"}).find("transport.exchange_dtype = \"int5\": use"),
             std::string::npos);
 }
 

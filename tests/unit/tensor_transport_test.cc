@@ -1135,15 +1135,15 @@ TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
 }
 
-// Quantized parts (int8, int4, int2) as a peer could craft them: sized by their blocks (a part one
+// Quantized parts (int8, int4, int3, int2) as a peer could craft them: sized by their blocks (a part one
 // byte long is read as a bad checksum, never past its buffer), scales that are NaN decoded to NaN
 // without a fault, a huge one refused before anything is allocated, and dtypes that do not exist
 // (0 is the config-only "auto") refused by name.
 TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
   const std::vector<float> x = Ramp(300);
   int64_t it = 5;
-  for (const auto [dtype, d] : {std::pair{proto::INT8, WireDtype::kInt8}, std::pair{proto::INT4, WireDtype::kInt4},
-                                std::pair{proto::INT2, WireDtype::kInt2}}) {
+  for (const auto& [dtype, d] : {std::pair{proto::INT8, WireDtype::kInt8}, std::pair{proto::INT4, WireDtype::kInt4},
+                                std::pair{proto::INT3, WireDtype::kInt3}, std::pair{proto::INT2, WireDtype::kInt2}}) {
     SCOPED_TRACE(WireDtypeName(d));
     auto header = [dtype = dtype](int64_t at, uint64_t n) {
       proto::TensorHeader h = Crafted(at, n, 0, n);
@@ -1185,7 +1185,7 @@ TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
     EXPECT_LT(grew, 16 << 20);
   }
 
-  for (int dtype : {0, 8, 255}) {
+  for (int dtype : {0, 9, 255}) {
     proto::TensorHeader h = Crafted(it, 10, 0, 10);
     h.set_dtype(static_cast<proto::WireDtype>(dtype));
     const absl::Status s = SendCrafted(server_->address(), h, Ramp(10));

@@ -1,5 +1,5 @@
 // Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks,
-// int4's nibbles and int2's levels, topk's choice per chunk and its safety against any bytes, and which dtype each
+// int4's nibbles, int3's packing, int2's levels, topk's choice per chunk and its safety against any bytes, and which dtype each
 // kind of tensor travels in.
 #include "format/wire_dtype.h"
 
@@ -39,24 +39,26 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(2 * 4096, WireDtype::kTopK), 2 * 128 * 4u);  // 1 bit a value
   EXPECT_EQ(WireBytes(4096 + 33, WireDtype::kTopK), (128 + 2) * 4u);
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt2), 257u + 4 * 3);  // four values a byte, 3 scales of 512
+  EXPECT_EQ(WireBytes(1025, WireDtype::kInt3), 385u + 4 * 9);  // 3075 bits, 9 scales of 128
   for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                      WireDtype::kInt2, WireDtype::kTopK}) {
+                      WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
     EXPECT_TRUE(IsWireDtype(static_cast<int>(d)));
   }
-  EXPECT_FALSE(IsWireDtype(8));
+  EXPECT_FALSE(IsWireDtype(9));
   EXPECT_FALSE(IsWireDtype(0));
-  auto bad = ParseWireDtype("int3");
+  auto bad = ParseWireDtype("int5");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("\"int2\""), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("\"int3\", \"int2\""), std::string::npos) << bad.status();
 }
 
 // Each quantized dtype errs at most half a step (its block's largest magnitude / Q) per value, and
 // scales each block on its own: a block of tiny values keeps its precision beside huge ones.
 TEST(WireDtype, QuantizedDtypesErrAtMostHalfAStepOfTheirBlocksLargestValue) {
-  for (auto [d, q] : {std::pair{WireDtype::kInt8, 127.0f}, std::pair{WireDtype::kInt4, 7.0f}}) {
+  for (auto [d, q] : {std::pair{WireDtype::kInt8, 127.0f}, std::pair{WireDtype::kInt4, 7.0f},
+                      std::pair{WireDtype::kInt3, 3.0f}}) {
     const std::vector<float> x = Wavy(1001);  // an odd count: int4's last byte holds one value
     const std::vector<float> y = Through(x, d);
     for (size_t b = 0; b * kScaleBlock < x.size(); ++b) {
@@ -115,16 +117,25 @@ TEST(WireDtype, Int2LevelsAreHalvesOfItsBlocksRootMeanSquare) {
   EXPECT_LT(err / power, 0.125);
 }
 
+// int3's seven levels -3..3, each in every position of the 3-byte groups of eight values (codes
+// straddling a byte boundary among them), come back exactly where the block's scale is 1.
+TEST(WireDtype, Int3CarriesEveryLevelAcrossByteBoundaries) {
+  std::vector<float> x(kScaleBlock + 5, 0.0f);  // a block and a short one
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>((i * 3) % 7) - 3);
+  x[0] = 3.0f, x[kScaleBlock] = -3.0f;  // each block's scale: 1
+  EXPECT_EQ(Through(x, WireDtype::kInt3), x);
+}
+
 // Stochastic rounding is unbiased where nearest rounding is not: a block of values 0.3 of a step
 // above a level decodes, rounded to the nearest, all to that level, and stochastically to a mean
 // within a few hundredths of a step of the values; the draws depend only on (seed, offset + i), so
 // a tensor encoded in two parts decodes as the whole does, and another seed gives other bytes.
 TEST(WireDtype, StochasticRoundingIsUnbiasedAndTheSameHoweverATensorIsCut) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2}) {
     SCOPED_TRACE(WireDtypeName(d));
     const size_t n = 4 * kInt2Block;
-    // int8 and int4: blocks whose scale makes a step 1 (one value at Q), the rest 0.3 above a
-    // level; int2: values all alike, so each is its block's root mean square, a step, halfway
+    // int8, int4 and int3: blocks whose scale makes a step 1 (one value at Q), the rest 0.3 above
+    // a level; int2: values all alike, so each is its block's root mean square, a step, halfway
     // between the levels at 0.5 and 1.5 of it.
     std::vector<float> x(n, 2.3f);
     float step = 1;
@@ -132,7 +143,7 @@ TEST(WireDtype, StochasticRoundingIsUnbiasedAndTheSameHoweverATensorIsCut) {
       x.assign(n, 0.2f);
       step = 0.2f;
     } else {
-      const float q = d == WireDtype::kInt8 ? 127.0f : 7.0f;
+      const float q = d == WireDtype::kInt8 ? 127.0f : d == WireDtype::kInt4 ? 7.0f : 3.0f;
       for (size_t b = 0; b < n; b += kScaleBlock) x[b] = q;
     }
     std::vector<uint8_t> whole(WireBytes(n, d)), parts(WireBytes(n, d)), other(WireBytes(n, d));
@@ -163,15 +174,18 @@ TEST(WireDtype, StochasticRoundingIsUnbiasedAndTheSameHoweverATensorIsCut) {
 }
 
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2}) {
-    const size_t block = d == WireDtype::kInt2 ? kInt2Block : kScaleBlock;
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2}) {
+    const bool rms = d == WireDtype::kInt2;
+    const size_t block = rms ? kInt2Block : kScaleBlock;
     std::vector<float> x(block + 172, 0.0f);
     EXPECT_EQ(Through(x, d), x);
     x[5] = std::numeric_limits<float>::infinity();
     x[block + 72] = 1.5f;
     const std::vector<float> y = Through(x, d);
     for (size_t i = 0; i < block; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
-    if (d != WireDtype::kInt2) EXPECT_FLOAT_EQ(y[block + 72], 1.5f);  // int2's levels are its blocks' rms
+    if (!rms) {  // int2's levels are halves of its blocks' root mean square
+      EXPECT_FLOAT_EQ(y[block + 72], 1.5f);
+    }
     EXPECT_GT(y[block + 72], 0.0f);
     EXPECT_TRUE(std::isfinite(y[block + 73]));
     x[5] = std::numeric_limits<float>::quiet_NaN();
@@ -187,7 +201,7 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
     for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                        WireDtype::kInt2, WireDtype::kTopK}) {
+                        WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -243,7 +257,7 @@ TEST(WireDtype, TopKDecodesAnyBytesWithinTheTensor) {
 }
 
 TEST(WireDtype, ParametersNeverTravelQuantized) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt2, WireDtype::kTopK}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
     EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
     for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }
