@@ -28,6 +28,10 @@ float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
 // bits kBits·i to kBits·i + kBits - 1 (within a byte for 8, 4 and 2 bits; across two for 3).
 template <int kBits>
 void PutBits(uint8_t* values, size_t i, uint32_t v) {
+  if constexpr (kBits == 8) {  // a plain store: the encoders' hottest loop, on every slow link
+    values[i] = static_cast<uint8_t>(v);
+    return;
+  }
   const size_t bit = kBits * i;
   v &= (1u << kBits) - 1;
   values[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
@@ -84,8 +88,13 @@ void DecodeQuantized(const void* in, size_t n, float* out) {
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     for (size_t i = lo; i < hi; ++i) {
-      // The sign bit extends through the int: (v ^ sign) - sign.
-      const int v = static_cast<int>(GetBits<kBits>(values, i) ^ sign) - static_cast<int>(sign);
+      // The sign bit extends through the int: (v ^ sign) - sign; a byte's, by the cast.
+      int v;
+      if constexpr (kBits == 8) {
+        v = static_cast<int8_t>(values[i]);
+      } else {
+        v = static_cast<int>(GetBits<kBits>(values, i) ^ sign) - static_cast<int>(sign);
+      }
       out[i] = std::isfinite(scale) ? scale * static_cast<float>(v) : scale;
     }
   }
