@@ -165,9 +165,8 @@ struct TransportConfig {
   // The data-parallel exchange's dtype (every push; with local updates, the parameters' change
   // too); kAuto: as the wire of each push's link.
   WireDtype exchange_dtype = WireDtype::kAuto;
-  // The pipeline boundaries' gradients' own dtype (every GRADIENT, whatever its link: a backward
-  // stands rounding an activation would not, int4 and int2 rounding stochastically); kAuto: as
-  // the activations of each link (wire_dtype).
+  // The pipeline boundaries' gradients' own dtype (every GRADIENT, whatever its link; int4, int3
+  // and int2 round them stochastically); kAuto: as the activations of each link (wire_dtype).
   WireDtype gradient_dtype = WireDtype::kAuto;
   int chunk_mib = 2;
   // TCP connections per peer pair; 0: per link from its rate × round trip where the coordinator

@@ -9,7 +9,8 @@
 // since the last exchange in the pushes' dtype, with error feedback (the
 // residual kept with the shard, so checkpoints carry it), and the parameters whole, in fp32, only
 // at a run's start (ParamsTravelWhole): the exchange shrinks both ways, and the replicas hold
-// exactly what the shard holds.
+// exactly what the shard holds. transport.gradient_dtype, where set, is every boundary
+// gradient's dtype, apart from the activations'.
 //
 // The coordinator resolves it once, from the links it knows (a scenario or the link probes), and
 // the plan carries the result: a sender encodes by it, a receiver admits by it, and the simulator
