@@ -209,14 +209,10 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h, int 
     want = wires_.change_dtype;
   }
   if (h.dtype() != static_cast<proto::WireDtype>(want)) {
-    const char* setting = h.kind() == proto::GRADIENT && wires_.gradient_dtype != WireDtype::kAuto ? "transport.gradient_dtype"
-                          : h.kind() == proto::GRAD_PUSH && wires_.push_dtype != WireDtype::kAuto
-                              ? "transport.exchange_dtype"
-                              : "transport.wire_dtype";
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s in wire dtype %s; the plan's for it is %s (%s)", key.DebugString(),
         IsWireDtype(h.dtype()) ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(want),
-        setting));
+        wires_.KeyOf(h.kind())));
   }
   return it->second.elements;
 }

@@ -28,6 +28,12 @@ WireDtype WirePlan::Of(int from, int to, int kind, int stage, int replica, int m
   return it == streams.end() ? default_dtype : it->second;
 }
 
+const char* WirePlan::KeyOf(int kind) const {
+  if (kind == proto::GRAD_PUSH && push_dtype != WireDtype::kAuto) return "transport.exchange_dtype";
+  if (kind == proto::GRADIENT && gradient_dtype != WireDtype::kAuto) return "transport.gradient_dtype";
+  return "transport.wire_dtype";
+}
+
 std::vector<std::pair<int, int>> TensorPairs(const std::vector<std::vector<int>>& at) {
   std::vector<std::pair<int, int>> pairs;
   for (size_t s = 0; s < at.size(); ++s)

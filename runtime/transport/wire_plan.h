@@ -60,6 +60,8 @@ struct WirePlan {
   // micro-batch `micro` (a push: of group `micro`) and push shard `shard`: its stream's dtype
   // where the plan fixes streams, else its link's.
   WireDtype Of(int from, int to, int kind, int stage, int replica, int micro, int shard) const;
+  // The config key that sets the dtype of a tensor of `kind`, for people told of a wrong one.
+  const char* KeyOf(int kind) const;
 };
 
 // The (from, to) pairs that carry tensors where at[stage][replica] runs each slot (a worker, or its
@@ -91,7 +93,8 @@ bool ExchangeMayBeLossy(WireDtype configured, WireDtype exchange);
 bool ParamsTravelWhole(const WirePlan& wires, int64_t it, int64_t start);
 
 // One line for people: the default dtype, the slow links' (how many), the parameters', the
-// exchange's and the boundary gradients' where they have their own, and the parameters' change where they travel so.
+// exchange's and the boundary gradients' where they have their own, and the parameters' change
+// where they travel so.
 std::string DescribeWires(const WirePlan& wires);
 
 // In a plan, pairs by worker id.

@@ -1,6 +1,6 @@
 // Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks,
-// int4's nibbles, int3's packing, int2's levels, topk's choice per chunk and its safety against any bytes, and which dtype each
-// kind of tensor travels in.
+// int4's nibbles, int3's packing, int2's levels, topk's choice per chunk and its safety against
+// any bytes, and which dtype each kind of tensor travels in.
 #include "format/wire_dtype.h"
 
 #include <gtest/gtest.h>
