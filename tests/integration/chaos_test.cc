@@ -748,10 +748,11 @@ TEST(Chaos, WithoutASpareAPipelineIsCutAnewAndGrowsBackWhenASpareJoins) {
 
 // The job of `sets` (the model big enough that computing is most of what each worker does) with
 // `placed` workers run undisturbed, then again with `spares` more, and from step 25 stage 0
-// replica 0's worker stopped 30 ms of every 35 ms (SIGSTOP, SIGCONT), as a noisy neighbour or a
+// replica 0's worker stopped 15 ms of every 16 ms (SIGSTOP, SIGCONT), as a noisy neighbour or a
 // throttled instance would, until the coordinator logs `moved`. Its compute stays over 1.5x its
-// start for 20 iterations, so it straggles: it runs 5 ms at a time, so nearly every iteration's
-// compute (4 micro-batches, 10 ms or more) is stopped at least once. Unless `back` is empty, the
+// start for 20 iterations, so it straggles: it runs 1 ms at a time, so even on a fast machine
+// nearly every pass of an iteration (4 micro-batches forward and back, each under a millisecond at
+// one block) is stopped, and a median of them cannot dodge the stops. Unless `back` is empty, the
 // worker is stopped so 30 steps longer, then no more, and the test waits for the coordinator to
 // log `back`. Both runs complete and end bitwise alike,
 // every sample once; returns the plan changes, the first of which must be the straggler's.
@@ -779,9 +780,9 @@ nlohmann::json RunWithAStraggler(const std::string& name, std::vector<std::strin
         size_t until = std::numeric_limits<size_t>::max();
         while (sup.Steps() < until && std::chrono::steady_clock::now() < deadline) {
           kill(victim, SIGSTOP);
-          std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          std::this_thread::sleep_for(std::chrono::milliseconds(15));
           kill(victim, SIGCONT);
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
           if (until == std::numeric_limits<size_t>::max() && Count(sup.CoordinatorLogs(), moved) > 0) {
             until = back.empty() ? 0 : sup.Steps() + 30;
           }
