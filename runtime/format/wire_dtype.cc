@@ -7,25 +7,20 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "format/wire_levels.h"
 #include "longhaul.pb.h"
-#include "util/hash.h"
 #include "util/parallel_copy.h"
 
 namespace longhaul {
 
 namespace {
 
-size_t Blocks(size_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
+using wire::Blocks;
+using wire::GetBits;
+using wire::Int2Blocks;
+using wire::PackedBytes;
 
-// x (in steps of the levels) rounded stochastically: up with probability x - floor(x), drawn for
-// value `i` of the part (wire_dtype.h).
-float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
-  const uint64_t bits = SplitMix64(sr.seed ^ SplitMix64(sr.offset + i));
-  return std::floor(x + static_cast<float>(bits >> 40) * 0x1.0p-24f);
-}
-
-// Value i of a stream of kBits-bit values, packed from the lowest bit of the first byte up: at
-// bits kBits·i to kBits·i + kBits - 1 (within a byte for 8, 4 and 2 bits; across two for 3).
+// Sets value i's bits in a stream of kBits-bit values (wire_levels.h's GetBits reads them).
 template <int kBits>
 void PutBits(uint8_t* values, size_t i, uint32_t v) {
   if constexpr (kBits == 8) {  // a plain store: the encoders' hottest loop, on every slow link
@@ -33,20 +28,8 @@ void PutBits(uint8_t* values, size_t i, uint32_t v) {
     return;
   }
   const size_t bit = kBits * i;
-  v &= (1u << kBits) - 1;
   values[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
   if (bit % 8 + kBits > 8) values[bit / 8 + 1] |= static_cast<uint8_t>(v >> (8 - bit % 8));
-}
-template <int kBits>
-uint32_t GetBits(const uint8_t* values, size_t i) {
-  const size_t bit = kBits * i;
-  uint32_t word = values[bit / 8];
-  if (bit % 8 + kBits > 8) word |= static_cast<uint32_t>(values[bit / 8 + 1]) << 8;
-  return (word >> (bit % 8)) & ((1u << kBits) - 1);
-}
-template <int kBits>
-size_t PackedBytes(size_t n) {
-  return (kBits * n + 7) / 8;
 }
 
 // int8, int4 and int3 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q] with
@@ -54,7 +37,6 @@ size_t PackedBytes(size_t n) {
 // a test for which.
 template <int kBits>
 void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRounding* sr) {
-  constexpr float q = static_cast<float>((1 << (kBits - 1)) - 1);
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
   std::fill(values, values + PackedBytes<kBits>(n), uint8_t{0});
@@ -64,43 +46,27 @@ void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRound
     bool finite = true;
     for (size_t i = lo; i < hi; ++i) {
       const float a = std::fabs(in[i]);
-      finite = finite && std::isfinite(a);
+      finite = finite && wire::Finite(a);
       most = std::max(most, a);
     }
-    const float scale = finite ? most / q : std::numeric_limits<float>::quiet_NaN();
+    const float scale = wire::QuantizedScale<kBits>(most, finite);
     std::memcpy(scales + 4 * b, &scale, 4);
     if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
-    for (size_t i = lo; i < hi; ++i) {
-      // x / scale, not x · (1 / scale): the reciprocal of a subnormal scale overflows.
-      const float level = sr ? StochasticLevel(in[i] / scale, *sr, i) : std::nearbyint(in[i] / scale);
-      PutBits<kBits>(values, i, static_cast<uint32_t>(static_cast<int32_t>(std::clamp(level, -q, q))));
-    }
+    for (size_t i = lo; i < hi; ++i) PutBits<kBits>(values, i, wire::QuantizedBits<kBits>(in[i], scale, sr, i));
   }
 }
 
 template <int kBits>
 void DecodeQuantized(const void* in, size_t n, float* out) {
-  constexpr uint32_t sign = 1u << (kBits - 1);
   const auto* scales = static_cast<const uint8_t*>(in);
   const auto* values = static_cast<const uint8_t*>(in) + 4 * Blocks(n);
   for (size_t b = 0; b * kScaleBlock < n; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
-    for (size_t i = lo; i < hi; ++i) {
-      // The sign bit extends through the int: (v ^ sign) - sign; a byte's, by the cast.
-      int v;
-      if constexpr (kBits == 8) {
-        v = static_cast<int8_t>(values[i]);
-      } else {
-        v = static_cast<int>(GetBits<kBits>(values, i) ^ sign) - static_cast<int>(sign);
-      }
-      out[i] = std::isfinite(scale) ? scale * static_cast<float>(v) : scale;
-    }
+    for (size_t i = lo; i < hi; ++i) out[i] = wire::QuantizedValue<kBits>(GetBits<kBits>(values, i), scale);
   }
 }
-
-size_t Int2Blocks(size_t n) { return (n + kInt2Block - 1) / kInt2Block; }
 
 // int2 (wire_dtype.h): the blocks' root-mean-square scales, then the values, four a byte.
 void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* sr) {
@@ -112,21 +78,13 @@ void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* 
     double squares = 0;
     bool finite = true;
     for (size_t i = lo; i < hi; ++i) {
-      finite = finite && std::isfinite(in[i]);
-      squares += static_cast<double>(in[i]) * in[i];
+      finite = finite && wire::Finite(in[i]);
+      squares = wire::AddSquare(squares, in[i]);
     }
-    const float scale = finite ? static_cast<float>(std::sqrt(squares / static_cast<double>(hi - lo)))
-                               : std::numeric_limits<float>::quiet_NaN();
+    const float scale = wire::Int2Scale(squares, hi - lo, finite);
     std::memcpy(scales + 4 * b, &scale, 4);
     if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
-    for (size_t i = lo; i < hi; ++i) {
-      // The level x / scale + 1.5 in [0, 3] (within 1.5 root mean squares) rounds to; nearest:
-      // (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
-      const float t = in[i] / scale;
-      PutBits<2>(values, i,
-                 static_cast<uint32_t>(
-                     std::clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : std::floor(t + 2.0f), 0.0f, 3.0f)));
-    }
+    for (size_t i = lo; i < hi; ++i) PutBits<2>(values, i, wire::Int2Bits(in[i], scale, sr, i));
   }
 }
 
@@ -137,28 +95,8 @@ void DecodeInt2(const void* in, size_t n, float* out) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
-    for (size_t i = lo; i < hi; ++i) {
-      const auto v = static_cast<float>(GetBits<2>(values, i));
-      // A block of zeros (scale 0) decodes to zeros whatever its bits; a NaN scale to NaN.
-      out[i] = std::isfinite(scale) ? scale * (v - 1.5f) : scale;
-    }
+    for (size_t i = lo; i < hi; ++i) out[i] = wire::Int2Value(GetBits<2>(values, i), scale);
   }
-}
-
-uint16_t ToBf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu) != 0) {
-    return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
-  }
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // round to nearest even
-}
-
-float FromBf16(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
 }
 
 // Values topk keeps of a chunk of c.
@@ -189,7 +127,7 @@ void EncodeTopK(const float* in, size_t n, void* out) {
     });
     std::sort(order, order + k);
     for (size_t j = 0; j < k; ++j) {
-      const uint16_t value = ToBf16(x[order[j]]);
+      const uint16_t value = wire::ToBf16(x[order[j]]);
       std::memcpy(bytes + 2 * j, &order[j], 2);
       std::memcpy(bytes + 2 * (k + j), &value, 2);
     }
@@ -205,7 +143,7 @@ void DecodeTopK(const void* in, size_t n, float* out) {
       uint16_t offset, value;
       std::memcpy(&offset, bytes + 2 * j, 2);
       std::memcpy(&value, bytes + 2 * (k + j), 2);
-      if (offset < c) out[lo + offset] = FromBf16(value);
+      if (offset < c) out[lo + offset] = wire::FromBf16(value);
     }
     bytes += 4 * k;
   }
@@ -275,7 +213,7 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const Stochas
     }
     case WireDtype::kBf16: {
       auto* o = static_cast<uint16_t*>(out);
-      for (size_t i = 0; i < n; ++i) o[i] = ToBf16(in[i]);
+      for (size_t i = 0; i < n; ++i) o[i] = wire::ToBf16(in[i]);
       return;
     }
     case WireDtype::kInt8:
@@ -310,7 +248,7 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
     }
     case WireDtype::kBf16: {
       const auto* p = static_cast<const uint16_t*>(in);
-      for (size_t i = 0; i < n; ++i) out[i] = FromBf16(p[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = wire::FromBf16(p[i]);
       return;
     }
     case WireDtype::kInt8:

@@ -7,7 +7,8 @@
 
 namespace longhaul {
 
-inline uint64_t SplitMix64(uint64_t x) {
+// constexpr, so that the CUDA kernels call it too (--expt-relaxed-constexpr): the same draws there.
+constexpr uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
