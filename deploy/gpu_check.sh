@@ -14,6 +14,7 @@
 #   1. cuda_stage_test: fixture parity in fp32, bf16 and fp16; CPU against GPU on random configs;
 #      slots, recompute, a pipeline cut and a second run bit-identical. flash_attention_test: the
 #      flash-style kernels against attention in doubles, every output written, bit-identical reruns.
+#      wire_codec_test: the wire formats encoded and decoded on the device, byte for byte the CPU's.
 #   2. `longhaul train` on cuda:0 (fp32) against the CPU: the same loss curve within 2e-3.
 #   3. 2 stages x 2 replicas as four GPU worker processes sharing the GPU against the one-process
 #      GPU run: losses within 2e-3 (data parallelism sums the gradients in another order); and 2
@@ -21,7 +22,9 @@
 #      device in both).
 #   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3.
 #   5. cuda_step_bench: GPT-3 XL step (2-block stage at micro-batch 1 and 8; the whole 24 layers at
-#      2 and 4) with MFU and peak memory, beside PyTorch eager with fused AdamW.
+#      2 and 4) with MFU and peak memory, beside PyTorch eager with fused AdamW. wire_codec_bench:
+#      a GPT-3 XL boundary tensor in each wire format, encoded and decoded on the device against on
+#      the host; fails where a stage's encoding and decoding take over 10% of its compute.
 #   6. gpu_profile: per-block forward and backward times for the planner.
 #   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
 #      against the same model in one process: iteration time and the share spent waiting.
@@ -126,6 +129,12 @@ if step "flash_attention_test" "$run" flash_attention_test && ! grep -q '^\[  SK
 else
   result "flash attention tests" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi
+
+if step "wire_codec_test" "$run" wire_codec_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
+  result "wire format kernels" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: fp16, bf16, int8, int4, int3, int2 on the device byte for byte the CPU's, both roundings"
+else
+  result "wire format kernels" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
+fi
 fi
 
 # Check 2's runs serve checks 3 (the GPU run) and 8 (the CPU run's checkpoint) too.
@@ -169,6 +178,18 @@ if step "cuda_step_bench" "$run" cuda_step_bench --cases stage1,stage8,xl2,xl4 -
 else
   result "cuda_step_bench" FAIL "see gpu_check.log"
 fi
+# The planner's profile of this GPU prices the stage the formats' time is weighed against.
+if step "wire_codec_bench" "$run" wire_codec_bench --profile runtime/plan/profiles/h200.toml &&
+  ! grep -q skipped "$work/last.log"; then
+  result "wire formats on the device" PASS "encoding and decoding within 10% of a stage's compute"
+else
+  result "wire formats on the device" FAIL "see below and gpu_check.log"
+fi
+{
+  echo '```'
+  tail -8 "$work/last.log"
+  echo '```'
+} >>"$report"
 fi
 
 if want 6; then

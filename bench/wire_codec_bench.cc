@@ -1,0 +1,146 @@
+// The wire formats on the GPU (cuda/wire_codec.cuh) against the same formats on the host
+// (format/wire_dtype.h), which is where a GPU worker's boundary tensors are encoded today: one
+// GPT-3 XL boundary tensor (micro-batch x 2048 x 2048), each format encoded and decoded on both,
+// times side by side with the ratio, and the device's share of the stage's compute per
+// micro-batch (2 blocks, the source layout's stage, from the GPU's planner profile). A middle
+// stage encodes and decodes twice per micro-batch (its activation out and the gradient in, the
+// gradient out and the activation in); the bench fails where that takes over 10% of the compute.
+//
+//   wire_codec_bench [--micro-batch 1] [--profile runtime/plan/profiles/h200.toml]
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cuda/cuda_stage.h"
+#include "cuda/wire_codec.cuh"
+#include "format/wire_dtype.h"
+#include "plan/cost_model.h"
+
+namespace {
+
+using longhaul::WireDtype;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `reps` runs of `f`, each timed between events on the default stream.
+template <class F>
+double DeviceSeconds(int reps, F f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {  // the first warms up
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (r > 0) t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(t);
+}
+
+template <class F>
+double HostSeconds(int reps, F f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return Median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Boundary wire formats: encoded on the GPU against encoded on the host"};
+  int micro_batch = 1;
+  std::string profile = std::string(LONGHAUL_SOURCE_DIR) + "/runtime/plan/profiles/h200.toml";
+  app.add_option("--micro-batch", micro_batch, "sequences of 2048 tokens per micro-batch")->capture_default_str();
+  app.add_option("--profile", profile, "the GPU's planner profile, for the stage's compute")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  std::string why;
+  if (longhaul::CudaDeviceCount(&why) == 0) {
+    std::cout << "wire_codec_bench: skipped: " << why << "\n";
+    return 0;
+  }
+  absl::StatusOr<longhaul::DeviceCost> device = longhaul::DeviceCost::LoadProfile(profile);
+  if (!device.ok()) {
+    std::cerr << "wire_codec_bench: " << device.status().message() << "\n";
+    return 2;
+  }
+  longhaul::WorkShape shape;
+  shape.model.d_model = 2048;
+  shape.model.n_head = 16;
+  shape.seq_len = 2048;
+  shape.micro_batch = micro_batch;
+  shape.precision = longhaul::Precision::kBf16;
+  absl::StatusOr<longhaul::ComputeTimes> block = device->Block(shape);
+  if (!block.ok()) {
+    std::cerr << "wire_codec_bench: " << block.status().message() << "\n";
+    return 2;
+  }
+  const double stage_s = 2 * (block->forward_s + block->backward_s);
+
+  const size_t n = static_cast<size_t>(micro_batch) * 2048 * 2048;
+  std::vector<float> host(n), back(n);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0, 1);
+  for (float& v : host) v = normal(gen);
+  float *in = nullptr, *out = nullptr;
+  void* wire = nullptr;
+  cudaMalloc(&in, 4 * n);
+  cudaMalloc(&out, 4 * n);
+  cudaMalloc(&wire, 4 * n);
+  cudaMemcpy(in, host.data(), 4 * n, cudaMemcpyHostToDevice);
+  std::vector<uint8_t> host_wire(4 * n);
+
+  std::printf("boundary tensor %zu values (micro-batch %d x 2048 x 2048), stage compute %.2f ms per micro-batch "
+              "(2 blocks, %s)\n",
+              n, micro_batch, stage_s * 1e3, device->name().c_str());
+  std::printf("%-6s %10s %12s %12s %12s %12s %8s %10s\n", "format", "MB", "gpu enc ms", "gpu dec ms", "host enc ms",
+              "host dec ms", "host/gpu", "gpu share");
+  bool failed = false;
+  for (WireDtype d : {WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2}) {
+    // Gradients in the few-level formats round stochastically (tensor_transport.cc): the costlier way.
+    const longhaul::StochasticRounding sr{42, 0};
+    const longhaul::StochasticRounding* rounding = longhaul::FewLevels(d) ? &sr : nullptr;
+    bool ok = true;
+    const double enc = DeviceSeconds(20, [&] { ok = ok && longhaul::cuda::EncodeWire(nullptr, in, n, d, wire, rounding).ok(); });
+    const double dec = DeviceSeconds(20, [&] { ok = ok && longhaul::cuda::DecodeWire(nullptr, wire, n, d, out).ok(); });
+    const double host_enc = HostSeconds(5, [&] { longhaul::EncodeWire(host.data(), n, d, host_wire.data(), rounding); });
+    const double host_dec = HostSeconds(5, [&] { longhaul::DecodeWire(host_wire.data(), n, d, back.data()); });
+    const double share = 2 * (enc + dec) / stage_s;
+    std::printf("%-6s %10.2f %12.3f %12.3f %12.2f %12.2f %7.0fx %9.1f%%\n", longhaul::WireDtypeName(d),
+                longhaul::WireBytes(n, d) / 1e6, enc * 1e3, dec * 1e3, host_enc * 1e3, host_dec * 1e3,
+                (host_enc + host_dec) / (enc + dec), 100 * share);
+    if (!ok || cudaDeviceSynchronize() != cudaSuccess) {
+      std::printf("  %s: a kernel failed\n", longhaul::WireDtypeName(d));
+      failed = true;
+    }
+    if (share > 0.10) {
+      std::printf("  %s: encoding and decoding twice a micro-batch take %.1f%% of the stage's compute (target <= 10%%)\n",
+                  longhaul::WireDtypeName(d), 100 * share);
+      failed = true;
+    }
+  }
+  cudaFree(in);
+  cudaFree(out);
+  cudaFree(wire);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,182 @@
+#include "cuda/wire_codec.cuh"
+
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_memory.cuh"
+#include "format/wire_levels.h"
+
+namespace longhaul::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+unsigned Grid(size_t work) { return static_cast<unsigned>((work + kThreads - 1) / kThreads); }
+
+__device__ size_t Index() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
+
+// int8, int4 and int3: blocks of kScaleBlock values scaled by their largest magnitude.
+template <int kBits_>
+struct Quantized {
+  static constexpr int kBits = kBits_;
+  static constexpr size_t kBlock = kScaleBlock;
+  __device__ static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
+    return wire::QuantizedBits<kBits>(x, scale, sr, i);
+  }
+  __device__ static float Value(uint32_t bits, float scale) { return wire::QuantizedValue<kBits>(bits, scale); }
+};
+// int2: blocks of kInt2Block values scaled by their root mean square.
+struct Int2 {
+  static constexpr int kBits = 2;
+  static constexpr size_t kBlock = kInt2Block;
+  __device__ static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
+    return wire::Int2Bits(x, scale, sr, i);
+  }
+  __device__ static float Value(uint32_t bits, float scale) { return wire::Int2Value(bits, scale); }
+};
+
+// One warp per block of kScaleBlock values: its largest magnitude (a maximum, the same in any
+// order) and whether every value is finite.
+template <int kBits>
+__global__ void QuantizedScales(const float* in, size_t n, float* scales) {
+  const size_t b = Index() / 32;
+  if (b >= wire::Blocks(n)) return;  // the whole warp: b is the warp's
+  const int lane = threadIdx.x % 32;
+  const size_t lo = b * kScaleBlock, hi = min(n, lo + kScaleBlock);
+  float most = 0;
+  bool finite = true;
+  for (size_t i = lo + lane; i < hi; i += 32) {
+    const float a = fabsf(in[i]);
+    finite = finite && wire::Finite(a);
+    if (a > most) most = a;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(~0u, most, offset));
+  finite = __all_sync(~0u, finite);
+  if (lane == 0) scales[b] = wire::QuantizedScale<kBits>(most, finite);
+}
+
+// One thread per block of kInt2Block values: the sum of squares value by value in the CPU's
+// order, so the scale is its bits too.
+__global__ void Int2Scales(const float* in, size_t n, float* scales) {
+  const size_t b = Index();
+  if (b >= wire::Int2Blocks(n)) return;
+  const size_t lo = b * kInt2Block, hi = min(n, lo + kInt2Block);
+  double squares = 0;
+  bool finite = true;
+  for (size_t i = lo; i < hi; ++i) {
+    finite = finite && wire::Finite(in[i]);
+    squares = wire::AddSquare(squares, in[i]);
+  }
+  scales[b] = wire::Int2Scale(squares, hi - lo, finite);
+}
+
+// One thread per byte of the packed values: the bits of every value that reaches into it (a
+// 3-bit value may straddle two bytes; each byte takes its own part). A block whose scale is 0 or
+// NaN keeps zeros.
+template <class F>
+__global__ void PackValues(const float* in, size_t n, const float* scales, uint8_t* values, bool stochastic,
+                           StochasticRounding sr) {
+  const size_t j = Index();
+  if (j >= wire::PackedBytes<F::kBits>(n)) return;
+  const size_t first = 8 * j / F::kBits, last = min(n - 1, (8 * j + 7) / F::kBits);
+  uint32_t byte = 0;
+  for (size_t i = first; i <= last; ++i) {
+    const float scale = scales[i / F::kBlock];
+    if (!(scale > 0)) continue;
+    const uint32_t v = F::Bits(in[i], scale, stochastic ? &sr : nullptr, i);
+    const long long shift = static_cast<long long>(F::kBits * i) - static_cast<long long>(8 * j);
+    byte |= shift >= 0 ? v << shift : v >> -shift;
+  }
+  values[j] = static_cast<uint8_t>(byte);
+}
+
+template <class F>
+__global__ void UnpackValues(const float* scales, const uint8_t* values, size_t n, float* out) {
+  const size_t i = Index();
+  if (i < n) out[i] = F::Value(wire::GetBits<F::kBits>(values, i), scales[i / F::kBlock]);
+}
+
+__global__ void ToHalf(const float* in, size_t n, __half* out) {
+  const size_t i = Index();
+  if (i < n) out[i] = __float2half_rn(in[i]);
+}
+__global__ void FromHalf(const __half* in, size_t n, float* out) {
+  const size_t i = Index();
+  if (i < n) out[i] = __half2float(in[i]);
+}
+__global__ void ToBf16(const float* in, size_t n, uint16_t* out) {
+  const size_t i = Index();
+  if (i < n) out[i] = wire::ToBf16(in[i]);
+}
+__global__ void FromBf16(const uint16_t* in, size_t n, float* out) {
+  const size_t i = Index();
+  if (i < n) out[i] = wire::FromBf16(in[i]);
+}
+
+// The scales (fp32, one per block), then the packed values (wire_dtype.h).
+template <class F>
+void Encode(cudaStream_t s, const float* in, size_t n, void* out, const StochasticRounding* sr) {
+  const size_t blocks = (n + F::kBlock - 1) / F::kBlock;
+  auto* scales = static_cast<float*>(out);
+  auto* values = static_cast<uint8_t*>(out) + 4 * blocks;
+  if constexpr (std::is_same_v<F, Int2>) {
+    Int2Scales<<<Grid(blocks), kThreads, 0, s>>>(in, n, scales);
+  } else {
+    QuantizedScales<F::kBits><<<Grid(32 * blocks), kThreads, 0, s>>>(in, n, scales);
+  }
+  PackValues<F><<<Grid(wire::PackedBytes<F::kBits>(n)), kThreads, 0, s>>>(in, n, scales, values, sr != nullptr,
+                                                                           sr ? *sr : StochasticRounding{});
+}
+
+template <class F>
+void Decode(cudaStream_t s, const void* in, size_t n, float* out) {
+  const size_t blocks = (n + F::kBlock - 1) / F::kBlock;
+  UnpackValues<F><<<Grid(n), kThreads, 0, s>>>(static_cast<const float*>(in),
+                                               static_cast<const uint8_t*>(in) + 4 * blocks, n, out);
+}
+
+absl::Status Refused(WireDtype d) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      WireDtypeName(d), " has no device encoding: it is the data-parallel exchange's, which the shards encode on the host"));
+}
+
+}  // namespace
+
+absl::Status EncodeWire(cudaStream_t s, const float* in, size_t n, WireDtype d, void* out,
+                        const StochasticRounding* sr) {
+  if (n == 0 && d != WireDtype::kTopK) return absl::OkStatus();
+  switch (d) {
+    case WireDtype::kAuto:
+    case WireDtype::kF32:
+      return Check(cudaMemcpyAsync(out, in, 4 * n, cudaMemcpyDeviceToDevice, s), "EncodeWire");
+    case WireDtype::kF16: ToHalf<<<Grid(n), kThreads, 0, s>>>(in, n, static_cast<__half*>(out)); break;
+    case WireDtype::kBf16: ToBf16<<<Grid(n), kThreads, 0, s>>>(in, n, static_cast<uint16_t*>(out)); break;
+    case WireDtype::kInt8: Encode<Quantized<8>>(s, in, n, out, sr); break;
+    case WireDtype::kInt4: Encode<Quantized<4>>(s, in, n, out, sr); break;
+    case WireDtype::kInt3: Encode<Quantized<3>>(s, in, n, out, sr); break;
+    case WireDtype::kInt2: Encode<Int2>(s, in, n, out, sr); break;
+    case WireDtype::kTopK: return Refused(d);
+  }
+  return Check(cudaGetLastError(), "EncodeWire");
+}
+
+absl::Status DecodeWire(cudaStream_t s, const void* in, size_t n, WireDtype d, float* out) {
+  if (n == 0 && d != WireDtype::kTopK) return absl::OkStatus();
+  switch (d) {
+    case WireDtype::kAuto:
+    case WireDtype::kF32:
+      return Check(cudaMemcpyAsync(out, in, 4 * n, cudaMemcpyDeviceToDevice, s), "DecodeWire");
+    case WireDtype::kF16: FromHalf<<<Grid(n), kThreads, 0, s>>>(static_cast<const __half*>(in), n, out); break;
+    case WireDtype::kBf16: FromBf16<<<Grid(n), kThreads, 0, s>>>(static_cast<const uint16_t*>(in), n, out); break;
+    case WireDtype::kInt8: Decode<Quantized<8>>(s, in, n, out); break;
+    case WireDtype::kInt4: Decode<Quantized<4>>(s, in, n, out); break;
+    case WireDtype::kInt3: Decode<Quantized<3>>(s, in, n, out); break;
+    case WireDtype::kInt2: Decode<Int2>(s, in, n, out); break;
+    case WireDtype::kTopK: return Refused(d);
+  }
+  return Check(cudaGetLastError(), "DecodeWire");
+}
+
+}  // namespace longhaul::cuda
