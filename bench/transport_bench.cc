@@ -1,9 +1,11 @@
 // Tensor transfer throughput on loopback: longhaul's transport (framed TCP, checksums, pooled
 // receive buffers) against a plain TCP socket pair moving the same bytes, in the same run; iperf3
-// and torch.distributed (gloo) send/recv too where installed; and the fixed cost of one tensor,
-// acknowledged, and one way as a pipeline's boundary tensors pay it.
+// and torch.distributed (gloo) send/recv too where installed; the fixed cost of one tensor,
+// acknowledged, and one way as a pipeline's boundary tensors pay it; and the caller's time in Send
+// for an int4 boundary tensor (encoded as it is written) against a push (encoded in Send).
 //
 //   build/bench/transport_bench [--sizes-mb 1,16,256] [--connections 1] [--chunk-mib 2] [--rounds 5]
+//                               [--encode-mb 16]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -26,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"
+#include "format/wire_dtype.h"
 #include "transport/tensor_transport.h"
 #include "util/median.h"
 
@@ -37,8 +40,13 @@ using Clock = std::chrono::steady_clock;
 
 int Repeats(size_t bytes) { return bytes >= (256u << 20) ? 5 : (bytes >= (16u << 20) ? 15 : 50); }
 
-// Seconds per transfer (median), longhaul: send until acknowledged and taken from the mailbox.
-double Longhaul(size_t bytes, int connections, int chunk_mib) {
+// Seconds per transfer (medians), longhaul: in Send (the caller's thread), and from the send until
+// acknowledged and taken from the mailbox. A tensor of `kind` in `dtype`.
+struct Timed {
+  double in_send = 0, whole = 0;
+};
+Timed Longhaul(size_t bytes, int connections, int chunk_mib, longhaul::proto::TensorKind kind = longhaul::proto::ACTIVATION,
+               longhaul::WireDtype dtype = longhaul::WireDtype::kF32) {
   longhaul::Mailbox box;
   const longhaul::AnyTensorUpTo admission(bytes / 4);
   auto server = longhaul::TensorServer::Start("127.0.0.1:0", "bench", &box, &admission);
@@ -47,23 +55,30 @@ double Longhaul(size_t bytes, int connections, int chunk_mib) {
   opt.connections = connections;
   opt.chunk_bytes = static_cast<size_t>(chunk_mib) << 20;
   longhaul::TensorClient client((*server)->address(), opt);
-  std::vector<float> x(bytes / 4, 1.5f);
-  std::vector<double> times;
+  std::vector<float> x(bytes / 4);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
+  std::vector<double> in_send, whole;
   for (int i = -1; i < Repeats(bytes); ++i) {  // i = -1 warms the connection up
     const auto t0 = Clock::now();
     longhaul::proto::TensorHeader h;
-    h.set_kind(longhaul::proto::ACTIVATION);
+    h.set_kind(kind);
     h.set_iteration(i + 1);
-    absl::Status s = client.Send(h, x.data(), x.size())->Wait();
-    auto got = box.Take({longhaul::proto::ACTIVATION, i + 1, 0, 0, 0, 0}, std::chrono::seconds(60));
+    h.set_dtype(static_cast<longhaul::proto::WireDtype>(dtype));
+    std::shared_ptr<longhaul::SendOp> op = client.Send(h, x.data(), x.size());
+    const auto t1 = Clock::now();
+    absl::Status s = op->Wait();
+    auto got = box.Take({kind, i + 1, 0, 0, 0, 0}, std::chrono::seconds(60));
     if (!s.ok() || !got.ok()) {
       std::cerr << "transport error: " << s << " " << got.status() << "\n";
       std::exit(1);
     }
-    if (i >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (i >= 0) {
+      in_send.push_back(std::chrono::duration<double>(t1 - t0).count());
+      whole.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
     box.Recycle(std::move(*got));  // as the worker does with consumed tensors
   }
-  return Median(times);
+  return {Median(in_send), Median(whole)};
 }
 
 // One way (median half round trip) of a one-element tensor bounced between two longhaul
@@ -242,8 +257,10 @@ struct Rounds {
 int main(int argc, char** argv) {
   CLI::App app{"tensor transfer: longhaul transport vs a plain TCP socket pair"};
   std::vector<int> sizes_mb = {1, 16, 256};
-  int connections = 1, chunk_mib = 2, rounds = 5;
+  int connections = 1, chunk_mib = 2, rounds = 5, encode_mb = 16;
   app.add_option("--sizes-mb", sizes_mb)->delimiter(',');
+  app.add_option("--encode-mb", encode_mb, "MB of floats sent in int4 from a boundary and from a push")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--connections", connections);
   app.add_option("--chunk-mib", chunk_mib);
   app.add_option("--rounds", rounds, "every measurement this many times, in turn")->check(CLI::Range(1, 100));
@@ -256,6 +273,7 @@ int main(int argc, char** argv) {
   };
   std::vector<PerSize> per_size(sizes_mb.size());
   Rounds fixed_ours, fixed_plain, fixed_more, one_way_ours, one_way_plain, one_way_more;
+  Rounds caller_boundary, caller_push, caller_ratio, whole_boundary, whole_push;
   bool have_gloo = false;
   for (int round = 0; round < rounds; ++round) {
     const longhaul::bench::ScriptOutput gloo_run = longhaul::bench::RunBaselineScript(
@@ -267,7 +285,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < sizes_mb.size(); ++i) {
       const size_t bytes = static_cast<size_t>(sizes_mb[i]) << 20;
       PerSize& m = per_size[i];
-      const double ours = bytes / Longhaul(bytes, connections, chunk_mib) / 1e9;
+      const double ours = bytes / Longhaul(bytes, connections, chunk_mib).whole / 1e9;
       const double plain = bytes / PlainSocket(bytes) / 1e9;
       m.ours.v.push_back(ours);
       m.plain.v.push_back(plain);
@@ -285,10 +303,20 @@ int main(int argc, char** argv) {
     }
     // The fixed cost of a tensor: its header, the thread hand-offs on both sides and the
     // acknowledgement, beyond what a socket needs to carry 4 bytes and answer them.
-    const double ours_small = Longhaul(4, connections, chunk_mib), plain_small = PlainSocket(4);
+    const double ours_small = Longhaul(4, connections, chunk_mib).whole, plain_small = PlainSocket(4);
     fixed_ours.v.push_back(ours_small * 1e6);
     fixed_plain.v.push_back(plain_small * 1e6);
     fixed_more.v.push_back((ours_small - plain_small) * 1e6);
+    // An int4 boundary tensor is encoded by the connection's thread as it is written; the same
+    // tensor sent as a gradient push is encoded in Send, on the caller's thread (the compute's).
+    const size_t encoded = static_cast<size_t>(encode_mb) << 20;
+    const Timed boundary = Longhaul(encoded, connections, chunk_mib, longhaul::proto::ACTIVATION, longhaul::WireDtype::kInt4);
+    const Timed push = Longhaul(encoded, connections, chunk_mib, longhaul::proto::GRAD_PUSH, longhaul::WireDtype::kInt4);
+    caller_boundary.v.push_back(boundary.in_send * 1e3);
+    caller_push.v.push_back(push.in_send * 1e3);
+    caller_ratio.v.push_back(push.in_send / boundary.in_send);
+    whole_boundary.v.push_back(boundary.whole * 1e3);
+    whole_push.v.push_back(push.whole * 1e3);
     const double ours_one_way = LonghaulPingPong(200), plain_one_way = PlainPingPong(200);
     one_way_ours.v.push_back(ours_one_way * 1e6);
     one_way_plain.v.push_back(plain_one_way * 1e6);
@@ -316,6 +344,11 @@ int main(int argc, char** argv) {
       "got, %s us per crossing (median of 200 half round trips); a plain socket's 4 bytes bounced, %s us: %s "
       "us more per tensor\n",
       one_way_ours.Show(0), one_way_plain.Show(0), one_way_more.Show(0));
+  std::cout << absl::StrFormat(
+      "int4, %d MB of floats: the caller spends %s ms in Send for a boundary tensor (encoded by the connection's "
+      "thread) against %s ms for a gradient push (encoded in Send): %s; whole transfer %s ms against %s ms\n",
+      encode_mb, caller_boundary.Show(2), caller_push.Show(2), caller_ratio.Show(0, "x"), whole_boundary.Show(1),
+      whole_push.Show(1));
   // The socket pair's two threads share one CPU; a tensor hops between threads on both sides, and a
   // hop to an idle CPU waits for it to wake: on a virtual machine whose idle CPUs halt at once, a
   // hypervisor's interrupt (20-35 us each in `perf sched timehist` here).

@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -659,7 +660,20 @@ struct OutPart {
   size_t bytes = 0;
   Deadline deadline;
   bool written = false;
+  // A boundary tensor's part is encoded by whichever thread writes it, just before (TensorClient::
+  // Send): the `count` floats at `from` into `encode_into` (= data). Null once done, or for a part
+  // encoded by Send itself.
+  const float* from = nullptr;
+  uint8_t* encode_into = nullptr;
+  size_t count = 0;
+  WireDtype dtype = WireDtype::kF32;
+  std::optional<StochasticRounding> rounding = std::nullopt;
   void Done(const absl::Status& s) { op->PartDone(s, written); }
+  void Encode() {
+    if (from == nullptr) return;
+    EncodeWire(from, count, dtype, encode_into, rounding ? &*rounding : nullptr);
+    from = nullptr;
+  }
 };
 
 // A part this small goes out from the caller's thread where the connection's thread sleeps and
@@ -833,6 +847,7 @@ class PeerConnection {
     if (fd_ < 0) {
       if (absl::Status s = Open(p.deadline); !s.ok()) return p.Done(Why(s));
     }
+    p.Encode();
     const Deadline deadline = p.deadline;
     const uint8_t* data = p.data;
     const size_t bytes = p.bytes;
@@ -1233,21 +1248,23 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     if (p > 0) at[p] = at[p - 1] + WireBytes(lo[p] - lo[p - 1], dtype);
   }
   const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
+  // A boundary's gradient in int4, int3 or int2 rounds stochastically (wire_dtype.h): rounded to
+  // the nearest of so few levels, its error leans the same way step after step, which the
+  // convergence bench's int4 boundaries pay for (docs/benchmarks.md). Seeded by what the tensor
+  // is, so a resend carries the same bits.
+  const bool stochastic = header.kind() == proto::GRADIENT && FewLevels(dtype);
+  const uint64_t seed = HashCoords({static_cast<uint64_t>(header.iteration()),
+                                    static_cast<uint64_t>(header.micro_batch()),
+                                    static_cast<uint64_t>(header.from_stage()),
+                                    static_cast<uint64_t>(header.from_replica())});
+  // A boundary tensor stays unchanged until it is written, as every fp32 tensor does (the
+  // schedule reuses its buffer only once the tensor came back as its gradient, or the next stage
+  // sent its own): each part is encoded by the thread that writes it, off the caller's, which is
+  // the compute's. Other tensors are encoded here, and their buffers are the caller's again at once.
+  const bool encode_late = header.kind() == proto::ACTIVATION || header.kind() == proto::GRADIENT ||
+                           header.kind() == proto::EVAL_ACTIVATION;
   if (dtype != WireDtype::kF32) {
     op->wire_.resize(at[parts]);
-    // A boundary's gradient in int4, int3 or int2 rounds stochastically (wire_dtype.h): rounded to
-    // the nearest of so few levels, its error leans the same way step after step, which the
-    // convergence bench's int4 boundaries pay for (docs/benchmarks.md). Seeded by what the tensor
-    // is, so a resend carries the same bits.
-    const bool stochastic = header.kind() == proto::GRADIENT && FewLevels(dtype);
-    const uint64_t seed = HashCoords({static_cast<uint64_t>(header.iteration()),
-                                      static_cast<uint64_t>(header.micro_batch()),
-                                      static_cast<uint64_t>(header.from_stage()),
-                                      static_cast<uint64_t>(header.from_replica())});
-    for (size_t p = 0; p < parts; ++p) {
-      const StochasticRounding sr{seed, lo[p]};
-      EncodeWire(data + lo[p], lo[p + 1] - lo[p], dtype, op->wire_.data() + at[p], stochastic ? &sr : nullptr);
-    }
     wire = op->wire_.data();
   }
   {
@@ -1260,6 +1277,14 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     h.set_part_offset(lo[p]);
     h.set_part_elements(lo[p + 1] - lo[p]);
     OutPart part{op, "", wire + at[p], at[p + 1] - at[p], deadline};
+    if (dtype != WireDtype::kF32) {
+      part.from = data + lo[p];
+      part.encode_into = op->wire_.data() + at[p];
+      part.count = lo[p + 1] - lo[p];
+      part.dtype = dtype;
+      if (stochastic) part.rounding = StochasticRounding{seed, lo[p]};
+      if (!encode_late) part.Encode();
+    }
     PutU32(part.header, static_cast<uint32_t>(h.ByteSizeLong()));
     part.header += h.SerializeAsString();
     connections_[p]->Enqueue(std::move(part));

@@ -384,9 +384,11 @@ class TensorClient {
 
   // Sends n floats in the header's dtype, or where it names none in the options' (WireDtypeFor);
   // job id, protocol version, sizes and checksum are filled in here, the rest of `header` (kind,
-  // iteration, ...) by the caller. With the fp32 wire
-  // dtype the bytes are sent from `data` itself, which must stay unchanged until the SendOp is
-  // done; fp16 and bf16 encode into the op's own buffer first. `on_failure`, where given, is called
+  // iteration, ...) by the caller. With the fp32 wire dtype the bytes are sent from `data` itself,
+  // which must stay unchanged until the SendOp is done. Another dtype is encoded into the op's own
+  // buffer: a boundary tensor's (an activation or its gradient) by the thread that writes each
+  // part, just before it does, so `data` must stay unchanged until the op is written, as the
+  // schedule keeps it; any other tensor's here, before Send returns. `on_failure`, where given, is called
   // once as the op fails other than by a cancellation, from whichever thread saw it fail: a caller
   // that waits only at its next Flush hears of a reset connection or a refusal at once.
   std::shared_ptr<SendOp> Send(proto::TensorHeader header, const float* data, size_t n,

@@ -124,6 +124,30 @@ TEST(TensorTransport, Int4GradientsRoundStochasticallyAndAResendCarriesTheSameBi
   EXPECT_EQ(receive(proto::GRADIENT, 0, 1), gradient);
 }
 
+// A boundary tensor in int4 is encoded by the connection's thread as it is written, and arrives
+// as the wire rounds it; a gradient push is encoded before Send returns, so its buffer is the
+// caller's again at once: overwritten then, the push still arrives as it was sent.
+TEST(TensorTransport, APushIsEncodedBeforeSendReturnsABoundaryTensorAsItIsWritten) {
+  Mailbox box;
+  auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TransportOptions opt;
+  opt.job_id = "jobA", opt.dtype = WireDtype::kInt4, opt.connections = 2, opt.chunk_bytes = 1 << 16;
+  TensorClient client((*server)->address(), opt);
+  const std::vector<float> x = Ramp(1'000'000);
+  std::vector<float> want(x.size());
+  RoundThroughWire(x.data(), want.data(), x.size(), WireDtype::kInt4);
+  for (const int kind : {proto::ACTIVATION, proto::GRAD_PUSH}) {
+    std::vector<float> sent = x;
+    std::shared_ptr<SendOp> op = client.Send(Header(kind, 0), sent.data(), sent.size());
+    if (kind == proto::GRAD_PUSH) std::fill(sent.begin(), sent.end(), std::nanf(""));
+    ASSERT_TRUE(op->Wait().ok());
+    auto got = box.Take(Key(kind, 0), std::chrono::seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == want) << proto::TensorKind_Name(static_cast<proto::TensorKind>(kind));
+  }
+}
+
 TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
