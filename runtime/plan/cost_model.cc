@@ -303,6 +303,26 @@ NetworkCost NetworkCost::Uniform(LinkCost link) {
 
 LinkCost MeasuredLink(double round_trip_s, double bytes_per_s) { return {round_trip_s / 2, bytes_per_s, 0}; }
 
+CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic) {
+  // Nanoseconds a value: encode to nearest, encode stochastically, decode.
+  struct Rate {
+    double encode, stochastic, decode;
+  };
+  Rate r{0, 0, 0};
+  switch (d) {
+    case WireDtype::kAuto:
+    case WireDtype::kF32:
+    case WireDtype::kTopK: break;  // topk is the exchange's; it never crosses a boundary
+    case WireDtype::kF16: r = {0.25, 0.25, 0.25}; break;
+    case WireDtype::kBf16: r = {0.18, 0.18, 0.16}; break;
+    case WireDtype::kInt8: r = {0.82, 2.75, 0.46}; break;
+    case WireDtype::kInt4: r = {1.63, 3.33, 0.62}; break;
+    case WireDtype::kInt3: r = {1.63, 3.40, 0.70}; break;
+    case WireDtype::kInt2: r = {2.58, 4.29, 0.49}; break;
+  }
+  return {elements * (stochastic ? r.stochastic : r.encode) * 1e-9, elements * r.decode * 1e-9};
+}
+
 absl::StatusOr<NetworkCost> NetworkCost::LoadMeasured(const std::string& path, int* hosts) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path, " (give a run's cluster.json)"));

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/wire_dtype.h"
 #include "model/memory_estimate.h"
 #include "model/model_config.h"
 #include "scenario/scenario.h"
@@ -137,6 +138,16 @@ inline constexpr double kPsShardBytesPerParam = 16;
 
 // A link as a probe measured it (worker/link_probe.h): one-way delay half the round trip.
 LinkCost MeasuredLink(double round_trip_s, double bytes_per_s);
+
+// A boundary tensor's encoding on the sender's host core and decoding on the receiver's, where the
+// transport does them: part by part, by the thread of the connection that writes (and reads) it
+// (transport/tensor_transport.h). `stochastic`: a gradient in int4, int3 or int2, rounded so. fp32
+// is read in place: nothing. A GPU worker's boundaries are encoded on its host too. The rates are
+// one core of the 2-core VM (docs/planning.md), 16M values at a time.
+struct CodecSeconds {
+  double encode_s = 0, decode_s = 0;
+};
+CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic);
 
 // Links between every pair of hosts. Two workers on one host talk for free, and so does anyone
 // with host -1, which sits beside every host (the coordinator of an emulation, on its router).

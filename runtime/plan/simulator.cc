@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/param_layout.h"
+#include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
 
 namespace longhaul {
@@ -297,16 +298,34 @@ class Engine {
     const size_t i = static_cast<size_t>(from_host) * hosts_ + to_host;
     const double hold = link.SerializeSeconds(bytes);
     if (Last(in.iter)) link_bytes_[i] += bytes, link_busy_[i] += hold;
+    // A boundary tensor is encoded part by part by the connection's thread as it writes, and each
+    // part decoded by the receiver's as it comes (transport/tensor_transport.h): P parts through
+    // three stages in turn, each part entering one once it is done with the last. The link is
+    // held until the last byte is written, e + s + (P - 1)·max(e, s) with e, s and d a part's
+    // encoding, bytes and decoding, and the last part is decoded d + (P - 1)·(max(e, s, d) -
+    // max(e, s)) after that.
+    double held = hold, decoded_after = 0;
+    if (kind == proto::ACTIVATION || kind == proto::GRADIENT) {
+      const CodecSeconds codec = HostCodecSeconds(elements, dtype, kind == proto::GRADIENT && FewLevels(dtype));
+      const double P = static_cast<double>(TensorParts(static_cast<size_t>(elements), kind, dtype, 1));
+      const double e = codec.encode_s / P, s = hold / P, d = codec.decode_s / P;
+      held = e + s + (P - 1) * std::max(e, s);
+      decoded_after = d + (P - 1) * (std::max({e, s, d}) - std::max(e, s));
+    }
     if (!cards_) {  // a link's messages share nothing with other links'
       const double start = std::max(t, link_free_[i]);
-      link_free_[i] = start + hold;
-      in.t = start + hold + link.latency_s;
+      link_free_[i] = start + held;
+      in.t = link_free_[i] + link.latency_s + decoded_after;
       queue_.push(in);
       return;
     }
-    // No FlowsTo here: the kReflow event at this same moment brings the others' bytes up to t.
+    // No FlowsTo here: the kReflow event at this same moment brings the others' bytes up to t. The
+    // encoding holds the link as many bytes as it would carry meanwhile at its own rate.
     const int id = static_cast<int>(flows_.size());
-    flows_.push_back({from_host, to_host, i, bytes, bytes, link.Rate(), link.latency_s, in});
+    const double rate = link.Rate();
+    const double encoding = std::isinf(rate) ? 0 : (held - hold) * rate;
+    flows_.push_back({from_host, to_host, i, bytes, bytes + encoding, rate,
+                      link.latency_s + decoded_after + (std::isinf(rate) ? held : 0), in});
     link_queue_[i].push_back(id);
     if (link_queue_[i].size() - link_next_[i] == 1) in_flight_.push_back(id);  // else it waits for the link
     // Once for everything sent at this moment (a push of many shards, parameters to every replica).

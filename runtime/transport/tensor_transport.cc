@@ -1222,6 +1222,20 @@ void TensorClient::Rearm(std::shared_ptr<SendCanceller> canceller) {
   for (auto& c : connections_) c->Rearm(canceller);
 }
 
+bool EncodedAsWritten(int kind, WireDtype dtype) {
+  // A boundary tensor stays unchanged until it is written, as every fp32 tensor does (the schedule
+  // reuses its buffer only once the tensor came back as its gradient, or the next stage sent its
+  // own): it is encoded off the caller's thread, which is the compute's. Other tensors' buffers
+  // are the caller's again once Send returns.
+  return dtype != WireDtype::kF32 &&
+         (kind == proto::ACTIVATION || kind == proto::GRADIENT || kind == proto::EVAL_ACTIVATION);
+}
+
+size_t TensorParts(size_t n, int kind, WireDtype dtype, size_t connections) {
+  const size_t pieces = (n + kWirePiece - 1) / kWirePiece, mib = WireBytes(n, dtype) >> 20;
+  return std::max<size_t>(1, std::min(pieces, EncodedAsWritten(kind, dtype) ? mib : std::min(connections, mib)));
+}
+
 std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const float* data, size_t n,
                                            std::function<void(const absl::Status&)> on_failure) {
   auto op = std::make_shared<SendOp>();
@@ -1237,11 +1251,9 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
   header.set_protocol_version(kProtocolVersion);
   header.set_dtype(static_cast<proto::WireDtype>(dtype));
   header.set_total_elements(n);
-  // Equal parts, one per connection, cut at multiples of kWirePiece values; tiny tensors go on one.
   // Each part is encoded on its own, so a receiver decodes it alone.
   const size_t pieces = (n + kWirePiece - 1) / kWirePiece;
-  const size_t parts =
-      std::max<size_t>(1, std::min({connections_.size(), WireBytes(n, dtype) / (1u << 20), pieces}));
+  const size_t parts = TensorParts(n, header.kind(), dtype, connections_.size());
   std::vector<size_t> lo(parts + 1), at(parts + 1, 0);
   for (size_t p = 0; p <= parts; ++p) {
     lo[p] = std::min(n, pieces * p / parts * kWirePiece);
@@ -1257,12 +1269,6 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
                                     static_cast<uint64_t>(header.micro_batch()),
                                     static_cast<uint64_t>(header.from_stage()),
                                     static_cast<uint64_t>(header.from_replica())});
-  // A boundary tensor stays unchanged until it is written, as every fp32 tensor does (the
-  // schedule reuses its buffer only once the tensor came back as its gradient, or the next stage
-  // sent its own): each part is encoded by the thread that writes it, off the caller's, which is
-  // the compute's. Other tensors are encoded here, and their buffers are the caller's again at once.
-  const bool encode_late = header.kind() == proto::ACTIVATION || header.kind() == proto::GRADIENT ||
-                           header.kind() == proto::EVAL_ACTIVATION;
   if (dtype != WireDtype::kF32) {
     op->wire_.resize(at[parts]);
     wire = op->wire_.data();
@@ -1283,11 +1289,11 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
       part.count = lo[p + 1] - lo[p];
       part.dtype = dtype;
       if (stochastic) part.rounding = StochasticRounding{seed, lo[p]};
-      if (!encode_late) part.Encode();
+      if (!EncodedAsWritten(header.kind(), dtype)) part.Encode();  // else by the thread that writes it
     }
     PutU32(part.header, static_cast<uint32_t>(h.ByteSizeLong()));
     part.header += h.SerializeAsString();
-    connections_[p]->Enqueue(std::move(part));
+    connections_[p % connections_.size()]->Enqueue(std::move(part));
   }
   return op;
 }

@@ -373,6 +373,15 @@ class SendOp {
 // acknowledgements) and the socket takes it at once, a part of at most 16 KiB is written by the
 // caller itself and the thread only reads its acknowledgement. Wait for every
 // SendOp before destroying the client.
+// Whether a tensor of `kind` in `dtype` is encoded by the thread that writes each part (a boundary
+// tensor in a format other than fp32) rather than before TensorClient::Send returns.
+bool EncodedAsWritten(int kind, WireDtype dtype);
+// The parts TensorClient::Send cuts n values of `kind` in `dtype` into over `connections`: equal,
+// at multiples of kWirePiece values, one per connection and MiB on the wire (a tiny tensor goes
+// whole); a tensor encoded as it is written, one per MiB whatever the connections, dealt to them
+// in turn, so that the thread encodes a part while the kernel sends the one before.
+size_t TensorParts(size_t n, int kind, WireDtype dtype, size_t connections);
+
 class TensorClient {
  public:
   // To the worker `to` at `address` (dialled there: an emulated link's proxy may stand between):

@@ -180,6 +180,28 @@ TEST(Simulator, BandwidthBoundSendsSerializeOnTheLink) {
   EXPECT_EQ(r.links.size(), 2u);
 }
 
+// An int4 boundary is encoded by the connection's thread as it is written: each message (here one
+// part) holds the link for its encoding and its bytes (a gradient's stochastic rounding costs
+// more), and the last of each direction arrives one decoding later.
+TEST(Simulator, ANarrowBoundaryHoldsTheLinkForItsEncodingAndArrivesOneDecodingLater) {
+  Simulation sim = Make(2, 1, 8);
+  sim.layout.wire = WireDtype::kInt4;
+  const double tau = 0.060, boundary = sim.layout.BoundaryElements();
+  const double rate = WireBytes(static_cast<size_t>(boundary), WireDtype::kInt4) / tau;
+  sim.network = NetworkCost::Uniform({0, rate, 0});
+  const CodecSeconds act = HostCodecSeconds(boundary, WireDtype::kInt4, false);
+  const CodecSeconds grad = HostCodecSeconds(boundary, WireDtype::kInt4, true);
+  EXPECT_GT(grad.encode_s, act.encode_s);
+  const double want =
+      8 * (tau + act.encode_s) + 8 * (tau + grad.encode_s) + act.decode_s + grad.decode_s + 2 * (kF + kB);
+  EXPECT_NEAR(Simulated(sim).iteration_s, want, kEps);
+  // Cards that do not bind price it alike, as messages that share them.
+  sim.network.SetCards(std::vector<double>(2, 10 * rate), std::vector<double>(2, 10 * rate));
+  EXPECT_NEAR(Simulated(sim).iteration_s, want, kEps);
+  // fp32 is written from the tensor itself: no encoding.
+  EXPECT_EQ(HostCodecSeconds(boundary, WireDtype::kF32, false).encode_s, 0);
+}
+
 TEST(Simulator, WireDtypeHalvesTheBytes) {
   Simulation sim = Make(2, 1, 4, 0, 1e6);
   sim.layout.wire = WireDtype::kBf16;

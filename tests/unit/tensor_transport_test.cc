@@ -148,6 +148,22 @@ TEST(TensorTransport, APushIsEncodedBeforeSendReturnsABoundaryTensorAsItIsWritte
   }
 }
 
+// A boundary tensor encoded as it is written goes in a part per MiB on the wire whatever the
+// connections (one part's encoding runs while the kernel sends the last), anything else in a part
+// per connection and MiB; a tiny tensor whole.
+TEST(TensorTransport, ABoundaryTensorEncodedAsWrittenGoesInAPartPerMiB) {
+  const size_t n = 2048 * 2048;  // a GPT-3 XL activation: 2.2 MB in int4, 16.8 MB in fp32
+  EXPECT_EQ(TensorParts(n, proto::ACTIVATION, WireDtype::kInt4, 1), 2u);
+  EXPECT_EQ(TensorParts(n, proto::GRADIENT, WireDtype::kInt4, 4), 2u);
+  EXPECT_EQ(TensorParts(n, proto::GRAD_PUSH, WireDtype::kInt4, 1), 1u);
+  EXPECT_EQ(TensorParts(n, proto::ACTIVATION, WireDtype::kF32, 1), 1u);
+  EXPECT_EQ(TensorParts(n, proto::ACTIVATION, WireDtype::kF32, 4), 4u);
+  EXPECT_EQ(TensorParts(1000, proto::ACTIVATION, WireDtype::kInt4, 4), 1u);
+  EXPECT_TRUE(EncodedAsWritten(proto::EVAL_ACTIVATION, WireDtype::kBf16));
+  EXPECT_FALSE(EncodedAsWritten(proto::ACTIVATION, WireDtype::kF32));
+  EXPECT_FALSE(EncodedAsWritten(proto::PARAMS, WireDtype::kBf16));
+}
+
 TEST(TensorTransport, StrangerFromAnotherJobIsRefusedAndTheServerGoesOn) {
   Mailbox box;
   auto server = TensorServer::Start("127.0.0.1:0", "jobA", &box, &kAnySize);
