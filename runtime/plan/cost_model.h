@@ -143,7 +143,7 @@ LinkCost MeasuredLink(double round_trip_s, double bytes_per_s);
 // transport does them: part by part, by the thread of the connection that writes (and reads) it
 // (transport/tensor_transport.h). `stochastic`: a gradient in int4, int3 or int2, rounded so. fp32
 // is read in place: nothing. A GPU worker's boundaries are encoded on its host too. The rates are
-// one core of the 2-core VM (docs/planning.md), 16M values at a time.
+// one core of the 2-core VM, as bench/wire_codec_bench's host columns print them.
 struct CodecSeconds {
   double encode_s = 0, decode_s = 0;
 };
