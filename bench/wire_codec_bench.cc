@@ -9,6 +9,7 @@
 //
 //   wire_codec_bench [--micro-batch 1] [--profile runtime/plan/profiles/h200.toml]
 #include <cuda_runtime.h>
+#include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -114,6 +115,9 @@ int main(int argc, char** argv) {
     cudaMemcpy(in, host.data(), 4 * n, cudaMemcpyHostToDevice);
   }
   std::vector<uint8_t> host_wire(4 * n);
+  // One core: the rate the planner prices a connection's thread at (the encoders share a large
+  // tensor's blocks among the cores where they are free).
+  omp_set_num_threads(1);
 
   std::printf("boundary tensor %zu values (micro-batch %d x 2048 x 2048); host: one core, ns a value (encoded to the "
               "nearest, stochastically, decoded: plan/cost_model.h's HostCodecSeconds)",

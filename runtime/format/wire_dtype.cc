@@ -32,6 +32,13 @@ void PutBits(uint8_t* values, size_t i, uint32_t v) {
   if (bit % 8 + kBits > 8) values[bit / 8 + 1] |= static_cast<uint8_t>(v >> (8 - bit % 8));
 }
 
+// Blocks are independent and each one's packed values whole bytes (128 values of 8, 4, 3 or 2
+// bits, 512 of int2's), so the cores share a large tensor's blocks: a push of a stage's shards (a
+// GPT-3 XL stage's are 100M values and more) is encoded on the thread that computes, which waits
+// for it. A boundary tensor's part (a MiB on the wire, 4M values at most) stays on its connection's
+// thread alone, beside the compute.
+constexpr size_t kParallelValues = size_t{1} << 23;
+
 // int8, int4 and int3 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q] with
 // Q = 2^(b-1) - 1, in two's complement. One template per width keeps the per-value loops free of
 // a test for which.
@@ -40,8 +47,10 @@ void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRound
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
   std::fill(values, values + PackedBytes<kBits>(n), uint8_t{0});
-  for (size_t b = 0; b * kScaleBlock < n; ++b) {
-    const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
+  const long blocks = static_cast<long>(Blocks(n));
+#pragma omp parallel for schedule(static) if (n > kParallelValues)
+  for (long b = 0; b < blocks; ++b) {
+    const size_t lo = static_cast<size_t>(b) * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     float most = 0;
     bool finite = true;
     for (size_t i = lo; i < hi; ++i) {
@@ -60,10 +69,12 @@ template <int kBits>
 void DecodeQuantized(const void* in, size_t n, float* out) {
   const auto* scales = static_cast<const uint8_t*>(in);
   const auto* values = static_cast<const uint8_t*>(in) + 4 * Blocks(n);
-  for (size_t b = 0; b * kScaleBlock < n; ++b) {
+  const long blocks = static_cast<long>(Blocks(n));
+#pragma omp parallel for schedule(static) if (n > kParallelValues)
+  for (long b = 0; b < blocks; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
-    const size_t lo = b * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
+    const size_t lo = static_cast<size_t>(b) * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
     for (size_t i = lo; i < hi; ++i) out[i] = wire::QuantizedValue<kBits>(GetBits<kBits>(values, i), scale);
   }
 }
@@ -73,8 +84,10 @@ void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* 
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
   auto* values = static_cast<uint8_t*>(out) + 4 * Int2Blocks(n);
   std::fill(values, values + PackedBytes<2>(n), uint8_t{0});
-  for (size_t b = 0; b * kInt2Block < n; ++b) {
-    const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
+  const long blocks = static_cast<long>(Int2Blocks(n));
+#pragma omp parallel for schedule(static) if (n > kParallelValues)
+  for (long b = 0; b < blocks; ++b) {
+    const size_t lo = static_cast<size_t>(b) * kInt2Block, hi = std::min(n, lo + kInt2Block);
     double squares = 0;
     bool finite = true;
     for (size_t i = lo; i < hi; ++i) {
@@ -91,10 +104,12 @@ void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* 
 void DecodeInt2(const void* in, size_t n, float* out) {
   const auto* scales = static_cast<const uint8_t*>(in);
   const auto* values = static_cast<const uint8_t*>(in) + 4 * Int2Blocks(n);
-  for (size_t b = 0; b * kInt2Block < n; ++b) {
+  const long blocks = static_cast<long>(Int2Blocks(n));
+#pragma omp parallel for schedule(static) if (n > kParallelValues)
+  for (long b = 0; b < blocks; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
-    const size_t lo = b * kInt2Block, hi = std::min(n, lo + kInt2Block);
+    const size_t lo = static_cast<size_t>(b) * kInt2Block, hi = std::min(n, lo + kInt2Block);
     for (size_t i = lo; i < hi; ++i) out[i] = wire::Int2Value(GetBits<2>(values, i), scale);
   }
 }
