@@ -20,7 +20,8 @@ using wire::GetBits;
 using wire::Int2Blocks;
 using wire::PackedBytes;
 
-// Sets value i's bits in a stream of kBits-bit values (wire_levels.h's GetBits reads them).
+// Sets value i's bits (v holds kBits of them) in a stream of kBits-bit values (wire_levels.h's
+// GetBits reads them).
 template <int kBits>
 void PutBits(uint8_t* values, size_t i, uint32_t v) {
   if constexpr (kBits == 8) {  // a plain store: the encoders' hottest loop, on every slow link
