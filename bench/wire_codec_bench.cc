@@ -12,7 +12,6 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -25,15 +24,13 @@
 #include "cuda/wire_codec.cuh"
 #include "format/wire_dtype.h"
 #include "plan/cost_model.h"
+#include "util/median.h"
 
 namespace {
 
 using longhaul::WireDtype;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using longhaul::Median;
 
 // Median seconds of `reps` runs of `f`, each timed between events on the default stream.
 template <class F>

@@ -1265,10 +1265,11 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
   // convergence bench's int4 boundaries pay for (docs/benchmarks.md). Seeded by what the tensor
   // is, so a resend carries the same bits.
   const bool stochastic = header.kind() == proto::GRADIENT && FewLevels(dtype);
-  const uint64_t seed = HashCoords({static_cast<uint64_t>(header.iteration()),
-                                    static_cast<uint64_t>(header.micro_batch()),
-                                    static_cast<uint64_t>(header.from_stage()),
-                                    static_cast<uint64_t>(header.from_replica())});
+  const uint64_t seed = stochastic ? HashCoords({static_cast<uint64_t>(header.iteration()),
+                                                 static_cast<uint64_t>(header.micro_batch()),
+                                                 static_cast<uint64_t>(header.from_stage()),
+                                                 static_cast<uint64_t>(header.from_replica())})
+                                   : 0;
   if (dtype != WireDtype::kF32) {
     op->wire_.resize(at[parts]);
     wire = op->wire_.data();

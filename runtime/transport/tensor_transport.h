@@ -367,12 +367,6 @@ class SendOp {
   double seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Sends tensors to one peer over transport.connections connections, each with its own thread
-// that connects (waiting for a peer still starting up, until the send's deadline), writes parts in
-// order and reads their acknowledgements; where that thread sleeps (between tensors or waiting for
-// acknowledgements) and the socket takes it at once, a part of at most 16 KiB is written by the
-// caller itself and the thread only reads its acknowledgement. Wait for every
-// SendOp before destroying the client.
 // Whether a tensor of `kind` in `dtype` is encoded by the thread that writes each part (a boundary
 // tensor in a format other than fp32) rather than before TensorClient::Send returns.
 bool EncodedAsWritten(int kind, WireDtype dtype);
@@ -381,6 +375,13 @@ bool EncodedAsWritten(int kind, WireDtype dtype);
 // whole); a tensor encoded as it is written, one per MiB whatever the connections, dealt to them
 // in turn, so that the thread encodes a part while the kernel sends the one before.
 size_t TensorParts(size_t n, int kind, WireDtype dtype, size_t connections);
+
+// Sends tensors to one peer over transport.connections connections, each with its own thread
+// that connects (waiting for a peer still starting up, until the send's deadline), writes parts in
+// order and reads their acknowledgements; where that thread sleeps (between tensors or waiting for
+// acknowledgements) and the socket takes it at once, a part of at most 16 KiB is written by the
+// caller itself and the thread only reads its acknowledgement. Wait for every
+// SendOp before destroying the client.
 
 class TensorClient {
  public:

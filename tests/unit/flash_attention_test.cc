@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/cuda_stage.h"
+#include "tests/support/device_buffer.h"
 
 namespace longhaul {
 namespace {
@@ -24,20 +25,8 @@ struct Shape {
   std::vector<int> prefix;  // empty: causal
 };
 
-// Device buffer of n elements of E, freed at scope end.
 template <typename E>
-struct Buffer {
-  E* p = nullptr;
-  size_t n;
-  explicit Buffer(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, n * sizeof(E)), cudaSuccess); }
-  ~Buffer() { cudaFree(p); }
-  void Put(const std::vector<E>& h) { EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(E), cudaMemcpyHostToDevice), cudaSuccess); }
-  std::vector<E> Get() const {
-    std::vector<E> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(E), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+using Buffer = testing::DeviceBuffer<E>;
 
 // What the kernels return, as floats.
 struct Result {

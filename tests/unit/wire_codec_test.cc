@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,23 +17,12 @@
 
 #include "absl/status/status.h"
 #include "cuda/cuda_stage.h"
+#include "tests/support/device_buffer.h"
 
 namespace longhaul {
 namespace {
 
-// Device buffer of n bytes, freed at scope end.
-struct Buffer {
-  void* p = nullptr;
-  size_t n;
-  explicit Buffer(size_t bytes) : n(bytes) { EXPECT_EQ(cudaMalloc(&p, n == 0 ? 1 : n), cudaSuccess); }
-  ~Buffer() { cudaFree(p); }
-  void Put(const void* h) { EXPECT_EQ(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice), cudaSuccess); }
-  std::vector<uint8_t> Get() const {
-    std::vector<uint8_t> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+using testing::DeviceBuffer;
 
 // n values, mostly Gaussian, with a block of zeros, one holding a NaN, one an infinity, one of
 // subnormals and one with an outlier, where n reaches them.
@@ -72,8 +62,8 @@ TEST_F(WireCodecCuda, EncodesAndDecodesAsTheCpuByteForByte) {
   for (size_t n : {size_t{1}, size_t{3}, size_t{127}, size_t{128}, size_t{129}, size_t{515}, size_t{4133},
                    size_t{(1 << 20) + 3}}) {
     const std::vector<float> x = Values(n, static_cast<uint32_t>(n));
-    Buffer in(4 * n);
-    in.Put(x.data());
+    DeviceBuffer<float> in(n);
+    in.Put(x);
     for (WireDtype d : formats) {
       for (bool stochastic : {false, true}) {
         if (stochastic && !IsLossy(d)) continue;
@@ -82,19 +72,21 @@ TEST_F(WireCodecCuda, EncodesAndDecodesAsTheCpuByteForByte) {
         const StochasticRounding sr{0x5eed1234u + n, 4096 * 7};
         std::vector<uint8_t> want(WireBytes(n, d));
         EncodeWire(x.data(), n, d, want.data(), stochastic ? &sr : nullptr);
-        Buffer wire(want.size());
-        ASSERT_TRUE(cuda::EncodeWire(nullptr, static_cast<const float*>(in.p), n, d, wire.p, stochastic ? &sr : nullptr).ok());
+        DeviceBuffer<uint8_t> wire(want.size());
+        ASSERT_TRUE(cuda::EncodeWire(nullptr, in.p, n, d, wire.p, stochastic ? &sr : nullptr).ok());
         const std::vector<uint8_t> got = wire.Get();
         const size_t at = FirstDifference(want, got);
         ASSERT_EQ(at, std::string::npos) << "first different byte " << at << " of " << want.size();
 
         std::vector<float> cpu(n);
         DecodeWire(want.data(), n, d, cpu.data());
-        Buffer decoded(4 * n);
-        ASSERT_TRUE(cuda::DecodeWire(nullptr, wire.p, n, d, static_cast<float*>(decoded.p)).ok());
-        std::vector<uint8_t> cpu_bytes(4 * n);
+        DeviceBuffer<float> decoded(n);
+        ASSERT_TRUE(cuda::DecodeWire(nullptr, wire.p, n, d, decoded.p).ok());
+        const std::vector<float> gpu = decoded.Get();
+        std::vector<uint8_t> cpu_bytes(4 * n), gpu_bytes(4 * n);  // as bytes: NaN equals NaN
         std::memcpy(cpu_bytes.data(), cpu.data(), 4 * n);
-        const size_t bad = FirstDifference(cpu_bytes, decoded.Get());
+        std::memcpy(gpu_bytes.data(), gpu.data(), 4 * n);
+        const size_t bad = FirstDifference(cpu_bytes, gpu_bytes);
         ASSERT_EQ(bad, std::string::npos) << "value " << bad / 4 << " decodes differently";
       }
     }
@@ -103,11 +95,12 @@ TEST_F(WireCodecCuda, EncodesAndDecodesAsTheCpuByteForByte) {
 
 // topk is the exchange's, encoded on the host: the device refuses it, saying so.
 TEST_F(WireCodecCuda, RefusesTopK) {
-  Buffer in(4 * 4096), out(4 * 4096);
-  const absl::Status s = cuda::EncodeWire(nullptr, static_cast<const float*>(in.p), 4096, WireDtype::kTopK, out.p);
+  DeviceBuffer<float> in(4096);
+  DeviceBuffer<uint8_t> out(4 * 4096);
+  const absl::Status s = cuda::EncodeWire(nullptr, in.p, 4096, WireDtype::kTopK, out.p);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(std::string(s.message()).find("host"), std::string::npos) << s;
-  EXPECT_FALSE(cuda::DecodeWire(nullptr, out.p, 4096, WireDtype::kTopK, static_cast<float*>(in.p)).ok());
+  EXPECT_FALSE(cuda::DecodeWire(nullptr, out.p, 4096, WireDtype::kTopK, in.p).ok());
 }
 
 }  // namespace
