@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
               "gpu enc ms", "gpu dec ms", "host/gpu", "gpu share");
   bool failed = false;
   for (WireDtype d : {WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3,
-                      WireDtype::kInt2}) {
+                      WireDtype::kInt2, WireDtype::kInt3H, WireDtype::kInt2H}) {
     // Gradients in the few-level formats round stochastically (tensor_transport.cc): the costlier way.
     const longhaul::StochasticRounding sr{42, 0};
     const longhaul::StochasticRounding* rounding = longhaul::FewLevels(d) ? &sr : nullptr;

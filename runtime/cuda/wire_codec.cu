@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_memory.cuh"
 #include "format/wire_levels.h"
+#include "util/status_macros.h"
 
 namespace longhaul::cuda {
 namespace {
@@ -17,25 +18,10 @@ unsigned Grid(size_t work) { return static_cast<unsigned>((work + kThreads - 1) 
 
 __device__ size_t Index() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
 
-// int8, int4 and int3: blocks of kScaleBlock values scaled by their largest magnitude.
-template <int kBits_>
-struct Quantized {
-  static constexpr int kBits = kBits_;
-  static constexpr size_t kBlock = kScaleBlock;
-  __device__ static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
-    return wire::QuantizedBits<kBits>(x, scale, sr, i);
-  }
-  __device__ static float Value(uint32_t bits, float scale) { return wire::QuantizedValue<kBits>(bits, scale); }
-};
-// int2: blocks of kInt2Block values scaled by their root mean square.
-struct Int2 {
-  static constexpr int kBits = 2;
-  static constexpr size_t kBlock = kInt2Block;
-  __device__ static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
-    return wire::Int2Bits(x, scale, sr, i);
-  }
-  __device__ static float Value(uint32_t bits, float scale) { return wire::Int2Value(bits, scale); }
-};
+// The block formats' steps, the CPU's own (format/wire_levels.h).
+template <int kBits>
+using Quantized = wire::AbsMax<kBits>;
+using Int2 = wire::Rms;
 
 // One warp per block of kScaleBlock values: its largest magnitude (a maximum, the same in any
 // order) and whether every value is finite.
@@ -57,19 +43,13 @@ __global__ void QuantizedScales(const float* in, size_t n, float* scales) {
   if (lane == 0) scales[b] = wire::QuantizedScale<kBits>(most, finite);
 }
 
-// One thread per block of kInt2Block values: the sum of squares value by value in the CPU's
-// order, so the scale is its bits too.
+// One thread per block of kInt2Block values: the sum of squares in the CPU's order, so the scale
+// is its bits too.
 __global__ void Int2Scales(const float* in, size_t n, float* scales) {
   const size_t b = Index();
   if (b >= wire::Int2Blocks(n)) return;
-  const size_t lo = b * kInt2Block, hi = min(n, lo + kInt2Block);
-  double squares = 0;
-  bool finite = true;
-  for (size_t i = lo; i < hi; ++i) {
-    finite = finite && wire::Finite(in[i]);
-    squares = wire::AddSquare(squares, in[i]);
-  }
-  scales[b] = wire::Int2Scale(squares, hi - lo, finite);
+  const size_t lo = b * kInt2Block;
+  scales[b] = Int2::Scale(in + lo, min(n - lo, kInt2Block));
 }
 
 // One thread per byte of the packed values: the bits of every value that reaches into it (a
@@ -115,6 +95,24 @@ __global__ void FromBf16(const uint16_t* in, size_t n, float* out) {
   if (i < n) out[i] = wire::FromBf16(in[i]);
 }
 
+// int3h and int2h: one thread per block of kN values, rotated (or back) where whole by
+// wire_levels.h's steps, in the CPU's order of operations; a shorter last block is copied.
+template <size_t kN>
+__global__ void RotateBlocks(const float* in, size_t n, float* out) {
+  const size_t lo = Index() * kN;
+  if (lo >= n) return;
+  if (n - lo >= kN) {
+    wire::RotateBlock<kN>(in + lo, out + lo);
+  } else {
+    for (size_t i = lo; i < n; ++i) out[i] = in[i];
+  }
+}
+template <size_t kN>
+__global__ void RotateBlocksBack(float* x, size_t n) {
+  const size_t lo = Index() * kN;
+  if (lo + kN <= n) wire::UnrotateBlock<kN>(x + lo);
+}
+
 // The scales (fp32, one per block), then the packed values (wire_dtype.h).
 template <class F>
 void Encode(cudaStream_t s, const float* in, size_t n, void* out, const StochasticRounding* sr) {
@@ -137,6 +135,21 @@ void Decode(cudaStream_t s, const void* in, size_t n, float* out) {
                                                static_cast<const uint8_t*>(in) + 4 * blocks, n, out);
 }
 
+// The rotated dtypes: F's encoding of the blocks rotated, in a stream-ordered scratch tensor.
+template <class F>
+absl::Status EncodeRotated(cudaStream_t s, const float* in, size_t n, void* out, const StochasticRounding* sr) {
+  float* rotated = nullptr;
+  LH_RETURN_IF_ERROR(Check(cudaMallocAsync(&rotated, 4 * n, s), "EncodeWire"));
+  RotateBlocks<F::kBlock><<<Grid((n + F::kBlock - 1) / F::kBlock), kThreads, 0, s>>>(in, n, rotated);
+  Encode<F>(s, rotated, n, out, sr);
+  return Check(cudaFreeAsync(rotated, s), "EncodeWire");
+}
+template <class F>
+void DecodeRotated(cudaStream_t s, const void* in, size_t n, float* out) {
+  Decode<F>(s, in, n, out);
+  if (n >= F::kBlock) RotateBlocksBack<F::kBlock><<<Grid(n / F::kBlock), kThreads, 0, s>>>(out, n);
+}
+
 absl::Status Refused(WireDtype d) {
   return absl::InvalidArgumentError(absl::StrCat(
       WireDtypeName(d), " has no device encoding: it is the data-parallel exchange's, which the shards encode on the host"));
@@ -157,6 +170,8 @@ absl::Status EncodeWire(cudaStream_t s, const float* in, size_t n, WireDtype d, 
     case WireDtype::kInt4: Encode<Quantized<4>>(s, in, n, out, sr); break;
     case WireDtype::kInt3: Encode<Quantized<3>>(s, in, n, out, sr); break;
     case WireDtype::kInt2: Encode<Int2>(s, in, n, out, sr); break;
+    case WireDtype::kInt3H: LH_RETURN_IF_ERROR(EncodeRotated<Quantized<3>>(s, in, n, out, sr)); break;
+    case WireDtype::kInt2H: LH_RETURN_IF_ERROR(EncodeRotated<Int2>(s, in, n, out, sr)); break;
     case WireDtype::kTopK: return Refused(d);
   }
   return Check(cudaGetLastError(), "EncodeWire");
@@ -174,6 +189,8 @@ absl::Status DecodeWire(cudaStream_t s, const void* in, size_t n, WireDtype d, f
     case WireDtype::kInt4: Decode<Quantized<4>>(s, in, n, out); break;
     case WireDtype::kInt3: Decode<Quantized<3>>(s, in, n, out); break;
     case WireDtype::kInt2: Decode<Int2>(s, in, n, out); break;
+    case WireDtype::kInt3H: DecodeRotated<Quantized<3>>(s, in, n, out); break;
+    case WireDtype::kInt2H: DecodeRotated<Int2>(s, in, n, out); break;
     case WireDtype::kTopK: return Refused(d);
   }
   return Check(cudaGetLastError(), "DecodeWire");

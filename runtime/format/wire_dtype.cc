@@ -20,17 +20,17 @@ using wire::GetBits;
 using wire::Int2Blocks;
 using wire::PackedBytes;
 
-// Sets value i's bits (v holds kBits of them) in a stream of kBits-bit values (wire_levels.h's
-// GetBits reads them).
+// m codes of kBits bits (codes holds room for m rounded up to 8) packed from the lowest bit of
+// out's first byte up (wire_levels.h's GetBits reads them): eight codes make kBits whole bytes.
 template <int kBits>
-void PutBits(uint8_t* values, size_t i, uint32_t v) {
-  if constexpr (kBits == 8) {  // a plain store: the encoders' hottest loop, on every slow link
-    values[i] = static_cast<uint8_t>(v);
-    return;
+void PackCodes(uint8_t* codes, size_t m, uint8_t* out) {
+  const size_t bytes = PackedBytes<kBits>(m);
+  for (size_t k = m; k % 8 != 0; ++k) codes[k] = 0;
+  for (size_t k = 0, o = 0; k < m; k += 8, o += kBits) {
+    uint64_t word = 0;
+    for (int j = 0; j < 8; ++j) word |= static_cast<uint64_t>(codes[k + j]) << (kBits * j);
+    for (int j = 0; j < kBits && o + j < bytes; ++j) out[o + j] = static_cast<uint8_t>(word >> (8 * j));
   }
-  const size_t bit = kBits * i;
-  values[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
-  if (bit % 8 + kBits > 8) values[bit / 8 + 1] |= static_cast<uint8_t>(v >> (8 - bit % 8));
 }
 
 // Blocks are independent and each one's packed values whole bytes (128 values of 8, 4, 3 or 2
@@ -40,78 +40,73 @@ void PutBits(uint8_t* values, size_t i, uint32_t v) {
 // thread alone, beside the compute.
 constexpr size_t kParallelValues = size_t{1} << 23;
 
-// int8, int4 and int3 (wire_dtype.h): the blocks' scales, then the values, each in [-Q, Q] with
-// Q = 2^(b-1) - 1, in two's complement. One template per width keeps the per-value loops free of
-// a test for which.
-template <int kBits>
-void EncodeQuantized(const float* in, size_t n, void* out, const StochasticRounding* sr) {
-  auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
-  auto* values = static_cast<uint8_t*>(out) + 4 * Blocks(n);
-  std::fill(values, values + PackedBytes<kBits>(n), uint8_t{0});
-  const long blocks = static_cast<long>(Blocks(n));
-#pragma omp parallel for schedule(static) if (n > kParallelValues)
-  for (long b = 0; b < blocks; ++b) {
-    const size_t lo = static_cast<size_t>(b) * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
-    float most = 0;
-    bool finite = true;
-    for (size_t i = lo; i < hi; ++i) {
-      const float a = std::fabs(in[i]);
-      finite = finite && wire::Finite(a);
-      most = std::max(most, a);
+// What block [lo, hi) of kN-value blocks quantizes: in int3h and int2h (kRotated) a whole
+// block rotated into `rotated`, else the values themselves.
+template <size_t kN, bool kRotated>
+const float* BlockValues(const float* in, size_t lo, size_t hi, float* rotated) {
+  if constexpr (kRotated) {
+    if (hi - lo == kN) {
+      wire::RotateBlock<kN>(in + lo, rotated);
+      return rotated;
     }
-    const float scale = wire::QuantizedScale<kBits>(most, finite);
-    std::memcpy(scales + 4 * b, &scale, 4);
-    if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
-    for (size_t i = lo; i < hi; ++i) PutBits<kBits>(values, i, wire::QuantizedBits<kBits>(in[i], scale, sr, i));
+  }
+  return in + lo;
+}
+// A decoded block rotated back where BlockValues rotated it.
+template <size_t kN, bool kRotated>
+void RotateBack(float* out, size_t lo, size_t hi) {
+  if constexpr (kRotated) {
+    if (hi - lo == kN) wire::UnrotateBlock<kN>(out + lo);
   }
 }
 
-template <int kBits>
-void DecodeQuantized(const void* in, size_t n, float* out) {
+// The block formats (wire_levels.h's AbsMax for int8, int4 and int3, Rms for int2; rotated for
+// int3h and int2h): the blocks' scales, then their values' codes. A block's codes fill
+// whole bytes (128 values of 8, 4, 3 or 2 bits, 512 of int2's), so each block writes its own.
+template <class F, bool kRotated>
+void EncodeBlocks(const float* in, size_t n, void* out, const StochasticRounding* sr) {
+  auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
+  const size_t count = (n + F::kBlock - 1) / F::kBlock;
+  auto* values = static_cast<uint8_t*>(out) + 4 * count;
+  const long blocks = static_cast<long>(count);
+#pragma omp parallel for schedule(static) if (n > kParallelValues)
+  for (long b = 0; b < blocks; ++b) {
+    const size_t lo = static_cast<size_t>(b) * F::kBlock, m = std::min(n - lo, F::kBlock);
+    uint8_t* bytes = values + lo / 8 * F::kBits;
+    float rotated[F::kBlock];
+    const float* x = BlockValues<F::kBlock, kRotated>(in, lo, lo + m, rotated);
+    const float scale = F::Scale(x, m);
+    std::memcpy(scales + 4 * b, &scale, 4);
+    if (!(scale > 0)) {  // zeros, or a NaN scale: the codes are 0
+      std::fill(bytes, bytes + PackedBytes<F::kBits>(m), uint8_t{0});
+      continue;
+    }
+    // Two loops, not a test per value: each of them the vector units take whole. int8's codes are
+    // its bytes.
+    uint8_t codes[F::kBlock];
+    uint8_t* to = F::kBits == 8 ? bytes : codes;
+    if (sr) {
+      for (size_t k = 0; k < m; ++k) to[k] = static_cast<uint8_t>(F::Bits(x[k], scale, sr, lo + k));
+    } else {
+      for (size_t k = 0; k < m; ++k) to[k] = static_cast<uint8_t>(F::Bits(x[k], scale, nullptr, lo + k));
+    }
+    if constexpr (F::kBits != 8) PackCodes<F::kBits>(codes, m, bytes);
+  }
+}
+
+template <class F, bool kRotated>
+void DecodeBlocks(const void* in, size_t n, float* out) {
   const auto* scales = static_cast<const uint8_t*>(in);
-  const auto* values = static_cast<const uint8_t*>(in) + 4 * Blocks(n);
-  const long blocks = static_cast<long>(Blocks(n));
+  const size_t count = (n + F::kBlock - 1) / F::kBlock;
+  const auto* values = static_cast<const uint8_t*>(in) + 4 * count;
+  const long blocks = static_cast<long>(count);
 #pragma omp parallel for schedule(static) if (n > kParallelValues)
   for (long b = 0; b < blocks; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
-    const size_t lo = static_cast<size_t>(b) * kScaleBlock, hi = std::min(n, lo + kScaleBlock);
-    for (size_t i = lo; i < hi; ++i) out[i] = wire::QuantizedValue<kBits>(GetBits<kBits>(values, i), scale);
-  }
-}
-
-// int2 (wire_dtype.h): the blocks' root-mean-square scales, then the values, four a byte.
-void EncodeInt2(const float* in, size_t n, void* out, const StochasticRounding* sr) {
-  auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
-  auto* values = static_cast<uint8_t*>(out) + 4 * Int2Blocks(n);
-  std::fill(values, values + PackedBytes<2>(n), uint8_t{0});
-  const long blocks = static_cast<long>(Int2Blocks(n));
-#pragma omp parallel for schedule(static) if (n > kParallelValues)
-  for (long b = 0; b < blocks; ++b) {
-    const size_t lo = static_cast<size_t>(b) * kInt2Block, hi = std::min(n, lo + kInt2Block);
-    double squares = 0;
-    bool finite = true;
-    for (size_t i = lo; i < hi; ++i) {
-      finite = finite && wire::Finite(in[i]);
-      squares = wire::AddSquare(squares, in[i]);
-    }
-    const float scale = wire::Int2Scale(squares, hi - lo, finite);
-    std::memcpy(scales + 4 * b, &scale, 4);
-    if (!(scale > 0)) continue;  // zeros, or a NaN scale: the values stay 0
-    for (size_t i = lo; i < hi; ++i) PutBits<2>(values, i, wire::Int2Bits(in[i], scale, sr, i));
-  }
-}
-
-void DecodeInt2(const void* in, size_t n, float* out) {
-  const auto* scales = static_cast<const uint8_t*>(in);
-  const auto* values = static_cast<const uint8_t*>(in) + 4 * Int2Blocks(n);
-  const long blocks = static_cast<long>(Int2Blocks(n));
-#pragma omp parallel for schedule(static) if (n > kParallelValues)
-  for (long b = 0; b < blocks; ++b) {
-    float scale;
-    std::memcpy(&scale, scales + 4 * b, 4);
-    const size_t lo = static_cast<size_t>(b) * kInt2Block, hi = std::min(n, lo + kInt2Block);
-    for (size_t i = lo; i < hi; ++i) out[i] = wire::Int2Value(GetBits<2>(values, i), scale);
+    const size_t lo = static_cast<size_t>(b) * F::kBlock, hi = std::min(n, lo + F::kBlock);
+    for (size_t i = lo; i < hi; ++i) out[i] = F::Value(GetBits<F::kBits>(values, i), scale);
+    RotateBack<F::kBlock, kRotated>(out, lo, hi);
   }
 }
 
@@ -175,9 +170,11 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kBf16: return 2 * n;
     case WireDtype::kInt8: return PackedBytes<8>(n) + 4 * Blocks(n);
     case WireDtype::kInt4: return PackedBytes<4>(n) + 4 * Blocks(n);
-    case WireDtype::kInt3: return PackedBytes<3>(n) + 4 * Blocks(n);
+    case WireDtype::kInt3:
+    case WireDtype::kInt3H: return PackedBytes<3>(n) + 4 * Blocks(n);
     case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
-    case WireDtype::kInt2: return PackedBytes<2>(n) + 4 * Int2Blocks(n);
+    case WireDtype::kInt2:
+    case WireDtype::kInt2H: return PackedBytes<2>(n) + 4 * Int2Blocks(n);
   }
   return 4 * n;
 }
@@ -194,10 +191,12 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::str
   if (name == "int4") return WireDtype::kInt4;
   if (name == "int3") return WireDtype::kInt3;
   if (name == "int2") return WireDtype::kInt2;
+  if (name == "int3h") return WireDtype::kInt3H;
+  if (name == "int2h") return WireDtype::kInt2H;
   if (name == "topk") return WireDtype::kTopK;
   if (name == "auto") return WireDtype::kAuto;
   return absl::InvalidArgumentError(absl::StrCat(key, " = \"", name,
-                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int3\", \"int2\" or \"topk\""));
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int3\", \"int2\", \"int3h\", \"int2h\" or \"topk\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -209,6 +208,8 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kInt4: return "int4";
     case WireDtype::kInt3: return "int3";
     case WireDtype::kInt2: return "int2";
+    case WireDtype::kInt3H: return "int3h";
+    case WireDtype::kInt2H: return "int2h";
     case WireDtype::kTopK: return "topk";
     case WireDtype::kAuto: return "auto";
   }
@@ -233,16 +234,22 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const Stochas
       return;
     }
     case WireDtype::kInt8:
-      EncodeQuantized<8>(in, n, out, sr);
+      EncodeBlocks<wire::AbsMax<8>, false>(in, n, out, sr);
       return;
     case WireDtype::kInt4:
-      EncodeQuantized<4>(in, n, out, sr);
+      EncodeBlocks<wire::AbsMax<4>, false>(in, n, out, sr);
       return;
     case WireDtype::kInt3:
-      EncodeQuantized<3>(in, n, out, sr);
+      EncodeBlocks<wire::AbsMax<3>, false>(in, n, out, sr);
+      return;
+    case WireDtype::kInt3H:
+      EncodeBlocks<wire::AbsMax<3>, true>(in, n, out, sr);
       return;
     case WireDtype::kInt2:
-      EncodeInt2(in, n, out, sr);
+      EncodeBlocks<wire::Rms, false>(in, n, out, sr);
+      return;
+    case WireDtype::kInt2H:
+      EncodeBlocks<wire::Rms, true>(in, n, out, sr);
       return;
     case WireDtype::kTopK:
       EncodeTopK(in, n, out);
@@ -268,16 +275,22 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     }
     case WireDtype::kInt8:
-      DecodeQuantized<8>(in, n, out);
+      DecodeBlocks<wire::AbsMax<8>, false>(in, n, out);
       return;
     case WireDtype::kInt4:
-      DecodeQuantized<4>(in, n, out);
+      DecodeBlocks<wire::AbsMax<4>, false>(in, n, out);
       return;
     case WireDtype::kInt3:
-      DecodeQuantized<3>(in, n, out);
+      DecodeBlocks<wire::AbsMax<3>, false>(in, n, out);
+      return;
+    case WireDtype::kInt3H:
+      DecodeBlocks<wire::AbsMax<3>, true>(in, n, out);
       return;
     case WireDtype::kInt2:
-      DecodeInt2(in, n, out);
+      DecodeBlocks<wire::Rms, false>(in, n, out);
+      return;
+    case WireDtype::kInt2H:
+      DecodeBlocks<wire::Rms, true>(in, n, out);
       return;
     case WireDtype::kTopK:
       DecodeTopK(in, n, out);

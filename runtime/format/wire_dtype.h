@@ -1,6 +1,7 @@
 #pragma once
-// Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16, int8, int4, int2 or
-// topk, little-endian), chosen by transport.wire_dtype whatever the sender computes in.
+// Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16, int8, int4, int3,
+// int2, the rotated int3h and int2h, or topk, little-endian), chosen by
+// transport.wire_dtype whatever the sender computes in.
 //
 // int8, int4 and int3 (the quantized dtypes): blocks of kScaleBlock values from the start of what
 // is encoded; the encoding is every block's fp32 scale (its largest magnitude / Q, Q = 127 for
@@ -29,6 +30,15 @@
 // a later one; a pipeline boundary cannot lose 31 values in 32. Decoding writes only within the
 // chunk: an offset past it is ignored, whatever a peer sends.
 //
+// int3h and int2h: int3 and int2 of the blocks rotated. Each whole block (int3h's 128 values,
+// int2h's 512) is encoded as int3's (int2's) encoding of y = H·D·x / 128 (/ 512), with H the
+// Hadamard matrix of ±1 and D a fixed diagonal of signs (format/wire_levels.h), and decodes to
+// D·H·y; a last block shorter than that travels unrotated. The rotation spreads a block's few
+// large values over all its values, so the few levels serve every value: an absmax scale no
+// longer rounds the rest to zero, and int2's levels meet the near-Gaussian block they were chosen
+// for. As many bytes as the unrotated dtype. A boundary's gradients stand int3h where int3 costs
+// them convergence, and the outer exchange int2h better than int2 (docs/benchmarks.md).
+//
 // A format is chosen by the config (transport.wire_dtype), sent and admitted by the transport and
 // priced by the planner's simulator: it sits below all three.
 #include <cstddef>
@@ -41,7 +51,8 @@ namespace longhaul {
 
 // kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
 enum class WireDtype : uint8_t {
-  kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6, kInt2 = 7, kInt3 = 8
+  kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6, kInt2 = 7, kInt3 = 8,
+  kInt3H = 9, kInt2H = 10
 };
 
 inline constexpr size_t kScaleBlock = 128;
@@ -54,18 +65,16 @@ inline constexpr size_t kTopKOneIn = 32;
 
 // Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
 inline bool IsWireDtype(int value) {
-  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt3);
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt2H);
 }
-// int8, int4, int3, int2 and topk: lossy enough that pushes carry error feedback.
-inline bool IsLossy(WireDtype d) {
-  return d == WireDtype::kInt8 || d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2 ||
-         d == WireDtype::kTopK;
-}
-// int4, int3 and int2: so few levels that a boundary's gradient in them rounds stochastically
-// (tensor_transport.cc), lest its error lean the same way step after step.
+// int4, int3 and int2, rotated or not: so few levels that a boundary's gradient in them rounds
+// stochastically (tensor_transport.cc), lest its error lean the same way step after step.
 inline bool FewLevels(WireDtype d) {
-  return d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2;
+  return d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2 || d == WireDtype::kInt3H ||
+         d == WireDtype::kInt2H;
 }
+// int8, the few-level dtypes and topk: lossy enough that pushes carry error feedback.
+inline bool IsLossy(WireDtype d) { return d == WireDtype::kInt8 || d == WireDtype::kTopK || FewLevels(d); }
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);
 // What tensors of `kind` (proto::TensorKind) travel in where the job's wire dtype is `job`:

@@ -33,7 +33,8 @@ LH_HOST_DEVICE inline size_t PackedBytes(size_t n) {
 LH_HOST_DEVICE inline float Clamp(float x, float lo, float hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 // Neither NaN nor an infinity.
-LH_HOST_DEVICE inline bool Finite(float x) {
+template <class T>
+LH_HOST_DEVICE inline bool Finite(T x) {
 #if defined(__CUDA_ARCH__)
   return isfinite(x);
 #else
@@ -41,11 +42,24 @@ LH_HOST_DEVICE inline bool Finite(float x) {
 #endif
 }
 
+// floor(y) for |y| < 2^31 (every level a block's values round to) by a conversion to int, which
+// the host's vector units do where floorf would be a call per value.
+LH_HOST_DEVICE inline float Floor(float y) {
+  const int i = static_cast<int>(y);
+  return static_cast<float>(i - (y < static_cast<float>(i) ? 1 : 0));
+}
+
 // x (in steps of the levels) rounded stochastically: up with probability x - floor(x), drawn for
-// value `i` of the part (wire_dtype.h). The 24-bit draw times 2^-24 is exact.
+// value `i` of the part (wire_dtype.h) by MurmurHash3's 32-bit finalizer (a bijection with full
+// avalanche) of its place in the tensor keyed by the seed: distinct places draw from distinct
+// words, and 32-bit multiplies are what the host's vector units do eight at a time. The 24-bit
+// draw times 2^-24 is exact.
 LH_HOST_DEVICE inline float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
-  const uint64_t bits = SplitMix64(sr.seed ^ SplitMix64(sr.offset + i));
-  return floorf(x + static_cast<float>(bits >> 40) * 0x1.0p-24f);
+  uint32_t h = static_cast<uint32_t>(sr.offset + i) ^ static_cast<uint32_t>(sr.seed ^ (sr.seed >> 32));
+  h = (h ^ (h >> 16)) * 0x85ebca6bu;
+  h = (h ^ (h >> 13)) * 0xc2b2ae35u;
+  h ^= h >> 16;
+  return Floor(x + static_cast<float>(h >> 8) * 0x1.0p-24f);
 }
 
 // int8, int4 and int3: Q = 2^(b-1) - 1 levels either side of zero.
@@ -75,24 +89,117 @@ LH_HOST_DEVICE inline float QuantizedValue(uint32_t bits, float scale) {
   return Finite(scale) ? scale * static_cast<float>(v) : scale;
 }
 
-// int2: a block's sum of squares, value by value in order (the product of two floats is exact in
-// a double, so only the order could change the sum, and it is fixed).
-LH_HOST_DEVICE inline double AddSquare(double squares, float x) {
-  return squares + static_cast<double>(x) * static_cast<double>(x);
-}
-// The block's root mean square: NaN where it holds a non-finite value.
-LH_HOST_DEVICE inline float Int2Scale(double squares, size_t count, bool finite) {
-  return finite ? static_cast<float>(sqrt(squares / static_cast<double>(count))) : NAN;
+// int2: a block's root mean square from its m values' squares summed in doubles (the product of
+// two floats is exact in one) in eight running sums, value i into sum i % 8, then the sums in
+// pairs: a fixed order, so the same bits on the host, whose vector units take the eight at once,
+// and on the device; NaN where the block holds a non-finite value.
+LH_HOST_DEVICE inline float Int2Scale(const float* x, size_t m) {
+  double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    for (size_t k = 0; k < 8; ++k) sums[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  }
+  for (size_t k = 0; i + k < m; ++k) sums[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  const double squares = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+  // A float's square is finite in a double, and 2^32 of them too: the sum is infinite or NaN only
+  // where a value is.
+  return Finite(squares) ? static_cast<float>(sqrt(squares / static_cast<double>(m))) : NAN;
 }
 // The level x / scale + 1.5 in [0, 3] (within 1.5 root mean squares) rounds to; nearest:
 // (-inf, -1) -> 0, [-1, 0) -> 1, [0, 1) -> 2, [1, inf) -> 3.
 LH_HOST_DEVICE inline uint32_t Int2Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
   const float t = x / scale;
-  return static_cast<uint32_t>(Clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : floorf(t + 2.0f), 0.0f, 3.0f));
+  return static_cast<uint32_t>(Clamp(sr ? StochasticLevel(t + 1.5f, *sr, i) : Floor(t + 2.0f), 0.0f, 3.0f));
 }
 // A block of zeros (scale 0) decodes to zeros whatever its bits; a NaN scale to NaN.
 LH_HOST_DEVICE inline float Int2Value(uint32_t bits, float scale) {
   return Finite(scale) ? scale * (static_cast<float>(bits) - 1.5f) : scale;
+}
+
+// The block formats as one interface: a block's length, its scale from its m values, each value's
+// bits and what bits decode to. int8, int4 and int3 (absmax):
+template <int kBits_>
+struct AbsMax {
+  static constexpr int kBits = kBits_;
+  static constexpr size_t kBlock = kScaleBlock;
+  // The largest magnitude in eight running maxima (a maximum is the same in any order), which the
+  // host's vector units take at once, and beside them sums of 0·x, which stay 0 unless x is a NaN
+  // or an infinity.
+  LH_HOST_DEVICE static float Scale(const float* x, size_t m) {
+    float most[8] = {0, 0, 0, 0, 0, 0, 0, 0}, poison[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    auto take = [&](size_t k, float v) {
+      const float a = fabsf(v);
+      poison[k] += 0.0f * a;
+      most[k] = a > most[k] ? a : most[k];
+    };
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      for (size_t k = 0; k < 8; ++k) take(k, x[i + k]);
+    }
+    for (size_t k = 0; i + k < m; ++k) take(k, x[i + k]);
+    float largest = 0, finite = 0;
+    for (size_t k = 0; k < 8; ++k) largest = most[k] > largest ? most[k] : largest, finite += poison[k];
+    return QuantizedScale<kBits>(largest, finite == 0);
+  }
+  LH_HOST_DEVICE static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
+    return QuantizedBits<kBits>(x, scale, sr, i);
+  }
+  LH_HOST_DEVICE static float Value(uint32_t bits, float scale) { return QuantizedValue<kBits>(bits, scale); }
+};
+// int2 (root mean square):
+struct Rms {
+  static constexpr int kBits = 2;
+  static constexpr size_t kBlock = kInt2Block;
+  LH_HOST_DEVICE static float Scale(const float* x, size_t m) { return Int2Scale(x, m); }
+  LH_HOST_DEVICE static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
+    return Int2Bits(x, scale, sr, i);
+  }
+  LH_HOST_DEVICE static float Value(uint32_t bits, float scale) { return Int2Value(bits, scale); }
+};
+
+// int3h and int2h: a whole block of kN values (a power of two) is encoded as y = H·D·x / kN,
+// with D the diagonal of RotationFlips' signs and H the kN × kN Hadamard matrix of ±1, and decoded
+// as D·H·y (H·H = kN·I). x / kN first (exact but for values under 2^-119, which the quantizing
+// rounds away in any block with a value above them), so no partial sum exceeds the block's largest
+// magnitude and none overflows; then the butterflies, each an IEEE sum or difference in one fixed
+// order, so the host and the device round alike.
+// Value i's sign in D: whether frac(i·φ) >= 1/2, an irregular pattern that a multiply gives (and
+// vectorizes), so no structured block (a constant, a Hadamard row) comes out of H·D as one spike.
+LH_HOST_DEVICE inline bool RotationFlips(size_t i) { return (static_cast<uint32_t>(i) * 0x9E3779B9u) >> 31; }
+// The stages h = 1, 2, 4 eight values at a time, written out, then the wider ones, whose pairs
+// the vector units take eight at a time; every value meets the stages in the same order either way.
+template <size_t kN>
+LH_HOST_DEVICE inline void Butterflies(float* t) {
+  static_assert(kN % 8 == 0 && (kN & (kN - 1)) == 0, "a power of two from 8");
+  for (size_t g = 0; g < kN; g += 8) {
+    float* v = t + g;
+    const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+    const float a4 = v[4] + v[5], a5 = v[4] - v[5], a6 = v[6] + v[7], a7 = v[6] - v[7];
+    const float b0 = a0 + a2, b1 = a1 + a3, b2 = a0 - a2, b3 = a1 - a3;
+    const float b4 = a4 + a6, b5 = a5 + a7, b6 = a4 - a6, b7 = a5 - a7;
+    v[0] = b0 + b4, v[1] = b1 + b5, v[2] = b2 + b6, v[3] = b3 + b7;
+    v[4] = b0 - b4, v[5] = b1 - b5, v[6] = b2 - b6, v[7] = b3 - b7;
+  }
+  for (size_t h = 8; h < kN; h *= 2) {
+    for (size_t lo = 0; lo < kN; lo += 2 * h) {
+      for (size_t j = lo; j < lo + h; ++j) {
+        const float a = t[j], b = t[j + h];
+        t[j] = a + b;
+        t[j + h] = a - b;
+      }
+    }
+  }
+}
+template <size_t kN>
+LH_HOST_DEVICE inline void RotateBlock(const float* x, float* y) {
+  constexpr float kInverse = 1.0f / static_cast<float>(kN);
+  for (size_t i = 0; i < kN; ++i) y[i] = x[i] * (RotationFlips(i) ? -kInverse : kInverse);
+  Butterflies<kN>(y);
+}
+template <size_t kN>
+LH_HOST_DEVICE inline void UnrotateBlock(float* x) {
+  Butterflies<kN>(x);
+  for (size_t i = 0; i < kN; ++i) x[i] = RotationFlips(i) ? -x[i] : x[i];
 }
 
 // Value i of a stream of kBits-bit values, packed from the lowest bit of the first byte up: at

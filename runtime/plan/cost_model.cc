@@ -315,10 +315,12 @@ CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic) {
     case WireDtype::kTopK: break;  // topk is the exchange's; it never crosses a boundary
     case WireDtype::kF16: r = {0.25, 0.25, 0.25}; break;
     case WireDtype::kBf16: r = {0.18, 0.18, 0.16}; break;
-    case WireDtype::kInt8: r = {0.82, 2.75, 0.46}; break;
-    case WireDtype::kInt4: r = {1.63, 3.33, 0.62}; break;
-    case WireDtype::kInt3: r = {1.63, 3.40, 0.70}; break;
-    case WireDtype::kInt2: r = {2.58, 4.29, 0.49}; break;
+    case WireDtype::kInt8: r = {0.65, 0.98, 0.51}; break;
+    case WireDtype::kInt4: r = {0.91, 1.25, 0.67}; break;
+    case WireDtype::kInt3: r = {0.89, 1.21, 0.74}; break;
+    case WireDtype::kInt2: r = {0.83, 1.06, 0.53}; break;
+    case WireDtype::kInt3H: r = {1.23, 1.57, 1.19}; break;
+    case WireDtype::kInt2H: r = {1.29, 1.53, 1.07}; break;
   }
   return {elements * (stochastic ? r.stochastic : r.encode) * 1e-9, elements * r.decode * 1e-9};
 }

@@ -1,5 +1,5 @@
 // Wire encodings: sizes, the error each allows, NaN kept a NaN, the quantized dtypes' blocks,
-// int4's nibbles, int3's packing, int2's levels, topk's choice per chunk and its safety against
+// int4's nibbles, int3's packing, int2's levels, the rotated dtypes' gain, topk's choice per chunk and its safety against
 // any bytes, and which dtype each kind of tensor travels in.
 #include "format/wire_dtype.h"
 
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -41,13 +42,15 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt2), 257u + 4 * 3);  // four values a byte, 3 scales of 512
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt3), 385u + 4 * 9);  // 3075 bits, 9 scales of 128
   for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                      WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
+                      WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt3H, WireDtype::kInt2H}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
     EXPECT_TRUE(IsWireDtype(static_cast<int>(d)));
   }
-  EXPECT_FALSE(IsWireDtype(9));
+  EXPECT_EQ(WireBytes(1025, WireDtype::kInt3H), WireBytes(1025, WireDtype::kInt3));
+  EXPECT_EQ(WireBytes(1025, WireDtype::kInt2H), WireBytes(1025, WireDtype::kInt2));
+  EXPECT_FALSE(IsWireDtype(11));
   EXPECT_FALSE(IsWireDtype(0));
   auto bad = ParseWireDtype("int5");
   ASSERT_FALSE(bad.ok());
@@ -173,9 +176,42 @@ TEST(WireDtype, StochasticRoundingIsUnbiasedAndTheSameHoweverATensorIsCut) {
   }
 }
 
+// A block's large values rotated over the whole block (int3h, int2h) leave the others levels of
+// their own: on Gaussian blocks with one channel in 128 forty times the rest (as a transformer's
+// residual stream has), the rotated dtypes err at most half the unrotated ones' mean square; a
+// block of zeros stays zeros, and a last block shorter than a whole one travels unrotated, as the
+// unrotated dtype carries it.
+TEST(WireDtype, RotatedDtypesSpreadABlocksLargeValuesOverItsLevels) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(64 * kInt2Block + 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % kScaleBlock == 7 ? 40.0f : 1.0f);
+  for (auto [plain, rotated] : {std::pair{WireDtype::kInt3, WireDtype::kInt3H},
+                                std::pair{WireDtype::kInt2, WireDtype::kInt2H}}) {
+    SCOPED_TRACE(WireDtypeName(rotated));
+    const std::vector<float> p = Through(x, plain), r = Through(x, rotated);
+    const size_t whole = x.size() - 5;
+    double plain_err = 0, rotated_err = 0, power = 0;
+    for (size_t i = 0; i < whole; ++i) {
+      plain_err += (p[i] - x[i]) * (p[i] - x[i]);
+      rotated_err += (r[i] - x[i]) * (r[i] - x[i]);
+      power += x[i] * x[i];
+    }
+    std::cout << WireDtypeName(plain) << " " << plain_err / power << ", " << WireDtypeName(rotated) << " "
+              << rotated_err / power << " of the values' mean square\n";
+    EXPECT_LT(rotated_err, plain_err / 2);
+    for (size_t i = whole; i < x.size(); ++i) EXPECT_EQ(r[i], p[i]) << "the unrotated last block, value " << i;
+    const std::vector<float> zeros(kInt2Block + 3, 0.0f);
+    EXPECT_EQ(Through(zeros, rotated), zeros);
+  }
+}
+
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2}) {
-    const bool rms = d == WireDtype::kInt2;
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kInt3H,
+                      WireDtype::kInt2H}) {
+    SCOPED_TRACE(WireDtypeName(d));
+    const bool rms = d == WireDtype::kInt2 || d == WireDtype::kInt2H;
+    const bool rotated = d == WireDtype::kInt3H || d == WireDtype::kInt2H;
     const size_t block = rms ? kInt2Block : kScaleBlock;
     std::vector<float> x(block + 172, 0.0f);
     EXPECT_EQ(Through(x, d), x);
@@ -184,7 +220,7 @@ TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
     const std::vector<float> y = Through(x, d);
     for (size_t i = 0; i < block; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
     if (!rms) {  // int2's levels are halves of its blocks' root mean square
-      EXPECT_FLOAT_EQ(y[block + 72], 1.5f);
+      EXPECT_NEAR(y[block + 72], 1.5f, rotated ? 1e-5f : 0.0f);  // rotated: back through doubles
     }
     EXPECT_GT(y[block + 72], 0.0f);
     EXPECT_TRUE(std::isfinite(y[block + 73]));
@@ -201,7 +237,7 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
     for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                        WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
+                        WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt2H}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -257,7 +293,8 @@ TEST(WireDtype, TopKDecodesAnyBytesWithinTheTensor) {
 }
 
 TEST(WireDtype, ParametersNeverTravelQuantized) {
-  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK}) {
+  for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK,
+                      WireDtype::kInt3H, WireDtype::kInt2H}) {
     EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
     for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }
