@@ -59,14 +59,17 @@ const std::vector<BenchSetting>& Settings() {
       {"local_steps 16 int4", {"train.local_steps=16", "transport.wire_dtype=\"int4\""}, 1, false},
       {"local_steps 16 topk", {"train.local_steps=16", "transport.exchange_dtype=\"topk\""}, 1, false},
       {"local_steps 16 int2 exchange", {"train.local_steps=16", "transport.exchange_dtype=\"int2\""}, 1, false},
-      {"local_steps 16 int2 exchange overlapped",
-       {"train.local_steps=16", "transport.exchange_dtype=\"int2\"", "train.overlap_outer=true"}, 1, false},
+      {"local_steps 16 int2h exchange overlapped",
+       {"train.local_steps=16", "transport.exchange_dtype=\"int2h\"", "train.overlap_outer=true"}, 1, false},
       // A pipeline boundary (2 stages x the exact path's replicas) whose activations and their
-      // gradients travel quantized, as do the pushes. int8, int3 and int2 there, and int3 or int2
-      // gradients under int4 activations, are measured with --try (the shipped penalties say
-      // how): int8 costs what it costs on the pushes alone, int3 more than int4, int2 either way
-      // ruins the run, and the whole table must fit its hour.
+      // gradients travel quantized, as do the pushes. int8, int3 and int2 there, their rotated
+      // int3h and int2h, and narrower gradients under int4 activations, are measured with --try
+      // (the shipped penalties say how): int8 costs what it costs on the pushes alone, int3 and
+      // int3h activations more than int4, int2 or int2h ones ruin the run, and the whole table
+      // must fit its hour.
       {"int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 1, false},
+      {"int4 boundaries, int3h gradients",
+       {"cluster.stages=2", "transport.wire_dtype=\"int4\"", "transport.gradient_dtype=\"int3h\""}, 1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };
