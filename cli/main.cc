@@ -37,8 +37,10 @@
 
 namespace {
 
+// One write for the whole line: std::cerr writes each << on its own, and the processes of a local
+// job share one stderr, where another process's line could land between a prefix and its message.
 int Fail(const absl::Status& s, int code) {
-  std::cerr << "longhaul: error: " << s.message() << "\n";
+  std::cerr << absl::StrCat("longhaul: error: ", s.message(), "\n");
   return code;
 }
 

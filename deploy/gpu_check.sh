@@ -131,7 +131,7 @@ else
 fi
 
 if step "wire_codec_test" "$run" wire_codec_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
-  result "wire format kernels" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: fp16, bf16, int8, int4, int3, int2 on the device byte for byte the CPU's, both roundings"
+  result "wire format kernels" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: fp16, bf16, int8, int4, int3, int2, int3h, int2h on the device byte for byte the CPU's, both roundings"
 else
   result "wire format kernels" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi

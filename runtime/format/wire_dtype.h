@@ -84,11 +84,11 @@ WireDtype WireDtypeFor(WireDtype job, int kind);
 absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::string& key = "transport.wire_dtype");
 const char* WireDtypeName(WireDtype d);
 
-// Stochastic rounding (int8, int4, int2): a value rounds to the level above it with probability
-// its distance above the level below (in steps), so its expected decoding is the value itself
-// within the levels' range. The draw for value i of a part is a hash of (seed, offset + i), with
-// offset the part's first value in its tensor: the same bits however a tensor is cut into parts,
-// and the same again when a recovery sends the tensor anew.
+// Stochastic rounding (the quantized dtypes): a value rounds to the level above it with
+// probability its distance above the level below (in steps), so its expected decoding is the
+// value itself within the levels' range. The draw for value i of a part is a hash of (seed,
+// offset + i), with offset the part's first value in its tensor: the same bits however a tensor
+// is cut into parts, and the same again when a recovery sends the tensor anew.
 struct StochasticRounding {
   uint64_t seed = 0;
   size_t offset = 0;

@@ -51,8 +51,8 @@ LH_HOST_DEVICE inline float Floor(float y) {
 
 // x (in steps of the levels) rounded stochastically: up with probability x - floor(x), drawn for
 // value `i` of the part (wire_dtype.h) by MurmurHash3's 32-bit finalizer (a bijection with full
-// avalanche) of its place in the tensor keyed by the seed: distinct places draw from distinct
-// words, and 32-bit multiplies are what the host's vector units do eight at a time. The 24-bit
+// avalanche) of its place in the tensor keyed by the seed: distinct places (of the first 2^32)
+// draw from distinct words, and 32-bit multiplies are what the host's vector units do eight at a time. The 24-bit
 // draw times 2^-24 is exact.
 LH_HOST_DEVICE inline float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
   uint32_t h = static_cast<uint32_t>(sr.offset + i) ^ static_cast<uint32_t>(sr.seed ^ (sr.seed >> 32));
@@ -159,10 +159,10 @@ struct Rms {
 
 // int3h and int2h: a whole block of kN values (a power of two) is encoded as y = H·D·x / kN,
 // with D the diagonal of RotationFlips' signs and H the kN × kN Hadamard matrix of ±1, and decoded
-// as D·H·y (H·H = kN·I). x / kN first (exact but for values under 2^-119, which the quantizing
-// rounds away in any block with a value above them), so no partial sum exceeds the block's largest
-// magnitude and none overflows; then the butterflies, each an IEEE sum or difference in one fixed
-// order, so the host and the device round alike.
+// as D·H·y (H·H = kN·I). x / kN first (exact but for values under 2^-117, which lose bits, alike
+// on the host and the device), so no partial sum exceeds the block's largest magnitude and none
+// overflows; then the butterflies, each an IEEE sum or difference in one fixed order, so the host
+// and the device round alike.
 // Value i's sign in D: whether frac(i·φ) >= 1/2, an irregular pattern that a multiply gives (and
 // vectorizes), so no structured block (a constant, a Hadamard row) comes out of H·D as one spike.
 LH_HOST_DEVICE inline bool RotationFlips(size_t i) { return (static_cast<uint32_t>(i) * 0x9E3779B9u) >> 31; }

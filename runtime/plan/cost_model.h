@@ -141,7 +141,7 @@ LinkCost MeasuredLink(double round_trip_s, double bytes_per_s);
 
 // A boundary tensor's encoding on the sender's host core and decoding on the receiver's, where the
 // transport does them: part by part, by the thread of the connection that writes (and reads) it
-// (transport/tensor_transport.h). `stochastic`: a gradient in int4, int3 or int2, rounded so. fp32
+// (transport/tensor_transport.h). `stochastic`: a gradient in a FewLevels dtype, rounded so. fp32
 // is read in place: nothing. A GPU worker's boundaries are encoded on its host too. The rates are
 // one core of the 2-core VM, as bench/wire_codec_bench's host columns print them.
 struct CodecSeconds {

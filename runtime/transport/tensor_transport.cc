@@ -1260,7 +1260,7 @@ std::shared_ptr<SendOp> TensorClient::Send(proto::TensorHeader header, const flo
     if (p > 0) at[p] = at[p - 1] + WireBytes(lo[p] - lo[p - 1], dtype);
   }
   const uint8_t* wire = reinterpret_cast<const uint8_t*>(data);
-  // A boundary's gradient in int4, int3 or int2 rounds stochastically (wire_dtype.h): rounded to
+  // A boundary's gradient in a FewLevels dtype rounds stochastically (wire_dtype.h): rounded to
   // the nearest of so few levels, its error leans the same way step after step, which the
   // convergence bench's int4 boundaries pay for (docs/benchmarks.md). Seeded by what the tensor
   // is, so a resend carries the same bits.

@@ -220,7 +220,7 @@ TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
     const std::vector<float> y = Through(x, d);
     for (size_t i = 0; i < block; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
     if (!rms) {  // int2's levels are halves of its blocks' root mean square
-      EXPECT_NEAR(y[block + 72], 1.5f, rotated ? 1e-5f : 0.0f);  // rotated: back through doubles
+      EXPECT_NEAR(y[block + 72], 1.5f, rotated ? 1e-5f : 0.0f);  // rotated: back through the butterflies
     }
     EXPECT_GT(y[block + 72], 0.0f);
     EXPECT_TRUE(std::isfinite(y[block + 73]));
@@ -237,7 +237,8 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
   for (size_t n : {3 * kWirePiece + 77, 70 * kWirePiece + 77}) {
     const std::vector<float> x = Wavy(n);
     for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                        WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt2H}) {
+                        WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt3H,
+                        WireDtype::kInt2H}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
