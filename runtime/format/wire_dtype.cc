@@ -40,23 +40,23 @@ void PackCodes(uint8_t* codes, size_t m, uint8_t* out) {
 // thread alone, beside the compute.
 constexpr size_t kParallelValues = size_t{1} << 23;
 
-// What block [lo, hi) of kN-value blocks quantizes: in int3h and int2h (kRotated) a whole
+// What a block of m values (of kN-value blocks) quantizes: in int3h and int2h (kRotated) a whole
 // block rotated into `rotated`, else the values themselves.
 template <size_t kN, bool kRotated>
-const float* BlockValues(const float* in, size_t lo, size_t hi, float* rotated) {
+const float* BlockValues(const float* block, size_t m, float* rotated) {
   if constexpr (kRotated) {
-    if (hi - lo == kN) {
-      wire::RotateBlock<kN>(in + lo, rotated);
+    if (m == kN) {
+      wire::RotateBlock<kN>(block, rotated);
       return rotated;
     }
   }
-  return in + lo;
+  return block;
 }
-// A decoded block rotated back where BlockValues rotated it.
+// A decoded block of m values rotated back where BlockValues rotated it.
 template <size_t kN, bool kRotated>
-void RotateBack(float* out, size_t lo, size_t hi) {
+void RotateBack(float* block, size_t m) {
   if constexpr (kRotated) {
-    if (hi - lo == kN) wire::UnrotateBlock<kN>(out + lo);
+    if (m == kN) wire::UnrotateBlock<kN>(block);
   }
 }
 
@@ -74,7 +74,7 @@ void EncodeBlocks(const float* in, size_t n, void* out, const StochasticRounding
     const size_t lo = static_cast<size_t>(b) * F::kBlock, m = std::min(n - lo, F::kBlock);
     uint8_t* bytes = values + lo / 8 * F::kBits;
     float rotated[F::kBlock];
-    const float* x = BlockValues<F::kBlock, kRotated>(in, lo, lo + m, rotated);
+    const float* x = BlockValues<F::kBlock, kRotated>(in + lo, m, rotated);
     const float scale = F::Scale(x, m);
     std::memcpy(scales + 4 * b, &scale, 4);
     if (!(scale > 0)) {  // zeros, or a NaN scale: the codes are 0
@@ -106,7 +106,7 @@ void DecodeBlocks(const void* in, size_t n, float* out) {
     std::memcpy(&scale, scales + 4 * b, 4);
     const size_t lo = static_cast<size_t>(b) * F::kBlock, hi = std::min(n, lo + F::kBlock);
     for (size_t i = lo; i < hi; ++i) out[i] = F::Value(GetBits<F::kBits>(values, i), scale);
-    RotateBack<F::kBlock, kRotated>(out, lo, hi);
+    RotateBack<F::kBlock, kRotated>(out + lo, hi - lo);
   }
 }
 

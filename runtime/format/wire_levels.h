@@ -52,8 +52,8 @@ LH_HOST_DEVICE inline float Floor(float y) {
 // x (in steps of the levels) rounded stochastically: up with probability x - floor(x), drawn for
 // value `i` of the part (wire_dtype.h) by MurmurHash3's 32-bit finalizer (a bijection with full
 // avalanche) of its place in the tensor keyed by the seed: distinct places (of the first 2^32)
-// draw from distinct words, and 32-bit multiplies are what the host's vector units do eight at a time. The 24-bit
-// draw times 2^-24 is exact.
+// draw from distinct words, and 32-bit multiplies are what the host's vector units do eight at a
+// time. The 24-bit draw times 2^-24 is exact.
 LH_HOST_DEVICE inline float StochasticLevel(float x, const StochasticRounding& sr, size_t i) {
   uint32_t h = static_cast<uint32_t>(sr.offset + i) ^ static_cast<uint32_t>(sr.seed ^ (sr.seed >> 32));
   h = (h ^ (h >> 16)) * 0x85ebca6bu;
@@ -89,17 +89,27 @@ LH_HOST_DEVICE inline float QuantizedValue(uint32_t bits, float scale) {
   return Finite(scale) ? scale * static_cast<float>(v) : scale;
 }
 
-// int2: a block's root mean square from its m values' squares summed in doubles (the product of
-// two floats is exact in one) in eight running sums, value i into sum i % 8, then the sums in
-// pairs: a fixed order, so the same bits on the host, whose vector units take the eight at once,
-// and on the device; NaN where the block holds a non-finite value.
-LH_HOST_DEVICE inline float Int2Scale(const float* x, size_t m) {
-  double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// take(i % 8, x[i]) for each of m values in order, eight at a time: a block's scale kept in eight
+// lanes, which the host's vector units take at once.
+template <class Take>
+LH_HOST_DEVICE inline void InLanes(const float* x, size_t m, Take take) {
   size_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    for (size_t k = 0; k < 8; ++k) sums[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+    for (size_t k = 0; k < 8; ++k) take(k, x[i + k]);
   }
-  for (size_t k = 0; i + k < m; ++k) sums[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  for (size_t k = 0; i + k < m; ++k) take(k, x[i + k]);
+}
+
+// int2: a block's root mean square from its m values' squares summed in doubles (the product of
+// two floats is exact in one) in eight running sums (InLanes), then the sums in pairs: a fixed
+// order, so the same bits on the host and on the device; NaN where the block holds a non-finite
+// value.
+LH_HOST_DEVICE inline float Int2Scale(const float* x, size_t m) {
+  double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  InLanes(x, m, [&](size_t k, float v) {
+    const double d = v;
+    sums[k] += d * d;
+  });
   const double squares = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
   // A float's square is finite in a double, and 2^32 of them too: the sum is infinite or NaN only
   // where a value is.
@@ -122,21 +132,15 @@ template <int kBits_>
 struct AbsMax {
   static constexpr int kBits = kBits_;
   static constexpr size_t kBlock = kScaleBlock;
-  // The largest magnitude in eight running maxima (a maximum is the same in any order), which the
-  // host's vector units take at once, and beside them sums of 0·x, which stay 0 unless x is a NaN
-  // or an infinity.
+  // The largest magnitude in eight running maxima (InLanes; a maximum is the same in any order),
+  // and beside them sums of 0·x, which stay 0 unless x is a NaN or an infinity.
   LH_HOST_DEVICE static float Scale(const float* x, size_t m) {
     float most[8] = {0, 0, 0, 0, 0, 0, 0, 0}, poison[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    auto take = [&](size_t k, float v) {
+    InLanes(x, m, [&](size_t k, float v) {
       const float a = fabsf(v);
       poison[k] += 0.0f * a;
       most[k] = a > most[k] ? a : most[k];
-    };
-    size_t i = 0;
-    for (; i + 8 <= m; i += 8) {
-      for (size_t k = 0; k < 8; ++k) take(k, x[i + k]);
-    }
-    for (size_t k = 0; i + k < m; ++k) take(k, x[i + k]);
+    });
     float largest = 0, finite = 0;
     for (size_t k = 0; k < 8; ++k) largest = most[k] > largest ? most[k] : largest, finite += poison[k];
     return QuantizedScale<kBits>(largest, finite == 0);
