@@ -11,10 +11,10 @@
 namespace longhaul {
 
 Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-                   int stages, int micro_batches, int group, size_t boundary)
+                   int stages, int micro_batches, int group, BoundaryShape boundary)
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), group_(group),
-      boundary_(boundary), grads_out_(micro_batches) {
+      boundary_(boundary), grads_out_(micro_batches), acts_out_(micro_batches) {
   // Between blocks too, a stopped version computes nothing more.
   hooks_.before_forward = [this](size_t end) {
     if (hook_status_.ok()) hook_status_ = channel_.Stopped();
@@ -74,8 +74,8 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
     case Op::kRecvGrad: {
       LH_RETURN_IF_ERROR(FlushSends(pass));
       const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
-      LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m],
-                          channel_.Receive(kind, pass.it, m, &pass.result.wait_seconds));
+      LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(kind, pass.it, m, &pass.result.wait_seconds));
+      (in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m] = Incoming(std::move(got));
       return absl::OkStatus();
     }
     case Op::kForward:
@@ -132,7 +132,7 @@ absl::Status Executor::Forward(Pass& pass, int m) {
     if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
     pull_pending_ = -1;
   }
-  channel_.Recycle(std::move(pass.inputs[m]));
+  Release(std::move(pass.inputs[m]));
   if (last_) pass.result.loss += loss / micro_batches_;
   Computed(pass, absl::StrCat("F", m), m, t0, pass.result.wait_seconds - waited_before);
   return FlushSends(pass);
@@ -152,7 +152,7 @@ absl::Status Executor::Backward(Pass& pass, int m) {
     LH_RETURN_IF_ERROR(channel_.PushGradients(pass.it, stage_, 0, m / group_));
     LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   }
-  channel_.Recycle(std::move(pass.grads_in[m]));
+  Release(std::move(pass.grads_in[m]));
   Computed(pass, absl::StrCat("B", m), m, t0);
   return FlushSends(pass);
 }
@@ -161,13 +161,39 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
   const int m = in.micro;
   if (in.op == Op::kSendAct) {
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
-    channel_.Send(proto::ACTIVATION, pass.it, m, out, boundary_);
+    if (boundary_.narrowed()) {
+      Outgoing(out, acts_out_[m]);
+      out = acts_out_[m].data();
+    }
+    channel_.Send(proto::ACTIVATION, pass.it, m, out, boundary_.sent());
     return absl::OkStatus();
   }
   LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % stage_.slots()));
-  grads_out_[m].assign(grad, grad + boundary_);
-  channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), boundary_);
+  Outgoing(grad, grads_out_[m]);
+  channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), boundary_.sent());
   return absl::OkStatus();
+}
+
+void Executor::Outgoing(const float* full, std::vector<float>& out) const {
+  out.resize(boundary_.sent());
+  if (boundary_.narrowed()) {
+    boundary_.Keep(full, out.data());
+  } else {
+    std::copy_n(full, out.size(), out.data());
+  }
+}
+
+std::vector<float> Executor::Incoming(std::vector<float> sent) {
+  if (!boundary_.narrowed()) return sent;
+  std::vector<float> full(boundary_.floats());
+  boundary_.Restore(sent.data(), full.data());
+  channel_.Recycle(std::move(sent));
+  return full;
+}
+
+// A widened buffer is of no size the mailbox hands out again.
+void Executor::Release(std::vector<float> read) {
+  if (!boundary_.narrowed()) channel_.Recycle(std::move(read));
 }
 
 absl::Status Executor::FlushSends(Pass& pass) {
@@ -199,18 +225,19 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
     const int micro = static_cast<int>(m);
     std::vector<float> input;
     if (!first_) {
-      LH_ASSIGN_OR_RETURN(input, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
+      LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
+      input = Incoming(std::move(got));
     }
     LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(0, mbs[m], first_ ? nullptr : input.data()));
     LH_RETURN_IF_ERROR(TakeHookStatus());
-    if (!first_) channel_.Recycle(std::move(input));
+    if (!first_) Release(std::move(input));
     if (last_) {
       loss_sum += loss;
       continue;
     }
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(0));
-    outputs[m].assign(out, out + boundary_);
-    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), boundary_);
+    Outgoing(out, outputs[m]);
+    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), boundary_.sent());
   }
   LH_RETURN_IF_ERROR(channel_.Flush(it));
   timeline_.Add("validation", Track::kCompute, t0, Timeline::NowMicros(), it, -1);

@@ -83,9 +83,10 @@ class Executor {
   // micro-batches, whose activations must fit in the stage's slots. Their gradients sum in groups
   // of `group` (the job's train.micro_batches; micro_batches a multiple of it), each a mean over
   // its micro-batches pushed on its own, as the job's replica it stands for would push it.
-  // Boundary tensors hold `boundary` floats. The references must outlive the executor.
+  // Boundary tensors are shaped as `boundary` says: a subspace model's cross a link narrowed to
+  // its kept columns. The references must outlive the executor.
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-           int stages, int micro_batches, int group, size_t boundary);
+           int stages, int micro_batches, int group, BoundaryShape boundary);
   ~Executor();
   Executor(const Executor&) = delete;  // the stage's hooks call back into this object
   Executor& operator=(const Executor&) = delete;
@@ -147,6 +148,12 @@ class Executor {
   void Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited = 0);
   // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
   absl::Status TakeHookStatus();
+  // A boundary tensor as it leaves: `full` copied into `out` (narrowed where boundary_ says).
+  void Outgoing(const float* full, std::vector<float>& out) const;
+  // A received boundary tensor as the stage reads it (widened where boundary_ says), and its
+  // buffer given back once read.
+  std::vector<float> Incoming(std::vector<float> sent);
+  void Release(std::vector<float> read);
 
   Stage& stage_;
   Channel& channel_;
@@ -155,10 +162,11 @@ class Executor {
   std::map<IterationEnd, std::vector<Instr>> programs_;
   const bool first_, last_;
   const int micro_batches_, group_;
-  const size_t boundary_;
+  const BoundaryShape boundary_;
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
-  // and an fp32 send reads its buffer until the iteration's sends are done.
-  std::vector<std::vector<float>> grads_out_;
+  // and an fp32 send reads its buffer until the iteration's sends are done. Narrowed activations
+  // wait so too; whole ones are sent from the stage's slot, which lives until their backward.
+  std::vector<std::vector<float>> grads_out_, acts_out_;
   // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in
   // hook_status_ until its Forward or Backward returns.
   ExchangeHooks hooks_;

@@ -79,10 +79,9 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   LH_RETURN_IF_ERROR(t->stage_->AttachOptimizer(
       {tc.adamw, LrSchedule{tc.lr, tc.min_lr, tc.warmup_steps, tc.steps}, tc.grad_clip}));
   t->channel_ = std::make_unique<LocalChannel>(*t->stage_);
-  const size_t boundary = static_cast<size_t>(tc.micro_batch_size) * tc.seq_len * cfg.model.d_model;
   t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
                                             MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches, true), 0, 1,
-                                            tc.micro_batches, tc.micro_batches, boundary);
+                                            tc.micro_batches, tc.micro_batches, cfg.boundary());
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
                    cfg.train.micro_batches};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());

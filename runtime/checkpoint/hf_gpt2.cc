@@ -120,6 +120,8 @@ absl::Status ImportHfGpt2(const std::string& dir, const ModelConfig& cfg, const 
   compare("model.n_layer", file.n_layer, cfg.n_layer);
   compare("model.n_head", file.n_head, cfg.n_head);
   compare("model.d_model", file.d_model, cfg.d_model);
+  // A GPT-2 trained without a subspace would change where its residual stream is cut to one.
+  compare("model.subspace_divisor", file.subspace_divisor, cfg.subspace_divisor);
   if (cfg.tied_head && !file.tied_head) {
     differ.push_back("an untied head (the config ties it)");
     fixes.push_back("--set model.tied_head=false");

@@ -49,6 +49,13 @@ absl::StatusOr<ModelConfig> RecordedModel(const std::string& state_dir, const Ch
     if (!m["tied_head"].is_boolean()) return corrupt(absl::StrCat("model.tied_head = ", m["tied_head"].dump()));
     c.tied_head = m["tied_head"].get<bool>();
   }
+  if (m.contains("subspace_divisor")) {
+    if (!m["subspace_divisor"].is_number_integer() || m["subspace_divisor"].get<int64_t>() < 1 ||
+        m["subspace_divisor"].get<int64_t>() > (1 << 24)) {
+      return corrupt(absl::StrCat("model.subspace_divisor = ", m["subspace_divisor"].dump()));
+    }
+    c.subspace_divisor = static_cast<int>(m["subspace_divisor"].get<int64_t>());
+  }
   if (m.contains("attention")) {
     if (!m["attention"].is_string()) return corrupt(absl::StrCat("model.attention = ", m["attention"].dump()));
     absl::StatusOr<AttentionMask> mask = ParseAttentionMask(m["attention"].get<std::string>());
@@ -131,6 +138,9 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
   const ParamLayout whole(out.model, StageSpec::Whole(out.model));
   out.params.assign(whole.total(), 0.0f);
   LH_RETURN_IF_ERROR(LoadFromPieces(pieces, whole, out.params.data(), nullptr, nullptr));
+  // The model the stages ran: a lossy push may have left nonzeros where a subspace model holds
+  // zeros on its parameter servers, which every stage zeroes as it takes them.
+  ZeroRuns(whole.SubspaceRuns(out.model), out.params.data());
   return out;
 }
 

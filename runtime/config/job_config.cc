@@ -240,6 +240,7 @@ const std::vector<KeyDef>& Table() {
       Value("model", "n_head", R::kMustMatch, LH_FIELD(model.n_head)),
       Value("model", "d_model", R::kMustMatch, LH_FIELD(model.d_model)),
       Value("model", "tied_head", R::kMustMatch, LH_FIELD(model.tied_head)),
+      Value("model", "subspace_divisor", R::kMustMatch, LH_FIELD(model.subspace_divisor)),
       Choice("model", "attention", R::kMustMatch, LH_FIELD(model.attention), ParseAttentionMask, AttentionMaskName),
 
       Choice("data", "source", R::kMustMatch, LH_FIELD(data.source), ParseDataSource, DataSourceName),

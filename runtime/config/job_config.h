@@ -193,10 +193,12 @@ struct JobConfig {
   int64_t tokens_per_step() const {
     return static_cast<int64_t>(train.micro_batch_size) * train.micro_batches * train.seq_len * cluster.replicas;
   }
-  // Floats of one micro-batch's tensor between stages: an activation or its gradient.
-  size_t boundary_floats() const {
-    return static_cast<size_t>(train.micro_batch_size) * train.seq_len * model.d_model;
+  // One micro-batch's tensor between stages, an activation or its gradient, and the floats of it
+  // a link carries.
+  BoundaryShape boundary() const {
+    return {static_cast<size_t>(train.micro_batch_size) * train.seq_len, model.d_model, model.residual_width()};
   }
+  size_t boundary_floats() const { return boundary().sent(); }
   // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
   StageSpec Stage(int stage) const;
   // Blocks of every stage: cluster.stage_layers, or the even split it defaults to.

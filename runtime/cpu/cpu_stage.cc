@@ -77,6 +77,8 @@ absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
         absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, num_params()));
   }
   std::copy(values, values + n, stage_->params() + begin);
+  // A lossy wire, a checkpoint or an import may carry nonzeros where a subspace model holds zeros.
+  ZeroRuns(ClipRuns(stage_->subspace_runs(), begin, begin + n), stage_->params());
   return absl::OkStatus();
 }
 

@@ -43,7 +43,8 @@ struct GptStage::Activations {
 };
 
 GptStage::GptStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, bool recompute)
-    : cfg_(cfg), spec_(spec), layout_(cfg, spec), B_(B), T_(T), recompute_(recompute) {}
+    : cfg_(cfg), spec_(spec), layout_(cfg, spec), B_(B), T_(T), recompute_(recompute),
+      subspace_(layout_.SubspaceRuns(cfg)) {}
 
 GptStage::~GptStage() = default;
 
@@ -180,6 +181,7 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
 const float* GptStage::Backward(Activations& act, const MicroBatch& mb, const float* grad_out, float loss_scale) {
   const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? mb.prefix_len.data() : nullptr;
+  unmasked_end_ = grads_.size();
   if (spec_.has_head) {
     const float* x = BlockInput(act, spec_.end_block);
     float* dlogits = act.probs.data();

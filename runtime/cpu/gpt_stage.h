@@ -43,6 +43,8 @@ class GptStage {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
+  // The floats a subspace model holds at zero (ParamLayout::SubspaceRuns); empty without one.
+  const std::vector<StridedRun>& subspace_runs() const { return subspace_; }
 
   // GPT-2 initialisation (InitGpt2Params).
   void InitParams(uint64_t seed);
@@ -86,7 +88,11 @@ class GptStage {
   bool ForwardNeeds(size_t end) const {
     return hooks_ == nullptr || !hooks_->before_forward || hooks_->before_forward(end);
   }
-  bool BackwardDone(size_t begin) const {
+  // Gradients from `begin` on are complete: a subspace model's held-at-zero ones are zeroed before
+  // the hook may push them.
+  bool BackwardDone(size_t begin) {
+    if (!subspace_.empty()) ZeroRuns(ClipRuns(subspace_, begin, unmasked_end_), grads_.data());
+    unmasked_end_ = begin;
     return hooks_ == nullptr || !hooks_->after_backward || hooks_->after_backward(begin);
   }
 
@@ -101,6 +107,8 @@ class GptStage {
   int B_, T_;
   bool recompute_;
   std::vector<float> params_, grads_;
+  std::vector<StridedRun> subspace_;
+  size_t unmasked_end_ = 0;  // a backward's gradients from here on have had subspace_ zeroed
   const ExchangeHooks* hooks_ = nullptr;
 
   // Backward scratch shared by all micro-batches (one backward runs at a time).

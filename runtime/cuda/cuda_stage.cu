@@ -106,6 +106,7 @@ class StageImpl final : public CudaStage {
       : cfg_(cfg),
         spec_(spec),
         layout_(cfg, spec),
+        subspace_(layout_.SubspaceRuns(cfg)),
         o_(o),
         B_(o.B),
         T_(o.T),
@@ -312,8 +313,10 @@ class StageImpl final : public CudaStage {
     if (spec_.has_embedding) {
       const cuda::TokenGroups groups{s.order.p, s.starts.p, s.distinct_tokens.p, s.distinct};
       cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_resid_.p, groups, B_, T_, C);
+      LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
       return Check(cudaGetLastError(), "backward");
     }
+    LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
     if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
@@ -348,6 +351,8 @@ class StageImpl final : public CudaStage {
       return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
     }
     LH_RETURN_IF_ERROR(Upload(params_.p + begin, values, static_cast<long>(n)));
+    // A lossy wire, a checkpoint or an import may carry nonzeros where a subspace model holds zeros.
+    LH_RETURN_IF_ERROR(ZeroRuns(ClipRuns(subspace_, begin, begin + n), params_.p));
     RefreshWeights(begin, n);
     return Check(cudaGetLastError(), "upload parameters");
   }
@@ -593,9 +598,19 @@ class StageImpl final : public CudaStage {
                             a.ln1_rstd.p, scratch, N, C);
   }
 
+  // Zeroes `runs` of the device buffer `p`, on the compute stream (the host's ZeroRuns).
+  absl::Status ZeroRuns(const std::vector<StridedRun>& runs, float* p) {
+    for (const StridedRun& r : runs) {
+      const size_t width = r.length * sizeof(float), pitch = r.rows > 1 ? r.stride * sizeof(float) : width;
+      LH_CUDA(cudaMemset2DAsync(p + r.offset, pitch, 0, width, r.rows, stream_), "zero a subspace's zeros");
+    }
+    return absl::OkStatus();
+  }
+
   ModelConfig cfg_;
   StageSpec spec_;
   ParamLayout layout_;
+  std::vector<StridedRun> subspace_;  // what a subspace model holds at zero (ParamLayout::SubspaceRuns)
   Options o_;
   int B_, T_;
   bool flash_;  // attention in the flash style (CudaFlashAttention)

@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -41,7 +43,24 @@ absl::Status ModelConfig::Validate() const {
         "(for example %d)",
         d_model, n_head, d_model % 64 == 0 ? d_model / 64 : 1));
   }
+  if (subspace_divisor < 1 || d_model % subspace_divisor != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model.subspace_divisor = %d does not divide model.d_model = %d: use 1 (no subspace) or a divisor of "
+        "d_model such as 2, 4 or 8",
+        subspace_divisor, d_model));
+  }
   return absl::OkStatus();
+}
+
+void BoundaryShape::Keep(const float* full, float* sent) const {
+  for (size_t r = 0; r < rows; ++r) std::copy_n(full + r * width, kept, sent + r * kept);
+}
+
+void BoundaryShape::Restore(const float* sent, float* full) const {
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy_n(sent + r * kept, kept, full + r * width);
+    std::fill_n(full + r * width + kept, width - kept, 0.0f);
+  }
 }
 
 StageSpec StageSpec::Even(const ModelConfig& cfg, int index, int num_stages) {

@@ -135,6 +135,57 @@ void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t 
       }
     }
   }
+  ZeroRuns(layout.SubspaceRuns(cfg), params);
+}
+
+std::vector<StridedRun> ParamLayout::SubspaceRuns(const ModelConfig& cfg) const {
+  std::vector<StridedRun> runs;
+  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+  if (k == C) return runs;
+  // Embedding rows (one per token or position) keep columns [0, k).
+  auto columns = [&](int t) {
+    const ParamTensor& p = tensors_[t];
+    runs.push_back({p.offset + k, p.size / C, C, C - k});
+  };
+  // A projection's rows (one per output coordinate, PyTorch's (out, in)) and its bias keep [0, k).
+  auto rows = [&](int t) {
+    const ParamTensor& p = tensors_[t];
+    const size_t row = p.size / C;
+    runs.push_back({p.offset + k * row, 1, 0, (C - k) * row});
+  };
+  if (wte_ >= 0) columns(wte_), columns(wpe_);
+  for (const BlockTensors& b : blocks_)
+    for (int t : {b.attn_proj_w, b.attn_proj_b, b.fc_proj_w, b.fc_proj_b}) rows(t);
+  return runs;
+}
+
+std::vector<StridedRun> ClipRuns(const std::vector<StridedRun>& runs, size_t begin, size_t end) {
+  std::vector<StridedRun> out;
+  for (const StridedRun& r : runs) {
+    // Row i covers [r.offset + i·stride, + length): rows [first, last) meet [begin, end).
+    size_t first = 0, last = r.rows;
+    while (first < last && r.offset + first * r.stride + r.length <= begin) ++first;
+    while (last > first && r.offset + (last - 1) * r.stride >= end) --last;
+    for (size_t i = first; i < last;) {
+      const size_t lo = r.offset + i * r.stride, hi = lo + r.length;
+      if (lo >= begin && hi <= end) {  // whole rows from i on, as far as they stay inside
+        size_t j = i + 1;
+        while (j < last && r.offset + j * r.stride + r.length <= end) ++j;
+        out.push_back({lo, j - i, r.stride, r.length});
+        i = j;
+      } else {
+        const size_t a = std::max(lo, begin), b = std::min(hi, end);
+        out.push_back({a, 1, 0, b - a});
+        ++i;
+      }
+    }
+  }
+  return out;
+}
+
+void ZeroRuns(const std::vector<StridedRun>& runs, float* buffer) {
+  for (const StridedRun& r : runs)
+    for (size_t i = 0; i < r.rows; ++i) std::fill_n(buffer + r.offset + i * r.stride, r.length, 0.0f);
 }
 
 }  // namespace longhaul

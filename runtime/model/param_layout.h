@@ -22,6 +22,11 @@ struct ParamTensor {
   bool decay = false;        // AdamW weight decay applies (matrices and embeddings, not biases/norms)
 };
 
+// Floats [offset + r·stride, + length) for r in [0, rows) of a flat buffer.
+struct StridedRun {
+  size_t offset = 0, rows = 1, stride = 0, length = 0;
+};
+
 // Indices of one block's tensors inside ParamLayout::tensors().
 struct BlockTensors {
   int ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
@@ -62,6 +67,15 @@ class ParamLayout {
   // plan may have moved a shard from replica k, its home): what a replica's memory counts.
   double HostedShardFloats(int replicas, bool central, int replica, const std::function<int(int)>& owner) const;
 
+  // What a subspace model (ModelConfig::subspace_divisor > 1) holds at zero so that the residual
+  // stream stays in its first k = residual_width() coordinates: the embeddings' columns from k on
+  // and the rows from k on of each block's output projections (attention and MLP) and their
+  // biases. Everything that writes the stream then writes zeros there, so those coordinates are
+  // zero at every boundary. Their gradients only ever reach these same zeroed floats (each
+  // projection's input gradient reads its rows below k), so they are zeroed too, which keeps the
+  // clipping norm and every optimizer step off them. Empty without a subspace. Runs ascend.
+  std::vector<StridedRun> SubspaceRuns(const ModelConfig& cfg) const;
+
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
   int lnf_w() const { return lnf_w_; }
@@ -88,6 +102,12 @@ class ParamLayout {
 // projections scaled by 1/sqrt(2·n_layer), zero biases, unit LayerNorm gains. Each tensor draws
 // from a stream keyed by (seed, its name), so any split of the model starts from the same weights
 // on any backend.
+// A subspace model's runs (ParamLayout::SubspaceRuns) start at zero.
 void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed, float* params);
+
+// The parts of `runs` that lie in floats [begin, end) of the buffer, in the same order.
+std::vector<StridedRun> ClipRuns(const std::vector<StridedRun>& runs, size_t begin, size_t end);
+// Zeroes every float of `runs` in `buffer`.
+void ZeroRuns(const std::vector<StridedRun>& runs, float* buffer);
 
 }  // namespace longhaul

@@ -21,7 +21,7 @@ StageSpec Layout::Spec(int stage) const {
 }
 
 double Layout::BoundaryElements() const {
-  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.d_model;
+  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.residual_width();
 }
 
 double Layout::BoundaryBytes() const {

@@ -55,6 +55,37 @@ TEST(CpuStage, OutOfRangeSlotsAndParameterRangesAreErrors) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A subspace model's backward leaves its held-at-zero gradients zero (and the rest not), and
+// parameters set there read as zero.
+TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
+  ModelConfig c = Cfg();
+  c.subspace_divisor = 2;
+  std::vector<uint16_t> tokens(800);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 1}, tokens);
+  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  auto s = CpuStage::Create(c, StageSpec::Whole(c), 2, 10, false, 1, 5);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->ZeroGrads().ok());
+  ASSERT_TRUE((*s)->Forward(0, mb, nullptr).ok());
+  ASSERT_TRUE((*s)->Backward(0, mb, nullptr, 1.0f).ok());
+  const size_t n = (*s)->num_params();
+  std::vector<int> held(n, 0);
+  for (const StridedRun& r : (*s)->layout().SubspaceRuns(c))
+    for (size_t i = 0; i < r.rows; ++i) std::fill_n(held.begin() + r.offset + i * r.stride, r.length, 1);
+  const float* g = *(*s)->Grads();
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (held[i]) ASSERT_EQ(g[i], 0.0f) << i;
+    nonzero += !held[i] && g[i] != 0.0f;
+  }
+  EXPECT_GT(nonzero, n / 3);
+  const std::vector<float> ones(n, 1.0f);
+  ASSERT_TRUE((*s)->SetParams(0, ones.data(), n).ok());
+  const float* p = *(*s)->Params();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], held[i] ? 0.0f : 1.0f) << i;
+}
+
 TEST(CpuStage, AnAttachedOptimizerStepsAsTheParameterServerWould) {
   std::vector<uint16_t> tokens(800);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);

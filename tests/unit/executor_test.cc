@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -35,12 +36,17 @@ ModelConfig Cfg() {
 
 constexpr int B = 2, T = 12, M = 3;
 
+BoundaryShape Boundary(const ModelConfig& cfg) {
+  return {static_cast<size_t>(B) * T, cfg.d_model, cfg.residual_width()};
+}
+
 // Boundary tensors between the stages of one replica, in memory.
 class Wires {
  public:
   using Key = std::tuple<int, int64_t, int, int>;  // kind, iteration, micro-batch, receiving stage
   void Put(Key key, std::vector<float> t) {
     std::lock_guard<std::mutex> lock(mu_);
+    sizes_.insert(t.size());
     held_[key] = std::move(t);
     cv_.notify_all();
   }
@@ -51,9 +57,15 @@ class Wires {
     held_.erase(key);
     return t;
   }
+  // The sizes of every tensor put.
+  std::set<size_t> sizes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sizes_;
+  }
 
  private:
   std::mutex mu_;
+  std::set<size_t> sizes_;
   std::condition_variable cv_;
   std::map<Key, std::vector<float>> held_;
 };
@@ -132,12 +144,14 @@ class QueuingStage final : public Stage {
   std::unique_ptr<Stage> inner_;
 };
 
-// (schedule, whether the stages queue their work)
-class ExecutorTest : public ::testing::TestWithParam<std::tuple<ScheduleKind, bool>> {};
+// (schedule, whether the stages queue their work, model.subspace_divisor)
+class ExecutorTest : public ::testing::TestWithParam<std::tuple<ScheduleKind, bool, int>> {};
 
+// A subspace model's boundaries carry only its kept columns, and still lose nothing.
 TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
-  const auto [kind, queued] = GetParam();
-  const ModelConfig cfg = Cfg();
+  const auto [kind, queued, divisor] = GetParam();
+  ModelConfig cfg = Cfg();
+  cfg.subspace_divisor = divisor;
   std::vector<uint16_t> tokens(3000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
   BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
@@ -169,12 +183,12 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M,
-                  static_cast<size_t>(B) * T * cfg.d_model);
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, Boundary(cfg));
       results[s] = ex.Run(0, mbs);
     });
   }
   for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wires.sizes(), std::set<size_t>{static_cast<size_t>(B) * T * cfg.d_model / divisor});
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[1]->loss, loss);
@@ -200,10 +214,11 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
                          ::testing::Combine(::testing::Values(ScheduleKind::kGpipe, ScheduleKind::k1F1B),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(), ::testing::Values(1, 4)),
                          [](const auto& info) {
                            return std::string(ScheduleName(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_Queued" : "_Immediate");
+                                  (std::get<1>(info.param) ? "_Queued" : "_Immediate") +
+                                  (std::get<2>(info.param) > 1 ? "_Subspace" : "");
                          });
 
 // A shrunk layout's replica runs two of the job's replicas' micro-batches: it pushes each group's
@@ -214,7 +229,7 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 3 + i / 11) % 40);
   constexpr int kGroup = 2;
   BatchSampler job({B, T, 5, cfg.attention, kGroup}, tokens), shrunk({B, T, 5, cfg.attention, 2 * kGroup}, tokens);
-  const size_t boundary = static_cast<size_t>(B) * T * cfg.d_model;
+  const BoundaryShape boundary = Boundary(cfg);
   for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
     Wires wires;
     Timeline timeline;
@@ -326,13 +341,13 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   ASSERT_TRUE((*reference)->SetParams(0, next.data(), n).ok());
   Timeline timeline;
   ShardChannel ref_channel((*reference)->layout(), next);
-  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 0);
+  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, BoundaryShape{});
   ref.SetOverlap(false);
   auto want = ref.Run(1, batches(1));
   ASSERT_TRUE(want.ok()) << want.status();
 
   ShardChannel channel((*stage)->layout(), next);
-  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 0);
+  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, BoundaryShape{});
   const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
   auto first = ex.Run(0, batches(0), IterationEnd::kExchange, /*defer_pull=*/true);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -386,7 +401,7 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   ClosedChannel channel;
   Timeline timeline;
   Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1, 1,
-              static_cast<size_t>(B) * T * cfg.d_model);
+              Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention, 1}, tokens);
   auto r = ex.Run(0, {sampler.Sample(0, 0, 0)});
@@ -403,7 +418,7 @@ absl::Status RunFirstStageUntilStopped(ClosedChannel& channel) {
   if (!st.ok()) return st.status();
   Timeline timeline;
   Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
-              static_cast<size_t>(B) * T * cfg.d_model);
+              Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
   std::vector<MicroBatch> mbs;

@@ -139,6 +139,24 @@ TEST(HfGpt2, AnUntiedHeadStartsFromTheEmbeddingAndIsExportedAsItsOwn) {
   EXPECT_NE(s.message().find("--set model.tied_head=false"), std::string::npos) << s;
 }
 
+// A subspace model is a GPT-2 with zeros where its constraint puts them: it exports as one, which
+// a plain config imports bitwise; a GPT-2 into a subspace config is refused with the fix.
+TEST(HfGpt2, ASubspaceModelExportsAsTheGpt2ItIsAndNoneIsImportedIntoOne) {
+  ModelConfig cfg = *ReadHfGpt2Config(kFixture);
+  cfg.subspace_divisor = 2;
+  const ParamLayout whole(cfg, StageSpec::Whole(cfg));
+  std::vector<float> params(whole.total());
+  InitGpt2Params(cfg, whole, 7, params.data());
+  const fs::path out = TempDir("subspace");
+  ASSERT_TRUE(ExportHfGpt2(cfg, params.data(), out.string()).ok());
+  ModelConfig plain = cfg;
+  plain.subspace_divisor = 1;
+  EXPECT_EQ(Imported(plain, out.string()), params);
+  const absl::Status s = ImportHfGpt2(out.string(), cfg, whole, params.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("--set model.subspace_divisor=1"), std::string::npos) << s;
+}
+
 TEST(HfGpt2, ACheckpointOfAnotherShapeOrAnotherGpt2IsRefusedWithTheFix) {
   ModelConfig cfg = *ReadHfGpt2Config(kFixture);
   cfg.n_layer = 3, cfg.max_seq_len = 64;

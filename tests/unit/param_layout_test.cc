@@ -17,6 +17,52 @@ ModelConfig Cfg(bool tied) {
   return c;
 }
 
+// The floats of `runs` in a buffer of `n`, as 1s.
+std::vector<int> Marked(const std::vector<StridedRun>& runs, size_t n) {
+  std::vector<int> m(n, 0);
+  for (const StridedRun& r : runs)
+    for (size_t i = 0; i < r.rows; ++i)
+      for (size_t j = 0; j < r.length; ++j) m.at(r.offset + i * r.stride + j) += 1;
+  return m;
+}
+
+// A subspace model holds at zero the embeddings' columns from k on and the output projections'
+// rows from k on (with their biases), each float once; clipping to any two halves keeps them all.
+TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
+  ModelConfig c = Cfg(false);
+  c.subspace_divisor = 4;  // d_model 8: k = 2
+  const ParamLayout whole(c, StageSpec::Whole(c));
+  const std::vector<int> marked = Marked(whole.SubspaceRuns(c), whole.total());
+  const size_t C = 8, k = 2;
+  size_t want = (c.vocab_size + c.max_seq_len) * (C - k) + c.n_layer * ((C - k) * C + (C - k) * 4 * C + 2 * (C - k));
+  size_t got = 0;
+  for (int m : marked) {
+    EXPECT_LE(m, 1);
+    got += static_cast<size_t>(m);
+  }
+  EXPECT_EQ(got, want);
+  const ParamTensor& wte = whole.tensors()[whole.wte()];
+  EXPECT_EQ(marked[wte.offset + 1], 0);
+  EXPECT_EQ(marked[wte.offset + 2], 1);
+  EXPECT_EQ(marked[wte.offset + C + 1], 0);
+  const ParamTensor& proj = whole.tensors()[whole.block(0).fc_proj_w];  // (C, 4C)
+  EXPECT_EQ(marked[proj.offset + k * 4 * C - 1], 0);
+  EXPECT_EQ(marked[proj.offset + k * 4 * C], 1);
+  for (size_t cut : {size_t{0}, size_t{5}, wte.offset + C + 3, proj.offset + 7, whole.total()}) {
+    std::vector<StridedRun> halves = ClipRuns(whole.SubspaceRuns(c), 0, cut);
+    for (const StridedRun& r : ClipRuns(whole.SubspaceRuns(c), cut, whole.total())) halves.push_back(r);
+    EXPECT_EQ(Marked(halves, whole.total()), marked) << "cut at " << cut;
+  }
+  std::vector<float> params(whole.total());
+  InitGpt2Params(c, whole, 3, params.data());
+  for (size_t i = 0; i < params.size(); ++i)
+    if (marked[i] > 0) ASSERT_EQ(params[i], 0.0f) << i;
+  c.subspace_divisor = 1;
+  EXPECT_TRUE(whole.SubspaceRuns(c).empty());
+  c.subspace_divisor = 3;
+  EXPECT_NE(c.Validate().message().find("does not divide model.d_model = 8"), std::string::npos) << c.Validate();
+}
+
 // A replica hosts its home shards, and those a plan moved to it; the shards' floats add to the
 // stage's whichever replicas host them.
 TEST(ParamLayout, HostedShardFloatsFollowTheOwners) {

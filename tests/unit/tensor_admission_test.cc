@@ -130,6 +130,13 @@ TEST(PlanAdmission, AdmitsWhatThePlanSaysAtTheSizeItSays) {
   EXPECT_EQ(*AdmitFromItsPlace(a, norm), 2u);
   EXPECT_EQ(AdmitFromItsPlace(a, From(proto::NORM, 0, 0)).status().code(), absl::StatusCode::kPermissionDenied)
       << "stage 0 has no shard in this plan: no host there";
+  // A subspace model's boundaries carry its kept columns only: a whole-width tensor is not its.
+  JobConfig narrow = cfg;
+  narrow.model.subspace_divisor = 4;
+  PlanAdmission n;
+  n.SetPlan(plan, narrow, 1, 0);
+  EXPECT_EQ(*AdmitFromItsPlace(n, From(proto::ACTIVATION, 0, 0, 0, 0)), boundary / 4);
+  EXPECT_EQ(*AdmitFromItsPlace(n, From(proto::GRADIENT, 2, 0, 0, 0)), boundary / 4);
   // With local updates no norm is reduced.
   JobConfig local = cfg;
   local.train.local_steps = 2;
