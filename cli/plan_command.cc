@@ -197,6 +197,11 @@ std::string WiresLines(const RankedLayout& c, const NetworkCost& network,
   const Placement placement = c.placement ? c.placement->plan.placement : DefaultPlacement(c.layout, c.central_ps);
   const WirePlan wires = LayoutWires(c.layout, placement, network);
   std::string out = absl::StrCat("  wires: ", DescribeWires(wires), "\n");
+  const ModelConfig& m = c.layout.work.model;
+  if (c.layout.stages > 1 && m.subspace_divisor > 1) {
+    absl::StrAppend(&out, "  boundaries: ", m.residual_width(), " of ", m.d_model,
+                    " values a token (a subspace model, model.subspace_divisor = ", m.subspace_divisor, ")\n");
+  }
   std::map<WireDtype, std::vector<std::string>> by_dtype;
   for (const auto& [pair, dtype] : wires.links) {
     by_dtype[dtype].push_back(absl::StrCat(HostName(pair.first, scenario), " -> ", HostName(pair.second, scenario)));

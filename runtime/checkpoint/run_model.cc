@@ -138,9 +138,14 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
   const ParamLayout whole(out.model, StageSpec::Whole(out.model));
   out.params.assign(whole.total(), 0.0f);
   LH_RETURN_IF_ERROR(LoadFromPieces(pieces, whole, out.params.data(), nullptr, nullptr));
-  // The model the stages ran: a lossy push may have left nonzeros where a subspace model holds
-  // zeros on its parameter servers, which every stage zeroes as it takes them.
-  ZeroRuns(whole.SubspaceRuns(out.model), out.params.data());
+  // The model the stages ran: its parameter servers may hold other values where a subspace model
+  // holds its own (a lossy push, weight decay), which every stage puts back as it takes them.
+  if (out.model.subspace_divisor > 1) {
+    const nlohmann::json& train = data.run_config.value("train", nlohmann::json::object());
+    if (!train.contains("seed") || !train["seed"].is_number_integer()) return Corrupt(state_dir, "no train.seed");
+    ZeroRuns(whole.SubspaceZeroRuns(out.model), out.params.data());
+    FixedEmbedding(out.model, train["seed"].get<uint64_t>()).WriteInto(whole, out.params.data(), 0, whole.total());
+  }
   return out;
 }
 

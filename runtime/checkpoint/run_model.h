@@ -26,7 +26,7 @@ struct RunModel {
 // The checkpoint of `step` (default: the newest complete one) under run_dir/checkpoints, or under
 // run_dir itself where that is a checkpoints directory. Every file's size and CRC-32 are checked,
 // and every tensor of the model must come exactly once; errors name the file and the fix. A
-// subspace model's held-at-zero floats read as zero, so an export is the GPT-2 that trained.
+// subspace model's held floats read as the stages held them, so an export is the GPT-2 that trained.
 absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<int64_t> step = std::nullopt);
 
 // A directory of a checkpointed step and the model's names of the tensors its files hold.

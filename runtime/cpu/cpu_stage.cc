@@ -14,6 +14,9 @@ namespace longhaul {
 absl::StatusOr<std::unique_ptr<CpuStage>> CpuStage::Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
                                                            bool recompute, int slots, std::optional<uint64_t> seed) {
   if (slots < 1) return absl::InvalidArgumentError(absl::StrFormat("a stage needs at least one slot, not %d", slots));
+  if (cfg.subspace_divisor > 1 && !seed) {
+    return absl::InvalidArgumentError("a subspace model's stage needs the seed its fixed embedding is drawn from");
+  }
   std::unique_ptr<CpuStage> s(new CpuStage());
   LH_ASSIGN_OR_RETURN(s->stage_, GptStage::Create(cfg, spec, B, T, recompute));
   if (seed) s->stage_->InitParams(*seed);
@@ -77,8 +80,9 @@ absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
         absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, num_params()));
   }
   std::copy(values, values + n, stage_->params() + begin);
-  // A lossy wire, a checkpoint or an import may carry nonzeros where a subspace model holds zeros.
-  ZeroRuns(ClipRuns(stage_->subspace_runs(), begin, begin + n), stage_->params());
+  // A lossy wire or a checkpoint may carry other values where a subspace model holds its own.
+  ZeroRuns(ClipRuns(layout().SubspaceZeroRuns(stage_->config()), begin, begin + n), stage_->params());
+  stage_->fixed_embedding().WriteInto(layout(), stage_->params(), begin, begin + n);
   return absl::OkStatus();
 }
 

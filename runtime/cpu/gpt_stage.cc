@@ -75,7 +75,10 @@ absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const ModelConfig& cf
   return s;
 }
 
-void GptStage::InitParams(uint64_t seed) { InitGpt2Params(cfg_, layout_, seed, params_.data()); }
+void GptStage::InitParams(uint64_t seed) {
+  InitGpt2Params(cfg_, layout_, seed, params_.data());
+  fixed_ = FixedEmbedding(cfg_, seed);
+}
 
 void GptStage::ZeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
@@ -155,9 +158,15 @@ float GptStage::Forward(Activations& act, const MicroBatch& mb, const float* inp
   const int* prefix = cfg_.attention == AttentionMask::kPrefixLm ? mb.prefix_len.data() : nullptr;
   if (spec_.has_embedding) {
     if (!ForwardNeeds(Offset(layout_.wpe()) + layout_.tensors()[layout_.wpe()].size)) return 0.0f;
-    cpu::EmbeddingForward(act.x0.data(), mb.tokens.data(), P(layout_.wte()), P(layout_.wpe()), B_, T_, C);
+    cpu::EmbeddingForward(act.x0.data(), mb.tokens.data(), P(layout_.wte()), P(layout_.wpe()), B_, T_, C, 0, C);
   } else {
     std::memcpy(act.x0.data(), input, sizeof(float) * N * C);
+    // A subspace model's boundary carried the first k coordinates; the rest are the fixed
+    // embedding's, as the first stage wrote them.
+    if (!fixed_.empty()) {
+      cpu::EmbeddingForward(act.x0.data(), mb.tokens.data(), fixed_.wte().data(), fixed_.wpe().data(), B_, T_, C,
+                            fixed_.from(), fixed_.width());
+    }
   }
   for (int l = spec_.first_block; l < spec_.end_block; ++l) {
     const int i = l - spec_.first_block;

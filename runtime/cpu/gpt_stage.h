@@ -43,10 +43,13 @@ class GptStage {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
-  // The floats a subspace model holds at zero (ParamLayout::SubspaceRuns); empty without one.
+  // What a subspace model holds (ParamLayout::SubspaceRuns, InitParams' FixedEmbedding); empty
+  // without one.
   const std::vector<StridedRun>& subspace_runs() const { return subspace_; }
+  const FixedEmbedding& fixed_embedding() const { return fixed_; }
 
-  // GPT-2 initialisation (InitGpt2Params).
+  // GPT-2 initialisation (InitGpt2Params), and a subspace model's fixed embedding drawn from the
+  // same seed: a stage after the first writes its columns of the input from it.
   void InitParams(uint64_t seed);
   void ZeroGrads();
 
@@ -88,7 +91,7 @@ class GptStage {
   bool ForwardNeeds(size_t end) const {
     return hooks_ == nullptr || !hooks_->before_forward || hooks_->before_forward(end);
   }
-  // Gradients from `begin` on are complete: a subspace model's held-at-zero ones are zeroed before
+  // Gradients from `begin` on are complete: a subspace model's held floats' are zeroed before
   // the hook may push them.
   bool BackwardDone(size_t begin) {
     if (!subspace_.empty()) ZeroRuns(ClipRuns(subspace_, begin, unmasked_end_), grads_.data());
@@ -108,6 +111,7 @@ class GptStage {
   bool recompute_;
   std::vector<float> params_, grads_;
   std::vector<StridedRun> subspace_;
+  FixedEmbedding fixed_;
   size_t unmasked_end_ = 0;  // a backward's gradients from here on have had subspace_ zeroed
   const ExchangeHooks* hooks_ = nullptr;
 

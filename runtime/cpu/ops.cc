@@ -150,13 +150,14 @@ void GeluBackward(float* dinout, const float* inp, long n) {
 
 // ---- Embedding --------------------------------------------------------------------------------
 
-void EmbeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void EmbeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int first,
+                      int width) {
 #pragma omp parallel for schedule(static)
   for (int bt = 0; bt < B * T; ++bt) {
-    const float* e = wte + static_cast<long>(tokens[bt]) * C;
-    const float* p = wpe + static_cast<long>(bt % T) * C;
-    float* y = out + static_cast<long>(bt) * C;
-    for (int c = 0; c < C; ++c) y[c] = e[c] + p[c];
+    const float* e = wte + static_cast<long>(tokens[bt]) * width;
+    const float* p = wpe + static_cast<long>(bt % T) * width;
+    float* y = out + static_cast<long>(bt) * C + first;
+    for (int c = 0; c < width; ++c) y[c] = e[c] + p[c];
   }
 }
 

@@ -35,8 +35,10 @@ void GeluForward(float* out, const float* inp, long n);
 void GeluBackward(float* dinout, const float* inp, long n);
 
 // ---- Token + position embedding ---------------------------------------------------------------
-// out (B, T, C) = wte[tokens[b, t]] + wpe[t]
-void EmbeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// out (B, T, C)[..., first:first + width] = wte[tokens[b, t]] + wpe[t], the tables (V, width) and
+// (T, width): the whole embedding (first 0, width C), or a subspace model's fixed columns.
+void EmbeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int first,
+                      int width);
 // dwte (V, C) += scatter of dout by token; dwpe (T, C) += Σ_b dout[b]
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
 

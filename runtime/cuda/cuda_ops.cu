@@ -271,11 +271,13 @@ void GeluBackward(cudaStream_t s, T* dinout, const T* inp, const float* bias, in
 
 namespace {
 template <typename T>
-__global__ void EmbeddingForwardKernel(T* out, const int* tokens, const T* wte, const T* wpe, int BT, int Tn, int C) {
+__global__ void EmbeddingForwardKernel(T* out, const int* tokens, const T* wte, const T* wpe, int BT, int Tn, int C,
+                                       int first, int width) {
   const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-  if (i >= static_cast<long>(BT) * C) return;
-  const int bt = static_cast<int>(i / C), c = static_cast<int>(i % C);
-  out[i] = FromF<T>(ToF(wte[static_cast<long>(tokens[bt]) * C + c]) + ToF(wpe[static_cast<long>(bt % Tn) * C + c]));
+  if (i >= static_cast<long>(BT) * width) return;
+  const int bt = static_cast<int>(i / width), c = static_cast<int>(i % width);
+  out[static_cast<long>(bt) * C + first + c] = FromF<T>(ToF(wte[static_cast<long>(tokens[bt]) * width + c]) +
+                                                        ToF(wpe[static_cast<long>(bt % Tn) * width + c]));
 }
 // One block row per distinct token: its positions' gradients added in position order, as the
 // CPU backend adds them.
@@ -299,8 +301,10 @@ __global__ void PositionEmbeddingBackwardKernel(float* dwpe, const float* dout, 
 }  // namespace
 
 template <typename T>
-void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C) {
-  EmbeddingForwardKernel<<<Blocks(static_cast<long>(B) * Tn * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B * Tn, Tn, C);
+void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C,
+                      int first, int width) {
+  EmbeddingForwardKernel<<<Blocks(static_cast<long>(B) * Tn * width), kThreads, 0, s>>>(out, tokens, wte, wpe, B * Tn,
+                                                                                       Tn, C, first, width);
 }
 void EmbeddingBackward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const TokenGroups& groups, int B,
                        int Tn, int C) {
@@ -560,7 +564,7 @@ void Nesterov(cudaStream_t s, float* p, const float* g, float* m, float lr, floa
                                      const float*, const float*, float*, int, int);                                  \
   template void GeluForward<T>(cudaStream_t, T*, const T*, const float*, int, int);                                  \
   template void GeluBackward<T>(cudaStream_t, T*, const T*, const float*, int, int);                                 \
-  template void EmbeddingForward<T>(cudaStream_t, T*, const int*, const T*, const T*, int, int, int);                \
+  template void EmbeddingForward<T>(cudaStream_t, T*, const int*, const T*, const T*, int, int, int, int, int);      \
   template void SplitHeads<T>(cudaStream_t, T*, T*, T*, const T*, int, int, int, int);                               \
   template void MergeHeads<T>(cudaStream_t, T*, const T*, int, int, int, int);                                       \
   template void SplitHeadsBackward<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, int, int);          \

@@ -66,8 +66,11 @@ template <typename T>
 void GeluBackward(cudaStream_t s, T* dinout, const T* inp, const float* bias, int N, int OC);
 
 // ---- Embedding ------------------------------------------------------------------------------
+// out (B, T, C)[..., first:first + width] = wte[tokens[b, t]] + wpe[t], tables of `width` columns
+// (the host's EmbeddingForward).
 template <typename T>
-void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C);
+void EmbeddingForward(cudaStream_t s, T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C,
+                      int first, int width);
 // A micro-batch's positions grouped by token, built on the host (the tokens are known there):
 // `order` (N) lists positions by (token, position); distinct token u is tokens[u] and owns
 // order[starts[u] .. starts[u+1]). Device pointers.

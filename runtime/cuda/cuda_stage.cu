@@ -193,6 +193,23 @@ class StageImpl final : public CudaStage {
     LH_RETURN_IF_ERROR(norm_.Alloc(1));
     LH_RETURN_IF_ERROR(output_free_.Create());
     LH_RETURN_IF_ERROR(grad_free_.Create());
+    if (cfg_.subspace_divisor > 1) {
+      if (!o_.seed) {
+        return absl::InvalidArgumentError("a subspace model's stage needs the seed its fixed embedding is drawn from");
+      }
+      fixed_ = FixedEmbedding(cfg_, *o_.seed);
+      if (!spec_.has_embedding) {
+        for (auto [table, dst] : {std::pair{&fixed_.wte(), &fixed_wte_}, {&fixed_.wpe(), &fixed_wpe_}}) {
+          DeviceArray<float> staged;
+          LH_RETURN_IF_ERROR(staged.Alloc(table->size()));
+          LH_RETURN_IF_ERROR(dst->Alloc(table->size()));
+          LH_RETURN_IF_ERROR(CopySync(stream_, staged.p, table->data(), table->size() * 4, cudaMemcpyHostToDevice,
+                                      "upload the fixed embedding"));
+          cuda::Cast(stream_, dst->p, staged.p, static_cast<long>(table->size()));
+          LH_CUDA(cudaStreamSynchronize(stream_), "cast the fixed embedding");
+        }
+      }
+    }
     if (o_.seed) {
       std::vector<float> init(P);
       InitGpt2Params(cfg_, layout_, *o_.seed, init.data());
@@ -245,12 +262,18 @@ class StageImpl final : public CudaStage {
     const long NC = static_cast<long>(N) * C;
     LH_RETURN_IF_ERROR(UploadBatch(s, mb));
     if (spec_.has_embedding) {
-      cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C);
+      cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C, 0, C);
     } else {
       // The next forward's input may arrive while this one computes.
       LH_RETURN_IF_ERROR(Upload(input_.p, input, NC, &input_free_));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
       LH_CUDA(cudaEventRecord(input_free_.e, stream_), "record");
+      // A subspace model's boundary carried the first k coordinates; the rest are the fixed
+      // embedding's, as the first stage wrote them.
+      if (!fixed_.empty()) {
+        cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, fixed_wte_.p, fixed_wpe_.p, B_, T_, C, fixed_.from(),
+                               fixed_.width());
+      }
     }
     const int* prefix = Prefix(s);
     for (int l = spec_.first_block; l < spec_.end_block; ++l) {
@@ -351,8 +374,16 @@ class StageImpl final : public CudaStage {
       return absl::OutOfRangeError(absl::StrFormat("parameters [%d, +%d) of a stage of %d", begin, n, params_.n));
     }
     LH_RETURN_IF_ERROR(Upload(params_.p + begin, values, static_cast<long>(n)));
-    // A lossy wire, a checkpoint or an import may carry nonzeros where a subspace model holds zeros.
-    LH_RETURN_IF_ERROR(ZeroRuns(ClipRuns(subspace_, begin, begin + n), params_.p));
+    // A lossy wire or a checkpoint may carry other values where a subspace model holds its own.
+    LH_RETURN_IF_ERROR(ZeroRuns(ClipRuns(layout_.SubspaceZeroRuns(cfg_), begin, begin + n), params_.p));
+    for (const FixedEmbedding::Copy& c : fixed_.Copies(layout_, begin, begin + n)) {
+      const size_t width = c.to.length * 4;
+      LH_CUDA(cudaMemcpy2DAsync(params_.p + c.to.offset, c.to.rows > 1 ? c.to.stride * 4 : width,
+                                (c.position ? fixed_.wpe() : fixed_.wte()).data() + c.from,
+                                c.to.rows > 1 ? c.from_stride * 4 : width, width, c.to.rows, cudaMemcpyHostToDevice,
+                                stream_),
+              "restore the fixed embedding");
+    }
     RefreshWeights(begin, n);
     return Check(cudaGetLastError(), "upload parameters");
   }
@@ -610,7 +641,9 @@ class StageImpl final : public CudaStage {
   ModelConfig cfg_;
   StageSpec spec_;
   ParamLayout layout_;
-  std::vector<StridedRun> subspace_;  // what a subspace model holds at zero (ParamLayout::SubspaceRuns)
+  std::vector<StridedRun> subspace_;  // what a subspace model holds (ParamLayout::SubspaceRuns)
+  FixedEmbedding fixed_;              // its fixed embedding, and on a stage after the first in T:
+  DeviceArray<T> fixed_wte_, fixed_wpe_;
   Options o_;
   int B_, T_;
   bool flash_;  // attention in the flash style (CudaFlashAttention)

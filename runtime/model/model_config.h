@@ -22,20 +22,22 @@ struct ModelConfig {
   int d_model = 256;
   bool tied_head = false;  // LM head reuses the token embedding
   AttentionMask attention = AttentionMask::kCausal;
-  // > 1: the residual stream lives in its first d_model / subspace_divisor coordinates (a subspace
-  // model, ParamLayout::SubspaceRuns), so a pipeline boundary sends only those, losslessly.
+  // > 1: the blocks write only the first d_model / subspace_divisor coordinates of the residual
+  // stream, the rest being a fixed embedding (a subspace model, ParamLayout::SubspaceRuns), so a
+  // pipeline boundary sends only those, losslessly.
   int subspace_divisor = 1;
 
   int head_dim() const { return d_model / n_head; }
-  // Coordinates of the residual stream that may be nonzero: what crosses a pipeline boundary.
+  // Coordinates of the residual stream the blocks write: what crosses a pipeline boundary.
   int residual_width() const { return d_model / subspace_divisor; }
   // Checks the shape on its own; the error names the key and how to fix it.
   absl::Status Validate() const;
 };
 
 // A tensor between pipeline stages, an activation or its gradient: `rows` tokens of `width`
-// floats, of which the first `kept` (ModelConfig::residual_width) cross the link, the rest being
-// zero in a subspace model (or, in a gradient, reaching nothing it trains).
+// floats, of which the first `kept` (ModelConfig::residual_width) cross the link; the rest are a
+// subspace model's fixed embedding, which the next stage writes itself (or, in a gradient, reach
+// nothing it trains).
 struct BoundaryShape {
   size_t rows = 0;
   int width = 0, kept = 0;
@@ -43,7 +45,8 @@ struct BoundaryShape {
   size_t floats() const { return rows * static_cast<size_t>(width); }  // as a stage reads and writes it
   size_t sent() const { return rows * static_cast<size_t>(kept); }     // as a link carries it
   bool narrowed() const { return kept < width; }
-  // (rows, width) -> (rows, kept), and back with zeros in the columns not kept.
+  // (rows, width) -> (rows, kept), and back with zeros in the columns not kept (for the stage to
+  // fill).
   void Keep(const float* full, float* sent) const;
   void Restore(const float* sent, float* full) const;
 };

@@ -109,8 +109,20 @@ int ParamLayout::Find(const std::string& name) const {
   return -1;
 }
 
+namespace {
+
+// The stream a tensor's initial values are drawn from, and its element i: independent elements,
+// so threads share the work and the result does not depend on their number.
+uint64_t InitStream(uint64_t seed, const std::string& name) { return HashCoords({seed, std::hash<std::string>{}(name)}); }
+float InitialValue(uint64_t stream, size_t i, float stdev) {
+  return static_cast<float>(Rng(stream + 2 * static_cast<uint64_t>(i)).Normal()) * stdev;
+}
+constexpr float kInitStd = 0.02f;
+
+}  // namespace
+
 void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed, float* params) {
-  const float residual_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
+  const float residual_std = kInitStd / std::sqrt(2.0f * cfg.n_layer);
   for (const ParamTensor& t : layout.tensors()) {
     float* p = params + t.offset;
     const std::string& n = t.name;
@@ -123,39 +135,80 @@ void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t 
     } else if (t.shape.size() == 1) {  // LayerNorm gain
       std::fill(p, p + t.size, 1.0f);
     } else {
-      const float stdev = ends_with("c_proj.weight") ? residual_std : 0.02f;
-      // Element i is the tensor stream's i-th normal, which draws the stream's values 2i and
-      // 2i+1: the elements are independent, so threads share the work and the result does not
-      // depend on their number (a 1.3B model's host start-up was a minute on one core).
-      const uint64_t stream = HashCoords({seed, std::hash<std::string>{}(n)});
+      // Element i is the tensor stream's i-th normal (a 1.3B model's host start-up was a minute on
+      // one core before threads shared it).
+      const float stdev = ends_with("c_proj.weight") ? residual_std : kInitStd;
+      const uint64_t stream = InitStream(seed, n);
       const long size = static_cast<long>(t.size);
 #pragma omp parallel for schedule(static)
-      for (long i = 0; i < size; ++i) {
-        p[i] = static_cast<float>(Rng(stream + 2 * static_cast<uint64_t>(i)).Normal()) * stdev;
-      }
+      for (long i = 0; i < size; ++i) p[i] = InitialValue(stream, static_cast<size_t>(i), stdev);
     }
   }
-  ZeroRuns(layout.SubspaceRuns(cfg), params);
+  ZeroRuns(layout.SubspaceZeroRuns(cfg), params);
+}
+
+FixedEmbedding::FixedEmbedding(const ModelConfig& cfg, uint64_t seed) {
+  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+  if (k == C) return;
+  from_ = static_cast<int>(k), width_ = static_cast<int>(C - k);
+  auto draw = [&](const char* name, size_t rows, std::vector<float>& out) {
+    const uint64_t stream = InitStream(seed, name);
+    out.resize(rows * (C - k));
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = k; c < C; ++c) out[r * (C - k) + c - k] = InitialValue(stream, r * C + c, kInitStd);
+  };
+  draw("wte.weight", static_cast<size_t>(cfg.vocab_size), wte_);
+  draw("wpe.weight", static_cast<size_t>(cfg.max_seq_len), wpe_);
+}
+
+std::vector<FixedEmbedding::Copy> FixedEmbedding::Copies(const ParamLayout& layout, size_t begin, size_t end) const {
+  std::vector<Copy> out;
+  if (empty() || layout.wte() < 0) return out;
+  const size_t C = static_cast<size_t>(from_ + width_), W = static_cast<size_t>(width_);
+  for (int t : {layout.wte(), layout.wpe()}) {
+    const ParamTensor& p = layout.tensors()[t];
+    for (const StridedRun& r : ClipRuns({{p.offset + from_, p.size / C, C, W}}, begin, end)) {
+      const size_t rel = r.offset - p.offset;  // row rel / C, fixed column rel % C - k
+      out.push_back({r, t == layout.wpe(), rel / C * W + rel % C - from_, W});
+    }
+  }
+  return out;
+}
+
+void FixedEmbedding::WriteInto(const ParamLayout& layout, float* params, size_t begin, size_t end) const {
+  for (const Copy& c : Copies(layout, begin, end)) {
+    const float* src = (c.position ? wpe_ : wte_).data() + c.from;
+    for (size_t i = 0; i < c.to.rows; ++i)
+      std::copy_n(src + i * c.from_stride, c.to.length, params + c.to.offset + i * c.to.stride);
+  }
+}
+
+std::vector<StridedRun> ParamLayout::SubspaceFixedRuns(const ModelConfig& cfg) const {
+  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+  if (k == C || wte_ < 0) return {};
+  std::vector<StridedRun> runs;
+  // Embedding rows (one per token or position) from column k on.
+  for (int t : {wte_, wpe_}) runs.push_back({tensors_[t].offset + k, tensors_[t].size / C, C, C - k});
+  return runs;
+}
+
+std::vector<StridedRun> ParamLayout::SubspaceZeroRuns(const ModelConfig& cfg) const {
+  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+  if (k == C) return {};
+  std::vector<StridedRun> runs;
+  // A projection's rows (one per output coordinate, PyTorch's (out, in)) and its bias from k on.
+  for (const BlockTensors& b : blocks_) {
+    for (int t : {b.attn_proj_w, b.attn_proj_b, b.fc_proj_w, b.fc_proj_b}) {
+      const size_t row = tensors_[t].size / C;
+      runs.push_back({tensors_[t].offset + k * row, 1, 0, (C - k) * row});
+    }
+  }
+  return runs;
 }
 
 std::vector<StridedRun> ParamLayout::SubspaceRuns(const ModelConfig& cfg) const {
-  std::vector<StridedRun> runs;
-  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
-  if (k == C) return runs;
-  // Embedding rows (one per token or position) keep columns [0, k).
-  auto columns = [&](int t) {
-    const ParamTensor& p = tensors_[t];
-    runs.push_back({p.offset + k, p.size / C, C, C - k});
-  };
-  // A projection's rows (one per output coordinate, PyTorch's (out, in)) and its bias keep [0, k).
-  auto rows = [&](int t) {
-    const ParamTensor& p = tensors_[t];
-    const size_t row = p.size / C;
-    runs.push_back({p.offset + k * row, 1, 0, (C - k) * row});
-  };
-  if (wte_ >= 0) columns(wte_), columns(wpe_);
-  for (const BlockTensors& b : blocks_)
-    for (int t : {b.attn_proj_w, b.attn_proj_b, b.fc_proj_w, b.fc_proj_b}) rows(t);
+  std::vector<StridedRun> runs = SubspaceFixedRuns(cfg);  // the embedding comes first
+  for (const StridedRun& r : SubspaceZeroRuns(cfg)) runs.push_back(r);
   return runs;
 }
 

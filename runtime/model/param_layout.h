@@ -67,13 +67,17 @@ class ParamLayout {
   // plan may have moved a shard from replica k, its home): what a replica's memory counts.
   double HostedShardFloats(int replicas, bool central, int replica, const std::function<int(int)>& owner) const;
 
-  // What a subspace model (ModelConfig::subspace_divisor > 1) holds at zero so that the residual
-  // stream stays in its first k = residual_width() coordinates: the embeddings' columns from k on
-  // and the rows from k on of each block's output projections (attention and MLP) and their
-  // biases. Everything that writes the stream then writes zeros there, so those coordinates are
-  // zero at every boundary. Their gradients only ever reach these same zeroed floats (each
-  // projection's input gradient reads its rows below k), so they are zeroed too, which keeps the
-  // clipping norm and every optimizer step off them. Empty without a subspace. Runs ascend.
+  // What a subspace model (ModelConfig::subspace_divisor > 1) holds so that its blocks write only
+  // the first k = residual_width() coordinates of the residual stream: the rows from k on of each
+  // block's output projections (attention and MLP) and their biases at zero (SubspaceZeroRuns),
+  // and the token and position embeddings' columns from k on at their initial values
+  // (SubspaceFixedRuns, FixedEmbedding). Coordinates from k on of the stream are then the fixed
+  // embedding's at every boundary. Their gradients only ever reach these held floats (each
+  // projection's input gradient reads its rows below k), so they are zeroed too
+  // (SubspaceRuns: both), which keeps the clipping norm and every step off them. Empty without a
+  // subspace; runs ascend.
+  std::vector<StridedRun> SubspaceZeroRuns(const ModelConfig& cfg) const;
+  std::vector<StridedRun> SubspaceFixedRuns(const ModelConfig& cfg) const;
   std::vector<StridedRun> SubspaceRuns(const ModelConfig& cfg) const;
 
   int wte() const { return wte_; }
@@ -102,8 +106,38 @@ class ParamLayout {
 // projections scaled by 1/sqrt(2·n_layer), zero biases, unit LayerNorm gains. Each tensor draws
 // from a stream keyed by (seed, its name), so any split of the model starts from the same weights
 // on any backend.
-// A subspace model's runs (ParamLayout::SubspaceRuns) start at zero.
+// A subspace model's zero runs (ParamLayout::SubspaceZeroRuns) start at zero.
 void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed, float* params);
+
+// A subspace model's embeddings from column k on, as InitGpt2Params draws them from the seed: the
+// fixed coordinates of its residual stream. Each stage draws them, so a stage after the first
+// rebuilds those coordinates of its input from its tokens instead of receiving them, and a stage
+// holding the embedding puts them back wherever it is given other values (a lossy pull, a
+// checkpoint whose parameter servers decayed them).
+class FixedEmbedding {
+ public:
+  FixedEmbedding() = default;  // none: the model has no subspace
+  FixedEmbedding(const ModelConfig& cfg, uint64_t seed);
+  bool empty() const { return width_ == 0; }
+  int from() const { return from_; }    // k: the first fixed column
+  int width() const { return width_; }  // d_model - k
+  const std::vector<float>& wte() const { return wte_; }  // (vocab_size, width)
+  const std::vector<float>& wpe() const { return wpe_; }  // (max_seq_len, width)
+
+  // Where they go in `layout`'s embedding rows within floats [begin, end): each copy's `to` in the
+  // buffer, read from `wte() or wpe()` at `from`, rows `from_stride` apart.
+  struct Copy {
+    StridedRun to;
+    bool position = false;  // from wpe(), else wte()
+    size_t from = 0, from_stride = 0;
+  };
+  std::vector<Copy> Copies(const ParamLayout& layout, size_t begin, size_t end) const;
+  void WriteInto(const ParamLayout& layout, float* params, size_t begin, size_t end) const;
+
+ private:
+  int from_ = 0, width_ = 0;
+  std::vector<float> wte_, wpe_;
+};
 
 // The parts of `runs` that lie in floats [begin, end) of the buffer, in the same order.
 std::vector<StridedRun> ClipRuns(const std::vector<StridedRun>& runs, size_t begin, size_t end);

@@ -114,7 +114,7 @@ TEST(CpuOps, EmbeddingScattersRepeatedTokens) {
   std::vector<int> tok = {1, 1, 4, 0, 1, 2};
   auto wte = Random(V * C, 11), wpe = Random(T * C, 12), dout = Random(B * T * C, 13);
   std::vector<float> out(B * T * C), dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
-  EmbeddingForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  EmbeddingForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, C);
   EXPECT_FLOAT_EQ(out[(1 * T + 2) * C + 3], wte[2 * C + 3] + wpe[2 * C + 3]);
   EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
   // token 1 appears at (0,0), (0,1), (1,1)

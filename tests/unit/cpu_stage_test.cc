@@ -55,8 +55,8 @@ TEST(CpuStage, OutOfRangeSlotsAndParameterRangesAreErrors) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// A subspace model's backward leaves its held-at-zero gradients zero (and the rest not), and
-// parameters set there read as zero.
+// A subspace model's backward leaves its held floats' gradients zero (and the rest not), and
+// parameters set there read as it holds them: zero, or the fixed embedding's initial values.
 TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
   ModelConfig c = Cfg();
   c.subspace_divisor = 2;
@@ -80,10 +80,13 @@ TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
     nonzero += !held[i] && g[i] != 0.0f;
   }
   EXPECT_GT(nonzero, n / 3);
+  const std::vector<float> initial(*(*s)->Params(), *(*s)->Params() + n);
   const std::vector<float> ones(n, 1.0f);
   ASSERT_TRUE((*s)->SetParams(0, ones.data(), n).ok());
   const float* p = *(*s)->Params();
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], held[i] ? 0.0f : 1.0f) << i;
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], held[i] ? initial[i] : 1.0f) << i;
+  EXPECT_EQ(CpuStage::Create(c, StageSpec::Whole(c), 2, 10, false, 1, std::nullopt).status().code(),
+            absl::StatusCode::kInvalidArgument) << "no seed to draw the fixed embedding from";
 }
 
 TEST(CpuStage, AnAttachedOptimizerStepsAsTheParameterServerWould) {

@@ -129,7 +129,7 @@ std::vector<MicroBatch> Batches(const ModelConfig& cfg, int B, int T, int n) {
   return mbs;
 }
 
-// A subspace model's among them: its held-at-zero gradients are zero on the device too.
+// A subspace model's among them: its held floats' gradients are zero on the device too.
 TEST(CudaStage, AgreesWithTheCpuBackendOnRandomConfigs) {
   std::string why;
   if (!HaveGpu(&why)) GTEST_SKIP() << "CPU-vs-CUDA agreement needs a GPU: " << why;

@@ -26,8 +26,9 @@ std::vector<int> Marked(const std::vector<StridedRun>& runs, size_t n) {
   return m;
 }
 
-// A subspace model holds at zero the embeddings' columns from k on and the output projections'
-// rows from k on (with their biases), each float once; clipping to any two halves keeps them all.
+// A subspace model holds the embeddings' columns from k on (at their initial values, which the
+// fixed embedding draws alike) and the output projections' rows from k on with their biases (at
+// zero), each float once; clipping to any two halves keeps them all.
 TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   ModelConfig c = Cfg(false);
   c.subspace_divisor = 4;  // d_model 8: k = 2
@@ -55,8 +56,14 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   }
   std::vector<float> params(whole.total());
   InitGpt2Params(c, whole, 3, params.data());
+  const std::vector<int> fixed = Marked(whole.SubspaceFixedRuns(c), whole.total());
   for (size_t i = 0; i < params.size(); ++i)
-    if (marked[i] > 0) ASSERT_EQ(params[i], 0.0f) << i;
+    if (marked[i] > 0 && fixed[i] == 0) ASSERT_EQ(params[i], 0.0f) << i;
+  std::vector<float> rewritten(params.size(), 5.0f);
+  const FixedEmbedding embedding(c, 3);
+  embedding.WriteInto(whole, rewritten.data(), 0, wte.offset + C + 4);  // a row and a half of wte...
+  embedding.WriteInto(whole, rewritten.data(), wte.offset + C + 4, whole.total());  // ...then the rest
+  for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(rewritten[i], fixed[i] ? params[i] : 5.0f) << i;
   c.subspace_divisor = 1;
   EXPECT_TRUE(whole.SubspaceRuns(c).empty());
   c.subspace_divisor = 3;
