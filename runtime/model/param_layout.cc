@@ -13,8 +13,9 @@ namespace longhaul {
 ParamLayout::ParamLayout(const ModelConfig& cfg, const StageSpec& spec) : first_block_(spec.first_block) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size;
   if (spec.has_embedding) {
-    wte_ = Add("wte.weight", {V, C}, true);
-    wpe_ = Add("wpe.weight", {cfg.max_seq_len, C}, true);
+    const int64_t fixed_from = cfg.residual_width() < C ? cfg.residual_width() : -1;
+    wte_ = Add("wte.weight", {V, C}, true, fixed_from);
+    wpe_ = Add("wpe.weight", {cfg.max_seq_len, C}, true, fixed_from);
   }
   for (int b = spec.first_block; b < spec.end_block; ++b) {
     const std::string p = absl::StrCat("h.", b, ".");
@@ -40,10 +41,10 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, const StageSpec& spec) : first_
   }
 }
 
-int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay) {
+int ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool decay, int64_t fixed_from) {
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
-  tensors_.push_back({std::move(name), std::move(shape), total_, n, decay});
+  tensors_.push_back({std::move(name), std::move(shape), total_, n, decay, fixed_from});
   total_ += n;
   return static_cast<int>(tensors_.size()) - 1;
 }
@@ -57,14 +58,19 @@ std::vector<uint8_t> ParamLayout::DecayFlags(size_t begin, size_t end) const {
   std::vector<uint8_t> decay(end - begin, 0);
   for (const ParamTensor& t : tensors_) {
     const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.size);
-    if (t.decay && lo < hi) std::fill(decay.begin() + (lo - begin), decay.begin() + (hi - begin), 1);
+    if (!t.decay || lo >= hi) continue;
+    std::fill(decay.begin() + (lo - begin), decay.begin() + (hi - begin), 1);
+    if (t.fixed_from < 0) continue;
+    const size_t C = static_cast<size_t>(t.shape.back()), from = static_cast<size_t>(t.fixed_from);
+    for (size_t i = lo; i < hi; ++i)
+      if ((i - t.offset) % C >= from) decay[i - begin] = 0;
   }
   return decay;
 }
 
 ParamLayout ParamLayout::Slice(int first, int end) const {
   ParamLayout l;
-  for (int i = first; i < end; ++i) l.Add(tensors_[i].name, tensors_[i].shape, tensors_[i].decay);
+  for (int i = first; i < end; ++i) l.Add(tensors_[i].name, tensors_[i].shape, tensors_[i].decay, tensors_[i].fixed_from);
   return l;
 }
 

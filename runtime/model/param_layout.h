@@ -20,6 +20,9 @@ struct ParamTensor {
   size_t offset = 0;         // in floats, from the start of the buffer the layout describes
   size_t size = 0;
   bool decay = false;        // AdamW weight decay applies (matrices and embeddings, not biases/norms)
+  // A subspace model's embedding: its columns from here on are fixed (FixedEmbedding), and no
+  // decay moves them. -1: none.
+  int64_t fixed_from = -1;
 };
 
 // Floats [offset + r·stride, + length) for r in [0, rows) of a flat buffer.
@@ -45,7 +48,7 @@ class ParamLayout {
   // Float offsets [begin, end) of tensors [first, end) in this layout's buffer.
   std::pair<size_t, size_t> Range(int first, int end) const;
   // Per float of [begin, end) of this layout's buffer: 1 where AdamW's weight decay applies (the
-  // float's tensor has `decay`), else 0. Whole: [0, total()).
+  // float's tensor has `decay`, and the float is not fixed), else 0. Whole: [0, total()).
   std::vector<uint8_t> DecayFlags(size_t begin, size_t end) const;
   std::vector<uint8_t> DecayFlags() const { return DecayFlags(0, total_); }
   // Tensors [first, end) re-based to offset 0: the layout of a parameter-server shard.
@@ -93,7 +96,7 @@ class ParamLayout {
 
  private:
   ParamLayout() = default;
-  int Add(std::string name, std::vector<int64_t> shape, bool decay);
+  int Add(std::string name, std::vector<int64_t> shape, bool decay, int64_t fixed_from = -1);
 
   std::vector<ParamTensor> tensors_;
   std::vector<BlockTensors> blocks_;

@@ -238,6 +238,21 @@ INSTANTIATE_TEST_SUITE_P(
                {"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=1", "cluster.stage_layers=[4,0]"}, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A subspace model's boundary carries half of each token's values over real TCP, and the second
+// stage writes the other half from its fixed embedding: two stages train bitwise as one process.
+TEST(Cluster, ASubspaceModelsNarrowBoundaryLosesNothing) {
+  const std::vector<std::string> subspace = {"model.subspace_divisor=2", "train.micro_batches=4"};
+  const fs::path one = Dir("subspace_one_process"), two = Dir("subspace_2x1");
+  ASSERT_EQ(Longhaul("train", one, subspace), 0) << Log(one);
+  std::vector<std::string> sets = subspace;
+  sets.insert(sets.end(), {"cluster.stages=2", "cluster.replicas=1"});
+  ASSERT_EQ(Longhaul("local", two, sets), 0) << Log(two);
+  EXPECT_EQ(Losses(two), Losses(one));
+  EXPECT_EQ(ValLosses(two), ValLosses(one));
+  EXPECT_TRUE(testing::LatestParams(two) == testing::LatestParams(one)) << "parameters differ";
+  EXPECT_NE(Losses(one), SingleProcess().losses) << "the constraint changes the model";
+}
+
 // A worker hands its own shard's parameters and its own gradient push to itself; they must be
 // rounded as its peers receive them, or the replicas train different models. The coordinator
 // compares every replica's parameter checksum after every iteration and stops the job on a

@@ -64,6 +64,11 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   embedding.WriteInto(whole, rewritten.data(), 0, wte.offset + C + 4);  // a row and a half of wte...
   embedding.WriteInto(whole, rewritten.data(), wte.offset + C + 4, whole.total());  // ...then the rest
   for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(rewritten[i], fixed[i] ? params[i] : 5.0f) << i;
+  // No weight decay moves the fixed embedding, in the stage's layout or a shard's slice of it.
+  const std::vector<uint8_t> decay = whole.DecayFlags(), sliced = whole.Slice(0, 2).DecayFlags();
+  EXPECT_EQ(decay[wte.offset + 1], 1);
+  EXPECT_EQ(decay[wte.offset + 2], 0);
+  EXPECT_EQ(sliced, std::vector<uint8_t>(decay.begin(), decay.begin() + static_cast<long>(sliced.size())));
   c.subspace_divisor = 1;
   EXPECT_TRUE(whole.SubspaceRuns(c).empty());
   c.subspace_divisor = 3;
