@@ -70,6 +70,12 @@ const std::vector<BenchSetting>& Settings() {
       {"int4 boundaries", {"cluster.stages=2", "transport.wire_dtype=\"int4\""}, 1, false},
       {"int4 boundaries, int3h gradients",
        {"cluster.stages=2", "transport.wire_dtype=\"int4\"", "transport.gradient_dtype=\"int3h\""}, 1, false},
+      // The same boundary of a subspace model (model.subspace_divisor): a quarter of each token's
+      // values cross it, losslessly, and the penalty is the constraint's on the model.
+      {"subspace /4, int4 boundaries, int3h gradients",
+       {"model.subspace_divisor=4", "cluster.stages=2", "transport.wire_dtype=\"int4\"",
+        "transport.gradient_dtype=\"int3h\""},
+       1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };
