@@ -633,7 +633,7 @@ class StageImpl final : public CudaStage {
   absl::Status ZeroRuns(const std::vector<StridedRun>& runs, float* p) {
     for (const StridedRun& r : runs) {
       const size_t width = r.length * sizeof(float), pitch = r.rows > 1 ? r.stride * sizeof(float) : width;
-      LH_CUDA(cudaMemset2DAsync(p + r.offset, pitch, 0, width, r.rows, stream_), "zero a subspace's zeros");
+      LH_CUDA(cudaMemset2DAsync(p + r.offset, pitch, 0, width, r.rows, stream_), "zero a subspace model's held floats");
     }
     return absl::OkStatus();
   }

@@ -78,7 +78,11 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
                V = r.model.vocab_size, NH = r.model.n_head, T = r.T, blocks = r.spec.end_block - r.spec.first_block;
   const double att = static_cast<double>(r.B) * NH * T * T;  // attention probabilities of one block
   MemoryEstimate e;
+  // A subspace model's fixed embedding columns, which every stage draws (FixedEmbedding): in host
+  // memory, and on a device stage after the first in the compute type too.
+  const double fixed = r.model.subspace_divisor > 1 ? (V + r.model.max_seq_len) * (C - r.model.residual_width()) : 0;
   if (r.backend == Backend::kCpu) {
+    if (fixed > 0) e.Add("fixed embedding", 4 * fixed);
     // GptStage::BlockActs: ln1, qkv (3), atty, res2, ln2, fch (4), fch_gelu (4), out = 16 NC; four
     // (N) statistics; the attention probabilities.
     const double block_acts = 4 * (16 * N * C + 4 * N + att);
@@ -99,6 +103,7 @@ MemoryEstimate EstimateStage(const StageMemoryRequest& r) {
   const double t = r.precision == Precision::kFp32 ? 4 : 2, Vs = CudaLogitsStride(r.model);
   e.Add("parameters", 4 * P + (t == 4 ? 0 : t * P));  // fp32 master weights (+ the compute copy)
   e.Add("gradients", 4 * P);
+  if (!r.spec.has_embedding && fixed > 0) e.Add("fixed embedding", t * fixed);
   if (r.optimizer) e.Add("AdamW moments", 8 * P + P);  // m, v and a decay flag per parameter
   // Per block: ln1, atty, res2, ln2, out (1 each), qkv (3), fch, fch_gelu (4 each) = 16 NC and
   // four fp32 statistics; in the flash style one fp32 log-sum-exp per query and head, otherwise
