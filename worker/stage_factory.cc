@@ -37,13 +37,14 @@ namespace {
 absl::StatusOr<std::unique_ptr<Stage>> MakeBackendStage(const StageRequest& r) {
   if (r.device < 0) {
     LH_ASSIGN_OR_RETURN(std::unique_ptr<CpuStage> s,
-                        CpuStage::Create(r.model, r.spec, r.B, r.T, r.recompute, r.slots, r.seed));
+                        CpuStage::Create(r.model, r.spec, r.B, r.T, r.recompute, r.slots, r.seed, r.init));
     return std::unique_ptr<Stage>(std::move(s));
   }
 #ifdef LONGHAUL_WITH_CUDA
   CudaStage::Options o;
   o.B = r.B, o.T = r.T, o.precision = r.precision, o.device = r.device, o.slots = r.slots, o.recompute = r.recompute;
   o.seed = r.seed;
+  o.init = r.init;
   o.optimizer = r.optimizer;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> s, CudaStage::Create(r.model, r.spec, o));
   return std::unique_ptr<Stage>(std::move(s));

@@ -20,8 +20,11 @@ struct StageRequest {
   Precision precision = Precision::kFp32;
   bool recompute = false;
   int slots = 1;
-  // InitGpt2Params's; none where the caller sets every parameter (a resumed plan version's).
-  std::optional<uint64_t> seed = 0;
+  // The job's train.seed, and whether the parameters start from it (InitGpt2Params): not where the
+  // caller sets every one (a resumed plan version's). A subspace model's fixed embedding is drawn
+  // from it either way.
+  uint64_t seed = 0;
+  bool init = true;
   std::string init_from;  // train.init_from: parameters from this GPT-2 checkpoint, not the seed's
   bool optimizer = false;  // the stage steps itself (AttachOptimizer): its memory check counts the moments
 };

@@ -401,7 +401,7 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
     // A stage that does not fit next to the ones built is left to the set-up, which names why.
     if (!device.ok() || !CheckWorkerMemory(cfg, nullptr, s, 0, omp_get_max_threads(), *device).ok()) continue;
     StageRequest request = StageRequestFor(cfg, s, *device, ActivationSlots(cfg.cluster.schedule, P, s, M));
-    request.seed.reset();
+    request.init = false;
     request.init_from.clear();
     absl::StatusOr<std::unique_ptr<Stage>> stage = MakeStage(request);
     if (!stage.ok()) continue;
@@ -629,7 +629,7 @@ absl::StatusOr<bool> Worker::SetUpStage(int device) {
   if (HostedPsFloats(cfg_, s_, r_, &plan_) == 0 || resumed) request.init_from.clear();
   // A resumed version's stage takes every parameter from the checkpoint: drawing the initial ones
   // first would be work thrown away on a recovery's path.
-  if (resumed) request.seed.reset();
+  if (resumed) request.init = false;
   // A stage kept has the parameters it pulled last where they are the checkpoint's, else the
   // checkpoint's files' (SetUpShards), and its gradients are zeroed every iteration; a stage that
   // steps itself (local updates) holds more, and is rebuilt. So is one whose version starts over

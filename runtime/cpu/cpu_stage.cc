@@ -12,14 +12,16 @@
 namespace longhaul {
 
 absl::StatusOr<std::unique_ptr<CpuStage>> CpuStage::Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
-                                                           bool recompute, int slots, std::optional<uint64_t> seed) {
+                                                           bool recompute, int slots, std::optional<uint64_t> seed,
+                                                           bool init) {
   if (slots < 1) return absl::InvalidArgumentError(absl::StrFormat("a stage needs at least one slot, not %d", slots));
   if (cfg.subspace_divisor > 1 && !seed) {
     return absl::InvalidArgumentError("a subspace model's stage needs the seed its fixed embedding is drawn from");
   }
   std::unique_ptr<CpuStage> s(new CpuStage());
   LH_ASSIGN_OR_RETURN(s->stage_, GptStage::Create(cfg, spec, B, T, recompute));
-  if (seed) s->stage_->InitParams(*seed);
+  if (seed && init) s->stage_->InitParams(*seed);
+  if (seed && !init) s->stage_->DrawFixedEmbedding(*seed);
   for (int i = 0; i < slots; ++i) s->acts_.push_back(s->stage_->NewActivations());
   if (!spec.has_embedding) {
     s->input_grads_.assign(slots, std::vector<float>(static_cast<size_t>(B) * T * cfg.d_model));

@@ -15,10 +15,12 @@ namespace longhaul {
 
 class CpuStage final : public Stage {
  public:
-  // B = micro-batch size, T = sequence length; initialised from `seed` (InitGpt2Params), or left
-  // zero without one, for a caller that sets every parameter itself.
+  // B = micro-batch size, T = sequence length; with `init`, initialised from `seed`
+  // (InitGpt2Params), else left zero for a caller that sets every parameter itself. A subspace
+  // model's fixed embedding is drawn from `seed` either way, so it needs one.
   static absl::StatusOr<std::unique_ptr<CpuStage>> Create(const ModelConfig& cfg, const StageSpec& spec, int B, int T,
-                                                          bool recompute, int slots, std::optional<uint64_t> seed);
+                                                          bool recompute, int slots, std::optional<uint64_t> seed,
+                                                          bool init = true);
 
   const ParamLayout& layout() const override { return stage_->layout(); }
   const StageSpec& spec() const override { return stage_->spec(); }

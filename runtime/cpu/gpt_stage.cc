@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<GptStage>> GptStage::Create(const ModelConfig& cf
 
 void GptStage::InitParams(uint64_t seed) {
   InitGpt2Params(cfg_, layout_, seed, params_.data());
-  fixed_ = FixedEmbedding(cfg_, seed);
+  DrawFixedEmbedding(seed);
 }
 
 void GptStage::ZeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

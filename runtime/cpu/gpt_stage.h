@@ -49,8 +49,10 @@ class GptStage {
   const FixedEmbedding& fixed_embedding() const { return fixed_; }
 
   // GPT-2 initialisation (InitGpt2Params), and a subspace model's fixed embedding drawn from the
-  // same seed: a stage after the first writes its columns of the input from it.
+  // same seed (DrawFixedEmbedding: a stage after the first writes its columns of the input from
+  // it, and a stage whose parameters are set puts its values back).
   void InitParams(uint64_t seed);
+  void DrawFixedEmbedding(uint64_t seed) { fixed_ = FixedEmbedding(cfg_, seed); }
   void ZeroGrads();
 
   ActivationsPtr NewActivations() const;

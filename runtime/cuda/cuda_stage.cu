@@ -210,7 +210,7 @@ class StageImpl final : public CudaStage {
         }
       }
     }
-    if (o_.seed) {
+    if (o_.seed && o_.init) {
       std::vector<float> init(P);
       InitGpt2Params(cfg_, layout_, *o_.seed, init.data());
       LH_RETURN_IF_ERROR(SetParams(0, init.data(), P));

@@ -34,8 +34,11 @@ class CudaStage : public Stage {
     int device = 0;
     int slots = 1;           // micro-batches held between forward and backward
     bool recompute = false;  // keep each block's input only; rebuild its activations in backward
-    // InitGpt2Params; none: the parameters are left as allocated, for a caller that sets every one.
+    // The job's seed (none: a model without a subspace that the caller sets every parameter of),
+    // and whether the parameters start from it (InitGpt2Params; else left as allocated, for a
+    // caller that sets every one). A subspace model's fixed embedding is drawn from it either way.
     std::optional<uint64_t> seed = 0;
+    bool init = true;
     // AttachOptimizer will follow (a trainer, not a pipeline worker whose shards live apart): the
     // check before allocating counts AdamW's moments, so a stage that cannot hold them is refused
     // up front instead of at the moments' cudaMalloc.

@@ -331,6 +331,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"local_updates_topk",
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
                               "transport.wire_dtype=\"int8\"", "transport.exchange_dtype=\"topk\""},
+                             true},
+                      // A subspace model: half of each token's values cross in int4 (gradients in
+                      // int3h), the rest rebuilt from the fixed embedding, which the resumed
+                      // stages draw again.
+                      Layout{"subspace_int4",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2",
+                              "model.subspace_divisor=2", "transport.wire_dtype=\"int4\"",
+                              "transport.gradient_dtype=\"int3h\""},
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 
