@@ -176,24 +176,28 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
 
 void Executor::Outgoing(const float* full, std::vector<float>& out) const {
   out.resize(boundary_.sent());
-  if (boundary_.narrowed()) {
-    boundary_.Keep(full, out.data());
-  } else {
-    std::copy_n(full, out.size(), out.data());
-  }
+  boundary_.Keep(full, out.data());
 }
 
 std::vector<float> Executor::Incoming(std::vector<float> sent) {
   if (!boundary_.narrowed()) return sent;
-  std::vector<float> full(boundary_.floats());
+  std::vector<float> full;
+  if (!widened_.empty()) {
+    full = std::move(widened_.back());
+    widened_.pop_back();
+  }
+  full.resize(boundary_.floats());
   boundary_.Restore(sent.data(), full.data());
   channel_.Recycle(std::move(sent));
   return full;
 }
 
-// A widened buffer is of no size the mailbox hands out again.
 void Executor::Release(std::vector<float> read) {
-  if (!boundary_.narrowed()) channel_.Recycle(std::move(read));
+  if (boundary_.narrowed()) {
+    widened_.push_back(std::move(read));
+  } else {
+    channel_.Recycle(std::move(read));
+  }
 }
 
 absl::Status Executor::FlushSends(Pass& pass) {

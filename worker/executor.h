@@ -151,7 +151,7 @@ class Executor {
   // A boundary tensor as it leaves: `full` copied into `out` (narrowed where boundary_ says).
   void Outgoing(const float* full, std::vector<float>& out) const;
   // A received boundary tensor as the stage reads it (widened where boundary_ says), and its
-  // buffer given back once read.
+  // buffer given back once read: to the mailbox's pool, or a widened one to widened_.
   std::vector<float> Incoming(std::vector<float> sent);
   void Release(std::vector<float> read);
 
@@ -167,6 +167,9 @@ class Executor {
   // and an fp32 send reads its buffer until the iteration's sends are done. Narrowed activations
   // wait so too; whole ones are sent from the stage's slot, which lives until their backward.
   std::vector<std::vector<float>> grads_out_, acts_out_;
+  // Widened buffers read and given back, for the next Incoming: the mailbox hands out buffers of
+  // the size a link carries only, and a fresh one a micro-batch would fault its pages in anew.
+  std::vector<std::vector<float>> widened_;
   // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in
   // hook_status_ until its Forward or Backward returns.
   ExchangeHooks hooks_;

@@ -43,9 +43,7 @@ class GptStage {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
-  // What a subspace model holds (ParamLayout::SubspaceRuns, InitParams' FixedEmbedding); empty
-  // without one.
-  const std::vector<StridedRun>& subspace_runs() const { return subspace_; }
+  // A subspace model's fixed embedding (InitParams); empty without one.
   const FixedEmbedding& fixed_embedding() const { return fixed_; }
 
   // GPT-2 initialisation (InitGpt2Params), and a subspace model's fixed embedding drawn from the
@@ -112,7 +110,7 @@ class GptStage {
   int B_, T_;
   bool recompute_;
   std::vector<float> params_, grads_;
-  std::vector<StridedRun> subspace_;
+  std::vector<StridedRun> subspace_;  // what a subspace model holds (ParamLayout::SubspaceRuns)
   FixedEmbedding fixed_;
   size_t unmasked_end_ = 0;  // a backward's gradients from here on have had subspace_ zeroed
   const ExchangeHooks* hooks_ = nullptr;

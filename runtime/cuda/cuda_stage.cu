@@ -336,10 +336,8 @@ class StageImpl final : public CudaStage {
     if (spec_.has_embedding) {
       const cuda::TokenGroups groups{s.order.p, s.starts.p, s.distinct_tokens.p, s.distinct};
       cuda::EmbeddingBackward(stream_, G(layout_.wte()), G(layout_.wpe()), g_resid_.p, groups, B_, T_, C);
-      LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
       return Check(cudaGetLastError(), "backward");
     }
-    LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
     if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
@@ -362,6 +360,7 @@ class StageImpl final : public CudaStage {
     return params_host_.p;
   }
   absl::StatusOr<const float*> Grads() override {
+    LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
     if (grads_host_.p == nullptr) LH_RETURN_IF_ERROR(grads_host_.Alloc(grads_.n));
     LH_RETURN_IF_ERROR(
         CopySync(stream_, grads_host_.p, grads_.p, grads_.n * 4, cudaMemcpyDeviceToHost, "download gradients"));
@@ -402,6 +401,7 @@ class StageImpl final : public CudaStage {
 
   absl::StatusOr<OptimizerStepResult> Step(int64_t step) override {
     LH_RETURN_IF_ERROR(CheckOptimizer());
+    LH_RETURN_IF_ERROR(ZeroRuns(subspace_, grads_.p));
     const long P = static_cast<long>(params_.n);
     cuda::SquaredNorm(stream_, norm_partial_.p, norm_.p, grads_.p, P);
     double sumsq = 0;
@@ -629,7 +629,9 @@ class StageImpl final : public CudaStage {
                             a.ln1_rstd.p, scratch, N, C);
   }
 
-  // Zeroes `runs` of the device buffer `p`, on the compute stream (the host's ZeroRuns).
+  // Zeroes `runs` of the device buffer `p`, on the compute stream (the host's ZeroRuns). A subspace
+  // model's held floats' gradients are zeroed so where the gradients are read (Grads, Step), once
+  // an iteration: no backward reads them, and this backend has no hooks that push during one.
   absl::Status ZeroRuns(const std::vector<StridedRun>& runs, float* p) {
     for (const StridedRun& r : runs) {
       const size_t width = r.length * sizeof(float), pitch = r.rows > 1 ? r.stride * sizeof(float) : width;

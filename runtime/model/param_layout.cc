@@ -160,7 +160,10 @@ FixedEmbedding::FixedEmbedding(const ModelConfig& cfg, uint64_t seed) {
   auto draw = [&](const char* name, size_t rows, std::vector<float>& out) {
     const uint64_t stream = InitStream(seed, name);
     out.resize(rows * (C - k));
-    for (size_t r = 0; r < rows; ++r)
+    // Every stage draws these as it starts (a vocabulary's rows): threads share them as
+    // InitGpt2Params' do, the values independent of their number.
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < static_cast<long>(rows); ++r)
       for (size_t c = k; c < C; ++c) out[r * (C - k) + c - k] = InitialValue(stream, r * C + c, kInitStd);
   };
   draw("wte.weight", static_cast<size_t>(cfg.vocab_size), wte_);

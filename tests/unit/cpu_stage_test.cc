@@ -76,7 +76,9 @@ TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
   const float* g = *(*s)->Grads();
   size_t nonzero = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (held[i]) ASSERT_EQ(g[i], 0.0f) << i;
+    if (held[i]) {
+      ASSERT_EQ(g[i], 0.0f) << i;
+    }
     nonzero += !held[i] && g[i] != 0.0f;
   }
   EXPECT_GT(nonzero, n / 3);

@@ -57,8 +57,11 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   std::vector<float> params(whole.total());
   InitGpt2Params(c, whole, 3, params.data());
   const std::vector<int> fixed = Marked(whole.SubspaceFixedRuns(c), whole.total());
-  for (size_t i = 0; i < params.size(); ++i)
-    if (marked[i] > 0 && fixed[i] == 0) ASSERT_EQ(params[i], 0.0f) << i;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (marked[i] > 0 && fixed[i] == 0) {
+      ASSERT_EQ(params[i], 0.0f) << i;
+    }
+  }
   std::vector<float> rewritten(params.size(), 5.0f);
   const FixedEmbedding embedding(c, 3);
   embedding.WriteInto(whole, rewritten.data(), 0, wte.offset + C + 4);  // a row and a half of wte...
