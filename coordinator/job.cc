@@ -234,8 +234,8 @@ std::optional<double> Job::Predict(bool without_cards) const {
   // The planner prices the config's layout, not a shrunk one.
   if (!network || !LayoutRanWhole()) return std::nullopt;
   if (without_cards && !network->HasCards()) return std::nullopt;
-  const std::vector<double> compute = log.ComputePerMicroByWorker();
-  if (compute.empty()) return std::nullopt;
+  const MeasuredCompute compute = log.MeasuredByWorker();
+  if (compute.per_micro.empty()) return std::nullopt;
   const absl::StatusOr<double> p =
       PredictFromMeasuredCompute(cfg, compute, without_cards ? network->WithoutCards() : *network,
                                  plans.worker_of_slot(), ShardOwners(plans.current()));
@@ -248,8 +248,8 @@ std::optional<double> Job::Predict(bool without_cards) const {
 
 void Job::WriteMeasuredProfile() const {
   if (!LayoutRanWhole()) return;
-  const std::vector<double> compute = log.ComputePerMicroByWorker();
-  if (compute.empty()) return;
+  const MeasuredCompute compute = log.MeasuredByWorker();
+  if (compute.per_micro.empty()) return;
   const std::map<int, proto::RegisterRequest> regs = members.registrations();
   std::set<Backend> backends;
   std::vector<double> memory;
@@ -266,7 +266,7 @@ void Job::WriteMeasuredProfile() const {
       device.ok() ? device->ProfileToml(absl::StrFormat(
                         "Job %s's compute per micro-batch as its %d workers measured it while they ran (their mean), "
                         "for `longhaul plan --profile`.",
-                        cfg.cluster.job_id, compute.size()))
+                        cfg.cluster.job_id, compute.per_micro.size()))
                   : device.status();
   const std::string path = (fs::path(cfg.train.out_dir) / "profile.toml").string();
   const absl::Status st = text.ok() ? WriteFileAtomically(path, *text) : text.status();

@@ -53,7 +53,7 @@ absl::Status CheckParamsOnce(const proto::IterationReport& r, std::optional<int6
 
 // A report's times are durations: what the straggler watch and the metrics divide by.
 absl::Status CheckTimes(const proto::IterationReport& r) {
-  for (const double t : {r.seconds(), r.compute_seconds(), r.wait_seconds()}) {
+  for (const double t : {r.seconds(), r.compute_seconds(), r.wait_seconds(), r.step_seconds()}) {
     if (!std::isfinite(t) || t < 0 || t > kLongestSeconds) {
       return absl::InvalidArgumentError(absl::StrFormat("worker %d's report of iteration %d gives a time of %g s",
                                                         r.worker_id(), r.iteration() + 1, t));

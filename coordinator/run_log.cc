@@ -52,6 +52,7 @@ absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::I
     WorkerTimes& w = times_[id];
     w.stage = r.stage(), w.replica = r.replica(), ++w.iterations;
     w.seconds += r.seconds(), w.compute += r.compute_seconds(), w.wait += r.wait_seconds();
+    w.step += r.step_seconds();
   }
   loss /= std::max(1, last_stages), floor /= std::max(1, last_stages);
   if (it > start_) timed_seconds_ += sec, ++timed_;
@@ -108,7 +109,8 @@ nlohmann::json RunLog::Summary(const std::string& status, const std::string& rea
   for (const auto& [id, w] : times_) {
     const double n = w.iterations;
     s["workers"].push_back({{"worker", id}, {"stage", w.stage}, {"replica", w.replica}, {"seconds", w.seconds / n},
-                            {"compute_seconds", w.compute / n}, {"wait_seconds", w.wait / n}});
+                            {"compute_seconds", w.compute / n}, {"wait_seconds", w.wait / n},
+                            {"step_seconds", w.step / n}});
   }
   return s;
 }
@@ -134,10 +136,13 @@ void RunLog::Write(const nlohmann::json& summary, const std::vector<std::string>
   std::cout << "coordinator: records in " << dir.string() << ": " << absl::StrJoin(written, ", ") << "\n" << std::flush;
 }
 
-std::vector<double> RunLog::ComputePerMicroByWorker() const {
+MeasuredCompute RunLog::MeasuredByWorker() const {
   if (static_cast<int>(times_.size()) != workers_) return {};
-  std::vector<double> out(workers_, 0);
-  for (const auto& [id, w] : times_) out[id] = w.compute / w.iterations / cfg_.train.micro_batches;
+  MeasuredCompute out{std::vector<double>(workers_, 0), std::vector<double>(workers_, 0)};
+  for (const auto& [id, w] : times_) {
+    out.per_micro[id] = w.compute / w.iterations / cfg_.train.micro_batches;
+    out.step[id] = w.step / w.iterations;
+  }
   return out;
 }
 

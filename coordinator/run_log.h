@@ -16,6 +16,7 @@
 #include "config/job_config.h"
 #include "longhaul.pb.h"
 #include "metrics/metrics_log.h"
+#include "plan/measured_prediction.h"
 
 namespace longhaul {
 
@@ -42,9 +43,9 @@ class RunLog {
   // The closing lines: throughput, the prediction against it, and where each worker's time went.
   void PrintSummary(const nlohmann::json& summary) const;
 
-  // Each worker's mean compute seconds per micro-batch over the timed iterations (by worker id),
-  // or empty until every worker has a timed iteration.
-  std::vector<double> ComputePerMicroByWorker() const;
+  // Each worker's mean compute seconds per micro-batch and own step's seconds per iteration over
+  // the timed iterations (by worker id), or empty until every worker has a timed iteration.
+  MeasuredCompute MeasuredByWorker() const;
   // The planner's iteration time for this run, which Summary records beside the measured one.
   void SetPrediction(double seconds) { predicted_ = seconds; }
   // The same with the hosts' network cards left out, where the network has any: how far off a
@@ -58,7 +59,7 @@ class RunLog {
  private:
   struct WorkerTimes {
     int stage = 0, replica = 0, iterations = 0;
-    double seconds = 0, compute = 0, wait = 0;
+    double seconds = 0, compute = 0, wait = 0, step = 0;
   };
   std::string LossSvg() const;
 

@@ -99,10 +99,15 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
       return absl::OkStatus();
     }
     case Op::kLocalStep: {
+      // Timed apart from the blocks' compute: the planner prices a step by the bytes it streams,
+      // whatever the micro-batches.
       const int64_t t0 = Timeline::NowMicros();
       LH_ASSIGN_OR_RETURN(pass.result.step, stage_.Step(pass.it));
       pass.stepped_locally = true;
-      Computed(pass, "local step", -1, t0);
+      const int64_t t1 = Timeline::NowMicros();
+      // A device backend returns once the step is queued: its time is not the step's.
+      if (!stage_.queues_work()) pass.result.step_seconds = (t1 - t0) * 1e-6;
+      timeline_.Add("local step", Track::kCompute, t0, t1, pass.it, -1);
       return absl::OkStatus();
     }
     case Op::kPullParams:

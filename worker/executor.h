@@ -74,6 +74,7 @@ class Channel {
 struct IterationResult {
   double loss = 0;  // last stage: the mean micro-batch loss; else 0
   double compute_seconds = 0, wait_seconds = 0;
+  double step_seconds = 0;  // the worker's own optimizer step (local updates), where the host timed it
   OptimizerStepResult step;
 };
 

@@ -921,6 +921,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   rep.set_seconds(std::chrono::duration<double>(Clock::now() - t_start).count());
   // Differences of rounded clocks: an iteration of waits alone may sum a hair below zero.
   rep.set_compute_seconds(std::max(0.0, result.compute_seconds));
+  rep.set_step_seconds(result.step_seconds);
   rep.set_wait_seconds(std::max(0.0, result.wait_seconds));
   rep.set_lr(result.step.lr);
   rep.set_grad_norm(result.step.grad_norm);

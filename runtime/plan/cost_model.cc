@@ -257,10 +257,14 @@ absl::StatusOr<ComputeTimes> DeviceCost::Stage(const WorkShape& w, const StageSp
 }
 
 double DeviceCost::StepSeconds(double param_count, int replicas) const {
+  return StepBytes(param_count, replicas) / memory_bandwidth_;
+}
+
+double DeviceCost::StepBytes(double param_count, int replicas) {
   // Sum: read `replicas` gradients, write one. AdamW: read parameter, gradient, m, v; write
   // parameter, m, v. Four bytes each.
   const double passes = (replicas + 1) + 7;
-  return passes * 4 * param_count / memory_bandwidth_;
+  return passes * 4 * param_count;
 }
 
 MemoryEstimate DeviceCost::StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const {

@@ -104,6 +104,8 @@ class DeviceCost {
   // gradient and both moments, write parameter and moments), all streaming fp32 at memory
   // bandwidth.
   double StepSeconds(double param_count, int replicas) const;
+  // The bytes that step streams.
+  static double StepBytes(double param_count, int replicas);
   // What the stage holds on this device (StageMemoryOn this device's backend).
   MemoryEstimate StageMemory(const WorkShape& w, const StageSpec& spec, int activation_slots) const;
 

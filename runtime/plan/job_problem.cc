@@ -27,9 +27,11 @@ Layout JobLayout(const JobConfig& cfg) {
 }
 
 absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
-                                          ComputeTimes block, ComputeTimes head, double memory_bytes) {
-  return DeviceCost::Timed(name, backend, backend == Backend::kCuda ? 2e12 : 10e9, JobWorkShape(cfg), block, head,
-                           memory_bytes);
+                                          ComputeTimes block, ComputeTimes head, double memory_bytes,
+                                          double memory_bandwidth) {
+  const double guess = backend == Backend::kCuda ? 2e12 : 10e9;
+  return DeviceCost::Timed(name, backend, memory_bandwidth > 0 ? memory_bandwidth : guess, JobWorkShape(cfg), block,
+                           head, memory_bytes);
 }
 
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,

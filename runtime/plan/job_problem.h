@@ -19,9 +19,11 @@ namespace longhaul {
 WorkShape JobWorkShape(const JobConfig& cfg);
 Layout JobLayout(const JobConfig& cfg);
 // A device timed on the job's shape (a worker's profile, or a run's measured compute); its
-// parameter-server step streams fp32 at a CPU's tens of GB/s or a GPU's terabytes.
+// optimizer steps stream fp32 at `memory_bandwidth` bytes/s, where measured, else at a guess: a
+// CPU's ten GB/s or a GPU's terabytes.
 absl::StatusOr<DeviceCost> JobTimedDevice(const JobConfig& cfg, const std::string& name, Backend backend,
-                                          ComputeTimes block, ComputeTimes head, double memory_bytes = 0);
+                                          ComputeTimes block, ComputeTimes head, double memory_bytes = 0,
+                                          double memory_bandwidth = 0);
 // The job's stages × replicas over `device_of_worker.size()` workers, worker w on host w and on
 // devices[device_of_worker[w]].
 PlacementProblem JobProblem(const JobConfig& cfg, std::vector<DeviceCost> devices, std::vector<int> device_of_worker,

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "model/param_layout.h"
 #include "plan/job_problem.h"
 #include "util/status_macros.h"
 
@@ -12,19 +13,24 @@ namespace longhaul {
 
 namespace {
 
-// A block's and the head's forward + backward seconds per micro-batch, and each worker's time
-// against its stage's mean.
+// A block's and the head's forward + backward seconds per micro-batch, each worker's time
+// against its stage's mean, and the bandwidth its steps streamed at (0: not measured).
 struct MeasuredSplit {
   double block = 0, head = 0;
   std::vector<double> factor;  // by worker
+  double step_bandwidth = 0;   // bytes/s
 };
 
-absl::StatusOr<MeasuredSplit> SplitMeasured(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+absl::StatusOr<MeasuredSplit> SplitMeasured(const JobConfig& cfg, const MeasuredCompute& measured,
                                             const std::vector<int>& worker_of_slot) {
+  const std::vector<double>& per_micro_by_worker = measured.per_micro;
   const int P = cfg.cluster.stages, W = P * cfg.cluster.replicas;
   if (static_cast<int>(per_micro_by_worker.size()) != W) {
     return absl::InvalidArgumentError(
         absl::StrFormat("compute of %d workers for a job of %d", per_micro_by_worker.size(), W));
+  }
+  if (!measured.step.empty() && static_cast<int>(measured.step.size()) != W) {
+    return absl::InvalidArgumentError(absl::StrFormat("steps of %d workers for a job of %d", measured.step.size(), W));
   }
   std::vector<int> stage_of(W);
   for (int k = 0; k < W; ++k) stage_of[worker_of_slot.empty() ? k : worker_of_slot[k]] = k % P;
@@ -46,33 +52,40 @@ absl::StatusOr<MeasuredSplit> SplitMeasured(const JobConfig& cfg, const std::vec
   for (int w = 0; w < W; ++w) {
     out.factor.push_back(stage_mean[stage_of[w]] > 0 ? per_micro_by_worker[w] / stage_mean[stage_of[w]] : 1);
   }
+  // Every worker's step over its whole stage, as the simulator prices a local step.
+  double bytes = 0, seconds = 0;
+  for (int w = 0; w < static_cast<int>(measured.step.size()); ++w) {
+    if (!(measured.step[w] > 0)) continue;
+    bytes += DeviceCost::StepBytes(ParamLayout(cfg.model, cfg.Stage(stage_of[w])).total(), 1);
+    seconds += measured.step[w];
+  }
+  if (seconds > 0) out.step_bandwidth = bytes / seconds;
   return out;
 }
 
 absl::StatusOr<DeviceCost> ScaledDevice(const JobConfig& cfg, const std::string& name, Backend backend,
                                         const MeasuredSplit& m, double f, double memory_bytes) {
   return JobTimedDevice(cfg, name, backend, {f * m.block / 3, f * 2 * m.block / 3}, {f * m.head / 3, f * 2 * m.head / 3},
-                        memory_bytes);
+                        memory_bytes, m.step_bandwidth);
 }
 
 }  // namespace
 
-absl::StatusOr<DeviceCost> MeasuredComputeDevice(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
-                                                 Backend backend, double memory_bytes,
-                                                 const std::vector<int>& worker_of_slot) {
-  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, per_micro_by_worker, worker_of_slot));
+absl::StatusOr<DeviceCost> MeasuredComputeDevice(const JobConfig& cfg, const MeasuredCompute& measured, Backend backend,
+                                                 double memory_bytes, const std::vector<int>& worker_of_slot) {
+  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, measured, worker_of_slot));
   return ScaledDevice(cfg,
                       absl::StrFormat("%s, as a run of %d workers measured it", backend == Backend::kCpu ? "CPU" : "GPU",
-                                      per_micro_by_worker.size()),
+                                      measured.per_micro.size()),
                       backend, m, 1, memory_bytes);
 }
 
-absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const std::vector<double>& per_micro_by_worker,
+absl::StatusOr<double> PredictFromMeasuredCompute(const JobConfig& cfg, const MeasuredCompute& measured,
                                                   const NetworkCost& network,
                                                   const std::vector<int>& worker_of_slot,
                                                   const std::vector<std::vector<int>>& shard_owner) {
-  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, per_micro_by_worker, worker_of_slot));
-  const int W = static_cast<int>(per_micro_by_worker.size());
+  LH_ASSIGN_OR_RETURN(const MeasuredSplit m, SplitMeasured(cfg, measured, worker_of_slot));
+  const int W = static_cast<int>(measured.per_micro.size());
   std::vector<DeviceCost> devices;
   std::vector<int> device_of(W);
   for (int w = 0; w < W; ++w) {

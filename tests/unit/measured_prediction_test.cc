@@ -3,6 +3,7 @@
 // slowest stage), and a link's latency adds to it.
 #include "plan/measured_prediction.h"
 #include "plan/job_problem.h"
+#include "model/param_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +22,7 @@ JobConfig Config(const std::vector<std::string>& overrides) {
 constexpr double kTolerance = 1e-3;  // the parameter servers' step of a tiny model
 
 TEST(MeasuredPrediction, OneStageIsItsMicroBatchesOneAfterAnother) {
-  const auto p = PredictFromMeasuredCompute(Config({}), {0.1}, NetworkCost::Uniform({}));
+  const auto p = PredictFromMeasuredCompute(Config({}), {{0.1}, {}}, NetworkCost::Uniform({}));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_NEAR(*p, 6 * 0.1, kTolerance);
 }
@@ -29,12 +30,12 @@ TEST(MeasuredPrediction, OneStageIsItsMicroBatchesOneAfterAnother) {
 TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt) {
   const JobConfig cfg = Config({"cluster.stages=2"});
   // Equal stages (the head costs nothing more here): GPipe takes (M + P - 1) slots of one stage.
-  const auto free = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}));
+  const auto free = PredictFromMeasuredCompute(cfg, {{0.1, 0.1}, {}}, NetworkCost::Uniform({}));
   ASSERT_TRUE(free.ok()) << free.status();
   EXPECT_NEAR(*free, (6 + 2 - 1) * 0.1, kTolerance);
   LinkCost slow;
   slow.latency_s = 0.02;
-  const auto far = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform(slow));
+  const auto far = PredictFromMeasuredCompute(cfg, {{0.1, 0.1}, {}}, NetworkCost::Uniform(slow));
   ASSERT_TRUE(far.ok()) << far.status();
   EXPECT_GT(*far, *free + 2 * 0.02 - kTolerance);
 }
@@ -42,15 +43,15 @@ TEST(MeasuredPrediction, APipelineOnFreeLinksFollowsTheBubbleAndLatencyAddsToIt)
 TEST(MeasuredPrediction, TheSlowestReplicaSetsThePace) {
   // Two replicas of one stage: the parameter servers wait for both pushes every iteration.
   const JobConfig cfg = Config({"cluster.replicas=2"});
-  const auto even = PredictFromMeasuredCompute(cfg, {0.1, 0.1}, NetworkCost::Uniform({}));
-  const auto uneven = PredictFromMeasuredCompute(cfg, {0.05, 0.15}, NetworkCost::Uniform({}));
+  const auto even = PredictFromMeasuredCompute(cfg, {{0.1, 0.1}, {}}, NetworkCost::Uniform({}));
+  const auto uneven = PredictFromMeasuredCompute(cfg, {{0.05, 0.15}, {}}, NetworkCost::Uniform({}));
   ASSERT_TRUE(even.ok() && uneven.ok());
   EXPECT_NEAR(*even, 6 * 0.1, kTolerance);
   EXPECT_NEAR(*uneven, 6 * 0.15, kTolerance);
 }
 
 TEST(MeasuredPrediction, TheComputeMustCoverEveryWorker) {
-  EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {0.1}, NetworkCost::Uniform({}))
+  EXPECT_EQ(PredictFromMeasuredCompute(Config({"cluster.stages=2"}), {{0.1}, {}}, NetworkCost::Uniform({}))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -61,7 +62,7 @@ TEST(MeasuredPrediction, TheComputeMustCoverEveryWorker) {
 TEST(MeasuredPrediction, AMeasuredDeviceRoundTripsThroughItsProfileFile) {
   const JobConfig cfg = Config({"cluster.stages=2", "cluster.replicas=2"});
   // Stage 0 (2 blocks) 0.1 s per micro-batch; stage 1 (2 blocks and the head) 0.13 s.
-  const auto device = MeasuredComputeDevice(cfg, {0.1, 0.13, 0.1, 0.13}, Backend::kCpu, 8e9);
+  const auto device = MeasuredComputeDevice(cfg, {{0.1, 0.13, 0.1, 0.13}, {}}, Backend::kCpu, 8e9);
   ASSERT_TRUE(device.ok()) << device.status();
   const auto text = device->ProfileToml("a test's device");
   ASSERT_TRUE(text.ok()) << text.status();
@@ -82,6 +83,26 @@ TEST(MeasuredPrediction, AMeasuredDeviceRoundTripsThroughItsProfileFile) {
   ASSERT_TRUE(bigger.ok());
   EXPECT_NEAR(bigger->forward_s + bigger->backward_s, 0.1, 1e-5);
   EXPECT_FALSE(DeviceCost::Named("v100", Precision::kFp32, 0.5)->ProfileToml("").ok());
+}
+
+// Workers that stepped their own stages (local updates) measured the memory bandwidth their steps
+// stream at: the profile carries it, and the prediction charges each iteration's step so.
+TEST(MeasuredPrediction, MeasuredLocalStepsPriceTheStepsAtTheirBandwidth) {
+  const JobConfig cfg = Config({"train.local_steps=4"});
+  const double params = static_cast<double>(ParamLayout(cfg.model, cfg.Stage(0)).total());
+  const auto device = MeasuredComputeDevice(cfg, {{0.1}, {0.05}}, Backend::kCpu, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_NEAR(device->StepSeconds(params, 1), 0.05, 1e-9);
+  const auto read = DeviceCost::ParseProfile(*device->ProfileToml("stepped"), "test");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_NEAR(read->StepSeconds(params, 1), 0.05, 1e-6);
+  const auto stepped = PredictFromMeasuredCompute(cfg, {{0.1}, {0.05}}, NetworkCost::Uniform({}));
+  const auto unmeasured = PredictFromMeasuredCompute(cfg, {{0.1}, {}}, NetworkCost::Uniform({}));
+  ASSERT_TRUE(stepped.ok() && unmeasured.ok());
+  // Every iteration's local step, and the round's (4 iterations) outer step on the one shard.
+  EXPECT_NEAR(*stepped - *unmeasured, 0.05 * (1 + 1.0 / 4), kTolerance);
+  EXPECT_EQ(PredictFromMeasuredCompute(cfg, {{0.1}, {0.05, 0.05}}, NetworkCost::Uniform({})).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

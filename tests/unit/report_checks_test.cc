@@ -100,6 +100,10 @@ TEST_F(ReportChecks, AnIterationReportSaysItsPlaceAndHonestFigures) {
   ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument,
                 "gives a time of -1 s");
   r = Report(1, 0);
+  r.set_step_seconds(1e300);  // what the planner would divide a step's bytes by
+  ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument,
+                "gives a time of 1e+300 s");
+  r = Report(1, 0);
   r.add_micro_batches(4);  // the job has 2 replicas x 2 micro-batches
   ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument,
                 "names 3 micro-batches outside [0, 4) or more than the 2 a replica runs");

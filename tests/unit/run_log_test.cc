@@ -21,6 +21,7 @@ proto::IterationReport Report(int stage, int replica, double loss, double second
   r.set_seconds(seconds);
   r.set_compute_seconds(seconds / 2);
   r.set_wait_seconds(seconds / 4);
+  r.set_step_seconds(seconds / 10);
   r.set_lr(stage == 0 ? 1e-3 : 0);
   r.set_grad_norm(stage == 0 ? 0.5 : 0);
   return r;
@@ -60,11 +61,16 @@ TEST(RunLog, RowsSummaryAndRecords) {
   // Stage 0: replica 0 (worker 0) computed 1 and 1.5 s in the timed iterations, replica 1
   // (worker 2) 3.5 s each; stage 1's workers 5 s each.
   const int M = cfg->train.micro_batches;
-  const std::vector<double> compute = log.ComputePerMicroByWorker();
-  ASSERT_EQ(compute.size(), 4u);
-  EXPECT_DOUBLE_EQ(compute[0], 1.25 / M);
-  EXPECT_DOUBLE_EQ(compute[2], 3.5 / M);
-  EXPECT_DOUBLE_EQ(compute[1], 5.0 / M);
+  const MeasuredCompute compute = log.MeasuredByWorker();
+  ASSERT_EQ(compute.per_micro.size(), 4u);
+  EXPECT_DOUBLE_EQ(compute.per_micro[0], 1.25 / M);
+  EXPECT_DOUBLE_EQ(compute.per_micro[2], 3.5 / M);
+  EXPECT_DOUBLE_EQ(compute.per_micro[1], 5.0 / M);
+  // The workers' own steps, per iteration and not per micro-batch: a tenth of their times.
+  ASSERT_EQ(compute.step.size(), 4u);
+  EXPECT_DOUBLE_EQ(compute.step[0], 0.25);
+  EXPECT_DOUBLE_EQ(compute.step[1], 1.0);
+  EXPECT_DOUBLE_EQ(s["workers"][0]["step_seconds"].get<double>(), 0.25);
   log.SetPrediction(2.0);
   EXPECT_DOUBLE_EQ(log.Summary("completed", "", 3)["predicted_iteration_seconds"].get<double>(), 2.0);
   EXPECT_EQ(log.Summary("failed", "worker 3 died", 3)["reason"], "worker 3 died");
