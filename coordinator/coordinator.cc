@@ -42,8 +42,8 @@ namespace {
 struct JobOrigin {
   JobConfig cfg;
   int64_t start = 0;
-  std::string resume_name;
-  std::optional<proto::JobState> restored;
+  std::string resume_name{};
+  std::optional<proto::JobState> restored{};
   bool goes_on = false;  // the run's records so far are kept (a resume, a restored job)
 };
 

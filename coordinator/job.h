@@ -72,7 +72,7 @@ struct RecoveryRecords {
     std::string failure;
     Clock::time_point at;
     bool dialled = false;    // the workers not heard from were dialled since
-    std::set<int> answered;  // of them, those whose tensor port answered
+    std::set<int> answered{};  // of them, those whose tensor port answered
   };
   std::optional<Restart> restart;
   int restarts_in_a_row = 0;  // versions started again since an iteration last completed
