@@ -11,15 +11,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
 #include "config/job_config.h"
+#include "metrics/metrics_log.h"
 #include "plan/cost_model.h"
 #include "scenario/scenario.h"
-#include "util/median.h"
 
 namespace longhaul {
 namespace fs = std::filesystem;
@@ -69,9 +67,12 @@ constexpr Setting kSettings[] = {
 };
 
 // The source ran GPipe with fp32 activations and a central parameter server, the exchange after
-// the last backward and before the next forward; longhaul's defaults are the job config's own.
-const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\"", "cluster.ps=\"central\"",
-                                                 "cluster.overlap_exchange=false"};
+// the last backward of every iteration and before the next forward; longhaul's defaults are the
+// job config's own.
+const std::vector<std::string> kLikeTheSource = {
+    "transport.wire_dtype=\"fp32\"",    "transport.exchange_dtype=\"auto\"", "transport.gradient_dtype=\"auto\"",
+    "cluster.ps=\"central\"",           "cluster.overlap_exchange=false",    "train.local_steps=1",
+    "train.overlap_outer=false",        "model.subspace_divisor=1"};
 
 // With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
 // machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of
@@ -79,27 +80,6 @@ const std::vector<std::string> kLikeTheSource = {"transport.wire_dtype=\"fp32\""
 // micro-batches of 384 KiB, so the exchange keeps the source's proportion to the pipeline's
 // transfers.
 const std::vector<std::string> kWithDataParallelism = {"cluster.replicas=2", "train.micro_batches=48"};
-
-// The median seconds of the run's steps after its first two (metrics.csv): the first steps open
-// connections and grow TCP's windows over the emulated links, which makes them slower than the
-// rest, and one slow step on a shared machine should not move a short run's figure.
-// 0 where the file has fewer than three steps.
-double SteadyIterationSeconds(const std::string& out_dir) {
-  std::ifstream f(fs::path(out_dir) / "metrics.csv");
-  std::string line;
-  if (!std::getline(f, line)) return 0;
-  const std::vector<std::string> header = absl::StrSplit(line, ',');
-  const auto column = std::find(header.begin(), header.end(), "seconds") - header.begin();
-  std::vector<double> seconds;
-  for (int step = 1; std::getline(f, line); ++step) {
-    const std::vector<std::string> cells = absl::StrSplit(line, ',');
-    double v = 0;
-    if (step > 2 && column < static_cast<long>(cells.size()) && absl::SimpleAtod(cells[column], &v)) {
-      seconds.push_back(v);
-    }
-  }
-  return seconds.empty() ? 0 : Median(seconds);
-}
 
 // Runs `local` with its output in `log`; returns the run's summary.json, or null.
 nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config_path,
@@ -141,6 +121,14 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   auto cfg = LoadJobConfig(config_path, overrides);
   if (!cfg.ok()) {
     std::cerr << "longhaul: error: " << cfg.status().message() << "\n";
+    return 2;
+  }
+  const int64_t H = cfg->train.local_steps;
+  if (H > 1 && cfg->train.steps < 3 * H) {
+    std::cerr << absl::StrFormat(
+        "longhaul: error: train.steps = %d with train.local_steps = %d: a figure with local updates is the mean over "
+        "whole rounds but the first and the last, so the runs need at least 3 rounds: set train.steps to %d or more\n",
+        cfg->train.steps, H, 3 * H);
     return 2;
   }
   const absl::StatusOr<std::pair<double, std::string>> paced = PacePerMicro(pace);
@@ -239,9 +227,11 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
         // not the loopback calibration's: on this 2-core machine the emulation (the namespaces' packet
         // path, the delay daemon) takes CPU from the workers, and the simulator is checked here on the
         // schedule and the links, not on predicting that contention.
-        const double steady = SteadyIterationSeconds(dir);
-        cells[dp][v].push_back({steady > 0 ? steady : run["iteration_seconds"].get<double>(),
-                                run["predicted_iteration_seconds"].get<double>()});
+        const absl::StatusOr<std::vector<MetricsRow>> rows = ReadMetrics((fs::path(dir) / "metrics.csv").string());
+        const std::optional<double> steady =
+            rows.ok() ? SteadyStepSeconds(*rows, v == 0 ? 1 : cfg->train.local_steps) : std::nullopt;
+        cells[dp][v].push_back(
+            {steady.value_or(run["iteration_seconds"].get<double>()), run["predicted_iteration_seconds"].get<double>()});
         std::cout << absl::StrFormat(" %.3f s per iteration (predicted %.3f s)\n", cells[dp][v].back().seconds,
                                      cells[dp][v].back().predicted);
       }
@@ -250,8 +240,10 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
 
   for (bool dp : dp_layouts) {
     std::cout << absl::StrFormat(
-        "\nIteration time (stage 0 replica 0's wall time per step, median after the first two), GPipe, %s; ratio = "
-        "to the default setting's in the same column:\n",
+        "\nIteration time (stage 0 replica 0's wall time per step, median after the first two%s), GPipe, %s; ratio "
+        "= to the default setting's in the same column:\n",
+        H > 1 ? absl::StrFormat("; longhaul's with %d local steps: the mean over whole rounds but the first and last", H)
+              : "",
         dp ? "with data parallelism (the source's DP 4, here 2 replicas of 48 micro-batches)" : "pipeline only");
     std::cout << absl::StrFormat("%-30s %8s %6s %20s %6s %20s %6s %9s %9s %9s\n", "setting", "source", "ratio",
                                  "like the source (s)", "ratio", "longhaul defaults", "ratio", "defaults/", "predicted",

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -15,6 +16,7 @@
 #include "util/files.h"
 #include "metrics/loss_curve.h"
 #include "util/atomic_file.h"
+#include "util/median.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -77,6 +79,19 @@ absl::StatusOr<std::vector<std::string>> ReadCompleteLines(const std::string& pa
   // complete row.
   lines.pop_back();
   return lines;
+}
+
+std::optional<double> SteadyStepSeconds(const std::vector<MetricsRow>& rows, int local_steps) {
+  std::vector<double> seconds;
+  for (const MetricsRow& r : rows) seconds.push_back(r.seconds);
+  if (local_steps <= 1) {
+    if (seconds.size() < 3) return std::nullopt;
+    return Median(std::vector<double>(seconds.begin() + 2, seconds.end()));
+  }
+  const size_t rounds = seconds.size() / local_steps;
+  if (rounds < 3) return std::nullopt;
+  const auto first = seconds.begin() + local_steps, last = seconds.begin() + (rounds - 1) * local_steps;
+  return std::accumulate(first, last, 0.0) / static_cast<double>(last - first);
 }
 
 absl::StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {

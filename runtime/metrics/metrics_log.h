@@ -5,6 +5,7 @@
 // appends after them. Reading goes by column name, so columns may be reordered or added.
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,14 @@ absl::StatusOr<std::vector<std::string>> ReadCompleteLines(const std::string& pa
 // may be missing (its default is used) and unknown columns are ignored. A malformed file is a
 // DataLoss error naming the file and line. A missing file is NotFound.
 absl::StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path);
+
+// A run's steady seconds a step: the median of its steps after the first two, which open
+// connections and grow TCP's windows (and one slow step on a shared machine moves no median).
+// With local updates (`local_steps` > 1) a round's steps differ by design: the mean over the
+// run's whole rounds but the first (the connections' start) and the last (a run ends with a
+// synchronous exchange), as the planner's simulator predicts a round. nullopt where the run is
+// too short for that: under 3 steps, or under 3 whole rounds.
+std::optional<double> SteadyStepSeconds(const std::vector<MetricsRow>& rows, int local_steps);
 
 class MetricsLog {
  public:

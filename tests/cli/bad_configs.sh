@@ -102,6 +102,17 @@ else
   echo "FAIL experiment --pace x200: $(cat "$dir/err.txt")"
 fi
 
+# An experiment with local updates too short for 3 rounds stops before any run, saying how long.
+"$bin" experiment -c /dev/null --set train.steps=8 --set train.local_steps=4 --set "train.out_dir=\"$dir/rounds\"" \
+  >/dev/null 2>"$dir/err.txt"
+if [ $? = 2 ] && grep -q "^longhaul: error: train.steps = 8 with train.local_steps = 4: .*set train.steps to 12 or more" \
+  "$dir/err.txt" && [ ! -e "$dir/rounds" ]; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL experiment with 2 rounds: $(cat "$dir/err.txt")"
+fi
+
 "$bin" train -c "$dir/none.toml" >/dev/null 2>"$dir/err.txt"
 if [ $? = 2 ] && grep -q "cannot open config file" "$dir/err.txt"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL missing config file"; fi
 

@@ -166,5 +166,22 @@ TEST(MetricsLog, LongHistoryDrawsABoundedLossCurve) {
   EXPECT_FALSE(fs::exists(dir / "loss.svg.tmp"));
 }
 
+// A synchronous run's steady step is the median after the first two steps; with local updates,
+// the mean over its whole rounds but the first and the last, which end slower by design.
+TEST(MetricsLog, SteadyStepsAreAMedianOrTheMiddleRoundsMean) {
+  std::vector<MetricsRow> rows;
+  auto add = [&](std::initializer_list<double> seconds) {
+    for (double s : seconds) rows.push_back({.step = static_cast<int64_t>(rows.size()) + 1, .seconds = s});
+  };
+  add({9, 5, 1, 7, 2});
+  EXPECT_EQ(SteadyStepSeconds(rows, 1), 2.0);
+  EXPECT_EQ(SteadyStepSeconds({rows.begin(), rows.begin() + 2}, 1), std::nullopt);
+  // Rounds of 2: (9, 5) the first, (1, 7) and (2, 4) in the middle, (8, 6) the last, 3 left over.
+  add({4, 8, 6, 3});
+  EXPECT_EQ(SteadyStepSeconds(rows, 2), (1.0 + 7 + 2 + 4) / 4);
+  EXPECT_EQ(SteadyStepSeconds(rows, 3), (7.0 + 2 + 4) / 3);  // rounds (9, 5, 1), (7, 2, 4), (8, 6, 3)
+  EXPECT_EQ(SteadyStepSeconds(rows, 4), std::nullopt);  // 2 whole rounds
+}
+
 }  // namespace
 }  // namespace longhaul
