@@ -87,6 +87,7 @@ void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
   r.wire = cfg.transport.wire_dtype, r.fast_wire = cfg.FastWire(), r.exchange = cfg.transport.exchange_dtype;
   r.gradient = cfg.transport.gradient_dtype;
   r.local_steps = cfg.train.local_steps, r.overlap_outer = cfg.train.overlap_outer;
+  r.overlap_steps = cfg.train.overlap_steps;
   r.overlap = cfg.cluster.overlap_exchange;
   r.clip_norm = true;  // longhaul reduces the norm whatever train.grad_clip says (simulator.h)
 }

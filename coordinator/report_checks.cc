@@ -26,7 +26,8 @@ absl::Status CheckParamsIterations(const proto::IterationReport& r, const RunVie
   for (int i = 0; i < r.params_size(); ++i) {
     const proto::ParamsCrc& p = r.params(i);
     const bool landed =
-        p.iteration() == r.iteration() - 2 && run.cfg.train.OverlapsAfter(p.iteration(), RunEnd(run.plan, run.cfg));
+        p.iteration() == r.iteration() - run.cfg.train.overlap_steps &&
+        run.cfg.train.OverlapsAfter(p.iteration(), RunEnd(run.plan, run.cfg));
     if (p.iteration() > r.iteration() || (p.iteration() < r.iteration() - 1 && !landed) ||
         (i > 0 && p.iteration() == r.params(0).iteration())) {
       return absl::InvalidArgumentError(absl::StrFormat(

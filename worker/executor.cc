@@ -62,7 +62,8 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   pass.last_group = micro_batches_ / group_ - 1;
   for (const Instr& in : program) LH_RETURN_IF_ERROR(Execute(pass, in));
   LH_RETURN_IF_ERROR(FlushSends(pass));
-  const bool in_flight = end == IterationEnd::kLocalStepThenPush || end == IterationEnd::kLocalStepThenOuterStep;
+  const bool in_flight = end == IterationEnd::kLocalStepThenPush || end == IterationEnd::kLocalStepThenOuterStep ||
+                         end == IterationEnd::kLocalStepInFlight;
   LH_RETURN_IF_ERROR(in_flight ? channel_.FlushOverlapped(it) : channel_.Flush(it));
   return pass.result;
 }

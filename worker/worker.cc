@@ -824,8 +824,9 @@ void Worker::BuildExecutor() {
   executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
   if (!LocalUpdates()) return;
   for (const IterationEnd end : {IterationEnd::kLocalStep, IterationEnd::kLocalStepThenPush,
-                                 IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepThenLand}) {
-    executor_->SetSchedule(end, MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, end));
+                                 IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepInFlight,
+                                 IterationEnd::kLocalStepThenLand}) {
+    executor_->SetSchedule(end, MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts, end, cfg_.train.overlap_steps));
   }
 }
 
@@ -833,8 +834,10 @@ IterationEnd Worker::EndOf(int64_t it) const {
   const TrainConfig& t = cfg_.train;
   if (!LocalUpdates()) return IterationEnd::kExchange;
   if (t.OverlapsAfter(it, end_)) return IterationEnd::kLocalStepThenPush;
-  if (it >= 1 && t.OverlapsAfter(it - 1, end_)) return IterationEnd::kLocalStepThenOuterStep;
-  if (it >= 2 && t.OverlapsAfter(it - 2, end_)) return IterationEnd::kLocalStepThenLand;
+  if (const std::optional<int64_t> pushed = t.OverlappedUnder(it, end_)) {
+    if (it == *pushed + 1) return IterationEnd::kLocalStepThenOuterStep;
+    return it == *pushed + t.overlap_steps ? IterationEnd::kLocalStepThenLand : IterationEnd::kLocalStepInFlight;
+  }
   return t.ExchangesAfter(it, end_) ? IterationEnd::kLocalStepThenExchange : IterationEnd::kLocalStep;
 }
 
@@ -898,7 +901,7 @@ absl::Status Worker::RunIteration(int64_t it) {
   // exchange lands, they share the parameters it brought.
   if (landed) {
     proto::ParamsCrc* brought = rep.add_params();
-    brought->set_iteration(it - 2);
+    brought->set_iteration(it - cfg_.train.overlap_steps);
     brought->set_crc32c(Crc32c(0, channel_->pulled().data(), channel_->pulled().size() * sizeof(float)));
   } else if (executor_->pull_pending() != it && cfg_.train.ExchangesAfter(it, end_) &&
              ends != IterationEnd::kLocalStepThenPush) {
@@ -1098,12 +1101,9 @@ absl::Status Worker::RunPlan() {
     client_.SetIteration(it);
     WarmClients(cfg_);
     // The previous iteration's parameters too, while they are still to be pulled; an overlapped
-    // exchange's pushes of the iteration before, and its parameters of the one before that.
-    const IterationEnd ends = EndOf(it);
-    const int64_t behind = ends == IterationEnd::kLocalStepThenLand        ? 2
-                           : ends == IterationEnd::kLocalStepThenOuterStep ? 1
-                           : executor_->pull_pending() >= 0                ? 1
-                                                                           : 0;
+    // exchange's pushes and parameters, from its push until it lands.
+    const std::optional<int64_t> pushed = cfg_.train.OverlappedUnder(it, end_);
+    const int64_t behind = pushed ? it - *pushed : executor_->pull_pending() >= 0 ? 1 : 0;
     mailbox_.SetWindow(it - behind, WindowIterations() + behind);
     status = RunIteration(it);
     if (status.ok() && cfg_.train.CheckpointsAfter(it, end_)) status = Checkpoint(it + 1);

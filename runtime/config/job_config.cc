@@ -285,6 +285,8 @@ const std::vector<KeyDef>& Table() {
       Value("train", "outer_lr", R::kMustMatch, LH_FIELD(train.outer_lr), AboveUpTo(0, 10)),
       Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
       Value("train", "overlap_outer", R::kMustMatch, LH_FIELD(train.overlap_outer)),
+      Value("train", "overlap_steps", R::kMustMatch, LH_FIELD(train.overlap_steps),
+            AtLeast(2, "an overlapped exchange's hosts step in the iteration after its push, and it lands after that")),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
       // A stage reads its tensors from a checkpoint by name (CheckpointPieces): the cut may change.
@@ -423,10 +425,16 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                t.checkpoint_every, t.local_steps,
                                (t.checkpoint_every / t.local_steps + 1) * t.local_steps));
   }
-  if (t.overlap_outer && t.local_steps < 3) {
+  if (t.overlap_outer && t.local_steps <= t.overlap_steps) {
     return bad(absl::StrFormat("train.overlap_outer = true with train.local_steps = %d: an overlapped exchange lands "
-                               "two iterations into the next round, which needs train.local_steps >= 3",
-                               t.local_steps));
+                               "train.overlap_steps = %d iterations after its push, within the next round, which "
+                               "needs train.local_steps >= %d",
+                               t.local_steps, t.overlap_steps, t.overlap_steps + 1));
+  }
+  if (!t.overlap_outer && t.overlap_steps != 2) {
+    return bad(absl::StrFormat("train.overlap_steps = %d with train.overlap_outer = false: it says how long an "
+                               "overlapped exchange travels; set train.overlap_outer = true, or leave it out",
+                               t.overlap_steps));
   }
   // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
   if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
@@ -531,7 +539,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
     const std::set<std::string> names = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
-                                         "train.overlap_outer", "transport.wire_dtype", "transport.exchange_dtype",
+                                         "train.overlap_outer", "train.overlap_steps", "transport.wire_dtype",
+                                         "transport.exchange_dtype",
                                          "transport.gradient_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())

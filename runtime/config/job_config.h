@@ -7,6 +7,7 @@
 // checkpoints and the resume comparison all derive from it, so a new key cannot be left out of any.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,12 @@ struct TrainConfig {
   float outer_lr = 0.7f, outer_momentum = 0.5f;
   // Overlapped outer steps (Streaming DiLoCo's overlap): a round's exchange travels while the
   // workers go on stepping: pushed after its last iteration, stepped by the hosts after the next
-  // and pulled after the one after that, when each worker takes the new parameters plus what it
-  // stepped in those two iterations. Needs local_steps >= 3 (OverlapsAfter says which rounds).
+  // and landed overlap_steps iterations after the push, when each worker takes the new parameters
+  // plus what it stepped meanwhile. Needs local_steps > overlap_steps >= 2 (OverlapsAfter says
+  // which rounds): a slow link gets as many iterations of compute to hide the exchange under as
+  // the round allows, for a staler outer step.
   bool overlap_outer = false;
+  int overlap_steps = 2;
   // Whether iteration `it` of a run that ends before iteration `end` exchanges with the parameter
   // servers: every one when synchronous, else every local_steps-th and the run's last, so a run
   // never ends (or checkpoints) with the replicas apart.
@@ -89,13 +93,21 @@ struct TrainConfig {
   // those a checkpoint follows and those too near the run's end to land before its last exchange,
   // so a checkpoint and the run's end still find the replicas together.
   bool OverlapsAfter(int64_t it, int64_t end) const {
-    return overlap_outer && local_steps >= 3 && ExchangesAfter(it, end) && it + 3 < end && !CheckpointsAfter(it, end);
+    return overlap_outer && local_steps > overlap_steps && ExchangesAfter(it, end) && it + overlap_steps + 1 < end &&
+           !CheckpointsAfter(it, end);
+  }
+  // The iteration whose overlapped exchange is under way in iteration `it` (pushed before it and
+  // landing in it or later), if any: at most one, rounds being longer than overlap_steps.
+  std::optional<int64_t> OverlappedUnder(int64_t it, int64_t end) const {
+    for (int64_t k = 1; overlap_outer && k <= overlap_steps && k <= it; ++k)
+      if (OverlapsAfter(it - k, end)) return it - k;
+    return std::nullopt;
   }
   // Whether iteration `it` reports a validation loss: after an exchange EvaluatesAfter names, once
   // the replicas hold its parameters: at once, or where an overlapped exchange lands (evaluated
   // on the parameters it brought, before what the worker stepped since).
   bool EvaluatesIn(int64_t it, int64_t end) const {
-    if (it >= 2 && OverlapsAfter(it - 2, end)) return EvaluatesAfter(it - 2, end);
+    if (it >= overlap_steps && OverlapsAfter(it - overlap_steps, end)) return EvaluatesAfter(it - overlap_steps, end);
     return EvaluatesAfter(it, end) && !OverlapsAfter(it, end);
   }
   // The validation micro-batches i < eval_batches with i % replicas == replica are replica

@@ -22,6 +22,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire(), L.exchange = cfg.transport.exchange_dtype;
   L.gradient = cfg.transport.gradient_dtype;
   L.local_steps = cfg.train.local_steps, L.overlap_outer = cfg.train.overlap_outer;
+  L.overlap_steps = cfg.train.overlap_steps;
   L.overlap = cfg.cluster.overlap_exchange;
   return L;
 }

@@ -25,7 +25,7 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   L.micro_batches = r.global_batch / (replicas * micro_batch);
   L.work = {r.model, r.seq_len, micro_batch, r.precision, recompute};
   L.wire = r.wire, L.fast_wire = r.fast_wire, L.exchange = r.exchange, L.gradient = r.gradient;
-  L.local_steps = r.local_steps, L.overlap_outer = r.overlap_outer;
+  L.local_steps = r.local_steps, L.overlap_outer = r.overlap_outer, L.overlap_steps = r.overlap_steps;
   L.overlap = r.overlap;
   int over = 0;
   for (int s = 0; s < stages; ++s) {

@@ -37,6 +37,7 @@ struct LayoutSearchRequest {
   bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
   int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
   bool overlap_outer = false;  // train.overlap_outer
+  int overlap_steps = 2;       // train.overlap_steps
   bool overlap = true;    // cluster.overlap_exchange
   int workers = 1;        // devices available; a layout may use fewer
   DeviceCost device;      // every worker's

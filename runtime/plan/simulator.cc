@@ -114,7 +114,8 @@ struct ShardState {
 class Engine {
  public:
   explicit Engine(const Simulation& sim)
-      : sim_(sim), L_(sim.layout), P_(sim.placement), round_(Overlapped() ? 4 : std::min(std::max(L_.local_steps, 1), 4)),
+      : sim_(sim), L_(sim.layout), P_(sim.placement),
+        round_(Overlapped() ? std::max(4, L_.overlap_steps + 1) : std::min(std::max(L_.local_steps, 1), 4)),
         iterations_(round_ > 1 ? (Overlapped() ? 3 : 2) * round_ : sim.iterations) {}
 
   absl::StatusOr<SimulationReport> Run() {
@@ -229,7 +230,7 @@ class Engine {
       k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStepThenExchange);
       for (const IterationEnd end : {IterationEnd::kLocalStep, IterationEnd::kLocalStepThenPush,
                                      IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepThenLand}) {
-        k.local_programs[end] = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), end);
+        k.local_programs[end] = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), end, L_.overlap_steps);
       }
     }
     stage_params_.assign(S, 0);
@@ -261,10 +262,10 @@ class Engine {
   void Push(double t, EventKind kind, int who, int iter, int aux = -1) { queue_.push({t, seq_++, kind, who, iter, aux}); }
 
   bool Last(int iter) const { return iter == iterations_ - 1; }
-  bool Overlapped() const { return L_.overlap_outer && L_.local_steps >= 3; }
+  bool Overlapped() const { return L_.overlap_outer && L_.local_steps > L_.overlap_steps; }
 
   // The list worker k runs in its current iteration: with local updates, every round_-th exchanges;
-  // overlapped, it pushes, and the two after it step the shards and land.
+  // overlapped, it pushes, the next steps the shards and the overlap_steps-th after it lands.
   const std::vector<Instr>& Program(const WorkerState& k) const {
     if (round_ == 1) return k.program;
     const int i = k.iter % round_;
@@ -274,7 +275,7 @@ class Engine {
     IterationEnd end = IterationEnd::kLocalStep;
     if (i == round_ - 1) end = IterationEnd::kLocalStepThenPush;
     if (k.iter >= round_ && i == 0) end = IterationEnd::kLocalStepThenOuterStep;
-    if (k.iter >= round_ && i == 1) end = IterationEnd::kLocalStepThenLand;
+    if (k.iter >= round_ && i == L_.overlap_steps - 1) end = IterationEnd::kLocalStepThenLand;
     return k.local_programs.at(end);
   }
 

@@ -41,10 +41,10 @@
 // does not clip). Two rounds of min(H, 4) iterations run; the iteration time is the mean over a
 // round of H, from the second round's local iterations and its exchange, and the per-worker and
 // per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), three rounds
-// of 4 run whatever H, each round's first two iterations carrying the round before's outer step and
-// landing and its last pushing; the last round gives the time (the first starts with every
-// replica together, a later one where each landed the round before), what it takes beyond 4 local
-// iterations being its exchange's.
+// of max(4, overlap_steps + 1) run whatever H, each round's first iteration carrying the round
+// before's outer step, its overlap_steps-th the landing and its last the push; the last round
+// gives the time (the first starts with every replica together, a later one where each landed the
+// round before), what it takes beyond that many local iterations being its exchange's.
 #include <cstdint>
 #include <vector>
 
@@ -73,9 +73,10 @@ struct Layout {
   WireDtype gradient = WireDtype::kAuto;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
-  // train.overlap_outer (with local_steps >= 3): each exchange spreads over the round's last
-  // iteration and the next two (schedule.h).
+  // train.overlap_outer (with local_steps > overlap_steps): each exchange spreads over the round's
+  // last iteration and the next overlap_steps (schedule.h).
   bool overlap_outer = false;
+  int overlap_steps = 2;
   // cluster.overlap_exchange: CPU workers overlap the exchange with compute (see above).
   bool overlap = true;
 

@@ -16,7 +16,7 @@ absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name) {
 const char* ScheduleName(ScheduleKind k) { return k == ScheduleKind::kGpipe ? "gpipe" : "1f1b"; }
 
 std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,
-                                IterationEnd end) {
+                                IterationEnd end, int overlap_steps) {
   const bool first = stage == 0, last = stage == stages - 1;
   std::vector<Instr> s;
   auto forward = [&](int m) {
@@ -46,6 +46,7 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
   if (end != IterationEnd::kExchange) s.push_back({Op::kLocalStep});
   switch (end) {
     case IterationEnd::kLocalStep:
+    case IterationEnd::kLocalStepInFlight:
       return s;
     case IterationEnd::kLocalStepThenPush:
       s.push_back({Op::kPushGrads});
@@ -57,7 +58,7 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
       }
       return s;
     case IterationEnd::kLocalStepThenLand:
-      s.push_back({Op::kPullParams, -1, 2});
+      s.push_back({Op::kPullParams, -1, overlap_steps});
       return s;
     case IterationEnd::kExchange:
     case IterationEnd::kLocalStepThenExchange:

@@ -49,11 +49,14 @@ enum class ScheduleKind { kGpipe, k1F1B };
 // What follows an iteration's backwards: the exchange with the parameter servers (synchronous),
 // the worker's own step alone (an iteration between exchanges of local updates), or its own step
 // and then the exchange (the iteration that ends each round of local updates). Overlapped, its own
-// step and then a third of the exchange: the push (the round's last iteration), the hosts' outer
-// step of the pushes of the iteration before (back 1), the pull of the parameters stepped two
-// iterations before (back 2), which the worker merges with what it stepped since.
+// step and then a part of the exchange: the push (the round's last iteration), the hosts' outer
+// step of the pushes of the iteration before (back 1), nothing while the parameters travel
+// (kLocalStepInFlight: the exchange's sends are not waited for), the pull of the parameters
+// stepped train.overlap_steps iterations before (back that), which the worker merges with what it
+// stepped since.
 enum class IterationEnd {
-  kExchange, kLocalStep, kLocalStepThenExchange, kLocalStepThenPush, kLocalStepThenOuterStep, kLocalStepThenLand
+  kExchange, kLocalStep, kLocalStepThenExchange, kLocalStepThenPush, kLocalStepThenOuterStep, kLocalStepInFlight,
+  kLocalStepThenLand
 };
 
 absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name);
@@ -64,8 +67,9 @@ const char* ScheduleName(ScheduleKind k);
 // the last's); ReduceNorm and Step only where the worker hosts parameter-server shards.
 // Backwards run in ascending micro-batch order in both schedules, so parameter gradients sum in
 // the same order as in one process.
+// kLocalStepThenLand pulls the parameters of `overlap_steps` iterations before.
 std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,
-                                IterationEnd end = IterationEnd::kExchange);
+                                IterationEnd end = IterationEnd::kExchange, int overlap_steps = 2);
 
 // Micro-batches whose activations a stage holds at once under the schedule (GPipe: all of them;
 // 1F1B: at most stages - stage).

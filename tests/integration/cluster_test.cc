@@ -483,6 +483,49 @@ TEST(Cluster, OverlappedOuterStepsLandTwoIterationsLaterAndResumeBitwise) {
   EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
 }
 
+// train.overlap_steps = 3: an overlapped exchange lands three iterations after its push, its
+// parameters and pushes held in between while the workers step on; the replicas agree where it
+// lands, its validation loss is reported there, and a resume from the checkpoint is bitwise.
+TEST(Cluster, AnExchangeOverlappedThreeStepsLandsThreeIterationsLater) {
+  const std::vector<std::string> sets = {"cluster.stages=1",         "cluster.replicas=2",    "train.local_steps=4",
+                                         "train.overlap_outer=true", "train.overlap_steps=3", "train.steps=16",
+                                         "train.checkpoint_every=8", "train.eval_every=4"};
+  const fs::path full = Dir("overlap3_full"), split = Dir("overlap3_split");
+  ASSERT_EQ(Longhaul("local", full, sets), 0) << Log(full);
+  std::ifstream f(full / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << Log(full);
+  EXPECT_EQ(summary["replica_checks"], 4) << "exchanges after steps 4 (landing after 7), 8, 12 (after 15) and 16";
+  std::vector<int64_t> evaluated;
+  for (const MetricsRow& r : Metrics(full))
+    if (r.val_loss >= 0) evaluated.push_back(r.step);
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{7, 8, 15, 16}));
+  std::ifstream tf(full / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
+  ASSERT_FALSE(timeline.is_discarded());
+  std::vector<std::string> order;  // worker 0's steps and pulls, as "name iteration"
+  for (const nlohmann::json& e : timeline["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 0) continue;
+    const std::string name = e["name"];
+    if (name == "local step" || name == "ps step" || name == "pull params") {
+      order.push_back(name + " " + std::to_string(e["args"]["iteration"].get<int>()));
+    }
+  }
+  auto at = [&](const std::string& event) { return std::find(order.begin(), order.end(), event) - order.begin(); };
+  ASSERT_LT(at("pull params 3"), static_cast<long>(order.size())) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("ps step 3"), at("local step 4") + 1) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("pull params 3"), at("local step 6") + 1) << ::testing::PrintToString(order);
+
+  ASSERT_EQ(Longhaul("local", split, sets, {"--stop-at", "8"}), 0) << Log(split);
+  std::vector<std::string> resume = sets;
+  resume.push_back("train.resume=true");
+  ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
+  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
+}
+
 // cluster.communication = "auto" over links of 10 ms (the scenario's, through the userspace
 // proxy): the coordinator prices each setting of a penalties file on the workers' measured compute
 // and those links and runs the one fastest to the same loss, here local steps (each exchange of

@@ -118,7 +118,10 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"train.outer_lr=0", "train.outer_lr = 0: must be in (0, 10]"},
       {"train.outer_momentum=1", "train.outer_momentum = 1: must be in [0, 1)"},
       {"train.overlap_outer=true", "train.overlap_outer = true with train.local_steps = 1: an overlapped exchange "
-                                   "lands two iterations into the next round, which needs train.local_steps >= 3"},
+                                   "lands train.overlap_steps = 2 iterations after its push, within the next round, "
+                                   "which needs train.local_steps >= 3"},
+      {"train.overlap_steps=3", "train.overlap_steps = 3 with train.overlap_outer = false: it says how long"},
+      {"train.overlap_steps=1", "train.overlap_steps = 1: must be >= 2"},
   };
   // Checkpoints are where the replicas exchange.
   EXPECT_NE(Error("", {"train.local_steps=4", "train.checkpoint_every=10"})
@@ -145,6 +148,33 @@ TEST(JobConfig, TheWireIsAutoAndAGpuJobsFastLinksCarryBf16) {
   EXPECT_EQ(parse({"cluster.stages=2", "cluster.stage_backends=[\"cpu\", \"cuda:1\"]"}),
             std::make_pair(WireDtype::kAuto, WireDtype::kBf16));
   EXPECT_EQ(parse({"train.backend=cuda:0", "transport.wire_dtype=fp32"}).first, WireDtype::kF32);
+}
+
+// An exchange overlapped 3 steps (rounds of 4, a checkpoint after step 8, 16 steps): pushed after
+// iteration 3, it is under way in 4 to 6 and lands (and is evaluated) in 6; the checkpoint's round
+// and the last stay synchronous, and nothing is under way in their rounds.
+TEST(JobConfig, AnOverlappedExchangeIsUnderWayUntilItLands) {
+  auto c = ParseJobConfig("", "job.toml",
+                          {"train.local_steps=4", "train.overlap_outer=true", "train.overlap_steps=3", "train.steps=16",
+                           "train.checkpoint_every=8", "train.eval_every=4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const TrainConfig& t = c->train;
+  std::vector<int64_t> overlapped, evaluated;
+  std::vector<std::optional<int64_t>> under;
+  for (int64_t it = 0; it < 16; ++it) {
+    if (t.OverlapsAfter(it, 16)) overlapped.push_back(it);
+    if (t.EvaluatesIn(it, 16)) evaluated.push_back(it);
+    under.push_back(t.OverlappedUnder(it, 16));
+  }
+  EXPECT_EQ(overlapped, (std::vector<int64_t>{3, 11}));
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{6, 7, 14, 15}));
+  for (int64_t it = 0; it < 16; ++it) {
+    const bool travels = (it >= 4 && it <= 6) || (it >= 12 && it <= 14);
+    EXPECT_EQ(under[it], travels ? std::optional<int64_t>(it < 8 ? 3 : 11) : std::nullopt) << "iteration " << it;
+  }
+  EXPECT_NE(Error("", {"train.local_steps=4", "train.overlap_outer=true", "train.overlap_steps=4"})
+                .find("needs train.local_steps >= 5"),
+            std::string::npos);
 }
 
 // topk is the data-parallel exchange's alone: the boundaries' keys (activations, gradients) refuse it,

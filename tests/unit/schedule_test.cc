@@ -39,6 +39,9 @@ TEST(Schedule, AnOverlappedExchangeSpreadsOverThreeIterations) {
             "Forward(0) Backward(0) LocalStep ReduceNorm(it-1) Step(it-1)");
   EXPECT_EQ(list(false, IterationEnd::kLocalStepThenOuterStep), "Forward(0) Backward(0) LocalStep");
   EXPECT_EQ(list(true, IterationEnd::kLocalStepThenLand), "Forward(0) Backward(0) LocalStep PullParams(it-2)");
+  EXPECT_EQ(list(true, IterationEnd::kLocalStepInFlight), "Forward(0) Backward(0) LocalStep");
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 1, true, IterationEnd::kLocalStepThenLand, 5)),
+            "Forward(0) Backward(0) LocalStep PullParams(it-5)");
 }
 
 TEST(Schedule, OneFOneBInterleavesAfterWarmup) {

@@ -123,6 +123,21 @@ TEST(Simulator, AnOverlappedExchangeHidesUnderTheNextTwoIterations) {
   }
 }
 
+// train.overlap_steps: an exchange longer than two iterations hides under as many as it is given.
+TEST(Simulator, ALongerOverlapHidesALongerExchange) {
+  Simulation sim = Make(1, 2, 4, /*latency_s=*/0.001, 1e6);
+  const double step = sim.devices[0].StepSeconds(sim.placement.shards[0].params + sim.placement.shards[1].params, 1);
+  const double local = 4 * (kF + kB) + step;
+  sim.layout.local_steps = 8;
+  sim.layout.overlap_outer = true;
+  const double two = Simulated(sim).iteration_s;
+  sim.layout.overlap_steps = 7;
+  const double seven = Simulated(sim).iteration_s;
+  EXPECT_GT(two, local * 1.01) << "over two iterations the exchange shows";
+  EXPECT_LT(seven, two);
+  EXPECT_NEAR(seven, local, 0.002 * local) << "over seven it is hidden";
+}
+
 TEST(Simulator, AShardOnAWorkerThatRunsNoStageIsRefused) {
   Simulation sim = Make(1, 1, 2);
   sim.placement.host.push_back(1);  // worker 1: placed nowhere, so it runs no exchange either
