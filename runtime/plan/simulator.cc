@@ -115,7 +115,7 @@ class Engine {
  public:
   explicit Engine(const Simulation& sim)
       : sim_(sim), L_(sim.layout), P_(sim.placement),
-        round_(Overlapped() ? std::max(4, L_.overlap_steps + 1) : std::min(std::max(L_.local_steps, 1), 4)),
+        round_(Overlapped() ? std::max(4, L_.overlap_steps + 2) : std::min(std::max(L_.local_steps, 1), 4)),
         iterations_(round_ > 1 ? (Overlapped() ? 3 : 2) * round_ : sim.iterations) {}
 
   absl::StatusOr<SimulationReport> Run() {
