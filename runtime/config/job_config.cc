@@ -286,7 +286,7 @@ const std::vector<KeyDef>& Table() {
       Value("train", "outer_momentum", R::kMustMatch, LH_FIELD(train.outer_momentum), Fraction()),
       Value("train", "overlap_outer", R::kMustMatch, LH_FIELD(train.overlap_outer)),
       Value("train", "overlap_steps", R::kMustMatch, LH_FIELD(train.overlap_steps),
-            AtLeast(2, "an overlapped exchange's hosts step in the iteration after its push, and it lands after that")),
+            AtLeast(2, "the hosts step in the iteration after the push, and it lands after that")),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
       // A stage reads its tensors from a checkpoint by name (CheckpointPieces): the cut may change.
@@ -538,10 +538,9 @@ const std::vector<ConfigKey>& ConfigKeys() {
 
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
-    const std::set<std::string> names = {"train.local_steps", "train.outer_lr", "train.outer_momentum",
-                                         "train.overlap_outer", "train.overlap_steps", "transport.wire_dtype",
-                                         "transport.exchange_dtype",
-                                         "transport.gradient_dtype"};
+    const std::set<std::string> names = {"train.local_steps",        "train.outer_lr",       "train.outer_momentum",
+                                         "train.overlap_outer",      "train.overlap_steps",  "transport.wire_dtype",
+                                         "transport.exchange_dtype", "transport.gradient_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);
