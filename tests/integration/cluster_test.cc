@@ -433,6 +433,46 @@ TEST(Cluster, LocalUpdatesExchangeEveryLocalStepsAndTheReplicasAgreeThere) {
   }
 }
 
+// The steps metrics.csv has a validation loss for.
+std::vector<int64_t> EvaluatedSteps(const fs::path& out) {
+  std::vector<int64_t> steps;
+  for (const MetricsRow& r : Metrics(out))
+    if (r.val_loss >= 0) steps.push_back(r.step);
+  return steps;
+}
+
+// Worker 0's local steps, parameter-server steps and parameter pulls in the run's timeline, in
+// order, as "name iteration".
+std::vector<std::string> ExchangeOrder(const fs::path& out) {
+  std::ifstream f(out / "timeline.json");
+  const nlohmann::json timeline = nlohmann::json::parse(f, nullptr, false);
+  EXPECT_FALSE(timeline.is_discarded());
+  std::vector<std::string> order;
+  if (timeline.is_discarded()) return order;
+  for (const nlohmann::json& e : timeline["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 0) continue;
+    const std::string name = e["name"];
+    if (name == "local step" || name == "ps step" || name == "pull params") {
+      order.push_back(name + " " + std::to_string(e["args"]["iteration"].get<int>()));
+    }
+  }
+  return order;
+}
+
+// The run of `sets` stopped after step `stop_at` in `split` and resumed ends as the uninterrupted
+// run in `full` did: every step's loss and the last parameters bitwise.
+void ExpectResumeBitwise(const fs::path& full, const fs::path& split, const std::vector<std::string>& sets,
+                         const std::string& stop_at) {
+  ASSERT_EQ(Longhaul("local", split, sets, {"--stop-at", stop_at}), 0) << Log(split);
+  std::vector<std::string> resume = sets;
+  resume.push_back("train.resume=true");
+  ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
+  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
+}
+
 // Overlapped local updates (train.overlap_outer): a round's exchange lands two iterations into the
 // next round, so each worker's timeline has a round's outer step one local step after its push
 // and its pull one after that; the replicas agree where each exchange lands (and at the
@@ -449,38 +489,16 @@ TEST(Cluster, OverlappedOuterStepsLandTwoIterationsLaterAndResumeBitwise) {
   const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
   ASSERT_FALSE(summary.is_discarded()) << Log(full);
   EXPECT_EQ(summary["replica_checks"], 4) << "exchanges after steps 3 (landing after 5), 6, 9 (after 11) and 12";
-  std::vector<int64_t> evaluated;
-  for (const MetricsRow& r : Metrics(full))
-    if (r.val_loss >= 0) evaluated.push_back(r.step);
-  EXPECT_EQ(evaluated, (std::vector<int64_t>{5, 6, 11, 12}));
+  EXPECT_EQ(EvaluatedSteps(full), (std::vector<int64_t>{5, 6, 11, 12}));
 
-  std::ifstream tf(full / "timeline.json");
-  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
-  ASSERT_FALSE(timeline.is_discarded());
-  // Worker 0 hosts a shard: its events in order, as "name iteration".
-  std::vector<std::string> order;
-  for (const nlohmann::json& e : timeline["traceEvents"]) {
-    if (e["ph"] != "X" || e["pid"] != 0) continue;
-    const std::string name = e["name"];
-    if (name == "local step" || name == "ps step" || name == "pull params") {
-      order.push_back(name + " " + std::to_string(e["args"]["iteration"].get<int>()));
-    }
-  }
+  const std::vector<std::string> order = ExchangeOrder(full);  // worker 0 hosts a shard
   auto at = [&](const std::string& event) { return std::find(order.begin(), order.end(), event) - order.begin(); };
   ASSERT_LT(at("pull params 2"), static_cast<long>(order.size())) << ::testing::PrintToString(order);
   EXPECT_EQ(at("ps step 2"), at("local step 3") + 1) << ::testing::PrintToString(order);
   EXPECT_EQ(at("pull params 2"), at("local step 4") + 1) << ::testing::PrintToString(order);
   EXPECT_EQ(at("pull params 5"), at("local step 5") + 2) << "synchronous at the checkpoint: "
                                                          << ::testing::PrintToString(order);
-
-  ASSERT_EQ(Longhaul("local", split, sets, {"--stop-at", "6"}), 0) << Log(split);
-  std::vector<std::string> resume = sets;
-  resume.push_back("train.resume=true");
-  ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
-  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
-  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
+  ExpectResumeBitwise(full, split, sets, "6");
 }
 
 // train.overlap_steps = 3: an overlapped exchange lands three iterations after its push, its
@@ -496,34 +514,14 @@ TEST(Cluster, AnExchangeOverlappedThreeStepsLandsThreeIterationsLater) {
   const nlohmann::json summary = nlohmann::json::parse(f, nullptr, false);
   ASSERT_FALSE(summary.is_discarded()) << Log(full);
   EXPECT_EQ(summary["replica_checks"], 4) << "exchanges after steps 4 (landing after 7), 8, 12 (after 15) and 16";
-  std::vector<int64_t> evaluated;
-  for (const MetricsRow& r : Metrics(full))
-    if (r.val_loss >= 0) evaluated.push_back(r.step);
-  EXPECT_EQ(evaluated, (std::vector<int64_t>{7, 8, 15, 16}));
-  std::ifstream tf(full / "timeline.json");
-  const nlohmann::json timeline = nlohmann::json::parse(tf, nullptr, false);
-  ASSERT_FALSE(timeline.is_discarded());
-  std::vector<std::string> order;  // worker 0's steps and pulls, as "name iteration"
-  for (const nlohmann::json& e : timeline["traceEvents"]) {
-    if (e["ph"] != "X" || e["pid"] != 0) continue;
-    const std::string name = e["name"];
-    if (name == "local step" || name == "ps step" || name == "pull params") {
-      order.push_back(name + " " + std::to_string(e["args"]["iteration"].get<int>()));
-    }
-  }
+  EXPECT_EQ(EvaluatedSteps(full), (std::vector<int64_t>{7, 8, 15, 16}));
+
+  const std::vector<std::string> order = ExchangeOrder(full);
   auto at = [&](const std::string& event) { return std::find(order.begin(), order.end(), event) - order.begin(); };
   ASSERT_LT(at("pull params 3"), static_cast<long>(order.size())) << ::testing::PrintToString(order);
   EXPECT_EQ(at("ps step 3"), at("local step 4") + 1) << ::testing::PrintToString(order);
   EXPECT_EQ(at("pull params 3"), at("local step 6") + 1) << ::testing::PrintToString(order);
-
-  ASSERT_EQ(Longhaul("local", split, sets, {"--stop-at", "8"}), 0) << Log(split);
-  std::vector<std::string> resume = sets;
-  resume.push_back("train.resume=true");
-  ASSERT_EQ(Longhaul("local", split, resume), 0) << Log(split);
-  const std::vector<MetricsRow> a = Metrics(full), b = Metrics(split);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
-  EXPECT_EQ(testing::LatestParams(full), testing::LatestParams(split));
+  ExpectResumeBitwise(full, split, sets, "8");
 }
 
 // cluster.communication = "auto" over links of 10 ms (the scenario's, through the userspace
