@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
       std::vector<uint16_t> tokens(1 << 20);
       longhaul::Rng rng(2);
       for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % 50257);
-      longhaul::BatchSampler sampler({c.B, T, 1, cfg.attention, 1}, tokens);
-      const longhaul::MicroBatch mb = sampler.Sample(0, 0, 0);
+      longhaul::BatchSampler sampler({c.B, T, 1, cfg.attention}, tokens);
+      const longhaul::MicroBatch mb = sampler.Sample(0, 0);
       std::vector<float> boundary(static_cast<size_t>(c.B) * T * cfg.d_model, 0.01f), grad_out(boundary.size(), 1e-4f);
       if (!s.AttachOptimizer({longhaul::AdamWConfig{}, longhaul::LrSchedule{1e-4f, 1e-5f, 0, 1000}, 1.0f}).ok()) return 1;
       // Per step: the whole step, then forward (with the output's copy to the host), backward (with

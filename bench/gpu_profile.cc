@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
                                "head fwd ms", "head bwd ms");
   for (Precision p : {Precision::kBf16, Precision::kFp32}) {
     for (int B : {1, 2, 4, 8}) {
-      longhaul::BatchSampler sampler({B, T, 1, cfg.attention, 1}, tokens);
-      const MicroBatch mb = sampler.Sample(0, 0, 0);
+      longhaul::BatchSampler sampler({B, T, 1, cfg.attention}, tokens);
+      const MicroBatch mb = sampler.Sample(0, 0);
       const Times one = TimeStage(cfg, {0, k, false, false}, B, T, p, steps, mb);
       const Times two = TimeStage(cfg, {0, 2 * k, false, false}, B, T, p, steps, mb);
       const Times single = TimeStage(cfg, {0, 1, false, false}, B, T, p, steps, mb);

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   longhaul::Rng rng(1);
   for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % 256);
   longhaul::BatchSampler sampler({batch, seq, 1, cfg.attention}, tokens);
-  const std::vector<longhaul::MicroBatch> mbs = {sampler.Sample(0, 0, 0)};
+  const std::vector<longhaul::MicroBatch> mbs = {sampler.Sample(0, 0)};
 
   std::vector<double> times;
   for (int i = 0; i < warmup + steps; ++i) {

@@ -145,11 +145,6 @@ absl::StatusOr<std::vector<std::string>> SettingOverrides(const std::string& con
   return o;
 }
 
-double TokensPerStep(const JobConfig& cfg) {
-  return static_cast<double>(cfg.train.micro_batch_size) * cfg.train.micro_batches * cfg.cluster.replicas *
-         cfg.train.seq_len;
-}
-
 // The simulator's iteration time of the run's layout, as the planner prices it: every worker on
 // the named device computing in bf16, worker w on host w of the scenario.
 absl::StatusOr<double> EmulatedIterationSeconds(const JobConfig& cfg, const DeviceCost& device,
@@ -211,7 +206,7 @@ absl::StatusOr<Run> TrainOnce(const std::string& self_exe, const std::string& co
   auto rows = ReadMetrics((fs::path(dir) / "metrics.csv").string());
   if (!rows.ok()) return rows.status();
   Run r;
-  r.tokens_per_step = TokensPerStep(*cfg);
+  r.tokens_per_step = static_cast<double>(cfg->tokens_per_step());
   for (const MetricsRow& row : *rows) {
     if (row.val_loss >= 0) r.val.push_back({static_cast<double>(row.step) * r.tokens_per_step, row.val_loss});
   }
@@ -491,7 +486,7 @@ int RunConvergenceCommand(const std::string& self_exe, const std::string& config
   if (!bench.ok()) return Error(std::string(bench.status().message()));
   std::vector<SettingRuns>& all = bench->settings;
   const JobConfig& exact = all.front().cfg;
-  const double tokens = static_cast<double>(exact.train.steps) * TokensPerStep(exact);
+  const double tokens = static_cast<double>(exact.train.steps) * static_cast<double>(exact.tokens_per_step());
   const ModelConfig& m = exact.model;
   auto data = LoadDataset(exact);
   if (!data.ok()) return Error(std::string(data.status().message()));

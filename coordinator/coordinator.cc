@@ -190,7 +190,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& opt) {
   LH_ASSIGN_OR_RETURN(MetricsLog metrics, goes_on ? MetricsLog::Resume(csv, start) : MetricsLog::Create(csv));
   LH_ASSIGN_OR_RETURN(SampleAudit samples,
                       SampleAudit::Open((fs::path(cfg.train.out_dir) / "samples.csv").string(),
-                                        cfg.cluster.replicas * cfg.train.micro_batches, goes_on ? start : 0));
+                                        static_cast<int>(cfg.GlobalMicroBatches()), goes_on ? start : 0));
   std::optional<NetworkCost> network;
   if (!opt.scenario.empty()) {
     LH_ASSIGN_OR_RETURN(netem::Scenario scenario, netem::LoadScenario(opt.scenario));

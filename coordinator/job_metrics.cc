@@ -4,13 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/run_log.h"
 #include "metrics/prometheus_text.h"
 
 namespace longhaul {
 
 JobMetrics::JobMetrics(const JobConfig& cfg)
-    : replicas_(cfg.cluster.replicas),
-      tokens_per_replica_(static_cast<double>(cfg.tokens_per_step()) / cfg.cluster.replicas),
+    : cfg_(cfg),
+      replicas_(cfg.cluster.replicas),
       stages_(cfg.cluster.stages) {}
 
 void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::RegisterRequest>& registrations) {
@@ -55,14 +56,14 @@ absl::Status JobMetrics::Report(const proto::IterationReport& report) {
 void JobMetrics::Complete(int64_t it, const std::map<int, proto::IterationReport>& reports) {
   absl::MutexLock lock(&mu_);
   step_ = it + 1;
-  double loss = 0, seconds = 0;
-  int last_stage = 0;
+  double seconds = 0;
+  bool last_stage = false;
   for (const auto& [id, r] : reports) {
-    if (r.stage() == stages_ - 1) loss += r.loss(), ++last_stage;
+    last_stage = last_stage || r.stage() == stages_ - 1;
     if (r.stage() == 0 && r.replica() == 0) seconds = r.seconds();  // the iteration time, as RunLog counts it
   }
-  if (last_stage > 0) loss_ = loss / last_stage;
-  if (seconds > 0) tokens_per_s_ = tokens_per_replica_ * replicas_ / seconds;
+  if (last_stage) loss_ = MeanOverMicroBatches(cfg_, stages_, reports).loss;
+  if (seconds > 0) tokens_per_s_ = static_cast<double>(cfg_.tokens_per_step()) / seconds;
 }
 
 std::string JobMetrics::Render(int64_t refused_calls) const {
@@ -94,12 +95,16 @@ std::string JobMetrics::Render(int64_t refused_calls) const {
       {"longhaul_worker_wait_seconds", "Time the worker's last iteration waited on the network.",
        [](const proto::IterationReport& r, double) { return r.wait_seconds(); }},
       {"longhaul_worker_tokens_per_second", "Tokens of the worker's replica per second of its last iteration.",
-       [](const proto::IterationReport& r, double tokens) { return r.seconds() > 0 ? tokens / r.seconds() : 0; }},
+       [](const proto::IterationReport& r, double tokens_per_micro_batch) {
+         return r.seconds() > 0 ? r.micro_batches_size() * tokens_per_micro_batch / r.seconds() : 0;
+       }},
   };
+  // A replica's tokens are those of the micro-batches its report names (its own share of the batch).
+  const double tokens_per_micro_batch = static_cast<double>(cfg_.train.micro_batch_size) * cfg_.train.seq_len;
   for (const PerWorker& m : per_worker) {
     t.Family(m.name, "gauge", m.help);
     for (const auto& [id, w] : workers_)
-      if (w.last) t.Sample(worker_labels(id, w), m.value(*w.last, tokens_per_replica_));
+      if (w.last) t.Sample(worker_labels(id, w), m.value(*w.last, tokens_per_micro_batch));
   }
   t.Family("longhaul_worker_slowdown", "gauge",
            "The worker's compute per iteration (median of its last 20) against its own at the start of the run "

@@ -48,8 +48,8 @@ class JobMetrics {
     std::string host, address;
     std::optional<proto::IterationReport> last;
   };
+  const JobConfig cfg_;
   const int replicas_;
-  const double tokens_per_replica_;  // per iteration
   // The coordinator's job reports under its own lock; the metrics endpoint renders from its own
   // thread.
   mutable absl::Mutex mu_;

@@ -227,7 +227,7 @@ proto::Plan OneReplicaPlan(const proto::Plan& old, const JobConfig& run, const s
   plan.set_job_config_toml(job_config);
   plan.set_stages(stages);
   plan.set_replicas(1);
-  plan.set_micro_batches(run.cluster.replicas == 1 ? 0 : run.cluster.replicas * run.train.micro_batches);
+  plan.set_micro_batches(run.cluster.replicas == 1 ? 0 : static_cast<int>(run.GlobalMicroBatches()));
   plan.clear_assignments();
   std::vector<std::vector<int>> at(stages);
   for (int s = 0; s < stages; ++s) {
@@ -342,7 +342,7 @@ absl::StatusOr<proto::Plan> RecutPlan(const proto::Plan& old, const JobConfig& c
   // One replica runs every replica's micro-batches and hosts every shard.
   std::vector<std::vector<int>> at;
   for (int s = 0; s < stages; ++s) at.push_back({left[s]});
-  const std::vector<int> caps = MemoryCaps(cfg, cfg.cluster.replicas * cfg.train.micro_batches, at,
+  const std::vector<int> caps = MemoryCaps(cfg, static_cast<int>(cfg.GlobalMicroBatches()), at,
                                            [](int, int) { return 0; }, profiles, workers);
   LH_ASSIGN_OR_RETURN(const JobConfig recut, cfg.WithCut(RecutBlocks(cfg.model, stages, left, profiles, {}, caps)));
   return OneReplicaPlan(old, recut, old.job_config_toml().empty() ? old.config_toml() : old.job_config_toml(), left,
@@ -381,10 +381,14 @@ absl::StatusOr<proto::Plan> ShrinkPlan(const proto::Plan& old, const std::vector
                                        const PlanRequest& request, const NetworkCost* network,
                                        const std::map<int, proto::ComputeProfile>& profiles) {
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
-  const int P = old.stages(), D = old.replicas(), M = ReplicaMicroBatches(old, cfg);
+  const int P = old.stages(), D = old.replicas(), M = MostMicroBatches(old, cfg);
   if (cfg.train.local_steps > 1) {
     return absl::FailedPreconditionError("with train.local_steps > 1 each replica keeps its own optimizer state, "
                                          "which a smaller layout would lose");
+  }
+  if (!cfg.cluster.replica_micro_batches.empty()) {
+    return absl::FailedPreconditionError("cluster.replica_micro_batches gives each replica its own share of the batch, "
+                                         "which a smaller layout of whole replicas cannot keep");
   }
   // at[r][s]: the worker at (stage s, replica r) that lives, or -1.
   std::vector<std::vector<int>> at(D, std::vector<int>(P, -1));
@@ -484,7 +488,7 @@ absl::StatusOr<proto::Plan> RebalancePlan(const proto::Plan& old, const PlanRequ
   };
   const std::vector<int> was = BlocksPerStage(old);
   const std::vector<int> cut = RecutBlocks(cfg.model, P, slowest, profiles, was,
-                                           MemoryCaps(cfg, ReplicaMicroBatches(old, cfg), at, owner, profiles, workers));
+                                           MemoryCaps(cfg, MostMicroBatches(old, cfg), at, owner, profiles, workers));
   if (cut == was) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "no cut of the %d blocks that fits the workers' memory is predicted %.0f%% faster than [%s] at their "
@@ -536,7 +540,7 @@ absl::StatusOr<proto::Plan> GrowPlan(const proto::Plan& old, const std::vector<i
     return OneReplicaPlan(old, job, "", left, workers, request, network);
   }
   LH_ASSIGN_OR_RETURN(const JobConfig cfg, ParseJobConfig(old.config_toml(), "the job config of the plan"));
-  const int P = old.stages(), D = old.replicas(), total = cfg.cluster.replicas * cfg.train.micro_batches;
+  const int P = old.stages(), D = old.replicas(), total = static_cast<int>(cfg.GlobalMicroBatches());
   int grow = std::min(cfg.cluster.replicas, D + static_cast<int>(spares.size()) / P);
   while (grow > D && cfg.cluster.replicas % grow != 0) --grow;
   if (grow <= D) {

@@ -147,10 +147,10 @@ void Shrink(Job& job, const std::vector<int>& spares) ABSL_EXCLUSIVE_LOCKS_REQUI
       shrunk->stages() != plan.stages()
           ? absl::StrFormat("no spare came within cluster.spare_wait_s = %g s: the model cut anew into %d stages "
                             "instead of %d, one replica of %d micro-batches (the same global batch)",
-                            wait_s, shrunk->stages(), plan.stages(), ReplicaMicroBatches(*shrunk, job.cfg))
+                            wait_s, shrunk->stages(), plan.stages(), MostMicroBatches(*shrunk, job.cfg))
           : absl::StrFormat("no spare came within cluster.spare_wait_s = %g s: %d replicas of %d micro-batches each "
                             "instead of %d (the same global batch)",
-                            wait_s, shrunk->replicas(), ReplicaMicroBatches(*shrunk, job.cfg), plan.replicas());
+                            wait_s, shrunk->replicas(), MostMicroBatches(*shrunk, job.cfg), plan.replicas());
   const int64_t reached = job.Rollback();
   job.Adopt(*std::move(shrunk), reached, change, {});
 }
@@ -294,7 +294,7 @@ void Grow(Job& job) {
       recut ? absl::StrFormat("%d spares join: the job's %d stages again instead of %d", joined, grown->stages(),
                               plan.stages())
             : absl::StrFormat("%d spares join: %d replicas of %d micro-batches each instead of %d", joined,
-                              grown->replicas(), ReplicaMicroBatches(*grown, job.cfg), plan.replicas());
+                              grown->replicas(), MostMicroBatches(*grown, job.cfg), plan.replicas());
   nlohmann::json event = {{"grown_to_replicas", grown->replicas()},
                           {"plan_version", plan.version()},
                           {"new_plan_version", grown->version()},

@@ -63,17 +63,18 @@ absl::Status CheckTimes(const proto::IterationReport& r) {
   return absl::OkStatus();
 }
 
-// A report's micro-batches are global indices of the iteration, at most the replica's count: what
-// the audit keeps is bounded by the plan.
+// A report's micro-batches are global indices of the iteration among its replica's own, at most
+// the replica's count: what the audit keeps is bounded by the plan.
 absl::Status CheckMicroBatches(const proto::IterationReport& r, const RunView& run) {
-  const int64_t all = static_cast<int64_t>(run.cfg.cluster.replicas) * run.cfg.train.micro_batches;
-  const int per_replica = ReplicaMicroBatches(run.plan, run.cfg);
-  bool ok = r.micro_batches_size() <= per_replica;
-  for (int64_t g : r.micro_batches()) ok = ok && g >= 0 && g < all;
+  const int64_t first = FirstGlobalMicroBatch(run.plan, run.cfg, r.replica());
+  const int count = ReplicaMicroBatches(run.plan, run.cfg, r.replica());
+  bool ok = r.micro_batches_size() <= count;
+  for (int64_t g : r.micro_batches()) ok = ok && g >= first && g < first + count;
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
-      "worker %d's report of iteration %d names %d micro-batches outside [0, %d) or more than the %d a replica runs",
-      r.worker_id(), r.iteration() + 1, r.micro_batches_size(), all, per_replica));
+      "worker %d's report of iteration %d names %d micro-batches outside its replica's [%d, %d) or more than the %d "
+      "it runs",
+      r.worker_id(), r.iteration() + 1, r.micro_batches_size(), first, first + count, count));
 }
 
 // Only the last stage reports validation losses, for the steps train.eval_every names, each replica

@@ -23,8 +23,7 @@ namespace {
 RunLog::RunLog(const JobConfig& cfg, int64_t start, int64_t end, MetricsLog metrics)
     : cfg_(cfg), first_(start), start_(start), end_(end), workers_(cfg.cluster.stages * cfg.cluster.replicas),
       flops_(ModelFlopsPerIteration(cfg.model,
-                                    static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.train.micro_batches *
-                                        cfg.cluster.replicas,
+                                    static_cast<int64_t>(cfg.train.micro_batch_size) * cfg.GlobalMicroBatches(),
                                     cfg.train.seq_len, cfg.train.recompute)),
       metrics_(std::move(metrics)) {}
 
@@ -40,11 +39,24 @@ absl::Status RunLog::Rewind(int64_t step) {
 
 std::string RunLog::LossSvg() const { return (fs::path(cfg_.train.out_dir) / "loss.svg").string(); }
 
-absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::IterationReport>& reports) {
-  double loss = 0, floor = 0, norm = 0, lr = 0, sec = 0, val_sum = 0;
-  int last_stages = 0, val_batches = 0;
+StepLoss MeanOverMicroBatches(const JobConfig& cfg, int stages, const std::map<int, proto::IterationReport>& reports) {
+  StepLoss mean;
+  double weight = 0;
   for (const auto& [id, r] : reports) {
-    if (r.stage() == stages - 1) loss += r.loss(), floor += r.floor(), ++last_stages;
+    if (r.stage() != stages - 1) continue;
+    // A shrunk plan's replicas run equal shares, which any equal weights average.
+    const double w = cfg.MicroBatchesOf(r.replica());
+    mean.loss += w * r.loss(), mean.floor += w * r.floor(), weight += w;
+  }
+  if (weight > 0) mean.loss /= weight, mean.floor /= weight;
+  return mean;
+}
+
+absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::IterationReport>& reports) {
+  const auto [loss, floor] = MeanOverMicroBatches(cfg_, stages, reports);
+  double norm = 0, lr = 0, sec = 0, val_sum = 0;
+  int val_batches = 0;
+  for (const auto& [id, r] : reports) {
     val_sum += r.val_loss_sum(), val_batches += r.val_batches();
     if (r.lr() > 0) norm = r.grad_norm(), lr = r.lr();
     if (r.stage() == 0 && r.replica() == 0) sec = r.seconds();
@@ -54,7 +66,6 @@ absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::I
     w.seconds += r.seconds(), w.compute += r.compute_seconds(), w.wait += r.wait_seconds();
     w.step += r.step_seconds();
   }
-  loss /= std::max(1, last_stages), floor /= std::max(1, last_stages);
   if (it > start_) timed_seconds_ += sec, ++timed_;
   const double mean = timed_ > 0 ? timed_seconds_ / timed_ : sec;
   const int64_t step = it + 1, steps = cfg_.train.steps;
@@ -140,7 +151,7 @@ MeasuredCompute RunLog::MeasuredByWorker() const {
   if (static_cast<int>(times_.size()) != workers_) return {};
   MeasuredCompute out{std::vector<double>(workers_, 0), std::vector<double>(workers_, 0)};
   for (const auto& [id, w] : times_) {
-    out.per_micro[id] = w.compute / w.iterations / cfg_.train.micro_batches;
+    out.per_micro[id] = w.compute / w.iterations / cfg_.MicroBatchesOf(w.replica);
     out.step[id] = w.step / w.iterations;
   }
   return out;

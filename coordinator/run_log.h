@@ -20,6 +20,14 @@
 
 namespace longhaul {
 
+// An iteration's training loss and its floor from its reports: the last stage's replicas' means,
+// each weighted by the micro-batches it ran (JobConfig::MicroBatchesOf), which is the mean over
+// every micro-batch of the step however the replicas share them.
+struct StepLoss {
+  double loss = 0, floor = 0;
+};
+StepLoss MeanOverMicroBatches(const JobConfig& cfg, int stages, const std::map<int, proto::IterationReport>& reports);
+
 class RunLog {
  public:
   // A run of iterations [start, end) of `cfg`'s job, appending to `metrics`.

@@ -55,7 +55,7 @@ absl::Status WriteRecords(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   const SampleAudit::Totals t = job.samples.totals();
   summary["audit"] = {{"file", job.samples.path()},
                       {"steps", t.steps},
-                      {"pairs_per_step", job.cfg.cluster.stages * job.cfg.cluster.replicas * job.cfg.train.micro_batches},
+                      {"pairs_per_step", job.cfg.cluster.stages * job.cfg.GlobalMicroBatches()},
                       {"lost", t.lost},
                       {"repeated", t.repeated},
                       {"redone_iterations", job.progress.redone()}};

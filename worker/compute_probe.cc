@@ -30,8 +30,8 @@ MicroBatch RandomMicroBatch(const JobConfig& cfg) {
   std::vector<uint16_t> tokens(static_cast<size_t>(cfg.train.micro_batch_size) * cfg.train.seq_len + 1);
   Rng rng(cfg.train.seed + 17);
   for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng.Next() % cfg.model.vocab_size);
-  BatchSampler sampler({cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention, 1}, tokens);
-  return sampler.Sample(0, 0, 0);
+  BatchSampler sampler({cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention}, tokens);
+  return sampler.Sample(0, 0);
 }
 
 // A stage of `spec` alone on `device`, timed on the job's micro-batch.

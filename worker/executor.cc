@@ -11,10 +11,10 @@
 namespace longhaul {
 
 Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-                   int stages, int micro_batches, int group, BoundaryShape boundary)
+                   int stages, int micro_batches, int group, float weight, BoundaryShape boundary)
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), group_(group),
-      boundary_(boundary), grads_out_(micro_batches), acts_out_(micro_batches) {
+      weight_(weight), boundary_(boundary), grads_out_(micro_batches), acts_out_(micro_batches) {
   // Between blocks too, a stopped version computes nothing more.
   hooks_.before_forward = [this](size_t end) {
     if (hook_status_.ok()) hook_status_ = channel_.Stopped();
@@ -150,7 +150,7 @@ absl::Status Executor::Backward(Pass& pass, int m) {
   if (pass.push_early && m == micro_batches_ - 1) push_early_ = pass.it, push_group_ = pass.last_group;
   const absl::Status backward = stage_.Backward(m % stage_.slots(), pass.mbs[m],
                                                 last_ ? nullptr : pass.grads_in[m].data(),
-                                                1.0f / static_cast<float>(group_));
+                                                weight_);
   push_early_ = -1;
   LH_RETURN_IF_ERROR(backward);
   LH_RETURN_IF_ERROR(TakeHookStatus());

@@ -81,13 +81,14 @@ struct IterationResult {
 class Executor {
  public:
   // `stage` is stage `stage_index` of `stages`; `schedule` its instructions for `micro_batches`
-  // micro-batches, whose activations must fit in the stage's slots. Their gradients sum in groups
-  // of `group` (the job's train.micro_batches; micro_batches a multiple of it), each a mean over
-  // its micro-batches pushed on its own, as the job's replica it stands for would push it.
-  // Boundary tensors are shaped as `boundary` says: a subspace model's cross a link narrowed to
-  // its kept columns. The references must outlive the executor.
+  // micro-batches, whose activations must fit in the stage's slots. Their gradients, each scaled
+  // by `weight` (JobConfig::MicroBatchWeight: 1 / group where every replica runs as many), sum in
+  // groups of `group` (a job replica's micro-batches; micro_batches a multiple of it), each pushed on
+  // its own, as the job's replica it stands for would push it. Boundary tensors are shaped as
+  // `boundary` says: a subspace model's cross a link narrowed to its kept columns. The references
+  // must outlive the executor.
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-           int stages, int micro_batches, int group, BoundaryShape boundary);
+           int stages, int micro_batches, int group, float weight, BoundaryShape boundary);
   ~Executor();
   Executor(const Executor&) = delete;  // the stage's hooks call back into this object
   Executor& operator=(const Executor&) = delete;
@@ -163,6 +164,7 @@ class Executor {
   std::map<IterationEnd, std::vector<Instr>> programs_;
   const bool first_, last_;
   const int micro_batches_, group_;
+  const float weight_;
   const BoundaryShape boundary_;
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done. Narrowed activations

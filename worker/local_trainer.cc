@@ -81,9 +81,9 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   t->channel_ = std::make_unique<LocalChannel>(*t->stage_);
   t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
                                             MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches, true), 0, 1,
-                                            tc.micro_batches, tc.micro_batches, cfg.boundary());
-  SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention,
-                   cfg.train.micro_batches};
+                                            tc.micro_batches, tc.micro_batches, 1.0f / static_cast<float>(tc.micro_batches),
+                                            cfg.boundary());
+  SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
   t->val_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->val());
   LH_RETURN_IF_ERROR(t->train_sampler_->Check("training"));
@@ -114,7 +114,7 @@ absl::Status LocalTrainer::Resume() {
 absl::StatusOr<double> LocalTrainer::EvalLoss() {
   double sum = 0;
   for (int i = 0; i < cfg_.train.eval_batches; ++i) {
-    LH_ASSIGN_OR_RETURN(const float loss, stage_->Forward(0, val_sampler_->Sample(0, 0, i), nullptr));
+    LH_ASSIGN_OR_RETURN(const float loss, stage_->Forward(0, val_sampler_->Sample(0, i), nullptr));
     sum += loss;
   }
   return sum / cfg_.train.eval_batches;
@@ -174,7 +174,7 @@ absl::Status LocalTrainer::Run(std::ostream& out, int64_t stop_at) {
     MetricsRow rec;
     double floor_sum = 0;
     for (int m = 0; m < M; ++m) {
-      batch.push_back(train_sampler_->Sample(step_, 0, m));
+      batch.push_back(train_sampler_->Sample(step_, m));
       floor_sum += EntropyFloor(*data_, batch.back());
     }
     rec.floor = data_->source() ? floor_sum / M : -1;

@@ -17,7 +17,7 @@ namespace longhaul {
 
 void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
   std::map<Source, Expected> expected;
-  const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg), groups = GroupsPerReplica(plan, cfg);
+  const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg, replica), groups = GroupsPerReplica(plan, cfg);
   const uint64_t boundary = cfg.boundary_floats();
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);

@@ -391,10 +391,10 @@ absl::Status Worker::LoadData(const JobConfig& cfg) {
 
 void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_toml) {
   const int P = cfg.cluster.stages, M = cfg.train.micro_batches;
-  const SamplerConfig sampling{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention, M};
+  const SamplerConfig sampling{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention};
   BatchSampler sampler(sampling, data_->train());
   if (!sampler.Check("training").ok()) return;
-  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  const MicroBatch mb = sampler.Sample(0, 0);
   const std::vector<float> zeros(cfg.boundary().floats(), 0.0f);
   for (int s = 0; s < P; ++s) {
     const absl::StatusOr<int> device = Device(cfg, s);
@@ -563,7 +563,7 @@ absl::StatusOr<int> Worker::TakePlace() {
         plan_.version(), client_.worker_id()));
   }
   s_ = mine->stage(), r_ = mine->replica();
-  M_ = ReplicaMicroBatches(plan_, cfg_);
+  M_ = ReplicaMicroBatches(plan_, cfg_, r_);
   SetThreads(cfg_);
   LH_ASSIGN_OR_RETURN(const int device, Device(cfg_, s_));
   LH_RETURN_IF_ERROR(CheckWorkerMemory(cfg_, &plan_, s_, r_, omp_get_max_threads(), device));
@@ -604,8 +604,7 @@ void Worker::SendFailed(int stage, int replica, const absl::Status& s) {
 
 absl::Status Worker::SetUpSamplers() {
   LH_RETURN_IF_ERROR(LoadData(cfg_));
-  const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention,
-                               M_};
+  const SamplerConfig sampling{cfg_.train.micro_batch_size, cfg_.train.seq_len, cfg_.train.seed, cfg_.model.attention};
   sampler_ = std::make_unique<BatchSampler>(sampling, data_->train());
   LH_RETURN_IF_ERROR(sampler_->Check("training"));
   val_mbs_.clear();
@@ -613,7 +612,7 @@ absl::Status Worker::SetUpSamplers() {
   if (cfg_.train.EvalShare(D, r_) > 0) {
     BatchSampler val(sampling, data_->val());
     LH_RETURN_IF_ERROR(val.Check("validation"));
-    for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, 0, i));
+    for (int i = r_; i < cfg_.train.eval_batches; i += D) val_mbs_.push_back(val.Sample(0, i));
   }
   return absl::OkStatus();
 }
@@ -819,7 +818,7 @@ void Worker::BuildExecutor() {
       stage(), *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    LocalUpdates() ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, cfg_.train.micro_batches, cfg_.boundary());
+      s_, P, M_, M_ / GroupsPerReplica(plan_, cfg_), cfg_.MicroBatchWeight(), cfg_.boundary());
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
   if (!LocalUpdates()) return;
@@ -865,7 +864,8 @@ absl::StatusOr<std::vector<CheckpointPiece>> Worker::ResumedPieces(
 absl::Status Worker::RunIteration(int64_t it) {
   const auto t_start = Clock::now();
   std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, r_, m));
+  const int64_t first = FirstGlobalMicroBatch(plan_, cfg_, r_);
+  for (int m = 0; m < M_; ++m) mbs.push_back(sampler_->Sample(it, first + m));
   // In step (no local updates) the new parameters may arrive while the next iteration computes,
   // unless nothing follows. A checkpoint does not wait for them: it writes the shards' own state,
   // stepped already (the stage's parameters are read only with local updates, which never defer).

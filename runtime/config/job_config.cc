@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -303,6 +304,11 @@ const std::vector<KeyDef>& Table() {
       {{"cluster", "stage_layers", R::kFree},
        [](const Reader& r, JobConfig& c) { return r.Get("cluster", "stage_layers", c.cluster.stage_layers); },
        [](const JobConfig& c) { return nlohmann::json(c.Cut()); }},
+      {{"cluster", "replica_micro_batches", R::kMustMatch},
+       [](const Reader& r, JobConfig& c) {
+         return r.Get("cluster", "replica_micro_batches", c.cluster.replica_micro_batches);
+       },
+       [](const JobConfig& c) { return nlohmann::json(c.cluster.replica_micro_batches); }},
       {{"cluster", "stage_backends", R::kFree},
        [](const Reader& r, JobConfig& c) {
          std::vector<std::string> names;
@@ -465,6 +471,21 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                "none to use train.backend everywhere",
                                k.stage_backends.size(), k.stages));
   }
+  if (!k.replica_micro_batches.empty()) {
+    if (static_cast<int>(k.replica_micro_batches.size()) != k.replicas) {
+      return bad(absl::StrFormat("cluster.replica_micro_batches has %d entries for cluster.replicas = %d: give one per "
+                                 "replica, or none to run train.micro_batches on each",
+                                 k.replica_micro_batches.size(), k.replicas));
+    }
+    const auto [least, most] = std::minmax_element(k.replica_micro_batches.begin(), k.replica_micro_batches.end());
+    if (*least < 1) return bad("cluster.replica_micro_batches entries must be >= 1");
+    if (*most != c.train.micro_batches) {
+      return bad(absl::StrFormat("cluster.replica_micro_batches runs at most %d micro-batches on a replica but "
+                                 "train.micro_batches = %d: set train.micro_batches = %d, the most any replica runs "
+                                 "(what its memory is sized for)",
+                                 *most, c.train.micro_batches, *most));
+    }
+  }
   if (!k.stage_layers.empty()) {
     if (static_cast<int>(k.stage_layers.size()) != k.stages) {
       return bad(absl::StrFormat("cluster.stage_layers has %d entries for cluster.stages = %d", k.stage_layers.size(),
@@ -586,6 +607,12 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   text << root;
   c.toml_text = text.str();
   return c;
+}
+
+int64_t JobConfig::FirstMicroBatchOf(int replica) const {
+  if (cluster.replica_micro_batches.empty()) return static_cast<int64_t>(replica) * train.micro_batches;
+  return std::accumulate(cluster.replica_micro_batches.begin(), cluster.replica_micro_batches.begin() + replica,
+                         int64_t{0});
 }
 
 std::vector<int> JobConfig::Cut() const {

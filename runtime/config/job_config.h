@@ -38,7 +38,9 @@ struct TrainConfig {
   int64_t steps = 200;
   int seq_len = 64;
   int micro_batch_size = 8;  // sequences per micro-batch
-  int micro_batches = 1;     // gradient accumulation: micro-batches per optimizer step
+  // Gradient accumulation: micro-batches per replica per optimizer step (the most any replica runs
+  // where cluster.replica_micro_batches shares the batch unevenly).
+  int micro_batches = 1;
   float lr = 1e-3f, min_lr = 1e-4f;
   int64_t warmup_steps = 20;
   AdamWConfig adamw;
@@ -151,6 +153,10 @@ struct ClusterConfig {
   // shipped with the source tree (beside the binary's build directory, or under the working one).
   std::string penalties;
   std::vector<int> stage_layers;    // blocks per stage; empty splits evenly
+  // Micro-batches per replica, where they differ (empty: train.micro_batches each): 64 over 12
+  // replicas as 6 × 4 and 5 × 8, or fewer on a slower GPU. Every micro-batch weighs the same in the
+  // job's gradient, whatever replica ran it (JobConfig::MicroBatchWeight).
+  std::vector<int> replica_micro_batches;
   std::vector<int> stage_backends;  // device per stage (-1 = "cpu", N = "cuda:N"); empty: train.backend
   double heartbeat_s = 1.0;
   double dead_after_s = 20.0;       // a worker silent this long is declared dead
@@ -203,7 +209,21 @@ struct JobConfig {
 
   // Tokens of one optimizer step over every replica.
   int64_t tokens_per_step() const {
-    return static_cast<int64_t>(train.micro_batch_size) * train.micro_batches * train.seq_len * cluster.replicas;
+    return static_cast<int64_t>(train.micro_batch_size) * train.seq_len * GlobalMicroBatches();
+  }
+  // Micro-batches of job replica `replica` (cluster.replica_micro_batches, else train.micro_batches),
+  // the global index of its first (its micro-batch m is global micro-batch first + m), and every
+  // replica's together.
+  int MicroBatchesOf(int replica) const {
+    return cluster.replica_micro_batches.empty() ? train.micro_batches : cluster.replica_micro_batches[replica];
+  }
+  int64_t FirstMicroBatchOf(int replica) const;
+  int64_t GlobalMicroBatches() const { return FirstMicroBatchOf(cluster.replicas); }
+  // What a micro-batch's gradient is scaled by so that the shards' mean over the job's replicas is
+  // the mean over every micro-batch: replicas / global micro-batches (1 / train.micro_batches, to
+  // the bit, where every replica runs that many).
+  float MicroBatchWeight() const {
+    return static_cast<float>(cluster.replicas) / static_cast<float>(GlobalMicroBatches());
   }
   // One micro-batch's tensor between stages, an activation or its gradient, and the floats of it
   // a link carries.

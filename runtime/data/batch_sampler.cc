@@ -15,7 +15,7 @@ absl::Status BatchSampler::Check(const char* split) const {
   return absl::OkStatus();
 }
 
-MicroBatch BatchSampler::Sample(int64_t iteration, int replica, int micro) const {
+MicroBatch BatchSampler::Sample(int64_t iteration, int64_t global_micro) const {
   const int B = cfg_.B, T = cfg_.T;
   MicroBatch mb;
   mb.B = B, mb.T = T;
@@ -23,11 +23,11 @@ MicroBatch BatchSampler::Sample(int64_t iteration, int replica, int micro) const
   mb.targets.resize(static_cast<size_t>(B) * T);
   mb.loss_weight.assign(static_cast<size_t>(B) * T, 1.0f);
   mb.prefix_len.assign(B, 0);
-  const uint64_t global_micro = static_cast<uint64_t>(replica) * cfg_.micro_batches + micro;
-  mb.global_index = static_cast<int64_t>(global_micro);
+  mb.global_index = global_micro;
   const uint64_t windows = tokens_.size() - T;  // start offsets with T + 1 tokens after them
   for (int b = 0; b < B; ++b) {
-    const uint64_t h = HashCoords({cfg_.seed, static_cast<uint64_t>(iteration), global_micro, static_cast<uint64_t>(b)});
+    const uint64_t h = HashCoords({cfg_.seed, static_cast<uint64_t>(iteration), static_cast<uint64_t>(global_micro),
+                                   static_cast<uint64_t>(b)});
     const size_t start = h % windows;
     for (int t = 0; t < T; ++t) {
       mb.tokens[b * T + t] = tokens_[start + t];

@@ -1,9 +1,9 @@
 #pragma once
-// Deterministic sampling of micro-batches: sample b of micro-batch m of replica r at iteration i
-// is a window of the token stream at an offset hashed from (seed, i, r·M + m, b), M being the
-// micro-batches per replica. Every stage and replica can rebuild any micro-batch independently, a
-// resumed run sees the same data, and D replicas of M micro-batches draw exactly the samples one
-// process draws with D·M micro-batches.
+// Deterministic sampling of micro-batches: sample b of global micro-batch g at iteration i is a
+// window of the token stream at an offset hashed from (seed, i, g, b), g numbering the job's
+// micro-batches replica after replica (JobConfig::FirstMicroBatchOf). Every stage and replica can
+// rebuild any micro-batch independently, a resumed run sees the same data, and replicas of any
+// shares draw exactly the samples one process draws with all of their micro-batches.
 #include <cstdint>
 #include <vector>
 
@@ -20,7 +20,6 @@ struct SamplerConfig {
   // Prefix-LM draws a prefix length in [1, T-1] per sample and drops the loss on targets that the
   // prefix makes visible (positions before prefix - 1).
   AttentionMask mask = AttentionMask::kCausal;
-  int micro_batches = 1;  // M, per replica
 };
 
 class BatchSampler {
@@ -28,7 +27,7 @@ class BatchSampler {
   BatchSampler(const SamplerConfig& cfg, const std::vector<uint16_t>& tokens) : cfg_(cfg), tokens_(tokens) {}
   // The stream must hold at least one window of T + 1 tokens.
   absl::Status Check(const char* split) const;
-  MicroBatch Sample(int64_t iteration, int replica, int micro) const;
+  MicroBatch Sample(int64_t iteration, int64_t global_micro) const;
 
  private:
   SamplerConfig cfg_;

@@ -23,27 +23,39 @@ const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id) {
   return nullptr;
 }
 
-int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg) {
+int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg, int replica) {
+  return plan.micro_batches() > 0 ? plan.micro_batches() : cfg.MicroBatchesOf(replica);
+}
+
+int MostMicroBatches(const proto::Plan& plan, const JobConfig& cfg) {
   return plan.micro_batches() > 0 ? plan.micro_batches() : cfg.train.micro_batches;
 }
 
+int64_t FirstGlobalMicroBatch(const proto::Plan& plan, const JobConfig& cfg, int replica) {
+  return plan.micro_batches() > 0 ? static_cast<int64_t>(replica) * plan.micro_batches()
+                                  : cfg.FirstMicroBatchOf(replica);
+}
+
 int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg) {
-  return ReplicaMicroBatches(plan, cfg) / cfg.train.micro_batches;
+  return plan.micro_batches() > 0 ? plan.micro_batches() / cfg.train.micro_batches : 1;
 }
 
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg) {
-  const int64_t global = static_cast<int64_t>(cfg.cluster.replicas) * cfg.train.micro_batches;
+  const int64_t global = cfg.GlobalMicroBatches();
+  // The config's replicas, or (shrunk) fewer running whole groups of equal shares.
+  const bool whole =
+      plan.micro_batches() == 0
+          ? plan.replicas() == cfg.cluster.replicas
+          : cfg.cluster.replica_micro_batches.empty() && plan.micro_batches() % cfg.train.micro_batches == 0 &&
+                static_cast<int64_t>(plan.replicas()) * plan.micro_batches() == global;
   if (plan.replicas() >= 1 && plan.replicas() <= cfg.cluster.replicas && plan.micro_batches() >= 0 &&
-      cfg.cluster.replicas % plan.replicas() == 0 &&
-      static_cast<int64_t>(plan.replicas()) * ReplicaMicroBatches(plan, cfg) == global) {
+      cfg.cluster.replicas % plan.replicas() == 0 && whole) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrFormat(
       "plan version %d runs %d replicas of %d micro-batches, not the job's global batch of %d in whole groups of its "
-      "%d replicas of %d: "
-      "the coordinator and this worker disagree; run one longhaul version on every host",
-      plan.version(), plan.replicas(), ReplicaMicroBatches(plan, cfg), global, cfg.cluster.replicas,
-      cfg.train.micro_batches));
+      "%d replicas: the coordinator and this worker disagree; run one longhaul version on every host",
+      plan.version(), plan.replicas(), MostMicroBatches(plan, cfg), global, cfg.cluster.replicas));
 }
 
 absl::Status CheckPlanShards(const proto::Plan& plan, const JobConfig& cfg) {

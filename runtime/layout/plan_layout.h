@@ -16,8 +16,12 @@ namespace longhaul {
 int WorkerAt(const proto::Plan& plan, int stage, int replica);
 // Worker `id`'s assignment in `plan`, or null where the plan has none for it (a spare).
 const proto::Assignment* AssignmentOf(const proto::Plan& plan, int id);
-// The micro-batches each replica of `plan` runs: Plan.micro_batches, or the config's.
-int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
+// The micro-batches replica `replica` of `plan` runs: Plan.micro_batches (every replica of a
+// shrunk plan), or the config's (JobConfig::MicroBatchesOf); the most any of them runs (what memory
+// is sized for); and the global index of its first.
+int ReplicaMicroBatches(const proto::Plan& plan, const JobConfig& cfg, int replica);
+int MostMicroBatches(const proto::Plan& plan, const JobConfig& cfg);
+int64_t FirstGlobalMicroBatch(const proto::Plan& plan, const JobConfig& cfg, int replica);
 // The job's replicas each replica of `plan` stands for: 1 in the config's layout, more in a shrunk
 // one, whose replica runs that many groups of train.micro_batches and pushes each group's
 // gradients on its own, so the shards sum the job's replicas in their order whatever the layout.
@@ -27,9 +31,9 @@ int GroupsPerReplica(const proto::Plan& plan, const JobConfig& cfg);
 inline int64_t RunEnd(const proto::Plan& plan, const JobConfig& cfg) {
   return plan.stop_iteration() > 0 ? plan.stop_iteration() : cfg.train.steps;
 }
-// A plan's replicas run the job's global batch (cfg.cluster.replicas x cfg.train.micro_batches),
-// no more replicas than the config's and a count that divides it (whole groups, GroupsPerReplica):
-// what a worker checks before it sizes anything by the plan.
+// A plan's replicas run the job's global batch (JobConfig::GlobalMicroBatches): the config's
+// replicas, or fewer of a count that divides them (whole groups, GroupsPerReplica, where every job
+// replica runs train.micro_batches): what a worker checks before it sizes anything by the plan.
 absl::Status CheckReplicaBatches(const proto::Plan& plan, const JobConfig& cfg);
 // A plan's parameter-server shards are the job's cuts (ParamLayout::PsShards of each stage: the
 // same numbers and tensor ranges, each once), each on a replica the plan runs: a shard hosted

@@ -233,6 +233,12 @@ INSTANTIATE_TEST_SUITE_P(
                {"cluster.stages=1", "cluster.replicas=1", "train.micro_batches=4", "train.local_steps=3",
                 "train.outer_lr=1", "train.outer_momentum=0"},
                false},
+        // Replicas sharing the batch unevenly, 3 micro-batches and 1: every micro-batch weighs
+        // the same, so the step is the one process's over its 4.
+        Layout{"2x2_uneven_replicas_1f1b",
+               {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=3", "cluster.replica_micro_batches=[3,1]",
+                "cluster.schedule=1f1b"},
+               false},
         // The head-only stage has 3 tensors for 4 replicas: one replica hosts no shard.
         Layout{"2x4_head_only_stage",
                {"cluster.stages=2", "cluster.replicas=4", "train.micro_batches=1", "cluster.stage_layers=[4,0]"}, false}),
@@ -288,7 +294,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, WireDtypes, ::testing::Values("fp32", "fp16", "
 
 // A run stopped at step 3 and resumed matches the uninterrupted run bitwise: synchronous, and with
 // local updates, whose workers' own AdamW state the checkpoint carries beside the shards', in
-// fp32, over int4, and with a topk exchange over an int8 wire.
+// fp32, over int4, with replicas of unequal shares, and with a topk exchange over an int8 wire.
 class Resume : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Resume, StoppedAndResumedRunMatchesTheUninterruptedOneBitwise) {
@@ -326,6 +332,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"local_updates_int4",
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
                               "transport.wire_dtype=\"int4\""},
+                             true},
+                      // Replicas of 3 micro-batches and 1, each stepping on its own.
+                      Layout{"local_updates_uneven_replicas",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=3",
+                              "cluster.replica_micro_batches=[3,1]", "train.local_steps=3"},
                              true},
                       // Pushes and the change in topk, the boundaries in int8.
                       Layout{"local_updates_topk",

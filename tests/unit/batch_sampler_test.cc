@@ -15,17 +15,14 @@ std::vector<uint16_t> Ramp(size_t n) {
 
 TEST(BatchSampler, DeterministicAndKeyedByEveryCoordinate) {
   const auto tokens = Ramp(10000);
-  BatchSampler s({4, 32, 7, AttentionMask::kCausal, 3}, tokens);
-  const MicroBatch a = s.Sample(3, 1, 2);
-  // Replica 1's micro-batch 2 of 3 is global micro-batch 5: what one process with 6 draws.
-  BatchSampler one_process({4, 32, 7, AttentionMask::kCausal, 6}, tokens);
-  EXPECT_EQ(a.tokens, one_process.Sample(3, 0, 5).tokens);
-  EXPECT_EQ(a.tokens, s.Sample(3, 1, 2).tokens);
-  EXPECT_NE(a.tokens, s.Sample(4, 1, 2).tokens);
-  EXPECT_NE(a.tokens, s.Sample(3, 0, 2).tokens);
-  EXPECT_NE(a.tokens, s.Sample(3, 1, 1).tokens);
-  BatchSampler other_seed({4, 32, 8, AttentionMask::kCausal, 3}, tokens);
-  EXPECT_NE(a.tokens, other_seed.Sample(3, 1, 2).tokens);
+  BatchSampler s({4, 32, 7, AttentionMask::kCausal}, tokens);
+  const MicroBatch a = s.Sample(3, 5);
+  EXPECT_EQ(a.global_index, 5);
+  EXPECT_EQ(a.tokens, s.Sample(3, 5).tokens);
+  EXPECT_NE(a.tokens, s.Sample(4, 5).tokens);
+  EXPECT_NE(a.tokens, s.Sample(3, 4).tokens);
+  BatchSampler other_seed({4, 32, 8, AttentionMask::kCausal}, tokens);
+  EXPECT_NE(a.tokens, other_seed.Sample(3, 5).tokens);
   // Targets are the inputs shifted by one; the ramp makes that checkable.
   for (size_t i = 0; i < a.tokens.size(); ++i) EXPECT_EQ(a.targets[i], a.tokens[i] + 1);
   for (float w : a.loss_weight) EXPECT_EQ(w, 1.0f);
@@ -35,7 +32,7 @@ TEST(BatchSampler, DeterministicAndKeyedByEveryCoordinate) {
 TEST(BatchSampler, PrefixLmMasksTargetsThePrefixReveals) {
   const auto tokens = Ramp(10000);
   BatchSampler s({16, 20, 1, AttentionMask::kPrefixLm}, tokens);
-  const MicroBatch mb = s.Sample(0, 0, 0);
+  const MicroBatch mb = s.Sample(0, 0);
   for (int b = 0; b < 16; ++b) {
     const int p = mb.prefix_len[b];
     ASSERT_GE(p, 1);

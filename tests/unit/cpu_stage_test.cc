@@ -20,8 +20,8 @@ ModelConfig Cfg() {
 TEST(CpuStage, TwoMicroBatchesInFlightGiveWhatOneAfterTheOtherGives) {
   std::vector<uint16_t> tokens(800);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
-  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 2}, tokens);
-  const MicroBatch a = sampler.Sample(0, 0, 0), b = sampler.Sample(0, 0, 1);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal}, tokens);
+  const MicroBatch a = sampler.Sample(0, 0), b = sampler.Sample(0, 1);
   auto one = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 1, 5);
   auto two = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 2, 5);
   ASSERT_TRUE(one.ok() && two.ok());
@@ -62,8 +62,8 @@ TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
   c.subspace_divisor = 2;
   std::vector<uint16_t> tokens(800);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
-  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 1}, tokens);
-  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal}, tokens);
+  const MicroBatch mb = sampler.Sample(0, 0);
   auto s = CpuStage::Create(c, StageSpec::Whole(c), 2, 10, false, 1, 5);
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE((*s)->ZeroGrads().ok());
@@ -94,8 +94,8 @@ TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
 TEST(CpuStage, AnAttachedOptimizerStepsAsTheParameterServerWould) {
   std::vector<uint16_t> tokens(800);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 11) % 30);
-  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal, 1}, tokens);
-  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  BatchSampler sampler({2, 10, 3, AttentionMask::kCausal}, tokens);
+  const MicroBatch mb = sampler.Sample(0, 0);
   auto s = CpuStage::Create(Cfg(), StageSpec::Whole(Cfg()), 2, 10, false, 1, 5);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)->Step(0).status().code(), absl::StatusCode::kFailedPrecondition);

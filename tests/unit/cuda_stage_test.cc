@@ -123,9 +123,9 @@ ModelConfig Small(int layers, int d_model, int heads, int T, AttentionMask mask,
 std::vector<MicroBatch> Batches(const ModelConfig& cfg, int B, int T, int n) {
   std::vector<uint16_t> tokens(20000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 131 + i / 7) % cfg.vocab_size);
-  BatchSampler sampler({B, T, 3, cfg.attention, n}, tokens);
+  BatchSampler sampler({B, T, 3, cfg.attention}, tokens);
   std::vector<MicroBatch> mbs;
-  for (int m = 0; m < n; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+  for (int m = 0; m < n; ++m) mbs.push_back(sampler.Sample(0, m));
   return mbs;
 }
 

@@ -154,9 +154,9 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   cfg.subspace_divisor = divisor;
   std::vector<uint16_t> tokens(3000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, m));
 
   // The reference: the whole model, micro-batches one after another, backwards ascending.
   auto whole = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, 1, 11);
@@ -183,7 +183,7 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, Boundary(cfg));
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, 1.0f / M, Boundary(cfg));
       results[s] = ex.Run(0, mbs);
     });
   }
@@ -228,7 +228,7 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
   std::vector<uint16_t> tokens(3000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 3 + i / 11) % 40);
   constexpr int kGroup = 2;
-  BatchSampler job({B, T, 5, cfg.attention, kGroup}, tokens), shrunk({B, T, 5, cfg.attention, 2 * kGroup}, tokens);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   const BoundaryShape boundary = Boundary(cfg);
   for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
     Wires wires;
@@ -240,8 +240,8 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
       auto st = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, kGroup, 11);
       ASSERT_TRUE(st.ok()) << st.status();
       MemoryChannel channel(wires, 0, (*st)->num_params());
-      Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, kGroup, false), 0, 1, kGroup, kGroup, boundary);
-      auto got = ex.Run(0, {job.Sample(0, r, 0), job.Sample(0, r, 1)});
+      Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, kGroup, false), 0, 1, kGroup, kGroup, 1.0f / kGroup, boundary);
+      auto got = ex.Run(0, {sampler.Sample(0, r * kGroup), sampler.Sample(0, r * kGroup + 1)});
       ASSERT_TRUE(got.ok()) << got.status();
       loss += got->loss / 2;
       want.push_back(channel.pushed.at(0));
@@ -251,10 +251,9 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
     ASSERT_TRUE(st.ok()) << st.status();
     MemoryChannel channel(wires, 0, (*st)->num_params());
     Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, 2 * kGroup, false), 0, 1, 2 * kGroup, kGroup,
-                boundary);
+                1.0f / kGroup, boundary);
     std::vector<MicroBatch> mbs;
-    for (int m = 0; m < 2 * kGroup; ++m) mbs.push_back(shrunk.Sample(0, 0, m));
-    EXPECT_EQ(mbs[2].global_index, job.Sample(0, 1, 0).global_index);
+    for (int m = 0; m < 2 * kGroup; ++m) mbs.push_back(sampler.Sample(0, m));
     auto got = ex.Run(0, mbs);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(channel.pushed.size(), 2u) << ScheduleName(kind);
@@ -268,9 +267,9 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
   Wires wires;
   Timeline timeline;
   MemoryChannel channel(wires, 0, (*st)->num_params());
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, 3, false), 0, 1, 3, kGroup, boundary);
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, 3, false), 0, 1, 3, kGroup, 1.0f / kGroup, boundary);
   std::vector<MicroBatch> three;
-  for (int m = 0; m < 3; ++m) three.push_back(shrunk.Sample(0, 0, m));
+  for (int m = 0; m < 3; ++m) three.push_back(sampler.Sample(0, m));
   EXPECT_EQ(ex.Run(0, three).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -324,10 +323,10 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   const ModelConfig cfg = Cfg();
   std::vector<uint16_t> tokens(3000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   auto batches = [&](int64_t it) {
     std::vector<MicroBatch> mbs;
-    for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(it, 0, m));
+    for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(it, m));
     return mbs;
   };
   auto stage = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, M, 11);
@@ -341,13 +340,13 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   ASSERT_TRUE((*reference)->SetParams(0, next.data(), n).ok());
   Timeline timeline;
   ShardChannel ref_channel((*reference)->layout(), next);
-  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, BoundaryShape{});
+  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{});
   ref.SetOverlap(false);
   auto want = ref.Run(1, batches(1));
   ASSERT_TRUE(want.ok()) << want.status();
 
   ShardChannel channel((*stage)->layout(), next);
-  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, BoundaryShape{});
+  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{});
   const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
   auto first = ex.Run(0, batches(0), IterationEnd::kExchange, /*defer_pull=*/true);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -400,11 +399,11 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   ASSERT_TRUE(st.ok());
   ClosedChannel channel;
   Timeline timeline;
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1, 1,
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1, 1, 1.0f,
               Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
-  BatchSampler sampler({B, T, 5, cfg.attention, 1}, tokens);
-  auto r = ex.Run(0, {sampler.Sample(0, 0, 0)});
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
+  auto r = ex.Run(0, {sampler.Sample(0, 0)});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(r.status().message().find("the coordinator stopped the job"), std::string::npos);
   EXPECT_EQ(ex.Run(0, {}).status().code(), absl::StatusCode::kInvalidArgument) << "no micro-batches";
@@ -417,12 +416,12 @@ absl::Status RunFirstStageUntilStopped(ClosedChannel& channel) {
   auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, 0, 2), B, T, false, M, 11);
   if (!st.ok()) return st.status();
   Timeline timeline;
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M,
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M, 1.0f / M,
               Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
-  BatchSampler sampler({B, T, 5, cfg.attention, M}, tokens);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, 0, m));
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, m));
   return ex.Run(0, mbs).status();
 }
 

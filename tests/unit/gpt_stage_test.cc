@@ -30,7 +30,7 @@ TEST(GptStage, ThreeUnevenStagesEqualTheWholeModel) {
   const int B = 3, T = 18;
   const auto tokens = Tokens();
   BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
-  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  const MicroBatch mb = sampler.Sample(0, 0);
 
   auto whole = GptStage::Create(cfg, StageSpec::Whole(cfg), B, T, false);
   ASSERT_TRUE(whole.ok());
@@ -78,7 +78,7 @@ TEST(GptStage, RecomputeGivesIdenticalGradients) {
   const ModelConfig cfg = Cfg();
   const auto tokens = Tokens();
   BatchSampler sampler({2, 20, 3, cfg.attention}, tokens);
-  std::vector<MicroBatch> mbs = {sampler.Sample(0, 0, 0), sampler.Sample(0, 0, 1)};
+  std::vector<MicroBatch> mbs = {sampler.Sample(0, 0), sampler.Sample(0, 1)};
   std::vector<std::vector<float>> grads;
   for (bool recompute : {false, true}) {
     auto st = GptStage::Create(cfg, StageSpec::Whole(cfg), 2, 20, recompute);
@@ -98,7 +98,7 @@ TEST(GptStage, AHookThatSaysStopGivesUpTheRestOfTheForwardOrBackward) {
   const ModelConfig cfg = Cfg();
   const auto tokens = Tokens();
   BatchSampler sampler({2, 20, 3, cfg.attention}, tokens);
-  const MicroBatch mb = sampler.Sample(0, 0, 0);
+  const MicroBatch mb = sampler.Sample(0, 0);
   auto st = GptStage::Create(cfg, StageSpec::Whole(cfg), 2, 20, false);
   ASSERT_TRUE(st.ok());
   GptStage& stage = **st;

@@ -199,6 +199,35 @@ TEST(JobConfig, WorkersAreBounded) {
             std::string::npos);
 }
 
+// Replicas may share the batch unevenly: each runs its own micro-batches, numbered replica after
+// replica, and every micro-batch weighs the same (to the bit as before where the shares are equal).
+TEST(JobConfig, ReplicasShareTheBatchAsTheListSays) {
+  auto even = ParseJobConfig("", "job.toml", {"cluster.replicas=4", "train.micro_batches=3"});
+  ASSERT_TRUE(even.ok()) << even.status();
+  EXPECT_EQ(even->GlobalMicroBatches(), 12);
+  EXPECT_EQ(even->FirstMicroBatchOf(2), 6);
+  EXPECT_EQ(even->MicroBatchWeight(), 1.0f / 3.0f);
+  auto uneven = ParseJobConfig("", "job.toml",
+                               {"cluster.replicas=3", "train.micro_batches=3", "cluster.replica_micro_batches=[3, 2, 2]"});
+  ASSERT_TRUE(uneven.ok()) << uneven.status();
+  EXPECT_EQ(uneven->GlobalMicroBatches(), 7);
+  EXPECT_EQ(uneven->MicroBatchesOf(1), 2);
+  EXPECT_EQ(uneven->FirstMicroBatchOf(1), 3);
+  EXPECT_EQ(uneven->FirstMicroBatchOf(2), 5);
+  EXPECT_EQ(uneven->MicroBatchWeight(), 3.0f / 7.0f);
+  EXPECT_EQ(uneven->tokens_per_step(), 7LL * uneven->train.micro_batch_size * uneven->train.seq_len);
+  EXPECT_EQ(uneven->as_json["cluster"]["replica_micro_batches"], nlohmann::json({3, 2, 2}));
+  EXPECT_NE(Error("", {"cluster.replicas=3", "cluster.replica_micro_batches=[1, 1]"})
+                .find("cluster.replica_micro_batches has 2 entries for cluster.replicas = 3"),
+            std::string::npos);
+  EXPECT_NE(Error("", {"cluster.replicas=2", "cluster.replica_micro_batches=[1, 0]"})
+                .find("cluster.replica_micro_batches entries must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(Error("", {"cluster.replicas=2", "train.micro_batches=2", "cluster.replica_micro_batches=[3, 2]"})
+                .find("set train.micro_batches = 3, the most any replica runs"),
+            std::string::npos);
+}
+
 TEST(JobConfig, EffectiveConfigHoldsEveryKeyWithItsResolvedDefault) {
   auto c = ParseJobConfig("[cluster]\nstages = 2\n", "job.toml");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -1,4 +1,5 @@
-// The coordinator's metrics: what a 2 x 2 job's reports turn into, in Prometheus's text format.
+// The coordinator's metrics: what a 2 x 2 job's reports turn into, in Prometheus's text format, its
+// replicas running 4 micro-batches and 3.
 #include "coordinator/job_metrics.h"
 
 #include <gtest/gtest.h>
@@ -21,12 +22,14 @@ proto::IterationReport Report(int worker, int stage, int replica, double seconds
   r.set_wait_seconds(seconds / 4);
   r.set_loss(loss);
   r.set_refused(worker);
+  for (int m = 0; m < (replica == 0 ? 4 : 3); ++m) r.add_micro_batches(4 * replica + m);
   return r;
 }
 
 TEST(JobMetrics, ReportsBecomeWorkerJobAndLinkFigures) {
   auto cfg = ParseJobConfig("", "job.toml", {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=4",
-                                             "train.seq_len=64", "train.micro_batch_size=2"});
+                                             "cluster.replica_micro_batches=[4,3]", "train.seq_len=64",
+                                             "train.micro_batch_size=2"});
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   JobMetrics m(*cfg);
   proto::Plan plan;
@@ -60,11 +63,11 @@ TEST(JobMetrics, ReportsBecomeWorkerJobAndLinkFigures) {
   auto s = testing::ParsePrometheusText(text);
   ASSERT_TRUE(s.ok()) << s.status() << "\n" << text;
   EXPECT_EQ(s->at("longhaul_step"), 7);
-  EXPECT_EQ(s->at("longhaul_loss"), (3.0 + 5.0) / 2);  // the last stage's replicas
-  EXPECT_EQ(s->at("longhaul_tokens_per_second"), 2 * 4 * 64 * 2 / 0.5);
+  EXPECT_EQ(s->at("longhaul_loss"), (4 * 3.0 + 3 * 5.0) / 7);  // the last stage's replicas, by their shares
+  EXPECT_EQ(s->at("longhaul_tokens_per_second"), 7 * 64 * 2 / 0.5);
   EXPECT_EQ(s->at(R"(longhaul_worker_wait_seconds{worker="3",stage="1",replica="1",host="west"})"), 0.125);
   EXPECT_EQ(s->at(R"(longhaul_worker_tokens_per_second{worker="2",stage="0",replica="1",host="west"})"),
-            4 * 64 * 2 / 0.5);
+            3 * 64 * 2 / 0.5);
   EXPECT_EQ(s->at(R"(longhaul_worker_refused_tensor_total{worker="3",stage="1",replica="1",host="west"})"), 3);
   EXPECT_EQ(s->at(R"(longhaul_link_sent_bytes_total{from="0",to="1"})"), 2000);
   EXPECT_EQ(s->at(R"(longhaul_link_sent_bytes_total{from="3",to="2"})"), 4000);

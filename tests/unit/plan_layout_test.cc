@@ -35,11 +35,11 @@ TEST(PlanLayout, APlansReplicasMustRunTheJobsGlobalBatch) {
   plan.set_version(3);
   plan.set_replicas(4);
   EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
-  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg), 2);
+  EXPECT_EQ(MostMicroBatches(plan, *cfg), 2);
   plan.set_replicas(2);
   plan.set_micro_batches(4);
   EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
-  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg), 4);
+  EXPECT_EQ(MostMicroBatches(plan, *cfg), 4);
   EXPECT_EQ(GroupsPerReplica(plan, *cfg), 2) << "each replica stands for two of the job's";
   for (const auto& [replicas, micro] : std::vector<std::pair<int, int>>{{2, 0}, {2, 1000000}, {8, 1}, {0, 8}, {3, 3}, {2, -4}}) {
     plan.set_replicas(replicas);
@@ -58,6 +58,28 @@ TEST(PlanLayout, APlansReplicasMustRunTheJobsGlobalBatch) {
   plan.set_replicas(3);
   plan.set_micro_batches(4);
   EXPECT_TRUE(CheckReplicaBatches(plan, *six).ok());
+  EXPECT_EQ(FirstGlobalMicroBatch(plan, *six, 2), 8) << "a shrunk plan's replica 2 runs global 8 to 11";
+}
+
+// Replicas of unequal shares (cluster.replica_micro_batches) each run their own, numbered replica
+// after replica, in the config's layout only: a shrunk one cannot keep the shares.
+TEST(PlanLayout, ReplicasOfUnequalSharesRunTheirOwn) {
+  auto cfg = ParseJobConfig("[cluster]\nreplicas = 3\nreplica_micro_batches = [3, 1, 2]\n[train]\nmicro_batches = 3\n",
+                            "job.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  proto::Plan plan;
+  plan.set_replicas(3);
+  EXPECT_TRUE(CheckReplicaBatches(plan, *cfg).ok());
+  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg, 1), 1);
+  EXPECT_EQ(ReplicaMicroBatches(plan, *cfg, 2), 2);
+  EXPECT_EQ(FirstGlobalMicroBatch(plan, *cfg, 2), 4);
+  EXPECT_EQ(MostMicroBatches(plan, *cfg), 3);
+  EXPECT_EQ(GroupsPerReplica(plan, *cfg), 1);
+  plan.set_replicas(1);
+  plan.set_micro_batches(6);
+  const absl::Status s = CheckReplicaBatches(plan, *cfg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not the job's global batch of 6"), std::string::npos) << s;
 }
 
 // The job's parameter-server shards of a 2-replica `cfg`, each on the replica `owner` gives it.

@@ -231,7 +231,7 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   EXPECT_EQ(v2->version(), 2u);
   EXPECT_EQ(v2->start_iteration(), 40);
   EXPECT_EQ(v2->replicas(), 2);
-  EXPECT_EQ(ReplicaMicroBatches(*v2, cfg), 4);
+  EXPECT_EQ(MostMicroBatches(*v2, cfg), 4);
   EXPECT_EQ(GroupsPerReplica(*v2, cfg), 2);
   EXPECT_TRUE(CheckReplicaBatches(*v2, cfg).ok());
   EXPECT_EQ(v2->config_toml(), v1.config_toml()) << "the job's config, so its checkpoints resume as the job's";
@@ -245,7 +245,7 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   // Replica r' samples global micro-batches r' * 4 + m: 0..7, each once, as before the loss.
   std::set<int> global;
   for (int r = 0; r < v2->replicas(); ++r)
-    for (int m = 0; m < ReplicaMicroBatches(*v2, cfg); ++m) EXPECT_TRUE(global.insert(r * 4 + m).second);
+    for (int m = 0; m < MostMicroBatches(*v2, cfg); ++m) EXPECT_TRUE(global.insert(r * 4 + m).second);
   EXPECT_EQ(global.size(), 8u);
   ASSERT_EQ(v2->shards_size(), v1.shards_size());
   for (int i = 0; i < v1.shards_size(); ++i) {
@@ -274,7 +274,7 @@ TEST(Planning, WithoutASpareTheLayoutShrinksToFewerReplicasForTheSameGlobalBatch
   const absl::StatusOr<proto::Plan> t2 = ShrinkPlan(t1, {3}, {}, six, {40, "step_00000040", 100});
   ASSERT_TRUE(t2.ok()) << t2.status();
   EXPECT_EQ(t2->replicas(), 1);
-  EXPECT_EQ(ReplicaMicroBatches(*t2, three), 6);
+  EXPECT_EQ(MostMicroBatches(*t2, three), 6);
 
 }
 
@@ -395,7 +395,7 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
   v2 = ShrinkPlan(d1, {1, 2, 3}, {}, Workers(1), {40, "step_00000040", 100});
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(v2->stages(), 1);
-  EXPECT_EQ(ReplicaMicroBatches(*v2, two), 4);
+  EXPECT_EQ(MostMicroBatches(*v2, two), 4);
   const absl::StatusOr<JobConfig> whole = ParseJobConfig(v2->config_toml(), "plan");
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE(CheckPlanShards(*v2, *whole).ok()) << CheckPlanShards(*v2, *whole);
@@ -412,14 +412,14 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->stages(), 2);
   EXPECT_EQ(one->replicas(), 1);
-  EXPECT_EQ(ReplicaMicroBatches(*one, two), 4);
+  EXPECT_EQ(MostMicroBatches(*one, two), 4);
   EXPECT_EQ(one->config_toml(), d1.config_toml());
   EXPECT_TRUE(CheckPlanShards(*one, two).ok()) << CheckPlanShards(*one, two);
   EXPECT_EQ(WorkerAt(*one, 1, 0), 4);
   const absl::StatusOr<proto::Plan> v4 = GrowPlan(*one, {5, 6}, back, {60, "step_00000060", 100});
   ASSERT_TRUE(v4.ok()) << v4.status();
   EXPECT_EQ(v4->replicas(), 2);
-  EXPECT_EQ(ReplicaMicroBatches(*v4, two), 2);
+  EXPECT_EQ(MostMicroBatches(*v4, two), 2);
   EXPECT_TRUE(CheckPlanShards(*v4, two).ok()) << CheckPlanShards(*v4, two);
   for (const proto::ShardPlacement& sp : v4->shards()) EXPECT_EQ(sp.owner_replica(), sp.home_replica());
 
@@ -565,7 +565,7 @@ TEST(Planning, AShrunkLayoutGrowsBackWhenSparesMakeWholeReplicas) {
   EXPECT_EQ(v3->version(), 3u);
   EXPECT_EQ(v3->start_iteration(), 50);
   EXPECT_EQ(v3->replicas(), 4);
-  EXPECT_EQ(ReplicaMicroBatches(*v3, cfg), 2);
+  EXPECT_EQ(MostMicroBatches(*v3, cfg), 2);
   EXPECT_EQ(WorkerAt(*v3, 0, 2), 2);
   EXPECT_EQ(WorkerAt(*v3, 1, 2), 6);
   EXPECT_EQ(WorkerAt(*v3, 0, 3), 7);

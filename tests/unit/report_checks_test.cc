@@ -106,10 +106,13 @@ TEST_F(ReportChecks, AnIterationReportSaysItsPlaceAndHonestFigures) {
   r = Report(1, 0);
   r.add_micro_batches(4);  // the job has 2 replicas x 2 micro-batches
   ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument,
-                "names 3 micro-batches outside [0, 4) or more than the 2 a replica runs");
+                "names 3 micro-batches outside its replica's [0, 2) or more than the 2 it runs");
   r = Report(1, 0);
   r.set_micro_batches(0, -1);
-  ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument, "outside [0, 4)");
+  ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument, "outside its replica's [0, 2)");
+  r = Report(3, 0);
+  r.set_micro_batches(0, 1);  // replica 0's: replica 1 runs global micro-batches 2 and 3
+  ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument, "outside its replica's [2, 4)");
   r = Report(0, 0);
   r.set_val_batches(1);  // only the last stage evaluates, and only where train.eval_every says
   ExpectRefused(CheckIterationReport(r, std::nullopt, View()), absl::StatusCode::kInvalidArgument,
