@@ -67,12 +67,19 @@ std::string BlocksPerStage(const RankedLayout& c) {
   return *lo == *hi ? absl::StrCat(*lo) : absl::StrCat(*lo, "-", *hi);
 }
 
+// Each replica's micro-batches: "6", or "5-6" where the replicas share the batch unevenly.
+std::string MicroBatchesText(const Layout& L) {
+  if (L.replica_micro_batches.empty()) return absl::StrCat(L.micro_batches);
+  const auto [lo, hi] = std::minmax_element(L.replica_micro_batches.begin(), L.replica_micro_batches.end());
+  return absl::StrCat(*lo, "-", *hi);
+}
+
 std::string Row(int rank, const RankedLayout& c) {
   const Layout& L = c.layout;
   // A measured profile names no peak to take a fraction of.
   const std::string mfu = c.mfu > 0 ? absl::StrFormat("%5.1f%%", 100 * c.mfu) : "     -";
-  return absl::StrFormat("%3d  %6s  %6s  %4d x %-3d %-5s %-4s %-8s %9.2f s %9.0f %9.1f %s %9.0f  %9s (stage %d)", rank,
-                         absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(c), L.micro_batches,
+  return absl::StrFormat("%3d  %6s  %6s  %4s x %-3d %-5s %-4s %-8s %9.2f s %9.0f %9.1f %s %9.0f  %9s (stage %d)", rank,
+                         absl::StrCat(L.stages, "x", L.replicas), BlocksPerStage(c), MicroBatchesText(L),
                          L.work.micro_batch, ScheduleName(L.schedule), L.work.recompute ? "yes" : "no",
                          c.central_ps ? "central" : "sharded", c.iteration_s, c.tokens_per_s, c.tflops_per_device, mfu,
                          c.days_per_100b_tokens, FormatBytes(c.peak_memory.total()), c.peak_stage);
@@ -110,6 +117,7 @@ std::vector<std::string> LayoutOverrides(const RankedLayout& best) {
   return {absl::StrCat("cluster.stages=", L.stages),
           absl::StrCat("cluster.replicas=", L.replicas),
           absl::StrCat("train.micro_batches=", L.micro_batches),
+          absl::StrCat("cluster.replica_micro_batches=[", absl::StrJoin(L.replica_micro_batches, ","), "]"),
           absl::StrCat("train.micro_batch_size=", L.work.micro_batch),
           absl::StrCat("cluster.schedule=\"", ScheduleName(L.schedule), "\""),
           absl::StrCat("train.recompute=", L.work.recompute ? "true" : "false"),
@@ -247,7 +255,7 @@ int ReportSettings(const std::string& config_path, const std::vector<std::string
     const Layout& L = sp.best->layout;
     std::cout << absl::StrFormat("  %-*s %-26s %6d  %-26s %7.2f s %10.0f %10.0f %7.1fx\n", width, p.name, penalty,
                                  sp.global_batch,
-                                 absl::StrFormat("%dx%d, %d x %d, %s", L.stages, L.replicas, L.micro_batches,
+                                 absl::StrFormat("%dx%d, %s x %d, %s", L.stages, L.replicas, MicroBatchesText(L),
                                                  L.work.micro_batch, ScheduleName(L.schedule)),
                                  sp.best->iteration_s, sp.best->tokens_per_s, sp.effective,
                                  one_gpu_tokens_per_s > 0 ? sp.effective / one_gpu_tokens_per_s : 0);
@@ -308,6 +316,7 @@ nlohmann::json RankingJson(const LayoutSearchResult& result) {
   for (const RankedLayout& c : result.fitting) {
     const Layout& L = c.layout;
     nlohmann::json j = {{"stages", L.stages}, {"replicas", L.replicas}, {"micro_batches", L.micro_batches},
+                        {"replica_micro_batches", L.replica_micro_batches},
                         {"micro_batch_size", L.work.micro_batch}, {"schedule", ScheduleName(L.schedule)},
                         {"recompute", L.work.recompute}, {"ps", c.central_ps ? "central" : "sharded"},
                         {"iteration_s", c.iteration_s}, {"tokens_per_s", c.tokens_per_s}};
@@ -384,8 +393,7 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   const int workers = g.workers_given->count() > 0 ? g.workers : cfg->cluster.stages * cfg->cluster.replicas;
   if (workers < 1) return Error(absl::StrCat("--workers ", workers, ": give at least 1 worker"));
   if (g.top < 1) return Error(absl::StrCat("--top ", g.top, ": show at least 1 layout"));
-  const int64_t config_batch =
-      static_cast<int64_t>(cfg->train.micro_batch_size) * cfg->train.micro_batches * cfg->cluster.replicas;
+  const int64_t config_batch = static_cast<int64_t>(cfg->train.micro_batch_size) * cfg->GlobalMicroBatches();
   const int64_t global_batch = g.batch_given->count() > 0 ? g.global_batch : config_batch;
   if (global_batch < 1) return Error(absl::StrCat("--global-batch ", global_batch, ": give at least 1 sequence"));
 
@@ -499,16 +507,17 @@ int RunPlanCommand(const std::string& config_path, const std::vector<std::string
   const RankedLayout& best = result->fitting.front();
   const Layout& L = best.layout;
   std::cout << absl::StrFormat(
-      "\nBest layout: %d stages x %d replicas, %d micro-batches of %d, %s, recompute %s, %s PS: %.2f s per "
+      "\nBest layout: %d stages x %d replicas, %s micro-batches of %d, %s, recompute %s, %s PS: %.2f s per "
       "iteration, %.1f days per 100B tokens\n",
-      L.stages, L.replicas, L.micro_batches, L.work.micro_batch, ScheduleName(L.schedule),
+      L.stages, L.replicas, MicroBatchesText(L), L.work.micro_batch, ScheduleName(L.schedule),
       L.work.recompute ? "on" : "off", best.central_ps ? "central" : "sharded", best.iteration_s,
       best.days_per_100b_tokens);
-  std::cout << absl::StrFormat(
-      "  longhaul local -c %s --set cluster.stages=%d --set cluster.replicas=%d --set train.micro_batches=%d "
-      "--set train.micro_batch_size=%d --set cluster.schedule=%s --set train.recompute=%s --set cluster.ps=%s\n",
-      config_path, L.stages, L.replicas, L.micro_batches, L.work.micro_batch, ScheduleName(L.schedule),
-      L.work.recompute ? "true" : "false", best.central_ps ? "central" : "sharded");
+  std::cout << "  longhaul local -c " << config_path;
+  for (const std::string& o : LayoutOverrides(best)) {
+    // Quoted for the shell where TOML's quotes or brackets would not survive it.
+    std::cout << (o.find_first_of("\"[") == std::string::npos ? " --set " + o : " --set '" + o + "'");
+  }
+  std::cout << "\n";
   std::cout << WiresLines(best, r.network, scenario);
 
   const std::optional<std::string> penalties = PenaltiesPath();

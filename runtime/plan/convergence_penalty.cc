@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "format/wire_dtype.h"
 #include "transport/wire_plan.h"
 #include "util/atomic_file.h"
@@ -50,6 +51,11 @@ std::vector<std::string> BatchScaleOverrides(const JobConfig& cfg, int k) {
   out.insert(out.end(), {absl::StrCat("train.micro_batches=", t.micro_batches * k),
                          absl::StrFormat("train.lr=%g", t.lr * root),
                          absl::StrFormat("train.min_lr=%g", t.min_lr * root)});
+  if (!cfg.cluster.replica_micro_batches.empty()) {
+    std::vector<int> shares = cfg.cluster.replica_micro_batches;
+    for (int& m : shares) m *= k;
+    out.push_back(absl::StrCat("cluster.replica_micro_batches=[", absl::StrJoin(shares, ", "), "]"));
+  }
   return out;
 }
 
@@ -57,9 +63,12 @@ namespace {
 
 std::string KeyOf(const std::string& override) { return override.substr(0, override.find('=')); }
 
-// A setting's pipeline stages say where the bench measured it (SettingPenalty::stages), not what
-// it changes: the job's layout is the planner's to choose.
-bool MeasuredLayoutKey(const std::string& key) { return key == "cluster.stages"; }
+// A setting's pipeline stages (SettingPenalty::stages) and how its replicas shared the batch say
+// where the bench measured it, not what it changes: the job's layout is the planner's to choose.
+bool MeasuredLayoutKey(const std::string& key) {
+  return key == "cluster.stages" || key == "cluster.replica_micro_batches" || key == "train.micro_batches" ||
+         key == "train.micro_batch_size";
+}
 
 }  // namespace
 

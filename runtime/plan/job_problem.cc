@@ -17,6 +17,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.replicas = cfg.cluster.replicas;
   L.blocks_per_stage = cfg.Cut();
   L.micro_batches = cfg.train.micro_batches;
+  L.replica_micro_batches = cfg.cluster.replica_micro_batches;
   L.schedule = cfg.cluster.schedule;
   L.work = JobWorkShape(cfg);
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire(), L.exchange = cfg.transport.exchange_dtype;

@@ -12,6 +12,13 @@
 #include "model/param_layout.h"
 
 namespace longhaul {
+
+std::vector<int> ReplicaShares(int micro_batches, int replicas) {
+  std::vector<int> shares(replicas, micro_batches / replicas);
+  for (int r = 0; r < micro_batches % replicas; ++r) ++shares[r];
+  return shares;
+}
+
 namespace {
 
 // The layout's memory stage by stage and its compute bound; errors are the cost model's (a profile
@@ -22,7 +29,9 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   c.central_ps = central_ps;
   Layout& L = c.layout;
   L.stages = stages, L.replicas = replicas, L.schedule = schedule;
-  L.micro_batches = r.global_batch / (replicas * micro_batch);
+  const std::vector<int> shares = ReplicaShares(r.global_batch / micro_batch, replicas);
+  L.micro_batches = shares.front();
+  if (shares.front() != shares.back()) L.replica_micro_batches = shares;
   L.work = {r.model, r.seq_len, micro_batch, r.precision, recompute};
   L.wire = r.wire, L.fast_wire = r.fast_wire, L.exchange = r.exchange, L.gradient = r.gradient;
   L.local_steps = r.local_steps, L.overlap_outer = r.overlap_outer, L.overlap_steps = r.overlap_steps;
@@ -159,10 +168,9 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& r) {
   for (int P = 1; P <= std::min(r.workers, r.model.n_layer); ++P) {
     if (r.only_stages > 0 && P != r.only_stages) continue;
     for (int D = 1; P * D <= r.workers; ++D) {
-      if (r.global_batch % D != 0 || (r.only_replicas > 0 && D != r.only_replicas)) continue;
-      const int per_replica = r.global_batch / D;
-      for (int mbs = 1; mbs <= per_replica; ++mbs) {
-        if (per_replica % mbs != 0) continue;
+      if (D > r.global_batch || (r.only_replicas > 0 && D != r.only_replicas)) continue;
+      for (int mbs = 1; mbs * D <= r.global_batch; ++mbs) {
+        if (r.global_batch % mbs != 0) continue;
         std::vector<RankedLayout> variants;
         for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
           // One replica: one shard per stage either way.

@@ -1,8 +1,8 @@
 #pragma once
 // The layout search behind `longhaul plan`: for one model, global batch, device and network, every
 // layout of up to `workers` devices (pipeline stages P × data-parallel replicas D, micro-batch size
-// and count with D × count × size = the global batch, GPipe or 1F1B, recompute on or off, sharded
-// or central parameter servers), checked for memory stage by stage (DeviceCost::StageMemory),
+// and counts adding up to the global batch, each replica's within one of the others' (ReplicaShares),
+// GPipe or 1F1B, recompute on or off, sharded or central parameter servers), checked for memory stage by stage (DeviceCost::StageMemory),
 // simulated (Simulate on DefaultPlacement, or with `place` on the placement the coordinator would
 // run: ChoosePlacement over worker w on host w) and ranked by iteration time.
 //
@@ -25,6 +25,10 @@
 #include "plan/simulator.h"
 
 namespace longhaul {
+
+// `micro_batches` shared out over `replicas` (at most as many) as evenly as whole micro-batches
+// allow, the larger shares first: 64 over 12 is 6 × 4 and 5 × 8.
+std::vector<int> ReplicaShares(int micro_batches, int replicas);
 
 struct LayoutSearchRequest {
   ModelConfig model;

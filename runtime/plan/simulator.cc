@@ -153,6 +153,12 @@ class Engine {
     auto bad = [](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("simulation: ", why)); };
     const int S = L_.stages, D = L_.replicas, M = L_.micro_batches;
     if (S < 1 || D < 1 || M < 1) return bad("stages, replicas and micro_batches must be >= 1");
+    if (!L_.replica_micro_batches.empty() &&
+        (static_cast<int>(L_.replica_micro_batches.size()) != D ||
+         *std::min_element(L_.replica_micro_batches.begin(), L_.replica_micro_batches.end()) < 1 ||
+         *std::max_element(L_.replica_micro_batches.begin(), L_.replica_micro_batches.end()) != M)) {
+      return bad("replica_micro_batches needs one entry >= 1 per replica, the largest micro_batches");
+    }
     if (sim_.iterations < 1) return bad("iterations must be >= 1");
     if (!L_.blocks_per_stage.empty()) {
       if (static_cast<int>(L_.blocks_per_stage.size()) != S) return bad("blocks_per_stage needs one entry per stage");
@@ -223,14 +229,15 @@ class Engine {
     // Each worker runs the lists its executor would: the parameter-server exchange where it hosts.
     for (WorkerState& k : workers_) {
       if (k.stage < 0) continue;
+      const int mine = L_.MicroBatchesOf(k.replica);
       if (round_ == 1) {
-        k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty());
+        k.program = MakeSchedule(L_.schedule, S, k.stage, mine, !k.hosted.empty());
         continue;
       }
-      k.program = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), IterationEnd::kLocalStepThenExchange);
+      k.program = MakeSchedule(L_.schedule, S, k.stage, mine, !k.hosted.empty(), IterationEnd::kLocalStepThenExchange);
       for (const IterationEnd end : {IterationEnd::kLocalStep, IterationEnd::kLocalStepThenPush,
                                      IterationEnd::kLocalStepThenOuterStep, IterationEnd::kLocalStepThenLand}) {
-        k.local_programs[end] = MakeSchedule(L_.schedule, S, k.stage, M, !k.hosted.empty(), end, L_.overlap_steps);
+        k.local_programs[end] = MakeSchedule(L_.schedule, S, k.stage, mine, !k.hosted.empty(), end, L_.overlap_steps);
       }
     }
     stage_params_.assign(S, 0);
@@ -505,7 +512,7 @@ class Engine {
             }
             k.deferred_pull = -1;
           }
-          if (in.op == Op::kBackward && k.pushes_early && in.micro == L_.micro_batches - 1) {
+          if (in.op == Op::kBackward && k.pushes_early && in.micro == L_.MicroBatchesOf(k.replica) - 1) {
             // Backward completes the stage's gradients from its last block to its first.
             for (size_t j = 0; j < stage_shards_[k.stage].size(); ++j) {
               Push(start + k.complete_after[j], EventKind::kPushOut, stage_shards_[k.stage][j], k.iter, w);

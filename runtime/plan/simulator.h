@@ -63,6 +63,9 @@ struct Layout {
   int stages = 1, replicas = 1;
   std::vector<int> blocks_per_stage;  // sums to work.model.n_layer; empty: StageSpec::Even
   int micro_batches = 1;
+  // cluster.replica_micro_batches: each replica's micro-batches where they differ (micro_batches
+  // is then the largest); empty: micro_batches each.
+  std::vector<int> replica_micro_batches;
   ScheduleKind schedule = ScheduleKind::kGpipe;
   WorkShape work;                // the model, sequence length, micro-batch size, precision, recompute
   // transport.wire_dtype; "auto" is resolved per link as the coordinator does (wire_plan.h), with
@@ -82,6 +85,9 @@ struct Layout {
   bool overlap = true;
 
   StageSpec Spec(int stage) const;
+  int MicroBatchesOf(int replica) const {
+    return replica_micro_batches.empty() ? micro_batches : replica_micro_batches[replica];
+  }
   double BoundaryElements() const;  // activations (or their gradients) of one micro-batch
   // Their bytes between two stages; "auto" counted as int8, what it sends on the slow links that
   // placement is about.

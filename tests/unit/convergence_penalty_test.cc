@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <toml++/toml.h>
@@ -134,6 +135,23 @@ TEST(PenaltyTable, ReadsBackWhatItWroteAndRefusesOtherFiles) {
     EXPECT_NE(bad.status().message().find(says), std::string::npos) << bad.status();
   }
   fs::remove(path);
+}
+
+// A setting measured on 2 stages, its replicas sharing the batch as 5 and 3 micro-batches of 2, is
+// planned on whatever layout the planner finds: its communication keys are kept, the layout's
+// dropped (the exact path's communication keys fill the rest).
+TEST(SettingOverrides, KeepTheSettingsCommunicationAndLeaveTheLayoutToThePlanner) {
+  SettingPenalty p;
+  p.overrides = {"cluster.stages=2", "train.local_steps=16", "train.micro_batch_size=2", "train.micro_batches=5",
+                 "cluster.replica_micro_batches=[5,3]"};
+  const std::vector<std::string> out = SettingOverrides(JobConfig{}, p);
+  EXPECT_NE(std::find(out.begin(), out.end(), "train.local_steps=16"), out.end());
+  for (const std::string& o : out) {
+    EXPECT_EQ(o.rfind("cluster.stages", 0), std::string::npos) << o;
+    EXPECT_EQ(o.rfind("train.micro_batch", 0), std::string::npos) << o;
+    EXPECT_EQ(o.rfind("cluster.replica_micro_batches", 0), std::string::npos) << o;
+  }
+  EXPECT_TRUE(KeysBeyondCommunication(p).empty());
 }
 
 }  // namespace

@@ -122,6 +122,19 @@ TEST(LayoutSearch, OnAFastNetworkReplicasBeatStages) {
   EXPECT_EQ(s.fitting.front().layout.replicas, 8);
 }
 
+// 12 workers for a batch of 64: replicas need not divide it. 12 replicas of 6 and 5 micro-batches
+// beat 8 of 8 where the exchange is cheap.
+TEST(LayoutSearch, ReplicasMayShareTheBatchUnevenly) {
+  EXPECT_EQ(ReplicaShares(64, 12), (std::vector<int>{6, 6, 6, 6, 5, 5, 5, 5, 5, 5, 5, 5}));
+  EXPECT_EQ(ReplicaShares(8, 4), (std::vector<int>{2, 2, 2, 2}));
+  const LayoutSearchResult s = Searched(Request(Small(), 64, 64, 12, "cpu:100", {1e-6, 100e9, 0}));
+  ASSERT_FALSE(s.fitting.empty());
+  const Layout& best = s.fitting.front().layout;
+  EXPECT_EQ(best.stages, 1);
+  EXPECT_EQ(best.replicas, 12);
+  EXPECT_EQ(best.replica_micro_batches, ReplicaShares(64 / best.work.micro_batch, 12));
+}
+
 TEST(LayoutSearch, EveryCandidateKeepsTheGlobalBatchAndTheWorkers) {
   for (int workers : {1, 3, 7, 12}) {
     LayoutSearchRequest r = Request(Gpt3Xl(), 2048, 48, workers, "a100", {1e-3, 1e9, 0});
@@ -130,7 +143,13 @@ TEST(LayoutSearch, EveryCandidateKeepsTheGlobalBatchAndTheWorkers) {
     EXPECT_GT(s.candidates, 0);
     for (const RankedLayout& c : All(s)) {
       const Layout& L = c.layout;
-      EXPECT_EQ(L.replicas * L.micro_batches * L.work.micro_batch, 48);
+      int micro_batches = 0;
+      for (int r = 0; r < L.replicas; ++r) micro_batches += L.MicroBatchesOf(r);
+      EXPECT_EQ(micro_batches * L.work.micro_batch, 48);
+      if (!L.replica_micro_batches.empty()) {
+        EXPECT_EQ(L.replica_micro_batches.front(), L.micro_batches);
+        EXPECT_EQ(L.replica_micro_batches.back(), L.micro_batches - 1) << "shares within one of each other";
+      }
       EXPECT_LE(L.stages * L.replicas, workers);
       EXPECT_GE(L.stages, 1);
       EXPECT_LE(L.stages, 24);

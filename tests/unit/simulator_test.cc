@@ -263,6 +263,21 @@ TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
   }
 }
 
+// Replicas of unequal shares each compute their own micro-batches; a step waits for the largest
+// share, and each replica's worker is busy for its own.
+TEST(Simulator, ReplicasOfUnequalSharesComputeTheirOwnAndTheStepWaitsForTheLargest) {
+  Simulation uneven = Make(1, 3, 3, 0, 1e9), even = Make(1, 3, 3, 0, 1e9), one = Make(1, 3, 1, 0, 1e9);
+  uneven.layout.replica_micro_batches = {3, 1, 2};
+  const SimulationReport r = Simulated(uneven);
+  EXPECT_NEAR(r.iteration_s, Simulated(even).iteration_s, kEps);
+  EXPECT_GT(r.iteration_s, Simulated(one).iteration_s + 2 * (kF + kB) - kEps);
+  for (const WorkerReport& w : r.workers) {
+    EXPECT_NEAR(w.busy_s, uneven.layout.replica_micro_batches[w.replica] * (kF + kB), kEps) << "replica " << w.replica;
+  }
+  uneven.layout.replica_micro_batches = {3, 1};
+  EXPECT_FALSE(Simulate(uneven).ok()) << "one share per replica";
+}
+
 // A CPU worker's exchange overlaps compute block by block: the last backward pushes the later
 // shard once its blocks are done, and the next forward computes the earlier shard's blocks while
 // the later one's parameters are still on their way. It can hide at most one forward and one
