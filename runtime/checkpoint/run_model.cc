@@ -143,7 +143,7 @@ absl::StatusOr<RunModel> LoadRunModel(const std::string& run_dir, std::optional<
   if (out.model.subspace_divisor > 1) {
     const nlohmann::json& train = data.run_config.value("train", nlohmann::json::object());
     if (!train.contains("seed") || !train["seed"].is_number_integer()) return Corrupt(state_dir, "no train.seed");
-    ZeroRuns(whole.SubspaceZeroRuns(out.model), out.params.data());
+    ZeroRuns(whole.SubspaceZeroRuns(), out.params.data());
     FixedEmbedding(out.model, train["seed"].get<uint64_t>()).WriteInto(whole, out.params.data(), 0, whole.total());
   }
   return out;

@@ -83,7 +83,7 @@ absl::Status CpuStage::SetParams(size_t begin, const float* values, size_t n) {
   }
   std::copy(values, values + n, stage_->params() + begin);
   // A lossy wire or a checkpoint may carry other values where a subspace model holds its own.
-  ZeroRuns(ClipRuns(layout().SubspaceZeroRuns(stage_->config()), begin, begin + n), stage_->params());
+  ZeroRuns(ClipRuns(layout().SubspaceZeroRuns(), begin, begin + n), stage_->params());
   stage_->fixed_embedding().WriteInto(layout(), stage_->params(), begin, begin + n);
   return absl::OkStatus();
 }

@@ -44,7 +44,7 @@ struct GptStage::Activations {
 
 GptStage::GptStage(const ModelConfig& cfg, const StageSpec& spec, int B, int T, bool recompute)
     : cfg_(cfg), spec_(spec), layout_(cfg, spec), B_(B), T_(T), recompute_(recompute),
-      subspace_(layout_.SubspaceRuns(cfg)) {}
+      subspace_(layout_.SubspaceRuns()) {}
 
 GptStage::~GptStage() = default;
 

@@ -106,7 +106,7 @@ class StageImpl final : public CudaStage {
       : cfg_(cfg),
         spec_(spec),
         layout_(cfg, spec),
-        subspace_(layout_.SubspaceRuns(cfg)),
+        subspace_(layout_.SubspaceRuns()),
         o_(o),
         B_(o.B),
         T_(o.T),
@@ -374,7 +374,7 @@ class StageImpl final : public CudaStage {
     }
     LH_RETURN_IF_ERROR(Upload(params_.p + begin, values, static_cast<long>(n)));
     // A lossy wire or a checkpoint may carry other values where a subspace model holds its own.
-    LH_RETURN_IF_ERROR(ZeroRuns(ClipRuns(layout_.SubspaceZeroRuns(cfg_), begin, begin + n), params_.p));
+    LH_RETURN_IF_ERROR(ZeroRuns(ClipRuns(layout_.SubspaceZeroRuns(), begin, begin + n), params_.p));
     for (const FixedEmbedding::Copy& c : fixed_.Copies(layout_, begin, begin + n)) {
       const size_t width = c.to.length * 4;
       LH_CUDA(cudaMemcpy2DAsync(params_.p + c.to.offset, c.to.rows > 1 ? c.to.stride * 4 : width,

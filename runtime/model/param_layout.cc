@@ -10,7 +10,10 @@
 
 namespace longhaul {
 
-ParamLayout::ParamLayout(const ModelConfig& cfg, const StageSpec& spec) : first_block_(spec.first_block) {
+ParamLayout::ParamLayout(const ModelConfig& cfg, const StageSpec& spec)
+    : first_block_(spec.first_block),
+      d_model_(static_cast<size_t>(cfg.d_model)),
+      kept_(static_cast<size_t>(cfg.residual_width())) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size;
   if (spec.has_embedding) {
     const int64_t fixed_from = cfg.residual_width() < C ? cfg.residual_width() : -1;
@@ -70,6 +73,7 @@ std::vector<uint8_t> ParamLayout::DecayFlags(size_t begin, size_t end) const {
 
 ParamLayout ParamLayout::Slice(int first, int end) const {
   ParamLayout l;
+  l.d_model_ = d_model_, l.kept_ = kept_;
   for (int i = first; i < end; ++i) l.Add(tensors_[i].name, tensors_[i].shape, tensors_[i].decay, tensors_[i].fixed_from);
   return l;
 }
@@ -150,7 +154,7 @@ void InitGpt2Params(const ModelConfig& cfg, const ParamLayout& layout, uint64_t 
       for (long i = 0; i < size; ++i) p[i] = InitialValue(stream, static_cast<size_t>(i), stdev);
     }
   }
-  ZeroRuns(layout.SubspaceZeroRuns(cfg), params);
+  ZeroRuns(layout.SubspaceZeroRuns(), params);
 }
 
 FixedEmbedding::FixedEmbedding(const ModelConfig& cfg, uint64_t seed) {
@@ -172,13 +176,14 @@ FixedEmbedding::FixedEmbedding(const ModelConfig& cfg, uint64_t seed) {
 
 std::vector<FixedEmbedding::Copy> FixedEmbedding::Copies(const ParamLayout& layout, size_t begin, size_t end) const {
   std::vector<Copy> out;
-  if (empty() || layout.wte() < 0) return out;
+  if (empty()) return out;
   const size_t C = static_cast<size_t>(from_ + width_), W = static_cast<size_t>(width_);
-  for (int t : {layout.wte(), layout.wpe()}) {
-    const ParamTensor& p = layout.tensors()[t];
-    for (const StridedRun& r : ClipRuns({{p.offset + from_, p.size / C, C, W}}, begin, end)) {
-      const size_t rel = r.offset - p.offset;  // row rel / C, fixed column rel % C - k
-      out.push_back({r, t == layout.wpe(), rel / C * W + rel % C - from_, W});
+  const std::vector<StridedRun> fixed = layout.SubspaceFixedRuns();  // wte's columns, then wpe's
+  for (size_t i = 0; i < fixed.size(); ++i) {
+    const size_t start = fixed[i].offset - from_;  // the tensor's first float
+    for (const StridedRun& r : ClipRuns({fixed[i]}, begin, end)) {
+      const size_t rel = r.offset - start;  // row rel / C, fixed column rel % C - k
+      out.push_back({r, i == 1, rel / C * W + rel % C - from_, W});
     }
   }
   return out;
@@ -192,8 +197,8 @@ void FixedEmbedding::WriteInto(const ParamLayout& layout, float* params, size_t 
   }
 }
 
-std::vector<StridedRun> ParamLayout::SubspaceFixedRuns(const ModelConfig& cfg) const {
-  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+std::vector<StridedRun> ParamLayout::SubspaceFixedRuns() const {
+  const size_t C = d_model_, k = kept_;
   if (k == C || wte_ < 0) return {};
   std::vector<StridedRun> runs;
   // Embedding rows (one per token or position) from column k on.
@@ -201,8 +206,8 @@ std::vector<StridedRun> ParamLayout::SubspaceFixedRuns(const ModelConfig& cfg) c
   return runs;
 }
 
-std::vector<StridedRun> ParamLayout::SubspaceZeroRuns(const ModelConfig& cfg) const {
-  const size_t C = static_cast<size_t>(cfg.d_model), k = static_cast<size_t>(cfg.residual_width());
+std::vector<StridedRun> ParamLayout::SubspaceZeroRuns() const {
+  const size_t C = d_model_, k = kept_;
   if (k == C) return {};
   std::vector<StridedRun> runs;
   // A projection's rows (one per output coordinate, PyTorch's (out, in)) and its bias from k on.
@@ -215,9 +220,9 @@ std::vector<StridedRun> ParamLayout::SubspaceZeroRuns(const ModelConfig& cfg) co
   return runs;
 }
 
-std::vector<StridedRun> ParamLayout::SubspaceRuns(const ModelConfig& cfg) const {
-  std::vector<StridedRun> runs = SubspaceFixedRuns(cfg);  // the embedding comes first
-  for (const StridedRun& r : SubspaceZeroRuns(cfg)) runs.push_back(r);
+std::vector<StridedRun> ParamLayout::SubspaceRuns() const {
+  std::vector<StridedRun> runs = SubspaceFixedRuns();  // the embedding comes first
+  for (const StridedRun& r : SubspaceZeroRuns()) runs.push_back(r);
   return runs;
 }
 

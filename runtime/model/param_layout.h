@@ -79,9 +79,9 @@ class ParamLayout {
   // projection's input gradient reads its rows below k), so they are zeroed too
   // (SubspaceRuns: both), which keeps the clipping norm and every step off them. Empty without a
   // subspace; runs ascend.
-  std::vector<StridedRun> SubspaceZeroRuns(const ModelConfig& cfg) const;
-  std::vector<StridedRun> SubspaceFixedRuns(const ModelConfig& cfg) const;
-  std::vector<StridedRun> SubspaceRuns(const ModelConfig& cfg) const;
+  std::vector<StridedRun> SubspaceZeroRuns() const;
+  std::vector<StridedRun> SubspaceFixedRuns() const;  // the token embedding's, then the position's
+  std::vector<StridedRun> SubspaceRuns() const;
 
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
@@ -102,6 +102,7 @@ class ParamLayout {
   std::vector<BlockTensors> blocks_;
   size_t total_ = 0;
   int first_block_ = 0;
+  size_t d_model_ = 0, kept_ = 0;  // the residual stream's width and the subspace's (ModelConfig::residual_width)
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };
 

@@ -71,7 +71,7 @@ TEST(CpuStage, ASubspaceModelKeepsItsZeros) {
   ASSERT_TRUE((*s)->Backward(0, mb, nullptr, 1.0f).ok());
   const size_t n = (*s)->num_params();
   std::vector<int> held(n, 0);
-  for (const StridedRun& r : (*s)->layout().SubspaceRuns(c))
+  for (const StridedRun& r : (*s)->layout().SubspaceRuns())
     for (size_t i = 0; i < r.rows; ++i) std::fill_n(held.begin() + r.offset + i * r.stride, r.length, 1);
   const float* g = *(*s)->Grads();
   size_t nonzero = 0;

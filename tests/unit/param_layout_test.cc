@@ -33,7 +33,7 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   ModelConfig c = Cfg(false);
   c.subspace_divisor = 4;  // d_model 8: k = 2
   const ParamLayout whole(c, StageSpec::Whole(c));
-  const std::vector<int> marked = Marked(whole.SubspaceRuns(c), whole.total());
+  const std::vector<int> marked = Marked(whole.SubspaceRuns(), whole.total());
   const size_t C = 8, k = 2;
   size_t want = (c.vocab_size + c.max_seq_len) * (C - k) + c.n_layer * ((C - k) * C + (C - k) * 4 * C + 2 * (C - k));
   size_t got = 0;
@@ -50,13 +50,13 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   EXPECT_EQ(marked[proj.offset + k * 4 * C - 1], 0);
   EXPECT_EQ(marked[proj.offset + k * 4 * C], 1);
   for (size_t cut : {size_t{0}, size_t{5}, wte.offset + C + 3, proj.offset + 7, whole.total()}) {
-    std::vector<StridedRun> halves = ClipRuns(whole.SubspaceRuns(c), 0, cut);
-    for (const StridedRun& r : ClipRuns(whole.SubspaceRuns(c), cut, whole.total())) halves.push_back(r);
+    std::vector<StridedRun> halves = ClipRuns(whole.SubspaceRuns(), 0, cut);
+    for (const StridedRun& r : ClipRuns(whole.SubspaceRuns(), cut, whole.total())) halves.push_back(r);
     EXPECT_EQ(Marked(halves, whole.total()), marked) << "cut at " << cut;
   }
   std::vector<float> params(whole.total());
   InitGpt2Params(c, whole, 3, params.data());
-  const std::vector<int> fixed = Marked(whole.SubspaceFixedRuns(c), whole.total());
+  const std::vector<int> fixed = Marked(whole.SubspaceFixedRuns(), whole.total());
   for (size_t i = 0; i < params.size(); ++i) {
     if (marked[i] > 0 && fixed[i] == 0) {
       ASSERT_EQ(params[i], 0.0f) << i;
@@ -73,7 +73,7 @@ TEST(ParamLayout, SubspaceRunsAreTheColumnsAndRowsPastTheKeptWidth) {
   EXPECT_EQ(decay[wte.offset + 2], 0);
   EXPECT_EQ(sliced, std::vector<uint8_t>(decay.begin(), decay.begin() + static_cast<long>(sliced.size())));
   c.subspace_divisor = 1;
-  EXPECT_TRUE(whole.SubspaceRuns(c).empty());
+  EXPECT_TRUE(ParamLayout(c, StageSpec::Whole(c)).SubspaceRuns().empty());
   c.subspace_divisor = 3;
   EXPECT_NE(c.Validate().message().find("does not divide model.d_model = 8"), std::string::npos) << c.Validate();
 }
