@@ -99,7 +99,10 @@ bool BoundaryUnmeasured(const SettingPenalty& p, const TransportConfig& transpor
 }
 
 std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
-  std::vector<std::string> set = p.overrides;
+  // The setting's own keys but the layout it was measured on, and what its larger batch changes.
+  std::vector<std::string> set;
+  for (const std::string& o : p.overrides)
+    if (!MeasuredLayoutKey(KeyOf(o))) set.push_back(o);
   if (p.batch_scale > 1) {
     const std::vector<std::string> batch = BatchScaleOverrides(JobConfig{}, p.batch_scale);
     set.insert(set.end(), batch.begin(), batch.end());
@@ -110,10 +113,7 @@ std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {
     const std::vector<ConfigKey>& ours = CommunicationKeys();
     const bool communication =
         std::any_of(ours.begin(), ours.end(), [&key](const ConfigKey& k) { return k.name() == key; });
-    if (!MeasuredLayoutKey(key) && !communication &&
-        std::find(beyond.begin(), beyond.end(), key) == beyond.end()) {
-      beyond.push_back(key);
-    }
+    if (!communication && std::find(beyond.begin(), beyond.end(), key) == beyond.end()) beyond.push_back(key);
   }
   return beyond;
 }
