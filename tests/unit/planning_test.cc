@@ -432,6 +432,14 @@ TEST(Planning, WithoutASpareAPipelineIsCutAnewOverTheWorkersLeftAndGrowsBack) {
       ShrinkPlan(MakePlan(local, Workers(2), {0, "", 100}, RegistrationOrder(local)), {1}, {}, Workers(1), {0, "", 100})
           .status();
   EXPECT_EQ(own.code(), absl::StatusCode::kFailedPrecondition) << own;
+  // Nor replicas of unequal shares, which fewer replicas of whole groups cannot keep.
+  const JobConfig shares =
+      Config({"cluster.replicas=2", "train.micro_batches=2", "cluster.replica_micro_batches=[2,1]"});
+  const absl::Status kept = ShrinkPlan(MakePlan(shares, Workers(2), {0, "", 100}, RegistrationOrder(shares)), {1}, {},
+                                       Workers(1), {0, "", 100})
+                                .status();
+  EXPECT_EQ(kept.code(), absl::StatusCode::kFailedPrecondition) << kept;
+  EXPECT_NE(kept.message().find("cluster.replica_micro_batches"), std::string::npos) << kept;
 }
 
 // A straggler with no spare: the same workers keep their places and the blocks move off its stage
