@@ -834,7 +834,7 @@ IterationEnd Worker::EndOf(int64_t it) const {
   if (!LocalUpdates()) return IterationEnd::kExchange;
   if (t.OverlapsAfter(it, end_)) return IterationEnd::kLocalStepThenPush;
   if (const std::optional<int64_t> pushed = t.OverlappedUnder(it, end_)) {
-    if (it == *pushed + 1) return IterationEnd::kLocalStepThenOuterStep;
+    if (it == *pushed + OuterStepDelay(t.overlap_steps)) return IterationEnd::kLocalStepThenOuterStep;
     return it == *pushed + t.overlap_steps ? IterationEnd::kLocalStepThenLand : IterationEnd::kLocalStepInFlight;
   }
   return t.ExchangesAfter(it, end_) ? IterationEnd::kLocalStepThenExchange : IterationEnd::kLocalStep;

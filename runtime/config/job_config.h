@@ -66,8 +66,9 @@ struct TrainConfig {
   int local_steps = 1;
   float outer_lr = 0.7f, outer_momentum = 0.5f;
   // Overlapped outer steps (Streaming DiLoCo's overlap): a round's exchange travels while the
-  // workers go on stepping: pushed after its last iteration, stepped by the hosts after the next
-  // and landed overlap_steps iterations after the push, when each worker takes the new parameters
+  // workers go on stepping: pushed after its last iteration, stepped by the hosts half-way
+  // (OuterStepDelay: after the next where overlap_steps is 2) and landed overlap_steps iterations
+  // after the push, when each worker takes the new parameters
   // plus what it stepped meanwhile. Needs local_steps > overlap_steps >= 2 (OverlapsAfter says
   // which rounds): a slow link gets as many iterations of compute to hide the exchange under as
   // the round allows, for a staler outer step.

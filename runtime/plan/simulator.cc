@@ -272,7 +272,8 @@ class Engine {
   bool Overlapped() const { return L_.overlap_outer && L_.local_steps > L_.overlap_steps; }
 
   // The list worker k runs in its current iteration: with local updates, every round_-th exchanges;
-  // overlapped, it pushes, the next steps the shards and the overlap_steps-th after it lands.
+  // overlapped, it pushes, the OuterStepDelay-th after steps the shards and the overlap_steps-th
+  // after it lands.
   const std::vector<Instr>& Program(const WorkerState& k) const {
     if (round_ == 1) return k.program;
     const int i = k.iter % round_;
@@ -281,7 +282,7 @@ class Engine {
     }
     IterationEnd end = IterationEnd::kLocalStep;
     if (i == round_ - 1) end = IterationEnd::kLocalStepThenPush;
-    if (k.iter >= round_ && i == 0) end = IterationEnd::kLocalStepThenOuterStep;
+    if (k.iter >= round_ && i == OuterStepDelay(L_.overlap_steps) - 1) end = IterationEnd::kLocalStepThenOuterStep;
     if (k.iter >= round_ && i == L_.overlap_steps - 1) end = IterationEnd::kLocalStepThenLand;
     return k.local_programs.at(end);
   }

@@ -41,8 +41,8 @@
 // does not clip). Two rounds of min(H, 4) iterations run; the iteration time is the mean over a
 // round of H, from the second round's local iterations and its exchange, and the per-worker and
 // per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), three rounds
-// of max(4, overlap_steps + 2) run whatever H, each round's first iteration carrying the round
-// before's outer step, its overlap_steps-th the landing and its last the push; the last round
+// of max(4, overlap_steps + 2) run whatever H, each round's OuterStepDelay-th iteration carrying
+// the round before's outer step, its overlap_steps-th the landing and its last the push; the last round
 // gives the time (the first starts with every replica together, a later one where each landed the
 // round before), what it takes beyond that many local iterations (timed on the one before the
 // push, which carries no part of the exchange) being its exchange's.
@@ -78,7 +78,8 @@ struct Layout {
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
   // train.overlap_outer (with local_steps > overlap_steps): each exchange spreads over the round's
-  // last iteration and the next overlap_steps (schedule.h).
+  // last iteration and the next overlap_steps, its hosts stepping it after OuterStepDelay of them
+  // (schedule.h).
   bool overlap_outer = false;
   int overlap_steps = 2;
   // cluster.overlap_exchange: CPU workers overlap the exchange with compute (see above).

@@ -53,8 +53,8 @@ std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int mi
       return s;
     case IterationEnd::kLocalStepThenOuterStep:
       if (hosts_shards) {
-        s.push_back({Op::kReduceNorm, -1, 1});
-        s.push_back({Op::kStep, -1, 1});
+        s.push_back({Op::kReduceNorm, -1, OuterStepDelay(overlap_steps)});
+        s.push_back({Op::kStep, -1, OuterStepDelay(overlap_steps)});
       }
       return s;
     case IterationEnd::kLocalStepThenLand:

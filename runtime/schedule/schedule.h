@@ -50,14 +50,20 @@ enum class ScheduleKind { kGpipe, k1F1B };
 // the worker's own step alone (an iteration between exchanges of local updates), or its own step
 // and then the exchange (the iteration that ends each round of local updates). Overlapped, its own
 // step and then a part of the exchange: the push (the round's last iteration), the hosts' outer
-// step of the pushes of the iteration before (back 1), nothing while the parameters travel
-// (kLocalStepInFlight: the exchange's sends are not waited for), the pull of the parameters
-// stepped train.overlap_steps iterations before (back that), which the worker merges with what it
-// stepped since.
+// step of the pushes of OuterStepDelay iterations before (back that), nothing while the pushes or
+// parameters travel (kLocalStepInFlight: the exchange's sends are not waited for), the pull of the
+// parameters stepped train.overlap_steps iterations before (back that), which the worker merges
+// with what it stepped since.
 enum class IterationEnd {
   kExchange, kLocalStep, kLocalStepThenExchange, kLocalStepThenPush, kLocalStepThenOuterStep, kLocalStepInFlight,
   kLocalStepThenLand
 };
+
+// The iterations after an overlapped exchange's push that its hosts step it, of the
+// `overlap_steps` before it lands: half of them, rounded up, so the pushes (of replicas an
+// iteration or two behind, over the link's delay) and the parameters coming back each travel
+// under about half. 1 for 2.
+constexpr int OuterStepDelay(int overlap_steps) { return (overlap_steps + 1) / 2; }
 
 absl::StatusOr<ScheduleKind> ParseSchedule(const std::string& name);
 const char* ScheduleName(ScheduleKind k);
@@ -67,6 +73,7 @@ const char* ScheduleName(ScheduleKind k);
 // the last's); ReduceNorm and Step only where the worker hosts parameter-server shards.
 // Backwards run in ascending micro-batch order in both schedules, so parameter gradients sum in
 // the same order as in one process.
+// kLocalStepThenOuterStep steps the pushes of OuterStepDelay(`overlap_steps`) iterations before,
 // kLocalStepThenLand pulls the parameters of `overlap_steps` iterations before.
 std::vector<Instr> MakeSchedule(ScheduleKind kind, int stages, int stage, int micro, bool hosts_shards,
                                 IterationEnd end = IterationEnd::kExchange, int overlap_steps = 2);

@@ -512,9 +512,10 @@ TEST(Cluster, OverlappedOuterStepsLandTwoIterationsLaterAndResumeBitwise) {
   ExpectResumeBitwise(full, split, sets, "6");
 }
 
-// train.overlap_steps = 3: an overlapped exchange lands three iterations after its push, its
-// parameters and pushes held in between while the workers step on; the replicas agree where it
-// lands, its validation loss is reported there, and a resume from the checkpoint is bitwise.
+// train.overlap_steps = 3: an overlapped exchange is stepped two iterations after its push and
+// lands three after it, its pushes and parameters held in between while the workers step on; the
+// replicas agree where it lands, its validation loss is reported there, and a resume from the
+// checkpoint is bitwise.
 TEST(Cluster, AnExchangeOverlappedThreeStepsLandsThreeIterationsLater) {
   const std::vector<std::string> sets = {"cluster.stages=1",         "cluster.replicas=2",    "train.local_steps=4",
                                          "train.overlap_outer=true", "train.overlap_steps=3", "train.steps=16",
@@ -530,7 +531,7 @@ TEST(Cluster, AnExchangeOverlappedThreeStepsLandsThreeIterationsLater) {
   const std::vector<std::string> order = ExchangeOrder(full);
   auto at = [&](const std::string& event) { return std::find(order.begin(), order.end(), event) - order.begin(); };
   ASSERT_LT(at("pull params 3"), static_cast<long>(order.size())) << ::testing::PrintToString(order);
-  EXPECT_EQ(at("ps step 3"), at("local step 4") + 1) << ::testing::PrintToString(order);
+  EXPECT_EQ(at("ps step 3"), at("local step 5") + 1) << ::testing::PrintToString(order);
   EXPECT_EQ(at("pull params 3"), at("local step 6") + 1) << ::testing::PrintToString(order);
   ExpectResumeBitwise(full, split, sets, "8");
 }

@@ -42,6 +42,12 @@ TEST(Schedule, AnOverlappedExchangeSpreadsOverThreeIterations) {
   EXPECT_EQ(list(true, IterationEnd::kLocalStepInFlight), "Forward(0) Backward(0) LocalStep");
   EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 1, true, IterationEnd::kLocalStepThenLand, 5)),
             "Forward(0) Backward(0) LocalStep PullParams(it-5)");
+  // Landing 5 iterations after the push, it is stepped after 3: the pushes travel under 3, the
+  // parameters under 2.
+  EXPECT_EQ(ToString(MakeSchedule(ScheduleKind::kGpipe, 1, 0, 1, true, IterationEnd::kLocalStepThenOuterStep, 5)),
+            "Forward(0) Backward(0) LocalStep ReduceNorm(it-3) Step(it-3)");
+  EXPECT_EQ(OuterStepDelay(2), 1);
+  EXPECT_EQ(OuterStepDelay(4), 2);
 }
 
 TEST(Schedule, OneFOneBInterleavesAfterWarmup) {
