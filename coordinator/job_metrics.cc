@@ -11,7 +11,6 @@ namespace longhaul {
 
 JobMetrics::JobMetrics(const JobConfig& cfg)
     : cfg_(cfg),
-      replicas_(cfg.cluster.replicas),
       stages_(cfg.cluster.stages) {}
 
 void JobMetrics::SetPlan(const proto::Plan& plan, const std::map<int, proto::RegisterRequest>& registrations) {
@@ -41,7 +40,7 @@ absl::Status JobMetrics::Report(const proto::IterationReport& report) {
     if (worker_at_.find({l.stage(), l.replica()}) == worker_at_.end()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker %d reports bytes sent to stage %d replica %d, which the plan (%d stages x %d replicas) does not have",
-          report.worker_id(), l.stage(), l.replica(), stages_, replicas_));
+          report.worker_id(), l.stage(), l.replica(), stages_, cfg_.cluster.replicas));
     }
     if (!named.insert({l.stage(), l.replica()}).second) {
       return absl::InvalidArgumentError(absl::StrFormat("worker %d reports bytes sent to stage %d replica %d twice",

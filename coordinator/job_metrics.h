@@ -49,7 +49,6 @@ class JobMetrics {
     std::optional<proto::IterationReport> last;
   };
   const JobConfig cfg_;
-  const int replicas_;
   // The coordinator's job reports under its own lock; the metrics endpoint renders from its own
   // thread.
   mutable absl::Mutex mu_;

@@ -1,10 +1,11 @@
 #pragma once
 // The layout search behind `longhaul plan`: for one model, global batch, device and network, every
 // layout of up to `workers` devices (pipeline stages P × data-parallel replicas D, micro-batch size
-// and counts adding up to the global batch, each replica's within one of the others' (ReplicaShares),
-// GPipe or 1F1B, recompute on or off, sharded or central parameter servers), checked for memory stage by stage (DeviceCost::StageMemory),
-// simulated (Simulate on DefaultPlacement, or with `place` on the placement the coordinator would
-// run: ChoosePlacement over worker w on host w) and ranked by iteration time.
+// and counts adding up to the global batch, each replica's within one of the others'
+// (ReplicaShares), GPipe or 1F1B, recompute on or off, sharded or central parameter servers),
+// checked for memory stage by stage (DeviceCost::StageMemory), simulated (Simulate on
+// DefaultPlacement, or with `place` on the placement the coordinator would run: ChoosePlacement
+// over worker w on host w) and ranked by iteration time.
 //
 // Answering in seconds: a candidate is simulated only where it can still enter the ranking. Its
 // lower bound is the busiest stage's compute, M × (forward + backward): every stage's whole

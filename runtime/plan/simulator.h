@@ -42,10 +42,10 @@
 // round of H, from the second round's local iterations and its exchange, and the per-worker and
 // per-link figures are the exchanging iteration's. Overlapped (Layout::overlap_outer), three rounds
 // of max(4, overlap_steps + 2) run whatever H, each round's OuterStepDelay-th iteration carrying
-// the round before's outer step, its overlap_steps-th the landing and its last the push; the last round
-// gives the time (the first starts with every replica together, a later one where each landed the
-// round before), what it takes beyond that many local iterations (timed on the one before the
-// push, which carries no part of the exchange) being its exchange's.
+// the round before's outer step, its overlap_steps-th the landing and its last the push; the last
+// round gives the time (the first starts with every replica together, a later one where each
+// landed the round before), what it takes beyond that many local iterations (timed on the one
+// before the push, which carries no part of the exchange) being its exchange's.
 #include <cstdint>
 #include <vector>
 
