@@ -64,6 +64,7 @@ absl::Status RunLog::Record(int64_t it, int stages, const std::map<int, proto::I
     WorkerTimes& w = times_[id];
     w.stage = r.stage(), w.replica = r.replica(), ++w.iterations;
     w.seconds += r.seconds(), w.compute += r.compute_seconds(), w.wait += r.wait_seconds();
+    w.compute_per_micro += r.compute_seconds() / std::max(1, r.micro_batches_size());
     w.step += r.step_seconds();
   }
   if (it > start_) timed_seconds_ += sec, ++timed_;
@@ -151,7 +152,7 @@ MeasuredCompute RunLog::MeasuredByWorker() const {
   if (static_cast<int>(times_.size()) != workers_) return {};
   MeasuredCompute out{std::vector<double>(workers_, 0), std::vector<double>(workers_, 0)};
   for (const auto& [id, w] : times_) {
-    out.per_micro[id] = w.compute / w.iterations / cfg_.MicroBatchesOf(w.replica);
+    out.per_micro[id] = w.compute_per_micro / w.iterations;
     out.step[id] = w.step / w.iterations;
   }
   return out;

@@ -67,7 +67,9 @@ class RunLog {
  private:
   struct WorkerTimes {
     int stage = 0, replica = 0, iterations = 0;
-    double seconds = 0, compute = 0, wait = 0, step = 0;
+    // compute_per_micro: each iteration's compute over the micro-batches its report names (a
+    // shrunk plan's replica runs those of several).
+    double seconds = 0, compute = 0, compute_per_micro = 0, wait = 0, step = 0;
   };
   std::string LossSvg() const;
 

@@ -12,8 +12,10 @@ namespace longhaul {
 namespace {
 namespace fs = std::filesystem;
 
-proto::IterationReport Report(int stage, int replica, double loss, double seconds) {
+// `micro_batches`: how many the report names.
+proto::IterationReport Report(int stage, int replica, double loss, double seconds, int micro_batches = 1) {
   proto::IterationReport r;
+  for (int m = 0; m < micro_batches; ++m) r.add_micro_batches(replica * micro_batches + m);
   r.set_stage(stage);
   r.set_replica(replica);
   r.set_loss(loss);
@@ -37,12 +39,16 @@ TEST(RunLog, RowsSummaryAndRecords) {
   auto metrics = MetricsLog::Create((dir / "metrics.csv").string());
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   RunLog log(*cfg, 0, 3, std::move(*metrics));
+  const int M = cfg->train.micro_batches;
   for (int it = 0; it < 3; ++it) {
     // Worker id = replica * 2 + stage; stage 0 replica 0 takes 1, 2, 3 s.
-    std::map<int, proto::IterationReport> reports = {{0, Report(0, 0, 0, 1.0 + it)},
-                                                     {1, Report(1, 0, 2.0 - it * 0.5, 10)},
-                                                     {2, Report(0, 1, 0, 7)},
-                                                     {3, Report(1, 1, 1.0 - it * 0.5, 10)}};
+    std::map<int, proto::IterationReport> reports = {{0, Report(0, 0, 0, 1.0 + it, M)},
+                                                     {1, Report(1, 0, 2.0 - it * 0.5, 10, M)},
+                                                     {2, Report(0, 1, 0, 7, M)},
+                                                     {3, Report(1, 1, 1.0 - it * 0.5, 10, M)}};
+    // In the last iteration stage 1's replica 0 stands for both (a shrunk plan's): its 10 s are
+    // of twice the micro-batches.
+    if (it == 2) reports[1] = Report(1, 0, 1.0, 10, 2 * M);
     ASSERT_TRUE(log.Record(it, 2, reports).ok());
   }
   const nlohmann::json s = log.Summary("completed", "", 3);
@@ -59,13 +65,13 @@ TEST(RunLog, RowsSummaryAndRecords) {
   EXPECT_FALSE(s.contains("reason"));
   EXPECT_TRUE(s["predicted_iteration_seconds"].is_null());
   // Stage 0: replica 0 (worker 0) computed 1 and 1.5 s in the timed iterations, replica 1
-  // (worker 2) 3.5 s each; stage 1's workers 5 s each.
-  const int M = cfg->train.micro_batches;
+  // (worker 2) 3.5 s each; stage 1's workers 5 s each, worker 1's last over 2M micro-batches.
   const MeasuredCompute compute = log.MeasuredByWorker();
   ASSERT_EQ(compute.per_micro.size(), 4u);
   EXPECT_DOUBLE_EQ(compute.per_micro[0], 1.25 / M);
   EXPECT_DOUBLE_EQ(compute.per_micro[2], 3.5 / M);
-  EXPECT_DOUBLE_EQ(compute.per_micro[1], 5.0 / M);
+  EXPECT_DOUBLE_EQ(compute.per_micro[3], 5.0 / M);
+  EXPECT_DOUBLE_EQ(compute.per_micro[1], (5.0 / M + 2.5 / M) / 2);
   // The workers' own steps, per iteration and not per micro-batch: a tenth of their times.
   ASSERT_EQ(compute.step.size(), 4u);
   EXPECT_DOUBLE_EQ(compute.step[0], 0.25);
