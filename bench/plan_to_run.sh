@@ -37,7 +37,7 @@ done
 python3 - "$out" "${scenarios[@]}" <<'PY'
 import json, re, sys, tomllib
 out, scenarios = sys.argv[1], sys.argv[2:]
-print(f"{'scenario':<22}{'setting (best by time to the same loss)':<42}{'layout':<16}{'plan s/it':>10}"
+print(f"{'scenario':<22}{'setting (best by time to the same loss)':<50}{'layout':<16}{'plan s/it':>10}"
       f"{'measured':>10}{'plan/meas':>11}{'coordinator/meas':>18}")
 inside = 0
 for sc in scenarios:
@@ -51,7 +51,7 @@ for sc in scenarios:
     meas, coord = s["iteration_seconds"], s["predicted_iteration_seconds"]
     ok = abs(planned / meas - 1) <= 0.10
     inside += ok
-    print(f"{sc:<22}{setting:<42}{layout:<16}{planned:>10.4f}{meas:>10.4f}{planned / meas:>11.3f}"
+    print(f"{sc:<22}{setting:<50}{layout:<16}{planned:>10.4f}{meas:>10.4f}{planned / meas:>11.3f}"
           f"{coord / meas:>18.3f}{'' if ok else '  (outside 10%)'}")
 print(f"{inside} of {len(scenarios)} plans within 10% of the run they wrote; runs, plans and logs: {out}")
 PY
