@@ -90,7 +90,7 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + stage_floats + (D + 1) * ps_floats));
-  // A lossy push (int8, int4 or topk named, or what "auto" picks on a slow link) keeps each pushed
+  // A lossy push (IsLossy: named, or what "auto" picks on a slow link) keeps each pushed
   // shard's residual and its push beside the gradient, per group (transport/error_feedback.h),
   // and gathers one group's residuals for a checkpoint at a time.
   const bool lossy = ExchangeMayBeLossy(cfg.transport.wire_dtype, cfg.transport.exchange_dtype);

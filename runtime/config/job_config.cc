@@ -37,14 +37,19 @@ Range Within(double lo, double hi, const char* note = "") { return {lo, hi, fals
 Range AboveUpTo(double lo, double hi) { return {lo, hi, true, false, ""}; }  // (lo, hi]
 Range Fraction() { return {0, 1, false, true, ""}; }  // [0, 1)
 
-// A pipeline boundary's dtype (transport.wire_dtype, transport.gradient_dtype): any but topk.
+// A pipeline boundary's dtype (transport.wire_dtype, transport.gradient_dtype): any but the
+// exchange's own (topk, int1h).
 absl::StatusOr<WireDtype> ParseBoundaryDtype(const std::string& name, const std::string& key) {
-  if (name == "topk") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(key, " = \"topk\": top-k sends one value in 32, which a pipeline boundary cannot lose; it is for "
-                     "the data-parallel exchange: transport.exchange_dtype = \"topk\""));
+  LH_ASSIGN_OR_RETURN(const WireDtype d, ParseWireDtype(name, key));
+  if (ExchangeOnly(d)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, " = \"", name, "\": ",
+        d == WireDtype::kTopK ? "top-k sends one value in 32" : "int1h sends one bit, a sign, of each value",
+        ", which a pipeline boundary cannot lose; it is for the data-parallel exchange, whose error feedback sends "
+        "what a round loses in the next: transport.exchange_dtype = \"",
+        name, "\""));
   }
-  return ParseWireDtype(name, key);
+  return d;
 }
 
 std::string Requirement(const Range& r) {

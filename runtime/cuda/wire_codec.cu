@@ -22,6 +22,7 @@ __device__ size_t Index() { return blockIdx.x * static_cast<size_t>(blockDim.x) 
 template <int kBits>
 using Quantized = wire::AbsMax<kBits>;
 using Int2 = wire::Rms;
+using Int1 = wire::Sign;
 
 // One warp per block of kScaleBlock values: its largest magnitude (a maximum, the same in any
 // order) and whether every value is finite.
@@ -43,13 +44,14 @@ __global__ void QuantizedScales(const float* in, size_t n, float* scales) {
   if (lane == 0) scales[b] = wire::QuantizedScale<kBits>(most, finite);
 }
 
-// One thread per block of kInt2Block values: the sum of squares in the CPU's order, so the scale
-// is its bits too.
-__global__ void Int2Scales(const float* in, size_t n, float* scales) {
+// int2 and int1h: one thread per block, its sum (of squares, of magnitudes) in the CPU's order, so
+// the scale is its bits too.
+template <class F>
+__global__ void SummedScales(const float* in, size_t n, float* scales) {
   const size_t b = Index();
-  if (b >= wire::Int2Blocks(n)) return;
-  const size_t lo = b * kInt2Block;
-  scales[b] = Int2::Scale(in + lo, min(n - lo, kInt2Block));
+  if (b >= (n + F::kBlock - 1) / F::kBlock) return;
+  const size_t lo = b * F::kBlock;
+  scales[b] = F::Scale(in + lo, min(n - lo, F::kBlock));
 }
 
 // One thread per byte of the packed values: the bits of every value that reaches into it (a
@@ -95,7 +97,7 @@ __global__ void FromBf16(const uint16_t* in, size_t n, float* out) {
   if (i < n) out[i] = wire::FromBf16(in[i]);
 }
 
-// int3h and int2h: one thread per block of kN values, rotated (or back) where whole by
+// int3h, int2h and int1h: one thread per block of kN values, rotated (or back) where whole by
 // wire_levels.h's steps, in the CPU's order of operations; a shorter last block is copied.
 template <size_t kN>
 __global__ void RotateBlocks(const float* in, size_t n, float* out) {
@@ -119,8 +121,8 @@ void Encode(cudaStream_t s, const float* in, size_t n, void* out, const Stochast
   const size_t blocks = (n + F::kBlock - 1) / F::kBlock;
   auto* scales = static_cast<float*>(out);
   auto* values = static_cast<uint8_t*>(out) + 4 * blocks;
-  if constexpr (std::is_same_v<F, Int2>) {
-    Int2Scales<<<Grid(blocks), kThreads, 0, s>>>(in, n, scales);
+  if constexpr (std::is_same_v<F, Int2> || std::is_same_v<F, Int1>) {
+    SummedScales<F><<<Grid(blocks), kThreads, 0, s>>>(in, n, scales);
   } else {
     QuantizedScales<F::kBits><<<Grid(32 * blocks), kThreads, 0, s>>>(in, n, scales);
   }
@@ -172,6 +174,7 @@ absl::Status EncodeWire(cudaStream_t s, const float* in, size_t n, WireDtype d, 
     case WireDtype::kInt2: Encode<Int2>(s, in, n, out, sr); break;
     case WireDtype::kInt3H: LH_RETURN_IF_ERROR(EncodeRotated<Quantized<3>>(s, in, n, out, sr)); break;
     case WireDtype::kInt2H: LH_RETURN_IF_ERROR(EncodeRotated<Int2>(s, in, n, out, sr)); break;
+    case WireDtype::kInt1H: LH_RETURN_IF_ERROR(EncodeRotated<Int1>(s, in, n, out, sr)); break;
     case WireDtype::kTopK: return Refused(d);
   }
   return Check(cudaGetLastError(), "EncodeWire");
@@ -191,6 +194,7 @@ absl::Status DecodeWire(cudaStream_t s, const void* in, size_t n, WireDtype d, f
     case WireDtype::kInt2: Decode<Int2>(s, in, n, out); break;
     case WireDtype::kInt3H: DecodeRotated<Quantized<3>>(s, in, n, out); break;
     case WireDtype::kInt2H: DecodeRotated<Int2>(s, in, n, out); break;
+    case WireDtype::kInt1H: DecodeRotated<Int1>(s, in, n, out); break;
     case WireDtype::kTopK: return Refused(d);
   }
   return Check(cudaGetLastError(), "DecodeWire");

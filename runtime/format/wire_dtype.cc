@@ -33,8 +33,7 @@ void PackCodes(uint8_t* codes, size_t m, uint8_t* out) {
   }
 }
 
-// Blocks are independent and each one's packed values whole bytes (128 values of 8, 4, 3 or 2
-// bits, 512 of int2's), so the cores share a large tensor's blocks: a push of a stage's shards (a
+// Blocks are independent and each one's packed values whole bytes, so the cores share a large tensor's blocks: a push of a stage's shards (a
 // GPT-3 XL stage's are 100M values and more) is encoded on the thread that computes, which waits
 // for it. A boundary tensor's part (a MiB on the wire, 4M values at most) stays on its connection's
 // thread alone, beside the compute.
@@ -60,9 +59,10 @@ void RotateBack(float* block, size_t m) {
   }
 }
 
-// The block formats (wire_levels.h's AbsMax for int8, int4 and int3, Rms for int2; rotated for
-// int3h and int2h): the blocks' scales, then their values' codes. A block's codes fill
-// whole bytes (128 values of 8, 4, 3 or 2 bits, 512 of int2's), so each block writes its own.
+// The block formats (wire_levels.h's AbsMax for int8, int4 and int3, Rms for int2, Sign for
+// int1h; rotated for int3h, int2h and int1h): the blocks' scales, then their values' codes. A
+// block's codes fill whole bytes (128 values of 8, 4, 3 or 2 bits, 512 of int2's, 1024 of
+// int1h's), so each block writes its own.
 template <class F, bool kRotated>
 void EncodeBlocks(const float* in, size_t n, void* out, const StochasticRounding* sr) {
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
@@ -175,6 +175,7 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
     case WireDtype::kInt2:
     case WireDtype::kInt2H: return PackedBytes<2>(n) + 4 * Int2Blocks(n);
+    case WireDtype::kInt1H: return PackedBytes<1>(n) + 4 * ((n + kInt1Block - 1) / kInt1Block);
   }
   return 4 * n;
 }
@@ -193,10 +194,11 @@ absl::StatusOr<WireDtype> ParseWireDtype(const std::string& name, const std::str
   if (name == "int2") return WireDtype::kInt2;
   if (name == "int3h") return WireDtype::kInt3H;
   if (name == "int2h") return WireDtype::kInt2H;
+  if (name == "int1h") return WireDtype::kInt1H;
   if (name == "topk") return WireDtype::kTopK;
   if (name == "auto") return WireDtype::kAuto;
   return absl::InvalidArgumentError(absl::StrCat(key, " = \"", name,
-                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int3\", \"int2\", \"int3h\", \"int2h\" or \"topk\""));
+                                                 "\": use \"auto\", \"fp32\", \"fp16\", \"bf16\", \"int8\", \"int4\", \"int3\", \"int2\", \"int3h\", \"int2h\", \"int1h\" or \"topk\""));
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -210,6 +212,7 @@ const char* WireDtypeName(WireDtype d) {
     case WireDtype::kInt2: return "int2";
     case WireDtype::kInt3H: return "int3h";
     case WireDtype::kInt2H: return "int2h";
+    case WireDtype::kInt1H: return "int1h";
     case WireDtype::kTopK: return "topk";
     case WireDtype::kAuto: return "auto";
   }
@@ -251,6 +254,9 @@ void EncodeWire(const float* in, size_t n, WireDtype d, void* out, const Stochas
     case WireDtype::kInt2H:
       EncodeBlocks<wire::Rms, true>(in, n, out, sr);
       return;
+    case WireDtype::kInt1H:
+      EncodeBlocks<wire::Sign, true>(in, n, out, sr);
+      return;
     case WireDtype::kTopK:
       EncodeTopK(in, n, out);
       return;
@@ -291,6 +297,9 @@ void DecodeWire(const void* in, size_t n, WireDtype d, float* out) {
       return;
     case WireDtype::kInt2H:
       DecodeBlocks<wire::Rms, true>(in, n, out);
+      return;
+    case WireDtype::kInt1H:
+      DecodeBlocks<wire::Sign, true>(in, n, out);
       return;
     case WireDtype::kTopK:
       DecodeTopK(in, n, out);

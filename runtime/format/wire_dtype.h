@@ -1,6 +1,6 @@
 #pragma once
 // Conversion between fp32 tensors and their wire encoding (fp32, fp16, bf16, int8, int4, int3,
-// int2, the rotated int3h and int2h, or topk, little-endian), chosen by
+// int2, the rotated int3h, int2h and int1h, or topk, little-endian), chosen by
 // transport.wire_dtype whatever the sender computes in.
 //
 // int8, int4 and int3 (the quantized dtypes): blocks of kScaleBlock values from the start of what
@@ -39,6 +39,13 @@
 // for. As many bytes as the unrotated dtype. A boundary's gradients stand int3h where int3 costs
 // them convergence, and the outer exchange int2h better than int2 (docs/benchmarks.md).
 //
+// int1h: blocks of kInt1Block values rotated as int2h's (a shorter last block unrotated), each
+// its fp32 scale (the mean magnitude of its rotated values), then every rotated value's sign as
+// one bit, eight per byte (the earliest in the lowest bit), 1 decoding to +scale and 0 to -scale.
+// 1.03 bits a value: 8x fewer bytes than int8, 31x fewer than fp32. Like topk it is for the
+// data-parallel exchange only, whose error feedback sends a round's error in the next; a pipeline
+// boundary's tensors cannot lose that much.
+//
 // A format is chosen by the config (transport.wire_dtype), sent and admitted by the transport and
 // priced by the planner's simulator: it sits below all three.
 #include <cstddef>
@@ -52,11 +59,12 @@ namespace longhaul {
 // kAuto is a config's choice only (transport/wire_plan.h resolves it per link), never on the wire.
 enum class WireDtype : uint8_t {
   kAuto = 0, kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5, kTopK = 6, kInt2 = 7, kInt3 = 8,
-  kInt3H = 9, kInt2H = 10
+  kInt3H = 9, kInt2H = 10, kInt1H = 11
 };
 
 inline constexpr size_t kScaleBlock = 128;
 inline constexpr size_t kInt2Block = 512;
+inline constexpr size_t kInt1Block = 1024;
 // A tensor split into parts (over connections) is cut at multiples of this many values, so that
 // the quantized dtypes' blocks (and int4's bytes) fall where they would in the whole tensor.
 inline constexpr size_t kWirePiece = 4096;
@@ -65,7 +73,7 @@ inline constexpr size_t kTopKOneIn = 32;
 
 // Whether `value` (a header's proto::WireDtype, from the network) names a dtype tensors travel in.
 inline bool IsWireDtype(int value) {
-  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt2H);
+  return value >= static_cast<int>(WireDtype::kF32) && value <= static_cast<int>(WireDtype::kInt1H);
 }
 // int4, int3 and int2, rotated or not: so few levels that a boundary's gradient in them rounds
 // stochastically (tensor_transport.cc), lest its error lean the same way step after step.
@@ -73,8 +81,10 @@ inline bool FewLevels(WireDtype d) {
   return d == WireDtype::kInt4 || d == WireDtype::kInt3 || d == WireDtype::kInt2 || d == WireDtype::kInt3H ||
          d == WireDtype::kInt2H;
 }
-// int8, the few-level dtypes and topk: lossy enough that pushes carry error feedback.
-inline bool IsLossy(WireDtype d) { return d == WireDtype::kInt8 || d == WireDtype::kTopK || FewLevels(d); }
+// The data-parallel exchange's alone, never a pipeline boundary's.
+inline bool ExchangeOnly(WireDtype d) { return d == WireDtype::kTopK || d == WireDtype::kInt1H; }
+// int8, the few-level dtypes, int1h and topk: lossy enough that pushes carry error feedback.
+inline bool IsLossy(WireDtype d) { return d == WireDtype::kInt8 || ExchangeOnly(d) || FewLevels(d); }
 // Bytes of n values encoded in d.
 size_t WireBytes(size_t n, WireDtype d);
 // What tensors of `kind` (proto::TensorKind) travel in where the job's wire dtype is `job`:

@@ -100,17 +100,18 @@ LH_HOST_DEVICE inline void InLanes(const float* x, size_t m, Take take) {
   for (size_t k = 0; i + k < m; ++k) take(k, x[i + k]);
 }
 
-// int2: a block's root mean square from its m values' squares summed in doubles (the product of
-// two floats is exact in one) in eight running sums (InLanes), then the sums in pairs: a fixed
-// order, so the same bits on the host and on the device; NaN where the block holds a non-finite
-// value.
-LH_HOST_DEVICE inline float Int2Scale(const float* x, size_t m) {
+// The sum of f(x) over a block's m values, in doubles (the product of two floats is exact in
+// one) in eight running sums (InLanes), then the sums in pairs: a fixed order, so the same bits on
+// the host and on the device.
+template <class F>
+LH_HOST_DEVICE inline double LaneSum(const float* x, size_t m, F f) {
   double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  InLanes(x, m, [&](size_t k, float v) {
-    const double d = v;
-    sums[k] += d * d;
-  });
-  const double squares = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+  InLanes(x, m, [&](size_t k, float v) { sums[k] += f(static_cast<double>(v)); });
+  return ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+}
+// int2: a block's root mean square; NaN where the block holds a non-finite value.
+LH_HOST_DEVICE inline float Int2Scale(const float* x, size_t m) {
+  const double squares = LaneSum(x, m, [](double d) { return d * d; });
   // A float's square is finite in a double, and 2^32 of them too: the sum is infinite or NaN only
   // where a value is.
   return Finite(squares) ? static_cast<float>(sqrt(squares / static_cast<double>(m))) : NAN;
@@ -160,8 +161,27 @@ struct Rms {
   }
   LH_HOST_DEVICE static float Value(uint32_t bits, float scale) { return Int2Value(bits, scale); }
 };
+// int1h (each value's sign, at the block's mean magnitude: of two levels ±s, s = mean |x| leaves
+// a block the least squared error): 1 where x >= 0; stochastically, 1 with probability
+// (x / s + 1) / 2 within [-s, s]. A block of zeros (scale 0) decodes to zeros, a NaN scale's to
+// NaN.
+struct Sign {
+  static constexpr int kBits = 1;
+  static constexpr size_t kBlock = kInt1Block;
+  LH_HOST_DEVICE static float Scale(const float* x, size_t m) {
+    const double sum = LaneSum(x, m, [](double d) { return d < 0 ? -d : d; });
+    return Finite(sum) ? static_cast<float>(sum / static_cast<double>(m)) : NAN;
+  }
+  LH_HOST_DEVICE static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
+    if (!sr) return x >= 0 ? 1u : 0u;
+    return static_cast<uint32_t>(Clamp(StochasticLevel((x / scale + 1.0f) * 0.5f, *sr, i), 0.0f, 1.0f));
+  }
+  LH_HOST_DEVICE static float Value(uint32_t bits, float scale) {
+    return Finite(scale) ? (bits ? scale : -scale) : scale;
+  }
+};
 
-// int3h and int2h: a whole block of kN values (a power of two) is encoded as y = H·D·x / kN,
+// int3h, int2h and int1h: a whole block of kN values (a power of two) is encoded as y = H·D·x / kN,
 // with D the diagonal of RotationFlips' signs and H the kN × kN Hadamard matrix of ±1, and decoded
 // as D·H·y (H·H = kN·I). x / kN first (exact but for values under 2^-117, which lose bits, alike
 // on the host and the device), so no partial sum exceeds the block's largest magnitude and none

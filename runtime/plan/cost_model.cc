@@ -316,7 +316,8 @@ CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic) {
   switch (d) {
     case WireDtype::kAuto:
     case WireDtype::kF32:
-    case WireDtype::kTopK: break;  // topk is the exchange's; it never crosses a boundary
+    case WireDtype::kTopK:
+    case WireDtype::kInt1H: break;  // the exchange's alone (ExchangeOnly): never across a boundary
     case WireDtype::kF16: r = {0.25, 0.25, 0.25}; break;
     case WireDtype::kBf16: r = {0.18, 0.18, 0.16}; break;
     case WireDtype::kInt8: r = {0.65, 0.98, 0.51}; break;

@@ -4,7 +4,7 @@
 // outweighs the encoding's), else the compute's own dtype (bf16 for a GPU job, fp32 for a CPU one,
 // JobConfig::FastWire). Parameters go in one dtype to every replica of a stage, or the replicas
 // would drift apart: bf16 wherever any link of the job is int8 (WireDtypeFor). With local updates
-// (train.local_steps > 1) over a lossy exchange (int8, int4 or topk: the wire's, or
+// (train.local_steps > 1) over a lossy exchange (IsLossy: the wire's, or
 // transport.exchange_dtype's), a shard's host sends the replicas the change of its parameters
 // since the last exchange in the pushes' dtype, with error feedback (the
 // residual kept with the shard, so checkpoints carry it), and the parameters whole, in fp32, only
@@ -39,7 +39,7 @@ inline constexpr double kAutoInt8Below = 10e9 / 8;  // bytes/s: 10 Gbit/s
 struct WirePlan {
   WireDtype default_dtype = WireDtype::kF32;  // any pair not in `links`
   WireDtype params_dtype = WireDtype::kF32;   // PARAMS sent whole, on every link
-  // PARAMS sent as their change since the last exchange (int8, int4 or topk, on every link);
+  // PARAMS sent as their change since the last exchange (a lossy dtype, on every link);
   // kAuto: always whole.
   WireDtype change_dtype = WireDtype::kAuto;
   // Every GRAD_PUSH's (transport.exchange_dtype); kAuto: its link's.
@@ -104,7 +104,7 @@ WirePlan WiresOf(const proto::Plan& plan);
 // dtypes and shards set) at its link's dtype; `micro_batches` is train.micro_batches.
 void FixStreamWires(const std::vector<std::vector<int>>& at, int micro_batches, proto::Plan& plan);
 // (stage, job replica) of every push stream of `plan` that carries error feedback: the replica's
-// worker pushes a shard of its stage in a lossy dtype (int8, int4, topk). Their residuals are part of a checkpoint.
+// worker pushes a shard of its stage in a lossy dtype (IsLossy). Their residuals are part of a checkpoint.
 std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul

@@ -343,6 +343,11 @@ INSTANTIATE_TEST_SUITE_P(
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
                               "transport.wire_dtype=\"int8\"", "transport.exchange_dtype=\"topk\""},
                              true},
+                      // Pushes and the change as signs (int1h), the boundaries in int8.
+                      Layout{"local_updates_int1h",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2", "train.local_steps=3",
+                              "transport.wire_dtype=\"int8\"", "transport.exchange_dtype=\"int1h\""},
+                             true},
                       // A subspace model: half of each token's values cross in int4 (gradients in
                       // int3h), the rest rebuilt from the fixed embedding, which the resumed
                       // stages draw again.

@@ -177,12 +177,18 @@ TEST(JobConfig, AnOverlappedExchangeIsUnderWayUntilItLands) {
             std::string::npos);
 }
 
-// topk is the data-parallel exchange's alone: the boundaries' keys (activations, gradients) refuse it,
-// naming the key that takes it; a boundary gradient takes any other dtype.
-TEST(JobConfig, TopKIsTheExchangesAndNotTheBoundaries) {
+// topk and int1h are the data-parallel exchange's alone: the boundaries' keys (activations,
+// gradients) refuse them, naming the key that takes them; a boundary gradient takes any other dtype.
+TEST(JobConfig, TopKAndInt1hAreTheExchangesAndNotTheBoundaries) {
   EXPECT_NE(Error("", {"transport.wire_dtype=topk"}).find("transport.exchange_dtype = \"topk\""), std::string::npos);
   EXPECT_NE(Error("", {"transport.gradient_dtype=topk"}).find("transport.gradient_dtype = \"topk\": top-k"),
             std::string::npos);
+  EXPECT_NE(Error("", {"transport.wire_dtype=int1h"}).find("transport.exchange_dtype = \"int1h\""), std::string::npos);
+  EXPECT_NE(Error("", {"transport.gradient_dtype=int1h"}).find("transport.gradient_dtype = \"int1h\": int1h sends"),
+            std::string::npos);
+  auto h = ParseJobConfig("", "job.toml", {"transport.exchange_dtype=int1h", "train.local_steps=4"});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->transport.exchange_dtype, WireDtype::kInt1H);
   auto g = ParseJobConfig("", "job.toml", {"transport.gradient_dtype=int2"});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->transport.gradient_dtype, WireDtype::kInt2);

@@ -1175,7 +1175,7 @@ TEST_F(Hostile, OversizedHeadersExtraBytesAndBadChecksumsAreRefused) {
   for (int64_t it : {5, 6, 7}) ExpectStillServes(it);
 }
 
-// Quantized parts (int8, int4, int3, int2, and rotated) as a peer could craft them: sized by their blocks (a part one
+// Quantized parts (int8, int4, int3, int2, and rotated: int3h, int2h, int1h) as a peer could craft them: sized by their blocks (a part one
 // byte long is read as a bad checksum, never past its buffer), scales that are NaN decoded to NaN
 // without a fault, a huge one refused before anything is allocated, and dtypes that do not exist
 // (0 is the config-only "auto") refused by name.
@@ -1184,7 +1184,8 @@ TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
   int64_t it = 5;
   for (const auto& [dtype, d] : {std::pair{proto::INT8, WireDtype::kInt8}, std::pair{proto::INT4, WireDtype::kInt4},
                                 std::pair{proto::INT3, WireDtype::kInt3}, std::pair{proto::INT2, WireDtype::kInt2},
-                                std::pair{proto::INT3H, WireDtype::kInt3H}, std::pair{proto::INT2H, WireDtype::kInt2H}}) {
+                                std::pair{proto::INT3H, WireDtype::kInt3H}, std::pair{proto::INT2H, WireDtype::kInt2H},
+                                std::pair{proto::INT1H, WireDtype::kInt1H}}) {
     SCOPED_TRACE(WireDtypeName(d));
     auto header = [dtype = dtype](int64_t at, uint64_t n) {
       proto::TensorHeader h = Crafted(at, n, 0, n);
@@ -1206,7 +1207,8 @@ TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
     long_part.Write(testing::PartFrame(header(it++, x.size()), wire + '\x01'));
     EXPECT_EQ(long_part.Ack().code(), absl::StatusCode::kDataLoss);
 
-    const size_t blocks = d == WireDtype::kInt2 || d == WireDtype::kInt2H ? 1 : 3;  // of 512 values, or of 128
+    // of 512 or 1024 values, or of 128
+    const size_t blocks = d == WireDtype::kInt2 || d == WireDtype::kInt2H || d == WireDtype::kInt1H ? 1 : 3;
     std::string nan_scales = wire;
     for (size_t b = 0; b < blocks; ++b) std::memset(&nan_scales[4 * b], 0xff, 4);  // every scale a NaN
     testing::RawPeer nans(server_->address(), "jobA");
@@ -1226,7 +1228,7 @@ TEST_F(Hostile, CraftedQuantizedPartsAndUnknownDtypes) {
     EXPECT_LT(grew, 16 << 20);
   }
 
-  for (int dtype : {0, 11, 255}) {
+  for (int dtype : {0, 12, 255}) {
     proto::TensorHeader h = Crafted(it, 10, 0, 10);
     h.set_dtype(static_cast<proto::WireDtype>(dtype));
     const absl::Status s = SendCrafted(server_->address(), h, Ramp(10));

@@ -59,7 +59,7 @@ class WireCodecCuda : public ::testing::Test {
 TEST_F(WireCodecCuda, EncodesAndDecodesAsTheCpuByteForByte) {
   const WireDtype formats[] = {WireDtype::kF32,  WireDtype::kF16,  WireDtype::kBf16, WireDtype::kInt8,
                                WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kInt3H,
-                               WireDtype::kInt2H};
+                               WireDtype::kInt2H, WireDtype::kInt1H};
   for (size_t n : {size_t{1}, size_t{3}, size_t{127}, size_t{128}, size_t{129}, size_t{515}, size_t{4133},
                    size_t{(1 << 20) + 3}}) {
     const std::vector<float> x = Values(n, static_cast<uint32_t>(n));

@@ -42,7 +42,8 @@ TEST(WireDtype, SizesAndNames) {
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt2), 257u + 4 * 3);  // four values a byte, 3 scales of 512
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt3), 385u + 4 * 9);  // 3075 bits, 9 scales of 128
   for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
-                      WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt3H, WireDtype::kInt2H}) {
+                      WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt3H, WireDtype::kInt2H,
+                      WireDtype::kInt1H}) {
     auto parsed = ParseWireDtype(WireDtypeName(d));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, d);
@@ -50,7 +51,10 @@ TEST(WireDtype, SizesAndNames) {
   }
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt3H), WireBytes(1025, WireDtype::kInt3));
   EXPECT_EQ(WireBytes(1025, WireDtype::kInt2H), WireBytes(1025, WireDtype::kInt2));
-  EXPECT_FALSE(IsWireDtype(11));
+  EXPECT_EQ(WireBytes(2049, WireDtype::kInt1H), 257u + 4 * 3);  // eight values a byte, 3 scales of 1024
+  // int1h's 1.03 bits a value: 8x fewer bytes than int8's 8.25.
+  EXPECT_EQ(WireBytes(1 << 20, WireDtype::kInt8), 8 * WireBytes(1 << 20, WireDtype::kInt1H));
+  EXPECT_FALSE(IsWireDtype(12));
   EXPECT_FALSE(IsWireDtype(0));
   auto bad = ParseWireDtype("int5");
   ASSERT_FALSE(bad.ok());
@@ -206,20 +210,48 @@ TEST(WireDtype, RotatedDtypesSpreadABlocksLargeValuesOverItsLevels) {
   }
 }
 
+// int1h sends each rotated value's sign at its block's mean magnitude: on Gaussian blocks it errs
+// by what the best two levels must (1 - 2 / pi = 0.36 of their mean square), and no more where one
+// channel in 128 is forty times the rest (the rotation spreads it: unrotated, those values alone
+// would keep nearly all their error, 0.9 of the whole); a last block shorter than a whole one
+// travels unrotated, its signs at its own mean magnitude, and a block of zeros stays zeros.
+TEST(WireDtype, Int1hKeepsEachRotatedValuesSignAtItsBlocksMeanMagnitude) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float outlier : {1.0f, 40.0f}) {
+    std::vector<float> x(32 * kInt1Block + 9);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % kScaleBlock == 7 ? outlier : 1.0f);
+    const std::vector<float> y = Through(x, WireDtype::kInt1H);
+    const size_t whole = x.size() - 9;
+    double err = 0, power = 0;
+    for (size_t i = 0; i < whole; ++i) err += (y[i] - x[i]) * (y[i] - x[i]), power += x[i] * x[i];
+    std::cout << "int1h, one channel in 128 x" << outlier << ": " << err / power << " of the values' mean square\n";
+    if (outlier == 1.0f) EXPECT_NEAR(err / power, 1 - 2 / M_PI, 0.01);
+    EXPECT_LT(err / power, 1 - 2 / M_PI + 0.01);
+    double tail = 0;
+    for (size_t i = whole; i < x.size(); ++i) tail += std::fabs(x[i]);
+    tail /= 9;
+    for (size_t i = whole; i < x.size(); ++i) EXPECT_FLOAT_EQ(y[i], x[i] >= 0 ? tail : -tail) << i;
+  }
+  const std::vector<float> zeros(kInt1Block + 3, 0.0f);
+  EXPECT_EQ(Through(zeros, WireDtype::kInt1H), zeros);
+}
+
 TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
   for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kInt3H,
-                      WireDtype::kInt2H}) {
+                      WireDtype::kInt2H, WireDtype::kInt1H}) {
     SCOPED_TRACE(WireDtypeName(d));
-    const bool rms = d == WireDtype::kInt2 || d == WireDtype::kInt2H;
-    const bool rotated = d == WireDtype::kInt3H || d == WireDtype::kInt2H;
-    const size_t block = rms ? kInt2Block : kScaleBlock;
+    // int2's levels are halves of its blocks' root mean square, int1h's its mean magnitude
+    const bool rms = d == WireDtype::kInt2 || d == WireDtype::kInt2H || d == WireDtype::kInt1H;
+    const bool rotated = d == WireDtype::kInt3H || d == WireDtype::kInt2H || d == WireDtype::kInt1H;
+    const size_t block = d == WireDtype::kInt1H ? kInt1Block : rms ? kInt2Block : kScaleBlock;
     std::vector<float> x(block + 172, 0.0f);
     EXPECT_EQ(Through(x, d), x);
     x[5] = std::numeric_limits<float>::infinity();
     x[block + 72] = 1.5f;
     const std::vector<float> y = Through(x, d);
     for (size_t i = 0; i < block; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;  // the step sees a NaN norm
-    if (!rms) {  // int2's levels are halves of its blocks' root mean square
+    if (!rms) {
       EXPECT_NEAR(y[block + 72], 1.5f, rotated ? 1e-5f : 0.0f);  // rotated: back through the butterflies
     }
     EXPECT_GT(y[block + 72], 0.0f);
@@ -238,7 +270,7 @@ TEST(WireDtype, RoundThroughWireIsEncodeThenDecode) {
     const std::vector<float> x = Wavy(n);
     for (WireDtype d : {WireDtype::kF32, WireDtype::kF16, WireDtype::kBf16, WireDtype::kInt8, WireDtype::kInt4,
                         WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK, WireDtype::kInt3H,
-                        WireDtype::kInt2H}) {
+                        WireDtype::kInt2H, WireDtype::kInt1H}) {
       std::vector<float> own = x, other(n, -1.0f);
       RoundThroughWire(own.data(), own.data(), n, d);
       EXPECT_EQ(own, Through(x, d)) << WireDtypeName(d) << ", in place, " << n;
@@ -295,7 +327,7 @@ TEST(WireDtype, TopKDecodesAnyBytesWithinTheTensor) {
 
 TEST(WireDtype, ParametersNeverTravelQuantized) {
   for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kTopK,
-                      WireDtype::kInt3H, WireDtype::kInt2H}) {
+                      WireDtype::kInt3H, WireDtype::kInt2H, WireDtype::kInt1H}) {
     EXPECT_EQ(WireDtypeFor(d, proto::PARAMS), WireDtype::kBf16);
     for (int kind : {proto::ACTIVATION, proto::GRADIENT, proto::GRAD_PUSH}) EXPECT_EQ(WireDtypeFor(d, kind), d);
   }
