@@ -161,17 +161,15 @@ struct Rms {
   }
   LH_HOST_DEVICE static float Value(uint32_t bits, float scale) { return Int2Value(bits, scale); }
 };
-// int1h (each value's sign, at the block's mean magnitude: of two levels ±s, s = mean |x| leaves
-// a block the least squared error): 1 where x >= 0; stochastically, 1 with probability
-// (x / s + 1) / 2 within [-s, s]. A block of zeros (scale 0) decodes to zeros, a NaN scale's to
-// NaN.
+// int1h (each value's sign at the block's root mean square s, so a decoded block keeps its norm):
+// 1 where x >= 0; stochastically, 1 with probability (x / s + 1) / 2 within [-s, s]. A block of
+// zeros (scale 0) decodes to zeros, a NaN scale's to NaN. Behind error feedback the norm matters
+// more than the squared error: the error-optimal s = mean |x| shrinks every round's step to 2 / pi
+// of it along the block, and the convergence bench pays for that lag (docs/benchmarks.md).
 struct Sign {
   static constexpr int kBits = 1;
   static constexpr size_t kBlock = kInt1Block;
-  LH_HOST_DEVICE static float Scale(const float* x, size_t m) {
-    const double sum = LaneSum(x, m, [](double d) { return d < 0 ? -d : d; });
-    return Finite(sum) ? static_cast<float>(sum / static_cast<double>(m)) : NAN;
-  }
+  LH_HOST_DEVICE static float Scale(const float* x, size_t m) { return Int2Scale(x, m); }
   LH_HOST_DEVICE static uint32_t Bits(float x, float scale, const StochasticRounding* sr, size_t i) {
     if (!sr) return x >= 0 ? 1u : 0u;
     return static_cast<uint32_t>(Clamp(StochasticLevel((x / scale + 1.0f) * 0.5f, *sr, i), 0.0f, 1.0f));

@@ -210,12 +210,13 @@ TEST(WireDtype, RotatedDtypesSpreadABlocksLargeValuesOverItsLevels) {
   }
 }
 
-// int1h sends each rotated value's sign at its block's mean magnitude: on Gaussian blocks it errs
-// by what the best two levels must (1 - 2 / pi = 0.36 of their mean square), and no more where one
+// int1h sends each rotated value's sign at its block's root mean square: every whole block
+// decodes to the norm it had (the rotation keeps norms), with the error two levels at that scale
+// make of Gaussian blocks (2 - 2 sqrt(2 / pi) = 0.40 of their mean square), and no more where one
 // channel in 128 is forty times the rest (the rotation spreads it: unrotated, those values alone
 // would keep nearly all their error, 0.9 of the whole); a last block shorter than a whole one
-// travels unrotated, its signs at its own mean magnitude, and a block of zeros stays zeros.
-TEST(WireDtype, Int1hKeepsEachRotatedValuesSignAtItsBlocksMeanMagnitude) {
+// travels unrotated, its signs at its own root mean square, and a block of zeros stays zeros.
+TEST(WireDtype, Int1hKeepsEachRotatedValuesSignAndItsBlocksNorm) {
   std::mt19937 rng(12);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float outlier : {1.0f, 40.0f}) {
@@ -224,13 +225,21 @@ TEST(WireDtype, Int1hKeepsEachRotatedValuesSignAtItsBlocksMeanMagnitude) {
     const std::vector<float> y = Through(x, WireDtype::kInt1H);
     const size_t whole = x.size() - 9;
     double err = 0, power = 0;
-    for (size_t i = 0; i < whole; ++i) err += (y[i] - x[i]) * (y[i] - x[i]), power += x[i] * x[i];
+    for (size_t lo = 0; lo < whole; lo += kInt1Block) {
+      double block = 0, decoded = 0;
+      for (size_t i = lo; i < lo + kInt1Block; ++i) {
+        err += (y[i] - x[i]) * (y[i] - x[i]), block += x[i] * x[i], decoded += y[i] * y[i];
+      }
+      EXPECT_NEAR(decoded / block, 1.0, 1e-4) << "block at " << lo;
+      power += block;
+    }
     std::cout << "int1h, one channel in 128 x" << outlier << ": " << err / power << " of the values' mean square\n";
-    if (outlier == 1.0f) EXPECT_NEAR(err / power, 1 - 2 / M_PI, 0.01);
-    EXPECT_LT(err / power, 1 - 2 / M_PI + 0.01);
+    const double gaussian = 2 - 2 * std::sqrt(2 / M_PI);
+    if (outlier == 1.0f) EXPECT_NEAR(err / power, gaussian, 0.01);
+    EXPECT_LT(err / power, gaussian + 0.01);
     double tail = 0;
-    for (size_t i = whole; i < x.size(); ++i) tail += std::fabs(x[i]);
-    tail /= 9;
+    for (size_t i = whole; i < x.size(); ++i) tail += x[i] * x[i];
+    tail = std::sqrt(tail / 9);
     for (size_t i = whole; i < x.size(); ++i) EXPECT_FLOAT_EQ(y[i], x[i] >= 0 ? tail : -tail) << i;
   }
   const std::vector<float> zeros(kInt1Block + 3, 0.0f);
@@ -241,7 +250,7 @@ TEST(WireDtype, ZerosStayZerosAndANonFiniteValuePoisonsItsBlockOnly) {
   for (WireDtype d : {WireDtype::kInt8, WireDtype::kInt4, WireDtype::kInt3, WireDtype::kInt2, WireDtype::kInt3H,
                       WireDtype::kInt2H, WireDtype::kInt1H}) {
     SCOPED_TRACE(WireDtypeName(d));
-    // int2's levels are halves of its blocks' root mean square, int1h's its mean magnitude
+    // int2's levels are halves of its blocks' root mean square, int1h's that root mean square
     const bool rms = d == WireDtype::kInt2 || d == WireDtype::kInt2H || d == WireDtype::kInt1H;
     const bool rotated = d == WireDtype::kInt3H || d == WireDtype::kInt2H || d == WireDtype::kInt1H;
     const size_t block = d == WireDtype::kInt1H ? kInt1Block : rms ? kInt2Block : kScaleBlock;
