@@ -44,8 +44,8 @@ __global__ void QuantizedScales(const float* in, size_t n, float* scales) {
   if (lane == 0) scales[b] = wire::QuantizedScale<kBits>(most, finite);
 }
 
-// int2 and int1h: one thread per block, its sum (of squares, of magnitudes) in the CPU's order, so
-// the scale is its bits too.
+// int2 and int1h (root mean squares): one thread per block, its sum of squares in the CPU's order,
+// so the scale is its bits too.
 template <class F>
 __global__ void SummedScales(const float* in, size_t n, float* scales) {
   const size_t b = Index();

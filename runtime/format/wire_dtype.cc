@@ -33,13 +33,13 @@ void PackCodes(uint8_t* codes, size_t m, uint8_t* out) {
   }
 }
 
-// Blocks are independent and each one's packed values whole bytes, so the cores share a large tensor's blocks: a push of a stage's shards (a
-// GPT-3 XL stage's are 100M values and more) is encoded on the thread that computes, which waits
-// for it. A boundary tensor's part (a MiB on the wire, 4M values at most) stays on its connection's
-// thread alone, beside the compute.
+// Blocks are independent and each one's packed values whole bytes, so the cores share a large
+// tensor's blocks: a push of a stage's shards (a GPT-3 XL stage's are 100M values and more) is
+// encoded on the thread that computes, which waits for it. A boundary tensor's part (a MiB on the
+// wire, 4M values at most) stays on its connection's thread alone, beside the compute.
 constexpr size_t kParallelValues = size_t{1} << 23;
 
-// What a block of m values (of kN-value blocks) quantizes: in int3h and int2h (kRotated) a whole
+// What a block of m values (of kN-value blocks) quantizes: in the rotated dtypes (kRotated) a whole
 // block rotated into `rotated`, else the values themselves.
 template <size_t kN, bool kRotated>
 const float* BlockValues(const float* block, size_t m, float* rotated) {

@@ -40,8 +40,8 @@
 // them convergence, and the outer exchange int2h better than int2 (docs/benchmarks.md).
 //
 // int1h: blocks of kInt1Block values rotated as int2h's (a shorter last block unrotated), each
-// its fp32 scale (the mean magnitude of its rotated values), then every rotated value's sign as
-// one bit, eight per byte (the earliest in the lowest bit), 1 decoding to +scale and 0 to -scale.
+// its fp32 scale (the root mean square of its rotated values), then every rotated value's sign
+// as one bit, eight per byte (the earliest in the lowest bit), 1 decoding to +scale and 0 to -scale.
 // 1.03 bits a value: 8x fewer bytes than int8, 31x fewer than fp32. Like topk it is for the
 // data-parallel exchange only, whose error feedback sends a round's error in the next; a pipeline
 // boundary's tensors cannot lose that much.
