@@ -29,7 +29,7 @@ using Int1 = wire::Sign;
 template <int kBits>
 __global__ void QuantizedScales(const float* in, size_t n, float* scales) {
   const size_t b = Index() / 32;
-  if (b >= wire::Blocks(n)) return;  // the whole warp: b is the warp's
+  if (b >= wire::BlockCount<kScaleBlock>(n)) return;  // the whole warp: b is the warp's
   const int lane = threadIdx.x % 32;
   const size_t lo = b * kScaleBlock, hi = min(n, lo + kScaleBlock);
   float most = 0;
@@ -49,7 +49,7 @@ __global__ void QuantizedScales(const float* in, size_t n, float* scales) {
 template <class F>
 __global__ void SummedScales(const float* in, size_t n, float* scales) {
   const size_t b = Index();
-  if (b >= (n + F::kBlock - 1) / F::kBlock) return;
+  if (b >= wire::BlockCount<F::kBlock>(n)) return;
   const size_t lo = b * F::kBlock;
   scales[b] = F::Scale(in + lo, min(n - lo, F::kBlock));
 }
@@ -118,7 +118,7 @@ __global__ void RotateBlocksBack(float* x, size_t n) {
 // The scales (fp32, one per block), then the packed values (wire_dtype.h).
 template <class F>
 void Encode(cudaStream_t s, const float* in, size_t n, void* out, const StochasticRounding* sr) {
-  const size_t blocks = (n + F::kBlock - 1) / F::kBlock;
+  const size_t blocks = wire::BlockCount<F::kBlock>(n);
   auto* scales = static_cast<float*>(out);
   auto* values = static_cast<uint8_t*>(out) + 4 * blocks;
   if constexpr (std::is_same_v<F, Int2> || std::is_same_v<F, Int1>) {
@@ -132,7 +132,7 @@ void Encode(cudaStream_t s, const float* in, size_t n, void* out, const Stochast
 
 template <class F>
 void Decode(cudaStream_t s, const void* in, size_t n, float* out) {
-  const size_t blocks = (n + F::kBlock - 1) / F::kBlock;
+  const size_t blocks = wire::BlockCount<F::kBlock>(n);
   UnpackValues<F><<<Grid(n), kThreads, 0, s>>>(static_cast<const float*>(in),
                                                static_cast<const uint8_t*>(in) + 4 * blocks, n, out);
 }
@@ -142,7 +142,7 @@ template <class F>
 absl::Status EncodeRotated(cudaStream_t s, const float* in, size_t n, void* out, const StochasticRounding* sr) {
   float* rotated = nullptr;
   LH_RETURN_IF_ERROR(Check(cudaMallocAsync(&rotated, 4 * n, s), "EncodeWire"));
-  RotateBlocks<F::kBlock><<<Grid((n + F::kBlock - 1) / F::kBlock), kThreads, 0, s>>>(in, n, rotated);
+  RotateBlocks<F::kBlock><<<Grid(wire::BlockCount<F::kBlock>(n)), kThreads, 0, s>>>(in, n, rotated);
   Encode<F>(s, rotated, n, out, sr);
   return Check(cudaFreeAsync(rotated, s), "EncodeWire");
 }

@@ -15,9 +15,8 @@ namespace longhaul {
 
 namespace {
 
-using wire::Blocks;
+using wire::BlockCount;
 using wire::GetBits;
-using wire::Int2Blocks;
 using wire::PackedBytes;
 
 // m codes of kBits bits (codes holds room for m rounded up to 8) packed from the lowest bit of
@@ -66,7 +65,7 @@ void RotateBack(float* block, size_t m) {
 template <class F, bool kRotated>
 void EncodeBlocks(const float* in, size_t n, void* out, const StochasticRounding* sr) {
   auto* scales = static_cast<uint8_t*>(out);  // may be unaligned: a part's encoding sits at any byte
-  const size_t count = (n + F::kBlock - 1) / F::kBlock;
+  const size_t count = BlockCount<F::kBlock>(n);
   auto* values = static_cast<uint8_t*>(out) + 4 * count;
   const long blocks = static_cast<long>(count);
 #pragma omp parallel for schedule(static) if (n > kParallelValues)
@@ -97,7 +96,7 @@ void EncodeBlocks(const float* in, size_t n, void* out, const StochasticRounding
 template <class F, bool kRotated>
 void DecodeBlocks(const void* in, size_t n, float* out) {
   const auto* scales = static_cast<const uint8_t*>(in);
-  const size_t count = (n + F::kBlock - 1) / F::kBlock;
+  const size_t count = BlockCount<F::kBlock>(n);
   const auto* values = static_cast<const uint8_t*>(in) + 4 * count;
   const long blocks = static_cast<long>(count);
 #pragma omp parallel for schedule(static) if (n > kParallelValues)
@@ -168,14 +167,14 @@ size_t WireBytes(size_t n, WireDtype d) {
     case WireDtype::kF32: return 4 * n;
     case WireDtype::kF16:
     case WireDtype::kBf16: return 2 * n;
-    case WireDtype::kInt8: return PackedBytes<8>(n) + 4 * Blocks(n);
-    case WireDtype::kInt4: return PackedBytes<4>(n) + 4 * Blocks(n);
+    case WireDtype::kInt8: return PackedBytes<8>(n) + 4 * BlockCount<kScaleBlock>(n);
+    case WireDtype::kInt4: return PackedBytes<4>(n) + 4 * BlockCount<kScaleBlock>(n);
     case WireDtype::kInt3:
-    case WireDtype::kInt3H: return PackedBytes<3>(n) + 4 * Blocks(n);
+    case WireDtype::kInt3H: return PackedBytes<3>(n) + 4 * BlockCount<kScaleBlock>(n);
     case WireDtype::kTopK: return 4 * (n / kWirePiece * TopKKept(kWirePiece) + TopKKept(n % kWirePiece));
     case WireDtype::kInt2:
-    case WireDtype::kInt2H: return PackedBytes<2>(n) + 4 * Int2Blocks(n);
-    case WireDtype::kInt1H: return PackedBytes<1>(n) + 4 * ((n + kInt1Block - 1) / kInt1Block);
+    case WireDtype::kInt2H: return PackedBytes<2>(n) + 4 * BlockCount<kInt2Block>(n);
+    case WireDtype::kInt1H: return PackedBytes<1>(n) + 4 * BlockCount<kInt1Block>(n);
   }
   return 4 * n;
 }

@@ -21,8 +21,11 @@
 
 namespace longhaul::wire {
 
-LH_HOST_DEVICE inline size_t Blocks(size_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
-LH_HOST_DEVICE inline size_t Int2Blocks(size_t n) { return (n + kInt2Block - 1) / kInt2Block; }
+// The blocks of kBlock values that n values make, a shorter last one included.
+template <size_t kBlock>
+LH_HOST_DEVICE inline size_t BlockCount(size_t n) {
+  return (n + kBlock - 1) / kBlock;
+}
 template <int kBits>
 LH_HOST_DEVICE inline size_t PackedBytes(size_t n) {
   return (kBits * n + 7) / 8;

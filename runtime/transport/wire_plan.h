@@ -104,7 +104,8 @@ WirePlan WiresOf(const proto::Plan& plan);
 // dtypes and shards set) at its link's dtype; `micro_batches` is train.micro_batches.
 void FixStreamWires(const std::vector<std::vector<int>>& at, int micro_batches, proto::Plan& plan);
 // (stage, job replica) of every push stream of `plan` that carries error feedback: the replica's
-// worker pushes a shard of its stage in a lossy dtype (IsLossy). Their residuals are part of a checkpoint.
+// worker pushes a shard of its stage in a lossy dtype (IsLossy). Their residuals are part of a
+// checkpoint.
 std::set<std::pair<int, int>> FeedbackStreams(const proto::Plan& plan, const JobConfig& cfg);
 
 }  // namespace longhaul
