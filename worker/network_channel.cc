@@ -215,8 +215,15 @@ absl::Status NetworkChannel::Pull(int64_t it, Stage& stage, double* waited, size
         // shard's host added it.
         pulled_[begin + i] = as_change ? before + p[i] : p[i];
         // A landing adds what the stage stepped since its push: where it is, less where it was
-        // then (the parameters as pulled before, less the change it pushed).
-        p[i] = land ? pulled_[begin + i] + (now[begin + i] - (before - change_[begin + i])) : pulled_[begin + i];
+        // then (the parameters as pulled before, less the change it pushed); or mixes where it is
+        // with the new parameters.
+        if (!land) {
+          p[i] = pulled_[begin + i];
+        } else if (land_mix_ > 0) {
+          p[i] = land_mix_ * now[begin + i] + (1 - land_mix_) * pulled_[begin + i];
+        } else {
+          p[i] = pulled_[begin + i] + (now[begin + i] - (before - change_[begin + i]));
+        }
       }
     }
     LH_RETURN_IF_ERROR(stage.SetParams(begin, p.data(), p.size()));

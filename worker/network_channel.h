@@ -40,6 +40,9 @@ class NetworkChannel final : public Channel {
   // arrive as their change since the last one, added to the parameters as last pulled, except
   // where `whole(it)` says they travel whole.
   void PullChanges(std::function<bool(int64_t it)> whole) { whole_ = std::move(whole); }
+  // An overlapped exchange lands as `own` x the stage's parameters + (1 - own) x the new ones
+  // (train.overlap_mix); 0: as the new ones plus what the stage stepped since its push.
+  void MixLandings(float own) { land_mix_ = own; }
 
   absl::StatusOr<std::vector<float>> Receive(proto::TensorKind kind, int64_t it, int micro, double* waited) override;
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
@@ -113,6 +116,7 @@ class NetworkChannel final : public Channel {
   // push, the change pushed).
   std::vector<float> pulled_, change_;
   std::function<bool(int64_t)> whole_;  // PullChanges'; empty: parameters always arrive whole
+  float land_mix_ = 0;                  // MixLandings'
   // [group]: the gradients of a group before the last, pushed from here until Flush (the stage's
   // own start over for the next group).
   std::vector<std::vector<float>> group_grads_;

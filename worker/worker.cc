@@ -652,6 +652,7 @@ void Worker::BuildExchange() {
   channel_ = std::make_unique<NetworkChannel>(s_, r_, groups, StageShards(), NormHosts(plan_), stage().layout(),
                                               mailbox_, *peers_, timeline_);
   if (LocalUpdates()) channel_->PushChanges();
+  channel_->MixLandings(tc.overlap_mix);
   const WirePlan wires = WiresOf(plan_);
   // Over a lossy exchange, an exchange's parameters travel as their change (wire_plan.h).
   auto whole = [wires, start = plan_.start_iteration()](int64_t it) { return ParamsTravelWhole(wires, it, start); };

@@ -293,6 +293,7 @@ const std::vector<KeyDef>& Table() {
       Value("train", "overlap_outer", R::kMustMatch, LH_FIELD(train.overlap_outer)),
       Value("train", "overlap_steps", R::kMustMatch, LH_FIELD(train.overlap_steps),
             AtLeast(2, "the hosts step in the iteration after the push, and it lands after that")),
+      Value("train", "overlap_mix", R::kMustMatch, LH_FIELD(train.overlap_mix), Fraction()),
 
       Value("cluster", "job_id", R::kFree, LH_FIELD(cluster.job_id)),
       // A stage reads its tensors from a checkpoint by name (CheckpointPieces): the cut may change.
@@ -442,6 +443,11 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                "needs train.local_steps >= %d",
                                t.local_steps, t.overlap_steps, t.overlap_steps + 1));
   }
+  if (!t.overlap_outer && t.overlap_mix != 0) {
+    return bad(absl::StrFormat("train.overlap_mix = %g with train.overlap_outer = false: it says how an overlapped "
+                               "exchange lands; set train.overlap_outer = true, or leave it out",
+                               t.overlap_mix));
+  }
   if (!t.overlap_outer && t.overlap_steps != 2) {
     return bad(absl::StrFormat("train.overlap_steps = %d with train.overlap_outer = false: it says how long an "
                                "overlapped exchange travels; set train.overlap_outer = true, or leave it out",
@@ -565,7 +571,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
     const std::set<std::string> names = {"train.local_steps",        "train.outer_lr",       "train.outer_momentum",
-                                         "train.overlap_outer",      "train.overlap_steps",  "transport.wire_dtype",
+                                         "train.overlap_outer",      "train.overlap_steps",  "train.overlap_mix",    "transport.wire_dtype",
                                          "transport.exchange_dtype", "transport.gradient_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())

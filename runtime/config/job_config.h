@@ -74,6 +74,11 @@ struct TrainConfig {
   // the round allows, for a staler outer step.
   bool overlap_outer = false;
   int overlap_steps = 2;
+  // How an overlapped exchange lands. 0: each worker takes the new parameters plus what it stepped
+  // since its push. A fraction a in (0, 1): a x its own parameters + (1 - a) x the new ones
+  // (Streaming DiLoCo's merge), which keeps less of the steps taken on parameters the other
+  // replicas never saw: the convergence bench says which pays at which overlap_steps.
+  float overlap_mix = 0;
   // Whether iteration `it` of a run that ends before iteration `end` exchanges with the parameter
   // servers: every one when synchronous, else every local_steps-th and the run's last, so a run
   // never ends (or checkpoints) with the replicas apart.

@@ -541,6 +541,27 @@ TEST(Cluster, AnExchangeOverlappedThreeStepsLandsThreeIterationsLater) {
   ExpectResumeBitwise(full, split, sets, "8");
 }
 
+// train.overlap_mix = 0.5: an overlapped exchange lands as half each worker's own parameters and
+// half the new ones, not as the new ones plus its steps since the push: the losses match the
+// carried landing's up to it and part after it, and a resume from the checkpoint is bitwise.
+TEST(Cluster, AMixedLandingPartsFromTheCarriedOneAndResumesBitwise) {
+  const std::vector<std::string> carried = {"cluster.stages=1",         "cluster.replicas=2",
+                                            "train.local_steps=4",      "train.overlap_outer=true",
+                                            "train.overlap_steps=3",    "train.steps=16",
+                                            "train.checkpoint_every=8", "train.eval_every=4"};
+  std::vector<std::string> mixed = carried;
+  mixed.push_back("train.overlap_mix=0.5");
+  const fs::path carry = Dir("mix_carried"), full = Dir("mix_full"), split = Dir("mix_split");
+  ASSERT_EQ(Longhaul("local", carry, carried), 0) << Log(carry);
+  ASSERT_EQ(Longhaul("local", full, mixed), 0) << Log(full);
+  const std::vector<MetricsRow> a = Metrics(carry), b = Metrics(full);
+  ASSERT_EQ(b.size(), a.size());
+  ASSERT_GE(a.size(), 8u);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1 << ", before the first landing";
+  EXPECT_NE(a[7].loss, b[7].loss) << "step 8 trains on what landed after step 7";
+  ExpectResumeBitwise(full, split, mixed, "8");
+}
+
 // cluster.communication = "auto" over links of 10 ms (the scenario's, through the userspace
 // proxy): the coordinator prices each setting of a penalties file on the workers' measured compute
 // and those links and runs the one fastest to the same loss, here local steps (each exchange of

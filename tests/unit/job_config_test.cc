@@ -122,6 +122,8 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
                                    "which needs train.local_steps >= 3"},
       {"train.overlap_steps=3", "train.overlap_steps = 3 with train.overlap_outer = false: it says how long"},
       {"train.overlap_steps=1", "train.overlap_steps = 1: must be >= 2"},
+      {"train.overlap_mix=0.5", "train.overlap_mix = 0.5 with train.overlap_outer = false: it says how an overlapped"},
+      {"train.overlap_mix=1", "train.overlap_mix = 1: must be in [0, 1)"},
   };
   // Checkpoints are where the replicas exchange.
   EXPECT_NE(Error("", {"train.local_steps=4", "train.checkpoint_every=10"})
