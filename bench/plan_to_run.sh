@@ -37,9 +37,7 @@ done
 python3 - "$out" "${scenarios[@]}" <<'PY'
 import json, re, sys, tomllib
 out, scenarios = sys.argv[1], sys.argv[2:]
-print(f"{'scenario':<22}{'setting (best by time to the same loss)':<50}{'layout':<16}{'plan s/it':>10}"
-      f"{'measured':>10}{'plan/meas':>11}{'coordinator/meas':>18}")
-inside = 0
+rows = []
 for sc in scenarios:
     head = open(f"{out}/{sc}/planned.toml").read()
     setting = re.search(r"best setting by time to the same loss: (.*), with", head).group(1)
@@ -48,10 +46,15 @@ for sc in scenarios:
     layout = (f"{t['cluster']['stages']}x{t['cluster']['replicas']} {t['train']['micro_batches']}x"
               f"{t['train']['micro_batch_size']}")
     s = json.load(open(f"{out}/{sc}/run/summary.json"))
-    meas, coord = s["iteration_seconds"], s["predicted_iteration_seconds"]
+    rows.append((sc, setting, layout, planned, s["iteration_seconds"], s["predicted_iteration_seconds"]))
+w = max([len("setting (best by time to the same loss)")] + [len(r[1]) for r in rows]) + 2
+print(f"{'scenario':<22}{'setting (best by time to the same loss)':<{w}}{'layout':<16}{'plan s/it':>10}"
+      f"{'measured':>10}{'plan/meas':>11}{'coordinator/meas':>18}")
+inside = 0
+for sc, setting, layout, planned, meas, coord in rows:
     ok = abs(planned / meas - 1) <= 0.10
     inside += ok
-    print(f"{sc:<22}{setting:<50}{layout:<16}{planned:>10.4f}{meas:>10.4f}{planned / meas:>11.3f}"
+    print(f"{sc:<22}{setting:<{w}}{layout:<16}{planned:>10.4f}{meas:>10.4f}{planned / meas:>11.3f}"
           f"{coord / meas:>18.3f}{'' if ok else '  (outside 10%)'}")
 print(f"{inside} of {len(scenarios)} plans within 10% of the run they wrote; runs, plans and logs: {out}")
 PY
