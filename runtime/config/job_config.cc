@@ -443,15 +443,17 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
                                "needs train.local_steps >= %d",
                                t.local_steps, t.overlap_steps, t.overlap_steps + 1));
   }
+  // The keys that say how an overlapped exchange goes, set where none is.
+  auto without_overlap = [&](const std::string& setting, const char* says) {
+    return bad(absl::StrCat(setting, " with train.overlap_outer = false: it says ", says,
+                            "; set train.overlap_outer = true, or leave it out"));
+  };
   if (!t.overlap_outer && t.overlap_mix != 0) {
-    return bad(absl::StrFormat("train.overlap_mix = %g with train.overlap_outer = false: it says how an overlapped "
-                               "exchange lands; set train.overlap_outer = true, or leave it out",
-                               t.overlap_mix));
+    return without_overlap(absl::StrFormat("train.overlap_mix = %g", t.overlap_mix), "how an overlapped exchange lands");
   }
   if (!t.overlap_outer && t.overlap_steps != 2) {
-    return bad(absl::StrFormat("train.overlap_steps = %d with train.overlap_outer = false: it says how long an "
-                               "overlapped exchange travels; set train.overlap_outer = true, or leave it out",
-                               t.overlap_steps));
+    return without_overlap(absl::StrFormat("train.overlap_steps = %d", t.overlap_steps),
+                           "how long an overlapped exchange travels");
   }
   // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
   if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
@@ -570,9 +572,11 @@ const std::vector<ConfigKey>& ConfigKeys() {
 
 const std::vector<ConfigKey>& CommunicationKeys() {
   static const std::vector<ConfigKey>* keys = [] {
-    const std::set<std::string> names = {"train.local_steps",        "train.outer_lr",       "train.outer_momentum",
-                                         "train.overlap_outer",      "train.overlap_steps",  "train.overlap_mix",    "transport.wire_dtype",
-                                         "transport.exchange_dtype", "transport.gradient_dtype"};
+    const std::set<std::string> names = {"train.local_steps",       "train.outer_lr",
+                                         "train.outer_momentum",    "train.overlap_outer",
+                                         "train.overlap_steps",     "train.overlap_mix",
+                                         "transport.wire_dtype",    "transport.exchange_dtype",
+                                         "transport.gradient_dtype"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);
