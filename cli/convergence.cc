@@ -160,6 +160,17 @@ absl::StatusOr<double> EmulatedIterationSeconds(const JobConfig& cfg, const Devi
   return report->iteration_s;
 }
 
+// How many times fewer bytes than fp32 a micro-batch's pipeline boundary sends, its activations
+// and their gradients together, as its wire dtypes and ranks have it; "-" without a boundary.
+std::string BoundaryShrink(const JobConfig& cfg) {
+  if (cfg.cluster.stages < 2) return "-";
+  const WireDtype act = cfg.transport.wire_dtype == WireDtype::kAuto ? cfg.FastWire() : cfg.transport.wire_dtype;
+  const WireDtype grad = cfg.transport.gradient_dtype == WireDtype::kAuto ? act : cfg.transport.gradient_dtype;
+  const BoundaryShape a = cfg.boundary(false), g = cfg.boundary(true);
+  const double fp32 = 2.0 * 4 * static_cast<double>(a.floats());
+  return absl::StrFormat("%.1fx", fp32 / static_cast<double>(WireBytes(a.sent(), act) + WireBytes(g.sent(), grad)));
+}
+
 // One run of a setting: its validation curve (x: tokens) and its config.
 struct Run {
   std::vector<LossPoint> val;
@@ -303,10 +314,11 @@ void PrintTables(const std::vector<SettingRuns>& all, const std::vector<SettingP
       "evaluations; mean over seeds, range in brackets); a seed that ends short of it: %s / the exact path's tokens to "
       "its final loss - 1; one above the exact path's first evaluation: the final gap, not choosable.\n"
       "Time to target = those tokens' steps x the emulated s/it; x exact = that / the exact path's whole run "
-      "(%.2f s).\n",
+      "(%.2f s). Boundary: how many times fewer bytes than fp32 a pipeline boundary sends (activations and "
+      "gradients).\n",
       Compact(tokens), Compact(tokens), exact_time);
-  std::cout << absl::StrFormat("%-20s %-17s %7s %-28s %9s %10s %8s\n", "setting", "final val loss", "spread",
-                               "penalty (range)", "emul s/it", "to target", "x exact");
+  std::cout << absl::StrFormat("%-20s %-17s %7s %-28s %9s %10s %8s %9s\n", "setting", "final val loss", "spread",
+                               "penalty (range)", "emul s/it", "to target", "x exact", "boundary");
   for (size_t i = 0; i < all.size(); ++i) {
     const SettingPenalty& p = penalties[i];
     std::vector<std::string> finals;
@@ -319,8 +331,8 @@ void PrintTables(const std::vector<SettingRuns>& all, const std::vector<SettingP
     } else {
       penalty = absl::StrFormat("final gap %+.4f: none", p.final_gap);
     }
-    std::cout << absl::StrFormat("%-20s %-17s %7.4f %-28s %9.4f %10s %8s\n", p.name, absl::StrJoin(finals, " "),
-                                 p.final_spread, penalty, p.iteration_s, time, ratio);
+    std::cout << absl::StrFormat("%-20s %-17s %7.4f %-28s %9.4f %10s %8s %9s\n", p.name, absl::StrJoin(finals, " "),
+                                 p.final_spread, penalty, p.iteration_s, time, ratio, BoundaryShrink(all[i].cfg));
   }
   // Each seed has validation windows of its own, so the seeds' final losses differ by more than
   // any setting moves them; a penalty compares each seed with the exact path's run of that seed,

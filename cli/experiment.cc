@@ -72,7 +72,8 @@ constexpr Setting kSettings[] = {
 const std::vector<std::string> kLikeTheSource = {
     "transport.wire_dtype=\"fp32\"",    "transport.exchange_dtype=\"auto\"", "transport.gradient_dtype=\"auto\"",
     "cluster.ps=\"central\"",           "cluster.overlap_exchange=false",    "train.local_steps=1",
-    "train.overlap_outer=false",        "model.subspace_divisor=1"};
+    "train.overlap_outer=false",        "model.subspace_divisor=1",          "transport.boundary_rank_divisor=1",
+    "transport.gradient_rank_divisor=0"};
 
 // With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
 // machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of
@@ -145,7 +146,7 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
   const std::string scenario_dir = fs::exists(scenarios) ? scenarios : "netem/scenarios";
   // In fp32 whatever the job's wire dtype: the source sent fp32, and the scaled rates must keep its
   // transfer-to-compute proportion, so a narrower wire shows as the gain it is.
-  const double boundary = 4.0 * static_cast<double>(cfg->boundary_floats());
+  const double boundary = 4.0 * static_cast<double>(cfg->boundary(false).kept_floats());
   std::cout << absl::StrFormat("longhaul experiment: %d stages, micro-batches of %d x %d tokens, d_model %d, %s\n"
                                "  at the pace of %s: %.1f ms per micro-batch per stage of the source's model\n",
                                cfg->cluster.stages, cfg->train.micro_batch_size, cfg->train.seq_len,

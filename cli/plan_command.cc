@@ -93,6 +93,8 @@ void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
   r.precision = cfg.train.precision;
   r.wire = cfg.transport.wire_dtype, r.fast_wire = cfg.FastWire(), r.exchange = cfg.transport.exchange_dtype;
   r.gradient = cfg.transport.gradient_dtype;
+  r.boundary_rank_divisor = cfg.transport.boundary_rank_divisor;
+  r.gradient_rank_divisor = cfg.transport.gradient_rank_divisor;
   r.local_steps = cfg.train.local_steps, r.overlap_outer = cfg.train.overlap_outer;
   r.overlap_steps = cfg.train.overlap_steps;
   r.overlap = cfg.cluster.overlap_exchange;
@@ -210,6 +212,16 @@ std::string WiresLines(const RankedLayout& c, const NetworkCost& network,
   if (c.layout.stages > 1 && m.subspace_divisor > 1) {
     absl::StrAppend(&out, "  boundaries: ", m.residual_width(), " of ", m.d_model,
                     " values a token (a subspace model, model.subspace_divisor = ", m.subspace_divisor, ")\n");
+  }
+  const Layout& L = c.layout;
+  if (L.stages > 1 && (L.boundary_rank_divisor > 1 || L.gradient_rank_divisor > 1)) {
+    auto rank = [&](bool gradient) {
+      const int divisor = RankDivisor(gradient, L.boundary_rank_divisor, L.gradient_rank_divisor);
+      return divisor > 1 ? absl::StrCat("rank ", m.residual_width() / divisor) : std::string("whole");
+    };
+    absl::StrAppend(&out, "  boundaries in low rank: activations ", rank(false), ", gradients ", rank(true), " of ",
+                    m.residual_width(), " (transport.boundary_rank_divisor = ", L.boundary_rank_divisor,
+                    ", transport.gradient_rank_divisor = ", L.gradient_rank_divisor, ")\n");
   }
   std::map<WireDtype, std::vector<std::string>> by_dtype;
   for (const auto& [pair, dtype] : wires.links) {

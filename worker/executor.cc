@@ -6,15 +6,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/hash.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
 
 Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-                   int stages, int micro_batches, int group, float weight, BoundaryShape boundary)
+                   int stages, int micro_batches, int group, float weight, BoundaryShape acts, BoundaryShape grads)
     : stage_(stage), channel_(channel), timeline_(timeline), schedule_(std::move(schedule)),
       first_(stage_index == 0), last_(stage_index == stages - 1), micro_batches_(micro_batches), group_(group),
-      weight_(weight), boundary_(boundary), grads_out_(micro_batches), acts_out_(micro_batches) {
+      weight_(weight), acts_(acts), grads_(grads), grads_out_(micro_batches), acts_out_(micro_batches) {
   // Between blocks too, a stopped version computes nothing more.
   hooks_.before_forward = [this](size_t end) {
     if (hook_status_.ok()) hook_status_ = channel_.Stopped();
@@ -76,7 +77,8 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
       LH_RETURN_IF_ERROR(FlushSends(pass));
       const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
       LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(kind, pass.it, m, &pass.result.wait_seconds));
-      (in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m] = Incoming(std::move(got));
+      const BoundaryShape& shape = in.op == Op::kRecvAct ? acts_ : grads_;
+      LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m], Incoming(shape, std::move(got)));
       return absl::OkStatus();
     }
     case Op::kForward:
@@ -138,7 +140,7 @@ absl::Status Executor::Forward(Pass& pass, int m) {
     if (on_deferred_pull_) on_deferred_pull_(pull_pending_);
     pull_pending_ = -1;
   }
-  Release(std::move(pass.inputs[m]));
+  Release(acts_, std::move(pass.inputs[m]));
   if (last_) pass.result.loss += loss / micro_batches_;
   Computed(pass, absl::StrCat("F", m), m, t0, pass.result.wait_seconds - waited_before);
   return FlushSends(pass);
@@ -158,7 +160,7 @@ absl::Status Executor::Backward(Pass& pass, int m) {
     LH_RETURN_IF_ERROR(channel_.PushGradients(pass.it, stage_, 0, m / group_));
     LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   }
-  Release(std::move(pass.grads_in[m]));
+  Release(grads_, std::move(pass.grads_in[m]));
   Computed(pass, absl::StrCat("B", m), m, t0);
   return FlushSends(pass);
 }
@@ -167,39 +169,61 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
   const int m = in.micro;
   if (in.op == Op::kSendAct) {
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
-    if (boundary_.narrowed()) {
-      Outgoing(out, acts_out_[m]);
+    if (acts_.recoded()) {
+      LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.it, m, false));
       out = acts_out_[m].data();
     }
-    channel_.Send(proto::ACTIVATION, pass.it, m, out, boundary_.sent());
+    channel_.Send(proto::ACTIVATION, pass.it, m, out, acts_.sent());
     return absl::OkStatus();
   }
   LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % stage_.slots()));
-  Outgoing(grad, grads_out_[m]);
-  channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), boundary_.sent());
+  LH_RETURN_IF_ERROR(Outgoing(grads_, grad, grads_out_[m], pass.it, m, true));
+  channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), grads_.sent());
   return absl::OkStatus();
 }
 
-void Executor::Outgoing(const float* full, std::vector<float>& out) const {
-  out.resize(boundary_.sent());
-  boundary_.Keep(full, out.data());
+// The low rank's seed stream; the coordinates after it are the tensor's.
+constexpr uint64_t kLowRankStream = 0x4c6f7752616e6b00ULL;
+
+absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, int64_t it,
+                                int m, bool gradient) {
+  out.resize(shape.sent());
+  if (!shape.low_rank()) {
+    shape.Keep(full, out.data());
+    return absl::OkStatus();
+  }
+  const float* kept = full;
+  if (shape.narrowed()) {
+    kept_.resize(shape.kept_floats());
+    shape.Keep(full, kept_.data());
+    kept = kept_.data();
+  }
+  const uint64_t seed = HashCoords({kLowRankStream, static_cast<uint64_t>(it), static_cast<uint64_t>(m), gradient});
+  return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, seed, out.data());
 }
 
-std::vector<float> Executor::Incoming(std::vector<float> sent) {
-  if (!boundary_.narrowed()) return sent;
+absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape, std::vector<float> sent) {
+  if (!shape.recoded()) return sent;
   std::vector<float> full;
   if (!widened_.empty()) {
     full = std::move(widened_.back());
     widened_.pop_back();
   }
-  full.resize(boundary_.floats());
-  boundary_.Restore(sent.data(), full.data());
+  full.resize(shape.floats());
+  if (shape.low_rank()) {
+    float* kept = full.data();
+    if (shape.narrowed()) kept_.resize(shape.kept_floats()), kept = kept_.data();
+    LH_RETURN_IF_ERROR(cpu::LowRankCodec::Decode(sent.data(), shape.rows, shape.kept, shape.rank, kept));
+    if (shape.narrowed()) shape.Restore(kept, full.data());
+  } else {
+    shape.Restore(sent.data(), full.data());
+  }
   channel_.Recycle(std::move(sent));
   return full;
 }
 
-void Executor::Release(std::vector<float> read) {
-  if (boundary_.narrowed()) {
+void Executor::Release(const BoundaryShape& shape, std::vector<float> read) {
+  if (shape.recoded()) {
     widened_.push_back(std::move(read));
   } else {
     channel_.Recycle(std::move(read));
@@ -236,18 +260,18 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
     std::vector<float> input;
     if (!first_) {
       LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
-      input = Incoming(std::move(got));
+      LH_ASSIGN_OR_RETURN(input, Incoming(acts_, std::move(got)));
     }
     LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(0, mbs[m], first_ ? nullptr : input.data()));
     LH_RETURN_IF_ERROR(TakeHookStatus());
-    if (!first_) Release(std::move(input));
+    if (!first_) Release(acts_, std::move(input));
     if (last_) {
       loss_sum += loss;
       continue;
     }
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(0));
-    Outgoing(out, outputs[m]);
-    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), boundary_.sent());
+    LH_RETURN_IF_ERROR(Outgoing(acts_, out, outputs[m], it, micro, false));
+    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), acts_.sent());
   }
   LH_RETURN_IF_ERROR(channel_.Flush(it));
   timeline_.Add("validation", Track::kCompute, t0, Timeline::NowMicros(), it, -1);

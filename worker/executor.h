@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "cpu/low_rank.h"
 #include "model/micro_batch.h"
 #include "longhaul.pb.h"
 #include "metrics/timeline.h"
@@ -85,10 +86,11 @@ class Executor {
   // by `weight` (JobConfig::MicroBatchWeight: 1 / group where every replica runs as many), sum in
   // groups of `group` (a job replica's micro-batches; micro_batches a multiple of it), each pushed on
   // its own, as the job's replica it stands for would push it. Boundary tensors are shaped as
-  // `boundary` says: a subspace model's cross a link narrowed to its kept columns. The references
-  // must outlive the executor.
+  // `acts` (activations) and `grads` (their gradients) say: a subspace model's cross a link
+  // narrowed to its kept columns, and with a rank as a low-rank product. The references must
+  // outlive the executor.
   Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
-           int stages, int micro_batches, int group, float weight, BoundaryShape boundary);
+           int stages, int micro_batches, int group, float weight, BoundaryShape acts, BoundaryShape grads);
   ~Executor();
   Executor(const Executor&) = delete;  // the stage's hooks call back into this object
   Executor& operator=(const Executor&) = delete;
@@ -150,12 +152,15 @@ class Executor {
   void Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited = 0);
   // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
   absl::Status TakeHookStatus();
-  // A boundary tensor as it leaves: `full` copied into `out` (narrowed where boundary_ says).
-  void Outgoing(const float* full, std::vector<float>& out) const;
-  // A received boundary tensor as the stage reads it (widened where boundary_ says), and its
-  // buffer given back once read: to the mailbox's pool, or a widened one to widened_.
-  std::vector<float> Incoming(std::vector<float> sent);
-  void Release(std::vector<float> read);
+  // A boundary tensor of `shape` as it leaves: `full` copied into `out`, narrowed and put in low
+  // rank where the shape says (the rank's random directions drawn from (it, m, gradient)).
+  absl::Status Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, int64_t it, int m,
+                        bool gradient);
+  // A received boundary tensor as the stage reads it (widened or multiplied out where `shape`
+  // says), and its buffer given back once read: to the mailbox's pool, or a recoded one to
+  // widened_.
+  absl::StatusOr<std::vector<float>> Incoming(const BoundaryShape& shape, std::vector<float> sent);
+  void Release(const BoundaryShape& shape, std::vector<float> read);
 
   Stage& stage_;
   Channel& channel_;
@@ -165,12 +170,14 @@ class Executor {
   const bool first_, last_;
   const int micro_batches_, group_;
   const float weight_;
-  const BoundaryShape boundary_;
+  const BoundaryShape acts_, grads_;
+  cpu::LowRankCodec low_rank_;
+  std::vector<float> kept_;  // a narrowed tensor's kept columns, on their way into or out of low rank
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
-  // and an fp32 send reads its buffer until the iteration's sends are done. Narrowed activations
+  // and an fp32 send reads its buffer until the iteration's sends are done. Recoded activations
   // wait so too; whole ones are sent from the stage's slot, which lives until their backward.
   std::vector<std::vector<float>> grads_out_, acts_out_;
-  // Widened buffers read and given back, for the next Incoming: the mailbox hands out buffers of
+  // Recoded buffers read and given back, for the next Incoming: the mailbox hands out buffers of
   // the size a link carries only, and a fresh one a micro-batch would fault its pages in anew.
   std::vector<std::vector<float>> widened_;
   // What the stage's hooks do while one of these is set (-1: nothing); a hook's failure waits in

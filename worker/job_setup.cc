@@ -86,7 +86,7 @@ MemoryEstimate WorkerMemory(const JobConfig& cfg, int stage, double ps_floats, i
   e.Add("parameter-server shards", 17 * ps_floats);  // parameters, summed gradients, AdamW m, v, decay flags
   // Received activations and gradients and the copies of sent gradients (M each, at most), the
   // pulled parameters of the whole stage, and every replica's pushed gradients for the shards hosted.
-  const double boundary = static_cast<double>(cfg.boundary().floats());  // a subspace model's widened on arrival
+  const double boundary = static_cast<double>(cfg.boundary(false).floats());  // a subspace model's widened on arrival
   const int copies = (stage > 0 ? 2 : 0) + (stage < P - 1 ? 1 : 0);
   e.Add("transport buffers",
         4 * (copies * static_cast<double>(M) * boundary + stage_floats + (D + 1) * ps_floats));

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const JobConf
   t->executor_ = std::make_unique<Executor>(*t->stage_, *t->channel_, t->timeline_,
                                             MakeSchedule(ScheduleKind::k1F1B, 1, 0, tc.micro_batches, true), 0, 1,
                                             tc.micro_batches, tc.micro_batches, 1.0f / static_cast<float>(tc.micro_batches),
-                                            cfg.boundary());
+                                            cfg.boundary(false), cfg.boundary(true));
   SamplerConfig sc{cfg.train.micro_batch_size, cfg.train.seq_len, cfg.train.seed, cfg.model.attention};
   t->train_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->train());
   t->val_sampler_ = std::make_unique<BatchSampler>(sc, t->data_->val());

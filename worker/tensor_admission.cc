@@ -18,7 +18,7 @@ namespace longhaul {
 void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
   std::map<Source, Expected> expected;
   const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg, replica), groups = GroupsPerReplica(plan, cfg);
-  const uint64_t boundary = cfg.boundary_floats();
+  const uint64_t boundary = cfg.boundary_floats(false), gradient = cfg.boundary_floats(true);
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);
   // Each micro-batch's (a push's: each group's) dtype: a fixed stream's may differ by group.
@@ -37,7 +37,7 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
   if (const int evals = cfg.train.EvalShare(plan.replicas(), replica); stage > 0 && evals > 0) {
     expect(proto::EVAL_ACTIVATION, stage - 1, replica, 0, boundary, evals);
   }
-  if (stage < P - 1) expect(proto::GRADIENT, stage + 1, replica, 0, boundary, M);
+  if (stage < P - 1) expect(proto::GRADIENT, stage + 1, replica, 0, gradient, M);
   const ParamLayout layout(cfg.model, cfg.Stage(stage));
   for (const proto::ShardPlacement& sp : plan.shards()) {
     if (sp.stage() != stage) continue;

@@ -395,7 +395,7 @@ void Worker::WarmSpareStages(const JobConfig& cfg, const std::string& config_tom
   BatchSampler sampler(sampling, data_->train());
   if (!sampler.Check("training").ok()) return;
   const MicroBatch mb = sampler.Sample(0, 0);
-  const std::vector<float> zeros(cfg.boundary().floats(), 0.0f);
+  const std::vector<float> zeros(cfg.boundary(false).floats(), 0.0f);
   for (int s = 0; s < P; ++s) {
     const absl::StatusOr<int> device = Device(cfg, s);
     // A stage that does not fit next to the ones built is left to the set-up, which names why.
@@ -819,7 +819,8 @@ void Worker::BuildExecutor() {
       stage(), *channel_, timeline_,
       MakeSchedule(cfg_.cluster.schedule, P, s_, M_, hosts,
                    LocalUpdates() ? IterationEnd::kLocalStepThenExchange : IterationEnd::kExchange),
-      s_, P, M_, M_ / GroupsPerReplica(plan_, cfg_), cfg_.MicroBatchWeight(), cfg_.boundary());
+      s_, P, M_, M_ / GroupsPerReplica(plan_, cfg_), cfg_.MicroBatchWeight(), cfg_.boundary(false),
+      cfg_.boundary(true));
   executor_->SetOverlap(cfg_.cluster.overlap_exchange);
   executor_->SetOnDeferredPull([this](int64_t it) { PulledDeferred(it); });
   if (!LocalUpdates()) return;

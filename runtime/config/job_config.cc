@@ -348,6 +348,10 @@ const std::vector<KeyDef>& Table() {
              [](const std::string& n) { return ParseWireDtype(n, "transport.exchange_dtype"); }, WireDtypeName),
       Choice("transport", "gradient_dtype", R::kMustMatch, LH_FIELD(transport.gradient_dtype),
              [](const std::string& n) { return ParseBoundaryDtype(n, "transport.gradient_dtype"); }, WireDtypeName),
+      Value("transport", "boundary_rank_divisor", R::kMustMatch, LH_FIELD(transport.boundary_rank_divisor),
+            AtLeast(1, "1: boundaries sent whole")),
+      Value("transport", "gradient_rank_divisor", R::kMustMatch, LH_FIELD(transport.gradient_rank_divisor),
+            AtLeast(0, "0: as transport.boundary_rank_divisor")),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections),
             Within(0, 64, "0: per link, from its rate x round trip")),
@@ -454,6 +458,23 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
   if (!t.overlap_outer && t.overlap_steps != 2) {
     return without_overlap(absl::StrFormat("train.overlap_steps = %d", t.overlap_steps),
                            "how long an overlapped exchange travels");
+  }
+  // A low rank must have a direction at all, and send fewer floats than the tensor it stands for.
+  for (const bool gradient : {false, true}) {
+    const bool own = gradient && c.transport.gradient_rank_divisor > 0;
+    const int divisor = RankDivisor(gradient, c.transport.boundary_rank_divisor, c.transport.gradient_rank_divisor);
+    const BoundaryShape b = c.boundary(gradient);
+    const std::string key = absl::StrFormat("transport.%s_rank_divisor = %d", own ? "gradient" : "boundary", divisor);
+    if (divisor > b.kept) {
+      return bad(absl::StrFormat("%s leaves no rank of the %d columns a boundary carries: use a divisor of at most "
+                                 "%d, or 1 to send boundaries whole",
+                                 key, b.kept, b.kept));
+    }
+    if (divisor > 1 && b.sent() >= b.kept_floats()) {
+      return bad(absl::StrFormat("%s: rank %d of a boundary's %d x %d floats sends %d floats, no fewer than the "
+                                 "tensor's %d; use a larger divisor, or 1 to send boundaries whole",
+                                 key, b.rank, b.rows, b.kept, b.sent(), b.kept_floats()));
+    }
   }
   // The tensor port's hello carries it, and a receiver reads at most this many bytes of it.
   if (c.cluster.job_id.empty() || c.cluster.job_id.size() > kMaxJobIdBytes) {
@@ -576,7 +597,8 @@ const std::vector<ConfigKey>& CommunicationKeys() {
                                          "train.outer_momentum",    "train.overlap_outer",
                                          "train.overlap_steps",     "train.overlap_mix",
                                          "transport.wire_dtype",    "transport.exchange_dtype",
-                                         "transport.gradient_dtype"};
+                                         "transport.gradient_dtype", "transport.boundary_rank_divisor",
+                                         "transport.gradient_rank_divisor"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);
@@ -622,6 +644,11 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   text << root;
   c.toml_text = text.str();
   return c;
+}
+
+BoundaryShape JobConfig::boundary(bool gradient) const {
+  return BoundaryOf(model, static_cast<size_t>(train.micro_batch_size) * train.seq_len,
+                    RankDivisor(gradient, transport.boundary_rank_divisor, transport.gradient_rank_divisor));
 }
 
 int64_t JobConfig::FirstMicroBatchOf(int replica) const {

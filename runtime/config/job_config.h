@@ -192,6 +192,11 @@ struct TransportConfig {
   // The pipeline boundaries' gradients' own dtype (every GRADIENT, whatever its link; int4, int3
   // and int2 round them stochastically); kAuto: as the activations of each link (wire_dtype).
   WireDtype gradient_dtype = WireDtype::kAuto;
+  // > 1: a pipeline boundary's activations travel as a rank-r product (cpu/low_rank.h), r = the
+  // width a link carries / boundary_rank_divisor; 1 sends them whole. gradient_rank_divisor is their
+  // gradients' own, 0: as the activations'.
+  int boundary_rank_divisor = 1;
+  int gradient_rank_divisor = 0;
   int chunk_mib = 2;
   // TCP connections per peer pair; 0: per link from its rate × round trip where the coordinator
   // knows the links (transport/link_connections.h), else 1.
@@ -231,12 +236,10 @@ struct JobConfig {
   float MicroBatchWeight() const {
     return static_cast<float>(cluster.replicas) / static_cast<float>(GlobalMicroBatches());
   }
-  // One micro-batch's tensor between stages, an activation or its gradient, and the floats of it
-  // a link carries.
-  BoundaryShape boundary() const {
-    return {static_cast<size_t>(train.micro_batch_size) * train.seq_len, model.d_model, model.residual_width()};
-  }
-  size_t boundary_floats() const { return boundary().sent(); }
+  // One micro-batch's tensor between stages, its activations or (`gradient`) their gradients, and
+  // the floats of it a link carries.
+  BoundaryShape boundary(bool gradient) const;
+  size_t boundary_floats(bool gradient) const { return boundary(gradient).sent(); }
   // Blocks of pipeline stage `stage` (cluster.stage_layers, or an even split).
   StageSpec Stage(int stage) const;
   // Blocks of every stage: cluster.stage_layers, or the even split it defaults to.

@@ -37,19 +37,44 @@ struct ModelConfig {
 // A tensor between pipeline stages, an activation or its gradient: `rows` tokens of `width`
 // floats, of which the first `kept` (ModelConfig::residual_width) cross the link; the rest are a
 // subspace model's fixed embedding, which the next stage writes itself (or, in a gradient, reach
-// nothing it trains).
+// nothing it trains). With `rank` > 0 the kept columns travel as a rank-`rank` product
+// (cpu/low_rank.h).
 struct BoundaryShape {
   size_t rows = 0;
-  int width = 0, kept = 0;
+  int width = 0, kept = 0, rank = 0;
 
   size_t floats() const { return rows * static_cast<size_t>(width); }  // as a stage reads and writes it
-  size_t sent() const { return rows * static_cast<size_t>(kept); }     // as a link carries it
+  size_t kept_floats() const { return rows * static_cast<size_t>(kept); }
+  // As a link carries it (cpu/low_rank.h's LowRankFloats where it has a rank).
+  size_t sent() const { return rank > 0 ? static_cast<size_t>(rank) * (rows + kept) : kept_floats(); }
   bool narrowed() const { return kept < width; }
+  bool low_rank() const { return rank > 0; }
+  // What a link carries is not the stage's tensor as it is: it leaves and arrives through a copy.
+  bool recoded() const { return narrowed() || low_rank(); }
+  // Floating-point operations of putting it in low rank (`encode`: four products of rows x kept
+  // x rank and three orthogonalisations, cpu/low_rank.h) or of multiplying it out; 0 whole.
+  double LowRankFlops(bool encode) const {
+    if (!low_rank()) return 0;
+    const double T = static_cast<double>(rows), k = kept, r = rank;
+    return encode ? 8 * T * k * r + 4 * r * r * (2 * T + k) : 2 * T * k * r;
+  }
   // (rows, width) -> (rows, kept), and back with zeros in the columns not kept (for the stage to
   // fill).
   void Keep(const float* full, float* sent) const;
   void Restore(const float* sent, float* full) const;
 };
+
+// `rows` tokens of `model`'s residual stream as a boundary carries them: in low rank kept /
+// `rank_divisor` where that is > 1 (transport.boundary_rank_divisor, or for gradients
+// transport.gradient_rank_divisor where that is > 0: RankDivisor).
+inline BoundaryShape BoundaryOf(const ModelConfig& model, size_t rows, int rank_divisor) {
+  BoundaryShape b{rows, model.d_model, model.residual_width()};
+  if (rank_divisor > 1) b.rank = b.kept / rank_divisor;
+  return b;
+}
+inline int RankDivisor(bool gradient, int boundary_divisor, int gradient_divisor) {
+  return gradient && gradient_divisor > 0 ? gradient_divisor : boundary_divisor;
+}
 
 // Which part of the model one process runs: blocks [first_block, end_block), plus the embeddings
 // if it is the first stage and the final LayerNorm, head and loss if it is the last.

@@ -95,7 +95,8 @@ std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPen
 }
 
 bool BoundaryUnmeasured(const SettingPenalty& p, const TransportConfig& transport) {
-  return p.stages < 2 && BoundaryMayBeLossy(transport.wire_dtype, transport.gradient_dtype);
+  return p.stages < 2 && (BoundaryMayBeLossy(transport.wire_dtype, transport.gradient_dtype) ||
+                          transport.boundary_rank_divisor > 1 || transport.gradient_rank_divisor > 1);
 }
 
 std::vector<std::string> KeysBeyondCommunication(const SettingPenalty& p) {

@@ -110,8 +110,9 @@ absl::StatusOr<PenaltyTable> LoadPenaltyTable(const std::string& path);
 // key as the bench's exact path has it (synchronous, the compute's own dtype on every wire, the
 // default outer step) whatever `job` set, and where p's batch_scale > 1 its BatchScaleOverrides.
 std::vector<std::string> SettingOverrides(const JobConfig& job, const SettingPenalty& p);
-// Whether p's penalty says nothing of what `transport` (its wire_dtype and gradient_dtype) does at
-// a pipeline boundary: its bench runs had one stage and a boundary may be lossy there.
+// Whether p's penalty says nothing of what `transport` (its wire_dtype and gradient_dtype, its
+// boundaries' ranks) does at a pipeline boundary: its bench runs had one stage and a boundary may
+// be lossy there.
 bool BoundaryUnmeasured(const SettingPenalty& p, const TransportConfig& transport);
 inline constexpr char kBoundaryUnmeasured[] =
     "its bench runs had one stage: no penalty measured for a pipeline boundary in its format";

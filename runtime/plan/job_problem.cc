@@ -22,6 +22,8 @@ Layout JobLayout(const JobConfig& cfg) {
   L.work = JobWorkShape(cfg);
   L.wire = cfg.transport.wire_dtype, L.fast_wire = cfg.FastWire(), L.exchange = cfg.transport.exchange_dtype;
   L.gradient = cfg.transport.gradient_dtype;
+  L.boundary_rank_divisor = cfg.transport.boundary_rank_divisor;
+  L.gradient_rank_divisor = cfg.transport.gradient_rank_divisor;
   L.local_steps = cfg.train.local_steps, L.overlap_outer = cfg.train.overlap_outer;
   L.overlap_steps = cfg.train.overlap_steps;
   L.overlap = cfg.cluster.overlap_exchange;

@@ -36,9 +36,10 @@ struct LayoutSearchRequest {
   int seq_len = 1;
   int global_batch = 1;  // sequences per optimizer step, over every replica
   Precision precision = Precision::kFp32;
-  // Layout's wire, fast_wire, exchange and gradient
+  // Layout's wire, fast_wire, exchange and gradient, and its boundaries' rank divisors
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
   WireDtype exchange = WireDtype::kAuto, gradient = WireDtype::kAuto;
+  int boundary_rank_divisor = 1, gradient_rank_divisor = 0;
   bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
   int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
   bool overlap_outer = false;  // train.overlap_outer

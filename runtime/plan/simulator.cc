@@ -9,9 +9,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "metrics/flops.h"
 #include "model/param_layout.h"
 #include "transport/tensor_transport.h"
 #include "transport/wire_plan.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 
@@ -20,13 +22,15 @@ StageSpec Layout::Spec(int stage) const {
                                   : StageSpec::OfCut(blocks_per_stage, stage);
 }
 
-double Layout::BoundaryElements() const {
-  return static_cast<double>(work.micro_batch) * work.seq_len * work.model.residual_width();
+double Layout::BoundaryElements(bool gradient) const {
+  const size_t rows = static_cast<size_t>(work.micro_batch) * work.seq_len;
+  return static_cast<double>(
+      BoundaryOf(work.model, rows, RankDivisor(gradient, boundary_rank_divisor, gradient_rank_divisor)).sent());
 }
 
 double Layout::BoundaryBytes() const {
   return static_cast<double>(
-      WireBytes(static_cast<size_t>(BoundaryElements()), wire == WireDtype::kAuto ? WireDtype::kInt8 : wire));
+      WireBytes(static_cast<size_t>(BoundaryElements(false)), wire == WireDtype::kAuto ? WireDtype::kInt8 : wire));
 }
 
 Placement DefaultPlacement(const Layout& layout, bool central_ps) {
@@ -202,6 +206,7 @@ class Engine {
         auto cost = sim_.devices[k.device].Stage(L_.work, L_.Spec(s));
         if (!cost.ok()) return cost.status();
         k.cost = *cost;
+        LH_RETURN_IF_ERROR(AddLowRankCodec(sim_.devices[k.device], s, k.cost));
         k.overlaps = L_.overlap && round_ == 1 && sim_.devices[k.device].backend() == Backend::kCpu;
         k.pushes_early = k.overlaps && s == 0;
       }
@@ -530,7 +535,7 @@ class Engine {
         case Op::kSendGrad: {
           const bool grad = in.op == Op::kSendGrad;
           const int peer = P_.worker[k.stage + (grad ? -1 : 1)][k.replica];
-          Send(k.host, workers_[peer].host, L_.BoundaryElements(), grad ? proto::GRADIENT : proto::ACTIVATION, k.t,
+          Send(k.host, workers_[peer].host, L_.BoundaryElements(grad), grad ? proto::GRADIENT : proto::ACTIVATION, k.t,
                {0, 0, EventKind::kTensorIn, peer, k.iter, static_cast<int>(Slot(k.iter, grad, in.micro))});
           ++k.pc;
           break;
@@ -643,6 +648,28 @@ class Engine {
       }
       Resume(static_cast<int>(j), ready, false);
     }
+  }
+
+  // Stage s's boundaries in low rank: putting each micro-batch's activations (after its forward)
+  // and gradients (after its backward) in low rank, and multiplying out what it receives, at the
+  // rate `device` runs a block (the block's FLOPs over its time).
+  absl::Status AddLowRankCodec(const DeviceCost& device, int s, ComputeTimes& cost) const {
+    const size_t rows = static_cast<size_t>(L_.work.micro_batch) * L_.work.seq_len;
+    auto shape = [&](bool gradient) {
+      return BoundaryOf(L_.work.model, rows, RankDivisor(gradient, L_.boundary_rank_divisor, L_.gradient_rank_divisor));
+    };
+    const BoundaryShape acts = shape(false), grads = shape(true);
+    if (!acts.low_rank() && !grads.low_rank()) return absl::OkStatus();
+    const bool sends = s + 1 < L_.stages, receives = s > 0;
+    const double forward = (sends ? acts.LowRankFlops(true) : 0) + (receives ? acts.LowRankFlops(false) : 0);
+    const double backward = (receives ? grads.LowRankFlops(true) : 0) + (sends ? grads.LowRankFlops(false) : 0);
+    auto block = device.Block(L_.work);
+    if (!block.ok()) return block.status();
+    const double rate = BlockFlops(L_.work.model, L_.work.micro_batch, L_.work.seq_len, L_.work.recompute) /
+                        (block->forward_s + block->backward_s);
+    cost.forward_s += forward / rate;
+    cost.backward_s += backward / rate;
+    return absl::OkStatus();
   }
 
   // Where worker k's forward needs, and its backward completes, each shard of its stage: the stage

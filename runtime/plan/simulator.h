@@ -75,6 +75,8 @@ struct Layout {
   WireDtype exchange = WireDtype::kAuto;
   // transport.gradient_dtype: the boundaries' gradients' dtype where not kAuto.
   WireDtype gradient = WireDtype::kAuto;
+  // transport.boundary_rank_divisor and gradient_rank_divisor: boundaries in low rank.
+  int boundary_rank_divisor = 1, gradient_rank_divisor = 0;
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
   // train.overlap_outer (with local_steps > overlap_steps): each exchange spreads over the round's
@@ -89,9 +91,10 @@ struct Layout {
   int MicroBatchesOf(int replica) const {
     return replica_micro_batches.empty() ? micro_batches : replica_micro_batches[replica];
   }
-  double BoundaryElements() const;  // activations (or their gradients) of one micro-batch
-  // Their bytes between two stages; "auto" counted as int8, what it sends on the slow links that
-  // placement is about.
+  // What a link carries of one micro-batch's activations, or (`gradient`) their gradients.
+  double BoundaryElements(bool gradient) const;
+  // The activations' bytes between two stages; "auto" counted as int8, what it sends on the slow
+  // links that placement is about.
   double BoundaryBytes() const;
 };
 

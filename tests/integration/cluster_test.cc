@@ -355,6 +355,12 @@ INSTANTIATE_TEST_SUITE_P(
                              {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2",
                               "model.subspace_divisor=2", "transport.wire_dtype=\"int4\"",
                               "transport.gradient_dtype=\"int3h\""},
+                             true},
+                      // Boundaries as low-rank factors (activations rank 8 of 32 values a token,
+                      // gradients rank 4), drawn again alike by the resumed run.
+                      Layout{"low_rank",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2",
+                              "transport.boundary_rank_divisor=4", "transport.gradient_rank_divisor=8"},
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 

@@ -154,5 +154,21 @@ TEST(SettingOverrides, KeepTheSettingsCommunicationAndLeaveTheLayoutToThePlanner
   EXPECT_TRUE(KeysBeyondCommunication(p).empty());
 }
 
+// A penalty measured on one stage says nothing of a boundary in low rank, as of one in a lossy
+// dtype; a row measured on two stages does.
+TEST(BoundaryUnmeasured, ALowRankBoundaryNeedsARowMeasuredAcrossOne) {
+  SettingPenalty p;
+  p.stages = 1;
+  TransportConfig t;
+  t.wire_dtype = WireDtype::kF32;
+  EXPECT_FALSE(BoundaryUnmeasured(p, t));
+  t.boundary_rank_divisor = 4;
+  EXPECT_TRUE(BoundaryUnmeasured(p, t));
+  t.boundary_rank_divisor = 1, t.gradient_rank_divisor = 8;
+  EXPECT_TRUE(BoundaryUnmeasured(p, t));
+  p.stages = 2;
+  EXPECT_FALSE(BoundaryUnmeasured(p, t));
+}
+
 }  // namespace
 }  // namespace longhaul

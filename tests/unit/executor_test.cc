@@ -183,7 +183,8 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, 1.0f / M, Boundary(cfg));
+      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, 1.0f / M, Boundary(cfg),
+                  Boundary(cfg));
       results[s] = ex.Run(0, mbs);
     });
   }
@@ -240,7 +241,7 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
       auto st = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, kGroup, 11);
       ASSERT_TRUE(st.ok()) << st.status();
       MemoryChannel channel(wires, 0, (*st)->num_params());
-      Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, kGroup, false), 0, 1, kGroup, kGroup, 1.0f / kGroup, boundary);
+      Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, kGroup, false), 0, 1, kGroup, kGroup, 1.0f / kGroup, boundary, boundary);
       auto got = ex.Run(0, {sampler.Sample(0, r * kGroup), sampler.Sample(0, r * kGroup + 1)});
       ASSERT_TRUE(got.ok()) << got.status();
       loss += got->loss / 2;
@@ -251,7 +252,7 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
     ASSERT_TRUE(st.ok()) << st.status();
     MemoryChannel channel(wires, 0, (*st)->num_params());
     Executor ex(**st, channel, timeline, MakeSchedule(kind, 1, 0, 2 * kGroup, false), 0, 1, 2 * kGroup, kGroup,
-                1.0f / kGroup, boundary);
+                1.0f / kGroup, boundary, boundary);
     std::vector<MicroBatch> mbs;
     for (int m = 0; m < 2 * kGroup; ++m) mbs.push_back(sampler.Sample(0, m));
     auto got = ex.Run(0, mbs);
@@ -267,7 +268,7 @@ TEST(Executor, AReplicaOfTwoGroupsPushesWhatTheTwoReplicasItStandsForPush) {
   Wires wires;
   Timeline timeline;
   MemoryChannel channel(wires, 0, (*st)->num_params());
-  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, 3, false), 0, 1, 3, kGroup, 1.0f / kGroup, boundary);
+  Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, 3, false), 0, 1, 3, kGroup, 1.0f / kGroup, boundary, boundary);
   std::vector<MicroBatch> three;
   for (int m = 0; m < 3; ++m) three.push_back(sampler.Sample(0, m));
   EXPECT_EQ(ex.Run(0, three).status().code(), absl::StatusCode::kInvalidArgument);
@@ -340,13 +341,13 @@ TEST(Executor, OverlapPushesCompleteShardsEarlyAndPullsInsideTheNextForward) {
   ASSERT_TRUE((*reference)->SetParams(0, next.data(), n).ok());
   Timeline timeline;
   ShardChannel ref_channel((*reference)->layout(), next);
-  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{});
+  Executor ref(**reference, ref_channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{}, BoundaryShape{});
   ref.SetOverlap(false);
   auto want = ref.Run(1, batches(1));
   ASSERT_TRUE(want.ok()) << want.status();
 
   ShardChannel channel((*stage)->layout(), next);
-  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{});
+  Executor ex(**stage, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 1, 0, M, false), 0, 1, M, M, 1.0f / M, BoundaryShape{}, BoundaryShape{});
   const std::vector<float> init(*(*stage)->Params(), *(*stage)->Params() + n);
   auto first = ex.Run(0, batches(0), IterationEnd::kExchange, /*defer_pull=*/true);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -400,7 +401,7 @@ TEST(Executor, AChannelErrorEndsTheIterationWithIt) {
   ClosedChannel channel;
   Timeline timeline;
   Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::k1F1B, 2, 1, 1, false), 1, 2, 1, 1, 1.0f,
-              Boundary(cfg));
+              Boundary(cfg), Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   auto r = ex.Run(0, {sampler.Sample(0, 0)});
@@ -417,7 +418,7 @@ absl::Status RunFirstStageUntilStopped(ClosedChannel& channel) {
   if (!st.ok()) return st.status();
   Timeline timeline;
   Executor ex(**st, channel, timeline, MakeSchedule(ScheduleKind::kGpipe, 2, 0, M, false), 0, 2, M, M, 1.0f / M,
-              Boundary(cfg));
+              Boundary(cfg), Boundary(cfg));
   std::vector<uint16_t> tokens(500, 3);
   BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
   std::vector<MicroBatch> mbs;

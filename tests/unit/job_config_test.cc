@@ -124,6 +124,9 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
       {"train.overlap_steps=1", "train.overlap_steps = 1: must be >= 2"},
       {"train.overlap_mix=0.5", "train.overlap_mix = 0.5 with train.overlap_outer = false: it says how an overlapped"},
       {"train.overlap_mix=1", "train.overlap_mix = 1: must be in [0, 1)"},
+      {"transport.boundary_rank_divisor=0", "transport.boundary_rank_divisor = 0: must be >= 1 (1: boundaries sent"},
+      {"transport.gradient_rank_divisor=-1",
+       "transport.gradient_rank_divisor = -1: must be >= 0 (0: as transport.boundary_rank_divisor)"},
   };
   // Checkpoints are where the replicas exchange.
   EXPECT_NE(Error("", {"train.local_steps=4", "train.checkpoint_every=10"})
@@ -135,6 +138,24 @@ TEST(JobConfig, ValuesOutOfRangeAreRefusedWithTheKeyAndTheFix) {
     EXPECT_NE(e.find("job.toml: "), std::string::npos) << set << ": " << e;
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
   }
+}
+
+// A boundary's rank must leave it a direction and send fewer floats than the tensor (rows 2 x 16,
+// 64 columns: rank 16 sends 16 x 96 of 2048, rank 32 would send 3072); the error names the key.
+TEST(JobConfig, ALowRankBoundaryMustSendFewerFloatsThanTheTensor) {
+  const std::string small = "[model]\nd_model = 64\nn_head = 2\n[train]\nseq_len = 16\nmicro_batch_size = 2\n";
+  auto ok = ParseJobConfig(small + "[transport]\nboundary_rank_divisor = 4\ngradient_rank_divisor = 8\n", "job.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->boundary(false).sent(), 16u * (32 + 64));
+  EXPECT_EQ(ok->boundary(true).sent(), 8u * (32 + 64));
+  EXPECT_NE(Error(small, {"transport.boundary_rank_divisor=2"})
+                .find("transport.boundary_rank_divisor = 2: rank 32 of a boundary's 32 x 64 floats sends 3072 floats, "
+                      "no fewer than the tensor's 2048; use a larger divisor, or 1 to send boundaries whole"),
+            std::string::npos);
+  EXPECT_NE(Error(small, {"transport.gradient_rank_divisor=65"})
+                .find("transport.gradient_rank_divisor = 65 leaves no rank of the 64 columns a boundary carries: use a "
+                      "divisor of at most 64, or 1 to send boundaries whole"),
+            std::string::npos);
 }
 
 // The wire is "auto" unless the config names one; on its fast links a GPU job sends bf16, a CPU

@@ -206,7 +206,7 @@ TEST(Simulator, BandwidthBoundSendsSerializeOnTheLink) {
 TEST(Simulator, ANarrowBoundaryHoldsTheLinkForItsEncodingAndArrivesOneDecodingLater) {
   Simulation sim = Make(2, 1, 8);
   sim.layout.wire = WireDtype::kInt4;
-  const double tau = 0.060, boundary = sim.layout.BoundaryElements();
+  const double tau = 0.060, boundary = sim.layout.BoundaryElements(false);
   const double rate = WireBytes(static_cast<size_t>(boundary), WireDtype::kInt4) / tau;
   sim.network = NetworkCost::Uniform({0, rate, 0});
   const CodecSeconds act = HostCodecSeconds(boundary, WireDtype::kInt4, false);
@@ -227,6 +227,19 @@ TEST(Simulator, WireDtypeHalvesTheBytes) {
   sim.layout.wire = WireDtype::kBf16;
   const SimulationReport r = Simulated(sim);
   EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * 16 * 64 * 2);
+}
+
+// Boundaries in low rank (16 tokens of 64 values: activations rank 4, gradients rank 2) carry
+// rank x (16 + 64) floats a micro-batch each way, and the stages compute the codec besides.
+TEST(Simulator, ALowRankBoundaryCarriesItsFactorsAndComputesTheCodec) {
+  Simulation sim = Make(2, 1, 4, 0, 1e6);
+  const double whole = Simulated(Make(2, 1, 4)).iteration_s;
+  sim.layout.boundary_rank_divisor = 16, sim.layout.gradient_rank_divisor = 32;
+  const SimulationReport r = Simulated(sim);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * 4 * (16 + 64) * 4);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 4 * 2 * (16 + 64) * 4);
+  sim.network = Make(2, 1, 4).network;
+  EXPECT_GT(Simulated(sim).iteration_s, whole) << "the codec's time, on links that cost nothing";
 }
 
 TEST(Simulator, DataParallelAddsPushAndPullTransfers) {

@@ -267,8 +267,8 @@ TEST(PlanAdmission, GradientsComeInTheGradientsOwnDtype) {
   a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
   proto::TensorHeader act = From(proto::ACTIVATION, 0, 0), grad = From(proto::GRADIENT, 2, 0);
   act.set_dtype(proto::INT4), grad.set_dtype(proto::INT2);
-  EXPECT_EQ(AdmitFromItsPlace(a, act).value_or(0), static_cast<uint64_t>(cfg.boundary_floats()));
-  EXPECT_EQ(AdmitFromItsPlace(a, grad).value_or(0), static_cast<uint64_t>(cfg.boundary_floats()));
+  EXPECT_EQ(AdmitFromItsPlace(a, act).value_or(0), static_cast<uint64_t>(cfg.boundary_floats(false)));
+  EXPECT_EQ(AdmitFromItsPlace(a, grad).value_or(0), static_cast<uint64_t>(cfg.boundary_floats(true)));
   act.set_dtype(proto::INT2), grad.set_dtype(proto::INT4);
   const absl::Status wrong_act = AdmitFromItsPlace(a, act).status(), wrong_grad = AdmitFromItsPlace(a, grad).status();
   EXPECT_EQ(wrong_act.code(), absl::StatusCode::kInvalidArgument) << wrong_act;
@@ -277,6 +277,20 @@ TEST(PlanAdmission, GradientsComeInTheGradientsOwnDtype) {
   EXPECT_EQ(wrong_grad.code(), absl::StatusCode::kInvalidArgument) << wrong_grad;
   EXPECT_NE(wrong_grad.message().find("the plan's for it is int2 (transport.gradient_dtype)"), std::string::npos)
       << wrong_grad;
+}
+
+// Boundaries in low rank: a neighbour's activation is admitted as its rank-8 factors (8 x (32 +
+// 32) floats of its 32 x 32) and its gradient as rank 4's, never the whole tensor's count, so a
+// header claiming the whole is refused by the transport before anything is reserved.
+TEST(PlanAdmission, ALowRankBoundaryIsAdmittedAsItsFactorsOnly) {
+  JobConfig cfg = Config("bf16");
+  cfg.transport.boundary_rank_divisor = 4, cfg.transport.gradient_rank_divisor = 8;
+  const proto::Plan plan = Plan(cfg);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0)).value_or(0), 8u * (32 + 32));
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::GRADIENT, 2, 0)).value_or(0), 4u * (32 + 32));
+  EXPECT_EQ(cfg.boundary(false).kept_floats(), 32u * 32) << "the whole tensor, which no header may claim";
 }
 
 // A job of 4 replicas shrunk to 2 of 6 micro-batches: each replica pushes two groups, the group

@@ -1,0 +1,41 @@
+#pragma once
+// A pipeline boundary's tensor as a rank-r product (transport.boundary_rank_divisor): A (rows ×
+// cols) travels as Q^T (r × rows) and B = Q^T·A (r × cols), r·(rows + cols) floats instead of
+// rows·cols, and arrives as Q·B: A projected on the r directions Q spans, chosen to hold most
+// of A.
+//
+// Q comes from a randomized range finder with one power iteration (Halko, Martinsson and Tropp,
+// 2011): Y = A·Ω for a random Ω (cols × r), then Y ← A·orth(A^T·orth(Y)), Q = orth(Y). The power
+// iteration weighs the directions by their singular values squared, which a residual stream's
+// slowly falling spectrum needs; a matrix of rank ≤ r comes back exactly (up to rounding). Ω's
+// signs are a hash of (seed, index), so the same tensor and seed send the same floats (a recovery's
+// resend among them), and the receiver needs neither: it multiplies what it got.
+//
+// A row of Q left with no length after orthogonalisation (A of lower rank than r, or zeros) is
+// sent as zeros; a NaN or an infinity in A spreads through Q and B to what arrives, so a
+// non-finite activation still stops the step. The host's BLAS computes it for CPU and GPU
+// workers alike: a boundary reaches the host before it is sent either way.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace longhaul::cpu {
+
+// Floats that travel for a rows × cols tensor at rank r.
+inline size_t LowRankFloats(size_t rows, size_t cols, size_t rank) { return rank * (rows + cols); }
+
+class LowRankCodec {
+ public:
+  // out (LowRankFloats) = Q^T (rank × rows) then B (rank × cols), both row-major, from `a`
+  // (rows × cols, row-major). rank ≤ min(rows, cols).
+  absl::Status Encode(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed, float* out);
+  // a (rows × cols) = Q·B from what Encode wrote.
+  static absl::Status Decode(const float* in, size_t rows, size_t cols, size_t rank, float* a);
+
+ private:
+  std::vector<float> omega_, y_, z_;  // Ω^T (rank × cols), then Y^T (rank × rows) and Z^T (rank × cols)
+};
+
+}  // namespace longhaul::cpu
