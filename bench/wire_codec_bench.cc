@@ -6,6 +6,9 @@
 // micro-batch (2 blocks, the source layout's stage, from the GPU's planner profile). A middle
 // stage encodes and decodes twice per micro-batch (its activation out and the gradient in, the
 // gradient out and the activation in); the bench fails where that takes over 10% of the compute.
+// Then the low-rank codec (cpu/low_rank.h) on the host's BLAS with every core, at ranks d_model / 4
+// and / 8: the rate the planner prices it at on a GPU worker (plan/cost_model.h's
+// kHostLowRankFlops), and its share of the stage's compute.
 //
 //   wire_codec_bench [--micro-batch 1] [--profile runtime/plan/profiles/h200.toml]
 #include <cuda_runtime.h>
@@ -21,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "cuda/cuda_stage.h"
+#include "cpu/low_rank.h"
 #include "cuda/wire_codec.cuh"
 #include "format/wire_dtype.h"
 #include "plan/cost_model.h"
@@ -153,6 +157,28 @@ int main(int argc, char** argv) {
                   longhaul::WireDtypeName(d), 100 * share);
       failed = true;
     }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  std::printf("\nlow rank on the host's BLAS, %d cores (encode: 8 T k r + 4 r^2 (2T + k) FLOPs; decode: 2 T k r)\n"
+              "%-6s %8s %10s %10s %10s %10s\n",
+              omp_get_num_procs(), "rank", "MB fp32", "enc ms", "dec ms", "GFLOP/s", "gpu share");
+  for (int divisor : {4, 8}) {
+    const longhaul::BoundaryShape b{n / 2048, 2048, 2048, 2048 / divisor};
+    std::vector<float> factors(b.sent());
+    longhaul::cpu::LowRankCodec codec;
+    bool ok = true;
+    const double enc = HostSeconds(3, [&] { ok = ok && codec.Encode(host.data(), b.rows, 2048, b.rank, 7, factors.data()).ok(); });
+    const double dec =
+        HostSeconds(3, [&] { ok = ok && longhaul::cpu::LowRankCodec::Decode(factors.data(), b.rows, 2048, b.rank, back.data()).ok(); });
+    if (!ok) {
+      std::printf("  rank %d: the codec failed\n", b.rank);
+      failed = true;
+      continue;
+    }
+    std::printf("%-6d %8.2f %10.2f %10.2f %10.1f", b.rank, 4e-6 * b.sent(), enc * 1e3, dec * 1e3,
+                (b.LowRankFlops(true) + b.LowRankFlops(false)) / (enc + dec) / 1e9);
+    if (gpu) std::printf(" %9.0f%%", 100 * 2 * (enc + dec) / stage_s);
+    std::printf("\n");
   }
   if (gpu) {
     cudaFree(in);

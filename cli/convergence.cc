@@ -76,6 +76,13 @@ const std::vector<BenchSetting>& Settings() {
        {"model.subspace_divisor=4", "cluster.stages=2", "transport.wire_dtype=\"int4\"",
         "transport.gradient_dtype=\"int3h\""},
        1, false},
+      // And in low rank (transport.boundary_rank_divisor): a quarter of the width as the rank,
+      // both ways, the factors in the same formats; fp32 factors, other ranks and low-rank
+      // gradients alone are shipped measurements of --try.
+      {"low rank /4, int4 boundaries, int3h gradients",
+       {"cluster.stages=2", "transport.boundary_rank_divisor=4", "transport.wire_dtype=\"int4\"",
+        "transport.gradient_dtype=\"int3h\""},
+       1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };

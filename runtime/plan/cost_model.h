@@ -150,6 +150,10 @@ struct CodecSeconds {
   double encode_s = 0, decode_s = 0;
 };
 CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic);
+// FLOP/s a GPU worker puts its boundaries in low rank at (cpu/low_rank.h), which it does on its
+// host's BLAS, not on the device: the 2-core VM with both cores, as bench/wire_codec_bench's
+// low-rank rows print it for a GPT-3 XL boundary.
+inline constexpr double kHostLowRankFlops = 80e9;
 
 // Links between every pair of hosts. Two workers on one host talk for free, and so does anyone
 // with host -1, which sits beside every host (the coordinator of an emulation, on its router).

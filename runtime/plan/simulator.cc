@@ -651,8 +651,9 @@ class Engine {
   }
 
   // Stage s's boundaries in low rank: putting each micro-batch's activations (after its forward)
-  // and gradients (after its backward) in low rank, and multiplying out what it receives, at the
-  // rate `device` runs a block (the block's FLOPs over its time).
+  // and gradients (after its backward) in low rank, and multiplying out what it receives, where
+  // the worker does it: a CPU at the rate it runs a block (the block's FLOPs over its time), a GPU
+  // worker on its host (kHostLowRankFlops).
   absl::Status AddLowRankCodec(const DeviceCost& device, int s, ComputeTimes& cost) const {
     const size_t rows = static_cast<size_t>(L_.work.micro_batch) * L_.work.seq_len;
     auto shape = [&](bool gradient) {
@@ -663,10 +664,13 @@ class Engine {
     const bool sends = s + 1 < L_.stages, receives = s > 0;
     const double forward = (sends ? acts.LowRankFlops(true) : 0) + (receives ? acts.LowRankFlops(false) : 0);
     const double backward = (receives ? grads.LowRankFlops(true) : 0) + (sends ? grads.LowRankFlops(false) : 0);
-    auto block = device.Block(L_.work);
-    if (!block.ok()) return block.status();
-    const double rate = BlockFlops(L_.work.model, L_.work.micro_batch, L_.work.seq_len, L_.work.recompute) /
-                        (block->forward_s + block->backward_s);
+    double rate = kHostLowRankFlops;
+    if (device.backend() == Backend::kCpu) {
+      auto block = device.Block(L_.work);
+      if (!block.ok()) return block.status();
+      rate = BlockFlops(L_.work.model, L_.work.micro_batch, L_.work.seq_len, L_.work.recompute) /
+             (block->forward_s + block->backward_s);
+    }
     cost.forward_s += forward / rate;
     cost.backward_s += backward / rate;
     return absl::OkStatus();

@@ -230,8 +230,9 @@ TEST(Simulator, WireDtypeHalvesTheBytes) {
 }
 
 // Boundaries in low rank (16 tokens of 64 values: activations rank 4, gradients rank 2) carry
-// rank x (16 + 64) floats a micro-batch each way, and the stages compute the codec besides.
-TEST(Simulator, ALowRankBoundaryCarriesItsFactorsAndComputesTheCodec) {
+// rank x (16 + 64) floats a micro-batch each way, and the stages compute the codec besides: a CPU
+// at its block's rate (the test CPU's far below a host's BLAS), a GPU worker on its host.
+TEST(Simulator, ALowRankBoundaryCarriesItsFactorsAndComputesTheCodecWhereItRuns) {
   Simulation sim = Make(2, 1, 4, 0, 1e6);
   const double whole = Simulated(Make(2, 1, 4)).iteration_s;
   sim.layout.boundary_rank_divisor = 16, sim.layout.gradient_rank_divisor = 32;
@@ -239,7 +240,12 @@ TEST(Simulator, ALowRankBoundaryCarriesItsFactorsAndComputesTheCodec) {
   EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), 4 * 4 * (16 + 64) * 4);
   EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 4 * 2 * (16 + 64) * 4);
   sim.network = Make(2, 1, 4).network;
-  EXPECT_GT(Simulated(sim).iteration_s, whole) << "the codec's time, on links that cost nothing";
+  const double on_host = Simulated(sim).iteration_s;
+  EXPECT_GT(on_host, whole) << "the codec's time, on links that cost nothing";
+  sim.devices = {TestDevice(1e9, "cpu")};
+  const double on_cpu = Simulated(sim).iteration_s;
+  EXPECT_GT(on_cpu, whole);
+  EXPECT_GT(on_cpu, on_host) << "the test CPU's block rate, far below kHostLowRankFlops, prices its codec";
 }
 
 TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
