@@ -216,8 +216,7 @@ std::string WiresLines(const RankedLayout& c, const NetworkCost& network,
   const Layout& L = c.layout;
   if (L.stages > 1 && (L.boundary_rank_divisor > 1 || L.gradient_rank_divisor > 1)) {
     auto rank = [&](bool gradient) {
-      const BoundaryShape b =
-          BoundaryOf(m, 1, RankDivisor(gradient, L.boundary_rank_divisor, L.gradient_rank_divisor));
+      const BoundaryShape b = L.Boundary(gradient);
       return b.low_rank() ? absl::StrCat("rank ", b.rank) : std::string("whole");
     };
     absl::StrAppend(&out, "  boundaries in low rank: activations ", rank(false), ", gradients ", rank(true), " of ",

@@ -22,10 +22,9 @@ StageSpec Layout::Spec(int stage) const {
                                   : StageSpec::OfCut(blocks_per_stage, stage);
 }
 
-double Layout::BoundaryElements(bool gradient) const {
-  const size_t rows = static_cast<size_t>(work.micro_batch) * work.seq_len;
-  return static_cast<double>(
-      BoundaryOf(work.model, rows, RankDivisor(gradient, boundary_rank_divisor, gradient_rank_divisor)).sent());
+BoundaryShape Layout::Boundary(bool gradient) const {
+  return BoundaryOf(work.model, static_cast<size_t>(work.micro_batch) * work.seq_len,
+                    RankDivisor(gradient, boundary_rank_divisor, gradient_rank_divisor));
 }
 
 double Layout::BoundaryBytes() const {
@@ -655,11 +654,7 @@ class Engine {
   // the worker does it: a CPU at the rate it runs a block (the block's FLOPs over its time), a GPU
   // worker on its host (kHostLowRankFlops).
   absl::Status AddLowRankCodec(const DeviceCost& device, int s, ComputeTimes& cost) const {
-    const size_t rows = static_cast<size_t>(L_.work.micro_batch) * L_.work.seq_len;
-    auto shape = [&](bool gradient) {
-      return BoundaryOf(L_.work.model, rows, RankDivisor(gradient, L_.boundary_rank_divisor, L_.gradient_rank_divisor));
-    };
-    const BoundaryShape acts = shape(false), grads = shape(true);
+    const BoundaryShape acts = L_.Boundary(false), grads = L_.Boundary(true);
     if (!acts.low_rank() && !grads.low_rank()) return absl::OkStatus();
     const bool sends = s + 1 < L_.stages, receives = s > 0;
     const double forward = (sends ? acts.LowRankFlops(true) : 0) + (receives ? acts.LowRankFlops(false) : 0);

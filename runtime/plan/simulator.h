@@ -53,6 +53,7 @@
 #include "format/wire_dtype.h"
 #include "longhaul.pb.h"
 #include "model/memory_estimate.h"
+#include "model/model_config.h"
 #include "plan/cost_model.h"
 #include "schedule/schedule.h"
 #include "transport/wire_plan.h"
@@ -91,8 +92,10 @@ struct Layout {
   int MicroBatchesOf(int replica) const {
     return replica_micro_batches.empty() ? micro_batches : replica_micro_batches[replica];
   }
-  // What a link carries of one micro-batch's activations, or (`gradient`) their gradients.
-  double BoundaryElements(bool gradient) const;
+  // One micro-batch's activations, or (`gradient`) their gradients, as a boundary carries them.
+  BoundaryShape Boundary(bool gradient) const;
+  // What a link carries of them.
+  double BoundaryElements(bool gradient) const { return static_cast<double>(Boundary(gradient).sent()); }
   // The activations' bytes between two stages; "auto" counted as int8, what it sends on the slow
   // links that placement is about.
   double BoundaryBytes() const;
