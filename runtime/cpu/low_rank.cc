@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "cpu/blas.h"
-#include "util/hash.h"
+#include "model/low_rank_seed.h"
 
 namespace longhaul::cpu {
 namespace {
@@ -46,7 +46,7 @@ absl::Status LowRankCodec::Encode(const float* a, size_t rows, size_t cols, size
   if (absl::Status s = LoadBlas(); !s.ok()) return s;
   const int R = static_cast<int>(rank), T = static_cast<int>(rows), C = static_cast<int>(cols);
   omega_.resize(rank * cols);
-  for (size_t i = 0; i < omega_.size(); ++i) omega_[i] = (SplitMix64(seed + i) >> 63) ? 1.0f : -1.0f;
+  for (size_t i = 0; i < omega_.size(); ++i) omega_[i] = LowRankSign(seed, i);
   y_.resize(rank * rows);
   z_.resize(rank * cols);
   std::vector<float>& c = omega_;  // Ω is read once, then serves as OrthonormalRows' scratch

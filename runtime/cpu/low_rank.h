@@ -13,8 +13,8 @@
 //
 // A row of Q left with no length after orthogonalisation (A of lower rank than r, or zeros) is
 // sent as zeros; a NaN or an infinity in A spreads through Q and B to what arrives, so a
-// non-finite activation still stops the step. The host's BLAS computes it for CPU and GPU
-// workers alike: a boundary reaches the host before it is sent either way.
+// non-finite activation still stops the step. The host's BLAS computes it for CPU workers; a GPU
+// worker's stage computes it on the device (cuda/low_rank.cuh), where the tensor is.
 #include <cstddef>
 #include <cstdint>
 #include <vector>

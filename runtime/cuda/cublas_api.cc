@@ -18,7 +18,7 @@ absl::StatusOr<Cublas> OpenCublas(const std::vector<std::string>& libraries) {
       const LoadedLibrary lib,
       LoadFirst("cuBLAS", libraries,
                 {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasGemmEx",
-                 "cublasGemmStridedBatchedEx"},
+                 "cublasGemmStridedBatchedEx", "cublasDtrsm_v2"},
                 "install the CUDA toolkit's cuBLAS (it lives in /usr/local/cuda/lib64), or add its directory to "
                 "LD_LIBRARY_PATH"));
   Cublas c;
@@ -27,6 +27,7 @@ absl::StatusOr<Cublas> OpenCublas(const std::vector<std::string>& libraries) {
   c.set_stream = reinterpret_cast<decltype(c.set_stream)>(lib.symbols[2]);
   c.gemm = reinterpret_cast<Cublas::GemmEx>(lib.symbols[3]);
   c.gemm_strided_batched = reinterpret_cast<Cublas::GemmStridedBatchedEx>(lib.symbols[4]);
+  c.trsm = reinterpret_cast<decltype(c.trsm)>(lib.symbols[5]);
   return c;
 }
 

@@ -27,6 +27,7 @@ struct Cublas {
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   GemmEx gemm = nullptr;
   GemmStridedBatchedEx gemm_strided_batched = nullptr;
+  decltype(&cublasDtrsm_v2) trsm = nullptr;  // the low-rank codec's orthonormalisation (cuda/low_rank.cuh)
 };
 
 // The first of `libraries` with every function; FailedPrecondition naming each one tried and the fix.

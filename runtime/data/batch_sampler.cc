@@ -23,6 +23,7 @@ MicroBatch BatchSampler::Sample(int64_t iteration, int64_t global_micro) const {
   mb.targets.resize(static_cast<size_t>(B) * T);
   mb.loss_weight.assign(static_cast<size_t>(B) * T, 1.0f);
   mb.prefix_len.assign(B, 0);
+  mb.iteration = iteration;
   mb.global_index = global_micro;
   const uint64_t windows = tokens_.size() - T;  // start offsets with T + 1 tokens after them
   for (int b = 0; b < B; ++b) {

@@ -9,8 +9,9 @@ namespace longhaul {
 
 struct MicroBatch {
   int B = 0, T = 0;
-  // Its index among the iteration's D·M micro-batches (replica·M + micro): what the sampler hashed.
-  int64_t global_index = 0;
+  // Its iteration, and its index among the iteration's D·M micro-batches (replica·M + micro):
+  // what the sampler hashed.
+  int64_t iteration = 0, global_index = 0;
   std::vector<int> tokens;         // (B, T) model inputs, read by the first stage
   std::vector<int> targets;        // (B, T) next tokens, read by the last stage
   std::vector<float> loss_weight;  // (B, T) 1 where the position counts in the loss, else 0

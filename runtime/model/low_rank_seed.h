@@ -1,0 +1,22 @@
+#pragma once
+// What makes a low-rank boundary (BoundaryShape::rank) reproducible: each micro-batch's random
+// directions are signs drawn from a seed of its coordinates, so a run, a resend after a recovery
+// and a resumed run send the same factors, and the CPU and CUDA codecs draw the same directions.
+#include <cstddef>
+#include <cstdint>
+
+#include "model/micro_batch.h"
+#include "util/hash.h"
+
+namespace longhaul {
+
+// The seed of mb's activations' directions (gradient false) or of their gradients'.
+inline uint64_t LowRankSeed(const MicroBatch& mb, bool gradient) {
+  constexpr uint64_t kStream = 0x4c6f7752616e6b00ULL;  // "LowRank": apart from every other hashed stream
+  return HashCoords({kStream, static_cast<uint64_t>(mb.iteration), static_cast<uint64_t>(mb.global_index), gradient});
+}
+
+// Entry i of Ω^T (rank × cols, row-major) for `seed`: ±1.
+constexpr float LowRankSign(uint64_t seed, size_t i) { return (SplitMix64(seed + i) >> 63) ? 1.0f : -1.0f; }
+
+}  // namespace longhaul
