@@ -6,9 +6,12 @@
 // micro-batch (2 blocks, the source layout's stage, from the GPU's planner profile). A middle
 // stage encodes and decodes twice per micro-batch (its activation out and the gradient in, the
 // gradient out and the activation in); the bench fails where that takes over 10% of the compute.
-// Then the low-rank codec (cpu/low_rank.h) on the host's BLAS with every core, at ranks d_model / 4
-// and / 8: the rate the planner prices it at on a GPU worker (plan/cost_model.h's
-// kHostLowRankFlops), and its share of the stage's compute.
+// Then the low-rank codec at ranks d_model / 4 and / 8: on the host's BLAS with every core
+// (cpu/low_rank.h; the rate the planner prices a subspace model's narrowed boundaries at on a GPU
+// worker, plan/cost_model.h's kHostLowRankFlops) and on the device (cuda/low_rank.cuh), with what
+// the planner prices the device's at (kDeviceLowRankShare of the block's rate, kDevicePivotSeconds
+// a pivot) and its share of the stage's compute; the bench fails where the device takes over 1.25x
+// the planner's price, which the planner's constants must then follow.
 //
 //   wire_codec_bench [--micro-batch 1] [--profile runtime/plan/profiles/h200.toml]
 #include <cuda_runtime.h>
@@ -25,8 +28,11 @@
 #include "absl/status/statusor.h"
 #include "cuda/cuda_stage.h"
 #include "cpu/low_rank.h"
+#include "cuda/cublas_api.h"
+#include "cuda/low_rank.cuh"
 #include "cuda/wire_codec.cuh"
 #include "format/wire_dtype.h"
+#include "metrics/flops.h"
 #include "plan/cost_model.h"
 #include "util/median.h"
 
@@ -79,7 +85,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::string why;
   const bool gpu = longhaul::CudaDeviceCount(&why) > 0;
-  double stage_s = 0;
+  double stage_s = 0, block_flops_per_s = 0;
   std::string device_name = "no GPU";
   if (gpu) {
     absl::StatusOr<longhaul::DeviceCost> device = longhaul::DeviceCost::LoadProfile(profile);
@@ -99,6 +105,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     stage_s = 2 * (block->forward_s + block->backward_s);
+    block_flops_per_s = longhaul::BlockFlops(shape.model, micro_batch, shape.seq_len, false) /
+                        (block->forward_s + block->backward_s);
     device_name = device->name();
   }
 
@@ -159,9 +167,19 @@ int main(int argc, char** argv) {
     }
   }
   omp_set_num_threads(omp_get_num_procs());
-  std::printf("\nlow rank on the host's BLAS, %d cores (encode: 8 T k r + 4 r^2 (2T + k) FLOPs; decode: 2 T k r)\n"
-              "%-6s %8s %10s %10s %10s %10s\n",
-              omp_get_num_procs(), "rank", "MB fp32", "enc ms", "dec ms", "GFLOP/s", "gpu share");
+  std::printf("\nlow rank (encode: 8 T k r + 4 r^2 (2T + k) FLOPs; decode: 2 T k r); host: its BLAS, %d cores\n"
+              "%-6s %8s %10s %10s %10s",
+              omp_get_num_procs(), "rank", "MB fp32", "host enc", "host dec", "GFLOP/s");
+  if (gpu) std::printf(" %12s %12s %10s %12s %10s", "gpu enc ms", "gpu dec ms", "GFLOP/s", "planned ms", "gpu share");
+  std::printf("\n");
+  cublasHandle_t blas = nullptr;
+  if (gpu) {
+    const absl::StatusOr<const longhaul::Cublas*> cublas = longhaul::LoadCublas();
+    if (!cublas.ok() || (*cublas)->create(&blas) != CUBLAS_STATUS_SUCCESS) {
+      std::cerr << "wire_codec_bench: no cuBLAS handle: " << cublas.status().message() << "\n";
+      return 2;
+    }
+  }
   for (int divisor : {4, 8}) {
     const longhaul::BoundaryShape b{n / 2048, 2048, 2048, 2048 / divisor};
     std::vector<float> factors(b.sent());
@@ -170,16 +188,35 @@ int main(int argc, char** argv) {
     const double enc = HostSeconds(3, [&] { ok = ok && codec.Encode(host.data(), b.rows, 2048, b.rank, 7, factors.data()).ok(); });
     const double dec =
         HostSeconds(3, [&] { ok = ok && longhaul::cpu::LowRankCodec::Decode(factors.data(), b.rows, 2048, b.rank, back.data()).ok(); });
-    if (!ok) {
+    const double flops = b.LowRankFlops(true) + b.LowRankFlops(false);
+    std::printf("%-6d %8.2f %10.2f %10.2f %10.1f", b.rank, 4e-6 * b.sent(), enc * 1e3, dec * 1e3,
+                flops / (enc + dec) / 1e9);
+    if (gpu) {
+      longhaul::cuda::LowRankCodec device;
+      float* sent = static_cast<float*>(wire);
+      const double gpu_enc = DeviceSeconds(10, [&] {
+        ok = ok && device.Encode(blas, nullptr, in, b.rows, 2048, b.rank, 7, sent).ok();
+      });
+      const double gpu_dec = DeviceSeconds(10, [&] {
+        ok = ok && longhaul::cuda::LowRankCodec::Decode(blas, sent, b.rows, 2048, b.rank, out).ok();
+      });
+      const double planned = flops / (block_flops_per_s * longhaul::kDeviceLowRankShare) +
+                             6 * b.rank * longhaul::kDevicePivotSeconds;
+      std::printf(" %12.3f %12.3f %10.1f %12.3f %9.1f%%", gpu_enc * 1e3, gpu_dec * 1e3,
+                  flops / (gpu_enc + gpu_dec) / 1e9, planned * 1e3, 100 * 2 * (gpu_enc + gpu_dec) / stage_s);
+      if (gpu_enc + gpu_dec > 1.25 * planned) {
+        std::printf("\n  rank %d: the device takes %.2fx the planner's price (kDevicePivotSeconds, "
+                    "kDeviceLowRankShare in plan/cost_model.h)", b.rank, (gpu_enc + gpu_dec) / planned);
+        failed = true;
+      }
+    }
+    std::printf("\n");
+    if (!ok || (gpu && cudaDeviceSynchronize() != cudaSuccess)) {
       std::printf("  rank %d: the codec failed\n", b.rank);
       failed = true;
-      continue;
     }
-    std::printf("%-6d %8.2f %10.2f %10.2f %10.1f", b.rank, 4e-6 * b.sent(), enc * 1e3, dec * 1e3,
-                (b.LowRankFlops(true) + b.LowRankFlops(false)) / (enc + dec) / 1e9);
-    if (gpu) std::printf(" %9.0f%%", 100 * 2 * (enc + dec) / stage_s);
-    std::printf("\n");
   }
+  if (blas != nullptr) longhaul::LoadedCublas().destroy(blas);
   if (gpu) {
     cudaFree(in);
     cudaFree(out);

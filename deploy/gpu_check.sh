@@ -15,16 +15,20 @@
 #      slots, recompute, a pipeline cut and a second run bit-identical. flash_attention_test: the
 #      flash-style kernels against attention in doubles, every output written, bit-identical reruns.
 #      wire_codec_test: the wire formats encoded and decoded on the device, byte for byte the CPU's.
+#      cuda_low_rank_test: the low-rank codec on the device against the CPU's, zeros and NaN.
 #   2. `longhaul train` on cuda:0 (fp32) against the CPU: the same loss curve within 2e-3.
 #   3. 2 stages x 2 replicas as four GPU worker processes sharing the GPU against the one-process
 #      GPU run: losses within 2e-3 (data parallelism sums the gradients in another order); and 2
 #      stages x 1 replica without clipping, bitwise the same losses (the same kernels, AdamW on the
 #      device in both).
-#   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3.
+#   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3;
+#      and the same pair with low-rank boundaries (the GPU stage encodes its activations and
+#      decodes its gradients on the device, the CPU stage the other way on its host).
 #   5. cuda_step_bench: GPT-3 XL step (2-block stage at micro-batch 1 and 8; the whole 24 layers at
 #      2 and 4) with MFU and peak memory, beside PyTorch eager with fused AdamW. wire_codec_bench:
 #      a GPT-3 XL boundary tensor in each wire format, encoded and decoded on the device against on
-#      the host; fails where a stage's encoding and decoding take over 10% of its compute.
+#      the host; fails where a stage's encoding and decoding take over 10% of its compute, or where
+#      the low-rank codec on the device takes over 1.25x what the planner prices it at.
 #   6. gpu_profile: per-block forward and backward times for the planner.
 #   7. configs/gpu-pipeline.toml: GPT-3 XL-shaped stages, 2 GPU worker processes over loopback,
 #      against the same model in one process: iteration time and the share spent waiting.
@@ -135,6 +139,12 @@ if step "wire_codec_test" "$run" wire_codec_test && ! grep -q '^\[  SKIPPED \]' 
 else
   result "wire format kernels" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi
+
+if step "cuda_low_rank_test" "$run" cuda_low_rank_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
+  result "low-rank codec on the device" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: the CPU's factors within rounding, orthonormal, zeros and NaN"
+else
+  result "low-rank codec on the device" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
+fi
 fi
 
 # Check 2's runs serve checks 3 (the GPU run) and 8 (the CPU run's checkpoint) too.
@@ -164,6 +174,12 @@ step "local mixed" "$run" longhaul local "${demo[@]}" --set 'cluster.stage_backe
   --set transport.wire_dtype=fp32 --set train.out_dir="$work/mixed" &&
   step "local all cpu" "$run" longhaul local "${demo[@]}" --set train.out_dir="$work/allcpu"
 compare "mixed job (stage 0 on the GPU, stage 1 on the CPU) against the all-CPU job" "$work/allcpu" "$work/mixed" 2e-3
+low_rank=(--set transport.boundary_rank_divisor=4 --set transport.wire_dtype=fp32)
+step "local mixed, low rank" "$run" longhaul local "${demo[@]}" "${low_rank[@]}" \
+  --set 'cluster.stage_backends=["cuda:0","cpu"]' --set train.out_dir="$work/mixed-lr" &&
+  step "local all cpu, low rank" "$run" longhaul local "${demo[@]}" "${low_rank[@]}" --set train.out_dir="$work/allcpu-lr"
+compare "mixed job against the all-CPU job, boundaries in low rank /4 (the GPU's codec against the host's)" \
+  "$work/allcpu-lr" "$work/mixed-lr" 2e-3
 fi
 
 if want 5; then
@@ -181,13 +197,13 @@ fi
 # The planner's profile of this GPU prices the stage the formats' time is weighed against.
 if step "wire_codec_bench" "$run" wire_codec_bench --profile runtime/plan/profiles/h200.toml &&
   ! grep -q skipped "$work/last.log"; then
-  result "wire formats on the device" PASS "encoding and decoding within 10% of a stage's compute"
+  result "wire formats on the device" PASS "encoding and decoding within 10% of a stage's compute; low rank within 1.25x its price"
 else
   result "wire formats on the device" FAIL "see below and gpu_check.log"
 fi
 {
   echo '```'
-  tail -8 "$work/last.log"
+  tail -16 "$work/last.log"
   echo '```'
 } >>"$report"
 fi

@@ -12,7 +12,7 @@ out="${1:-.device/longhaul-bundle.tar.xz}"
 shift || true
 bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
-  for b in build/longhaul build/tests/cuda_stage_test build/tests/flash_attention_test build/tests/wire_codec_test build/tests/parity_test build/tests/chaos_test build/bench/cuda_step_bench \
+  for b in build/longhaul build/tests/cuda_stage_test build/tests/flash_attention_test build/tests/wire_codec_test build/tests/cuda_low_rank_test build/tests/parity_test build/tests/chaos_test build/bench/cuda_step_bench \
            build/bench/train_step_bench build/bench/gpu_profile build/bench/wire_codec_bench; do
     [ -x "$b" ] && bins+=("$b")
   done

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "util/hash.h"
+#include "model/low_rank_seed.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -32,6 +32,7 @@ Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vect
     return hook_status_.ok();
   };
   hooked_ = stage_.SetExchangeHooks(&hooks_);
+  device_low_rank_ = stage_.EncodeLowRank(acts_, grads_);
 }
 
 Executor::~Executor() {
@@ -169,25 +170,26 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
   const int m = in.micro;
   if (in.op == Op::kSendAct) {
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
-    if (acts_.recoded()) {
-      LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.it, m, false));
+    if (HostRecodes(acts_)) {
+      LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.mbs[m], false));
       out = acts_out_[m].data();
     }
     channel_.Send(proto::ACTIVATION, pass.it, m, out, acts_.sent());
     return absl::OkStatus();
   }
   LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % stage_.slots()));
-  LH_RETURN_IF_ERROR(Outgoing(grads_, grad, grads_out_[m], pass.it, m, true));
+  LH_RETURN_IF_ERROR(Outgoing(grads_, grad, grads_out_[m], pass.mbs[m], true));
   channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), grads_.sent());
   return absl::OkStatus();
 }
 
-// The low rank's seed stream; the coordinates after it are the tensor's.
-constexpr uint64_t kLowRankStream = 0x4c6f7752616e6b00ULL;
-
-absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, int64_t it,
-                                int m, bool gradient) {
+absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out,
+                                const MicroBatch& mb, bool gradient) {
   out.resize(shape.sent());
+  if (!HostRecodes(shape)) {
+    std::copy_n(full, shape.sent(), out.data());
+    return absl::OkStatus();
+  }
   if (!shape.low_rank()) {
     shape.Keep(full, out.data());
     return absl::OkStatus();
@@ -198,12 +200,11 @@ absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, s
     shape.Keep(full, kept_.data());
     kept = kept_.data();
   }
-  const uint64_t seed = HashCoords({kLowRankStream, static_cast<uint64_t>(it), static_cast<uint64_t>(m), gradient});
-  return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, seed, out.data());
+  return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, gradient), out.data());
 }
 
 absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape, std::vector<float> sent) {
-  if (!shape.recoded()) return sent;
+  if (!HostRecodes(shape)) return sent;
   std::vector<float> full;
   if (!widened_.empty()) {
     full = std::move(widened_.back());
@@ -223,7 +224,7 @@ absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape
 }
 
 void Executor::Release(const BoundaryShape& shape, std::vector<float> read) {
-  if (shape.recoded()) {
+  if (HostRecodes(shape)) {
     widened_.push_back(std::move(read));
   } else {
     channel_.Recycle(std::move(read));
@@ -270,7 +271,7 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
       continue;
     }
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(0));
-    LH_RETURN_IF_ERROR(Outgoing(acts_, out, outputs[m], it, micro, false));
+    LH_RETURN_IF_ERROR(Outgoing(acts_, out, outputs[m], mbs[m], false));
     channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), acts_.sent());
   }
   LH_RETURN_IF_ERROR(channel_.Flush(it));

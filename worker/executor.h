@@ -152,10 +152,15 @@ class Executor {
   void Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited = 0);
   // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
   absl::Status TakeHookStatus();
-  // A boundary tensor of `shape` as it leaves: `full` copied into `out`, narrowed and put in low
-  // rank where the shape says (the rank's random directions drawn from (it, m, gradient)).
-  absl::Status Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, int64_t it, int m,
+  // A boundary tensor of `shape` as it leaves: what the stage gave (`full`) copied into `out`,
+  // narrowed and put in low rank where the shape says and the host does it (HostRecodes; the
+  // rank's random directions drawn from LowRankSeed(mb, gradient)).
+  absl::Status Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, const MicroBatch& mb,
                         bool gradient);
+  // Whether a boundary of `shape` leaves and arrives through the host's copy (narrowed, or put
+  // in low rank here), rather than as the stage gives and reads it (whole, or in low rank by the
+  // stage itself: Stage::EncodeLowRank).
+  bool HostRecodes(const BoundaryShape& shape) const { return shape.recoded() && !device_low_rank_; }
   // A received boundary tensor as the stage reads it (widened or multiplied out where `shape`
   // says), and its buffer given back once read: to the mailbox's pool, or a recoded one to
   // widened_.
@@ -171,6 +176,7 @@ class Executor {
   const int micro_batches_, group_;
   const float weight_;
   const BoundaryShape acts_, grads_;
+  bool device_low_rank_ = false;  // the stage puts them in low rank itself (Stage::EncodeLowRank)
   cpu::LowRankCodec low_rank_;
   std::vector<float> kept_;  // a narrowed tensor's kept columns, on their way into or out of low rank
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,

@@ -15,6 +15,8 @@
 #include "cuda/cuda_ops.cuh"
 #include "cuda/flash_attention.cuh"
 #include "cuda/host_upload.cuh"
+#include "cuda/low_rank.cuh"
+#include "model/low_rank_seed.h"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
 
@@ -265,7 +267,7 @@ class StageImpl final : public CudaStage {
       cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C, 0, C);
     } else {
       // The next forward's input may arrive while this one computes.
-      LH_RETURN_IF_ERROR(Upload(input_.p, input, NC, &input_free_));
+      LH_RETURN_IF_ERROR(Arrive(low_rank_acts_, input, acts_in_, input_.p, &input_free_));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
       LH_CUDA(cudaEventRecord(input_free_.e, stream_), "record");
       // A subspace model's boundary carried the first k coordinates; the rest are the fixed
@@ -285,7 +287,8 @@ class StageImpl final : public CudaStage {
       // boundary_ is free once the last output's copy to the host is done.
       LH_CUDA(cudaStreamWaitEvent(stream_, output_free_.e, 0), "wait for the output copy");
       cuda::CastToFloat(stream_, boundary_.p, x, NC);
-      LH_RETURN_IF_ERROR(CopyToHost(s.output.p, boundary_.p, NC, s.output_copied, output_free_));
+      LH_RETURN_IF_ERROR(
+          Leave(low_rank_acts_, boundary_.p, LowRankSeed(mb, false), acts_out_, s.output.p, s.output_copied, output_free_));
       return 0.0f;
     }
     cuda::LayerNormForward(stream_, s.lnf.p, s.lnf_mean.p, s.lnf_rstd.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N,
@@ -297,6 +300,15 @@ class StageImpl final : public CudaStage {
     double num = 0, den = 0;
     for (int n = 0; n < N; ++n) num += static_cast<double>(mb.loss_weight[n]) * losses_host_.p[n], den += mb.loss_weight[n];
     return den > 0 ? static_cast<float>(num / den) : 0.0f;
+  }
+
+  bool EncodeLowRank(const BoundaryShape& acts, const BoundaryShape& grads) override {
+    // A subspace model's boundary is narrowed before it goes into low rank: left to the host.
+    if (acts.narrowed() || grads.narrowed() || (!acts.low_rank() && !grads.low_rank())) return false;
+    const size_t N = static_cast<size_t>(B_) * T_;
+    if (acts.rows != N || grads.rows != N || acts.width != cfg_.d_model || grads.width != cfg_.d_model) return false;
+    low_rank_acts_ = acts, low_rank_grads_ = grads;
+    return true;
   }
 
   absl::StatusOr<const float*> Output(int slot) override {
@@ -324,7 +336,7 @@ class StageImpl final : public CudaStage {
                               BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.lnf_mean.p, s.lnf_rstd.p,
                               reduce_scratch_.p, N, C);
     } else {
-      LH_RETURN_IF_ERROR(Upload(g_resid_.p, grad_out, NC));
+      LH_RETURN_IF_ERROR(Arrive(low_rank_grads_, grad_out, grads_in_, g_resid_.p));
       if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
@@ -341,7 +353,8 @@ class StageImpl final : public CudaStage {
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
     if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
-    return CopyToHost(s.input_grad.p, g_resid_.p, NC, s.input_grad_copied, grad_free_);
+    return Leave(low_rank_grads_, g_resid_.p, LowRankSeed(mb, true), grads_out_, s.input_grad.p, s.input_grad_copied,
+                 grad_free_);
   }
 
   absl::StatusOr<const float*> InputGrad(int slot) override {
@@ -491,6 +504,40 @@ class StageImpl final : public CudaStage {
     LH_CUDA(cudaEventRecord(done.e, copy_stream_), "record");
     LH_CUDA(cudaEventRecord(src_free.e, copy_stream_), "record");
     return Check(cudaGetLastError(), "forward or backward");
+  }
+
+  // A boundary tensor (fp32, on the device) to pinned `host` as CopyToHost, or in low rank where
+  // `shape` has a rank (EncodeLowRank): its factors, put in `factors` with `seed`'s directions.
+  absl::Status Leave(const BoundaryShape& shape, const float* tensor, uint64_t seed, DeviceArray<float>& factors,
+                     float* host, Event& done, Event& tensor_free) {
+    const long NC = static_cast<long>(B_) * T_ * cfg_.d_model;
+    if (!shape.low_rank()) return CopyToHost(host, tensor, NC, done, tensor_free);
+    LH_RETURN_IF_ERROR(LowRankBuffers());
+    LH_RETURN_IF_ERROR(low_rank_.Encode(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, factors.p));
+    return CopyToHost(host, factors.p, static_cast<long>(shape.sent()), done, tensor_free);
+  }
+  // A boundary tensor from `host` into `tensor` (fp32, on the device) as Upload, or where `shape`
+  // has a rank its factors, through `factors`, multiplied out.
+  absl::Status Arrive(const BoundaryShape& shape, const float* host, DeviceArray<float>& factors, float* tensor,
+                      Event* free = nullptr) {
+    if (!shape.low_rank()) return Upload(tensor, host, static_cast<long>(B_) * T_ * cfg_.d_model, free);
+    LH_RETURN_IF_ERROR(LowRankBuffers());
+    LH_RETURN_IF_ERROR(Upload(factors.p, host, static_cast<long>(shape.sent()), free));
+    return cuda::LowRankCodec::Decode(blas_, factors.p, shape.rows, shape.width, shape.rank, tensor);
+  }
+  // The factors' device buffers and the codec's scratch, once a boundary in low rank needs them.
+  absl::Status LowRankBuffers() {
+    if (low_rank_ready_) return absl::OkStatus();
+    const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model;
+    LH_RETURN_IF_ERROR(low_rank_.Init(N, C, std::max(low_rank_acts_.rank, low_rank_grads_.rank)));
+    for (auto* x : {&acts_in_, &acts_out_}) {
+      if (low_rank_acts_.low_rank()) LH_RETURN_IF_ERROR(x->Alloc(low_rank_acts_.sent()));
+    }
+    for (auto* x : {&grads_in_, &grads_out_}) {
+      if (low_rank_grads_.low_rank()) LH_RETURN_IF_ERROR(x->Alloc(low_rank_grads_.sent()));
+    }
+    low_rank_ready_ = true;
+    return absl::OkStatus();
   }
 
   const float* P(int t) const { return params_.p + layout_.tensors()[t].offset; }
@@ -672,6 +719,12 @@ class StageImpl final : public CudaStage {
   cuda::HostUploader uploader_;
   Event upload_done_, upload_free_, input_free_;  // input_free_: input_ was read
   DeviceArray<double> norm_partial_, norm_;
+  // Boundaries the stage puts in low rank itself (EncodeLowRank; rank 0: whole), their factors on
+  // the way in and out, and the codec.
+  BoundaryShape low_rank_acts_, low_rank_grads_;
+  DeviceArray<float> acts_in_, acts_out_, grads_in_, grads_out_;
+  cuda::LowRankCodec low_rank_;
+  bool low_rank_ready_ = false;
 };
 
 template <typename T>

@@ -8,7 +8,9 @@
 // Work is queued on one compute stream; boundary tensors leave through pinned host buffers on a
 // second stream, so the device-to-host copy of one micro-batch runs while the next one computes:
 // Forward and a non-last stage's Backward return once their work is queued, and Output and
-// InputGrad wait for the copy. No kernel uses atomics, so a run repeats bit for bit.
+// InputGrad wait for the copy. A boundary in low rank (EncodeLowRank) crosses the bus as its
+// factors, put in low rank and multiplied out on the device (cuda/low_rank.cuh). No kernel uses
+// atomics, so a run repeats bit for bit.
 #include <cstdint>
 #include <memory>
 #include <optional>

@@ -46,6 +46,13 @@ class Stage {
   // and its exchange waits for whole iterations instead. `hooks` must outlive the stage's use of it.
   virtual bool SetExchangeHooks(const ExchangeHooks* /*hooks*/) { return false; }
   size_t num_params() const { return layout().total(); }
+  // Makes the stage put its boundaries in low rank itself where `acts` (its output; its input on
+  // the way in) or `grads` (its input gradient; its output gradient on the way in) has a rank: a
+  // device backend, so that the factors cross the bus instead of the tensor. That direction's
+  // Forward input, Output, Backward grad_out and InputGrad then hold its sent() floats, and each
+  // micro-batch's directions come from LowRankSeed (model/low_rank_seed.h). False where the
+  // backend leaves it to its caller, which puts the host's copy in low rank (cpu/low_rank.h).
+  virtual bool EncodeLowRank(const BoundaryShape& /*acts*/, const BoundaryShape& /*grads*/) { return false; }
 
   virtual absl::Status ZeroGrads() = 0;
   // Forward of micro-batch `mb` into activation slot `slot`; `input` is the previous stage's output

@@ -652,22 +652,29 @@ class Engine {
   // Stage s's boundaries in low rank: putting each micro-batch's activations (after its forward)
   // and gradients (after its backward) in low rank, and multiplying out what it receives, where
   // the worker does it: a CPU at the rate it runs a block (the block's FLOPs over its time), a GPU
-  // worker on its host (kHostLowRankFlops).
+  // worker on the device (kDeviceLowRankShare of that rate, and the pivots) or, for a subspace
+  // model's narrowed boundaries, on its host (kHostLowRankFlops).
   absl::Status AddLowRankCodec(const DeviceCost& device, int s, ComputeTimes& cost) const {
     const BoundaryShape acts = L_.Boundary(false), grads = L_.Boundary(true);
     if (!acts.low_rank() && !grads.low_rank()) return absl::OkStatus();
     const bool sends = s + 1 < L_.stages, receives = s > 0;
     const double forward = (sends ? acts.LowRankFlops(true) : 0) + (receives ? acts.LowRankFlops(false) : 0);
     const double backward = (receives ? grads.LowRankFlops(true) : 0) + (sends ? grads.LowRankFlops(false) : 0);
-    double rate = kHostLowRankFlops;
-    if (device.backend() == Backend::kCpu) {
+    const bool on_host = device.backend() == Backend::kCuda && acts.narrowed();
+    double rate = kHostLowRankFlops, forward_s = 0, backward_s = 0;
+    if (!on_host) {
       auto block = device.Block(L_.work);
       if (!block.ok()) return block.status();
       rate = BlockFlops(L_.work.model, L_.work.micro_batch, L_.work.seq_len, L_.work.recompute) /
              (block->forward_s + block->backward_s);
+      if (device.backend() == Backend::kCuda) {
+        if (L_.work.precision != Precision::kFp32) rate *= kDeviceLowRankShare;
+        forward_s = sends ? 6 * acts.rank * kDevicePivotSeconds : 0;
+        backward_s = receives ? 6 * grads.rank * kDevicePivotSeconds : 0;
+      }
     }
-    cost.forward_s += forward / rate;
-    cost.backward_s += backward / rate;
+    cost.forward_s += forward / rate + forward_s;
+    cost.backward_s += backward / rate + backward_s;
     return absl::OkStatus();
   }
 

@@ -4,13 +4,15 @@
 // asked for only after the next compute is queued); a channel's error ends the iteration with it,
 // and a stopped version's between two blocks;
 // the exchange overlaps compute through a CPU stage's hooks and computes the same; a replica of
-// several groups (a shrunk layout's) pushes each as the replica it stands for would.
+// several groups (a shrunk layout's) pushes each as the replica it stands for would; a stage that
+// puts its boundaries in low rank itself runs bitwise as when the executor does it on the host.
 #include "worker/executor.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -22,7 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cpu/cpu_stage.h"
+#include "cpu/low_rank.h"
 #include "data/batch_sampler.h"
+#include "model/low_rank_seed.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
@@ -100,33 +104,23 @@ class MemoryChannel final : public Channel {
   const size_t params_;
 };
 
-// A stage as a device backend looks to the executor: its results are asked for separately
-// (queues_work), and the order of its calls is kept.
-class QueuingStage final : public Stage {
+// Another stage's calls, each passed on: what the doubles below change a few of.
+class ForwardingStage : public Stage {
  public:
-  explicit QueuingStage(std::unique_ptr<Stage> inner) : inner_(std::move(inner)) {}
+  explicit ForwardingStage(std::unique_ptr<Stage> inner) : inner_(std::move(inner)) {}
   const ParamLayout& layout() const override { return inner_->layout(); }
   const StageSpec& spec() const override { return inner_->spec(); }
   std::string Describe() const override { return inner_->Describe(); }
   int slots() const override { return inner_->slots(); }
-  bool queues_work() const override { return true; }
   absl::Status ZeroGrads() override { return inner_->ZeroGrads(); }
   absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
-    calls.push_back(absl::StrCat("F", slot));
     return inner_->Forward(slot, mb, input);
   }
-  absl::StatusOr<const float*> Output(int slot) override {
-    calls.push_back(absl::StrCat("O", slot));
-    return inner_->Output(slot);
-  }
+  absl::StatusOr<const float*> Output(int slot) override { return inner_->Output(slot); }
   absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
-    calls.push_back(absl::StrCat("B", slot));
     return inner_->Backward(slot, mb, grad_out, scale);
   }
-  absl::StatusOr<const float*> InputGrad(int slot) override {
-    calls.push_back(absl::StrCat("G", slot));
-    return inner_->InputGrad(slot);
-  }
+  absl::StatusOr<const float*> InputGrad(int slot) override { return inner_->InputGrad(slot); }
   absl::Status DownloadProbs(int slot, float* host) override { return inner_->DownloadProbs(slot, host); }
   absl::StatusOr<const float*> Params() override { return inner_->Params(); }
   absl::StatusOr<const float*> Grads() override { return inner_->Grads(); }
@@ -138,10 +132,110 @@ class QueuingStage final : public Stage {
   absl::Status GetOptimizerState(float* m, float* v) override { return inner_->GetOptimizerState(m, v); }
   absl::Status SetOptimizerState(const float* m, const float* v) override { return inner_->SetOptimizerState(m, v); }
 
-  std::vector<std::string> calls;
-
  private:
   std::unique_ptr<Stage> inner_;
+};
+
+// A stage as a device backend looks to the executor: its results are asked for separately
+// (queues_work), and the order of its calls is kept.
+class QueuingStage final : public ForwardingStage {
+ public:
+  using ForwardingStage::ForwardingStage;
+  bool queues_work() const override { return true; }
+  absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
+    calls.push_back(absl::StrCat("F", slot));
+    return ForwardingStage::Forward(slot, mb, input);
+  }
+  absl::StatusOr<const float*> Output(int slot) override {
+    calls.push_back(absl::StrCat("O", slot));
+    return ForwardingStage::Output(slot);
+  }
+  absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
+    calls.push_back(absl::StrCat("B", slot));
+    return ForwardingStage::Backward(slot, mb, grad_out, scale);
+  }
+  absl::StatusOr<const float*> InputGrad(int slot) override {
+    calls.push_back(absl::StrCat("G", slot));
+    return ForwardingStage::InputGrad(slot);
+  }
+
+  std::vector<std::string> calls;
+};
+
+// A stage that puts its boundaries in low rank itself, as a GPU stage does on its device
+// (Stage::EncodeLowRank), here with the host's codec: its factors are then the host path's.
+class EncodingStage final : public ForwardingStage {
+ public:
+  using ForwardingStage::ForwardingStage;
+  bool EncodeLowRank(const BoundaryShape& acts, const BoundaryShape& grads) override {
+    acts_ = acts, grads_ = grads;
+    return true;
+  }
+  absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
+    mbs_[slot] = mb;
+    return ForwardingStage::Forward(slot, mb, input == nullptr ? nullptr : Decoded(acts_, input));
+  }
+  absl::StatusOr<const float*> Output(int slot) override {
+    LH_ASSIGN_OR_RETURN(const float* full, ForwardingStage::Output(slot));
+    return Encoded(acts_, full, LowRankSeed(mbs_[slot], false), outputs_[slot]);
+  }
+  absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
+    mbs_[slot] = mb;
+    return ForwardingStage::Backward(slot, mb, grad_out == nullptr ? nullptr : Decoded(grads_, grad_out), scale);
+  }
+  absl::StatusOr<const float*> InputGrad(int slot) override {
+    LH_ASSIGN_OR_RETURN(const float* full, ForwardingStage::InputGrad(slot));
+    return Encoded(grads_, full, LowRankSeed(mbs_[slot], true), input_grads_[slot]);
+  }
+
+ private:
+  const float* Decoded(const BoundaryShape& b, const float* sent) {
+    decoded_.resize(b.floats());
+    EXPECT_TRUE(cpu::LowRankCodec::Decode(sent, b.rows, b.kept, b.rank, decoded_.data()).ok());
+    return decoded_.data();
+  }
+  absl::StatusOr<const float*> Encoded(const BoundaryShape& b, const float* full, uint64_t seed,
+                                       std::vector<float>& out) {
+    out.resize(b.sent());
+    LH_RETURN_IF_ERROR(codec_.Encode(full, b.rows, b.kept, b.rank, seed, out.data()));
+    return out.data();
+  }
+
+  BoundaryShape acts_, grads_;
+  std::map<int, MicroBatch> mbs_;  // by slot: the last micro-batch through it
+  std::map<int, std::vector<float>> outputs_, input_grads_;
+  std::vector<float> decoded_;
+  cpu::LowRankCodec codec_;
+};
+
+// Two stages of `cfg`, each in its own thread over in-memory wires, through one iteration of `mbs`,
+// their boundaries shaped as `acts` and `grads` say and each stage made what `wrap` makes it.
+struct TwoStages {
+  Wires wires;
+  std::vector<std::unique_ptr<Stage>> stages;
+  std::vector<std::unique_ptr<MemoryChannel>> channels;
+  std::vector<absl::StatusOr<IterationResult>> results{2, absl::UnknownError("not run")};
+
+  TwoStages(const ModelConfig& cfg, ScheduleKind kind, const std::vector<MicroBatch>& mbs, BoundaryShape acts,
+            BoundaryShape grads, const std::function<std::unique_ptr<Stage>(std::unique_ptr<Stage>)>& wrap) {
+    for (int s = 0; s < 2; ++s) {
+      auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, s, 2), B, T, s == 1, ActivationSlots(kind, 2, s, M), 11);
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) return;
+      channels.push_back(std::make_unique<MemoryChannel>(wires, s, (*st)->num_params()));
+      stages.push_back(wrap(std::move(*st)));
+    }
+    Timeline timeline;
+    std::vector<std::thread> threads;
+    for (int s = 0; s < 2; ++s) {
+      threads.emplace_back([&, s] {
+        Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, 1.0f / M,
+                    acts, grads);
+        results[s] = ex.Run(0, mbs);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
 };
 
 // (schedule, whether the stages queue their work, model.subspace_divisor)
@@ -169,27 +263,14 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   }
   const float* whole_grads = *(*whole)->Grads();
 
-  Wires wires;
-  Timeline timeline;
-  std::vector<std::unique_ptr<Stage>> stages;
-  std::vector<std::unique_ptr<MemoryChannel>> channels;
-  std::vector<absl::StatusOr<IterationResult>> results(2, absl::UnknownError("not run"));
-  for (int s = 0; s < 2; ++s) {
-    auto st = CpuStage::Create(cfg, StageSpec::Even(cfg, s, 2), B, T, s == 1, ActivationSlots(kind, 2, s, M), 11);
-    ASSERT_TRUE(st.ok()) << st.status();
-    channels.push_back(std::make_unique<MemoryChannel>(wires, s, (*st)->num_params()));
-    stages.push_back(queued ? std::make_unique<QueuingStage>(std::move(*st)) : std::unique_ptr<Stage>(std::move(*st)));
-  }
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) {
-    threads.emplace_back([&, s] {
-      Executor ex(*stages[s], *channels[s], timeline, MakeSchedule(kind, 2, s, M, false), s, 2, M, M, 1.0f / M, Boundary(cfg),
-                  Boundary(cfg));
-      results[s] = ex.Run(0, mbs);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(wires.sizes(), std::set<size_t>{static_cast<size_t>(B) * T * cfg.d_model / divisor});
+  TwoStages run(cfg, kind, mbs, Boundary(cfg), Boundary(cfg), [&](std::unique_ptr<Stage> st) -> std::unique_ptr<Stage> {
+    if (queued) return std::make_unique<QueuingStage>(std::move(st));
+    return st;
+  });
+  const auto& stages = run.stages;
+  const auto& channels = run.channels;
+  const auto& results = run.results;
+  EXPECT_EQ(run.wires.sizes(), std::set<size_t>{static_cast<size_t>(B) * T * cfg.d_model / divisor});
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[1]->loss, loss);
@@ -221,6 +302,32 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
                                   (std::get<1>(info.param) ? "_Queued" : "_Immediate") +
                                   (std::get<2>(info.param) > 1 ? "_Subspace" : "");
                          });
+
+// A stage that puts its boundaries in low rank itself (a GPU stage, on its device) is handed the
+// factors it sends and receives as they are: the same floats cross the wires (the factors' count
+// only) and the run ends bitwise as when the executor puts them in low rank on the host.
+TEST(Executor, AStageThatPutsItsBoundariesInLowRankItselfRunsAsTheHostPath) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(3, m));
+  BoundaryShape acts = Boundary(cfg), grads = Boundary(cfg);
+  acts.rank = 4, grads.rank = 8;
+  const ScheduleKind kind = ScheduleKind::k1F1B;
+  TwoStages host(cfg, kind, mbs, acts, grads, [](std::unique_ptr<Stage> st) { return st; });
+  TwoStages itself(cfg, kind, mbs, acts, grads, [](std::unique_ptr<Stage> st) -> std::unique_ptr<Stage> {
+    return std::make_unique<EncodingStage>(std::move(st));
+  });
+  for (TwoStages* run : {&host, &itself}) {
+    ASSERT_TRUE(run->results[0].ok()) << run->results[0].status();
+    ASSERT_TRUE(run->results[1].ok()) << run->results[1].status();
+    EXPECT_EQ(run->wires.sizes(), (std::set<size_t>{acts.sent(), grads.sent()}));
+  }
+  EXPECT_EQ(itself.results[1]->loss, host.results[1]->loss);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(itself.channels[s]->pushed, host.channels[s]->pushed) << "stage " << s;
+}
 
 // A shrunk layout's replica runs two of the job's replicas' micro-batches: it pushes each group's
 // mean gradient on its own, bitwise what each replica it stands for pushes, under both schedules.
