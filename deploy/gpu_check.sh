@@ -12,7 +12,8 @@
 # per-block times for the planner, runtime/plan/cost_model.h's format), and exits 1 if a check
 # failed. Checks:
 #   1. cuda_stage_test: fixture parity in fp32, bf16 and fp16; CPU against GPU on random configs;
-#      slots, recompute, a pipeline cut and a second run bit-identical. flash_attention_test: the
+#      slots, recompute, a pipeline cut and a second run bit-identical; a boundary in low rank as
+#      the host's codec puts it. flash_attention_test: the
 #      flash-style kernels against attention in doubles, every output written, bit-identical reruns.
 #      wire_codec_test: the wire formats encoded and decoded on the device, byte for byte the CPU's.
 #      cuda_low_rank_test: the low-rank codec on the device against the CPU's, zeros and NaN.
@@ -123,7 +124,7 @@ one=(--set train.micro_batches=4)
 
 if want 1; then
 if step "cuda_stage_test" "$run" cuda_stage_test && ! grep -q '^\[  SKIPPED \]' "$work/last.log"; then
-  result "CUDA stage tests" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: parity fp32/bf16/fp16, CPU vs GPU, slots, recompute, cut and rerun bitwise"
+  result "CUDA stage tests" PASS "$(grep -c '^\[       OK \]' "$work/last.log") passed: parity fp32/bf16/fp16, CPU vs GPU, slots, recompute, cut and rerun bitwise, low-rank boundary"
 else
   result "CUDA stage tests" FAIL "$(grep -E '^\[  (FAILED|SKIPPED) \]' "$work/last.log" | head -5 | tr '\n' ' ')"
 fi

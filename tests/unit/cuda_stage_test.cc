@@ -1,6 +1,7 @@
 // The CUDA backend of the Stage interface against the PyTorch fixtures (per precision), against
 // the CPU backend on random configs, and against itself: slots, recompute, a pipeline cut and a
-// second run give bit-identical results (no kernel uses atomics). Needs a GPU: without one every
+// second run give bit-identical results (no kernel uses atomics); a boundary in low rank crosses
+// as the host's codec puts it. Needs a GPU: without one every
 // test but the last skips, saying why; the last checks the error a user gets when asking for a
 // device that is not there.
 #include "cuda/cuda_stage.h"
@@ -17,7 +18,9 @@
 #include "absl/strings/str_cat.h"
 
 #include "cpu/cpu_stage.h"
+#include "cpu/low_rank.h"
 #include "data/batch_sampler.h"
+#include "model/low_rank_seed.h"
 #include "model/memory_estimate.h"
 #include "tests/support/fixtures.h"
 
@@ -246,6 +249,64 @@ TEST(CudaStage, SlotsRecomputeAPipelineCutAndASecondRunGiveBitIdenticalResults) 
       EXPECT_EQ(base.losses, other.losses) << PrecisionName(p) << ": " << what;
       EXPECT_EQ(base.grads, other.grads) << PrecisionName(p) << ": " << what;
     }
+  }
+}
+
+// A boundary in low rank (Stage::EncodeLowRank) leaves a GPU stage as its factors and arrives
+// multiplied out on the device: a 2-stage cut on the GPU against the same cut on the CPU with the
+// host's codec between its stages, the same directions (LowRankSeed), losses and gradients within
+// fp32 rounding.
+TEST(CudaStage, ABoundaryInLowRankCrossesAsTheHostCodecPutsIt) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "low-rank boundaries on the device need a GPU: " << why;
+  const ModelConfig cfg = Small(2, 64, 4, 32, AttentionMask::kCausal, false);
+  const int B = 2, T = 32;
+  const std::vector<MicroBatch> mbs = Batches(cfg, B, T, 2);
+  const size_t N = static_cast<size_t>(B) * T;
+  const BoundaryShape acts{N, 64, 64, 16}, grads{N, 64, 64, 8};
+  std::vector<std::unique_ptr<Stage>> cpu, gpu;
+  for (int s = 0; s < 2; ++s) {
+    const StageSpec spec{s, s + 1, s == 0, s == 1};
+    auto c = CpuStage::Create(cfg, spec, B, T, false, 1, 9);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cpu.push_back(std::move(*c));
+    gpu.push_back(Make(cfg, spec, {B, T, Precision::kFp32, 0, 1, false, 9}));
+    ASSERT_NE(gpu.back(), nullptr);
+    ASSERT_TRUE(gpu.back()->EncodeLowRank(acts, grads));
+  }
+  for (auto* stages : {&cpu, &gpu})
+    for (auto& st : *stages) ASSERT_TRUE(st->ZeroGrads().ok());
+  cpu::LowRankCodec codec;
+  // What the host's codec makes of a tensor of `shape` on its way across.
+  auto across = [&](const BoundaryShape& shape, const float* full, uint64_t seed) {
+    std::vector<float> factors(shape.sent()), back(shape.floats());
+    EXPECT_TRUE(codec.Encode(full, shape.rows, shape.kept, shape.rank, seed, factors.data()).ok());
+    EXPECT_TRUE(cpu::LowRankCodec::Decode(factors.data(), shape.rows, shape.kept, shape.rank, back.data()).ok());
+    return back;
+  };
+  for (const MicroBatch& mb : mbs) {
+    ASSERT_TRUE(cpu[0]->Forward(0, mb, nullptr).ok());
+    const std::vector<float> x = across(acts, *cpu[0]->Output(0), LowRankSeed(mb, false));
+    const float cpu_loss = *cpu[1]->Forward(0, mb, x.data());
+    ASSERT_TRUE(cpu[1]->Backward(0, mb, nullptr, 1.0f).ok());
+    const std::vector<float> g = across(grads, *cpu[1]->InputGrad(0), LowRankSeed(mb, true));
+    ASSERT_TRUE(cpu[0]->Backward(0, mb, g.data(), 1.0f).ok());
+
+    ASSERT_TRUE(gpu[0]->Forward(0, mb, nullptr).ok());
+    const std::vector<float> factors = Copy(gpu[0]->Output(0), acts.sent());
+    const absl::StatusOr<float> gpu_loss = gpu[1]->Forward(0, mb, factors.data());
+    ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status();
+    ASSERT_TRUE(gpu[1]->Backward(0, mb, nullptr, 1.0f).ok());
+    const std::vector<float> grad_factors = Copy(gpu[1]->InputGrad(0), grads.sent());
+    ASSERT_TRUE(gpu[0]->Backward(0, mb, grad_factors.data(), 1.0f).ok());
+    EXPECT_NEAR(*gpu_loss, cpu_loss, 1e-4);
+  }
+  for (int s = 0; s < 2; ++s) {
+    const std::vector<float> g = Copy(gpu[s]->Grads(), gpu[s]->num_params()),
+                             c = Copy(cpu[s]->Grads(), cpu[s]->num_params());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < g.size(); ++i) num += (g[i] - c[i]) * (g[i] - c[i]), den += c[i] * c[i];
+    EXPECT_LT(std::sqrt(num / den), 1e-3) << "stage " << s;
   }
 }
 
