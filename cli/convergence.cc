@@ -76,11 +76,14 @@ const std::vector<BenchSetting>& Settings() {
        {"model.subspace_divisor=4", "cluster.stages=2", "transport.wire_dtype=\"int4\"",
         "transport.gradient_dtype=\"int3h\""},
        1, false},
-      // And in low rank (transport.boundary_rank_divisor): a quarter of the width as the rank,
-      // both ways, the factors in int8; fp32, int4 and int3h factors, other ranks and low-rank
-      // gradients alone are shipped measurements of --try.
-      {"low rank /4, int8 boundaries",
-       {"cluster.stages=2", "transport.boundary_rank_divisor=4", "transport.wire_dtype=\"int8\""}, 1, false},
+      // And in low rank: an eighth of the width as the activations' rank
+      // (transport.boundary_rank_divisor) and a quarter as their gradients'
+      // (transport.gradient_rank_divisor: they lose more in low rank), the factors in int8; other
+      // ranks, fp32, int4 and int3h factors are shipped measurements of --try.
+      {"low rank /8 activations, /4 gradients, int8",
+       {"cluster.stages=2", "transport.boundary_rank_divisor=8", "transport.gradient_rank_divisor=4",
+        "transport.wire_dtype=\"int8\""},
+       1, false},
       {"batch x2", {}, 2, true},
       {"batch x4", {}, 4, false},
   };
