@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "cuda/cublas_api.h"
 #include "model/low_rank_seed.h"

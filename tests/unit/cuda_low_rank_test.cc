@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "cpu/blas.h"
 #include "cpu/low_rank.h"
 #include "cuda/cublas_api.h"
