@@ -803,7 +803,7 @@ nlohmann::json WorkerAt(const nlohmann::json& cluster, int stage, int replica) {
 // What it says on a tensor port it signs as that worker (speaker()).
 class Spare {
  public:
-  Spare(const fs::path& out, const JobSecret& secret)
+  Spare(const fs::path& out, const JobSecret& secret, const std::string& address = "127.0.0.1:1")
       : key_(std::make_shared<const WorkerKey>(WorkerKey::Generate().value())) {
     int port = 0;
     std::ifstream(out / ".coordinator_port") >> port;
@@ -814,7 +814,7 @@ class Spare {
     stub_ = proto::Coordinator::NewStub(*channel);
     proto::RegisterRequest reg;
     reg.set_protocol_version(kProtocolVersion);
-    reg.set_address("127.0.0.1:1");
+    reg.set_address(address);
     reg.set_public_key(key_->public_key());
     grpc::ClientContext ctx;
     proto::RegisterReply reply;
@@ -839,6 +839,17 @@ class Spare {
   }
   int id() const { return id_; }
   testing::Speaker speaker() const { return {id_, key_}; }
+  // Reports a compute profile, as a worker does once registered: a plan may then place it.
+  grpc::Status ReportProfile() const {
+    proto::ProfileReport profile;
+    profile.set_worker_id(id_);
+    profile.mutable_compute()->set_block_forward_s(0.01);
+    profile.mutable_compute()->set_block_backward_s(0.02);
+    profile.mutable_compute()->set_memory_bytes(1e10);
+    grpc::ClientContext ctx;
+    proto::Empty empty;
+    return stub_->ReportProfile(&ctx, profile, &empty);
+  }
   // Its channel to the coordinator, each call signed with its own key.
   proto::Coordinator::Stub& coordinator() const { return *stub_; }
 
@@ -1113,6 +1124,139 @@ TEST(Cluster, AMemberSendsOnlyFromItsOwnPlace) {
   const nlohmann::json summary = nlohmann::json::parse(sf, nullptr, false);
   ASSERT_FALSE(summary.is_discarded()) << Log(out);
   EXPECT_TRUE(summary["recoveries"].empty()) << summary["recoveries"].dump(2);
+}
+
+// A member of the job placed by the plan (registered with a key of its own and profiled, so the
+// coordinator gives it a stage of a 2 x 1 run; it computes nothing) sends its neighbour boundary
+// headers from its own place, for each wire format and both directions (it registers first, as
+// stage 0 sending activations, or second, as stage 1 sending gradients): the whole tensor where
+// the plan sends fewer values (low-rank factors, a subspace model's kept columns; elsewhere twice
+// it), one value more than the plan's, 2^34, and the plan's count in another dtype. The live
+// worker refuses each, naming the plan's count or dtype, before anything is reserved.
+TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
+  const uint64_t whole = 2 * 16 * 32;  // micro_batch_size x seq_len x d_model
+  struct Format {
+    const char* what;
+    std::vector<std::string> sets;
+    proto::WireDtype dtype[2];  // activations, gradients
+    uint64_t count[2];
+  };
+  const std::vector<Format> formats = {
+      {"int4 activations, int3h gradients",
+       {"transport.wire_dtype=\"int4\"", "transport.gradient_dtype=\"int3h\""},
+       {proto::INT4, proto::INT3H},
+       {whole, whole}},
+      // Rank 32 / 8 = 4 forward and 32 / 4 = 8 backward, each sending rank x (32 tokens + 32 values).
+      {"low rank /8 activations, /4 gradients, int8",
+       {"transport.wire_dtype=\"int8\"", "transport.boundary_rank_divisor=8", "transport.gradient_rank_divisor=4"},
+       {proto::INT8, proto::INT8},
+       {4 * 64, 8 * 64}},
+      // The first 32 / 4 = 8 values of each of the 32 tokens.
+      {"subspace /4, int8", {"transport.wire_dtype=\"int8\"", "model.subspace_divisor=4"}, {proto::INT8, proto::INT8},
+       {32 * 8, 32 * 8}},
+  };
+  int job = 0;
+  for (const Format& f : formats) {
+    for (int gradient : {0, 1}) {
+      const fs::path out = Dir("placed_peer_" + std::to_string(job++));
+      const std::string secret_path = (out / ".secret").string();
+      ASSERT_TRUE(JobSecret::WriteNew(secret_path).ok());
+      const absl::StatusOr<JobSecret> secret = JobSecret::Load(secret_path);
+      ASSERT_TRUE(secret.ok()) << secret.status();
+      std::vector<std::string> sets = f.sets;
+      sets.insert(sets.end(),
+                  {"cluster.stages=2", "cluster.replicas=1", "cluster.link_probe=\"off\"", "train.steps=100"});
+      Reaper coordinator{Start("coordinator", out, sets,
+                               {"--listen", "127.0.0.1:0", "--port-file", (out / ".coordinator_port").string(),
+                                "--secret-file", secret_path})};
+      int port = 0;
+      for (int i = 0; i < 300 && port == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::ifstream(out / ".coordinator_port") >> port;
+      }
+      ASSERT_GT(port, 0) << Log(out);
+      // The member's tensor port: connections wait in its backlog, unread.
+      std::string member_address;
+      const absl::StatusOr<int> listener = ListenTcp("127.0.0.1:0", &member_address);
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      auto start_worker = [&] {
+        return Spawn({LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port), "--secret-file",
+                      secret_path, "--threads", "1", "--listen", "127.0.0.1:0"},
+                     out / "worker.txt");
+      };
+      // Registration order is placement order here (one address, no links to plan with).
+      std::unique_ptr<Reaper> worker;
+      if (gradient) {
+        worker.reset(new Reaper{start_worker()});
+        for (int i = 0; i < 300 && Log(out).find("registered from") == std::string::npos; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        ASSERT_NE(Log(out).find("registered from"), std::string::npos) << Log(out);
+      }
+      const Spare member(out, *secret, member_address);
+      ASSERT_TRUE(member.ReportProfile().ok());
+      if (!gradient) worker.reset(new Reaper{start_worker()});
+      // The plan, asked for again while the coordinator answers that it has none yet.
+      proto::Plan plan;
+      grpc::Status got;
+      for (int i = 0; i < 30 && plan.version() == 0; ++i) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+        proto::PlanRequest request;
+        request.set_worker_id(member.id());
+        got = member.coordinator().GetPlan(&ctx, request, &plan);
+      }
+      ASSERT_NE(plan.version(), 0u) << got.error_message() << "\n" << Log(out);
+      std::string victim;
+      for (const proto::Assignment& a : plan.assignments()) {
+        if (a.worker_id() == member.id()) {
+          ASSERT_EQ(a.stage(), gradient) << f.what << ": " << plan.DebugString();
+        } else {
+          victim = a.address();
+        }
+      }
+      // Once every worker is ready, the victim admits by the plan.
+      {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        proto::ReadyRequest ready;
+        ready.set_worker_id(member.id());
+        ready.set_plan_version(plan.version());
+        proto::ReadyReply reply;
+        ASSERT_TRUE(member.coordinator().Ready(&ctx, ready, &reply).ok()) << Log(out);
+        ASSERT_FALSE(reply.abort()) << reply.reason();
+      }
+      const uint64_t count = f.count[gradient];
+      const proto::WireDtype dtype = f.dtype[gradient];
+      auto send = [&](uint64_t elements, proto::WireDtype as) {
+        proto::TensorHeader h;
+        h.set_job_id("equivalence");
+        h.set_protocol_version(kProtocolVersion);
+        h.set_plan_version(plan.version());
+        h.set_kind(gradient ? proto::GRADIENT : proto::ACTIVATION);
+        h.set_iteration(plan.start_iteration());
+        h.set_from_stage(gradient);
+        h.set_dtype(as);
+        h.set_total_elements(elements);
+        h.set_part_elements(elements);
+        testing::RawPeer peer(victim, "equivalence", *secret, member.speaker());
+        EXPECT_TRUE(peer.hello().ok()) << peer.hello();
+        peer.Write(testing::HeaderFrame(h));
+        return peer.Ack(std::chrono::seconds(10));
+      };
+      const std::string says = absl::StrFormat("the plan has %d", count);
+      for (uint64_t elements : {count == whole ? 2 * whole : whole, count + 1, uint64_t{1} << 34}) {
+        const absl::Status s = send(elements, dtype);
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << f.what << ", " << elements << ": " << s;
+        EXPECT_NE(s.message().find(says), std::string::npos) << f.what << ", " << elements << ": " << s;
+        if (elements == count + 1) std::cout << f.what << ": " << s.message() << "\n";
+      }
+      const absl::Status s = send(count, proto::F32);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << f.what << ": " << s;
+      EXPECT_NE(s.message().find("in wire dtype fp32; the plan's for it is"), std::string::npos) << f.what << ": " << s;
+      std::cout << f.what << ": " << s.message() << "\n";
+      close(*listener);
+    }
+  }
 }
 
 // A member's idle connections leave the placed peers theirs. Against a live 2 x 2 run, the spare
