@@ -24,7 +24,7 @@ void OrthonormalRows(float* m, size_t r, size_t n, std::vector<float>& c) {
   for (size_t i = 0; i < r; ++i) {
     float* v = m + i * n;
     const float before = Norm(v, n);
-    for (int pass = 0; pass < 2 && i > 0; ++pass) {
+    for (int pass = 0; pass < kLowRankPasses && i > 0; ++pass) {
       const int I = static_cast<int>(i);
       Sgemm(false, false, I, 1, N, 1.0f, m, N, v, 1, 0.0f, c.data(), 1);  // c (i) = m[0:i] · v
       SgemvTrans(I, N, -1.0f, m, N, c.data(), 1.0f, v);                  // v -= m[0:i]^T · c

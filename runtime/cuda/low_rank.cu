@@ -1,6 +1,7 @@
 #include "cuda/low_rank.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -83,23 +84,17 @@ absl::Status Blas(cublasStatus_t s, const char* what) {
   return absl::InternalError(absl::StrFormat("cuBLAS error %d in the low-rank codec's %s", static_cast<int>(s), what));
 }
 
-// Column-major C (m × n) = op(A) · op(B), fp32 (no TF32: the factors keep fp32's precision).
-absl::Status Gemm32(cublasHandle_t h, bool ta, bool tb, size_t m, size_t n, size_t k, const float* A, size_t lda,
-                    const float* B, size_t ldb, float* C, size_t ldc) {
-  const float one = 1.0f, zero = 0.0f;
+// Column-major C (m × n) = alpha · op(A) · op(B) + beta · C in F's precision: fp32 without TF32
+// (the factors keep fp32's precision), or fp64.
+template <typename F>
+absl::Status Gemm(cublasHandle_t h, bool ta, bool tb, size_t m, size_t n, size_t k, F alpha, const F* A, size_t lda,
+                  const F* B, size_t ldb, F beta, F* C, size_t ldc) {
+  constexpr bool f32 = std::is_same_v<F, float>;
+  constexpr cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
   return Blas(LoadedCublas().gemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(n),
-                                  int(k), &one, A, CUDA_R_32F, int(lda), B, CUDA_R_32F, int(ldb), &zero, C,
-                                  CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                                  int(k), &alpha, A, type, int(lda), B, type, int(ldb), &beta, C, type, int(ldc),
+                                  f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT),
               "product");
-}
-
-// Column-major C (m × n) = alpha · op(A) · op(B) + beta · C in fp64.
-absl::Status Gemm64(cublasHandle_t h, bool ta, bool tb, size_t m, size_t n, size_t k, double alpha, const double* A,
-                    size_t lda, const double* B, size_t ldb, double beta, double* C, size_t ldc) {
-  return Blas(LoadedCublas().gemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(n),
-                                  int(k), &alpha, A, CUDA_R_64F, int(lda), B, CUDA_R_64F, int(ldb), &beta, C,
-                                  CUDA_R_64F, int(ldc), CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT),
-              "Gram matrix");
 }
 
 // b (m × n, column-major, ldb) = b · L^-T for L lower triangular (n × n, ldl).
@@ -131,8 +126,8 @@ absl::Status LowRankCodec::Init(size_t rows, size_t cols, size_t rank) {
 absl::Status LowRankCodec::Orthonormalize(cublasHandle_t blas, cudaStream_t s, float* x, size_t n, size_t r) {
   double* g = gram_.p;
   CastKernel<<<Blocks(n * r), kThreads, 0, s>>>(x64_.p, x, n * r);
-  for (int pass = 0; pass < 2; ++pass) {
-    LH_RETURN_IF_ERROR(Gemm64(blas, true, false, r, r, n, 1.0, x64_.p, n, x64_.p, n, 0.0, g, r));  // G = X^T X
+  for (int pass = 0; pass < kLowRankPasses; ++pass) {
+    LH_RETURN_IF_ERROR(Gemm(blas, true, false, r, r, n, 1.0, x64_.p, n, x64_.p, n, 0.0, g, r));  // G = X^T X
     DiagonalKernel<<<Blocks(r), kThreads, 0, s>>>(diag_.p, g, static_cast<int>(r));
     // G = L L^T, a panel of columns at a time: factor the panel's diagonal block, solve for the
     // rows below it, subtract their product from the rest.
@@ -145,7 +140,7 @@ absl::Status LowRankCodec::Orthonormalize(cublasHandle_t blas, cudaStream_t s, f
       double* l21 = l11 + kb;
       LH_RETURN_IF_ERROR(SolveRight(blas, rest, kb, l11, r, l21, r));
       ZeroDeadColumnsKernel<<<Blocks(rest * kb), kThreads, 0, s>>>(l21, rest, r, dead_.p + k0, static_cast<int>(kb));
-      LH_RETURN_IF_ERROR(Gemm64(blas, false, true, rest, rest, kb, -1.0, l21, r, l21, r, 1.0, l21 + kb * r, r));
+      LH_RETURN_IF_ERROR(Gemm(blas, false, true, rest, rest, kb, -1.0, l21, r, l21, r, 1.0, l21 + kb * r, r));
     }
     LH_RETURN_IF_ERROR(SolveRight(blas, n, r, g, r, x64_.p, n));  // X = X L^-T
     ZeroDeadColumnsKernel<<<Blocks(n * r), kThreads, 0, s>>>(x64_.p, n, n, dead_.p, static_cast<int>(r));
@@ -165,19 +160,19 @@ absl::Status LowRankCodec::Encode(cublasHandle_t blas, cudaStream_t s, const flo
   const size_t T = rows, C = cols, R = rank;
   float *q = out, *b = out + R * T;
   SignKernel<<<Blocks(C * R), kThreads, 0, s>>>(omega_.p, seed, C * R);
-  LH_RETURN_IF_ERROR(Gemm32(blas, true, false, T, R, C, a, C, omega_.p, C, q, T));  // Y = A·Ω
+  LH_RETURN_IF_ERROR(Gemm(blas, true, false, T, R, C, 1.0f, a, C, omega_.p, C, 0.0f, q, T));  // Y = A·Ω
   LH_RETURN_IF_ERROR(Orthonormalize(blas, s, q, T, R));
-  LH_RETURN_IF_ERROR(Gemm32(blas, false, false, C, R, T, a, C, q, T, z_.p, C));  // Z = A^T·Y
+  LH_RETURN_IF_ERROR(Gemm(blas, false, false, C, R, T, 1.0f, a, C, q, T, 0.0f, z_.p, C));  // Z = A^T·Y
   LH_RETURN_IF_ERROR(Orthonormalize(blas, s, z_.p, C, R));
-  LH_RETURN_IF_ERROR(Gemm32(blas, true, false, T, R, C, a, C, z_.p, C, q, T));  // Y = A·Z
+  LH_RETURN_IF_ERROR(Gemm(blas, true, false, T, R, C, 1.0f, a, C, z_.p, C, 0.0f, q, T));  // Y = A·Z
   LH_RETURN_IF_ERROR(Orthonormalize(blas, s, q, T, R));
-  return Gemm32(blas, false, false, C, R, T, a, C, q, T, b, C);  // B^T = A^T·Q
+  return Gemm(blas, false, false, C, R, T, 1.0f, a, C, q, T, 0.0f, b, C);  // B^T = A^T·Q
 }
 
 absl::Status LowRankCodec::Decode(cublasHandle_t blas, const float* in, size_t rows, size_t cols, size_t rank,
                                   float* a) {
   const size_t T = rows, C = cols, R = rank;
-  return Gemm32(blas, false, true, C, T, R, in + R * T, C, in, T, a, C);  // A^T = B^T·Q^T
+  return Gemm(blas, false, true, C, T, R, 1.0f, in + R * T, C, in, T, 0.0f, a, C);  // A^T = B^T·Q^T
 }
 
 }  // namespace longhaul::cuda

@@ -16,6 +16,12 @@ inline uint64_t LowRankSeed(const MicroBatch& mb, bool gradient) {
   return HashCoords({kStream, static_cast<uint64_t>(mb.iteration), static_cast<uint64_t>(mb.global_index), gradient});
 }
 
+// An encoding orthonormalises three sketches (A·Ω, A^T·Q, A·Z), each in kLowRankPasses passes,
+// the second mending what rounding left of the first: Gram-Schmidt on the host, Cholesky QR on the
+// device. The planner prices both codecs by these counts (BoundaryShape).
+inline constexpr int kLowRankOrthonormalisations = 3;
+inline constexpr int kLowRankPasses = 2;
+
 // Entry i of Ω^T (rank × cols, row-major) for `seed`: ±1.
 constexpr float LowRankSign(uint64_t seed, size_t i) { return (SplitMix64(seed + i) >> 63) ? 1.0f : -1.0f; }
 

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/low_rank_seed.h"
 
 namespace longhaul {
 
@@ -52,11 +53,18 @@ struct BoundaryShape {
   // What a link carries is not the stage's tensor as it is: it leaves and arrives through a copy.
   bool recoded() const { return narrowed() || low_rank(); }
   // Floating-point operations of putting it in low rank (`encode`: four products of rows x kept
-  // x rank and three orthogonalisations, cpu/low_rank.h) or of multiplying it out; 0 whole.
+  // x rank, and the orthonormalisations of two sketches of rows x rank and one of kept x rank,
+  // each pass 2 n r^2, cpu/low_rank.h) or of multiplying it out; 0 whole.
   double LowRankFlops(bool encode) const {
     if (!low_rank()) return 0;
     const double T = static_cast<double>(rows), k = kept, r = rank;
-    return encode ? 8 * T * k * r + 4 * r * r * (2 * T + k) : 2 * T * k * r;
+    static_assert(kLowRankOrthonormalisations == 3, "the sketches' rows below: T, k, T");
+    return encode ? 8 * T * k * r + kLowRankPasses * 2 * r * r * (2 * T + k) : 2 * T * k * r;
+  }
+  // Pivots an encoding factors one after another on the device (a Cholesky factorisation of
+  // `rank` pivots per pass of each orthonormalisation, cuda/low_rank.cuh); 0 whole.
+  double LowRankPivots() const {
+    return low_rank() ? static_cast<double>(kLowRankOrthonormalisations) * kLowRankPasses * rank : 0;
   }
   // (rows, width) -> (rows, kept), and back with zeros in the columns not kept (for the stage to
   // fill).

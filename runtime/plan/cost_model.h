@@ -153,10 +153,11 @@ CodecSeconds HostCodecSeconds(double elements, WireDtype d, bool stochastic);
 // A GPU worker puts its boundaries in low rank on the device (cuda/low_rank.cuh): the products on
 // its fp32 CUDA cores, at this share of the rate its blocks run at (tensor cores in a 16-bit
 // precision; the data sheets: H100 67 of 989 TFLOP/s, A100 19.5 of 312; a stage in fp32 runs its
-// blocks at that rate already), and an encoding's six Cholesky factorisations of `rank` pivots
-// each, one after another, at about kDevicePivotSeconds a pivot (a thread block's three
-// synchronisations and a square root, and a panel's launches of a triangular solve and a product
-// shared by its 64 pivots: an estimate until deploy/gpu_check.sh's wire_codec_bench measures it).
+// blocks at that rate already), and an encoding's Cholesky factorisations, one pivot after
+// another (BoundaryShape::LowRankPivots), at about kDevicePivotSeconds a pivot (a thread block's
+// three synchronisations and a square root, and a panel's launches of a triangular solve and a
+// product shared by its 64 pivots: an estimate until deploy/gpu_check.sh's wire_codec_bench
+// measures it).
 inline constexpr double kDeviceLowRankShare = 67.0 / 989.0;
 inline constexpr double kDevicePivotSeconds = 1e-6;
 // FLOP/s of the host's BLAS (cpu/low_rank.h), where a GPU worker puts a subspace model's narrowed

@@ -669,8 +669,8 @@ class Engine {
              (block->forward_s + block->backward_s);
       if (device.backend() == Backend::kCuda) {
         if (L_.work.precision != Precision::kFp32) rate *= kDeviceLowRankShare;
-        forward_s = sends ? 6 * acts.rank * kDevicePivotSeconds : 0;
-        backward_s = receives ? 6 * grads.rank * kDevicePivotSeconds : 0;
+        forward_s = sends ? acts.LowRankPivots() * kDevicePivotSeconds : 0;
+        backward_s = receives ? grads.LowRankPivots() * kDevicePivotSeconds : 0;
       }
     }
     cost.forward_s += forward / rate + forward_s;
