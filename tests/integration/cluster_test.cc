@@ -94,6 +94,16 @@ pid_t Start(const std::string& sub, const fs::path& out, const std::vector<std::
   return Spawn(args, out / "log.txt");
 }
 
+// The port a process writes to `file` once it listens, or 0 after 30 s.
+int PortFrom(const fs::path& file) {
+  int port = 0;
+  for (int i = 0; i < 300 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream(file) >> port;
+  }
+  return port;
+}
+
 // Kills a launcher's process group when it goes out of scope, whatever failed before: nothing keeps
 // running. A test that saw the launcher exit sets `pid` to 0.
 struct Reaper {
@@ -798,6 +808,16 @@ nlohmann::json WorkerAt(const nlohmann::json& cluster, int stage, int replica) {
   return nullptr;
 }
 
+// Worker `id`'s compute profile, as a worker reports it once registered: a plan may then place it.
+proto::ProfileReport Profiled(int id) {
+  proto::ProfileReport profile;
+  profile.set_worker_id(id);
+  profile.mutable_compute()->set_block_forward_s(0.01);
+  profile.mutable_compute()->set_block_backward_s(0.02);
+  profile.mutable_compute()->set_memory_bytes(1e10);
+  return profile;
+}
+
 // A holder of the run's secret registered with its coordinator as a spare, with a key of its own,
 // heartbeating so as to stay one: a member of the job that no plan places (it reports no profile).
 // What it says on a tensor port it signs as that worker (speaker()).
@@ -841,14 +861,9 @@ class Spare {
   testing::Speaker speaker() const { return {id_, key_}; }
   // Reports a compute profile, as a worker does once registered: a plan may then place it.
   grpc::Status ReportProfile() const {
-    proto::ProfileReport profile;
-    profile.set_worker_id(id_);
-    profile.mutable_compute()->set_block_forward_s(0.01);
-    profile.mutable_compute()->set_block_backward_s(0.02);
-    profile.mutable_compute()->set_memory_bytes(1e10);
     grpc::ClientContext ctx;
     proto::Empty empty;
-    return stub_->ReportProfile(&ctx, profile, &empty);
+    return stub_->ReportProfile(&ctx, Profiled(id_), &empty);
   }
   // Its channel to the coordinator, each call signed with its own key.
   proto::Coordinator::Stub& coordinator() const { return *stub_; }
@@ -1169,11 +1184,7 @@ TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
       Reaper coordinator{Start("coordinator", out, sets,
                                {"--listen", "127.0.0.1:0", "--port-file", (out / ".coordinator_port").string(),
                                 "--secret-file", secret_path})};
-      int port = 0;
-      for (int i = 0; i < 300 && port == 0; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        std::ifstream(out / ".coordinator_port") >> port;
-      }
+      const int port = PortFrom(out / ".coordinator_port");
       ASSERT_GT(port, 0) << Log(out);
       // The member's tensor port: connections wait in its backlog, unread.
       std::string member_address;
@@ -1228,16 +1239,9 @@ TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
       const uint64_t count = f.count[gradient];
       const proto::WireDtype dtype = f.dtype[gradient];
       auto send = [&](uint64_t elements, proto::WireDtype as) {
-        proto::TensorHeader h;
-        h.set_job_id("equivalence");
-        h.set_protocol_version(kProtocolVersion);
-        h.set_plan_version(plan.version());
-        h.set_kind(gradient ? proto::GRADIENT : proto::ACTIVATION);
-        h.set_iteration(plan.start_iteration());
-        h.set_from_stage(gradient);
+        proto::TensorHeader h = CraftedHeader(gradient ? proto::GRADIENT : proto::ACTIVATION, plan.version(),
+                                              plan.start_iteration(), 0, gradient, 0, elements);
         h.set_dtype(as);
-        h.set_total_elements(elements);
-        h.set_part_elements(elements);
         testing::RawPeer peer(victim, "equivalence", *secret, member.speaker());
         EXPECT_TRUE(peer.hello().ok()) << peer.hello();
         peer.Write(testing::HeaderFrame(h));
@@ -1769,11 +1773,7 @@ TEST(Cluster, CraftedLinkReportsAreRefusedByACoordinatorAwaitingLinks) {
   Reaper coordinator_process{Start("coordinator", out, {"cluster.stages=2", "cluster.link_probe=\"on\""},
                                    {"--listen", "127.0.0.1:0", "--port-file", port_file.string(), "--secret-file",
                                     secret_path})};
-  int port = 0;
-  for (int i = 0; i < 300 && port == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream(port_file) >> port;
-  }
+  const int port = PortFrom(port_file);
   ASSERT_GT(port, 0) << Log(out);
   // Two workers at two addresses, each speaking with a key of its own, both profiled: the
   // coordinator now waits for their links.
@@ -1798,13 +1798,8 @@ TEST(Cluster, CraftedLinkReportsAreRefusedByACoordinatorAwaitingLinks) {
   }
   proto::Empty empty;
   for (int k = 0; k < 2; ++k) {
-    proto::ProfileReport profile;
-    profile.set_worker_id(ids[k]);
-    profile.mutable_compute()->set_block_forward_s(0.01);
-    profile.mutable_compute()->set_block_backward_s(0.02);
-    profile.mutable_compute()->set_memory_bytes(1e10);
     grpc::ClientContext ctx;
-    ASSERT_TRUE(as[k]->ReportProfile(&ctx, profile, &empty).ok());
+    ASSERT_TRUE(as[k]->ReportProfile(&ctx, Profiled(ids[k]), &empty).ok());
   }
   auto report = [&](int k, double egress, double round_trip_s, double bytes_per_s) {
     proto::LinkReport links;
