@@ -37,6 +37,7 @@
 #include "tests/support/prometheus_parse.h"
 #include "tests/support/raw_tensor_peer.h"
 #include "tests/support/tiny_model.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -1190,6 +1191,7 @@ TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
       std::string member_address;
       const absl::StatusOr<int> listener = ListenTcp("127.0.0.1:0", &member_address);
       ASSERT_TRUE(listener.ok()) << listener.status();
+      const absl::Cleanup close_listener = [fd = *listener] { close(fd); };
       auto start_worker = [&] {
         return Spawn({LONGHAUL_BINARY, "worker", "--coordinator", absl::StrCat("127.0.0.1:", port), "--secret-file",
                       secret_path, "--threads", "1", "--listen", "127.0.0.1:0"},
@@ -1258,7 +1260,6 @@ TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << f.what << ": " << s;
       EXPECT_NE(s.message().find("in wire dtype fp32; the plan's for it is"), std::string::npos) << f.what << ": " << s;
       std::cout << f.what << ": " << s.message() << "\n";
-      close(*listener);
     }
   }
 }
