@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -62,14 +64,17 @@ pid_t Spawn(const std::vector<std::string>& args) {
 // one proxy process, which carries that pair's delay and rate. Returns the proxy's pid.
 absl::StatusOr<pid_t> StartProxies(const std::string& self_exe, const netem::Scenario& s, int workers,
                                    const std::string& dir, std::vector<int>& worker_ports) {
-  for (int w = 0; w < workers; ++w) worker_ports.push_back(FreeLoopbackPort());
+  // The workers' ports first, then one per route: all distinct, or two listeners would clash.
+  const std::vector<int> ports = FreeLoopbackPorts(workers * workers);
+  worker_ports.assign(ports.begin(), ports.begin() + workers);
+  auto next_via = ports.begin() + workers;
   std::vector<netem::ProxyRoute> routes;
   for (int i = 0; i < workers; ++i) {
     std::ofstream map(fs::path(dir) / absl::StrCat(".dial_map_", i), std::ios::trunc);
     for (int j = 0; j < workers; ++j) {
       if (i == j) continue;
       const std::string target = absl::StrCat("127.0.0.1:", worker_ports[j]);
-      const std::string via = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+      const std::string via = absl::StrCat("127.0.0.1:", *next_via++);
       routes.push_back({via, target, s.Between(i, j)});
       map << target << " " << via << "\n";
     }
@@ -236,6 +241,13 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   };
   auto deadline = std::chrono::steady_clock::time_point::max();
   int interrupts_handled = 0;
+  std::optional<std::pair<pid_t, std::chrono::steady_clock::time_point>> failed_worker;  // pid, when it ended
+  auto stop_run = [&](const std::string& why) {
+    std::cerr << "longhaul local: " << why << ": stopping the run\n";
+    if (running[0]) kill(children[0], SIGTERM);
+    result = 1;
+    deadline = std::min(deadline, std::chrono::steady_clock::now() + kStopGrace);
+  };
   while (std::count(running.begin(), running.end(), true) > 0) {
     if (g_interrupts > interrupts_handled) {
       interrupts_handled = g_interrupts;
@@ -269,11 +281,25 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
       stop_all(SIGKILL);
       deadline = std::chrono::steady_clock::time_point::max();
     }
+    // A worker that failed of its own error told the coordinator, which stops the job at once; one
+    // that failed before it registered leaves the coordinator waiting for it, and nobody else here
+    // starts a worker.
+    if (failed_worker && running[0] && result != 130 &&
+        std::chrono::steady_clock::now() > failed_worker->second + kStopGrace) {
+      stop_run(absl::StrFormat("worker process %d failed and the coordinator still waits for it", failed_worker->first));
+      failed_worker.reset();
+    }
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
+    }
+    if (auto h = std::find(helpers.begin(), helpers.end(), pid); h != helpers.end()) {
+      helpers.erase(h);
+      // Without the proxy no worker reaches another.
+      if (running[0] && result != 130)
+        stop_run(absl::StrFormat("the link emulation proxy (pid %d) ended with %s", pid, Describe(status)));
     }
     for (size_t i = 0; i < children.size(); ++i) {
       if (children[i] != pid) continue;
@@ -285,6 +311,7 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
           deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && result != 130) {
         std::cerr << absl::StrFormat("longhaul local: worker process %d ended with %s\n", pid, Describe(status));
+        if (WIFEXITED(status)) failed_worker = {pid, std::chrono::steady_clock::now()};
       }
     }
   }

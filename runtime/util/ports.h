@@ -1,9 +1,15 @@
 #pragma once
 // Loopback ports for processes this one starts on the same machine.
+#include <vector>
+
 namespace longhaul {
 
-// A loopback TCP port nobody holds at the moment it is returned, below the kernel's ephemeral
-// range where one is free there (else the kernel's pick), for a process that binds it later.
+// `n` distinct loopback TCP ports nobody holds at the moment they are returned, below the
+// kernel's ephemeral range where free ones are there (else the kernel's picks), for processes
+// that bind them later.
+std::vector<int> FreeLoopbackPorts(int n);
+
+// One such port.
 int FreeLoopbackPort();
 
 }  // namespace longhaul
