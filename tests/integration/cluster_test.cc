@@ -2104,7 +2104,8 @@ TEST(Cluster, AKilledWorkerIsNamedByTheConnectionsItClosedAndWithoutASpareTheLay
 // listens, so its first parameter broadcast waits for the peer; then the coordinator is stopped.
 TEST(Cluster, AStopEndsAWorkerBlockedOnSendsWithinAHeartbeat) {
   const fs::path out = Dir("stop");
-  const int replica1_port = FreeLoopbackPort(), nowhere = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int replica1_port = ports[0], nowhere = ports[1];
   std::ofstream(out / "dial_map") << "127.0.0.1:" << replica1_port << " 127.0.0.1:" << nowhere << "\n";
   const std::string port_file = (out / "port").string();
   const pid_t coordinator = Start("coordinator", out,
