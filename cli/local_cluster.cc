@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "config/job_config.h"
+#include "metrics/metrics_log.h"
 #include "netem/emulated_network.h"
 #include "netem/netns.h"
 #include "scenario/scenario.h"
@@ -323,6 +325,36 @@ int RunLocalCluster(const std::string& self_exe, const std::string& config_path,
   return result;
 }
 
+namespace {
+
+// While a job's output goes to a log, its progress for the terminal (`fd`): " 10%" to " 90%" on
+// the caller's line as metrics.csv passes each tenth of train.steps, so a run of many minutes is
+// seen to move. A metrics.csv older than the call is an earlier run's and is not read.
+void ShowTenths(const std::string& config_path, const std::vector<std::string>& overrides, int fd,
+                const std::atomic<bool>& ended) {
+  const absl::StatusOr<JobConfig> cfg = LoadJobConfig(config_path, overrides);
+  if (!cfg.ok() || cfg->train.steps <= 0) return;  // RunLocalCluster reports a bad config
+  const std::string csv = (fs::path(cfg->train.out_dir) / "metrics.csv").string();
+  const auto start = fs::file_time_type::clock::now();
+  int64_t shown = 0;  // tenths written
+  for (bool last = false; !last;) {
+    last = ended;  // one more look after the run, so a run shorter than a look shows its tenths too
+    if (!last) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::error_code ec;
+    const auto written = fs::last_write_time(csv, ec);
+    if (ec || written < start) continue;
+    const absl::StatusOr<std::vector<MetricsRow>> rows = ReadMetrics(csv);
+    if (!rows.ok() || rows->empty()) continue;
+    const int64_t tenths = std::min<int64_t>(9, rows->back().step * 10 / cfg->train.steps);
+    for (; shown < tenths; ++shown) {
+      const std::string text = absl::StrFormat(" %d%%", (shown + 1) * 10);
+      if (write(fd, text.data(), text.size()) < 0) return;
+    }
+  }
+}
+
+}  // namespace
+
 int RunLocalClusterLogged(const std::string& log, const std::string& self_exe, const std::string& config_path,
                           const std::vector<std::string>& overrides, const std::string& scenario,
                           const std::string& emulation) {
@@ -335,7 +367,11 @@ int RunLocalClusterLogged(const std::string& log, const std::string& self_exe, c
     return 1;
   }
   dup2(fd, STDOUT_FILENO);
+  std::atomic<bool> ended = false;
+  std::thread progress([&] { ShowTenths(config_path, overrides, saved, ended); });
   const int rc = RunLocalCluster(self_exe, config_path, overrides, 0, scenario, emulation);
+  ended = true;
+  progress.join();
   std::cout << std::flush;
   dup2(saved, STDOUT_FILENO);
   close(saved), close(fd);

@@ -2,7 +2,8 @@
 # The convergence bench's mechanics on a small model (`longhaul convergence --quick`): every run
 # trains, each setting gets a penalty or a final gap, a setting that cannot reach the exact path's
 # loss (a learning rate 1000 times too small, added with --try) reports its gap and is not
-# choosable, and the SVG and the penalties file are written. Nothing here is timed.
+# choosable, each run's line shows its progress, and the SVG and the penalties file are written.
+# Nothing here is timed.
 # Exits 77 (skipped) where Debian's python3-doc, the corpus's source, is not installed.
 # Usage: convergence.sh path/to/longhaul (run from anywhere: paths are the source tree's)
 set -u
@@ -28,6 +29,8 @@ rc=$?
 cat "$dir/out.txt"
 check "longhaul convergence --quick exits 0" $([ "$rc" = 0 ]; echo $?)
 [ "$rc" = 0 ] || cat "$dir/err.txt"
+check "every run's line shows its tenths of the steps, then its final loss" \
+  $([ "$(grep -cE '^  \[[0-9]+/12\] .* \.\.\. 10% 20% 30% 40% 50% 60% 70% 80% 90% final val' "$dir/out.txt")" = 12 ]; echo $?)
 table=$(sed -n '/^setting /,/^The exact path/p' "$dir/out.txt")
 for s in "exact (sync fp32)" "int8 wire" "int4 wire" "local_steps 4" "batch x2" "lr/1000"; do
   check "a row for '$s'" $(grep -qF "$s " <<<"$table"; echo $?)
