@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

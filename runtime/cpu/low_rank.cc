@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "cpu/blas.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 
 namespace longhaul::cpu {
 namespace {

@@ -16,7 +16,7 @@
 #include "cuda/flash_attention.cuh"
 #include "cuda/host_upload.cuh"
 #include "cuda/low_rank.cuh"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 #include "model/memory_estimate.h"
 #include "optim/grad_clip.h"
 

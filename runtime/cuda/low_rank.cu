@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "cuda/cublas_api.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 
 namespace longhaul::cuda {
 namespace {

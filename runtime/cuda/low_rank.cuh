@@ -2,7 +2,7 @@
 // The low-rank codec (cpu/low_rank.h) on the device: a GPU stage puts its boundary in low rank
 // before it crosses the bus, so the factors cross it and a slow link instead of the tensor, and
 // multiplies out what it receives there. The same algorithm and the same random directions
-// (model/low_rank_seed.h) as the CPU twin, and the same layout of what is sent (Q^T, then B), so
+// (model/low_rank_method.h) as the CPU twin, and the same layout of what is sent (Q^T, then B), so
 // either end may be a CPU or a GPU worker.
 //
 // The products are fp32 cuBLAS GEMMs. The orthonormalisations, which the CPU twin does row by row

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 
 namespace longhaul {
 

@@ -50,7 +50,7 @@ class Stage {
   // the way in) or `grads` (its input gradient; its output gradient on the way in) has a rank: a
   // device backend, so that the factors cross the bus instead of the tensor. That direction's
   // Forward input, Output, Backward grad_out and InputGrad then hold its sent() floats, and each
-  // micro-batch's directions come from LowRankSeed (model/low_rank_seed.h). False where the
+  // micro-batch's directions come from LowRankSeed (model/low_rank_method.h). False where the
   // backend leaves it to its caller, which puts the host's copy in low rank (cpu/low_rank.h).
   virtual bool EncodeLowRank(const BoundaryShape& /*acts*/, const BoundaryShape& /*grads*/) { return false; }
 

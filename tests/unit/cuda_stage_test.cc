@@ -20,7 +20,7 @@
 #include "cpu/cpu_stage.h"
 #include "cpu/low_rank.h"
 #include "data/batch_sampler.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 #include "model/memory_estimate.h"
 #include "tests/support/fixtures.h"
 

@@ -26,7 +26,7 @@
 #include "cpu/cpu_stage.h"
 #include "cpu/low_rank.h"
 #include "data/batch_sampler.h"
-#include "model/low_rank_seed.h"
+#include "model/low_rank_method.h"
 #include "util/status_macros.h"
 
 namespace longhaul {

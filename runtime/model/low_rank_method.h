@@ -1,7 +1,8 @@
 #pragma once
-// What makes a low-rank boundary (BoundaryShape::rank) reproducible: each micro-batch's random
-// directions are signs drawn from a seed of its coordinates, so a run, a resend after a recovery
-// and a resumed run send the same factors, and the CPU and CUDA codecs draw the same directions.
+// The low-rank codec's method (BoundaryShape::rank), shared by its CPU and CUDA twins and by the
+// planner's price of them: the random directions and the passes of an encoding. Each
+// micro-batch's directions are signs drawn from a seed of its coordinates, so a run, a resend
+// after a recovery and a resumed run send the same factors, and both twins draw the same ones.
 #include <cstddef>
 #include <cstdint>
 
