@@ -14,10 +14,12 @@
 //
 // Pairwise probes cannot see a host's network card, which all of its links share (and the ones
 // above, run at once, each read their share of it). So with two peers or more, one tensor of
-// `card_bytes` goes to each peer alone, one after another (a link's rate is the better of that and
-// the above), and then one to every peer at once, each timed on its own: where their rates at once
-// add up to less than kCardBindsBelow of their rates alone, the card binds, and that sum is the
-// host's egress. Every worker probes at the same time, so receivers' cards may count in too.
+// `card_bytes` goes to each peer alone, one after another in the order given, kAlonePasses times
+// round (a link's rate is the best of those and the above), and then one to every peer at once,
+// each timed on its own: where their rates at once add up to less than kCardBindsBelow of their
+// rates alone, the card binds, and that sum is the host's egress. Every worker probes at the same
+// time, so receivers' cards may count in too; the workers' orders are rotations of one list
+// (Worker::ProbeLinks), so peers probed alone in step each reach another receiver.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -31,6 +33,9 @@ namespace longhaul {
 
 // The largest probe tensor a worker admits (16 MiB of fp32).
 inline constexpr uint64_t kLinkProbeMaxElements = uint64_t{4} << 20;
+
+// How many times round the peers alone go, each peer's best counting.
+inline constexpr int kAlonePasses = 2;
 
 // All peers at once carrying less than this share of their rates alone: a card binds.
 inline constexpr double kCardBindsBelow = 0.8;

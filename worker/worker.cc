@@ -461,8 +461,17 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
   // Workers at this worker's own address share its machine: no link to measure, unless the dial
   // map leads to them another way (an emulated link's proxy). Probes go where tensors will.
   const std::string here = HostOf(server_->address());
+  // Each worker starts from the one after it in the job's list, round to the one before: probing
+  // in step, worker s sends to s + k at the k-th, so each host receives one probe at a time and a
+  // link alone reads its own rate, not a share of its receiver's card.
+  const int n = peers.peers_size();
+  int self = 0;
+  for (int i = 0; i < n; ++i) {
+    if (peers.peers(i).worker_id() == client_.worker_id()) self = i;
+  }
   std::vector<proto::Peer> others;
-  for (proto::Peer p : peers.peers()) {
+  for (int k = 1; k <= n; ++k) {
+    proto::Peer p = peers.peers((self + k) % n);
     auto via = dial_map_.find(p.address());
     if (p.worker_id() == client_.worker_id() || (via == dial_map_.end() && HostOf(p.address()) == here)) continue;
     if (via != dial_map_.end()) p.set_address(via->second);
