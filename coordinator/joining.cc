@@ -308,6 +308,7 @@ absl::Status TakeLinks(Job& job, const proto::LinkReport& req) {
   }
   job.members.Heard(req.worker_id(), Clock::now());
   if (absl::Status st = job.members.SetLinks(req.worker_id(), req); !st.ok()) return st;
+  job.cv.SignalAll();  // Peers with after_links waits for every worker's links
   if (job.members.profiled() && job.members.linked()) {
     // Workers that all share one address measured nothing: the links stay as they were (a
     // scenario's, or unknown, when registration order and the config's cut stand rather than a
@@ -325,9 +326,11 @@ absl::Status Peers(Job& job, const proto::PeersRequest& req, proto::Peers& peers
   if (absl::Status st = job.members.Check(req.worker_id()); !st.ok()) return st;
   job.members.Heard(req.worker_id(), Clock::now());
   if (!job.WaitFor(absl::Seconds(5), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-        return job.members.profiled() || !job.abort.empty();
+        return (job.members.profiled() && (!req.after_links() || job.members.links_measured())) ||
+               !job.abort.empty();
       })) {
-    return absl::NotFoundError("not every worker has registered and reported its profile");
+    return absl::NotFoundError(req.after_links() ? "not every worker has reported its links"
+                                                 : "not every worker has registered and reported its profile");
   }
   if (!job.abort.empty()) return absl::AbortedError(job.abort);
   for (const auto& [id, reg] : job.members.registrations()) {

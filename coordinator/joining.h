@@ -17,8 +17,9 @@ absl::Status Register(Job& job, const proto::RegisterRequest& req, proto::Regist
 absl::Status TakeProfile(Job& job, const proto::ProfileReport& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 absl::Status TakeLinks(Job& job, const proto::LinkReport& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // Every registered worker, once every first worker reported its profile: each has set its tensor
-// server's job id by then, and no compute probe runs beside the link probes. NotFound after a
-// wait of 5 s.
+// server's job id by then, and no compute probe runs beside the link probes; with after_links,
+// once every first worker reported its links too (the barrier between the probes' phases).
+// NotFound after a wait of 5 s.
 absl::Status Peers(Job& job, const proto::PeersRequest& req, proto::Peers& peers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // The plan, once a version newer than the one the worker knows places it; NotFound after a wait
 // of 5 s, OutOfRange once the job finished.

@@ -131,10 +131,17 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
   w.links = std::move(links);
   w.egress_bytes_per_s = report.egress_bytes_per_s();
   w.links_reported = true;
+  w.card_to_come = report.card_to_come();
   return absl::OkStatus();
 }
 
 bool Membership::linked() const {
+  return full() && std::all_of(workers_.begin(), workers_.end(), [&](const auto& w) {
+           return w.first >= expected_ || (w.second.links_reported && !w.second.card_to_come);
+         });
+}
+
+bool Membership::links_measured() const {
   return full() && std::all_of(workers_.begin(), workers_.end(),
                                [&](const auto& w) { return w.first >= expected_ || w.second.links_reported; });
 }

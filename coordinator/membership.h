@@ -46,8 +46,11 @@ class Membership {
   // link, when they may be reported too). InvalidArgument for a report that misses such a worker,
   // repeats one, names itself or an unknown one, or holds times and rates no link has.
   absl::Status SetLinks(int id, const proto::LinkReport& report);
-  // The first `expected` workers reported their links.
+  // The first `expected` workers reported their links, their cards' probes done.
   bool linked() const;
+  // The first `expected` workers reported their links, at least those measured all at once: the
+  // barrier before the cards' probes.
+  bool links_measured() const;
   // Worker `from`'s measurement towards worker `to`, where it reported one.
   std::optional<proto::LinkMeasurement> link(int from, int to) const;
   // Worker `id`'s card as its probes saw it, bytes/s; 0: none seen (or not reported).
@@ -126,6 +129,7 @@ class Membership {
     std::map<int, proto::LinkMeasurement> links;  // by peer at another address
     double egress_bytes_per_s = 0;
     bool links_reported = false;
+    bool card_to_come = false;  // its report so far is the links all at once (LinkReport.card_to_come)
     std::optional<std::pair<Clock::time_point, int>> suspected;  // when, and by whom
     bool lost = false;
     std::optional<Clock::time_point> cut_off;  // its lifeline closed then

@@ -226,10 +226,12 @@ absl::StatusOr<proto::Plan> CoordinatorClient::AwaitPlan(uint64_t known_version,
   return plan;
 }
 
-absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers() {
+absl::StatusOr<proto::Peers> CoordinatorClient::AwaitPeers(bool after_links) {
   proto::PeersRequest req;
   req.set_worker_id(id_);
-  return LongPoll(&proto::Coordinator::Stub::GetPeers, req, "every worker to register");
+  req.set_after_links(after_links);
+  return LongPoll(&proto::Coordinator::Stub::GetPeers, req,
+                  after_links ? "every worker to report its links" : "every worker to register");
 }
 
 absl::Status CoordinatorClient::ReportLinks(const proto::LinkReport& report) {

@@ -65,8 +65,9 @@ class CoordinatorClient {
   void SetPlanVersion(uint64_t version) { plan_version_ = version; }
   // The coordinator stopped the job or refused this worker: no plan will come.
   bool job_stopped() const { return job_stopped_; }
-  // Waits as long as it takes for every worker to register; their addresses (link_probe.h).
-  absl::StatusOr<proto::Peers> AwaitPeers();
+  // Waits as long as it takes for every worker to register, and with `after_links` for every
+  // worker to report its links; their addresses (link_probe.h).
+  absl::StatusOr<proto::Peers> AwaitPeers(bool after_links = false);
   // What this worker measured of its links; the plan waits for every worker's where it asked.
   absl::Status ReportLinks(const proto::LinkReport& report);
   // Says this worker installed plan `version` and waits until every worker has.

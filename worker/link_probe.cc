@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "util/status_macros.h"
 
 namespace longhaul {
 namespace {
@@ -72,7 +73,7 @@ absl::Status ProbeOne(Probe& p, const LinkProbeOptions& opt, const std::vector<f
 }  // namespace
 
 absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers, const TransportOptions& transport,
-                                           const LinkProbeOptions& opt) {
+                                           const LinkProbeOptions& opt, const BeforeCardProbe& before_card) {
   // One buffer, read by every peer's probe: 16 MiB, not 16 MiB per peer.
   const std::vector<float> data(std::min<size_t>(kLinkProbeMaxElements, opt.max_bytes / 4), 1.0f);
   TransportOptions one = transport;
@@ -95,11 +96,13 @@ absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers
   for (size_t i = 0; i < peers.size(); ++i)
     if (!results[i].ok()) return failed(i, results[i]);
   LinkProbeResult out;
+  for (Probe& p : probes) out.links.push_back(p.m);
   // The card: the peers above were probed at once, so each rate is its share where this host's
   // card binds. Each peer alone, then all at once, one equal tensor each: where all at once carry
   // clearly less than the peers alone add up to, the card binds, and what they carried is its rate.
   const size_t card_elements = std::min<size_t>(data.size(), opt.card_bytes / 4);
   if (peers.size() >= 2 && card_elements > 0) {
+    if (before_card) LH_RETURN_IF_ERROR(before_card(out.links));
     const double bytes = 4.0 * static_cast<double>(card_elements);
     // Twice round, each peer's best: other workers' probes into the same receiver at that moment
     // take their share of its card, and seldom at both passes.
@@ -127,8 +130,8 @@ absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers
       together += RateOf(bytes, ops[i]->seconds(), probes[i].m.round_trip_s());
     }
     if (together < kCardBindsBelow * alone_sum) out.egress_bytes_per_s = together;
+    for (size_t i = 0; i < probes.size(); ++i) out.links[i] = probes[i].m;
   }
-  for (Probe& p : probes) out.links.push_back(p.m);
   return out;
 }
 

@@ -18,10 +18,14 @@
 // round (a link's rate is the best of those and the above), and then one to every peer at once,
 // each timed on its own: where their rates at once add up to less than kCardBindsBelow of their
 // rates alone, the card binds, and that sum is the host's egress. Every worker probes at the same
-// time, so receivers' cards may count in too; the workers' orders are rotations of one list
+// time: so that none still probes all its links at once while another times its peers alone,
+// each reports its links and waits for every other worker's before its card's probe (the
+// coordinator is the barrier: `before_card`). Receivers' cards may still count in where two
+// workers time one receiver alone at once; the workers' orders are rotations of one list
 // (Worker::ProbeLinks), so peers probed alone in step each reach another receiver.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,9 +56,14 @@ struct LinkProbeResult {
   double egress_bytes_per_s = 0;  // the host's card where it binds; 0: none seen
 };
 
+// Called with the links measured all at once where the card's probe follows, before it: an error
+// stops the probes.
+using BeforeCardProbe = std::function<absl::Status(const std::vector<proto::LinkMeasurement>& links)>;
+
 // Measures the link from this worker to each of `peers`, and its card; fails naming the peer that
 // could not be reached within `transport.timeout`.
 absl::StatusOr<LinkProbeResult> ProbeLinks(const std::vector<proto::Peer>& peers, const TransportOptions& transport,
-                                           const LinkProbeOptions& opt = {});
+                                           const LinkProbeOptions& opt = {},
+                                           const BeforeCardProbe& before_card = nullptr);
 
 }  // namespace longhaul

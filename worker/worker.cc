@@ -477,7 +477,17 @@ absl::Status Worker::ProbeLinks(const JobConfig& cfg) {
     if (via != dial_map_.end()) p.set_address(via->second);
     others.push_back(p);
   }
-  LH_ASSIGN_OR_RETURN(const LinkProbeResult probed, longhaul::ProbeLinks(others, transport));
+  // The links all at once reported, every other worker's awaited: none probes them while this one
+  // times its peers alone.
+  auto barrier = [&](const std::vector<proto::LinkMeasurement>& links) -> absl::Status {
+    proto::LinkReport measured;
+    measured.set_worker_id(client_.worker_id());
+    measured.set_card_to_come(true);
+    for (const proto::LinkMeasurement& m : links) *measured.add_links() = m;
+    LH_RETURN_IF_ERROR(client_.ReportLinks(measured));
+    return client_.AwaitPeers(/*after_links=*/true).status();
+  };
+  LH_ASSIGN_OR_RETURN(const LinkProbeResult probed, longhaul::ProbeLinks(others, transport, {}, barrier));
   proto::LinkReport report;
   report.set_worker_id(client_.worker_id());
   report.set_egress_bytes_per_s(probed.egress_bytes_per_s);

@@ -68,7 +68,7 @@
 
 namespace longhaul {
 
-inline constexpr uint32_t kProtocolVersion = 11;
+inline constexpr uint32_t kProtocolVersion = 12;
 inline constexpr char kTensorMagic[4] = {'L', 'H', 'T', '1'};
 inline constexpr size_t kMaxTensorHeaderBytes = 4096;
 // Connections one server serves at once: a peer cannot make it spawn threads without end.

@@ -1802,10 +1802,11 @@ TEST(Cluster, CraftedLinkReportsAreRefusedByACoordinatorAwaitingLinks) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(as[k]->ReportProfile(&ctx, Profiled(ids[k]), &empty).ok());
   }
-  auto report = [&](int k, double egress, double round_trip_s, double bytes_per_s) {
+  auto report = [&](int k, double egress, double round_trip_s, double bytes_per_s, bool card_to_come = false) {
     proto::LinkReport links;
     links.set_worker_id(ids[k]);
     links.set_egress_bytes_per_s(egress);
+    links.set_card_to_come(card_to_come);
     proto::LinkMeasurement* m = links.add_links();
     m->set_to_worker(ids[1 - k]);
     m->set_round_trip_s(round_trip_s);
@@ -1829,10 +1830,28 @@ TEST(Cluster, CraftedLinkReportsAreRefusedByACoordinatorAwaitingLinks) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what << ": " << st.error_message();
     EXPECT_NE(st.error_message().find(c.says), std::string::npos) << c.what << ": " << st.error_message();
   }
-  // The honest reports (worker 0 saw its card, worker 1 none) make the plan; a report after it is
-  // refused as late.
-  EXPECT_TRUE(report(0, 1.0e8, 0.02, 1.25e8).ok());
+  // The barrier between the probes' phases: worker 0's links all at once, its card to come, hold
+  // GetPeers with after_links until worker 1 reports too, and the plan until worker 0's card does
+  // (worker 1 may still report: no plan yet). The honest reports (worker 0 saw its card, worker 1
+  // none) make the plan; a report after it is refused as late.
+  auto peers_after_links = [&](int k) {
+    proto::PeersRequest req;
+    req.set_worker_id(ids[k]);
+    req.set_after_links(true);
+    proto::Peers peers;
+    grpc::ClientContext ctx;
+    return as[k]->GetPeers(&ctx, req, &peers);
+  };
+  EXPECT_TRUE(report(0, 0, 0.02, 1.0e8, /*card_to_come=*/true).ok());
+  const grpc::Status early = peers_after_links(0);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::NOT_FOUND) << early.error_message();
+  EXPECT_NE(early.error_message().find("not every worker has reported its links"), std::string::npos)
+      << early.error_message();
   EXPECT_TRUE(report(1, 0, 0.02, 1.25e8).ok());
+  const grpc::Status released = peers_after_links(0);
+  EXPECT_TRUE(released.ok()) << released.error_message();
+  EXPECT_TRUE(report(1, 0, 0.02, 1.25e8).ok()) << "no plan before worker 0's card";
+  EXPECT_TRUE(report(0, 1.0e8, 0.02, 1.25e8).ok());
   const grpc::Status late = report(0, 1.0e8, 0.02, 1.25e8);
   EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << late.error_message();
   EXPECT_NE(late.error_message().find("after the plan was made"), std::string::npos) << late.error_message();

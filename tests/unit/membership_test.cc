@@ -199,6 +199,31 @@ TEST(Membership, LinkReportsCoverEveryWorkerAtAnotherAddressWithSaneFigures) {
   EXPECT_EQ(m.link(1, 2)->round_trip_s(), 0.05);
 }
 
+// The barrier between the link probes' phases: links all at once from every worker release the
+// cards' probes, and the plan waits for the reports that follow them.
+TEST(Membership, LinksAllAtOnceReleaseTheCardProbesAndTheirReportsTheLinks) {
+  Membership m("job", 2, 0, 5, 2, 0.5);
+  const Clock::time_point t0 = Clock::now();
+  for (const char* address : {"10.0.0.1:7071", "10.0.0.2:7071"}) {
+    proto::RegisterRequest r = Request("job");
+    r.set_address(address);
+    ASSERT_TRUE(m.Register(r, t0).ok());
+  }
+  proto::LinkReport first = Links(0, {{1, 0.1, 1e8}});
+  first.set_card_to_come(true);
+  ASSERT_TRUE(m.SetLinks(0, first).ok());
+  EXPECT_FALSE(m.links_measured()) << "worker 1 has reported nothing";
+  ASSERT_TRUE(m.SetLinks(1, Links(1, {{0, 0.1, 1e8}})).ok());
+  EXPECT_TRUE(m.links_measured());
+  EXPECT_FALSE(m.linked()) << "worker 0's card probe is still to come";
+  proto::LinkReport after = Links(0, {{1, 0.1, 3e8}});
+  after.set_egress_bytes_per_s(2e8);
+  ASSERT_TRUE(m.SetLinks(0, after).ok());
+  EXPECT_TRUE(m.linked());
+  EXPECT_EQ(m.link(0, 1)->bytes_per_s(), 3e8) << "the second report replaces the first";
+  EXPECT_EQ(m.egress(0), 2e8);
+}
+
 TEST(Membership, TheSilentAreNamedAndTheFinishedAreNot) {
   Membership m("job", 2, 0, 5, 2, 0.5);
   const Clock::time_point t0 = Clock::now();
