@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "longhaul.pb.h"
 #include "transport/tensor_transport.h"
