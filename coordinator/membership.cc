@@ -135,15 +135,17 @@ absl::Status Membership::SetLinks(int id, const proto::LinkReport& report) {
   return absl::OkStatus();
 }
 
+bool Membership::EveryExpected(const std::function<bool(const Worker&)>& done) const {
+  return full() && std::all_of(workers_.begin(), workers_.end(),
+                               [&](const auto& w) { return w.first >= expected_ || done(w.second); });
+}
+
 bool Membership::linked() const {
-  return full() && std::all_of(workers_.begin(), workers_.end(), [&](const auto& w) {
-           return w.first >= expected_ || (w.second.links_reported && !w.second.card_to_come);
-         });
+  return EveryExpected([](const Worker& w) { return w.links_reported && !w.card_to_come; });
 }
 
 bool Membership::links_measured() const {
-  return full() && std::all_of(workers_.begin(), workers_.end(),
-                               [&](const auto& w) { return w.first >= expected_ || w.second.links_reported; });
+  return EveryExpected([](const Worker& w) { return w.links_reported; });
 }
 
 double Membership::egress(int id) const { return workers_.at(id).egress_bytes_per_s; }
@@ -155,8 +157,7 @@ std::optional<proto::LinkMeasurement> Membership::link(int from, int to) const {
 }
 
 bool Membership::profiled() const {
-  return full() && std::all_of(workers_.begin(), workers_.end(),
-                               [&](const auto& w) { return w.first >= expected_ || w.second.profile; });
+  return EveryExpected([](const Worker& w) { return w.profile.has_value(); });
 }
 
 bool Membership::full() const {

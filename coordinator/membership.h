@@ -3,6 +3,7 @@
 // backend measured, liveness (when each worker was last heard from) and who has finished. Not locked: the coordinator's service calls it
 // under its own lock, and time comes in as an argument so tests need no clock.
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -136,6 +137,8 @@ class Membership {
     bool reachable = false;
     std::optional<Clock::time_point> refused;  // its tensor address refused a connection then
   };
+  // The first `expected` workers registered and each has `done`.
+  bool EveryExpected(const std::function<bool(const Worker&)>& done) const;
   const std::string job_id_;
   const int expected_, spares_;
   const double dead_after_s_, suspect_silent_s_, cut_off_silent_s_;
