@@ -169,14 +169,17 @@ absl::StatusOr<double> EmulatedIterationSeconds(const JobConfig& cfg, const Devi
 }
 
 // How many times fewer bytes than fp32 a micro-batch's pipeline boundary sends, its activations
-// and their gradients together, as its wire dtypes and ranks have it; "-" without a boundary.
+// and their gradients together, as its wire dtypes and ranks have it (shared directions counted
+// as their share of the iteration's micro-batches); "-" without a boundary.
 std::string BoundaryShrink(const JobConfig& cfg) {
   if (cfg.cluster.stages < 2) return "-";
   const WireDtype act = cfg.transport.wire_dtype == WireDtype::kAuto ? cfg.FastWire() : cfg.transport.wire_dtype;
   const WireDtype grad = cfg.transport.gradient_dtype == WireDtype::kAuto ? act : cfg.transport.gradient_dtype;
   const BoundaryShape a = cfg.boundary(false), g = cfg.boundary(true);
   const double fp32 = 2.0 * 4 * static_cast<double>(a.floats());
-  return absl::StrFormat("%.1fx", fp32 / static_cast<double>(WireBytes(a.sent(), act) + WireBytes(g.sent(), grad)));
+  const double directions = static_cast<double>(WireBytes(a.directions(), act)) / cfg.train.micro_batches;
+  return absl::StrFormat("%.1fx", fp32 / (static_cast<double>(WireBytes(a.sent(), act) + WireBytes(g.sent(), grad)) +
+                                          directions));
 }
 
 // One run of a setting: its validation curve (x: tokens) and its config.

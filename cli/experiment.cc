@@ -73,7 +73,7 @@ const std::vector<std::string> kLikeTheSource = {
     "transport.wire_dtype=\"fp32\"",    "transport.exchange_dtype=\"auto\"", "transport.gradient_dtype=\"auto\"",
     "cluster.ps=\"central\"",           "cluster.overlap_exchange=false",    "train.local_steps=1",
     "train.overlap_outer=false",        "model.subspace_divisor=1",          "transport.boundary_rank_divisor=1",
-    "transport.gradient_rank_divisor=0"};
+    "transport.gradient_rank_divisor=0", "transport.shared_directions=false"};
 
 // With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
 // machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of

@@ -95,6 +95,7 @@ void SetJob(const JobConfig& cfg, int global_batch, LayoutSearchRequest& r) {
   r.gradient = cfg.transport.gradient_dtype;
   r.boundary_rank_divisor = cfg.transport.boundary_rank_divisor;
   r.gradient_rank_divisor = cfg.transport.gradient_rank_divisor;
+  r.shared_directions = cfg.transport.shared_directions;
   r.local_steps = cfg.train.local_steps, r.overlap_outer = cfg.train.overlap_outer;
   r.overlap_steps = cfg.train.overlap_steps;
   r.overlap = cfg.cluster.overlap_exchange;
@@ -221,7 +222,8 @@ std::string WiresLines(const RankedLayout& c, const NetworkCost& network,
     };
     absl::StrAppend(&out, "  boundaries in low rank: activations ", rank(false), ", gradients ", rank(true), " of ",
                     m.residual_width(), " (transport.boundary_rank_divisor = ", L.boundary_rank_divisor,
-                    ", transport.gradient_rank_divisor = ", L.gradient_rank_divisor, ")\n");
+                    ", transport.gradient_rank_divisor = ", L.gradient_rank_divisor,
+                    L.shared_directions ? "; the directions shared by an iteration's micro-batches" : "", ")\n");
   }
   std::map<WireDtype, std::vector<std::string>> by_dtype;
   for (const auto& [pair, dtype] : wires.links) {

@@ -6,10 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/wire_dtype.h"
 #include "model/low_rank_method.h"
 #include "util/status_macros.h"
 
 namespace longhaul {
+
+static_assert(kDirectionsPiece % kWirePiece == 0, "shared directions must end where a wire format's blocks do");
 
 Executor::Executor(Stage& stage, Channel& channel, Timeline& timeline, std::vector<Instr> schedule, int stage_index,
                    int stages, int micro_batches, int group, float weight, BoundaryShape acts, BoundaryShape grads)
@@ -47,6 +50,7 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   }
   Pass pass(it, mbs, defer_pull);
   hook_status_ = absl::OkStatus();
+  draw_directions_ = true;
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const bool exchanges = end == IterationEnd::kExchange || end == IterationEnd::kLocalStepThenExchange;
   const auto listed = programs_.find(end);
@@ -79,7 +83,8 @@ absl::Status Executor::Execute(Pass& pass, const Instr& in) {
       const proto::TensorKind kind = in.op == Op::kRecvAct ? proto::ACTIVATION : proto::GRADIENT;
       LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(kind, pass.it, m, &pass.result.wait_seconds));
       const BoundaryShape& shape = in.op == Op::kRecvAct ? acts_ : grads_;
-      LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m], Incoming(shape, std::move(got)));
+      LH_ASSIGN_OR_RETURN((in.op == Op::kRecvAct ? pass.inputs : pass.grads_in)[m],
+                          Incoming(shape, std::move(got), kind, m));
       return absl::OkStatus();
     }
     case Op::kForward:
@@ -133,6 +138,7 @@ absl::Status Executor::Forward(Pass& pass, int m) {
   const int64_t t0 = Timeline::NowMicros();
   const double waited_before = pass.result.wait_seconds;
   pull_waited_ = &pass.result.wait_seconds;
+  DeviceDirections(proto::ACTIVATION, m);
   LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(m % stage_.slots(), pass.mbs[m],
                                                        first_ ? nullptr : pass.inputs[m].data()));
   LH_RETURN_IF_ERROR(TakeHookStatus());
@@ -170,24 +176,27 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
   const int m = in.micro;
   if (in.op == Op::kSendAct) {
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
+    size_t n = acts_.sent(m == 0);  // a stage's own low rank draws shared directions at micro-batch 0
     if (HostRecodes(acts_)) {
-      LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.mbs[m], false));
-      out = acts_out_[m].data();
+      LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.mbs[m], proto::ACTIVATION, m));
+      out = acts_out_[m].data(), n = acts_out_[m].size();
     }
-    channel_.Send(proto::ACTIVATION, pass.it, m, out, acts_.sent());
+    channel_.Send(proto::ACTIVATION, pass.it, m, out, n);
     return absl::OkStatus();
   }
   LH_ASSIGN_OR_RETURN(const float* grad, stage_.InputGrad(m % stage_.slots()));
-  LH_RETURN_IF_ERROR(Outgoing(grads_, grad, grads_out_[m], pass.mbs[m], true));
+  LH_RETURN_IF_ERROR(Outgoing(grads_, grad, grads_out_[m], pass.mbs[m], proto::GRADIENT, m));
   channel_.Send(proto::GRADIENT, pass.it, m, grads_out_[m].data(), grads_.sent());
   return absl::OkStatus();
 }
 
 absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out,
-                                const MicroBatch& mb, bool gradient) {
-  out.resize(shape.sent());
+                                const MicroBatch& mb, proto::TensorKind kind, int micro) {
+  const bool gradient = kind == proto::GRADIENT;
+  const bool draws = shape.shared && !gradient && (draw_directions_ || kind == proto::EVAL_ACTIVATION);
+  out.resize(shape.sent(draws));
   if (!HostRecodes(shape)) {
-    std::copy_n(full, shape.sent(), out.data());
+    std::copy_n(full, out.size(), out.data());
     return absl::OkStatus();
   }
   if (!shape.low_rank()) {
@@ -200,11 +209,38 @@ absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, s
     shape.Keep(full, kept_.data());
     kept = kept_.data();
   }
-  return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, gradient), out.data());
+  if (!shape.shared) return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, gradient), out.data());
+  const size_t directions = shape.directions();
+  if (draws) {
+    sent_directions_.assign(directions, 0.0f);
+    LH_RETURN_IF_ERROR(
+        low_rank_.Directions(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, false), sent_directions_.data()));
+    channel_.RoundAsSent(kind, micro, sent_directions_.data(), directions);
+    std::copy(sent_directions_.begin(), sent_directions_.end(), out.begin());
+    draw_directions_ = false;
+  }
+  const std::vector<float>& in = gradient ? received_directions_ : sent_directions_;
+  if (in.size() != directions) {
+    return absl::InternalError(absl::StrFormat("a boundary's %s of micro-batch %d leaves before its directions came",
+                                               gradient ? "gradient" : "activation", micro));
+  }
+  return cpu::LowRankCodec::Project(kept, shape.rows, shape.kept, shape.rank, in.data(),
+                                    out.data() + (draws ? directions : 0));
 }
 
-absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape, std::vector<float> sent) {
+absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape, std::vector<float> sent,
+                                                     proto::TensorKind kind, int micro) {
   if (!HostRecodes(shape)) return sent;
+  const bool gradient = kind == proto::GRADIENT;
+  const float* coords = sent.data();
+  if (shape.shared && (kind == proto::EVAL_ACTIVATION || (kind == proto::ACTIVATION && micro == 0))) {
+    received_directions_.assign(sent.begin(), sent.begin() + static_cast<long>(shape.directions()));
+    coords += shape.directions();
+  }
+  const std::vector<float>& directions = gradient ? sent_directions_ : received_directions_;
+  if (shape.shared && directions.size() != shape.directions()) {
+    return absl::InternalError("a boundary tensor in shared directions came before them");
+  }
   std::vector<float> full;
   if (!widened_.empty()) {
     full = std::move(widened_.back());
@@ -214,13 +250,21 @@ absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape
   if (shape.low_rank()) {
     float* kept = full.data();
     if (shape.narrowed()) kept_.resize(shape.kept_floats()), kept = kept_.data();
-    LH_RETURN_IF_ERROR(cpu::LowRankCodec::Decode(sent.data(), shape.rows, shape.kept, shape.rank, kept));
+    LH_RETURN_IF_ERROR(shape.shared ? cpu::LowRankCodec::Decode(coords, directions.data(), shape.rows, shape.kept,
+                                                                shape.rank, kept)
+                                    : cpu::LowRankCodec::Decode(sent.data(), shape.rows, shape.kept, shape.rank, kept));
     if (shape.narrowed()) shape.Restore(kept, full.data());
   } else {
     shape.Restore(sent.data(), full.data());
   }
   channel_.Recycle(std::move(sent));
   return full;
+}
+
+void Executor::DeviceDirections(proto::TensorKind kind, int micro) {
+  if (!device_low_rank_ || !acts_.shared) return;
+  const bool fresh = kind == proto::EVAL_ACTIVATION || micro == 0;
+  stage_.NextDirections(fresh, fresh, [this, kind, micro](float* d, size_t n) { channel_.RoundAsSent(kind, micro, d, n); });
 }
 
 void Executor::Release(const BoundaryShape& shape, std::vector<float> read) {
@@ -261,8 +305,9 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
     std::vector<float> input;
     if (!first_) {
       LH_ASSIGN_OR_RETURN(std::vector<float> got, channel_.Receive(proto::EVAL_ACTIVATION, it, micro, &waited));
-      LH_ASSIGN_OR_RETURN(input, Incoming(acts_, std::move(got)));
+      LH_ASSIGN_OR_RETURN(input, Incoming(acts_, std::move(got), proto::EVAL_ACTIVATION, micro));
     }
+    DeviceDirections(proto::EVAL_ACTIVATION, micro);
     LH_ASSIGN_OR_RETURN(const float loss, stage_.Forward(0, mbs[m], first_ ? nullptr : input.data()));
     LH_RETURN_IF_ERROR(TakeHookStatus());
     if (!first_) Release(acts_, std::move(input));
@@ -271,8 +316,8 @@ absl::StatusOr<double> Executor::Evaluate(int64_t it, const std::vector<MicroBat
       continue;
     }
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(0));
-    LH_RETURN_IF_ERROR(Outgoing(acts_, out, outputs[m], mbs[m], false));
-    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), acts_.sent());
+    LH_RETURN_IF_ERROR(Outgoing(acts_, out, outputs[m], mbs[m], proto::EVAL_ACTIVATION, micro));
+    channel_.Send(proto::EVAL_ACTIVATION, it, micro, outputs[m].data(), outputs[m].size());
   }
   LH_RETURN_IF_ERROR(channel_.Flush(it));
   timeline_.Add("validation", Track::kCompute, t0, Timeline::NowMicros(), it, -1);

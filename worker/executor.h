@@ -37,6 +37,9 @@ class Channel {
   virtual void Recycle(std::vector<float> buffer) = 0;
   // To the next stage (ACTIVATION) or the previous (GRADIENT); `data` stays unchanged until Flush.
   virtual void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) = 0;
+  // `data` (n floats from the start of a Send of `kind` and `micro`) as the receiver will decode
+  // it: rounded through the link's wire dtype. Shared directions are used as both ends hold them.
+  virtual void RoundAsSent(proto::TensorKind /*kind*/, int /*micro*/, float* /*data*/, size_t /*n*/) {}
   // The stage's gradients of each parameter-server shard that begins at float `from` of the
   // stage or later and was not pushed yet in iteration `it` for the replica's group `group` of
   // train.micro_batches (from 0: every one left), to the shards' hosts. The last group's pushed
@@ -152,20 +155,28 @@ class Executor {
   void Computed(Pass& pass, const std::string& name, int m, int64_t t0, double waited = 0);
   // A hook's failure (it gave up the Forward or Backward that called it), once that returned.
   absl::Status TakeHookStatus();
-  // A boundary tensor of `shape` as it leaves: what the stage gave (`full`) copied into `out`,
-  // narrowed and put in low rank where the shape says and the host does it (HostRecodes; the
-  // rank's random directions drawn from LowRankSeed(mb, gradient)).
+  // A boundary tensor of `shape` as it leaves as `kind` (ACTIVATION, EVAL_ACTIVATION or
+  // GRADIENT) of micro-batch `micro`: what the stage gave (`full`) copied into `out`, narrowed
+  // and put in low rank where the shape says and the host does it (HostRecodes; the rank's random
+  // directions drawn from LowRankSeed(mb, gradient)). With shared directions an activation that
+  // draws them (draw_directions_) carries them first.
   absl::Status Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, const MicroBatch& mb,
-                        bool gradient);
+                        proto::TensorKind kind, int micro);
   // Whether a boundary of `shape` leaves and arrives through the host's copy (narrowed, or put
   // in low rank here), rather than as the stage gives and reads it (whole, or in low rank by the
   // stage itself: Stage::EncodeLowRank).
   bool HostRecodes(const BoundaryShape& shape) const { return shape.recoded() && !device_low_rank_; }
   // A received boundary tensor as the stage reads it (widened or multiplied out where `shape`
   // says), and its buffer given back once read: to the mailbox's pool, or a recoded one to
-  // widened_.
-  absl::StatusOr<std::vector<float>> Incoming(const BoundaryShape& shape, std::vector<float> sent);
+  // widened_. It came as `kind` of micro-batch `micro`: with shared directions, an iteration's
+  // first activation (and each evaluation's) brings the ones it and the iteration's later
+  // micro-batches travel in.
+  absl::StatusOr<std::vector<float>> Incoming(const BoundaryShape& shape, std::vector<float> sent,
+                                              proto::TensorKind kind, int micro);
   void Release(const BoundaryShape& shape, std::vector<float> read);
+  // Before a forward of `kind` and `micro`: a stage that puts its boundaries in shared directions
+  // itself hears whether this one brings and draws them (Stage::NextDirections).
+  void DeviceDirections(proto::TensorKind kind, int micro);
 
   Stage& stage_;
   Channel& channel_;
@@ -179,6 +190,12 @@ class Executor {
   bool device_low_rank_ = false;  // the stage puts them in low rank itself (Stage::EncodeLowRank)
   cpu::LowRankCodec low_rank_;
   std::vector<float> kept_;  // a narrowed tensor's kept columns, on their way into or out of low rank
+  // Shared directions (BoundaryShape::shared; rank × kept, padded to directions()): those this
+  // stage's activations travel in, drawn from the iteration's first micro-batch (an evaluation's
+  // from each of its own) as the link rounds them, and those its input came in, in which its
+  // gradients go back. An iteration draws them anew, so a rerun after a recovery draws the same.
+  std::vector<float> sent_directions_, received_directions_;
+  bool draw_directions_ = true;
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done. Recoded activations
   // wait so too; whole ones are sent from the stage's slot, which lives until their backward.

@@ -75,6 +75,10 @@ void NetworkChannel::Send(proto::TensorKind kind, int64_t it, int micro, const f
   peers_.Send(Forward(kind) ? stage_ + 1 : stage_ - 1, replica_, kind, it, micro, 0, data, n);
 }
 
+void NetworkChannel::RoundAsSent(proto::TensorKind kind, int micro, float* data, size_t n) {
+  RoundThroughWire(data, data, n, peers_.WireTo(Forward(kind) ? stage_ + 1 : stage_ - 1, replica_, kind, micro, 0));
+}
+
 void NetworkChannel::SendToSelf(proto::TensorKind kind, int64_t it, int micro, int shard, const float* data,
                                 size_t n, WireDtype dtype) {
   std::vector<float> own = mailbox_.Acquire(n);

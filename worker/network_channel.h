@@ -48,6 +48,7 @@ class NetworkChannel final : public Channel {
   void Recycle(std::vector<float> buffer) override { mailbox_.Recycle(std::move(buffer)); }
   absl::Status Stopped() override { return mailbox_.Closed(); }
   void Send(proto::TensorKind kind, int64_t it, int micro, const float* data, size_t n) override;
+  void RoundAsSent(proto::TensorKind kind, int micro, float* data, size_t n) override;
   absl::Status PushGradients(int64_t it, Stage& stage, size_t from, int group) override;
   absl::Status ReduceNorm(int64_t it, double* waited) override;
   absl::StatusOr<OptimizerStepResult> Step(int64_t it) override;

@@ -18,7 +18,8 @@ namespace longhaul {
 void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int stage, int replica) {
   std::map<Source, Expected> expected;
   const int P = plan.stages(), M = ReplicaMicroBatches(plan, cfg, replica), groups = GroupsPerReplica(plan, cfg);
-  const uint64_t boundary = cfg.boundary_floats(false), gradient = cfg.boundary_floats(true);
+  const BoundaryShape acts = cfg.boundary(false);
+  const uint64_t boundary = acts.sent(), gradient = cfg.boundary_floats(true);
   const WirePlan wires = WiresOf(plan);
   const int me = WorkerAt(plan, stage, replica);
   // Each micro-batch's (a push's: each group's) dtype: a fixed stream's may differ by group.
@@ -33,9 +34,13 @@ void PlanAdmission::SetPlan(const proto::Plan& plan, const JobConfig& cfg, int s
     expected[{kind, from_stage, from_replica, shard}] = {elements, count,
                                                          dtypes(kind, from_stage, from_replica, count, shard)};
   };
-  if (stage > 0) expect(proto::ACTIVATION, stage - 1, replica, 0, boundary, M);
+  if (stage > 0) {
+    expect(proto::ACTIVATION, stage - 1, replica, 0, boundary, M);
+    expected[{proto::ACTIVATION, stage - 1, replica, 0}].first_elements = acts.sent(true);
+  }
+  // Each evaluation's micro-batch carries directions of its own where they are shared.
   if (const int evals = cfg.train.EvalShare(plan.replicas(), replica); stage > 0 && evals > 0) {
-    expect(proto::EVAL_ACTIVATION, stage - 1, replica, 0, boundary, evals);
+    expect(proto::EVAL_ACTIVATION, stage - 1, replica, 0, acts.sent(true), evals);
   }
   if (stage < P - 1) expect(proto::GRADIENT, stage + 1, replica, 0, gradient, M);
   const ParamLayout layout(cfg.model, cfg.Stage(stage));
@@ -214,6 +219,7 @@ absl::StatusOr<uint64_t> PlanAdmission::Admit(const proto::TensorHeader& h, int 
         IsWireDtype(h.dtype()) ? WireDtypeName(static_cast<WireDtype>(h.dtype())) : "unknown", WireDtypeName(want),
         wires_.KeyOf(h.kind())));
   }
+  if (h.micro_batch() == 0 && it->second.first_elements > 0) return it->second.first_elements;
   return it->second.elements;
 }
 

@@ -77,6 +77,9 @@ class PlanAdmission : public TensorAdmission {
     // The plan's for each micro-batch index of this tensor from this peer (wire_plan.h); one where
     // they are alike.
     std::vector<WireDtype> dtypes = {WireDtype::kF32};
+    // Micro-batch 0's where it differs (shared directions travel with an iteration's first
+    // activation, model/model_config.h); 0: `elements`.
+    uint64_t first_elements = 0;
   };
   using Source = std::tuple<int, int, int, int>;  // kind, from stage, from replica, shard
 

@@ -352,6 +352,7 @@ const std::vector<KeyDef>& Table() {
             AtLeast(1, "1: boundaries sent whole")),
       Value("transport", "gradient_rank_divisor", R::kMustMatch, LH_FIELD(transport.gradient_rank_divisor),
             AtLeast(0, "0: as transport.boundary_rank_divisor")),
+      Value("transport", "shared_directions", R::kMustMatch, LH_FIELD(transport.shared_directions)),
       Value("transport", "chunk_mib", R::kFree, LH_FIELD(transport.chunk_mib), Within(1, 16)),
       Value("transport", "connections", R::kFree, LH_FIELD(transport.connections),
             Within(0, 64, "0: per link, from its rate x round trip")),
@@ -458,6 +459,15 @@ absl::Status Validate(const JobConfig& c, const std::string& file) {
   if (!t.overlap_outer && t.overlap_steps != 2) {
     return without_overlap(absl::StrFormat("train.overlap_steps = %d", t.overlap_steps),
                            "how long an overlapped exchange travels");
+  }
+  if (c.transport.shared_directions && c.transport.boundary_rank_divisor <= 1) {
+    return bad("transport.shared_directions = true needs boundaries in low rank: set "
+               "transport.boundary_rank_divisor > 1 (the directions' count is the width / it), or drop the key");
+  }
+  if (c.transport.shared_directions && c.transport.gradient_rank_divisor > 0) {
+    return bad(absl::StrFormat("transport.gradient_rank_divisor = %d with transport.shared_directions: the gradients "
+                               "travel in their activations' directions, at their rank; drop the key",
+                               c.transport.gradient_rank_divisor));
   }
   // A low rank must have a direction at all, and send fewer floats than the tensor it stands for.
   for (const bool gradient : {false, true}) {
@@ -598,7 +608,7 @@ const std::vector<ConfigKey>& CommunicationKeys() {
                                          "train.overlap_steps",     "train.overlap_mix",
                                          "transport.wire_dtype",    "transport.exchange_dtype",
                                          "transport.gradient_dtype", "transport.boundary_rank_divisor",
-                                         "transport.gradient_rank_divisor"};
+                                         "transport.gradient_rank_divisor", "transport.shared_directions"};
     auto* out = new std::vector<ConfigKey>;
     for (const ConfigKey& k : ConfigKeys())
       if (names.count(k.name()) > 0) out->push_back(k);
@@ -648,7 +658,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
 
 BoundaryShape JobConfig::boundary(bool gradient) const {
   return BoundaryOf(model, static_cast<size_t>(train.micro_batch_size) * train.seq_len,
-                    RankDivisor(gradient, transport.boundary_rank_divisor, transport.gradient_rank_divisor));
+                    RankDivisor(gradient, transport.boundary_rank_divisor, transport.gradient_rank_divisor),
+                    transport.shared_directions);
 }
 
 int64_t JobConfig::FirstMicroBatchOf(int replica) const {

@@ -197,6 +197,11 @@ struct TransportConfig {
   // gradients' own, 0: as the activations'.
   int boundary_rank_divisor = 1;
   int gradient_rank_divisor = 0;
+  // With boundary_rank_divisor > 1: the activations travel as their coordinates in directions an
+  // iteration's micro-batches share (the first one's range finder), and their gradients in the
+  // same directions (model/model_config.h's BoundaryShape::shared), instead of each as a product
+  // of its own; gradient_rank_divisor then stays 0.
+  bool shared_directions = false;
   int chunk_mib = 2;
   // TCP connections per peer pair; 0: per link from its rate × round trip where the coordinator
   // knows the links (transport/link_connections.h), else 1.

@@ -5,6 +5,7 @@
 
 #include "cpu/blas.h"
 #include "model/low_rank_method.h"
+#include "util/status_macros.h"
 
 namespace longhaul::cpu {
 namespace {
@@ -42,29 +43,43 @@ void OrthonormalRows(float* m, size_t r, size_t n, std::vector<float>& c) {
 
 }  // namespace
 
-absl::Status LowRankCodec::Encode(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed, float* out) {
+absl::Status LowRankCodec::Directions(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed,
+                                      float* directions) {
   if (absl::Status s = LoadBlas(); !s.ok()) return s;
   const int R = static_cast<int>(rank), T = static_cast<int>(rows), C = static_cast<int>(cols);
   omega_.resize(rank * cols);
   for (size_t i = 0; i < omega_.size(); ++i) omega_[i] = LowRankSign(seed, i);
   y_.resize(rank * rows);
-  z_.resize(rank * cols);
-  std::vector<float>& c = omega_;  // Ω is read once, then serves as OrthonormalRows' scratch
   Sgemm(false, true, R, T, C, 1.0f, omega_.data(), C, a, C, 0.0f, y_.data(), T);  // Y^T = Ω^T · A^T
-  OrthonormalRows(y_.data(), rank, rows, c);
-  Sgemm(false, false, R, C, T, 1.0f, y_.data(), T, a, C, 0.0f, z_.data(), C);  // Z^T = Y^T · A
-  OrthonormalRows(z_.data(), rank, cols, c);
-  float* q = out;                                                             // Q^T (rank × rows)
-  Sgemm(false, true, R, T, C, 1.0f, z_.data(), C, a, C, 0.0f, q, T);          // Y^T = Z^T · A^T
-  OrthonormalRows(q, rank, rows, c);
+  OrthonormalRows(y_.data(), rank, rows, omega_);  // Ω is read once, then serves as scratch
+  Sgemm(false, false, R, C, T, 1.0f, y_.data(), T, a, C, 0.0f, directions, C);  // Z^T = Y^T · A
+  OrthonormalRows(directions, rank, cols, omega_);
+  return absl::OkStatus();
+}
+
+absl::Status LowRankCodec::Encode(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed, float* out) {
+  z_.resize(rank * cols);
+  LH_RETURN_IF_ERROR(Directions(a, rows, cols, rank, seed, z_.data()));
+  const int R = static_cast<int>(rank), T = static_cast<int>(rows), C = static_cast<int>(cols);
+  float* q = out;                                                       // Q^T (rank × rows)
+  LH_RETURN_IF_ERROR(Project(a, rows, cols, rank, z_.data(), q));      // Y^T = Z^T · A^T
+  OrthonormalRows(q, rank, rows, omega_);
   Sgemm(false, false, R, C, T, 1.0f, q, T, a, C, 0.0f, out + rank * rows, C);  // B = Q^T · A
   return absl::OkStatus();
 }
 
-absl::Status LowRankCodec::Decode(const float* in, size_t rows, size_t cols, size_t rank, float* a) {
+absl::Status LowRankCodec::Project(const float* a, size_t rows, size_t cols, size_t rank, const float* directions,
+                                   float* out) {
   if (absl::Status s = LoadBlas(); !s.ok()) return s;
   const int R = static_cast<int>(rank), T = static_cast<int>(rows), C = static_cast<int>(cols);
-  Sgemm(true, false, T, C, R, 1.0f, in, T, in + rank * rows, C, 0.0f, a, C);  // A = Q · B
+  Sgemm(false, true, R, T, C, 1.0f, directions, C, a, C, 0.0f, out, T);  // out = D · A^T
+  return absl::OkStatus();
+}
+
+absl::Status LowRankCodec::Decode(const float* q, const float* b, size_t rows, size_t cols, size_t rank, float* a) {
+  if (absl::Status s = LoadBlas(); !s.ok()) return s;
+  const int R = static_cast<int>(rank), T = static_cast<int>(rows), C = static_cast<int>(cols);
+  Sgemm(true, false, T, C, R, 1.0f, q, T, b, C, 0.0f, a, C);  // A = Q · B
   return absl::OkStatus();
 }
 

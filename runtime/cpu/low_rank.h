@@ -32,7 +32,22 @@ class LowRankCodec {
   // (rows × cols, row-major). rank ≤ min(rows, cols).
   absl::Status Encode(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed, float* out);
   // a (rows × cols) = Q·B from what Encode wrote.
-  static absl::Status Decode(const float* in, size_t rows, size_t cols, size_t rank, float* a);
+  static absl::Status Decode(const float* in, size_t rows, size_t cols, size_t rank, float* a) {
+    return Decode(in, in + rank * rows, rows, cols, rank, a);
+  }
+  // a = q^T·b, for Q^T (rank × rows) and B (rank × cols) apart: a tensor's coordinates (Project)
+  // and their directions.
+  static absl::Status Decode(const float* q, const float* b, size_t rows, size_t cols, size_t rank, float* a);
+
+  // Shared directions (model/model_config.h's BoundaryShape::shared). `directions` (rank × cols,
+  // orthonormal rows) = Z^T of Encode's range finder for `a`: the directions A's rows lie in most,
+  // as far as one power iteration finds them.
+  absl::Status Directions(const float* a, size_t rows, size_t cols, size_t rank, uint64_t seed, float* directions);
+  // out (rank × rows) = directions · A^T: A's coordinates in `directions` (rank × cols), which
+  // Decode(out, directions, ...) multiplies back to A projected on them. The same product takes a
+  // gradient into its activation's directions: the gradient of that projection.
+  static absl::Status Project(const float* a, size_t rows, size_t cols, size_t rank, const float* directions,
+                              float* out);
 
  private:
   std::vector<float> omega_, y_, z_;  // Ω^T (rank × cols), then Y^T (rank × rows) and Z^T (rank × cols)

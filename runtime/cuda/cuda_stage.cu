@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -267,7 +268,7 @@ class StageImpl final : public CudaStage {
       cuda::EmbeddingForward(stream_, s.x0.p, s.tokens.p, W(layout_.wte()), W(layout_.wpe()), B_, T_, C, 0, C);
     } else {
       // The next forward's input may arrive while this one computes.
-      LH_RETURN_IF_ERROR(Arrive(low_rank_acts_, input, acts_in_, input_.p, &input_free_));
+      LH_RETURN_IF_ERROR(Arrive(low_rank_acts_, false, input, acts_in_, input_.p, &input_free_));
       cuda::Cast(stream_, s.x0.p, input_.p, NC);
       LH_CUDA(cudaEventRecord(input_free_.e, stream_), "record");
       // A subspace model's boundary carried the first k coordinates; the rest are the fixed
@@ -288,7 +289,8 @@ class StageImpl final : public CudaStage {
       LH_CUDA(cudaStreamWaitEvent(stream_, output_free_.e, 0), "wait for the output copy");
       cuda::CastToFloat(stream_, boundary_.p, x, NC);
       LH_RETURN_IF_ERROR(
-          Leave(low_rank_acts_, boundary_.p, LowRankSeed(mb, false), acts_out_, s.output.p, s.output_copied, output_free_));
+          Leave(low_rank_acts_, false, boundary_.p, LowRankSeed(mb, false), acts_out_, s.output.p, s.output_copied,
+                output_free_));
       return 0.0f;
     }
     cuda::LayerNormForward(stream_, s.lnf.p, s.lnf_mean.p, s.lnf_rstd.p, x, P(layout_.lnf_w()), P(layout_.lnf_b()), N,
@@ -307,8 +309,16 @@ class StageImpl final : public CudaStage {
     if (acts.narrowed() || grads.narrowed() || (!acts.low_rank() && !grads.low_rank())) return false;
     const size_t N = static_cast<size_t>(B_) * T_;
     if (acts.rows != N || grads.rows != N || acts.width != cfg_.d_model || grads.width != cfg_.d_model) return false;
+    // What leaves goes through the slots' host buffers of N x C floats: shared directions padded
+    // past them (a model too small to gain by them) are left to the host too.
+    if (acts.sent(true) > N * cfg_.d_model) return false;
     low_rank_acts_ = acts, low_rank_grads_ = grads;
     return true;
+  }
+
+  void NextDirections(bool arrive, bool draw, std::function<void(float*, size_t)> round) override {
+    arrive_ = arrive && !spec_.has_embedding, draw_ = draw && !spec_.has_head;
+    round_ = std::move(round);
   }
 
   absl::StatusOr<const float*> Output(int slot) override {
@@ -336,7 +346,7 @@ class StageImpl final : public CudaStage {
                               BlockInput(s, spec_.end_block), P(layout_.lnf_w()), s.lnf_mean.p, s.lnf_rstd.p,
                               reduce_scratch_.p, N, C);
     } else {
-      LH_RETURN_IF_ERROR(Arrive(low_rank_grads_, grad_out, grads_in_, g_resid_.p));
+      LH_RETURN_IF_ERROR(Arrive(low_rank_grads_, true, grad_out, grads_in_, g_resid_.p));
       if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, loss_scale_, NC);
     }
     const int* prefix = Prefix(s);
@@ -353,8 +363,8 @@ class StageImpl final : public CudaStage {
     // The input gradient leaves unscaled: the previous stage applies its own loss scale.
     if (loss_scale_ != 1.0f) cuda::Scale(stream_, g_resid_.p, 1.0f / loss_scale_, NC);
     s.has_input_grad = true;
-    return Leave(low_rank_grads_, g_resid_.p, LowRankSeed(mb, true), grads_out_, s.input_grad.p, s.input_grad_copied,
-                 grad_free_);
+    return Leave(low_rank_grads_, true, g_resid_.p, LowRankSeed(mb, true), grads_out_, s.input_grad.p,
+                 s.input_grad_copied, grad_free_);
   }
 
   absl::StatusOr<const float*> InputGrad(int slot) override {
@@ -506,24 +516,60 @@ class StageImpl final : public CudaStage {
     return Check(cudaGetLastError(), "forward or backward");
   }
 
-  // A boundary tensor (fp32, on the device) to pinned `host` as CopyToHost, or in low rank where
-  // `shape` has a rank (EncodeLowRank): its factors, put in `factors` with `seed`'s directions.
-  absl::Status Leave(const BoundaryShape& shape, const float* tensor, uint64_t seed, DeviceArray<float>& factors,
-                     float* host, Event& done, Event& tensor_free) {
+  // A boundary tensor (fp32, on the device; `gradient`: the input gradient) to pinned `host` as
+  // CopyToHost, or in low rank where `shape` has a rank (EncodeLowRank): its factors, put in
+  // `factors` with `seed`'s directions; with shared directions its coordinates, an output that
+  // draws them (NextDirections) after them.
+  absl::Status Leave(const BoundaryShape& shape, bool gradient, const float* tensor, uint64_t seed,
+                     DeviceArray<float>& factors, float* host, Event& done, Event& tensor_free) {
     const long NC = static_cast<long>(B_) * T_ * cfg_.d_model;
     if (!shape.low_rank()) return CopyToHost(host, tensor, NC, done, tensor_free);
     LH_RETURN_IF_ERROR(LowRankBuffers());
-    LH_RETURN_IF_ERROR(low_rank_.Encode(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, factors.p));
-    return CopyToHost(host, factors.p, static_cast<long>(shape.sent()), done, tensor_free);
+    if (!shape.shared) {
+      LH_RETURN_IF_ERROR(low_rank_.Encode(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, factors.p));
+      return CopyToHost(host, factors.p, static_cast<long>(shape.sent()), done, tensor_free);
+    }
+    const size_t D = shape.directions();
+    const bool draws = !gradient && draw_;
+    if (draws) {
+      LH_RETURN_IF_ERROR(DrawDirections(shape, tensor, seed));
+      LH_CUDA(cudaMemcpyAsync(factors.p, sent_dirs_.p, D * 4, cudaMemcpyDeviceToDevice, stream_), "directions");
+    }
+    LH_RETURN_IF_ERROR(cuda::LowRankCodec::Project(blas_, tensor, shape.rows, shape.width, shape.rank,
+                                                   gradient ? received_dirs_.p : sent_dirs_.p,
+                                                   factors.p + (draws ? D : 0)));
+    return CopyToHost(host, factors.p, static_cast<long>(shape.sent(draws)), done, tensor_free);
+  }
+  // The output's shared directions from `tensor` into sent_dirs_, rounded as the link will send
+  // them (through the host, once an iteration), so that both ends multiply by the same.
+  absl::Status DrawDirections(const BoundaryShape& shape, const float* tensor, uint64_t seed) {
+    const size_t D = shape.directions();
+    LH_CUDA(cudaMemsetAsync(sent_dirs_.p, 0, D * 4, stream_), "zero the directions' padding");
+    LH_RETURN_IF_ERROR(
+        low_rank_.Directions(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, sent_dirs_.p));
+    LH_CUDA(cudaMemcpyAsync(dirs_host_.p, sent_dirs_.p, D * 4, cudaMemcpyDeviceToHost, stream_), "directions out");
+    LH_CUDA(cudaStreamSynchronize(stream_), "directions");
+    if (round_) round_(dirs_host_.p, D);
+    LH_CUDA(cudaMemcpyAsync(sent_dirs_.p, dirs_host_.p, D * 4, cudaMemcpyHostToDevice, stream_), "directions in");
+    return absl::OkStatus();
   }
   // A boundary tensor from `host` into `tensor` (fp32, on the device) as Upload, or where `shape`
-  // has a rank its factors, through `factors`, multiplied out.
-  absl::Status Arrive(const BoundaryShape& shape, const float* host, DeviceArray<float>& factors, float* tensor,
-                      Event* free = nullptr) {
+  // has a rank its factors, through `factors`, multiplied out; with shared directions its
+  // coordinates, in those of the output (`gradient`) or those an input brings (NextDirections)
+  // before its own.
+  absl::Status Arrive(const BoundaryShape& shape, bool gradient, const float* host, DeviceArray<float>& factors,
+                      float* tensor, Event* free = nullptr) {
     if (!shape.low_rank()) return Upload(tensor, host, static_cast<long>(B_) * T_ * cfg_.d_model, free);
     LH_RETURN_IF_ERROR(LowRankBuffers());
-    LH_RETURN_IF_ERROR(Upload(factors.p, host, static_cast<long>(shape.sent()), free));
-    return cuda::LowRankCodec::Decode(blas_, factors.p, shape.rows, shape.width, shape.rank, tensor);
+    const bool brings = shape.shared && !gradient && arrive_;
+    LH_RETURN_IF_ERROR(Upload(factors.p, host, static_cast<long>(shape.sent(brings)), free));
+    if (!shape.shared) return cuda::LowRankCodec::Decode(blas_, factors.p, shape.rows, shape.width, shape.rank, tensor);
+    const size_t D = shape.directions();
+    if (brings) {
+      LH_CUDA(cudaMemcpyAsync(received_dirs_.p, factors.p, D * 4, cudaMemcpyDeviceToDevice, stream_), "directions");
+    }
+    return cuda::LowRankCodec::Decode(blas_, factors.p + (brings ? D : 0), gradient ? sent_dirs_.p : received_dirs_.p,
+                                      shape.rows, shape.width, shape.rank, tensor);
   }
   // The factors' device buffers and the codec's scratch, once a boundary in low rank needs them.
   absl::Status LowRankBuffers() {
@@ -531,7 +577,11 @@ class StageImpl final : public CudaStage {
     const size_t N = static_cast<size_t>(B_) * T_, C = cfg_.d_model;
     LH_RETURN_IF_ERROR(low_rank_.Init(N, C, std::max(low_rank_acts_.rank, low_rank_grads_.rank)));
     for (auto* x : {&acts_in_, &acts_out_}) {
-      if (low_rank_acts_.low_rank()) LH_RETURN_IF_ERROR(x->Alloc(low_rank_acts_.sent()));
+      if (low_rank_acts_.low_rank()) LH_RETURN_IF_ERROR(x->Alloc(low_rank_acts_.sent(true)));
+    }
+    if (const size_t D = low_rank_acts_.directions(); D > 0) {
+      for (auto* x : {&sent_dirs_, &received_dirs_}) LH_RETURN_IF_ERROR(x->Alloc(D));
+      LH_RETURN_IF_ERROR(dirs_host_.Alloc(D));
     }
     for (auto* x : {&grads_in_, &grads_out_}) {
       if (low_rank_grads_.low_rank()) LH_RETURN_IF_ERROR(x->Alloc(low_rank_grads_.sent()));
@@ -725,6 +775,13 @@ class StageImpl final : public CudaStage {
   DeviceArray<float> acts_in_, acts_out_, grads_in_, grads_out_;
   cuda::LowRankCodec low_rank_;
   bool low_rank_ready_ = false;
+  // Shared directions (NextDirections): those the output goes in and those the input came in
+  // (the input gradient goes back in them), each directions() floats; the drawn ones on their
+  // way through the link's rounding; and what the next Forward does with them.
+  DeviceArray<float> sent_dirs_, received_dirs_;
+  PinnedArray dirs_host_;
+  bool arrive_ = false, draw_ = false;
+  std::function<void(float*, size_t)> round_;
 };
 
 template <typename T>

@@ -116,6 +116,7 @@ absl::Status LowRankCodec::Init(size_t rows, size_t cols, size_t rank) {
   }
   rows_ = rows, cols_ = cols, rank_ = rank;
   LH_RETURN_IF_ERROR(omega_.Alloc(cols * rank));
+  LH_RETURN_IF_ERROR(y_.Alloc(rows * rank));
   LH_RETURN_IF_ERROR(z_.Alloc(cols * rank));
   LH_RETURN_IF_ERROR(x64_.Alloc(std::max(rows, cols) * rank));
   LH_RETURN_IF_ERROR(gram_.Alloc(rank * rank));
@@ -149,30 +150,43 @@ absl::Status LowRankCodec::Orthonormalize(cublasHandle_t blas, cudaStream_t s, f
   return Check(cudaGetLastError(), "the low-rank codec's orthonormalisation");
 }
 
-absl::Status LowRankCodec::Encode(cublasHandle_t blas, cudaStream_t s, const float* a, size_t rows, size_t cols,
-                                  size_t rank, uint64_t seed, float* out) {
+// In column-major terms: a is A^T (cols × rows); Q^T (rank × rows, row-major) is Q (rows ×
+// rank); B (rank × cols, row-major) is B^T = A^T·Q (cols × rank); the directions Z^T (rank ×
+// cols, row-major) are Z (cols × rank).
+absl::Status LowRankCodec::Directions(cublasHandle_t blas, cudaStream_t s, const float* a, size_t rows, size_t cols,
+                                      size_t rank, uint64_t seed, float* directions) {
   if (rank == 0 || rank > std::min(rows, cols)) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d for a %d x %d tensor", rank, rows, cols));
   }
   LH_RETURN_IF_ERROR(Init(rows, cols, rank));
-  // In column-major terms: a is A^T (cols × rows); Q^T (rank × rows, row-major) is Q (rows ×
-  // rank); B (rank × cols, row-major) is B^T = A^T·Q (cols × rank).
+  const size_t T = rows, C = cols, R = rank;
+  SignKernel<<<Blocks(C * R), kThreads, 0, s>>>(omega_.p, seed, C * R);
+  LH_RETURN_IF_ERROR(Gemm(blas, true, false, T, R, C, 1.0f, a, C, omega_.p, C, 0.0f, y_.p, T));  // Y = A·Ω
+  LH_RETURN_IF_ERROR(Orthonormalize(blas, s, y_.p, T, R));
+  LH_RETURN_IF_ERROR(Gemm(blas, false, false, C, R, T, 1.0f, a, C, y_.p, T, 0.0f, directions, C));  // Z = A^T·Y
+  return Orthonormalize(blas, s, directions, C, R);
+}
+
+absl::Status LowRankCodec::Encode(cublasHandle_t blas, cudaStream_t s, const float* a, size_t rows, size_t cols,
+                                  size_t rank, uint64_t seed, float* out) {
+  LH_RETURN_IF_ERROR(Directions(blas, s, a, rows, cols, rank, seed, z_.p));
   const size_t T = rows, C = cols, R = rank;
   float *q = out, *b = out + R * T;
-  SignKernel<<<Blocks(C * R), kThreads, 0, s>>>(omega_.p, seed, C * R);
-  LH_RETURN_IF_ERROR(Gemm(blas, true, false, T, R, C, 1.0f, a, C, omega_.p, C, 0.0f, q, T));  // Y = A·Ω
-  LH_RETURN_IF_ERROR(Orthonormalize(blas, s, q, T, R));
-  LH_RETURN_IF_ERROR(Gemm(blas, false, false, C, R, T, 1.0f, a, C, q, T, 0.0f, z_.p, C));  // Z = A^T·Y
-  LH_RETURN_IF_ERROR(Orthonormalize(blas, s, z_.p, C, R));
-  LH_RETURN_IF_ERROR(Gemm(blas, true, false, T, R, C, 1.0f, a, C, z_.p, C, 0.0f, q, T));  // Y = A·Z
+  LH_RETURN_IF_ERROR(Project(blas, a, T, C, R, z_.p, q));  // Y = A·Z
   LH_RETURN_IF_ERROR(Orthonormalize(blas, s, q, T, R));
   return Gemm(blas, false, false, C, R, T, 1.0f, a, C, q, T, 0.0f, b, C);  // B^T = A^T·Q
 }
 
-absl::Status LowRankCodec::Decode(cublasHandle_t blas, const float* in, size_t rows, size_t cols, size_t rank,
-                                  float* a) {
+absl::Status LowRankCodec::Project(cublasHandle_t blas, const float* a, size_t rows, size_t cols, size_t rank,
+                                   const float* directions, float* out) {
   const size_t T = rows, C = cols, R = rank;
-  return Gemm(blas, false, true, C, T, R, 1.0f, in + R * T, C, in, T, 0.0f, a, C);  // A^T = B^T·Q^T
+  return Gemm(blas, true, false, T, R, C, 1.0f, a, C, directions, C, 0.0f, out, T);  // out = A·Z
+}
+
+absl::Status LowRankCodec::Decode(cublasHandle_t blas, const float* q, const float* b, size_t rows, size_t cols,
+                                  size_t rank, float* a) {
+  const size_t T = rows, C = cols, R = rank;
+  return Gemm(blas, false, true, C, T, R, 1.0f, b, C, q, T, 0.0f, a, C);  // A^T = B^T·Q^T
 }
 
 }  // namespace longhaul::cuda

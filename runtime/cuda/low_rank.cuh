@@ -32,14 +32,25 @@ class LowRankCodec {
   absl::Status Encode(cublasHandle_t blas, cudaStream_t stream, const float* a, size_t rows, size_t cols,
                       size_t rank, uint64_t seed, float* out);
   // a (device, rows × cols) = Q·B from what Encode wrote (device).
-  static absl::Status Decode(cublasHandle_t blas, const float* in, size_t rows, size_t cols, size_t rank, float* a);
+  static absl::Status Decode(cublasHandle_t blas, const float* in, size_t rows, size_t cols, size_t rank, float* a) {
+    return Decode(blas, in, in + rank * rows, rows, cols, rank, a);
+  }
+  // a = q^T·b for Q^T (rank × rows) and B (rank × cols) apart (cpu/low_rank.h's twin).
+  static absl::Status Decode(cublasHandle_t blas, const float* q, const float* b, size_t rows, size_t cols,
+                             size_t rank, float* a);
+  // Shared directions (cpu/low_rank.h's twins): `directions` (device, rank × cols) = Z^T of
+  // Encode's range finder for `a`; out (rank × rows) = directions · A^T.
+  absl::Status Directions(cublasHandle_t blas, cudaStream_t stream, const float* a, size_t rows, size_t cols,
+                          size_t rank, uint64_t seed, float* directions);
+  static absl::Status Project(cublasHandle_t blas, const float* a, size_t rows, size_t cols, size_t rank,
+                              const float* directions, float* out);
 
  private:
   // The columns of x (n × r, column-major, ld n) made orthonormal in order, or zeros (above).
   absl::Status Orthonormalize(cublasHandle_t blas, cudaStream_t stream, float* x, size_t n, size_t r);
 
   size_t rows_ = 0, cols_ = 0, rank_ = 0;
-  DeviceArray<float> omega_, z_;  // Ω (cols × rank), Z (cols × rank), column-major
+  DeviceArray<float> omega_, y_, z_;  // Ω (cols × rank), Y (rows × rank), Z (cols × rank), column-major
   DeviceArray<double> x64_, gram_, diag_;  // the columns being orthonormalised, their Gram matrix and its diagonal
   DeviceArray<int> dead_;                  // per column: left as zeros
 };

@@ -23,6 +23,12 @@ inline uint64_t LowRankSeed(const MicroBatch& mb, bool gradient) {
 inline constexpr int kLowRankOrthonormalisations = 3;
 inline constexpr int kLowRankPasses = 2;
 
+// Shared directions (transport.shared_directions) travel padded to whole pieces of this many
+// floats: a whole number of every wire format's blocks (format/wire_dtype.h's kWirePiece, which
+// the worker checks is a divisor), so the coordinates behind them are encoded as they would be
+// alone and the directions as the sender rounds them.
+inline constexpr size_t kDirectionsPiece = 4096;
+
 // Entry i of Ω^T (rank × cols, row-major) for `seed`: ±1.
 constexpr float LowRankSign(uint64_t seed, size_t i) { return (SplitMix64(seed + i) >> 63) ? 1.0f : -1.0f; }
 

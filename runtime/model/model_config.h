@@ -1,5 +1,6 @@
 #pragma once
 // Shape of a GPT model and of the stage one process runs.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,15 +40,35 @@ struct ModelConfig {
 // floats, of which the first `kept` (ModelConfig::residual_width) cross the link; the rest are a
 // subspace model's fixed embedding, which the next stage writes itself (or, in a gradient, reach
 // nothing it trains). With `rank` > 0 the kept columns travel as a rank-`rank` product
-// (cpu/low_rank.h).
+// (cpu/low_rank.h), or with `shared` (transport.shared_directions) as their coordinates in `rank`
+// directions an iteration's micro-batches share (cpu/low_rank.h's Project): the activations of
+// the iteration's first micro-batch carry the directions too, and the gradients travel in the
+// directions of their activations, which is the exact gradient of that projection.
 struct BoundaryShape {
   size_t rows = 0;
   int width = 0, kept = 0, rank = 0;
+  bool shared = false;
 
   size_t floats() const { return rows * static_cast<size_t>(width); }  // as a stage reads and writes it
   size_t kept_floats() const { return rows * static_cast<size_t>(kept); }
-  // As a link carries it (cpu/low_rank.h's LowRankFloats where it has a rank).
-  size_t sent() const { return rank > 0 ? static_cast<size_t>(rank) * (rows + kept) : kept_floats(); }
+  // As a link carries it (cpu/low_rank.h's LowRankFloats where it has a rank; the coordinates,
+  // rank x rows, where the directions are shared).
+  size_t sent() const {
+    if (rank == 0) return kept_floats();
+    return static_cast<size_t>(rank) * (shared ? rows : rows + kept);
+  }
+  // The shared directions (rank x kept) as the first micro-batch's activations carry them, before
+  // its coordinates: padded with zeros to whole pieces of kDirectionsPiece, so that a wire
+  // format's blocks of the coordinates start where they would alone, and the sender can round
+  // the directions as the link will (worker/executor.h). 0 where not shared.
+  size_t directions() const {
+    if (!shared || rank == 0) return 0;
+    const size_t n = static_cast<size_t>(rank) * kept;
+    return (n + kDirectionsPiece - 1) / kDirectionsPiece * kDirectionsPiece;
+  }
+  // An activation message of the iteration's first micro-batch (or of an evaluation's, each of
+  // which has its own directions) against any other.
+  size_t sent(bool with_directions) const { return sent() + (with_directions ? directions() : 0); }
   bool narrowed() const { return kept < width; }
   bool low_rank() const { return rank > 0; }
   // What a link carries is not the stage's tensor as it is: it leaves and arrives through a copy.
@@ -55,16 +76,21 @@ struct BoundaryShape {
   // Floating-point operations of putting it in low rank (`encode`: four products of rows x kept
   // x rank, and the orthonormalisations of two sketches of rows x rank and one of kept x rank,
   // each pass 2 n r^2, cpu/low_rank.h) or of multiplying it out; 0 whole.
-  double LowRankFlops(bool encode) const {
+  // With shared directions a micro-batch's encoding is one product (its coordinates), and each
+  // of an iteration's `micro_batches` bears its share of the first one's range finder.
+  double LowRankFlops(bool encode, int micro_batches = 1) const {
     if (!low_rank()) return 0;
     const double T = static_cast<double>(rows), k = kept, r = rank;
     static_assert(kLowRankOrthonormalisations == 3, "the sketches' rows below: T, k, T");
-    return encode ? 8 * T * k * r + kLowRankPasses * 2 * r * r * (2 * T + k) : 2 * T * k * r;
+    const double range_finder = 8 * T * k * r + kLowRankPasses * 2 * r * r * (2 * T + k);
+    if (!encode) return 2 * T * k * r;
+    return shared ? 2 * T * k * r + range_finder / std::max(micro_batches, 1) : range_finder;
   }
   // Pivots an encoding factors one after another on the device (a Cholesky factorisation of
   // `rank` pivots per pass of each orthonormalisation, cuda/low_rank.cuh); 0 whole.
-  double LowRankPivots() const {
-    return low_rank() ? static_cast<double>(kLowRankOrthonormalisations) * kLowRankPasses * rank : 0;
+  double LowRankPivots(int micro_batches = 1) const {
+    if (!low_rank()) return 0;
+    return static_cast<double>(kLowRankOrthonormalisations) * kLowRankPasses * rank / (shared ? std::max(micro_batches, 1) : 1);
   }
   // (rows, width) -> (rows, kept), and back with zeros in the columns not kept (for the stage to
   // fill).
@@ -75,9 +101,10 @@ struct BoundaryShape {
 // `rows` tokens of `model`'s residual stream as a boundary carries them: in low rank kept /
 // `rank_divisor` where that is > 1 (transport.boundary_rank_divisor, or for gradients
 // transport.gradient_rank_divisor where that is > 0: RankDivisor).
-inline BoundaryShape BoundaryOf(const ModelConfig& model, size_t rows, int rank_divisor) {
+// `shared`: transport.shared_directions.
+inline BoundaryShape BoundaryOf(const ModelConfig& model, size_t rows, int rank_divisor, bool shared = false) {
   BoundaryShape b{rows, model.d_model, model.residual_width()};
-  if (rank_divisor > 1) b.rank = b.kept / rank_divisor;
+  if (rank_divisor > 1) b.rank = b.kept / rank_divisor, b.shared = shared;
   return b;
 }
 inline int RankDivisor(bool gradient, int boundary_divisor, int gradient_divisor) {

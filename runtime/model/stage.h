@@ -13,6 +13,7 @@
 // (runtime/ps) step instead, and a stage holds no moments.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -53,6 +54,12 @@ class Stage {
   // micro-batch's directions come from LowRankSeed (model/low_rank_method.h). False where the
   // backend leaves it to its caller, which puts the host's copy in low rank (cpu/low_rank.h).
   virtual bool EncodeLowRank(const BoundaryShape& /*acts*/, const BoundaryShape& /*grads*/) { return false; }
+  // Shared directions (BoundaryShape::shared) where the stage puts its boundaries in low rank
+  // itself, before each Forward: whether its input brings the directions it and the iteration's
+  // later inputs come in (`arrive`: an iteration's first micro-batch, each of an evaluation's;
+  // its sent(true) floats), and whether its output draws new ones (`draw`, likewise), which
+  // `round` (n floats, in place) rounds as the link will send them, so both ends hold the same.
+  virtual void NextDirections(bool /*arrive*/, bool /*draw*/, std::function<void(float*, size_t)> /*round*/) {}
 
   virtual absl::Status ZeroGrads() = 0;
   // Forward of micro-batch `mb` into activation slot `slot`; `input` is the previous stage's output

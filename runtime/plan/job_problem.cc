@@ -24,6 +24,7 @@ Layout JobLayout(const JobConfig& cfg) {
   L.gradient = cfg.transport.gradient_dtype;
   L.boundary_rank_divisor = cfg.transport.boundary_rank_divisor;
   L.gradient_rank_divisor = cfg.transport.gradient_rank_divisor;
+  L.shared_directions = cfg.transport.shared_directions;
   L.local_steps = cfg.train.local_steps, L.overlap_outer = cfg.train.overlap_outer;
   L.overlap_steps = cfg.train.overlap_steps;
   L.overlap = cfg.cluster.overlap_exchange;

@@ -35,6 +35,7 @@ absl::StatusOr<RankedLayout> Candidate(const LayoutSearchRequest& r, int stages,
   L.work = {r.model, r.seq_len, micro_batch, r.precision, recompute};
   L.wire = r.wire, L.fast_wire = r.fast_wire, L.exchange = r.exchange, L.gradient = r.gradient;
   L.boundary_rank_divisor = r.boundary_rank_divisor, L.gradient_rank_divisor = r.gradient_rank_divisor;
+  L.shared_directions = r.shared_directions;
   L.local_steps = r.local_steps, L.overlap_outer = r.overlap_outer, L.overlap_steps = r.overlap_steps;
   L.overlap = r.overlap;
   int over = 0;

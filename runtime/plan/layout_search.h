@@ -40,6 +40,7 @@ struct LayoutSearchRequest {
   WireDtype wire = WireDtype::kF32, fast_wire = WireDtype::kF32;
   WireDtype exchange = WireDtype::kAuto, gradient = WireDtype::kAuto;
   int boundary_rank_divisor = 1, gradient_rank_divisor = 0;
+  bool shared_directions = false;  // transport.shared_directions
   bool clip_norm = true;  // every step waits for the norm's exchange (simulator.h's Placement)
   int local_steps = 1;    // train.local_steps: every layout exchanges every local_steps-th iteration
   bool overlap_outer = false;  // train.overlap_outer

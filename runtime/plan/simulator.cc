@@ -24,7 +24,7 @@ StageSpec Layout::Spec(int stage) const {
 
 BoundaryShape Layout::Boundary(bool gradient) const {
   return BoundaryOf(work.model, static_cast<size_t>(work.micro_batch) * work.seq_len,
-                    RankDivisor(gradient, boundary_rank_divisor, gradient_rank_divisor));
+                    RankDivisor(gradient, boundary_rank_divisor, gradient_rank_divisor), shared_directions);
 }
 
 double Layout::BoundaryBytes() const {
@@ -658,8 +658,9 @@ class Engine {
     const BoundaryShape acts = L_.Boundary(false), grads = L_.Boundary(true);
     if (!acts.low_rank() && !grads.low_rank()) return absl::OkStatus();
     const bool sends = s + 1 < L_.stages, receives = s > 0;
-    const double forward = (sends ? acts.LowRankFlops(true) : 0) + (receives ? acts.LowRankFlops(false) : 0);
-    const double backward = (receives ? grads.LowRankFlops(true) : 0) + (sends ? grads.LowRankFlops(false) : 0);
+    const int M = L_.micro_batches;
+    const double forward = (sends ? acts.LowRankFlops(true, M) : 0) + (receives ? acts.LowRankFlops(false) : 0);
+    const double backward = (receives ? grads.LowRankFlops(true, M) : 0) + (sends ? grads.LowRankFlops(false) : 0);
     const bool on_host = device.backend() == Backend::kCuda && acts.narrowed();
     double rate = kHostLowRankFlops, forward_s = 0, backward_s = 0;
     if (!on_host) {
@@ -669,8 +670,8 @@ class Engine {
              (block->forward_s + block->backward_s);
       if (device.backend() == Backend::kCuda) {
         if (L_.work.precision != Precision::kFp32) rate *= kDeviceLowRankShare;
-        forward_s = sends ? acts.LowRankPivots() * kDevicePivotSeconds : 0;
-        backward_s = receives ? grads.LowRankPivots() * kDevicePivotSeconds : 0;
+        forward_s = sends ? acts.LowRankPivots(M) * kDevicePivotSeconds : 0;
+        backward_s = receives ? grads.LowRankPivots(M) * kDevicePivotSeconds : 0;
       }
     }
     cost.forward_s += forward / rate + forward_s;

@@ -46,6 +46,7 @@
 // round gives the time (the first starts with every replica together, a later one where each
 // landed the round before), what it takes beyond that many local iterations (timed on the one
 // before the push, which carries no part of the exchange) being its exchange's.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -78,6 +79,7 @@ struct Layout {
   WireDtype gradient = WireDtype::kAuto;
   // transport.boundary_rank_divisor and gradient_rank_divisor: boundaries in low rank.
   int boundary_rank_divisor = 1, gradient_rank_divisor = 0;
+  bool shared_directions = false;  // transport.shared_directions
   // train.local_steps: workers step their own stages and exchange every local_steps-th iteration.
   int local_steps = 1;
   // train.overlap_outer (with local_steps > overlap_steps): each exchange spreads over the round's
@@ -94,8 +96,12 @@ struct Layout {
   }
   // One micro-batch's activations, or (`gradient`) their gradients, as a boundary carries them.
   BoundaryShape Boundary(bool gradient) const;
-  // What a link carries of them.
-  double BoundaryElements(bool gradient) const { return static_cast<double>(Boundary(gradient).sent()); }
+  // What a link carries of them, shared directions counted as their share of the iteration's
+  // micro-batches.
+  double BoundaryElements(bool gradient) const {
+    const BoundaryShape b = Boundary(gradient);
+    return static_cast<double>(b.sent()) + (gradient ? 0.0 : static_cast<double>(b.directions()) / std::max(micro_batches, 1));
+  }
   // The activations' bytes between two stages; "auto" counted as int8, what it sends on the slow
   // links that placement is about.
   double BoundaryBytes() const;

@@ -367,6 +367,13 @@ INSTANTIATE_TEST_SUITE_P(
                               "model.subspace_divisor=2", "transport.wire_dtype=\"int4\"",
                               "transport.gradient_dtype=\"int3h\""},
                              true},
+                      // Boundaries in shared directions (rank 8 of 32), rounded to int4 as the
+                      // link sends them, drawn again alike by the resumed run.
+                      Layout{"low_rank_shared_int4",
+                             {"cluster.stages=2", "cluster.replicas=2", "train.micro_batches=2",
+                              "transport.boundary_rank_divisor=4", "transport.shared_directions=true",
+                              "transport.wire_dtype=\"int4\""},
+                             true},
                       // Boundaries as low-rank factors (activations rank 8 of 32 values a token,
                       // gradients rank 4), drawn again alike by the resumed run.
                       Layout{"low_rank",
@@ -1167,6 +1174,13 @@ TEST(Cluster, APlacedPeerIsHeldToThePlansSizeAndDtypeInEveryWireFormat) {
        {"transport.wire_dtype=\"int8\"", "transport.boundary_rank_divisor=8", "transport.gradient_rank_divisor=4"},
        {proto::INT8, proto::INT8},
        {4 * 64, 8 * 64}},
+      // Coordinates of 32 / 8 = 4 shared directions for each of the 32 tokens both ways; the
+      // first micro-batch's activations (the one sent here) carry the directions too, 4 x 32
+      // floats padded to 4096.
+      {"low rank /8 in shared directions, int4",
+       {"transport.wire_dtype=\"int4\"", "transport.boundary_rank_divisor=8", "transport.shared_directions=true"},
+       {proto::INT4, proto::INT4},
+       {4 * 32 + 4096, 4 * 32}},
       // The first 32 / 4 = 8 values of each of the 32 tokens.
       {"subspace /4, int8", {"transport.wire_dtype=\"int8\"", "model.subspace_divisor=4"}, {proto::INT8, proto::INT8},
        {32 * 8, 32 * 8}},

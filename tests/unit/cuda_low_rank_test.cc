@@ -121,5 +121,28 @@ TEST_F(LowRankCuda, ZerosArriveAsZerosAndANanArrives) {
   EXPECT_TRUE(std::any_of(back.begin(), back.end(), [](float x) { return std::isnan(x); }));
 }
 
+// Shared directions: the device draws the CPU's directions within rounding, and a tensor's
+// coordinates in them multiply back out as the CPU's do.
+TEST_F(LowRankCuda, SharedDirectionsAreTheCpusWithinRounding) {
+  constexpr size_t kRank = 40;
+  const std::vector<float> a = Falling(kRank + 20, 5), g = Random(kRows * kCols, 9);
+  cpu::LowRankCodec cpu_codec;
+  std::vector<float> d_cpu(kRank * kCols), coords_cpu(kRank * kRows), back_cpu(a.size());
+  ASSERT_TRUE(cpu_codec.Directions(a.data(), kRows, kCols, kRank, 3, d_cpu.data()).ok());
+  ASSERT_TRUE(cpu::LowRankCodec::Project(g.data(), kRows, kCols, kRank, d_cpu.data(), coords_cpu.data()).ok());
+  ASSERT_TRUE(cpu::LowRankCodec::Decode(coords_cpu.data(), d_cpu.data(), kRows, kCols, kRank, back_cpu.data()).ok());
+
+  DeviceBuffer<float> in(a.size()), grad(g.size()), d(kRank * kCols), coords(kRank * kRows), out(a.size());
+  in.Put(a), grad.Put(g);
+  cuda::LowRankCodec codec;
+  ASSERT_TRUE(codec.Directions(blas_, nullptr, in.p, kRows, kCols, kRank, 3, d.p).ok());
+  ASSERT_TRUE(cuda::LowRankCodec::Project(blas_, grad.p, kRows, kCols, kRank, d.p, coords.p).ok());
+  ASSERT_TRUE(cuda::LowRankCodec::Decode(blas_, coords.p, d.p, kRows, kCols, kRank, out.p).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LT(SquaredDistance(d.Get(), d_cpu), 1e-6 * kRank) << "the directions";
+  EXPECT_LT(SquaredDistance(out.Get(), back_cpu), 1e-6 * SquaredDistance(back_cpu, std::vector<float>(a.size())))
+      << "the gradient in them";
+}
+
 }  // namespace
 }  // namespace longhaul

@@ -171,37 +171,67 @@ class EncodingStage final : public ForwardingStage {
     acts_ = acts, grads_ = grads;
     return true;
   }
+  // Shared directions as the GPU stage keeps them: those its output draws, those its input brings.
+  void NextDirections(bool arrive, bool draw, std::function<void(float*, size_t)> round) override {
+    arrive_ = arrive && !spec().has_embedding, draw_ = draw && !spec().has_head;
+    round_ = std::move(round);
+  }
   absl::StatusOr<float> Forward(int slot, const MicroBatch& mb, const float* input) override {
-    mbs_[slot] = mb;
-    return ForwardingStage::Forward(slot, mb, input == nullptr ? nullptr : Decoded(acts_, input));
+    mbs_[slot] = mb, draws_[slot] = draw_;
+    return ForwardingStage::Forward(slot, mb, input == nullptr ? nullptr : Decoded(acts_, input, false));
   }
   absl::StatusOr<const float*> Output(int slot) override {
     LH_ASSIGN_OR_RETURN(const float* full, ForwardingStage::Output(slot));
-    return Encoded(acts_, full, LowRankSeed(mbs_[slot], false), outputs_[slot]);
+    return Encoded(acts_, full, LowRankSeed(mbs_[slot], false), outputs_[slot], false, draws_[slot]);
   }
   absl::Status Backward(int slot, const MicroBatch& mb, const float* grad_out, float scale) override {
     mbs_[slot] = mb;
-    return ForwardingStage::Backward(slot, mb, grad_out == nullptr ? nullptr : Decoded(grads_, grad_out), scale);
+    return ForwardingStage::Backward(slot, mb, grad_out == nullptr ? nullptr : Decoded(grads_, grad_out, true), scale);
   }
   absl::StatusOr<const float*> InputGrad(int slot) override {
     LH_ASSIGN_OR_RETURN(const float* full, ForwardingStage::InputGrad(slot));
-    return Encoded(grads_, full, LowRankSeed(mbs_[slot], true), input_grads_[slot]);
+    return Encoded(grads_, full, LowRankSeed(mbs_[slot], true), input_grads_[slot], true, false);
   }
 
  private:
-  const float* Decoded(const BoundaryShape& b, const float* sent) {
+  const float* Decoded(const BoundaryShape& b, const float* sent, bool gradient) {
     decoded_.resize(b.floats());
-    EXPECT_TRUE(cpu::LowRankCodec::Decode(sent, b.rows, b.kept, b.rank, decoded_.data()).ok());
+    if (!b.shared) {
+      EXPECT_TRUE(cpu::LowRankCodec::Decode(sent, b.rows, b.kept, b.rank, decoded_.data()).ok());
+      return decoded_.data();
+    }
+    const size_t D = b.directions();
+    const bool brings = !gradient && arrive_;
+    if (brings) received_.assign(sent, sent + D);
+    EXPECT_TRUE(cpu::LowRankCodec::Decode(sent + (brings ? D : 0), (gradient ? sent_ : received_).data(), b.rows,
+                                          b.kept, b.rank, decoded_.data())
+                    .ok());
     return decoded_.data();
   }
   absl::StatusOr<const float*> Encoded(const BoundaryShape& b, const float* full, uint64_t seed,
-                                       std::vector<float>& out) {
-    out.resize(b.sent());
-    LH_RETURN_IF_ERROR(codec_.Encode(full, b.rows, b.kept, b.rank, seed, out.data()));
+                                       std::vector<float>& out, bool gradient, bool draws) {
+    out.resize(b.sent(draws));
+    if (!b.shared) {
+      LH_RETURN_IF_ERROR(codec_.Encode(full, b.rows, b.kept, b.rank, seed, out.data()));
+      return out.data();
+    }
+    const size_t D = b.directions();
+    if (draws) {
+      sent_.assign(D, 0.0f);
+      LH_RETURN_IF_ERROR(codec_.Directions(full, b.rows, b.kept, b.rank, seed, sent_.data()));
+      round_(sent_.data(), D);
+      std::copy(sent_.begin(), sent_.end(), out.begin());
+    }
+    LH_RETURN_IF_ERROR(cpu::LowRankCodec::Project(full, b.rows, b.kept, b.rank, (gradient ? received_ : sent_).data(),
+                                                  out.data() + (draws ? D : 0)));
     return out.data();
   }
 
   BoundaryShape acts_, grads_;
+  bool arrive_ = false, draw_ = false;
+  std::map<int, bool> draws_;  // by slot: whether its output draws directions
+  std::function<void(float*, size_t)> round_;
+  std::vector<float> sent_, received_;
   std::map<int, MicroBatch> mbs_;  // by slot: the last micro-batch through it
   std::map<int, std::vector<float>> outputs_, input_grads_;
   std::vector<float> decoded_;
@@ -327,6 +357,75 @@ TEST(Executor, AStageThatPutsItsBoundariesInLowRankItselfRunsAsTheHostPath) {
   }
   EXPECT_EQ(itself.results[1]->loss, host.results[1]->loss);
   for (int s = 0; s < 2; ++s) EXPECT_EQ(itself.channels[s]->pushed, host.channels[s]->pushed) << "stage " << s;
+}
+
+// Shared directions (transport.shared_directions): the first micro-batch's activations carry the
+// iteration's directions before their coordinates, the others and every gradient their
+// coordinates only. At full rank the directions span everything, so the run is the whole
+// boundary's up to rounding, which it is only if each end multiplies out in the right directions:
+// activations in the ones they came with, gradients in those their activations went in.
+TEST(Executor, SharedDirectionsAtFullRankGiveTheWholeBoundarysRun) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(3, m));
+  const BoundaryShape whole = Boundary(cfg);
+  BoundaryShape shared = whole;
+  shared.rank = cfg.d_model, shared.shared = true;
+  const auto as_is = [](std::unique_ptr<Stage> st) { return st; };
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    TwoStages exact(cfg, kind, mbs, whole, whole, as_is);
+    TwoStages run(cfg, kind, mbs, shared, shared, as_is);
+    for (TwoStages* r : {&exact, &run}) {
+      ASSERT_TRUE(r->results[0].ok()) << r->results[0].status();
+      ASSERT_TRUE(r->results[1].ok()) << r->results[1].status();
+    }
+    EXPECT_EQ(run.wires.sizes(), (std::set<size_t>{shared.sent(true), shared.sent()}));
+    EXPECT_EQ(shared.sent(true), shared.sent() + kDirectionsPiece) << "16 x 16 directions, padded";
+    EXPECT_NEAR(run.results[1]->loss, exact.results[1]->loss, 1e-5);
+    for (int s = 0; s < 2; ++s) {
+      const std::vector<float>&a = run.channels[s]->pushed.at(0), &b = exact.channels[s]->pushed.at(0);
+      ASSERT_EQ(a.size(), b.size());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), norm += b[i] * b[i];
+      EXPECT_LT(diff, 1e-8 * norm) << "stage " << s << "'s gradients";
+    }
+  }
+  // At rank 4 what crosses is lossy: the first stage's gradients are no longer the exact path's.
+  shared.rank = 4;
+  TwoStages exact(cfg, ScheduleKind::k1F1B, mbs, whole, whole, as_is);
+  TwoStages lossy(cfg, ScheduleKind::k1F1B, mbs, shared, shared, as_is);
+  ASSERT_TRUE(lossy.results[0].ok()) << lossy.results[0].status();
+  EXPECT_NE(lossy.channels[0]->pushed, exact.channels[0]->pushed);
+}
+
+// A stage that puts its boundaries in shared directions itself (a GPU stage) hears which forward
+// brings and which draws them, and runs as the host path does: the same sizes on the wires and the
+// same run, bitwise, under both schedules.
+TEST(Executor, AStageThatPutsItsBoundariesInSharedDirectionsItselfRunsAsTheHostPath) {
+  const ModelConfig cfg = Cfg();
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(2, m));
+  BoundaryShape shared = Boundary(cfg);
+  shared.rank = 4, shared.shared = true;
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    TwoStages host(cfg, kind, mbs, shared, shared, [](std::unique_ptr<Stage> st) { return st; });
+    TwoStages itself(cfg, kind, mbs, shared, shared, [](std::unique_ptr<Stage> st) -> std::unique_ptr<Stage> {
+      return std::make_unique<EncodingStage>(std::move(st));
+    });
+    for (TwoStages* run : {&host, &itself}) {
+      ASSERT_TRUE(run->results[0].ok()) << run->results[0].status();
+      ASSERT_TRUE(run->results[1].ok()) << run->results[1].status();
+      EXPECT_EQ(run->wires.sizes(), (std::set<size_t>{shared.sent(true), shared.sent()}));
+    }
+    EXPECT_EQ(itself.results[1]->loss, host.results[1]->loss);
+    for (int s = 0; s < 2; ++s) EXPECT_EQ(itself.channels[s]->pushed, host.channels[s]->pushed) << "stage " << s;
+  }
 }
 
 // A shrunk layout's replica runs two of the job's replicas' micro-batches: it pushes each group's

@@ -158,6 +158,26 @@ TEST(JobConfig, ALowRankBoundaryMustSendFewerFloatsThanTheTensor) {
             std::string::npos);
 }
 
+// Shared directions need boundaries in low rank, and their gradients take the activations' rank:
+// coordinates of 16 directions for each of the 32 tokens both ways, the directions padded once.
+TEST(JobConfig, SharedDirectionsNeedARankAndGiveTheGradientsTheirs) {
+  const std::string small = "[model]\nd_model = 64\nn_head = 2\n[train]\nseq_len = 16\nmicro_batch_size = 2\n";
+  auto ok = ParseJobConfig(small + "[transport]\nboundary_rank_divisor = 4\nshared_directions = true\n", "job.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->boundary(false).sent(), 16u * 32);
+  EXPECT_EQ(ok->boundary(false).sent(true), 16u * 32 + 4096);
+  EXPECT_EQ(ok->boundary(true).sent(), 16u * 32);
+  EXPECT_NE(Error(small, {"transport.shared_directions=true"})
+                .find("transport.shared_directions = true needs boundaries in low rank: set "
+                      "transport.boundary_rank_divisor > 1"),
+            std::string::npos);
+  EXPECT_NE(Error(small, {"transport.shared_directions=true", "transport.boundary_rank_divisor=4",
+                          "transport.gradient_rank_divisor=8"})
+                .find("transport.gradient_rank_divisor = 8 with transport.shared_directions: the gradients travel in "
+                      "their activations' directions"),
+            std::string::npos);
+}
+
 // The wire is "auto" unless the config names one; on its fast links a GPU job sends bf16, a CPU
 // job fp32 (the slow links are wire_plan_test's).
 TEST(JobConfig, TheWireIsAutoAndAGpuJobsFastLinksCarryBf16) {

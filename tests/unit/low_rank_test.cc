@@ -124,5 +124,39 @@ TEST(LowRank, ZerosArriveAsZerosAndANanArrives) {
   EXPECT_TRUE(std::any_of(with_nan.begin(), with_nan.end(), [](float x) { return std::isnan(x); }));
 }
 
+// Shared directions: a tensor whose rows lie in the directions another tensor of them found
+// arrives as it left through its coordinates alone, and a gradient taken into them comes back as
+// the gradient of that projection, G · D^T · D.
+TEST(LowRank, SharedDirectionsCarryTheirSpanAndTheProjectionsGradient) {
+  ASSERT_TRUE(LoadBlas().ok());
+  const std::vector<float> basis = Random(kRank * kCols, 2);  // the rows' span
+  const std::vector<float> first = Product(Random(kRows * kRank, 1), basis, kRows, kRank, kCols);
+  const std::vector<float> later = Product(Random(kRows * kRank, 3), basis, kRows, kRank, kCols);
+  LowRankCodec codec;
+  std::vector<float> d(kRank * kCols), coords(kRank * kRows), back(kRows * kCols);
+  ASSERT_TRUE(codec.Directions(first.data(), kRows, kCols, kRank, 7, d.data()).ok());
+  ASSERT_TRUE(LowRankCodec::Project(later.data(), kRows, kCols, kRank, d.data(), coords.data()).ok());
+  ASSERT_TRUE(LowRankCodec::Decode(coords.data(), d.data(), kRows, kCols, kRank, back.data()).ok());
+  EXPECT_LT(SquaredDistance(later, back), 1e-8 * SquaredDistance(later, std::vector<float>(later.size(), 0.0f)));
+  // The directions' rows are orthonormal.
+  for (size_t i = 0; i < kRank; ++i) {
+    for (size_t j = 0; j < kRank; ++j) {
+      double dot = 0;
+      for (size_t c = 0; c < kCols; ++c) dot += static_cast<double>(d[i * kCols + c]) * d[j * kCols + c];
+      EXPECT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-5) << i << ", " << j;
+    }
+  }
+  // A gradient of any rank: what arrives is G · D^T · D, its part in the directions.
+  const std::vector<float> g = Random(kRows * kCols, 4);
+  ASSERT_TRUE(LowRankCodec::Project(g.data(), kRows, kCols, kRank, d.data(), coords.data()).ok());
+  ASSERT_TRUE(LowRankCodec::Decode(coords.data(), d.data(), kRows, kCols, kRank, back.data()).ok());
+  std::vector<float> gdt(kRows * kRank), expected(kRows * kCols);
+  Sgemm(false, true, kRows, kRank, kCols, 1.0f, g.data(), kCols, d.data(), kCols, 0.0f, gdt.data(), kRank);
+  Sgemm(false, false, kRows, kCols, kRank, 1.0f, gdt.data(), kRank, d.data(), kCols, 0.0f, expected.data(), kCols);
+  EXPECT_LT(SquaredDistance(expected, back), 1e-10 * SquaredDistance(g, std::vector<float>(g.size(), 0.0f)));
+  EXPECT_GT(SquaredDistance(g, back), 0.5 * SquaredDistance(g, std::vector<float>(g.size(), 0.0f)))
+      << "rank 8 of 64 columns keeps an eighth of a random gradient";
+}
+
 }  // namespace
 }  // namespace longhaul::cpu

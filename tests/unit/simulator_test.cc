@@ -255,6 +255,22 @@ TEST(Simulator, ALowRankBoundaryCarriesItsFactorsAndComputesTheCodecWhereItRuns)
   EXPECT_LT(Simulated(sim).iteration_s, narrowed_on_cpu) << "the host's BLAS, kHostLowRankFlops";
 }
 
+// Shared directions (rank 4 of 64 values, 16 tokens, 4 micro-batches) carry each micro-batch's
+// coordinates, 4 x 16 floats each way, and the directions once an iteration (4 x 64, padded to
+// 4096 floats); each encoding multiplies once, the first micro-batch's range finder shared out,
+// so the codec costs less than each micro-batch's own product on the same device.
+TEST(Simulator, SharedDirectionsCarryCoordinatesAndTheDirectionsOnce) {
+  Simulation sim = Make(2, 1, 4, 0, 1e6);
+  sim.layout.boundary_rank_divisor = 16, sim.layout.shared_directions = true;
+  const SimulationReport r = Simulated(sim);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 0, 1), (4 * 4 * 16 + 4096) * 4);
+  EXPECT_DOUBLE_EQ(LinkBytes(r, 1, 0), 4 * 4 * 16 * 4);
+  sim.network = Make(2, 1, 4).network;
+  const double shared = Simulated(sim).iteration_s;
+  sim.layout.shared_directions = false;
+  EXPECT_LT(shared, Simulated(sim).iteration_s) << "one product a micro-batch, not a range finder each";
+}
+
 TEST(Simulator, DataParallelAddsPushAndPullTransfers) {
   const int M = 2;
   const double rate = 1e6;  // 1 MB/s: the exchange dominates

@@ -293,6 +293,20 @@ TEST(PlanAdmission, ALowRankBoundaryIsAdmittedAsItsFactorsOnly) {
   EXPECT_EQ(cfg.boundary(false).kept_floats(), 32u * 32) << "the whole tensor, which no header may claim";
 }
 
+// Shared directions: micro-batch 0's activation is admitted as its coordinates (rank 8 x 32
+// tokens) and the directions (8 x 32, padded to 4096 floats), the later micro-batches' and every
+// gradient as coordinates alone.
+TEST(PlanAdmission, SharedDirectionsComeWithTheFirstMicroBatchOnly) {
+  JobConfig cfg = Config("bf16");
+  cfg.transport.boundary_rank_divisor = 4, cfg.transport.shared_directions = true;
+  const proto::Plan plan = Plan(cfg);
+  PlanAdmission a;
+  a.SetPlan(plan, cfg, /*stage=*/1, /*replica=*/0);
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0)).value_or(0), 8u * 32 + 4096);
+  for (int m : {1, 2}) EXPECT_EQ(AdmitFromItsPlace(a, From(proto::ACTIVATION, 0, 0, 0, m)).value_or(0), 8u * 32) << m;
+  EXPECT_EQ(AdmitFromItsPlace(a, From(proto::GRADIENT, 2, 0)).value_or(0), 8u * 32);
+}
+
 // A job of 4 replicas shrunk to 2 of 6 micro-batches: each replica pushes two groups, the group
 // as the push's micro-batch, and no third.
 TEST(PlanAdmission, AShrunkReplicaPushesOneGroupPerJobReplicaItStandsFor) {
