@@ -16,7 +16,8 @@
 #      the host's codec puts it. flash_attention_test: the
 #      flash-style kernels against attention in doubles, every output written, bit-identical reruns.
 #      wire_codec_test: the wire formats encoded and decoded on the device, byte for byte the CPU's.
-#      cuda_low_rank_test: the low-rank codec on the device against the CPU's, zeros and NaN.
+#      cuda_low_rank_test: the low-rank codec on the device against the CPU's, zeros and NaN, and
+#      shared directions.
 #   2. `longhaul train` on cuda:0 (fp32) against the CPU: the same loss curve within 2e-3.
 #   3. 2 stages x 2 replicas as four GPU worker processes sharing the GPU against the one-process
 #      GPU run: losses within 2e-3 (data parallelism sums the gradients in another order); and 2
@@ -24,7 +25,8 @@
 #      device in both).
 #   4. a mixed job, stage 0 on the GPU and stage 1 on the CPU, against the all-CPU job: within 2e-3;
 #      and the same pair with low-rank boundaries (the GPU stage encodes its activations and
-#      decodes its gradients on the device, the CPU stage the other way on its host).
+#      decodes its gradients on the device, the CPU stage the other way on its host), and with
+#      them in shared directions (the GPU stage draws them on the device).
 #   5. cuda_step_bench: GPT-3 XL step (2-block stage at micro-batch 1 and 8; the whole 24 layers at
 #      2 and 4) with MFU and peak memory, beside PyTorch eager with fused AdamW. wire_codec_bench:
 #      a GPT-3 XL boundary tensor in each wire format, encoded and decoded on the device against on
@@ -181,6 +183,13 @@ step "local mixed, low rank" "$run" longhaul local "${demo[@]}" "${low_rank[@]}"
   step "local all cpu, low rank" "$run" longhaul local "${demo[@]}" "${low_rank[@]}" --set train.out_dir="$work/allcpu-lr"
 compare "mixed job against the all-CPU job, boundaries in low rank /4 (the GPU's codec against the host's)" \
   "$work/allcpu-lr" "$work/mixed-lr" 2e-3
+shared=(--set transport.boundary_rank_divisor=4 --set transport.shared_directions=true --set transport.wire_dtype=fp32)
+step "local mixed, shared directions" "$run" longhaul local "${demo[@]}" "${shared[@]}" \
+  --set 'cluster.stage_backends=["cuda:0","cpu"]' --set train.out_dir="$work/mixed-sd" &&
+  step "local all cpu, shared directions" "$run" longhaul local "${demo[@]}" "${shared[@]}" \
+    --set train.out_dir="$work/allcpu-sd"
+compare "mixed job against the all-CPU job, shared directions /4 (the GPU stage's against the host's)" \
+  "$work/allcpu-sd" "$work/mixed-sd" 2e-3
 fi
 
 if want 5; then
