@@ -50,7 +50,6 @@ absl::StatusOr<IterationResult> Executor::Run(int64_t it, const std::vector<Micr
   }
   Pass pass(it, mbs, defer_pull);
   hook_status_ = absl::OkStatus();
-  draw_directions_ = true;
   LH_RETURN_IF_ERROR(stage_.ZeroGrads());
   const bool exchanges = end == IterationEnd::kExchange || end == IterationEnd::kLocalStepThenExchange;
   const auto listed = programs_.find(end);
@@ -176,7 +175,7 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
   const int m = in.micro;
   if (in.op == Op::kSendAct) {
     LH_ASSIGN_OR_RETURN(const float* out, stage_.Output(m % stage_.slots()));
-    size_t n = acts_.sent(m == 0);  // a stage's own low rank draws shared directions at micro-batch 0
+    size_t n = acts_.sent(m == 0);  // shared directions travel with micro-batch 0
     if (HostRecodes(acts_)) {
       LH_RETURN_IF_ERROR(Outgoing(acts_, out, acts_out_[m], pass.mbs[m], proto::ACTIVATION, m));
       out = acts_out_[m].data(), n = acts_out_[m].size();
@@ -193,7 +192,7 @@ absl::Status Executor::Send(Pass& pass, const Instr& in) {
 absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out,
                                 const MicroBatch& mb, proto::TensorKind kind, int micro) {
   const bool gradient = kind == proto::GRADIENT;
-  const bool draws = shape.shared && !gradient && (draw_directions_ || kind == proto::EVAL_ACTIVATION);
+  const bool draws = shape.shared && !gradient && (micro == 0 || kind == proto::EVAL_ACTIVATION);
   out.resize(shape.sent(draws));
   if (!HostRecodes(shape)) {
     std::copy_n(full, out.size(), out.data());
@@ -217,7 +216,6 @@ absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, s
         low_rank_.Directions(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, false), sent_directions_.data()));
     channel_.RoundAsSent(kind, micro, sent_directions_.data(), directions);
     std::copy(sent_directions_.begin(), sent_directions_.end(), out.begin());
-    draw_directions_ = false;
   }
   const std::vector<float>& in = gradient ? received_directions_ : sent_directions_;
   if (in.size() != directions) {

@@ -158,8 +158,8 @@ class Executor {
   // A boundary tensor of `shape` as it leaves as `kind` (ACTIVATION, EVAL_ACTIVATION or
   // GRADIENT) of micro-batch `micro`: what the stage gave (`full`) copied into `out`, narrowed
   // and put in low rank where the shape says and the host does it (HostRecodes; the rank's random
-  // directions drawn from LowRankSeed(mb, gradient)). With shared directions an activation that
-  // draws them (draw_directions_) carries them first.
+  // directions drawn from LowRankSeed(mb, gradient)). With shared directions micro-batch 0's
+  // activation (and each evaluation's) draws them and carries them first.
   absl::Status Outgoing(const BoundaryShape& shape, const float* full, std::vector<float>& out, const MicroBatch& mb,
                         proto::TensorKind kind, int micro);
   // Whether a boundary of `shape` leaves and arrives through the host's copy (narrowed, or put
@@ -195,7 +195,6 @@ class Executor {
   // from each of its own) as the link rounds them, and those its input came in, in which its
   // gradients go back. An iteration draws them anew, so a rerun after a recovery draws the same.
   std::vector<float> sent_directions_, received_directions_;
-  bool draw_directions_ = true;
   // Input gradients waiting to be sent: a stage's own buffer is overwritten by the next backward,
   // and an fp32 send reads its buffer until the iteration's sends are done. Recoded activations
   // wait so too; whole ones are sent from the stage's slot, which lives until their backward.
