@@ -208,12 +208,14 @@ absl::Status Executor::Outgoing(const BoundaryShape& shape, const float* full, s
     shape.Keep(full, kept_.data());
     kept = kept_.data();
   }
-  if (!shape.shared) return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, gradient), out.data());
+  if (!shape.shared) {
+    return low_rank_.Encode(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, gradient), out.data());
+  }
   const size_t directions = shape.directions();
   if (draws) {
     sent_directions_.assign(directions, 0.0f);
-    LH_RETURN_IF_ERROR(
-        low_rank_.Directions(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, false), sent_directions_.data()));
+    LH_RETURN_IF_ERROR(low_rank_.Directions(kept, shape.rows, shape.kept, shape.rank, LowRankSeed(mb, false),
+                                            sent_directions_.data()));
     channel_.RoundAsSent(kind, micro, sent_directions_.data(), directions);
     std::copy(sent_directions_.begin(), sent_directions_.end(), out.begin());
   }
@@ -262,7 +264,8 @@ absl::StatusOr<std::vector<float>> Executor::Incoming(const BoundaryShape& shape
 void Executor::DeviceDirections(proto::TensorKind kind, int micro) {
   if (!device_low_rank_ || !acts_.shared) return;
   const bool fresh = kind == proto::EVAL_ACTIVATION || micro == 0;
-  stage_.NextDirections(fresh, fresh, [this, kind, micro](float* d, size_t n) { channel_.RoundAsSent(kind, micro, d, n); });
+  stage_.NextDirections(fresh, fresh,
+                        [this, kind, micro](float* d, size_t n) { channel_.RoundAsSent(kind, micro, d, n); });
 }
 
 void Executor::Release(const BoundaryShape& shape, std::vector<float> read) {

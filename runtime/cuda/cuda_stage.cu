@@ -526,7 +526,8 @@ class StageImpl final : public CudaStage {
     if (!shape.low_rank()) return CopyToHost(host, tensor, NC, done, tensor_free);
     LH_RETURN_IF_ERROR(LowRankBuffers());
     if (!shape.shared) {
-      LH_RETURN_IF_ERROR(low_rank_.Encode(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, factors.p));
+      LH_RETURN_IF_ERROR(
+          low_rank_.Encode(blas_, stream_, tensor, shape.rows, shape.width, shape.rank, seed, factors.p));
       return CopyToHost(host, factors.p, static_cast<long>(shape.sent()), done, tensor_free);
     }
     const size_t D = shape.directions();

@@ -90,7 +90,8 @@ struct BoundaryShape {
   // `rank` pivots per pass of each orthonormalisation, cuda/low_rank.cuh); 0 whole.
   double LowRankPivots(int micro_batches = 1) const {
     if (!low_rank()) return 0;
-    return static_cast<double>(kLowRankOrthonormalisations) * kLowRankPasses * rank / (shared ? std::max(micro_batches, 1) : 1);
+    const double per_encoding = static_cast<double>(kLowRankOrthonormalisations) * kLowRankPasses * rank;
+    return shared ? per_encoding / std::max(micro_batches, 1) : per_encoding;
   }
   // (rows, width) -> (rows, kept), and back with zeros in the columns not kept (for the stage to
   // fill).

@@ -100,7 +100,8 @@ struct Layout {
   // micro-batches.
   double BoundaryElements(bool gradient) const {
     const BoundaryShape b = Boundary(gradient);
-    return static_cast<double>(b.sent()) + (gradient ? 0.0 : static_cast<double>(b.directions()) / std::max(micro_batches, 1));
+    const double directions = gradient ? 0.0 : static_cast<double>(b.directions());
+    return static_cast<double>(b.sent()) + directions / std::max(micro_batches, 1);
   }
   // The activations' bytes between two stages; "auto" counted as int8, what it sends on the slow
   // links that placement is about.
