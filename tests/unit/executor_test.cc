@@ -40,6 +40,16 @@ ModelConfig Cfg() {
 
 constexpr int B = 2, T = 12, M = 3;
 
+// Iteration `it`'s M micro-batches of a token stream (i * mul + i / div) % 40.
+std::vector<MicroBatch> Sampled(const ModelConfig& cfg, int mul, int div, int64_t it) {
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * mul + i / div) % 40);
+  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(it, m));
+  return mbs;
+}
+
 BoundaryShape Boundary(const ModelConfig& cfg) {
   return {static_cast<size_t>(B) * T, cfg.d_model, cfg.residual_width()};
 }
@@ -276,11 +286,7 @@ TEST_P(ExecutorTest, TwoStagesInMemoryGiveTheWholeModelBitwise) {
   const auto [kind, queued, divisor] = GetParam();
   ModelConfig cfg = Cfg();
   cfg.subspace_divisor = divisor;
-  std::vector<uint16_t> tokens(3000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(0, m));
+  const std::vector<MicroBatch> mbs = Sampled(cfg, 7, 13, 0);
 
   // The reference: the whole model, micro-batches one after another, backwards ascending.
   auto whole = CpuStage::Create(cfg, StageSpec::Whole(cfg), B, T, false, 1, 11);
@@ -338,11 +344,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorTest,
 // only) and the run ends bitwise as when the executor puts them in low rank on the host.
 TEST(Executor, AStageThatPutsItsBoundariesInLowRankItselfRunsAsTheHostPath) {
   const ModelConfig cfg = Cfg();
-  std::vector<uint16_t> tokens(3000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(3, m));
+  const std::vector<MicroBatch> mbs = Sampled(cfg, 7, 13, 3);
   BoundaryShape acts = Boundary(cfg), grads = Boundary(cfg);
   acts.rank = 4, grads.rank = 8;
   const ScheduleKind kind = ScheduleKind::k1F1B;
@@ -366,11 +368,7 @@ TEST(Executor, AStageThatPutsItsBoundariesInLowRankItselfRunsAsTheHostPath) {
 // activations in the ones they came with, gradients in those their activations went in.
 TEST(Executor, SharedDirectionsAtFullRankGiveTheWholeBoundarysRun) {
   const ModelConfig cfg = Cfg();
-  std::vector<uint16_t> tokens(3000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(3, m));
+  const std::vector<MicroBatch> mbs = Sampled(cfg, 7, 13, 3);
   const BoundaryShape whole = Boundary(cfg);
   BoundaryShape shared = whole;
   shared.rank = cfg.d_model, shared.shared = true;
@@ -406,11 +404,7 @@ TEST(Executor, SharedDirectionsAtFullRankGiveTheWholeBoundarysRun) {
 // same run, bitwise, under both schedules.
 TEST(Executor, AStageThatPutsItsBoundariesInSharedDirectionsItselfRunsAsTheHostPath) {
   const ModelConfig cfg = Cfg();
-  std::vector<uint16_t> tokens(3000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 40);
-  BatchSampler sampler({B, T, 5, cfg.attention}, tokens);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) mbs.push_back(sampler.Sample(2, m));
+  const std::vector<MicroBatch> mbs = Sampled(cfg, 5, 7, 2);
   BoundaryShape shared = Boundary(cfg);
   shared.rank = 4, shared.shared = true;
   for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
