@@ -1,23 +1,28 @@
 // One training step on a GPU: longhaul's CUDA backend against PyTorch on the same GPU, same
-// shapes, measured in the same run: eager (scaled_dot_product_attention, fused AdamW) and, with
-// --compile, torch.compile. Shapes from the source experiment (seeds/001): a GPT-3 XL stage (2
-// layers, d_model 2048, 16 heads, seq 2048; boundary activations cross to and from the host as in
-// a pipeline worker) at micro-batch 1 to 8, and the whole 24-layer GPT-3 XL at micro-batch 1 to 4.
-// Each row is printed as soon as it is measured, with each side's peak device memory.
+// shapes, measured in the same run: eager (scaled_dot_product_attention, fused AdamW) and, on the
+// cases --compile names, torch.compile. Shapes from the source experiment (seeds/001): a GPT-3 XL
+// stage (2 layers, d_model 2048, 16 heads, seq 2048; boundary activations cross to and from the
+// host as in a pipeline worker) at micro-batch 1 to 8, and the whole 24-layer GPT-3 XL at
+// micro-batch 1 to 4.
+// Each row is printed as soon as it is measured, with each side's peak device memory, and with
+// --json written to FILE too (deploy/gpu_targets.py checks the rows against the GPU targets).
 //
 //   build/bench/cuda_step_bench [--precisions bf16[,fp16,fp32]] [--cases stage1,stage2,stage4,stage8,xl1,xl2,xl4]
-//                               [--steps 5] [--compile] [--no-torch] [--torch-timeout 600] [--peak-tflops-bf16 989.4]
+//                               [--steps 5] [--compile xl2,...] [--no-torch] [--torch-timeout 600]
+//                               [--peak-tflops-bf16 989.4] [--json FILE]
 //
 // PyTorch is $LONGHAUL_PYTHON, else /usr/bin/python3 (bench/baseline_script.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
 #include "bench/baseline_script.h"
@@ -40,6 +45,11 @@ struct Case {
 struct Torch {
   double tps = -1, gib = 0;
   std::string why;
+
+  // null where it did not run
+  nlohmann::json Json() const {
+    return tps > 0 ? nlohmann::json{{"tokens_per_s", tps}, {"gib", gib}} : nlohmann::json{{"why", why}};
+  }
 };
 Torch RunTorch(const std::string& args, int timeout_s) {
   const longhaul::bench::ScriptOutput out = longhaul::bench::RunBaselineScript("torch_cuda_step.py", args, timeout_s);
@@ -58,24 +68,23 @@ Torch RunTorch(const std::string& args, int timeout_s) {
 int main(int argc, char** argv) {
   CLI::App app{"GPU training step: longhaul CUDA backend vs PyTorch eager and torch.compile"};
   std::vector<std::string> precisions = {"bf16"}, keys = {"stage1", "stage2", "stage4", "stage8", "xl1", "xl2", "xl4"};
+  std::vector<std::string> compile_keys;
+  std::string json_path;
   int steps = 5, torch_timeout = 600;
-  bool compile = false, no_torch = false;
+  bool no_torch = false;
   double peak_bf16 = 989.4, peak_fp32 = 66.9;  // H100 SXM dense: bf16 tensor cores, fp32 without TF32
   app.add_option("--precisions", precisions, "bf16, fp16, fp32")->delimiter(',')->capture_default_str();
   app.add_option("--cases", keys, "which cases")->delimiter(',')->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
-  app.add_flag("--compile", compile, "also time torch.compile (minutes of compilation per case)");
+  app.add_option("--compile", compile_keys, "cases to time torch.compile on too (minutes of compilation each)")
+      ->delimiter(',');
   app.add_flag("--no-torch", no_torch, "longhaul alone (under a profiler, say)");
   app.add_option("--torch-timeout", torch_timeout, "seconds each PyTorch run may take")->capture_default_str();
   app.add_option("--peak-tflops-bf16", peak_bf16)->capture_default_str();
   app.add_option("--peak-tflops-fp32", peak_fp32)->capture_default_str();
+  app.add_option("--json", json_path, "also write the rows to this file");
   CLI11_PARSE(app, argc, argv);
 
-  std::string why;
-  if (longhaul::CudaDeviceCount(&why) == 0) {
-    std::cout << "cuda_step_bench: skipped: " << why << "\n";
-    return 0;
-  }
   const std::vector<Case> all = {{"stage1", "stage 2 layers, mb 1", 2, false, 1},
                                  {"stage2", "stage 2 layers, mb 2", 2, false, 2},
                                  {"stage4", "stage 2 layers, mb 4", 2, false, 4},
@@ -92,6 +101,17 @@ int main(int argc, char** argv) {
     }
     cases.push_back(*it);
   }
+  for (const std::string& k : compile_keys) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      std::cerr << "cuda_step_bench: --compile names \"" << k << "\", which --cases does not run: add it to --cases\n";
+      return 2;
+    }
+  }
+  std::string why;
+  if (longhaul::CudaDeviceCount(&why) == 0) {
+    std::cout << "cuda_step_bench: skipped: " << why << "\n";
+    return 0;
+  }
   std::cout << "GPU training step (forward, backward, clip, AdamW), GPT-3 XL shapes: d_model 2048, 16 heads, seq 2048, "
                "vocab 50257; median of "
             << steps << " steps after 2 warm-up\nTFLOPs = " << longhaul::FlopsFormulaName(false)
@@ -100,6 +120,12 @@ int main(int argc, char** argv) {
   std::cout << absl::StrFormat("%-26s %5s %9s %7s %6s %5s | %9s %5s %6s | %9s %5s %6s\n", "case", "prec",
                                "longhaul", "TFLOPs", "MFU", "GiB", "eager", "GiB", "ratio", "compile", "GiB", "ratio")
             << std::flush;
+  nlohmann::json rows = nlohmann::json::array();
+  // Rewritten after each row, so a case that brings the process down leaves the ones before it.
+  auto add_row = [&](nlohmann::json row) {
+    rows.push_back(std::move(row));
+    if (!json_path.empty()) std::ofstream(json_path, std::ios::trunc) << rows.dump(1) << "\n";
+  };
   for (const std::string& prec_name : precisions) {
     auto precision = longhaul::ParsePrecision(prec_name);
     if (!precision.ok()) {
@@ -119,6 +145,7 @@ int main(int argc, char** argv) {
       if (!stage.ok()) {
         std::cout << absl::StrFormat("%-26s %5s  %s\n", c.name, prec_name, std::string(stage.status().message()))
                   << std::flush;
+        add_row({{"case", c.key}, {"precision", prec_name}, {"error", std::string(stage.status().message())}});
         continue;
       }
       longhaul::CudaStage& s = **stage;
@@ -151,6 +178,7 @@ int main(int argc, char** argv) {
       }
       if (failed) {
         std::cout << absl::StrFormat("%-26s %5s  failed (out of memory?)\n", c.name, prec_name) << std::flush;
+        add_row({{"case", c.key}, {"precision", prec_name}, {"error", "a step failed (out of memory?)"}});
         continue;
       }
       const double gib = (free_before - longhaul::CudaFreeMemory(0).value_or(free_before)) / (1 << 30);
@@ -168,6 +196,7 @@ int main(int argc, char** argv) {
       const std::string args = absl::StrFormat("--layers %d --batch %d --precision %s --steps %d %s", c.layers, c.B,
                                                prec_name, steps, c.whole ? "--whole" : "");
       const Torch eager = no_torch ? Torch{-1, 0, "not asked (--no-torch)"} : RunTorch(args, torch_timeout);
+      const bool compile = std::find(compile_keys.begin(), compile_keys.end(), c.key) != compile_keys.end();
       const Torch compiled = compile ? RunTorch(args + " --compile", torch_timeout) : Torch{-1, 0, "not asked (--compile)"};
       auto side = [&](const Torch& t) {
         return t.tps > 0 ? absl::StrFormat("%9.0f %5.1f %5.2fx", t.tps, t.gib, tps / t.tps)
@@ -181,6 +210,13 @@ int main(int argc, char** argv) {
       if (!no_torch && eager.tps <= 0) std::cout << "    PyTorch eager: " << eager.why << "\n";
       if (compile && compiled.tps <= 0) std::cout << "    torch.compile: " << compiled.why << "\n";
       std::cout << std::flush;
+      add_row({{"case", c.key},
+               {"precision", prec_name},
+               {"tokens_per_s", tps},
+               {"mfu", tflops / peak},
+               {"gib", gib},
+               {"eager", no_torch ? nullptr : eager.Json()},
+               {"compile", compile ? compiled.Json() : nullptr}});
     }
   }
   return 0;
