@@ -131,6 +131,21 @@ absl::Status EmulatedNetwork::Build(const Scenario& s, int hosts, const NetworkO
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip -n %s link set eth0 up", ns)));
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip -n %s link set lo up", ns)));
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip -n %s route add default via %s", ns, GatewayOf(i))));
+    // What TCP hands eth0 at once crosses an htb bucket whole: on a slow link, packets of a
+    // millisecond of its rate (GsoSegments), not 64 KiB, or a pause's refilled bucket lets a
+    // message through faster than the link.
+    double slowest = 0;
+    for (int j = 0; j < hosts; ++j) {
+      if (j == i) continue;
+      const Link l = s.Between(i, j);
+      for (double card : {s.EgressMbit(i), s.IngressMbit(j)}) {
+        const double ceil = LinkShare(l.rate_mbit, card, hosts - 1).ceil_mbit;
+        if (ceil > 0 && (slowest == 0 || ceil < slowest)) slowest = ceil;
+      }
+    }
+    if (const int segments = GsoSegments(slowest); segments > 0) {
+      LH_RETURN_IF_ERROR(Sh(absl::StrFormat("ip -n %s link set dev eth0 gso_max_segs %d", ns, segments)));
+    }
     LH_RETURN_IF_ERROR(Sh(absl::StrFormat(
         "ip netns exec %s sysctl -qw net.ipv4.tcp_congestion_control=%s net.ipv4.tcp_rmem='4096 131072 %d' "
         "net.ipv4.tcp_wmem='4096 16384 %d' net.ipv4.tcp_no_metrics_save=1 net.ipv4.tcp_slow_start_after_idle=0",

@@ -20,8 +20,22 @@ int QueueLimitPackets(double rate_mbit, double delay_ms) {
   return std::max(extra, static_cast<int>(std::ceil(bytes / 1500)));
 }
 
+namespace {
+constexpr long kFrameBytes = 1514;  // an Ethernet frame of a 1500-byte packet
+constexpr long kGsoDefaultBytes = 65536;
+double BytesPerMs(double rate_mbit) { return rate_mbit * 1e6 / 8 / 1000; }
+}  // namespace
+
+int GsoSegments(double rate_mbit) {
+  if (rate_mbit <= 0) return 0;
+  const long segments = static_cast<long>(BytesPerMs(rate_mbit) / kFrameBytes);
+  return segments * kFrameBytes >= kGsoDefaultBytes ? 0 : static_cast<int>(std::max<long>(1, segments));
+}
+
 long HtbBurstBytes(double rate_mbit) {
-  return std::max<long>(65536 + 1514, static_cast<long>(rate_mbit * 1e6 / 8 / 1000));
+  const int segments = GsoSegments(rate_mbit);
+  const long packet = segments > 0 ? segments * kFrameBytes : kGsoDefaultBytes;
+  return std::max<long>(packet + kFrameBytes, static_cast<long>(BytesPerMs(rate_mbit)));
 }
 
 HtbShare LinkShare(double link_mbit, double card_mbit, int peers) {

@@ -41,7 +41,15 @@ absl::StatusOr<std::vector<PairDelay>> DaemonLinksForHost(const Scenario& s, con
 // least 1000, or what the link drains in kMaxExtraQueueSeconds where that is less (16 at least).
 inline constexpr double kMaxExtraQueueSeconds = 0.1;
 int QueueLimitPackets(double rate_mbit, double delay_ms);
-// An htb class's burst: 1 ms at its rate, at least a 64 KiB GSO packet, so htb keeps up with segments.
+// The segments a host of the emulation (EmulatedNetwork) lets TCP put in one GSO packet where its
+// slowest link runs at `rate_mbit`: what that link carries in a millisecond, at least one; 0 (the
+// kernel's 64 KiB) where that is as much or more, or the link is not shaped. htb lets a packet
+// through whole once its bucket holds it, so a 64 KiB packet on a slow link is a burst of the
+// link's time (0.46 s at 1.1 Mbit/s) crossing at once, and a short message after a pause would
+// cross far faster than the link carries it.
+int GsoSegments(double rate_mbit);
+// An htb class's burst: 1 ms at its rate, and at least its source's largest packet
+// (GsoSegments' at the same rate or a slower one) and a frame more, so htb keeps up with them.
 long HtbBurstBytes(double rate_mbit);
 
 // A link's htb class where a host's card (egress or ingress, Mbit/s; <= 0: none) is shared by

@@ -21,6 +21,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -182,6 +183,37 @@ TEST_F(NetemTest, BulkFlowReachesTheSetRate) {
     }
     EXPECT_GT(best, floor) << "no transfer of three reached the floor at " << rate << " Mbit/s";
   }
+}
+
+// A message after a pause crosses a slow link at the link's rate: htb's bucket, full after the
+// pause, holds a millisecond of the rate and a packet, not 64 KiB (which at 2 Mbit/s would let
+// this message through in a round trip). A lower bound: a busy machine only slows it more.
+TEST_F(NetemTest, AMessageAfterAPauseCrossesASlowLinkAtItsRate) {
+  constexpr double kMbit = 2;
+  constexpr size_t kBytes = 48000;
+  auto net = Make(1, kMbit);
+  ASSERT_NE(net, nullptr);
+  auto [cli, srv] = Connect(*net, 0, 1);
+  std::vector<char> buf(kBytes, 'x');
+  auto message = [&] {
+    const auto t0 = Clock::now();
+    EXPECT_EQ(send(cli, buf.data(), kBytes, 0), static_cast<ssize_t>(kBytes));
+    size_t got = 0;
+    while (got < kBytes) {
+      const ssize_t n = recv(srv, buf.data(), kBytes - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(got, kBytes);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  message();  // the connection's window opened
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double seconds = message(), at_rate = kBytes / (kMbit * 1e6 / 8);
+  std::cout << absl::StrFormat("%zu bytes after a 1.5 s pause at %g Mbit/s: %.3f s (the rate alone: %.3f s)\n", kBytes,
+                               kMbit, seconds, at_rate);
+  EXPECT_GT(seconds, 0.8 * at_rate);
+  close(cli), close(srv);
 }
 
 // A host's card caps what it sends to all its peers together, and what it receives from them:

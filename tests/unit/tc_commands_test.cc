@@ -92,6 +92,19 @@ TEST(TcCommands, QueueLimitIsARoundTripAtTheRate) {
   EXPECT_EQ(QueueLimitPackets(0.1, 1), 16);
 }
 
+// On a slow link a GSO packet is a millisecond of its rate (at least one segment), and the htb
+// burst just holds one; at 1 Gbit/s and up the kernel's 64 KiB stand, and the burst is 1 ms.
+TEST(TcCommands, SlowLinksTakeSmallPacketsAndBursts) {
+  EXPECT_EQ(GsoSegments(1.132), 1);
+  EXPECT_EQ(HtbBurstBytes(1.132), 2 * 1514);  // 21 ms at 1.1 Mbit/s, not 0.46 s
+  EXPECT_EQ(GsoSegments(100), 8);             // 12.5 kB a millisecond
+  EXPECT_EQ(HtbBurstBytes(100), 9 * 1514);
+  EXPECT_EQ(GsoSegments(1000), 0);
+  EXPECT_EQ(HtbBurstBytes(1000), 125000);
+  EXPECT_EQ(GsoSegments(400), 33);  // 50 kB a millisecond, under 64 KiB
+  EXPECT_EQ(GsoSegments(0), 0);     // not shaped
+}
+
 // Under a card a link is capped by it and guaranteed an equal part; without one, its own rate.
 TEST(TcCommands, LinkShareOfACard) {
   const HtbShare fast = LinkShare(1000, 1500, 2);
