@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <string>
 #include <utility>
 #include <nlohmann/json.hpp>
 
@@ -68,12 +69,21 @@ constexpr Setting kSettings[] = {
 
 // The source ran GPipe with fp32 activations and a central parameter server, the exchange after
 // the last backward of every iteration and before the next forward; longhaul's defaults are the
-// job config's own.
+// job config's own. Communication stays fixed even where the job lets the coordinator choose it, or
+// the coordinator would replace the source's wire with its choice.
 const std::vector<std::string> kLikeTheSource = {
-    "transport.wire_dtype=\"fp32\"",    "transport.exchange_dtype=\"auto\"", "transport.gradient_dtype=\"auto\"",
-    "cluster.ps=\"central\"",           "cluster.overlap_exchange=false",    "train.local_steps=1",
-    "train.overlap_outer=false",        "model.subspace_divisor=1",          "transport.boundary_rank_divisor=1",
-    "transport.gradient_rank_divisor=0", "transport.shared_directions=false"};
+    "cluster.communication=\"fixed\"",
+    "transport.wire_dtype=\"fp32\"",
+    "transport.exchange_dtype=\"auto\"",
+    "transport.gradient_dtype=\"auto\"",
+    "cluster.ps=\"central\"",
+    "cluster.overlap_exchange=false",
+    "train.local_steps=1",
+    "train.overlap_outer=false",
+    "model.subspace_divisor=1",
+    "transport.boundary_rank_divisor=1",
+    "transport.gradient_rank_divisor=0",
+    "transport.shared_directions=false"};
 
 // With data parallelism: the source's DP 4 scaled down to 2 replicas (8 workers share this
 // machine's cores). Its stage's exchange (2 GPT-3 XL blocks, 403 MB in fp32) weighed 0.375 of
@@ -112,6 +122,16 @@ nlohmann::json RunQuietly(const std::string& self_exe, const std::string& config
     return nullptr;
   }
   return j;
+}
+
+// The setting the coordinator chose for the run in `dir` where its job let it (cluster.communication
+// = "auto"), from the run's cluster.json; empty where it chose none.
+std::string ChosenCommunication(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / "cluster.json");
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("communication")) return "";
+  const nlohmann::json& c = j["communication"];
+  return c.is_object() && c.contains("chosen") && c["chosen"].is_string() ? c["chosen"].get<std::string>() : "";
 }
 
 }  // namespace
@@ -203,6 +223,7 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
 
   struct Cell {
     double seconds = 0, predicted = 0;
+    std::string chosen;  // the coordinator's choice of communication, if it made one
   };
   // [layout][variant][setting]
   const std::vector<bool> dp_layouts = with_dp ? std::vector<bool>{false, true} : std::vector<bool>{false};
@@ -231,10 +252,11 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
         const absl::StatusOr<std::vector<MetricsRow>> rows = ReadMetrics((fs::path(dir) / "metrics.csv").string());
         const std::optional<double> steady =
             rows.ok() ? SteadyStepSeconds(*rows, v == 0 ? 1 : cfg->train.local_steps) : std::nullopt;
-        cells[dp][v].push_back(
-            {steady.value_or(run["iteration_seconds"].get<double>()), run["predicted_iteration_seconds"].get<double>()});
-        std::cout << absl::StrFormat(" %.3f s per iteration (predicted %.3f s)\n", cells[dp][v].back().seconds,
-                                     cells[dp][v].back().predicted);
+        const Cell& cell = cells[dp][v].emplace_back(Cell{steady.value_or(run["iteration_seconds"].get<double>()),
+                                                          run["predicted_iteration_seconds"].get<double>(),
+                                                          ChosenCommunication(dir)});
+        std::cout << absl::StrFormat(" %.3f s per iteration (predicted %.3f s)%s\n", cell.seconds, cell.predicted,
+                                     cell.chosen.empty() ? "" : "; the coordinator chose " + cell.chosen);
       }
     }
   }
@@ -265,10 +287,18 @@ int RunExperiment(const std::string& self_exe, const std::string& config_path,
                                    ours.seconds / cells[dp][1][0].seconds, ours.seconds / like.seconds, ours.predicted,
                                    ours.predicted / ours.seconds);
     }
+    for (size_t i = 0; i < scaled[dp].size(); ++i) {
+      if (!cells[dp][1][i].chosen.empty())
+        std::cout << absl::StrFormat("  longhaul at %s: %s (cluster.communication = \"auto\")\n",
+                                     scaled[dp][i].first->label, cells[dp][1][i].chosen);
+    }
   }
   std::cout << "like the source: fp32 activations, central parameter server, no overlap of the exchange with "
-               "compute; longhaul defaults: the config's own (transport.wire_dtype \"auto\": int8 on these links; "
-               "sharded parameter servers; the exchange overlapped)\n"
+               "compute; longhaul defaults: the config's own ("
+            << (cfg->cluster.choose_communication
+                    ? "its communication as the coordinator chose it, above"
+                    : "transport.wire_dtype \"auto\": int8 on these links")
+            << "; sharded parameter servers; the exchange overlapped)\n"
                "predicted: the planner's simulator (runtime/plan/simulator.h) with the run's own compute per "
                "micro-batch per stage and the emulated links, for the defaults' run\n";
   std::cout << "(each run's log, timeline and metrics are under " << root << "/)\n";
