@@ -87,7 +87,7 @@ def main(argv):
         else:
             print(__doc__.strip(), file=sys.stderr)
             return 2
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"gpu_targets: cannot read the measurements in {' '.join(argv[2:])}: {e!r}; run the GPU check "
               "that writes them again", file=sys.stderr)
         return 2

@@ -81,6 +81,8 @@ expect 0 pipeline "$dir/one.csv" "$dir/two-0.170.json"
 # Unreadable input: exit 2 with a message, not a traceback.
 echo "not json" >"$dir/bad.json"
 expect 2 step "$dir/bad.json"
+echo '{"case": "xl2"}' >"$dir/object.json"
+expect 2 step "$dir/object.json"
 expect 2 step "$dir/absent.json"
 expect 2 nonsense
 
