@@ -46,7 +46,7 @@ struct Torch {
   double tps = -1, gib = 0;
   std::string why;
 
-  // null where it did not run
+  // Its tokens/s and peak GiB, or why it did not run.
   nlohmann::json Json() const {
     return tps > 0 ? nlohmann::json{{"tokens_per_s", tps}, {"gib", gib}} : nlohmann::json{{"why", why}};
   }
